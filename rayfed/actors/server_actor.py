@@ -1,0 +1,49 @@
+"""``ServerActor``: the Ray actor that owns the global state (a shell over :class:`rayfed.server.Server`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+
+from rayfed.server import Server
+
+__all__ = ["ServerActor"]
+
+
+@ray.remote(num_cpus=0)
+class ServerActor:
+    """Holds the algorithm's server half. ``broadcast`` returns the round's message, which Ray
+    stores once in the object store; every worker reads that same object by reference."""
+
+    def __init__(self, *args: Any) -> None:
+        import torch
+
+        torch.set_num_threads(1)
+        self.server = Server(*args)
+
+    def broadcast(self) -> Any:
+        return self.server.broadcast()
+
+    def aggregate(self, ctx: Any, *parts: Any) -> dict[str, float]:
+        # Ray resolves the ObjectRefs in *parts before the call: partial sums are read zero-copy.
+        return self.server.aggregate(ctx, *parts)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.server.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.server.load_state_dict(state)
+
+    def memory_bytes(self) -> int:
+        return self.server.memory_bytes()
+
+    def peak_rss_bytes(self) -> int:
+        """Peak resident memory of this actor's process (for the scaling benchmark)."""
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+    def pid(self) -> int:
+        return os.getpid()

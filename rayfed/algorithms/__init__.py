@@ -1,0 +1,34 @@
+"""Federated algorithms, each one module registering a client half and a server half.
+
+Importing this package registers every built-in algorithm in :data:`ALGORITHMS`.
+"""
+
+from rayfed.algorithms import fedavg, fedprox  # noqa: F401  (registration)
+from rayfed.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    Broadcast,
+    ClientHalf,
+    Contribution,
+    NoParams,
+    ProblemSpec,
+    RoundContext,
+    ServerHalf,
+    register_algorithm,
+)
+from rayfed.algorithms.contributions import WeightedSum, sum_contributions
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "Broadcast",
+    "ClientHalf",
+    "Contribution",
+    "NoParams",
+    "ProblemSpec",
+    "RoundContext",
+    "ServerHalf",
+    "WeightedSum",
+    "register_algorithm",
+    "sum_contributions",
+]

@@ -1,0 +1,225 @@
+"""The contract every algorithm fulfils: a client half and a server half.
+
+Round t, as the engine runs it (``rayfed.engine``)::
+
+    broadcast = server_half.broadcast()                     # on the server, ray.put once
+    for each sampled client i (on a worker):
+        broadcast.personalise(job_i)                        # starting point, e.g. Eq. 7 of cwFedAvg
+        client_half.train(job_i)                            # local objective, e.g. CE + WDR
+        c_i = broadcast.contribute(job_i)                   # what the client sends
+    contribution = c_1 + c_2 + ...                          # partly on workers, the rest on the server
+    server_half.aggregate(ctx, contribution)                # e.g. Eq. 6 of cwFedAvg
+    for each evaluated client: broadcast'.prepare_eval(job) # then accuracy on its own test split
+
+* :class:`ClientHalf`: what local training adds (a loss term, or its own loop).
+* :class:`ServerHalf`: the server's state and how it aggregates.
+* :class:`Broadcast`: the round's message from the server. It carries the data every
+  worker reads (``ray.put`` once per round) *and* the worker-side half of the server's
+  logic: how a client's starting model is formed from it, and what a trained client
+  contributes. Personalisation thus runs on the workers, close to the clients.
+* :class:`Contribution`: an upload with an associative, commutative ``+``, so workers
+  sum their clients before returning (local aggregation) and the server sums the rest.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from rayfed.flat import ParamLayout
+from rayfed.registry import Registry
+from rayfed.training import ClientJob, TrainStats, local_sgd
+
+__all__ = [
+    "ProblemSpec",
+    "RoundContext",
+    "Contribution",
+    "Broadcast",
+    "ClientHalf",
+    "ServerHalf",
+    "Algorithm",
+    "ALGORITHMS",
+    "register_algorithm",
+    "NoParams",
+]
+
+P = TypeVar("P")
+C = TypeVar("C", bound="Contribution")
+
+
+@dataclass(frozen=True)
+class NoParams:
+    """Hyper-parameters of an algorithm that has none (FedAvg)."""
+
+
+@dataclass(frozen=True)
+class ProblemSpec:
+    """What both halves know about the run before it starts; nothing client-private.
+
+    ``layouts`` maps each architecture to its parameter layout; ``blocks`` to its
+    top-level block names (for selective, per-layer algorithms); ``output_layer`` to
+    the name of its final linear layer.
+    """
+
+    num_clients: int
+    num_classes: int
+    input_shape: tuple[int, int, int]
+    layouts: Mapping[str, ParamLayout]
+    blocks: Mapping[str, tuple[str, ...]]
+    output_layer: Mapping[str, str]
+    client_architectures: tuple[str, ...] = ()
+    """Architecture per client; empty when every client has ``default_architecture``."""
+    default_architecture: str = ""
+
+    def architecture_of(self, client_id: int) -> str:
+        if self.client_architectures:
+            return self.client_architectures[client_id % len(self.client_architectures)]
+        return self.default_architecture
+
+    @property
+    def homogeneous(self) -> bool:
+        return len(self.layouts) == 1
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """The frozen facts of one round, read by both halves."""
+
+    round: int
+    seed: int
+    lr: float
+    sampled: np.ndarray
+    """Ids of the clients that train this round, sorted."""
+    num_clients: int
+
+
+class Contribution(abc.ABC):
+    """An upload that adds: ``(a + b) + c == a + (b + c)`` and ``a + b == b + a`` up to float rounding."""
+
+    @abc.abstractmethod
+    def __add__(self, other: Any) -> Contribution: ...
+
+    @property
+    @abc.abstractmethod
+    def nbytes(self) -> int:
+        """Bytes this contribution would take on the wire."""
+
+    @abc.abstractmethod
+    def is_finite(self) -> bool:
+        """False if any value is NaN or infinite (such an update is rejected, never aggregated)."""
+
+
+class Broadcast(abc.ABC):
+    """The server's message for one round, with the worker-side half of its logic.
+
+    It must be picklable and cheap to share: Ray stores it once and every worker
+    reads the same object, zero-copy for its numpy arrays.
+    """
+
+    @abc.abstractmethod
+    def personalise(self, job: ClientJob) -> None:
+        """Load the client's starting model for this round into ``job.flat``."""
+
+    @abc.abstractmethod
+    def contribute(self, job: ClientJob) -> Contribution:
+        """What the trained client sends to the server."""
+
+    def prepare_eval(self, job: ClientJob) -> None:
+        """Load the model the client is evaluated with; by default its personalised model."""
+        self.personalise(job)
+
+    def bytes_down(self, job: ClientJob) -> int:
+        """Bytes the client receives this round; by default its whole model."""
+        return job.flat.size * 4
+
+
+class ClientHalf(Generic[P]):
+    """What local training adds. By default: plain SGD on cross-entropy (FedAvg's client).
+
+    Subclasses override :meth:`extra_loss` to add a term to every mini-batch
+    (FedProx, WDR), :meth:`begin` to remember something from the starting point,
+    or :meth:`train` to replace the loop altogether (FedClassAvg's two-view loss).
+    """
+
+    def __init__(self, params: P, spec: ProblemSpec) -> None:
+        self.params = params
+        self.spec = spec
+
+    def begin(self, job: ClientJob) -> None:
+        """Called after personalisation, before training; nothing by default."""
+
+    def extra_loss(self, job: ClientJob, logits: Any) -> Any:
+        """A term added to each mini-batch's loss; ``None`` (the default) adds nothing."""
+        return None
+
+    def train(self, job: ClientJob) -> TrainStats:
+        """Train ``job.model`` in place; by default :func:`~rayfed.training.local_sgd`."""
+        self.begin(job)
+        return local_sgd(job, extra_loss=self.extra_loss)
+
+
+class ServerHalf(abc.ABC, Generic[P, C]):
+    """The server's state and aggregation rule. Lives in the ``ServerActor``.
+
+    ``initial`` maps each architecture to its common initial parameter vector (all
+    clients of an architecture start from it, as in the papers' code).
+    """
+
+    def __init__(self, params: P, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
+        self.params = params
+        self.spec = spec
+
+    @abc.abstractmethod
+    def broadcast(self) -> Broadcast:
+        """The message of the next round (a function of the server's state only)."""
+
+    @abc.abstractmethod
+    def aggregate(self, ctx: RoundContext, contribution: C | None) -> dict[str, float]:
+        """Fold the round's summed contribution into the state; ``None`` means no client
+        uploaded an acceptable update, and the state must stay as it is. Returns metrics."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Everything needed to resume, as named numpy arrays (saved without pickle)."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None: ...
+
+    def memory_bytes(self) -> int:
+        """Bytes of state the server holds (for the scaling benchmark)."""
+        return sum(int(v.nbytes) for v in self.state_dict().values())
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A registered algorithm: its hyper-parameter dataclass and its two halves."""
+
+    name: str
+    params_type: type
+    server_half: type[ServerHalf[Any, Any]]
+    client_half: type[ClientHalf[Any]] | None
+    summary: str
+    keeps_client_state: bool = False
+    """True if clients keep state between rounds (stored in the client state store)."""
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+ALGORITHMS: Registry[Algorithm] = Registry("algorithm", field="algorithm.name")
+
+def register_algorithm(
+    name: str,
+    *,
+    params: type,
+    server: type[ServerHalf[Any, Any]],
+    client: type[ClientHalf[Any]] | None = ClientHalf,
+    summary: str,
+    keeps_client_state: bool = False,
+) -> Algorithm:
+    """Register an algorithm under ``name``; one call at the bottom of its module."""
+    algorithm = Algorithm(name, params, server, client, summary, keeps_client_state)
+    ALGORITHMS.register(name)(algorithm)
+    return algorithm

@@ -1,0 +1,90 @@
+"""FedAvg: the sample-size weighted average of the clients' models.
+
+McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized
+Data", AISTATS 2017, arXiv:1602.05629.
+
+    θ_g ← Σ_{i∈U} n_i θ_i / Σ_{i∈U} n_i
+
+over the set U of clients that uploaded this round, n_i = their training samples.
+Floating-point buffers (BatchNorm running statistics) are averaged with the same weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from rayfed.algorithms.base import (
+    Broadcast,
+    ClientHalf,
+    NoParams,
+    ProblemSpec,
+    RoundContext,
+    ServerHalf,
+    register_algorithm,
+)
+from rayfed.algorithms.contributions import WeightedSum
+from rayfed.errors import ConfigError
+from rayfed.training import ClientJob
+
+__all__ = ["GlobalModel", "FedAvgServer"]
+
+
+@dataclass(frozen=True)
+class GlobalModel(Broadcast):
+    """One global model (parameters then buffers) that every client starts from."""
+
+    vector: np.ndarray
+
+    def personalise(self, job: ClientJob) -> None:
+        job.flat.load_state(self.vector)
+
+    def contribute(self, job: ClientJob) -> WeightedSum:
+        return WeightedSum.of(job.flat.state_numpy(), job.num_train)
+
+    def bytes_down(self, job: ClientJob) -> int:
+        return int(self.vector.nbytes)
+
+
+def require_homogeneous(spec: ProblemSpec, algorithm: str) -> str:
+    """The single architecture of the run; algorithms that average whole models need one."""
+    if not spec.homogeneous:
+        raise ConfigError(
+            f"algorithm.name={algorithm!r} averages whole models and needs one architecture, but "
+            f"model.client_models={sorted(spec.layouts)}; use 'fedclassavg' for heterogeneous clients"
+        )
+    return next(iter(spec.layouts))
+
+
+class FedAvgServer(ServerHalf[object, WeightedSum]):
+    """Keeps θ_g; aggregates by the weighted average of the uploaded models."""
+
+    def __init__(self, params: object, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
+        super().__init__(params, spec, initial)
+        self.global_vector = np.array(initial[require_homogeneous(spec, "fedavg")], dtype=np.float32)
+
+    def broadcast(self) -> GlobalModel:
+        return GlobalModel(self.global_vector)
+
+    def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
+        if contribution is None:
+            return {"clients_aggregated": 0.0}
+        self.global_vector = contribution.average()
+        return {"clients_aggregated": float(contribution.count)}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"global": self.global_vector}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        self.global_vector = np.array(state["global"], dtype=np.float32)
+
+
+register_algorithm(
+    "fedavg",
+    params=NoParams,
+    server=FedAvgServer,
+    client=ClientHalf,
+    summary="FedAvg (McMahan et al. 2017): size-weighted average of full models",
+)

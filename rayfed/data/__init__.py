@@ -1,0 +1,43 @@
+"""The data plane: datasets as uint8 arrays, client partitions as CSR index arrays.
+
+>>> from rayfed.data import load_dataset, make_partition
+>>> ds = load_dataset("synthetic", None, options={"num_samples": 2000})
+>>> part = make_partition(ds.labels, ds.num_classes, method="dirichlet", num_clients=20, seed=1)
+>>> part.num_clients, int(part.num_train().sum() + part.num_test().sum())
+(20, 2000)
+
+Importing this package registers every built-in dataset in :data:`DATASETS`.
+"""
+
+from rayfed.data.dataset import ArrayDataset
+from rayfed.data.partition import (
+    PARTITIONS,
+    Partition,
+    make_partition,
+    partition_dirichlet,
+    partition_iid,
+    partition_pathological,
+    split_train_test,
+)
+from rayfed.data.registry import DATASETS, DatasetLoader, dataset_options, load_dataset
+from rayfed.data.synthetic import make_synthetic
+from rayfed.data.transforms import normalize_batch
+
+from rayfed.data import torchvision_data as _torchvision_data  # noqa: E402,F401  (registers loaders)
+
+__all__ = [
+    "ArrayDataset",
+    "DATASETS",
+    "DatasetLoader",
+    "PARTITIONS",
+    "Partition",
+    "dataset_options",
+    "load_dataset",
+    "make_partition",
+    "make_synthetic",
+    "normalize_batch",
+    "partition_dirichlet",
+    "partition_iid",
+    "partition_pathological",
+    "split_train_test",
+]

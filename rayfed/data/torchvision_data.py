@@ -1,0 +1,263 @@
+"""Real datasets from a user-named root: MNIST, Fashion-MNIST, CIFAR-10/100, Tiny ImageNet.
+
+Following PFLlib's generators (``dataset/generate_*.py``), the official train and test
+splits are merged into one pool (train first, then test) before partitioning, so MNIST
+gives 70,000 samples and CIFAR 60,000; ``merge_splits=False`` keeps the train split
+only. Tiny ImageNet uses the 100,000 images of its ``train/`` folder only, as PFLlib's
+``generate_TinyImagenet.py`` does. Every dataset is normalised with mean = std = 0.5
+per channel, PFLlib's ``transforms.Normalize``.
+
+The files are read by torchvision's own dataset classes, so their format checks apply.
+torchvision is imported lazily, inside the loaders. Nothing touches the network unless
+``download=True``:
+
+* MNIST-style datasets: torchvision only looks for the *decompressed* IDX files, so
+  ``.gz`` files found in ``<root>/<Class>/raw/`` are decompressed here with ``gzip``,
+  offline, before torchvision is called with ``download=False``.
+* CIFAR: a ``cifar-*-python.tar.gz`` archive found in ``root`` is extracted offline.
+* Anything still missing raises :class:`DatasetError` naming the files and the fix,
+  unless ``download=True``, in which case torchvision downloads it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rayfed.data.dataset import ArrayDataset
+from rayfed.data.registry import DATASETS
+from rayfed.errors import ConfigError, DatasetError
+
+__all__ = [
+    "load_mnist",
+    "load_fashion_mnist",
+    "load_cifar10",
+    "load_cifar100",
+    "load_tiny_imagenet",
+]
+
+logger = logging.getLogger(__name__)
+
+_HALF = 0.5  # PFLlib: transforms.Normalize([0.5], [0.5]) for every channel
+_TINY_FOLDER = "tiny-imagenet-200"
+_TINY_SIZE = 64
+_IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
+# torchvision.datasets.utils reads these errors as "bad or missing file".
+_READ_ERRORS = (RuntimeError, AssertionError, ValueError, OSError, EOFError, KeyError)
+
+
+# --------------------------------------------------------------------------- MNIST family
+
+
+@DATASETS.register("mnist")
+def load_mnist(root: str | None, *, download: bool = False, seed: int = 0, merge_splits: bool = True) -> ArrayDataset:
+    """MNIST, 10 classes, 1x28x28: 70,000 samples merged (60,000 with ``merge_splits=False``)."""
+    del seed
+    return _load_idx("mnist", "MNIST", root, download, merge_splits)
+
+
+@DATASETS.register("fashion_mnist")
+def load_fashion_mnist(
+    root: str | None, *, download: bool = False, seed: int = 0, merge_splits: bool = True
+) -> ArrayDataset:
+    """Fashion-MNIST, 10 classes, 1x28x28, from ``<root>/FashionMNIST/raw/``."""
+    del seed
+    return _load_idx("fashion_mnist", "FashionMNIST", root, download, merge_splits)
+
+
+def _load_idx(name: str, class_name: str, root: str | None, download: bool, merge_splits: bool) -> ArrayDataset:
+    import torchvision.datasets as tvd
+
+    cls = getattr(tvd, class_name)
+    base = _require_root(name, root)
+    raw = base / class_name / "raw"
+    for archive, md5 in cls.resources:
+        _gunzip_if_needed(name, raw / archive, md5)
+    missing = [f"{class_name}/raw/{archive}" for archive, _ in cls.resources if not (raw / archive[:-3]).is_file()]
+    if missing and not download:
+        raise DatasetError(
+            f"dataset {name!r}: files missing under root {str(base)!r}: {', '.join(missing)}. "
+            f"Fix: set data.download=true to let torchvision download them, or copy the files "
+            f"(the .gz files are enough) into {str(raw)!r}/"
+        )
+    splits = [_torchvision_split(name, cls, base, train=True, download=download)]
+    if merge_splits:
+        splits.append(_torchvision_split(name, cls, base, train=False, download=download))
+    images = np.concatenate([s.data.numpy() for s in splits])[:, None]  # (N, 1, 28, 28)
+    labels = np.concatenate([s.targets.numpy() for s in splits]).astype(np.int64)
+    return ArrayDataset(name, np.ascontiguousarray(images), labels, len(cls.classes), (_HALF,), (_HALF,))
+
+
+def _gunzip_if_needed(name: str, archive: Path, md5: str) -> None:
+    """Decompress ``archive`` next to itself (offline) unless its IDX file exists.
+
+    Written to a temporary file first, then renamed, so an interrupted run never leaves
+    a truncated IDX file that torchvision would accept as present.
+    """
+    target = archive.with_suffix("")
+    if target.is_file() or not archive.is_file():
+        return
+    from torchvision.datasets.utils import check_md5
+
+    if not check_md5(archive, md5):
+        logger.warning("%s: %s does not have torchvision's md5 %s; using it anyway", name, archive, md5)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=archive.parent)
+    except OSError as error:
+        raise DatasetError(
+            f"dataset {name!r}: cannot decompress {str(archive)!r} because {str(archive.parent)!r} "
+            f"is not writable ({error}); copy the data root to a writable folder or gunzip the "
+            "files there yourself"
+        ) from error
+    try:
+        with os.fdopen(fd, "wb") as out, gzip.open(archive, "rb") as src:
+            shutil.copyfileobj(src, out, length=1 << 20)
+        os.replace(tmp, target)
+    except (OSError, EOFError) as error:
+        Path(tmp).unlink(missing_ok=True)
+        raise DatasetError(f"dataset {name!r}: {str(archive)!r} is not a valid gzip file ({error})") from error
+
+
+# --------------------------------------------------------------------------- CIFAR
+
+
+@DATASETS.register("cifar10")
+def load_cifar10(root: str | None, *, download: bool = False, seed: int = 0, merge_splits: bool = True) -> ArrayDataset:
+    """CIFAR-10, 10 classes, 3x32x32: 60,000 samples merged, from ``<root>/cifar-10-batches-py/``."""
+    del seed
+    return _load_cifar("cifar10", "CIFAR10", root, download, merge_splits)
+
+
+@DATASETS.register("cifar100")
+def load_cifar100(
+    root: str | None, *, download: bool = False, seed: int = 0, merge_splits: bool = True
+) -> ArrayDataset:
+    """CIFAR-100 (fine labels), 100 classes, 3x32x32, from ``<root>/cifar-100-python/``."""
+    del seed
+    return _load_cifar("cifar100", "CIFAR100", root, download, merge_splits)
+
+
+def _load_cifar(name: str, class_name: str, root: str | None, download: bool, merge_splits: bool) -> ArrayDataset:
+    import torchvision.datasets as tvd
+    from torchvision.datasets.utils import extract_archive
+
+    cls = getattr(tvd, class_name)
+    base = _require_root(name, root)
+    folder = base / cls.base_folder
+    # torchvision checks every batch file (train and test) even to load one split.
+    needed = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
+
+    def missing() -> list[str]:
+        return [f"{cls.base_folder}/{f}" for f in needed if not (folder / f).is_file()]
+
+    if missing() and (base / cls.filename).is_file():
+        logger.info("%s: extracting %s offline", name, base / cls.filename)
+        try:
+            extract_archive(str(base / cls.filename), str(base))
+        except (OSError, EOFError) as error:
+            raise DatasetError(f"dataset {name!r}: cannot extract {str(base / cls.filename)!r} ({error})") from error
+    if missing() and not download:
+        raise DatasetError(
+            f"dataset {name!r}: files missing under root {str(base)!r}: {', '.join(missing())}. "
+            f"Fix: set data.download=true to let torchvision download them, or put "
+            f"{cls.filename} (or its extracted {cls.base_folder}/ folder) into {str(base)!r}"
+        )
+    splits = [_torchvision_split(name, cls, base, train=True, download=download)]
+    if merge_splits:
+        splits.append(_torchvision_split(name, cls, base, train=False, download=download))
+    images = np.concatenate([s.data for s in splits]).transpose(0, 3, 1, 2)  # NHWC -> NCHW
+    labels = np.concatenate([np.asarray(s.targets, dtype=np.int64) for s in splits])
+    return ArrayDataset(name, np.ascontiguousarray(images), labels, len(splits[0].classes), (_HALF,) * 3, (_HALF,) * 3)
+
+
+def _torchvision_split(name: str, cls: Any, base: Path, *, train: bool, download: bool) -> Any:
+    """Instantiate a torchvision dataset, turning its errors into DatasetError."""
+    try:
+        return cls(str(base), train=train, download=download)
+    except _READ_ERRORS as error:
+        raise DatasetError(
+            f"dataset {name!r}: torchvision could not load the {'train' if train else 'test'} split "
+            f"from root {str(base)!r}: {error}"
+            + ("" if download else " (set data.download=true to fetch fresh copies)")
+        ) from error
+
+
+# --------------------------------------------------------------------------- Tiny ImageNet
+
+
+@DATASETS.register("tiny_imagenet")
+def load_tiny_imagenet(root: str | None, *, download: bool = False, seed: int = 0) -> ArrayDataset:
+    """Tiny ImageNet's 100,000 training images, 200 classes, 3x64x64.
+
+    Reads ``<root>/tiny-imagenet-200/train/<wnid>/images/*.JPEG``; classes are the
+    sorted wnids and files are sorted by name within a class, the order of torchvision's
+    ``ImageFolder`` that PFLlib's ``generate_TinyImagenet.py`` uses. Grey-scale JPEGs
+    (a few hundred in the set) are converted to RGB. Decoding runs on a thread pool
+    (PIL releases the GIL while decoding) into one preallocated uint8 array.
+    """
+    del seed
+    base = _require_root("tiny_imagenet", root)
+    train = base / _TINY_FOLDER / "train"
+    if not train.is_dir():
+        raise DatasetError(
+            f"dataset 'tiny_imagenet': folder {str(train)!r} not found. torchvision cannot "
+            f"download Tiny ImageNet{' (data.download=true does not help)' if download else ''}; "
+            f"download tiny-imagenet-200.zip (http://cs231n.stanford.edu/tiny-imagenet-200.zip) "
+            f"and unzip it into {str(base)!r}"
+        )
+    wnids = sorted(d.name for d in train.iterdir() if d.is_dir())
+    files: list[Path] = []
+    counts = []
+    for wnid in wnids:
+        images = train / wnid / "images"
+        found = sorted(
+            (p for p in images.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES), key=lambda p: p.name
+        ) if images.is_dir() else []
+        files.extend(found)
+        counts.append(len(found))
+    if not files:
+        raise DatasetError(f"dataset 'tiny_imagenet': no images found under {str(train)!r}/<wnid>/images/")
+    out = np.empty((len(files), 3, _TINY_SIZE, _TINY_SIZE), dtype=np.uint8)
+    _decode_into(files, out)
+    labels = np.repeat(np.arange(len(wnids), dtype=np.int64), counts)
+    return ArrayDataset("tiny_imagenet", out, labels, len(wnids), (_HALF,) * 3, (_HALF,) * 3)
+
+
+def _decode_into(files: list[Path], out: np.ndarray) -> None:
+    """Decode ``files`` with PIL into ``out[i]`` (C, H, W), in parallel over chunks."""
+    from PIL import Image
+
+    def decode(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            try:
+                with Image.open(files[i]) as image:
+                    array = np.asarray(image.convert("RGB"))
+            except OSError as error:
+                raise DatasetError(f"dataset 'tiny_imagenet': cannot decode {str(files[i])!r} ({error})") from error
+            if array.shape != (_TINY_SIZE, _TINY_SIZE, 3):
+                raise DatasetError(
+                    f"dataset 'tiny_imagenet': {str(files[i])!r} is {array.shape[1]}x{array.shape[0]}, "
+                    f"expected {_TINY_SIZE}x{_TINY_SIZE}"
+                )
+            out[i] = array.transpose(2, 0, 1)
+
+    chunk = 512
+    workers = min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(decode, lo, min(lo + chunk, len(files))) for lo in range(0, len(files), chunk)]
+        for future in futures:
+            future.result()
+
+
+def _require_root(name: str, root: str | None) -> Path:
+    if root is None or str(root) == "":
+        raise ConfigError(f"dataset {name!r} needs a data folder, but data.root is not set; set data.root=<folder>")
+    return Path(root).expanduser()

@@ -1,0 +1,41 @@
+"""Domain errors of rayfed.
+
+Every error names what is wrong, the value received and what is allowed, so that
+a user can fix the input without reading the source. Low-level errors are
+re-raised ``from`` the original exception, naming the config field to blame.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RayfedError",
+    "ConfigError",
+    "DatasetError",
+    "CheckpointError",
+    "ResourceError",
+    "AggregationError",
+]
+
+
+class RayfedError(Exception):
+    """Base class of every error rayfed raises on purpose."""
+
+
+class ConfigError(RayfedError, ValueError):
+    """A configuration field holds a value that is not allowed."""
+
+
+class DatasetError(RayfedError):
+    """A dataset cannot be loaded or partitioned as requested."""
+
+
+class CheckpointError(RayfedError):
+    """A run directory or checkpoint is missing, truncated or corrupted."""
+
+
+class ResourceError(RayfedError):
+    """The requested compute resources (CPUs, GPUs) are not available."""
+
+
+class AggregationError(RayfedError):
+    """Client updates cannot be combined into a global state."""

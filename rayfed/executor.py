@@ -1,0 +1,131 @@
+"""How the driver reaches the server and the workers: in-process or on Ray.
+
+The round loop (:mod:`rayfed.engine`) is written once against :class:`Executor`.
+:class:`LocalExecutor` runs the plain :class:`~rayfed.server.Server` and one
+:class:`~rayfed.worker.ClientRunner` in this process (for debugging and fast tests);
+:class:`rayfed.actors.RayExecutor` runs them as Ray actors. Both return the same
+values, so a run gives the same numbers on either.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rayfed.algorithms import ProblemSpec, RoundContext
+from rayfed.config import RunConfig
+from rayfed.data import ArrayDataset, Partition
+from rayfed.server import Server
+from rayfed.worker import ClientReport, ClientRunner, ClientState, EvalReport
+
+__all__ = ["Executor", "LocalExecutor", "Chunk", "make_chunks"]
+
+Chunk = list[int]
+
+
+def make_chunks(client_ids: Sequence[int], sizes: np.ndarray, num_chunks: int) -> list[Chunk]:
+    """Split ``client_ids`` into at most ``num_chunks`` batches of balanced total size.
+
+    Greedy longest-processing-time assignment on the clients' training sizes; each batch
+    is sorted and batches are ordered by their first id, so the split (and hence the
+    order in which partial sums are merged) is deterministic.
+    """
+    ids = np.asarray(client_ids, dtype=np.int64)
+    num_chunks = max(1, min(num_chunks, len(ids)))
+    if num_chunks == 1:
+        return [ids.tolist()]
+    order = ids[np.argsort(-sizes[ids], kind="stable")]
+    loads = np.zeros(num_chunks)
+    bins: list[list[int]] = [[] for _ in range(num_chunks)]
+    for cid in order.tolist():
+        target = int(np.argmin(loads))
+        bins[target].append(cid)
+        loads[target] += max(1, int(sizes[cid]))
+    chunks = [sorted(b) for b in bins if b]
+    return sorted(chunks, key=lambda c: c[0])
+
+
+class Executor(abc.ABC):
+    """The driver's handle on the server and the workers for one run."""
+
+    num_workers: int
+
+    @abc.abstractmethod
+    def broadcast(self) -> Any:
+        """A handle on the server's current broadcast (an object, or a Ray ObjectRef)."""
+
+    @abc.abstractmethod
+    def train(
+        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState]
+    ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:
+        """Train every chunk; returns contribution handles (chunk order), reports and new client states."""
+
+    @abc.abstractmethod
+    def aggregate(self, ctx: RoundContext, contributions: list[Any]) -> dict[str, float]: ...
+
+    @abc.abstractmethod
+    def evaluate(self, broadcast: Any, chunks: list[Chunk], states: Mapping[int, ClientState]) -> list[EvalReport]: ...
+
+    @abc.abstractmethod
+    def server_state(self) -> dict[str, np.ndarray]: ...
+
+    @abc.abstractmethod
+    def load_server_state(self, state: Mapping[str, np.ndarray]) -> None: ...
+
+    @abc.abstractmethod
+    def server_memory_bytes(self) -> int: ...
+
+    def close(self) -> None:
+        """Release workers and the server."""
+
+
+def _subset(states: Mapping[int, ClientState], chunk: Chunk) -> dict[int, ClientState]:
+    return {cid: states[cid] for cid in chunk if cid in states}
+
+
+class LocalExecutor(Executor):
+    """Everything in this process: one worker, the server, no Ray."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        spec: ProblemSpec,
+        dataset: ArrayDataset,
+        partition: Partition,
+        initial: Mapping[str, np.ndarray],
+    ) -> None:
+        self.num_workers = 1
+        self.server = Server(config, spec, initial)
+        self.runner = ClientRunner(config, spec, dataset, partition)
+
+    def broadcast(self) -> Any:
+        return self.server.broadcast()
+
+    def train(
+        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState]
+    ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:
+        contributions, reports, new_states = [], [], {}
+        for chunk in chunks:
+            result = self.runner.train(broadcast, ctx, chunk, _subset(states, chunk))
+            contributions.append(result.contribution)
+            reports.extend(result.reports)
+            new_states.update(result.states)
+        return contributions, reports, new_states
+
+    def aggregate(self, ctx: RoundContext, contributions: list[Any]) -> dict[str, float]:
+        return self.server.aggregate(ctx, *contributions)
+
+    def evaluate(self, broadcast: Any, chunks: list[Chunk], states: Mapping[int, ClientState]) -> list[EvalReport]:
+        return [r for chunk in chunks for r in self.runner.evaluate(broadcast, chunk, _subset(states, chunk))]
+
+    def server_state(self) -> dict[str, np.ndarray]:
+        return self.server.state_dict()
+
+    def load_server_state(self, state: Mapping[str, np.ndarray]) -> None:
+        self.server.load_state_dict(state)
+
+    def server_memory_bytes(self) -> int:
+        return self.server.memory_bytes()

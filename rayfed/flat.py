@@ -1,0 +1,145 @@
+"""A model's parameters as one flat float32 vector, shared in place with the module.
+
+Federated simulation loads, reads and averages whole models thousands of times per
+second. :class:`FlatModel` re-binds every parameter of a module (and its gradient)
+to a view into one contiguous buffer, so that
+
+* loading a client's starting point is one ``copy_`` of P floats,
+* reading the trained model is one ``clone`` (or zero-copy numpy view),
+* an SGD step is one fused ``add_`` over all parameters (see :mod:`rayfed.training`),
+* BatchNorm running statistics live in a second flat buffer, so a model's whole state
+  is one vector too (:meth:`FlatModel.state_numpy`),
+* a *part* of the model (a layer, the output layer, the class-wise blocks) is a
+  contiguous slice: :meth:`FlatModel.slice_of` returns it by name prefix.
+
+Nothing here assumes that all clients share one architecture: every architecture has
+its own ``FlatModel`` and algorithms exchange only the parts they name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["ParamLayout", "FlatModel"]
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """Names, shapes and offsets of a module's parameters inside its flat vector."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+    """offsets[i] is where parameter i starts; offsets[-1] is the total size."""
+
+    @classmethod
+    def of(cls, named: Iterable[tuple[str, torch.Tensor]]) -> ParamLayout:
+        names, shapes, offsets = [], [], [0]
+        for name, tensor in named:
+            names.append(name)
+            shapes.append(tuple(tensor.shape))
+            offsets.append(offsets[-1] + tensor.numel())
+        return cls(tuple(names), tuple(shapes), tuple(offsets))
+
+    @property
+    def size(self) -> int:
+        return self.offsets[-1]
+
+    def slice_of(self, prefixes: str | Sequence[str]) -> slice:
+        """The contiguous slice covering every parameter whose name starts with a prefix.
+
+        A prefix ``"fc"`` matches ``fc.weight`` and ``fc.bias`` but not ``fc2.weight``.
+        The matched parameters must be adjacent in the layout (true for whole
+        modules and for runs of consecutive top-level blocks).
+        """
+        prefixes = (prefixes,) if isinstance(prefixes, str) else tuple(prefixes)
+        hits = [i for i, n in enumerate(self.names) if any(n == p or n.startswith(p + ".") for p in prefixes)]
+        if not hits:
+            raise KeyError(f"no parameter starts with {prefixes}; parameters: {', '.join(self.names)}")
+        if hits != list(range(hits[0], hits[-1] + 1)):
+            raise ValueError(f"parameters of {prefixes} are not contiguous in the layout")
+        return slice(self.offsets[hits[0]], self.offsets[hits[-1] + 1])
+
+    def index(self, name: str) -> slice:
+        """The slice of one parameter tensor, by its full name."""
+        i = self.names.index(name)
+        return slice(self.offsets[i], self.offsets[i + 1])
+
+
+class FlatModel:
+    """A module whose parameters and gradients live in two flat float32 buffers.
+
+    >>> net = nn.Linear(3, 2)
+    >>> flat = FlatModel(net)
+    >>> flat.vector.shape
+    torch.Size([8])
+    >>> flat.load(np.zeros(8, dtype=np.float32)); float(net.weight.sum())
+    0.0
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.layout = ParamLayout.of(named)
+        self.params = [p for _, p in named]
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self.vector = torch.empty(self.layout.size, dtype=torch.float32, device=device)
+        self.grad = torch.zeros_like(self.vector)
+        for (_, param), start, stop in zip(named, self.layout.offsets[:-1], self.layout.offsets[1:]):
+            self.vector[start:stop].copy_(param.detach().reshape(-1))
+            param.data = self.vector[start:stop].view(param.shape)
+            param.grad = self.grad[start:stop].view(param.shape)
+        named_buffers = [(n, b) for n, b in module.named_buffers() if b.is_floating_point()]
+        self.buffer_layout = ParamLayout.of(named_buffers)
+        self.buffers = torch.empty(self.buffer_layout.size, dtype=torch.float32, device=device)
+        owners = dict(module.named_modules())
+        for (name, buf), start, stop in zip(named_buffers, self.buffer_layout.offsets[:-1], self.buffer_layout.offsets[1:]):
+            self.buffers[start:stop].copy_(buf.reshape(-1))
+            owner_name, _, attr = name.rpartition(".")
+            setattr(owners[owner_name], attr, self.buffers[start:stop].view(buf.shape))
+
+    @property
+    def size(self) -> int:
+        return self.layout.size
+
+    def load(self, values: np.ndarray | torch.Tensor, part: slice | None = None) -> None:
+        """Copy ``values`` into the parameters (all of them, or the slice ``part``)."""
+        source = torch.as_tensor(values) if isinstance(values, np.ndarray) else values
+        target = self.vector if part is None else self.vector[part]
+        with torch.no_grad():
+            target.copy_(source.reshape(-1), non_blocking=True)
+
+    def numpy(self, part: slice | None = None) -> np.ndarray:
+        """A float32 numpy copy of the parameters (or of the slice ``part``)."""
+        view = self.vector if part is None else self.vector[part]
+        return view.detach().to("cpu", copy=True).numpy()
+
+    def slice_of(self, prefixes: str | Sequence[str]) -> slice:
+        return self.layout.slice_of(prefixes)
+
+    def zero_grad(self) -> None:
+        self.grad.zero_()
+
+    # --- full state: parameters followed by floating-point buffers (BatchNorm statistics) -----
+    @property
+    def state_size(self) -> int:
+        return self.layout.size + self.buffer_layout.size
+
+    def state_numpy(self) -> np.ndarray:
+        """Parameters and floating-point buffers, concatenated, as one float32 numpy copy."""
+        if not self.buffer_layout.size:
+            return self.numpy()
+        return torch.cat([self.vector.detach(), self.buffers]).cpu().numpy()
+
+    def load_state(self, values: np.ndarray | torch.Tensor) -> None:
+        """Load a vector produced by :meth:`state_numpy`."""
+        p = self.layout.size
+        self.load(values[:p])
+        if self.buffer_layout.size:
+            source = torch.as_tensor(values[p:]) if isinstance(values, np.ndarray) else values[p:]
+            self.buffers.copy_(source.reshape(-1))

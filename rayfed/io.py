@@ -1,0 +1,81 @@
+"""Atomic, pickle-free file writing and reading for run directories.
+
+Every file rayfed writes goes to a temporary file in the same directory first and is
+then renamed over the target (``os.replace`` is atomic on POSIX), so a run killed at
+any moment leaves either the old file or the new one, never a torn one. Arrays are
+stored as ``.npz`` and tables as Parquet; nothing is ever unpickled on load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rayfed.errors import CheckpointError
+
+__all__ = ["atomic_write", "write_json", "write_parquet", "save_arrays", "load_arrays"]
+
+
+def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)`` and rename the temporary file onto ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    def write(tmp: str) -> None:
+        Path(tmp).write_text(json.dumps(data, indent=2, sort_keys=True, default=float))
+
+    atomic_write(path, write)
+
+
+def write_parquet(path: str | Path, table: pa.Table) -> None:
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def save_arrays(path: str | Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write named arrays to ``path`` (.npz, uncompressed) atomically."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **{k: np.asarray(v) for k, v in arrays.items()})
+
+    atomic_write(path, write)
+
+
+def load_arrays(path: str | Path) -> dict[str, np.ndarray]:
+    """Read an ``.npz`` written by :func:`save_arrays` (``allow_pickle=False``).
+
+    A missing, truncated or corrupted file raises :class:`CheckpointError` naming it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {str(path)!r} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
+        raise CheckpointError(
+            f"checkpoint file {str(path)!r} is truncated or corrupted ({type(e).__name__}: {e}); "
+            "delete it to resume from the previous checkpoint"
+        ) from e

@@ -1,0 +1,88 @@
+"""The model registry and the shape checks shared by every model module.
+
+A model module declares one :class:`ModelSpec` per architecture and passes it to
+:func:`register_model`; ``rayfed.models.build_model`` looks it up by name.
+This module imports nothing from the model modules, so they can import it freely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from rayfed.errors import ConfigError
+from rayfed.registry import Registry
+
+__all__ = [
+    "InputShape",
+    "ModelSpec",
+    "MODELS",
+    "register_model",
+    "min_side_reason",
+    "ensure_supported",
+]
+
+InputShape = tuple[int, int, int]
+"""An image input shape ``(C, H, W)``, without the batch dimension."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One registered architecture.
+
+    Parameters
+    ----------
+    name
+        The registry key, i.e. the value of the config field ``model.name``.
+    factory
+        ``(input_shape, num_classes) -> nn.Module``. It must draw random numbers only
+        from torch's global generator (parameter initialisation), so that
+        ``torch.manual_seed(s)`` before the call fixes the parameters.
+    supports
+        ``input_shape -> None`` when the architecture fits that input, else a sentence
+        that says why not and which shapes are allowed.
+    description
+        One line naming the architecture and its source, used in error messages.
+    """
+
+    name: str
+    factory: Callable[[InputShape, int], nn.Module]
+    supports: Callable[[InputShape], str | None]
+    description: str
+
+
+MODELS: Registry[ModelSpec] = Registry("model", field="model.name")
+
+
+def register_model(spec: ModelSpec) -> ModelSpec:
+    """Register ``spec`` under ``spec.name`` and return it."""
+    return MODELS.register(spec.name)(spec)
+
+
+def min_side_reason(input_shape: InputShape, min_px: int, why: str) -> str | None:
+    """Return ``None`` if both H and W are at least ``min_px``, else the reason.
+
+    >>> min_side_reason((1, 28, 28), 16, "two 5x5 convs and two 2x2 pools") is None
+    True
+    >>> min_side_reason((1, 8, 8), 16, "two 5x5 convs and two 2x2 pools")
+    'needs H and W >= 16 (two 5x5 convs and two 2x2 pools), got H=8, W=8'
+    """
+    _, height, width = input_shape
+    if height >= min_px and width >= min_px:
+        return None
+    return f"needs H and W >= {min_px} ({why}), got H={height}, W={width}"
+
+
+def ensure_supported(
+    label: str, supports: Callable[[InputShape], str | None], input_shape: InputShape
+) -> None:
+    """Raise ConfigError naming ``label`` if ``supports(input_shape)`` gives a reason.
+
+    Model constructors call this so that building one by hand fails as clearly as
+    ``build_model`` does.
+    """
+    reason = supports(input_shape)
+    if reason is not None:
+        raise ConfigError(f"{label} does not fit input_shape={tuple(input_shape)}: {reason}")

@@ -1,0 +1,128 @@
+"""Small CNNs: the cwFedAvg 4-layer CNN ("cnn4") and FedAWA's 5-layer CNN ("cnn5").
+
+Both use PyTorch's default initialisation, as the reference code does, and both
+compute their flatten size from the input shape instead of from the dataset name.
+Top-level children are the blocks that cwFedAvg's selective application counts
+(spec §1.6): the last ``m`` of them are class-wise.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rayfed.models._spec import (
+    InputShape,
+    ModelSpec,
+    ensure_supported,
+    min_side_reason,
+    register_model,
+)
+
+__all__ = ["FedAvgCNN", "FedAWACNN"]
+
+
+def _conv_pool(in_channels: int, out_channels: int, kernel_size: int) -> nn.Sequential:
+    """Valid (unpadded) conv with bias, in-place ReLU, 2x2 max-pool."""
+    return nn.Sequential(
+        nn.Conv2d(in_channels, out_channels, kernel_size),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+    )
+
+
+def _cnn4_side(side: int) -> int:
+    """Spatial size after cnn4's two (5x5 valid conv, 2x2 pool) stages."""
+    return ((side - 4) // 2 - 4) // 2
+
+
+def _cnn4_supports(input_shape: InputShape) -> str | None:
+    return min_side_reason(input_shape, 16, "two 5x5 valid convs and two 2x2 max-pools")
+
+
+class FedAvgCNN(nn.Module):
+    """The 4-layer CNN of the cwFedAvg papers (PFLlib ``FedAvgCNN``; spec §1.9).
+
+    ``conv1``: Conv 5x5 C->32, ReLU, MaxPool 2; ``conv2``: Conv 5x5 32->64, ReLU,
+    MaxPool 2; ``last_feat``: Linear(D->512), ReLU on the flattened maps; ``fc``:
+    Linear(512->K). D = 64*h*w of the maps after ``conv2``: 1024 for 1x28x28, 1600
+    for 3x32x32 and 10816 for 3x64x64. Any input with H, W >= 16 fits.
+
+    >>> FedAvgCNN((1, 28, 28), 10).last_feat[0].in_features
+    1024
+    """
+
+    output_layer: str = "fc"
+
+    def __init__(self, input_shape: InputShape, num_classes: int) -> None:
+        super().__init__()
+        ensure_supported("FedAvgCNN", _cnn4_supports, input_shape)
+        channels, height, width = input_shape
+        flat = 64 * _cnn4_side(height) * _cnn4_side(width)
+        self.conv1 = _conv_pool(channels, 32, 5)
+        self.conv2 = _conv_pool(32, 64, 5)
+        self.last_feat = nn.Sequential(nn.Linear(flat, 512), nn.ReLU(inplace=True))
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv2(self.conv1(x))
+        return self.fc(self.last_feat(torch.flatten(x, 1)))
+
+
+def _cnn5_side(side: int) -> int:
+    """Spatial size after cnn5's conv-pool, conv-pool, conv (all 3x3 valid)."""
+    return ((side - 2) // 2 - 2) // 2 - 2
+
+
+def _cnn5_supports(input_shape: InputShape) -> str | None:
+    return min_side_reason(
+        input_shape, 18, "three 3x3 valid convs and two 2x2 max-pools"
+    )
+
+
+class FedAWACNN(nn.Module):
+    """FedAWA's "5-layer" CNN (C-AWA ``CNNCifar10``/``CNNCifar100``; spec §2.6).
+
+    ``conv1``: Conv 3x3 C->32, ReLU, MaxPool 2; ``conv2``: Conv 3x3 32->64, ReLU,
+    MaxPool 2; ``conv3``: Conv 3x3 64->64, ReLU; ``last_feat``: Linear(D->64), ReLU
+    on the flattened maps; ``fc``: Linear(64->K). D = 1024 (64*4*4) for 32x32
+    inputs. Any input with H, W >= 18 fits.
+
+    >>> FedAWACNN((3, 32, 32), 10).last_feat[0].in_features
+    1024
+    """
+
+    output_layer: str = "fc"
+
+    def __init__(self, input_shape: InputShape, num_classes: int) -> None:
+        super().__init__()
+        ensure_supported("FedAWACNN", _cnn5_supports, input_shape)
+        channels, height, width = input_shape
+        flat = 64 * _cnn5_side(height) * _cnn5_side(width)
+        self.conv1 = _conv_pool(channels, 32, 3)
+        self.conv2 = _conv_pool(32, 64, 3)
+        self.conv3 = nn.Sequential(nn.Conv2d(64, 64, 3), nn.ReLU(inplace=True))
+        self.last_feat = nn.Sequential(nn.Linear(flat, 64), nn.ReLU(inplace=True))
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv3(self.conv2(self.conv1(x)))
+        return self.fc(self.last_feat(torch.flatten(x, 1)))
+
+
+register_model(
+    ModelSpec(
+        name="cnn4",
+        factory=FedAvgCNN,
+        supports=_cnn4_supports,
+        description="cwFedAvg 4-layer CNN (PFLlib FedAvgCNN): 2 conv 5x5 + FC 512 + output",
+    )
+)
+register_model(
+    ModelSpec(
+        name="cnn5",
+        factory=FedAWACNN,
+        supports=_cnn5_supports,
+        description="FedAWA 5-layer CNN: 3 conv 3x3 + FC 64 + output",
+    )
+)

@@ -1,0 +1,36 @@
+"""Seeds derived from the run seed, so every random choice is reproducible and local.
+
+Three streams are kept apart, as the papers' protocol needs ("3 seeds over a fixed
+partition"): the partition seed (``data.seed``), the model initialisation
+(``seed``), and per-round streams for client sampling and each client's batches.
+A client's stream depends only on (seed, round, client id), never on which worker
+runs it, so a re-run client (after a worker failure) repeats the same update.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["client_seed", "sample_clients", "init_seed"]
+
+_SAMPLING, _CLIENT, _INIT = 1, 2, 3
+
+
+def client_seed(seed: int, round_index: int, client_id: int) -> int:
+    """A 63-bit seed for one client's mini-batch order in one round."""
+    state = np.random.SeedSequence([seed, _CLIENT, round_index + 1, client_id]).generate_state(2, dtype=np.uint32)
+    return int(state[0]) << 31 ^ int(state[1])
+
+
+def init_seed(seed: int, stream: int = 0) -> int:
+    """Seed for model initialisation (stream > 0 for per-client initialisations)."""
+    return int(np.random.SeedSequence([seed, _INIT, stream]).generate_state(1, dtype=np.uint32)[0])
+
+
+def sample_clients(seed: int, round_index: int, num_clients: int, join_ratio: float) -> np.ndarray:
+    """Sorted ids of the round's participants: ⌊join_ratio·M⌋ (at least 1) drawn without replacement."""
+    if join_ratio >= 1.0:
+        return np.arange(num_clients, dtype=np.int64)
+    count = max(1, int(join_ratio * num_clients))
+    rng = np.random.default_rng(np.random.SeedSequence([seed, _SAMPLING, round_index]))
+    return np.sort(rng.choice(num_clients, size=count, replace=False)).astype(np.int64)

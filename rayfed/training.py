@@ -1,0 +1,159 @@
+"""One virtual client's local work: its data, its model, the SGD loop and evaluation.
+
+A :class:`ClientJob` is what a worker hands to an algorithm for one client in one
+round: the client's id and data, the worker's model for the client's architecture
+(as a :class:`~rayfed.flat.FlatModel`), the round's optimiser settings and the
+client's persistent state, if its algorithm keeps any.
+
+:func:`local_sgd` is the lean training step the whole simulator spends its time in:
+no DataLoader, batches are index slices of tensors already on the device, and the
+SGD update is one fused operation on the flat parameter vector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rayfed.flat import FlatModel
+
+__all__ = ["ClientJob", "TrainStats", "EvalStats", "local_sgd", "sgd_step", "evaluate_model"]
+
+
+@dataclass
+class ClientJob:
+    """Everything one client's local update or evaluation needs, built by the worker."""
+
+    client_id: int
+    round: int
+    flat: FlatModel
+    architecture: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    label_counts: np.ndarray
+    """(K,) class counts over the client's whole partition, before the train/test split."""
+    train_label_counts: np.ndarray
+    """(K,) class counts over the client's training split."""
+    lr: float
+    epochs: int
+    batch_size: int
+    momentum: float
+    weight_decay: float
+    drop_last: bool
+    generator: torch.Generator
+    """Seeded from (run seed, round, client id): the same client gets the same batches on any worker."""
+    seed: int
+    state: dict[str, np.ndarray] | None = None
+    """Persistent per-client state (e.g. FedClassAvg's backbone); algorithms may replace it."""
+    scratch: dict[str, object] = field(default_factory=dict)
+    """Per-job values an algorithm passes between its hooks (e.g. FedProx's anchor)."""
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.flat.module
+
+    @property
+    def num_train(self) -> int:
+        return int(self.y_train.shape[0])
+
+    @property
+    def num_test(self) -> int:
+        return int(self.y_test.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.flat.vector.device
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    """What local training reports: mean cross-entropy over the steps taken and their number."""
+
+    loss: float
+    steps: int
+
+
+@dataclass(frozen=True)
+class EvalStats:
+    correct: int
+    loss_sum: float
+    count: int
+
+
+ExtraLoss = Callable[[ClientJob, torch.Tensor], "torch.Tensor | None"]
+
+
+def sgd_step(
+    flat: FlatModel, lr: float, *, momentum: float = 0.0, weight_decay: float = 0.0, buffer: torch.Tensor | None = None
+) -> None:
+    """One SGD update on the flat parameter vector, as ``torch.optim.SGD`` (dampening 0, no Nesterov).
+
+    With weight decay, g <- g + wd * w; with momentum, b <- m * b + g and w <- w - lr * b.
+    A zero-initialised buffer gives b = g at the first step, as torch's SGD does.
+    """
+    grad = flat.grad
+    if weight_decay:
+        grad = grad.add(flat.vector, alpha=weight_decay)
+    if momentum:
+        if buffer is None:
+            raise ValueError("momentum > 0 needs a momentum buffer")
+        buffer.mul_(momentum).add_(grad)
+        grad = buffer
+    flat.vector.add_(grad, alpha=-lr)
+
+
+def local_sgd(
+    job: ClientJob,
+    *,
+    extra_loss: ExtraLoss | None = None,
+    momentum_buffer: torch.Tensor | None = None,
+) -> TrainStats:
+    """Train ``job.model`` in place for ``job.epochs`` epochs of mini-batch SGD on cross-entropy.
+
+    ``extra_loss(job, logits)`` adds an algorithm's term (WDR, a proximal term) to every
+    mini-batch's loss. ``momentum_buffer`` (P floats) carries SGD momentum; pass a
+    persistent one to keep momentum across rounds (FedAWA's clients do).
+    With ``drop_last`` (the papers' loaders), a client with fewer samples than a batch
+    takes no step, as in PFLlib.
+    """
+    model, flat = job.model, job.flat
+    model.train()
+    n, batch = job.num_train, job.batch_size
+    stop = n - n % batch if job.drop_last else n
+    if job.momentum and momentum_buffer is None:
+        momentum_buffer = torch.zeros_like(flat.vector)
+    loss_sum = torch.zeros((), device=job.device)
+    steps = 0
+    for _ in range(job.epochs):
+        order = torch.randperm(n, generator=job.generator).to(job.device)
+        for start in range(0, stop, batch):
+            idx = order[start : start + batch]
+            flat.zero_grad()
+            logits = model(job.x_train[idx])
+            loss = F.cross_entropy(logits, job.y_train[idx])
+            extra = extra_loss(job, logits) if extra_loss is not None else None
+            (loss if extra is None else loss + extra).backward()
+            sgd_step(flat, job.lr, momentum=job.momentum, weight_decay=job.weight_decay, buffer=momentum_buffer)
+            loss_sum += loss.detach()
+            steps += 1
+    return TrainStats(loss=float(loss_sum) / steps if steps else float("nan"), steps=steps)
+
+
+@torch.no_grad()
+def evaluate_model(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024) -> EvalStats:
+    """Correct predictions and summed cross-entropy of ``model`` on ``(x, y)``."""
+    model.eval()
+    correct = torch.zeros((), dtype=torch.long, device=x.device)
+    loss_sum = torch.zeros((), device=x.device)
+    for start in range(0, int(y.shape[0]), batch_size):
+        logits = model(x[start : start + batch_size])
+        target = y[start : start + batch_size]
+        correct += (logits.argmax(dim=1) == target).sum()
+        loss_sum += F.cross_entropy(logits, target, reduction="sum")
+    return EvalStats(correct=int(correct), loss_sum=float(loss_sum), count=int(y.shape[0]))

@@ -1,0 +1,204 @@
+"""The plain class behind a ``ClientWorker`` actor: trains and evaluates batches of virtual clients.
+
+A worker is created once per run. It keeps references to the dataset (read
+zero-copy from Ray's object store) and the partition (client index arrays), builds one
+model per architecture once, and on each call turns client ids into
+:class:`~rayfed.training.ClientJob` objects, runs the algorithm's halves on them and
+returns one summed :class:`~rayfed.algorithms.base.Contribution` for the whole batch
+(local aggregation) plus a small report per client.
+
+Nothing here imports Ray: tests drive it directly, and the actor is a thin shell.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from rayfed.algorithms import ALGORITHMS, Broadcast, ClientHalf, Contribution, ProblemSpec, RoundContext
+from rayfed.config import RunConfig
+from rayfed.data import ArrayDataset, Partition, normalize_batch
+from rayfed.flat import FlatModel
+from rayfed.models import build_model
+from rayfed.seeding import client_seed
+from rayfed.training import ClientJob, evaluate_model
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ClientReport", "EvalReport", "TrainResult", "ClientRunner", "pick_device"]
+
+ClientState = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class ClientReport:
+    """What the driver learns about one client's local update (a few numbers)."""
+
+    client_id: int
+    num_train: int
+    train_loss: float
+    steps: int
+    update_norm: float
+    bytes_up: int
+    bytes_down: int
+    seconds: float
+    rejected: str = ""
+    """Why the update was left out of the aggregation ("" = accepted)."""
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    client_id: int
+    num_test: int
+    correct: int
+    loss_sum: float
+
+
+@dataclass
+class TrainResult:
+    contribution: Contribution | None
+    reports: list[ClientReport]
+    states: dict[int, ClientState] = field(default_factory=dict)
+
+
+def pick_device(num_gpus: float) -> torch.device:
+    """CUDA when the worker was given a (fraction of a) GPU, else CPU."""
+    if num_gpus > 0 and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+class ClientRunner:
+    """Trains and evaluates batches of virtual clients on one process."""
+
+    def __init__(self, config: RunConfig, spec: ProblemSpec, dataset: ArrayDataset, partition: Partition) -> None:
+        torch.set_num_threads(config.engine.torch_threads)
+        self.config = config
+        self.spec = spec
+        self.dataset = dataset
+        self.partition = partition
+        self.device = pick_device(config.engine.num_gpus_per_worker)
+        algorithm = ALGORITHMS.get(config.algorithm.name)
+        if config.algorithm.client is None:
+            client_cls, client_params = algorithm.client_half, config.algorithm.params
+        else:
+            client_cls, client_params = ALGORITHMS.get(config.algorithm.client).client_half, config.algorithm.client_params
+        self.client_half: ClientHalf[object] = (client_cls or ClientHalf)(client_params, spec)
+        self._models: dict[str, FlatModel] = {}
+        self._label_counts = partition.label_counts
+        self._train_label_counts = partition.train_label_counts
+
+    # --- public calls (one per actor method) ---------------------------------------------
+    def train(
+        self,
+        broadcast: Broadcast,
+        ctx: RoundContext,
+        client_ids: list[int],
+        states: dict[int, ClientState] | None = None,
+    ) -> TrainResult:
+        """Personalise, train and collect the contribution of each client in ``client_ids``."""
+        states = states or {}
+        total: Contribution | None = None
+        reports: list[ClientReport] = []
+        new_states: dict[int, ClientState] = {}
+        for cid in client_ids:
+            start_time = time.perf_counter()
+            job = self._job(cid, ctx.round, ctx.lr, states.get(cid), with_train=True)
+            broadcast.personalise(job)
+            start = job.flat.vector.detach().clone()
+            stats = self.client_half.train(job)
+            contribution = broadcast.contribute(job)
+            update_norm = float(torch.linalg.vector_norm(job.flat.vector.detach() - start))
+            rejected = self._rejection(contribution, update_norm)
+            if rejected:
+                logger.warning("round %d: update of client %d rejected: %s", ctx.round, cid, rejected)
+            else:
+                total = contribution if total is None else total.__iadd__(contribution)
+                if job.state is not None:
+                    new_states[cid] = job.state
+            reports.append(
+                ClientReport(
+                    client_id=cid,
+                    num_train=job.num_train,
+                    train_loss=stats.loss,
+                    steps=stats.steps,
+                    update_norm=update_norm,
+                    bytes_up=0 if rejected else contribution.nbytes,
+                    bytes_down=broadcast.bytes_down(job),
+                    seconds=time.perf_counter() - start_time,
+                    rejected=rejected,
+                )
+            )
+        return TrainResult(total, reports, new_states)
+
+    def evaluate(
+        self, broadcast: Broadcast, client_ids: list[int], states: dict[int, ClientState] | None = None
+    ) -> list[EvalReport]:
+        """Accuracy of each client's evaluation model (``broadcast.prepare_eval``) on its own test split."""
+        states = states or {}
+        reports = []
+        for cid in client_ids:
+            job = self._job(cid, -1, 0.0, states.get(cid), with_train=False)
+            broadcast.prepare_eval(job)
+            result = evaluate_model(job.model, job.x_test, job.y_test)
+            reports.append(EvalReport(cid, result.count, result.correct, result.loss_sum))
+        return reports
+
+    def ping(self) -> str:
+        return "ok"
+
+    # --- internals -----------------------------------------------------------------------
+    def model_for(self, architecture: str) -> FlatModel:
+        """This worker's model of ``architecture``, built on first use (its values are always overwritten)."""
+        if architecture not in self._models:
+            module = build_model(architecture, self.dataset.input_shape, self.dataset.num_classes).to(self.device)
+            self._models[architecture] = FlatModel(module)
+        return self._models[architecture]
+
+    def _tensors(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        x = normalize_batch(self.dataset.images[indices], self.dataset.mean, self.dataset.std)
+        y = torch.from_numpy(self.dataset.labels[indices])
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def _job(self, cid: int, round_index: int, lr: float, state: ClientState | None, *, with_train: bool) -> ClientJob:
+        train_cfg = self.config.train
+        architecture = self.spec.architecture_of(cid)
+        empty_x = torch.empty((0, *self.dataset.input_shape), device=self.device)
+        empty_y = torch.empty((0,), dtype=torch.long, device=self.device)
+        x_train, y_train = self._tensors(self.partition.train(cid)) if with_train else (empty_x, empty_y)
+        x_test, y_test = (empty_x, empty_y) if with_train else self._tensors(self.partition.test(cid))
+        seed = client_seed(self.config.seed, round_index, cid)
+        return ClientJob(
+            client_id=cid,
+            round=round_index,
+            flat=self.model_for(architecture),
+            architecture=architecture,
+            x_train=x_train,
+            y_train=y_train,
+            x_test=x_test,
+            y_test=y_test,
+            label_counts=self._label_counts[cid],
+            train_label_counts=self._train_label_counts[cid],
+            lr=lr,
+            epochs=train_cfg.local_epochs,
+            batch_size=train_cfg.batch_size,
+            momentum=train_cfg.momentum,
+            weight_decay=train_cfg.weight_decay,
+            drop_last=train_cfg.drop_last,
+            generator=torch.Generator().manual_seed(seed),
+            seed=seed,
+            state=state,
+        )
+
+    def _rejection(self, contribution: Contribution, update_norm: float) -> str:
+        if not math.isfinite(update_norm) or not contribution.is_finite():
+            return "non-finite update (NaN or Inf)"
+        bound = self.config.engine.max_update_norm
+        if bound is not None and update_norm > bound:
+            return f"update norm {update_norm:.4g} exceeds engine.max_update_norm={bound:g}"
+        return ""

@@ -1,0 +1,62 @@
+"""FedAvg and FedProx halves on tiny hand-computed cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rayfed.algorithms import RoundContext, WeightedSum, sum_contributions
+from rayfed.algorithms.base import ProblemSpec
+from rayfed.algorithms.fedavg import FedAvgServer
+from rayfed.algorithms.fedprox import proximal_term
+from rayfed.flat import ParamLayout
+
+
+def _spec(size: int) -> ProblemSpec:
+    layout = ParamLayout(("w",), ((size,),), (0, size))
+    return ProblemSpec(4, 2, (1, 2, 2), {"m": layout}, {"m": ("w",)}, {"m": "w"}, default_architecture="m")
+
+
+def _ctx() -> RoundContext:
+    return RoundContext(round=0, seed=0, lr=0.1, sampled=np.arange(3), num_clients=3)
+
+
+def test_fedavg_aggregate_equals_hand_computed_weighted_mean() -> None:
+    # Prepare: three clients with 1, 2 and 5 training samples.
+    models = [np.array([1.0, 0.0], np.float32), np.array([3.0, 2.0], np.float32), np.array([0.0, 8.0], np.float32)]
+    sizes = [1, 2, 5]
+    server = FedAvgServer(None, _spec(2), {"m": np.zeros(2, np.float32)})
+    # Execute
+    server.aggregate(_ctx(), sum_contributions(WeightedSum.of(m, n) for m, n in zip(models, sizes)))
+    # Assert: (1*[1,0] + 2*[3,2] + 5*[0,8]) / 8 = [7/8, 44/8]
+    np.testing.assert_allclose(server.global_vector, [7 / 8, 44 / 8], rtol=1e-6)
+
+
+def test_partial_sums_merge_in_any_order() -> None:
+    rng = np.random.default_rng(0)
+    parts = [WeightedSum.of(rng.normal(size=5).astype(np.float32), n) for n in (3, 1, 4, 1, 5)]
+    left = sum_contributions([parts[0] + parts[1], parts[2] + parts[3] + parts[4]])
+    right = sum_contributions([parts[4] + parts[2], parts[1] + parts[3], parts[0]])
+    np.testing.assert_allclose(left.average(), right.average(), rtol=1e-6)
+    assert left.count == right.count == 5 and left.weight == right.weight == 14
+
+
+def test_no_contribution_keeps_the_global_model() -> None:
+    server = FedAvgServer(None, _spec(2), {"m": np.ones(2, np.float32)})
+    metrics = server.aggregate(_ctx(), None)
+    assert metrics["clients_aggregated"] == 0 and np.array_equal(server.global_vector, np.ones(2))
+
+
+def test_weighted_sum_flags_non_finite_values() -> None:
+    assert not WeightedSum.of(np.array([np.nan], np.float32), 1).is_finite()
+    assert WeightedSum.of(np.array([1.0], np.float32), 1).is_finite()
+
+
+def test_proximal_term_value_and_gradient() -> None:
+    w = torch.tensor([1.0, 2.0], requires_grad=True)
+    anchor = torch.tensor([0.0, 0.0])
+    term = proximal_term([w], [anchor], mu=0.5)
+    term.backward()
+    assert float(term) == pytest.approx(0.25 * 5)
+    torch.testing.assert_close(w.grad, 0.5 * w.detach())

@@ -1,0 +1,49 @@
+"""Shared fixtures: tiny configs on the offline synthetic dataset, and one Ray cluster per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+SHARED_DATA = (Path(__file__).resolve().parents[1] / ".." / "shared" / "data").resolve()
+
+
+def tiny_overrides(run_dir: Path, **extra: object) -> dict[str, object]:
+    """A run that takes seconds: 10 clients on 3,000 synthetic samples, 2 rounds, in-process."""
+    base: dict[str, object] = {
+        "data.dataset": "synthetic",
+        "data.options": {"num_samples": 3000},
+        "data.num_clients": 10,
+        "data.partition": "pathological",
+        "data.classes_per_client": 2,
+        "train.rounds": 2,
+        "engine.backend": "local",
+        "engine.progress": False,
+        "run_dir": str(run_dir),
+    }
+    base.update(extra)
+    return base
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path):
+    from rayfed import RunConfig
+
+    return RunConfig().override(tiny_overrides(tmp_path / "run"))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A private local Ray for the whole test session (never `ray stop`: it ends every Ray on the machine)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield ray
+    ray.shutdown()
