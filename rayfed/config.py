@@ -210,6 +210,11 @@ class EngineConfig:
     """torch intra-op threads per worker; one per worker CPU avoids oversubscription."""
     clients_per_call: int = 0
     """Clients per worker call; 0 = split the sampled clients into 2 calls per worker."""
+    vectorize: str = "auto"
+    """Train clients of one architecture stacked with torch.func: ``on``, ``off``, or ``auto``
+    (stacked on CUDA, sequential on CPU, where stacking measured slower)."""
+    stack_size: int = 64
+    """Most clients trained in one stack (bounds the memory of a vectorised step)."""
     join_ratio: float = 1.0
     """Fraction of clients sampled each round (partial participation when < 1)."""
     eval_every: int = 1
@@ -235,6 +240,8 @@ class EngineConfig:
         _check(self.num_gpus_per_worker >= 0, "engine.num_gpus_per_worker", self.num_gpus_per_worker, ">= 0")
         _check(self.torch_threads >= 1, "engine.torch_threads", self.torch_threads, ">= 1")
         _check(self.clients_per_call >= 0, "engine.clients_per_call", self.clients_per_call, ">= 0")
+        _check_choice("engine.vectorize", self.vectorize, ("auto", "on", "off"))
+        _check(self.stack_size >= 1, "engine.stack_size", self.stack_size, ">= 1")
         _check(0 < self.join_ratio <= 1, "engine.join_ratio", self.join_ratio, "in (0, 1]")
         _check(self.eval_every >= 1, "engine.eval_every", self.eval_every, ">= 1")
         _check_choice("engine.eval_clients", self.eval_clients, ("all", "sampled"))

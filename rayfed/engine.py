@@ -20,6 +20,7 @@ import dataclasses
 import json
 import logging
 import math
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["Simulation", "RunResult", "run", "build_problem"]
 
 _CHECKPOINTS_KEPT = 2
+_INIT_LOCK = threading.Lock()
 _RESUMABLE_SECTIONS = ("train.rounds", "engine", "run_dir")
 
 
@@ -85,12 +87,14 @@ def build_problem(config: RunConfig, dataset: ArrayDataset) -> tuple[ProblemSpec
     All clients of an architecture start from one common initialisation (as in the
     papers' code), drawn from the run seed.
     """
-    layouts, blocks, outputs, initial = {}, {}, {}, {}
+    layouts, blocks, outputs, initial, buffer_layouts = {}, {}, {}, {}, {}
     for index, name in enumerate(config.model.architectures()):
-        torch.manual_seed(init_seed(config.seed, index))
-        module = build_model(name, dataset.input_shape, dataset.num_classes)
+        with _INIT_LOCK, torch.random.fork_rng(devices=[]):  # trials may build models in parallel threads
+            torch.manual_seed(init_seed(config.seed, index))
+            module = build_model(name, dataset.input_shape, dataset.num_classes)
         flat = FlatModel(module)
         layouts[name], initial[name] = flat.layout, flat.state_numpy()
+        buffer_layouts[name] = flat.buffer_layout
         blocks[name], outputs[name] = tuple(block_names(module)), output_layer_name(module)
     spec = ProblemSpec(
         num_clients=config.data.num_clients,
@@ -101,6 +105,10 @@ def build_problem(config: RunConfig, dataset: ArrayDataset) -> tuple[ProblemSpec
         output_layer=outputs,
         client_architectures=config.model.client_models,
         default_architecture=config.model.name,
+        seed=config.seed,
+        mean=tuple(dataset.mean),
+        std=tuple(dataset.std),
+        buffer_layouts=buffer_layouts,
     )
     return spec, initial
 
@@ -275,7 +283,10 @@ class Simulation:
         sampled = sample_clients(config.seed, t, config.data.num_clients, config.engine.join_ratio)
         ctx = RoundContext(round=t, seed=config.seed, lr=config.train.lr_at(t), sampled=sampled,
                            num_clients=config.data.num_clients)
-        keeps_state = self.algorithm.keeps_client_state
+        borrowed = config.algorithm.client  # a borrowed client half may keep state (algorithm.client="sgdm")
+        keeps_state = self.algorithm.keeps_client_state or (
+            borrowed is not None and ALGORITHMS.get(borrowed).keeps_client_state
+        )
         contributions, reports, new_states = executor.train(
             broadcast, ctx, self._chunks(sampled), self.states.get_many(sampled) if keeps_state else {}
         )

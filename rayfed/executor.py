@@ -14,10 +14,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from rayfed.algorithms import ProblemSpec, RoundContext
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, Partition
+from rayfed.errors import ResourceError
 from rayfed.server import Server
 from rayfed.worker import ClientReport, ClientRunner, ClientState, EvalReport
 
@@ -97,6 +99,11 @@ class LocalExecutor(Executor):
         partition: Partition,
         initial: Mapping[str, np.ndarray],
     ) -> None:
+        if config.engine.num_gpus_per_worker > 0 and not torch.cuda.is_available():
+            raise ResourceError(
+                f"engine.num_gpus_per_worker={config.engine.num_gpus_per_worker:g} but this machine has no "
+                "CUDA GPU; set engine.num_gpus_per_worker=0 to train on CPUs"
+            )
         self.num_workers = 1
         self.server = Server(config, spec, initial)
         self.runner = ClientRunner(config, spec, dataset, partition)

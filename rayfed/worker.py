@@ -26,7 +26,8 @@ from rayfed.data import ArrayDataset, Partition, normalize_batch
 from rayfed.flat import FlatModel
 from rayfed.models import build_model
 from rayfed.seeding import client_seed
-from rayfed.training import ClientJob, evaluate_model
+from rayfed.training import ClientJob, TrainStats, evaluate_model
+from rayfed.vectorized import can_stack, resolve_vectorize, train_stacked
 
 logger = logging.getLogger(__name__)
 
@@ -101,40 +102,84 @@ class ClientRunner:
         client_ids: list[int],
         states: dict[int, ClientState] | None = None,
     ) -> TrainResult:
-        """Personalise, train and collect the contribution of each client in ``client_ids``."""
+        """Personalise, train and collect the contribution of each client in ``client_ids``.
+
+        Clients of one architecture are trained stacked (:mod:`rayfed.vectorized`) when
+        ``engine.vectorize`` allows it, else one after the other.
+        """
         states = states or {}
-        total: Contribution | None = None
-        reports: list[ClientReport] = []
-        new_states: dict[int, ClientState] = {}
-        for cid in client_ids:
-            start_time = time.perf_counter()
-            job = self._job(cid, ctx.round, ctx.lr, states.get(cid), with_train=True)
-            broadcast.personalise(job)
-            start = job.flat.vector.detach().clone()
-            stats = self.client_half.train(job)
-            contribution = broadcast.contribute(job)
-            update_norm = float(torch.linalg.vector_norm(job.flat.vector.detach() - start))
-            rejected = self._rejection(contribution, update_norm)
-            if rejected:
-                logger.warning("round %d: update of client %d rejected: %s", ctx.round, cid, rejected)
-            else:
-                total = contribution if total is None else total.__iadd__(contribution)
-                if job.state is not None:
-                    new_states[cid] = job.state
-            reports.append(
-                ClientReport(
-                    client_id=cid,
-                    num_train=job.num_train,
-                    train_loss=stats.loss,
-                    steps=stats.steps,
-                    update_norm=update_norm,
-                    bytes_up=0 if rejected else contribution.nbytes,
-                    bytes_down=broadcast.bytes_down(job),
-                    seconds=time.perf_counter() - start_time,
-                    rejected=rejected,
-                )
+        result = TrainResult(None, [])
+        jobs = [self._job(cid, ctx.round, ctx.lr, states.get(cid), with_train=True) for cid in client_ids]
+        for group in self._stacks(jobs):
+            started = time.perf_counter()
+            if len(group) == 1:
+                job = group[0]
+                broadcast.personalise(job)
+                start = job.flat.vector.detach().clone()
+                stats = self.client_half.train(job)
+                self._finish(result, broadcast, ctx, job, start, stats, time.perf_counter() - started)
+                continue
+            starts, constants = [], []
+            for job in group:
+                broadcast.personalise(job)
+                starts.append(job.flat.vector.detach().clone())
+                constants.append(self.client_half.loss_constants(job))
+            trained, stats_list = train_stacked(group, torch.stack(starts), self.client_half, constants)
+            seconds = (time.perf_counter() - started) / len(group)
+            for job, start, vector, stats in zip(group, starts, trained, stats_list):
+                job.flat.load(vector)
+                self._finish(result, broadcast, ctx, job, start, stats, seconds)
+        return result
+
+    def _stacks(self, jobs: list[ClientJob]) -> list[list[ClientJob]]:
+        """Groups of jobs trained together: runs of one architecture when stacking is on, else singletons."""
+        engine = self.config.engine
+        if not resolve_vectorize(engine.vectorize, self.device):
+            return [[job] for job in jobs]
+        groups: dict[str, list[ClientJob]] = {}
+        for job in jobs:
+            groups.setdefault(job.architecture, []).append(job)
+        out: list[list[ClientJob]] = []
+        for arch_jobs in groups.values():
+            if not can_stack(arch_jobs[0].flat, self.client_half):
+                out.extend([job] for job in arch_jobs)
+                continue
+            out.extend(arch_jobs[i : i + engine.stack_size] for i in range(0, len(arch_jobs), engine.stack_size))
+        return out
+
+    def _finish(
+        self,
+        result: TrainResult,
+        broadcast: Broadcast,
+        ctx: RoundContext,
+        job: ClientJob,
+        start: torch.Tensor,
+        stats: TrainStats,
+        seconds: float,
+    ) -> None:
+        """Collect a trained client: check its update, add its contribution, report it."""
+        contribution = broadcast.contribute(job)
+        update_norm = float(torch.linalg.vector_norm(job.flat.vector.detach() - start))
+        rejected = self._rejection(contribution, update_norm)
+        if rejected:
+            logger.warning("round %d: update of client %d rejected: %s", ctx.round, job.client_id, rejected)
+        else:
+            result.contribution = contribution if result.contribution is None else result.contribution.__iadd__(contribution)
+            if job.state is not None:
+                result.states[job.client_id] = job.state
+        result.reports.append(
+            ClientReport(
+                client_id=job.client_id,
+                num_train=job.num_train,
+                train_loss=stats.loss,
+                steps=stats.steps,
+                update_norm=update_norm,
+                bytes_up=contribution.nbytes,
+                bytes_down=broadcast.bytes_down(job),
+                seconds=seconds,
+                rejected=rejected,
             )
-        return TrainResult(total, reports, new_states)
+        )
 
     def evaluate(
         self, broadcast: Broadcast, client_ids: list[int], states: dict[int, ClientState] | None = None

@@ -74,6 +74,14 @@ class ProblemSpec:
     client_architectures: tuple[str, ...] = ()
     """Architecture per client; empty when every client has ``default_architecture``."""
     default_architecture: str = ""
+    seed: int = 0
+    """The run's training seed (``RunConfig.seed``), e.g. for per-client initialisations."""
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+    """Per-channel statistics the workers normalise inputs with (to undo before augmenting)."""
+    buffer_layouts: Mapping[str, ParamLayout] = field(default_factory=dict)
+    """Each architecture's floating-point buffers (BatchNorm statistics), laid out after its
+    parameters in the state vector (``FlatModel.state_numpy``); empty if unknown."""
 
     def architecture_of(self, client_id: int) -> str:
         if self.client_architectures:
@@ -140,26 +148,47 @@ class Broadcast(abc.ABC):
 class ClientHalf(Generic[P]):
     """What local training adds. By default: plain SGD on cross-entropy (FedAvg's client).
 
-    Subclasses override :meth:`extra_loss` to add a term to every mini-batch
-    (FedProx, WDR), :meth:`begin` to remember something from the starting point,
-    or :meth:`train` to replace the loop altogether (FedClassAvg's two-view loss).
+    A loss term is written once, functionally, so that the sequential loop and the
+    vectorised one (:mod:`rayfed.vectorized`) share one formula:
+
+    * :meth:`loss_constants` returns the per-client tensors the term reads (FedProx's
+      anchor, WDR's p_i), computed after personalisation;
+    * :meth:`functional_extra_loss` maps (parameter tensors in layout order, constants)
+      to the term added to every mini-batch's loss, or ``None``.
+
+    A client half with a loop of its own (FedClassAvg's two-view loss) overrides
+    :meth:`train` instead and is then always trained sequentially.
     """
 
     def __init__(self, params: P, spec: ProblemSpec) -> None:
         self.params = params
         self.spec = spec
 
+    def loss_constants(self, job: ClientJob) -> dict[str, Any]:
+        """Per-client tensors for :meth:`functional_extra_loss`; none by default."""
+        return {}
+
+    def functional_extra_loss(self, params: list[Any], constants: Mapping[str, Any]) -> Any:
+        """The term added to each mini-batch's loss; ``None`` (the default) adds nothing."""
+        return None
+
     def begin(self, job: ClientJob) -> None:
         """Called after personalisation, before training; nothing by default."""
 
     def extra_loss(self, job: ClientJob, logits: Any) -> Any:
-        """A term added to each mini-batch's loss; ``None`` (the default) adds nothing."""
-        return None
+        """The sequential loop's hook: the functional term on the model's live parameters."""
+        return self.functional_extra_loss(job.flat.params, job.scratch["loss_constants"])
 
     def train(self, job: ClientJob) -> TrainStats:
         """Train ``job.model`` in place; by default :func:`~rayfed.training.local_sgd`."""
+        job.scratch["loss_constants"] = self.loss_constants(job)
         self.begin(job)
         return local_sgd(job, extra_loss=self.extra_loss)
+
+    def supports_stacking(self) -> bool:
+        """True if this half trains with the default loop, so clients can be trained stacked."""
+        cls = type(self)
+        return all(getattr(cls, hook) is getattr(ClientHalf, hook) for hook in ("train", "begin", "extra_loss"))
 
 
 class ServerHalf(abc.ABC, Generic[P, C]):

@@ -11,6 +11,7 @@ e.g. ``algorithm.name="fedawa", algorithm.client="fedprox"``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -33,27 +34,22 @@ class FedProxParams:
             raise ConfigError(f"algorithm.params.mu must be >= 0, but got algorithm.params.mu={self.mu!r}")
 
 
-def proximal_term(params: list[torch.Tensor], anchors: list[torch.Tensor], mu: float) -> torch.Tensor:
-    """(μ/2) Σ_l ‖w_l − a_l‖² over parameter tensors (FedProx Eq. 2)."""
-    return 0.5 * mu * sum(((p - a) ** 2).sum() for p, a in zip(params, anchors))  # type: ignore[return-value]
+def proximal_term(params: list[torch.Tensor], anchor: torch.Tensor, mu: float) -> torch.Tensor:
+    """(μ/2) ‖w − w_g‖² (FedProx Eq. 2), w = the parameter tensors in layout order, w_g flat."""
+    current = torch.cat([p.reshape(-1) for p in params])
+    return 0.5 * mu * (current - anchor).pow(2).sum()
 
 
 class FedProxClient(ClientHalf[FedProxParams]):
     """Adds (μ/2)‖w − w_g‖² to each mini-batch's loss, w_g = the model the client started from."""
 
-    def begin(self, job: ClientJob) -> None:
-        anchor = job.flat.vector.detach().clone()
-        job.scratch["prox_anchor"] = [anchor[s].view(p.shape) for s, p in zip(_slices(job), job.flat.params)]
+    def loss_constants(self, job: ClientJob) -> dict[str, torch.Tensor]:
+        return {"anchor": job.flat.vector.detach().clone()}
 
-    def extra_loss(self, job: ClientJob, logits: torch.Tensor) -> torch.Tensor | None:
+    def functional_extra_loss(self, params: list[torch.Tensor], constants: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
         if self.params.mu == 0:
             return None
-        return proximal_term(job.flat.params, job.scratch["prox_anchor"], self.params.mu)  # type: ignore[arg-type]
-
-
-def _slices(job: ClientJob) -> list[slice]:
-    offsets = job.flat.layout.offsets
-    return [slice(a, b) for a, b in zip(offsets[:-1], offsets[1:])]
+        return proximal_term(params, constants["anchor"], self.params.mu)
 
 
 register_algorithm(

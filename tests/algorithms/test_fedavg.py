@@ -56,7 +56,7 @@ def test_weighted_sum_flags_non_finite_values() -> None:
 def test_proximal_term_value_and_gradient() -> None:
     w = torch.tensor([1.0, 2.0], requires_grad=True)
     anchor = torch.tensor([0.0, 0.0])
-    term = proximal_term([w], [anchor], mu=0.5)
+    term = proximal_term([w], anchor, mu=0.5)
     term.backward()
     assert float(term) == pytest.approx(0.25 * 5)
     torch.testing.assert_close(w.grad, 0.5 * w.detach())

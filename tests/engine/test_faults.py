@@ -1,0 +1,140 @@
+"""Faults: dead and hung workers, a killed driver, non-finite or oversized client updates."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+from rayfed import RunConfig, run
+from rayfed.actors import client_worker
+from rayfed.callbacks import Callback
+from rayfed.io import load_arrays
+from tests.conftest import tiny_overrides
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class _Capture(Callback):
+    """Keeps a handle on the simulation so a test can reach its workers."""
+
+    sim = None
+
+    def on_run_start(self, sim) -> None:
+        _Capture.sim = sim
+
+
+def _ray_overrides(run_dir: Path, **extra: object) -> dict[str, object]:
+    return tiny_overrides(
+        run_dir, **{"engine.backend": "ray", "engine.num_workers": 2, "engine.clients_per_call": 2, **extra}
+    )
+
+
+def _inject_once(monkeypatch: pytest.MonkeyPatch, fault) -> list[str]:
+    """Run ``fault(pool)`` once, right after the first batch of worker calls has been submitted."""
+    done: list[str] = []
+    original_wait = ray.wait
+
+    def wait_with_fault(refs, **kwargs):
+        if not done and _Capture.sim is not None:
+            done.append(fault(_Capture.sim.executor.pool))
+        return original_wait(refs, **kwargs)
+
+    monkeypatch.setattr(client_worker.ray, "wait", wait_with_fault)
+    return done
+
+
+def test_killed_worker_is_replaced_and_round_result_is_unchanged(tmp_path, ray_cluster, monkeypatch, caplog) -> None:
+    # Prepare: the reference run, then a run whose first worker is killed while it trains.
+    reference = run(RunConfig().override(_ray_overrides(tmp_path / "ref")))
+    done = _inject_once(monkeypatch, lambda pool: ray.kill(pool.workers[0], no_restart=True) or "killed")
+    # Execute
+    with caplog.at_level("WARNING", logger="rayfed"):
+        faulted = run(RunConfig().override(_ray_overrides(tmp_path / "faulted")), callbacks=[_Capture()])
+    # Assert
+    assert done == ["killed"]
+    assert _Capture.sim.executor.pool.replacements >= 1
+    assert "replacing it and re-running them" in caplog.text
+    assert faulted.accuracies == reference.accuracies
+    assert [r["train_loss"] for r in faulted.history] == [r["train_loss"] for r in reference.history]
+
+
+def test_hung_worker_times_out_and_is_replaced(tmp_path, ray_cluster, monkeypatch, caplog) -> None:
+    reference = run(RunConfig().override(_ray_overrides(tmp_path / "ref")))
+
+    def freeze(pool) -> str:
+        _, pid = ray.get(pool.workers[0].node_and_pid.remote())
+        os.kill(pid, signal.SIGSTOP)  # the worker hangs: alive, but never answers
+        return "frozen"
+
+    done = _inject_once(monkeypatch, freeze)
+    overrides = _ray_overrides(tmp_path / "hung", **{"engine.round_timeout_s": 8.0})
+    with caplog.at_level("WARNING", logger="rayfed"):
+        hung = run(RunConfig().override(overrides), callbacks=[_Capture()])
+    assert done == ["frozen"]
+    assert "no answer within engine.round_timeout_s=8" in caplog.text
+    assert hung.accuracies == reference.accuracies
+
+
+def test_driver_killed_mid_run_resumes_to_identical_metrics(tmp_path) -> None:
+    # Prepare: an uninterrupted reference run of 5 rounds.
+    overrides = tiny_overrides(tmp_path / "ref", **{"train.rounds": 5, "engine.checkpoint_every": 1})
+    reference = run(RunConfig().override(overrides))
+    run_dir = tmp_path / "killed"
+    args = [f"{k}={_cli_value(v)}" for k, v in tiny_overrides(run_dir, **{"train.rounds": 5, "engine.checkpoint_every": 1}).items()]
+    # Execute: start the same run as a separate driver process and SIGKILL it once round 1 is checkpointed.
+    driver = subprocess.Popen([sys.executable, "-m", "rayfed", "run", "--quiet", *args], cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoints" / "round_000001.npz").exists():
+        assert driver.poll() is None, driver.stderr.read().decode()
+        assert time.monotonic() < deadline, "the driver never reached round 1"
+        time.sleep(0.05)
+    driver.kill()
+    driver.wait()
+    assert not (run_dir / "summary.json").exists()  # it really died before the end
+    resumed = subprocess.run([sys.executable, "-m", "rayfed", "run", "--quiet", "--resume", str(run_dir)], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+    # Assert
+    assert resumed.returncode == 0, resumed.stderr
+    rows = pq.read_table(run_dir / "rounds.parquet").to_pylist()
+    assert [r["round"] for r in rows] == [0, 1, 2, 3, 4]
+    assert [r["accuracy"] for r in rows] == reference.accuracies
+    assert [r["train_loss"] for r in rows] == [r["train_loss"] for r in reference.history]
+
+
+def _cli_value(value: object) -> str:
+    import json
+
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def test_non_finite_updates_are_rejected_and_global_model_stays_finite(tmp_path) -> None:
+    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{"train.lr": 1e12, "engine.checkpoint_every": 1}))
+    result = run(config)
+    clients = pq.read_table(tmp_path / "run" / "clients").to_pylist()
+    rejected = [c for c in clients if c["rejected"]]
+    assert rejected and all("non-finite" in c["rejected"] for c in rejected)
+    assert sum(r["num_rejected"] for r in result.history) == len(rejected)
+    state = load_arrays(sorted((tmp_path / "run" / "checkpoints").glob("*.npz"))[-1])
+    assert np.isfinite(state["server/global"]).all()
+    assert all(not math.isnan(a) for a in result.accuracies)
+
+
+def test_updates_beyond_the_norm_bound_are_left_out(tmp_path) -> None:
+    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{"engine.max_update_norm": 1e-9}))
+    result = run(config)
+    assert all(r["num_rejected"] == r["num_sampled"] for r in result.history)
+    # Nothing was aggregated, so the (initial) global model, and its accuracy, never change.
+    assert result.accuracies[0] == result.accuracies[1]
+    clients = pq.read_table(tmp_path / "run" / "clients").to_pylist()
+    assert all("exceeds engine.max_update_norm=1e-09" in c["rejected"] for c in clients)

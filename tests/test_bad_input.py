@@ -1,0 +1,101 @@
+"""Bad input, as a user meets it through ``rayfed.run``: each error names the field, the value and the fix."""
+
+from __future__ import annotations
+
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from rayfed import CheckpointError, ConfigError, DatasetError, ResourceError, RunConfig, run
+from rayfed.io import load_arrays, save_arrays
+from tests.conftest import tiny_overrides
+
+
+def _run(tmp_path, **overrides: object):
+    return run(RunConfig().override(tiny_overrides(tmp_path / "run", **overrides)))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "fragments"),
+    [
+        ({"data.classes_per_client": 11}, ConfigError, ["data.classes_per_client", "11", "10"]),
+        ({"data.num_clients": 5000}, ConfigError, ["data.num_clients", "5000", "3000"]),
+        ({"data.dataset": "cifar1000"}, ConfigError, ["data.dataset='cifar1000'", "cifar100", "known"]),
+        ({"model.name": "resnet99"}, ConfigError, ["model.name='resnet99'", "known", "cnn4"]),
+    ],
+)
+def test_bad_run_inputs_fail_with_a_message_naming_the_problem(tmp_path, overrides, error, fragments) -> None:
+    with pytest.raises(error) as raised:
+        _run(tmp_path, **overrides)
+    for fragment in fragments:
+        assert fragment in str(raised.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_gpus_requested_on_a_machine_without_gpus(tmp_path) -> None:
+    with pytest.raises(ResourceError, match=r"engine.num_gpus_per_worker=0.25 but this machine has no CUDA GPU.*=0"):
+        _run(tmp_path, **{"engine.num_gpus_per_worker": 0.25})
+
+
+def test_gpus_requested_on_a_ray_cluster_without_gpus(tmp_path, ray_cluster) -> None:
+    if ray_cluster.cluster_resources().get("GPU"):
+        pytest.skip("this cluster has GPUs")
+    with pytest.raises(ResourceError, match=r"engine.num_gpus_per_worker=0.5 but the Ray cluster has no GPUs"):
+        _run(tmp_path, **{"engine.backend": "ray", "engine.num_gpus_per_worker": 0.5})
+
+
+def test_model_that_does_not_fit_the_dataset_names_model_and_shape(tmp_path) -> None:
+    from rayfed.models import MODELS, ModelSpec, register_model
+    from rayfed.models._spec import min_side_reason
+
+    if "test_needs_64px" not in MODELS:
+        register_model(
+            ModelSpec(
+                "test_needs_64px",
+                factory=lambda shape, k: torch.nn.Linear(1, k),
+                supports=lambda shape: min_side_reason(shape, 64, "test model"),
+                description="a test model for 64x64 inputs",
+            )
+        )
+    with pytest.raises(ConfigError) as raised:
+        _run(tmp_path, **{"model.name": "test_needs_64px"})
+    assert "model.name='test_needs_64px'" in str(raised.value) and "(1, 28, 28)" in str(raised.value)
+
+
+def test_dataset_root_without_files_lists_missing_files_and_fix(tmp_path) -> None:
+    with pytest.raises(DatasetError) as raised:
+        _run(tmp_path, **{"data.dataset": "mnist", "data.options": {}, "data.root": str(tmp_path / "empty")})
+    message = str(raised.value)
+    assert "train-images-idx3-ubyte" in message and "data.download=true" in message
+
+
+def test_truncated_checkpoint_is_reported_not_unpickled(tmp_path) -> None:
+    path = tmp_path / "ckpt.npz"
+    save_arrays(path, {"a": np.arange(1000, dtype=np.float32)})
+    path.write_bytes(path.read_bytes()[:300])
+    with pytest.raises(CheckpointError, match="truncated or corrupted"):
+        load_arrays(path)
+
+
+def test_checkpoint_with_pickled_objects_is_refused(tmp_path) -> None:
+    path = tmp_path / "evil.npz"
+    np.savez(path, payload=np.array([{"x": 1}], dtype=object))  # would need unpickling to load
+    with pytest.raises(CheckpointError):
+        load_arrays(path)
+
+
+def test_resume_from_corrupted_checkpoint_names_the_file(tmp_path) -> None:
+    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{"engine.checkpoint_every": 1}))
+    run(config)
+    newest = sorted((tmp_path / "run" / "checkpoints").glob("*.npz"))[-1]
+    with zipfile.ZipFile(newest, "w") as broken:  # a valid zip without the arrays
+        broken.writestr("nothing.txt", "x")
+    with pytest.raises(CheckpointError, match=newest.name):
+        run(config.override({"train.rounds": 3}), resume=True)
+
+
+def test_dashboard_binds_to_localhost_by_default() -> None:
+    assert RunConfig().engine.dashboard_host == "127.0.0.1"
+    assert RunConfig().engine.dashboard is False
