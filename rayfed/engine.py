@@ -16,7 +16,6 @@ A run directory holds::
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math

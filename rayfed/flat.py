@@ -18,6 +18,7 @@ its own ``FlatModel`` and algorithms exchange only the parts they name.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -25,7 +26,16 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["ParamLayout", "FlatModel"]
+__all__ = ["ParamLayout", "FlatModel", "read_only_tensor"]
+
+
+def read_only_tensor(array: np.ndarray) -> torch.Tensor:
+    """Wrap a numpy array without a copy, also a read-only one (Ray hands out object-store
+    arrays read-only). Callers only read from the result, so torch's warning about
+    non-writable arrays does not apply and is silenced here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 @dataclass(frozen=True)
@@ -109,7 +119,7 @@ class FlatModel:
 
     def load(self, values: np.ndarray | torch.Tensor, part: slice | None = None) -> None:
         """Copy ``values`` into the parameters (all of them, or the slice ``part``)."""
-        source = torch.as_tensor(values) if isinstance(values, np.ndarray) else values
+        source = read_only_tensor(values) if isinstance(values, np.ndarray) else values
         target = self.vector if part is None else self.vector[part]
         with torch.no_grad():
             target.copy_(source.reshape(-1), non_blocking=True)
@@ -141,5 +151,5 @@ class FlatModel:
         p = self.layout.size
         self.load(values[:p])
         if self.buffer_layout.size:
-            source = torch.as_tensor(values[p:]) if isinstance(values, np.ndarray) else values[p:]
+            source = read_only_tensor(values[p:]) if isinstance(values, np.ndarray) else values[p:]
             self.buffers.copy_(source.reshape(-1))

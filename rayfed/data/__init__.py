@@ -9,6 +9,7 @@
 Importing this package registers every built-in dataset in :data:`DATASETS`.
 """
 
+from rayfed.data import torchvision_data as _torchvision_data  # noqa: F401  (registers loaders)
 from rayfed.data.dataset import ArrayDataset
 from rayfed.data.partition import (
     PARTITIONS,
@@ -23,13 +24,11 @@ from rayfed.data.registry import DATASETS, DatasetLoader, dataset_options, load_
 from rayfed.data.synthetic import make_synthetic
 from rayfed.data.transforms import normalize_batch
 
-from rayfed.data import torchvision_data as _torchvision_data  # noqa: E402,F401  (registers loaders)
-
 __all__ = [
-    "ArrayDataset",
     "DATASETS",
-    "DatasetLoader",
     "PARTITIONS",
+    "ArrayDataset",
+    "DatasetLoader",
     "Partition",
     "dataset_options",
     "load_dataset",

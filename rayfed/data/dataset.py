@@ -17,7 +17,7 @@ from rayfed.errors import DatasetError
 __all__ = ["ArrayDataset"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ArrayDataset:
     """A labelled image pool, checked once at construction.
 
@@ -40,6 +40,11 @@ class ArrayDataset:
     ------
     DatasetError
         When a dtype, shape or label range is wrong; the message names the field.
+
+    Notes
+    -----
+    Equality is identity (``eq=False``): comparing two datasets element-wise would
+    touch every pixel and is never what a caller wants implicitly.
     """
 
     name: str
@@ -57,23 +62,16 @@ class ArrayDataset:
                 f"but got {_describe(images)}"
             )
         if not images.flags.c_contiguous:
-            raise DatasetError(
-                f"dataset {self.name!r}: images must be C-contiguous; "
-                "pass np.ascontiguousarray(images)"
-            )
+            raise DatasetError(f"dataset {self.name!r}: images must be C-contiguous; pass np.ascontiguousarray(images)")
         if not isinstance(labels, np.ndarray) or labels.dtype != np.int64 or labels.ndim != 1:
             raise DatasetError(
-                f"dataset {self.name!r}: labels must be an int64 array of shape (N,), "
-                f"but got {_describe(labels)}"
+                f"dataset {self.name!r}: labels must be an int64 array of shape (N,), but got {_describe(labels)}"
             )
         if len(labels) != len(images):
-            raise DatasetError(
-                f"dataset {self.name!r}: {len(images)} images but {len(labels)} labels"
-            )
+            raise DatasetError(f"dataset {self.name!r}: {len(images)} images but {len(labels)} labels")
         if self.num_classes < 1:
             raise DatasetError(
-                f"dataset {self.name!r}: num_classes must be >= 1, but got "
-                f"num_classes={self.num_classes}"
+                f"dataset {self.name!r}: num_classes must be >= 1, but got num_classes={self.num_classes}"
             )
         if len(labels) and (labels.min() < 0 or labels.max() >= self.num_classes):
             raise DatasetError(

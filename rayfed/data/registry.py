@@ -16,7 +16,7 @@ from rayfed.data.dataset import ArrayDataset
 from rayfed.errors import ConfigError
 from rayfed.registry import Registry
 
-__all__ = ["DATASETS", "DatasetLoader", "load_dataset", "dataset_options"]
+__all__ = ["DATASETS", "DatasetLoader", "dataset_options", "load_dataset"]
 
 DatasetLoader = Callable[..., ArrayDataset]
 """``loader(root: str | None, *, download: bool, seed: int, **options) -> ArrayDataset``."""

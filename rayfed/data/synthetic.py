@@ -2,24 +2,28 @@
 
 It serves the quick start and the tests, where MNIST/CIFAR cannot be downloaded.
 It is built to be *learnable but not trivial*, so that personalisation has something
-to show: a 4-layer CNN trained centrally on 5,000 samples for one epoch reaches well
-below 100 % (many classes are confusable), while a 2-class subset, which is what a
-pathologically partitioned client sees, is almost perfectly separable.
+to show. Measured with the 4-layer CNN of algorithms.md §1.9 (SGD, lr 0.005, batch 10,
+mean/std 0.5), trained centrally for one epoch: about 71 % test accuracy on 10 classes
+from 5,000 samples and 94 % from 20,000, while a 2-class subset (what a
+pathologically partitioned client sees) reaches 99 %.
 
 How a sample is drawn
 ---------------------
 * Every class has a prototype made of ``_PARTS_PER_CLASS`` strokes (anisotropic
   Gaussians with a centre, a length, a width and an angle).
-* Classes come in confusable pairs (2m, 2m+1) that share ``_SHARED_PARTS`` of their
+* Classes come in confusable pairs (m, m + K//2) that share ``_SHARED_PARTS`` of their
   strokes, the way "3"/"8" or "shirt"/"T-shirt" share shapes; only the other strokes
-  tell the pair apart.
+  tell the pair apart. The pairs are deliberately not (2m, 2m+1): the pathological
+  partitioner hands exactly those pairs to the same clients, which should see an easy
+  local task while the global 10-class task stays hard.
 * Each sample moves the whole glyph (translation, small rotation and scale), jitters
   every stroke's position and amplitude, sometimes drops a stroke, adds distractor
   strokes at random places, adds pixel noise, and is quantised to uint8.
 
 Rendering is vectorised over chunks of samples (one ``exp`` over a
 (chunk, strokes, pixels) array) and chunks run on a small thread pool; numpy releases
-the GIL inside ufuncs, so two cores give about a 2x speed-up. Every chunk has its own
+the GIL inside ufuncs, so two cores give about a 1.7x speed-up (70,000 28x28 images
+in about 1.7 s on 2 cores). Every chunk has its own
 seed from ``numpy.random.SeedSequence(seed).spawn``, so the bytes depend only on the
 seed and the options, not on the number of threads.
 """
@@ -36,7 +40,7 @@ from rayfed.data.dataset import ArrayDataset
 from rayfed.data.registry import DATASETS
 from rayfed.errors import ConfigError
 
-__all__ = ["make_synthetic", "load_synthetic"]
+__all__ = ["load_synthetic", "make_synthetic"]
 
 _PARTS_PER_CLASS = 4
 _SHARED_PARTS = 2
@@ -75,7 +79,7 @@ def _random_strokes(rng: np.random.Generator, n: int) -> np.ndarray:
 def _prototypes(rng: np.random.Generator, num_classes: int, channels: int) -> tuple[np.ndarray, np.ndarray]:
     """Class prototypes: strokes (K, P, 5) and stroke colours (K, P, C).
 
-    Classes 2m and 2m+1 share their first ``_SHARED_PARTS`` strokes (and colours).
+    Class m + K//2 copies the first ``_SHARED_PARTS`` strokes (and colours) of class m.
     """
     strokes = _random_strokes(rng, num_classes * _PARTS_PER_CLASS).reshape(num_classes, _PARTS_PER_CLASS, 5)
     colours = rng.uniform(0.35, 1.0, size=(num_classes, _PARTS_PER_CLASS, channels))
@@ -127,7 +131,8 @@ def _render_chunk(
     d_col = rng.uniform(0.35, 1.0, size=(b, _DISTRACTORS, channels)) if channels > 1 else np.ones((b, _DISTRACTORS, 1))
 
     allp = np.concatenate([s, d], axis=1).astype(np.float32)  # (B, Q, 5)
-    weights = (np.concatenate([amp, d_amp], axis=1)[:, :, None] * np.concatenate([col, d_col], axis=1)).astype(np.float32)
+    amplitudes = np.concatenate([amp, d_amp], axis=1)[:, :, None]
+    weights = (amplitudes * np.concatenate([col, d_col], axis=1)).astype(np.float32)  # (B, Q, C)
 
     # Quadratic form of a rotated Gaussian, evaluated on the pixel grid (pixel centres).
     grid = (np.arange(image_size, dtype=np.float32) + 0.5) / np.float32(scale)
@@ -240,6 +245,5 @@ def _check_int(option: str, value: object, allowed: str, ok: Callable[[int], boo
     """Raise ConfigError unless ``value`` is an int (not a bool) for which ``ok`` holds."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not ok(int(value)):
         raise ConfigError(
-            f"synthetic dataset option data.options.{option} must be {allowed}, "
-            f"but got {option}={value!r}"
+            f"synthetic dataset option data.options.{option} must be {allowed}, but got {option}={value!r}"
         )

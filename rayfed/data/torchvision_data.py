@@ -37,10 +37,10 @@ from rayfed.data.registry import DATASETS
 from rayfed.errors import ConfigError, DatasetError
 
 __all__ = [
-    "load_mnist",
-    "load_fashion_mnist",
     "load_cifar10",
     "load_cifar100",
+    "load_fashion_mnist",
+    "load_mnist",
     "load_tiny_imagenet",
 ]
 
@@ -74,23 +74,16 @@ def load_fashion_mnist(
 
 
 def _load_idx(name: str, class_name: str, root: str | None, download: bool, merge_splits: bool) -> ArrayDataset:
+    base = _require_root(name, root)
     import torchvision.datasets as tvd
 
     cls = getattr(tvd, class_name)
-    base = _require_root(name, root)
     raw = base / class_name / "raw"
     for archive, md5 in cls.resources:
         _gunzip_if_needed(name, raw / archive, md5)
     missing = [f"{class_name}/raw/{archive}" for archive, _ in cls.resources if not (raw / archive[:-3]).is_file()]
-    if missing and not download:
-        raise DatasetError(
-            f"dataset {name!r}: files missing under root {str(base)!r}: {', '.join(missing)}. "
-            f"Fix: set data.download=true to let torchvision download them, or copy the files "
-            f"(the .gz files are enough) into {str(raw)!r}/"
-        )
-    splits = [_torchvision_split(name, cls, base, train=True, download=download)]
-    if merge_splits:
-        splits.append(_torchvision_split(name, cls, base, train=False, download=download))
+    fix = f"copy the files (the .gz files are enough) into {str(raw)!r}/"
+    splits = _load_splits(name, cls, base, missing, fix, download=download, merge_splits=merge_splits)
     images = np.concatenate([s.data.numpy() for s in splits])[:, None]  # (N, 1, 28, 28)
     labels = np.concatenate([s.targets.numpy() for s in splits]).astype(np.int64)
     return ArrayDataset(name, np.ascontiguousarray(images), labels, len(cls.classes), (_HALF,), (_HALF,))
@@ -146,11 +139,11 @@ def load_cifar100(
 
 
 def _load_cifar(name: str, class_name: str, root: str | None, download: bool, merge_splits: bool) -> ArrayDataset:
+    base = _require_root(name, root)
     import torchvision.datasets as tvd
     from torchvision.datasets.utils import extract_archive
 
     cls = getattr(tvd, class_name)
-    base = _require_root(name, root)
     folder = base / cls.base_folder
     # torchvision checks every batch file (train and test) even to load one split.
     needed = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
@@ -164,18 +157,30 @@ def _load_cifar(name: str, class_name: str, root: str | None, download: bool, me
             extract_archive(str(base / cls.filename), str(base))
         except (OSError, EOFError) as error:
             raise DatasetError(f"dataset {name!r}: cannot extract {str(base / cls.filename)!r} ({error})") from error
-    if missing() and not download:
+    fix = f"put {cls.filename} (or its extracted {cls.base_folder}/ folder) into {str(base)!r}"
+    splits = _load_splits(name, cls, base, missing(), fix, download=download, merge_splits=merge_splits)
+    images = np.concatenate([s.data for s in splits]).transpose(0, 3, 1, 2)  # NHWC -> NCHW
+    labels = np.concatenate([np.asarray(s.targets, dtype=np.int64) for s in splits])
+    return ArrayDataset(name, np.ascontiguousarray(images), labels, len(splits[0].classes), (_HALF,) * 3, (_HALF,) * 3)
+
+
+def _load_splits(
+    name: str, cls: Any, base: Path, missing: list[str], fix: str, *, download: bool, merge_splits: bool
+) -> list[Any]:
+    """Load the train split (and the test split when merging) with torchvision.
+
+    Files still ``missing`` raise DatasetError listing them with ``fix``, unless
+    ``download`` lets torchvision fetch them.
+    """
+    if missing and not download:
         raise DatasetError(
-            f"dataset {name!r}: files missing under root {str(base)!r}: {', '.join(missing())}. "
-            f"Fix: set data.download=true to let torchvision download them, or put "
-            f"{cls.filename} (or its extracted {cls.base_folder}/ folder) into {str(base)!r}"
+            f"dataset {name!r}: files missing under root {str(base)!r}: {', '.join(missing)}. "
+            f"Fix: set data.download=true to let torchvision download them, or {fix}"
         )
     splits = [_torchvision_split(name, cls, base, train=True, download=download)]
     if merge_splits:
         splits.append(_torchvision_split(name, cls, base, train=False, download=download))
-    images = np.concatenate([s.data for s in splits]).transpose(0, 3, 1, 2)  # NHWC -> NCHW
-    labels = np.concatenate([np.asarray(s.targets, dtype=np.int64) for s in splits])
-    return ArrayDataset(name, np.ascontiguousarray(images), labels, len(splits[0].classes), (_HALF,) * 3, (_HALF,) * 3)
+    return splits
 
 
 def _torchvision_split(name: str, cls: Any, base: Path, *, train: bool, download: bool) -> Any:
@@ -218,9 +223,11 @@ def load_tiny_imagenet(root: str | None, *, download: bool = False, seed: int = 
     counts = []
     for wnid in wnids:
         images = train / wnid / "images"
-        found = sorted(
-            (p for p in images.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES), key=lambda p: p.name
-        ) if images.is_dir() else []
+        found = (
+            sorted((p for p in images.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES), key=lambda p: p.name)
+            if images.is_dir()
+            else []
+        )
         files.extend(found)
         counts.append(len(found))
     if not files:

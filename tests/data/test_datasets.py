@@ -154,7 +154,7 @@ def test_unknown_dataset_option_names_it_and_lists_the_allowed_ones():
 
 def test_torchvision_dataset_without_root_raises_config_error():
     # Execute / Assert
-    with pytest.raises(ConfigError, match="data.root"):
+    with pytest.raises(ConfigError, match=r"data\.root"):
         load_dataset("mnist", None)
 
 
@@ -398,7 +398,7 @@ def test_normalize_batch_computes_x_over_255_minus_mean_over_std_per_channel():
     expected = (x / 255.0 - np.array(mean)[:, None, None]) / np.array(std)[:, None, None]
     assert out.dtype == torch.float32 and tuple(out.shape) == x.shape
     np.testing.assert_allclose(out.numpy(), expected, atol=1e-6)
-    for image, row in zip(x, out):
+    for image, row in zip(x, out, strict=True):
         reference = tf.normalize(tf.to_tensor(image.transpose(1, 2, 0)), list(mean), list(std))
         assert torch.equal(row, reference)
 

@@ -111,7 +111,7 @@ def test_pathological_that_runs_out_of_clients_raises_config_error():
     labels = balanced_labels(20)
 
     # Execute / Assert
-    with pytest.raises(ConfigError, match="data.classes_per_client=4"):
+    with pytest.raises(ConfigError, match=r"data\.classes_per_client=4"):
         make_partition(labels, K, method="pathological", num_clients=3, classes_per_client=4, seed=0)
 
 
@@ -168,6 +168,18 @@ def test_dirichlet_that_cannot_reach_min_samples_raises_dataset_error_with_the_f
     assert "3 tries" in message
     assert "data.min_samples=29" in message
     assert "data.alpha" in message
+
+
+@pytest.mark.parametrize(("alpha", "paper"), [(0.01, 12), (0.05, 30), (0.1, 46), (0.25, 68), (0.5, 85), (1.0, 94)])
+def test_dirichlet_matches_the_class_counts_of_p_arxiv_table_3_on_a_cifar100_sized_pool(alpha, paper):
+    # Prepare: 60,000 samples, 100 classes, 20 clients (P-arXiv Table 3 setting)
+    labels = balanced_labels(600, num_classes=100)
+
+    # Execute
+    part = make_partition(labels, 100, method="dirichlet", num_clients=20, alpha=alpha, seed=1)
+
+    # Assert: mean number of classes a client holds
+    assert abs((part.label_counts > 0).sum(axis=1).mean() - paper) < 1.5
 
 
 # --------------------------------------------------------------------------- every partitioner
@@ -327,7 +339,7 @@ def test_loading_a_truncated_parquet_file_raises_dataset_error_naming_the_path(t
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
     # Execute / Assert
-    with pytest.raises(DatasetError, match="partition.parquet") as info:
+    with pytest.raises(DatasetError, match=r"partition\.parquet") as info:
         Partition.load(path, labels, K)
     assert str(path) in str(info.value)
 
@@ -337,7 +349,7 @@ def test_loading_a_missing_partition_file_raises_dataset_error(tmp_path: Path):
     path = tmp_path / "nope.parquet"
 
     # Execute / Assert
-    with pytest.raises(DatasetError, match="nope.parquet"):
+    with pytest.raises(DatasetError, match=r"nope\.parquet"):
         Partition.load(path, shuffled_labels(10), K)
 
 
