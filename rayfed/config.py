@@ -35,6 +35,7 @@ __all__ = [
     "EngineConfig",
     "RunConfig",
     "load_config",
+    "read_table_file",
     "parse_override",
 ]
 
@@ -399,31 +400,34 @@ def _set_path(tree: dict[str, Any], path: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
-def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
-    """Read a TOML, YAML or JSON config file and apply dotted-path overrides."""
+def read_table_file(path: str | Path, kind: str = "config file") -> Any:
+    """Parse a TOML, YAML or JSON file, by suffix; errors call the file a ``kind``."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+        raise ConfigError(f"{kind} {str(path)!r} does not exist")
     text = path.read_text()
     suffix = path.suffix.lower()
     try:
         if suffix == ".toml":
             import tomllib
 
-            data = tomllib.loads(text)
-        elif suffix in (".yaml", ".yml"):
+            return tomllib.loads(text)
+        if suffix in (".yaml", ".yml"):
             try:
                 import yaml
             except ImportError as e:
-                raise ConfigError("YAML config files need PyYAML: pip install 'rayfed[tune]'") from e
-            data = yaml.safe_load(text) or {}
-        elif suffix == ".json":
-            data = json.loads(text)
-        else:
-            raise ConfigError(f"config file {str(path)!r} must end in .toml, .yaml, .yml or .json")
+                raise ConfigError(f"YAML {kind}s need PyYAML: pip install 'rayfed[tune]'") from e
+            return yaml.safe_load(text) or {}
+        if suffix == ".json":
+            return json.loads(text)
+        raise ConfigError(f"{kind} {str(path)!r} must end in .toml, .yaml, .yml or .json")
     except ConfigError:
         raise
     except Exception as e:  # a syntax error in the file
-        raise ConfigError(f"config file {str(path)!r} cannot be parsed: {e}") from e
-    config = RunConfig.from_dict(data)
+        raise ConfigError(f"{kind} {str(path)!r} cannot be parsed: {e}") from e
+
+
+def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """Read a TOML, YAML or JSON config file and apply dotted-path overrides."""
+    config = RunConfig.from_dict(read_table_file(path))
     return config.override(overrides) if overrides else config

@@ -1,0 +1,72 @@
+"""Report each round's accuracy to an Optuna trial and stop the run when its pruner says so.
+
+The pruners themselves are Optuna's, chosen by name with :func:`make_pruner`:
+``median`` (:class:`optuna.pruners.MedianPruner`), ``successive_halving``,
+``hyperband`` (resource = rounds) or ``none``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import optuna
+import pyarrow as pa
+
+from rayfed.callbacks import Callback
+from rayfed.errors import ConfigError
+from rayfed.metrics import RoundRecord
+from rayfed.registry import closest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rayfed.engine import Simulation
+
+__all__ = ["PruningCallback", "make_pruner", "PRUNERS"]
+
+PRUNERS = ("median", "successive_halving", "hyperband", "none")
+
+
+class PruningCallback(Callback):
+    """Reports ``record.accuracy`` as the intermediate value of step ``record.round``.
+
+    Rounds without evaluation (NaN accuracy) are skipped. When ``trial.should_prune()``
+    is true the run is stopped at once (``after_round`` returns True, so the engine
+    releases the trial's workers) and :attr:`pruned_round` holds the round; the caller
+    then raises ``optuna.TrialPruned(f"pruned at round {pruned_round}")`` after ``run``
+    returns, as optuna-integration's adapters do.
+    """
+
+    def __init__(self, trial: optuna.Trial) -> None:
+        self.trial = trial
+        self.pruned_round: int | None = None
+
+    def after_round(self, sim: Simulation, record: RoundRecord, clients: pa.Table) -> bool:
+        if math.isnan(record.accuracy):
+            return False
+        self.trial.report(record.accuracy, step=record.round)
+        if self.trial.should_prune():
+            self.pruned_round = record.round
+            return True
+        return False
+
+
+def make_pruner(name: str | optuna.pruners.BasePruner, *, rounds: int) -> optuna.pruners.BasePruner:
+    """An Optuna pruner by name; ``rounds`` (the run's ``train.rounds``) is Hyperband's maximum resource.
+
+    >>> type(make_pruner("median", rounds=10)).__name__
+    'MedianPruner'
+    """
+    if isinstance(name, optuna.pruners.BasePruner):
+        return name
+    if name == "median":
+        return optuna.pruners.MedianPruner()
+    if name == "successive_halving":
+        return optuna.pruners.SuccessiveHalvingPruner()
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(rounds, 1))
+    if name == "none":
+        return optuna.pruners.NopPruner()
+    raise ConfigError(
+        f"pruner must be one of {', '.join(map(repr, PRUNERS))} or an optuna.pruners.BasePruner, "
+        f"but got pruner={name!r}{closest(str(name), PRUNERS)}"
+    )

@@ -1,0 +1,294 @@
+"""``tune``: an Optuna study whose trials are ordinary rayfed runs.
+
+Each trial is ``run(base_config.override(params))`` with the same seed as the base
+config and its own run directory ``<study_dir>/trial_0003``. Every round's pooled
+accuracy is reported to the trial (:class:`~rayfed.tuning.pruning.PruningCallback`),
+so Optuna's pruner can stop a bad trial early; the study lives in durable storage
+(:mod:`rayfed.tuning.storage`) and resumes where it stopped (:mod:`rayfed.tuning.resume`).
+
+Parallel trials run in driver threads (``study.optimize(n_jobs=parallel_trials)``).
+Ray is joined or started once for the whole study; each trial's run creates its own
+``ClientWorker`` actors (``engine.num_workers`` x ``engine.num_cpus_per_worker``) on
+the shared cluster and releases them when it ends or is pruned. Only the driver
+talks to the Optuna storage.
+
+>>> study = tune(config, {"train.lr": FloatParam(1e-3, 1e-1, log=True)}, n_trials=20,
+...              study_name="lr", parallel_trials=2)  # doctest: +SKIP
+>>> study.best_params  # doctest: +SKIP
+{'train.lr': 0.0213...}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import optuna
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial
+
+from rayfed.callbacks import Callback
+from rayfed.config import EngineConfig, RunConfig
+from rayfed.engine import RunResult, run
+from rayfed.errors import ConfigError, ResourceError
+from rayfed.tuning import attrs
+from rayfed.tuning.pruning import PruningCallback, make_pruner
+from rayfed.tuning.resume import driver_id, finished_trials, recover_interrupted
+from rayfed.tuning.space import SearchSpace, load_space
+from rayfed.tuning.storage import open_storage
+
+__all__ = ["tune", "OBJECTIVES"]
+
+logger = logging.getLogger(__name__)
+
+OBJECTIVES: dict[str, Callable[[RunResult], float]] = {
+    "best": lambda result: result.best_accuracy,
+    "final": lambda result: result.final_accuracy,
+}
+_LAYOUT_ONLY = ("engine.", "run_dir")  # may change between sessions of one study: they do not change results
+
+
+def tune(
+    base_config: RunConfig,
+    space: SearchSpace | Mapping[str, Any] | str | Path,
+    *,
+    n_trials: int,
+    study_name: str = "rayfed",
+    study_dir: str | Path | None = None,
+    storage: str | BaseStorage | None = None,
+    direction: Literal["maximize", "minimize"] = "maximize",
+    objective: str | Callable[[RunResult], float] = "best",
+    pruner: str | optuna.pruners.BasePruner = "median",
+    sampler: optuna.samplers.BaseSampler | None = None,
+    seed: int | None = None,
+    parallel_trials: int = 1,
+    timeout_s: float | None = None,
+    catch: tuple[type[Exception], ...] = (),
+    callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
+    trial_callbacks: Callable[[optuna.Trial], Sequence[Callback]] | None = None,
+) -> optuna.Study:
+    """Run (or resume) a study until it holds ``n_trials`` finished trials; return it.
+
+    Parameters
+    ----------
+    base_config
+        The run every trial starts from; its ``seed`` is every trial's seed and its
+        ``run_dir`` is ignored (trials run in ``<study_dir>/trial_NNNN``).
+    space
+        A :class:`SearchSpace`, a mapping ``path -> Param | spec``, or a YAML/TOML/JSON
+        file; validated against ``base_config`` before any trial runs.
+    n_trials
+        Finished trials wanted (complete, pruned, or failed with an error). Trials
+        finished by an earlier session of the study count; interrupted ones are retried.
+    study_name, study_dir
+        The study's name in the storage, and the folder of its trials' run directories
+        (default ``runs/tune/<study_name>``).
+    storage
+        ``None`` (``sqlite:///<study_dir>/study.db``), an Optuna storage URL,
+        ``journal:///path/study.log``, or an ``optuna.storages.BaseStorage``.
+    direction, objective
+        ``objective`` is ``"best"`` (best round accuracy, as the papers report),
+        ``"final"`` (last evaluated round), or a function of the :class:`RunResult`.
+        Accuracy objectives are maximised; ``direction="minimize"`` needs a callable
+        objective and ``pruner="none"`` (the pruner sees round accuracies).
+    pruner
+        ``"median"``, ``"successive_halving"``, ``"hyperband"``, ``"none"``, or an Optuna pruner.
+    sampler, seed
+        Default: ``TPESampler(seed=seed)``, with ``seed`` defaulting to ``base_config.seed``.
+        With ``parallel_trials > 1`` Optuna reseeds the sampler per thread, so which
+        parameters are tried is no longer reproducible (each trial's result still is).
+    parallel_trials
+        Trials running at once. With ``engine.backend="ray"`` each needs
+        ``engine.num_workers`` (which must then be set) x ``engine.num_cpus_per_worker`` CPUs.
+    timeout_s, catch, callbacks
+        Passed to ``study.optimize`` (``callbacks`` are Optuna's, called after each trial).
+    trial_callbacks
+        ``trial -> [rayfed Callback, ...]``: extra callbacks for each trial's run.
+
+    Raises
+    ------
+    ConfigError
+        For an invalid space or argument, or an existing study created with another
+        base config or space; nothing has run then.
+    ResourceError
+        When ``parallel_trials`` trials cannot all get their Ray workers at once.
+    """
+    _check_arguments(n_trials, parallel_trials, study_name, direction, objective)
+    objective_fn = OBJECTIVES[objective] if isinstance(objective, str) else objective
+    space = load_space(space) if isinstance(space, (str, Path)) else space
+    space = space if isinstance(space, SearchSpace) else SearchSpace(space)
+    space.validate(base_config)
+    if base_config.engine.backend == "ray" and parallel_trials > 1 and base_config.engine.num_workers == 0:
+        raise ConfigError(
+            f"parallel_trials={parallel_trials} needs engine.num_workers set (0 = as many workers as the cluster "
+            "has CPUs, so one trial would take them all); e.g. engine.num_workers=1"
+        )
+    resolved_pruner = make_pruner(pruner, rounds=base_config.train.rounds)
+    if direction == "minimize" and not isinstance(resolved_pruner, optuna.pruners.NopPruner):
+        raise ConfigError(
+            "direction='minimize' needs pruner='none': pruners compare round accuracies, which are maximised"
+        )
+    study_dir = Path(study_dir if study_dir is not None else Path("runs") / "tune" / study_name)
+    study = optuna.create_study(
+        storage=open_storage(storage, study_dir),
+        sampler=sampler or optuna.samplers.TPESampler(seed=base_config.seed if seed is None else seed),
+        pruner=resolved_pruner,
+        study_name=study_name,
+        direction=direction,
+        load_if_exists=True,
+    )
+    _check_same_study(study, base_config, space, direction)
+    _check_trial_dirs(study, study_dir)
+    recover_interrupted(study)
+    remaining = n_trials - len(finished_trials(study))
+    if remaining <= 0:
+        logger.info("study %r already holds %d finished trials; nothing to run", study_name, n_trials - remaining)
+        return study
+    runner = _TrialRunner(base_config, space, study_dir, objective_fn, trial_callbacks)
+
+    def optimize() -> None:
+        study.optimize(runner, n_trials=remaining, n_jobs=parallel_trials, timeout=timeout_s, catch=catch,
+                       callbacks=list(callbacks))
+
+    if base_config.engine.backend == "local":
+        optimize()
+        return study
+    from rayfed.actors import ray_session
+
+    with ray_session(base_config.engine):  # one Ray for the whole study; each trial's run reuses it
+        _check_cluster_fits(base_config.engine, parallel_trials)
+        optimize()
+    return study
+
+
+class _TrialRunner:
+    """The objective: one run per trial, reporting rounds, stopping when pruned."""
+
+    def __init__(
+        self,
+        base: RunConfig,
+        space: SearchSpace,
+        study_dir: Path,
+        objective: Callable[[RunResult], float],
+        trial_callbacks: Callable[[optuna.Trial], Sequence[Callback]] | None,
+    ) -> None:
+        self.base, self.space, self.study_dir = base, space, study_dir
+        self.objective, self.trial_callbacks = objective, trial_callbacks
+        self.driver = driver_id()
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        trial.set_user_attr(attrs.DRIVER, self.driver)
+        params = self.space.suggest(trial)
+        run_dir = (self.study_dir / f"trial_{trial.number:04d}").resolve()
+        trial.set_user_attr(attrs.RUN_DIR, str(run_dir))
+        pruning = PruningCallback(trial)
+        extra = list(self.trial_callbacks(trial)) if self.trial_callbacks else []
+        try:
+            result = run(self.base.override({**params, "run_dir": str(run_dir)}), callbacks=[pruning, *extra])
+        except Exception as e:  # an error, not an interruption: the trial counts as finished and is not retried
+            trial.set_user_attr(attrs.ERROR, f"{type(e).__name__}: {e}")
+            raise
+        for name in ("best_accuracy", "final_accuracy"):
+            value = getattr(result, name)
+            trial.set_user_attr(f"rayfed.{name}", None if math.isnan(value) else value)
+        trial.set_user_attr(attrs.ROUNDS_RUN, result.rounds_run)
+        if pruning.pruned_round is not None:
+            trial.set_user_attr(attrs.PRUNED_ROUND, pruning.pruned_round)
+            raise optuna.TrialPruned(f"pruned at round {pruning.pruned_round}")
+        value = float(self.objective(result))
+        if math.isnan(value):
+            trial.set_user_attr(attrs.ERROR, "the objective is NaN (no round was evaluated?)")
+        return value
+
+
+def _check_arguments(
+    n_trials: int, parallel_trials: int, study_name: str, direction: str, objective: str | Callable[..., float]
+) -> None:
+    if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
+        raise ConfigError(f"n_trials must be an integer >= 1, but got n_trials={n_trials!r}")
+    if isinstance(parallel_trials, bool) or not isinstance(parallel_trials, int) or parallel_trials < 1:
+        raise ConfigError(f"parallel_trials must be an integer >= 1, but got parallel_trials={parallel_trials!r}")
+    if not isinstance(study_name, str) or not study_name:
+        raise ConfigError(f"study_name must be a non-empty string, but got study_name={study_name!r}")
+    if direction not in ("maximize", "minimize"):
+        raise ConfigError(f"direction must be 'maximize' or 'minimize', but got direction={direction!r}")
+    if isinstance(objective, str):
+        if objective not in OBJECTIVES:
+            raise ConfigError(
+                f"objective must be one of {', '.join(map(repr, OBJECTIVES))} or a function of the RunResult, "
+                f"but got objective={objective!r}"
+            )
+        if direction != "maximize":
+            raise ConfigError(
+                f"objective={objective!r} is an accuracy and is maximised, but got direction={direction!r}"
+            )
+    elif not callable(objective):
+        raise ConfigError(f"objective must be a name or a function of the RunResult, but got objective={objective!r}")
+
+
+def _check_same_study(study: optuna.Study, base: RunConfig, space: SearchSpace, direction: str) -> None:
+    """A resumed study must keep its base config (engine layout aside), space and direction."""
+    if study.direction.name.lower() != direction:
+        raise ConfigError(
+            f"study {study.study_name!r} exists with direction={study.direction.name.lower()!r}, "
+            f"but got direction={direction!r}; choose another study_name"
+        )
+    saved = study.user_attrs
+    config, spec = json.loads(base.to_json()), space.to_dict()
+    if attrs.BASE_CONFIG not in saved:
+        study.set_user_attr(attrs.BASE_CONFIG, config)
+        study.set_user_attr(attrs.SPACE, spec)
+        return
+    changed = [d for d in _differences(saved[attrs.BASE_CONFIG], config) if not d.startswith(_LAYOUT_ONLY)]
+    changed += [f"space {d}" for d in _differences(saved.get(attrs.SPACE), spec)]
+    if changed:
+        raise ConfigError(
+            f"study {study.study_name!r} was created with another base config or search space "
+            f"({'; '.join(changed)}); only engine.* may change when a study resumes. "
+            "Choose another study_name for the new setup"
+        )
+
+
+def _differences(old: Any, new: Any, path: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = sorted(set(old) | set(new))
+        return [d for key in keys for d in _differences(old.get(key), new.get(key), f"{path}{key}.")]
+    return [] if old == new else [f"{path.rstrip('.')}: {old!r} -> {new!r}"]
+
+
+def _check_trial_dirs(study: optuna.Study, study_dir: Path) -> None:
+    """Refuse a study_dir holding trial directories that are not this study's (another study's results)."""
+    known = {t.number for t in study.get_trials(deepcopy=False)}
+    foreign = sorted(p.name for p in study_dir.glob("trial_*") if p.is_dir() and _number(p.name) not in known)
+    if foreign:
+        raise ConfigError(
+            f"study_dir={str(study_dir)!r} holds run directories that are not trials of study "
+            f"{study.study_name!r} ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+            "choose another study_dir, or the storage that holds those trials"
+        )
+
+
+def _number(name: str) -> int | None:
+    tail = name.removeprefix("trial_")
+    return int(tail) if tail.isdigit() else None
+
+
+def _check_cluster_fits(engine: EngineConfig, parallel_trials: int) -> None:
+    """Parallel trials must all fit at once: half-created worker pools would wait on each other forever."""
+    if parallel_trials == 1:
+        return
+    import ray
+
+    total = ray.cluster_resources()
+    for resource, per_worker in (("CPU", engine.num_cpus_per_worker), ("GPU", engine.num_gpus_per_worker)):
+        need = parallel_trials * engine.num_workers * per_worker
+        if need > float(total.get(resource, 0.0)):
+            raise ResourceError(
+                f"parallel_trials={parallel_trials} x engine.num_workers={engine.num_workers} x "
+                f"{per_worker:g} {resource} per worker needs {need:g} {resource}s, but the Ray cluster has "
+                f"{float(total.get(resource, 0.0)):g}; lower parallel_trials or engine.num_workers"
+            )

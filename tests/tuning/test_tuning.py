@@ -1,0 +1,269 @@
+"""Optuna studies over rayfed runs: spaces, pruning, parallel trials on Ray, resume, command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pyarrow.parquet as pq
+import pytest
+from optuna.trial import TrialState
+
+from rayfed import ConfigError, RunConfig, run
+from rayfed.cli import main
+from rayfed.tuning import (
+    CategoricalParam,
+    FloatParam,
+    IntParam,
+    SearchSpace,
+    attrs,
+    finished_trials,
+    load_space,
+    open_storage,
+    recover_interrupted,
+    tune,
+)
+from rayfed.tuning.resume import _start_time
+from tests.conftest import tiny_overrides
+
+REPO = Path(__file__).resolve().parents[2]
+LR_SPACE = {"train.lr": FloatParam(0.01, 0.1, log=True)}
+
+
+def base_config(tmp_path: Path, **extra: object) -> RunConfig:
+    """2 rounds, 10 clients, 1,000 synthetic samples, in-process unless told otherwise."""
+    small = {"data.options": {"num_samples": 1000}, "train.batch_size": 25, "engine.checkpoint_every": 0, **extra}
+    return RunConfig().override(tiny_overrides(tmp_path / "unused", **small))
+
+
+def rounds_of(trial: optuna.trial.FrozenTrial) -> list[dict]:
+    return pq.read_table(Path(trial.user_attrs[attrs.RUN_DIR]) / "rounds.parquet").to_pylist()
+
+
+# --- search spaces -----------------------------------------------------------------------------
+
+
+def test_space_files_in_yaml_and_toml_describe_the_same_space(tmp_path) -> None:
+    (tmp_path / "space.yaml").write_text(
+        "train.lr: {type: float, low: 1.0e-4, high: 0.1, log: true}\n"
+        "train.local_epochs: {type: int, low: 1, high: 5}\n"
+        "algorithm.params.mu: [0.0, 0.01, 0.1]\n"
+    )
+    (tmp_path / "space.toml").write_text(  # unquoted dotted keys are nested tables in TOML: both forms work
+        'train.lr = { type = "float", low = 1e-4, high = 0.1, log = true }\n'
+        '"train.local_epochs" = { type = "int", low = 1, high = 5 }\n'
+        '"algorithm.params.mu" = { type = "categorical", choices = [0.0, 0.01, 0.1] }\n'
+    )
+    yaml_space, toml_space = load_space(tmp_path / "space.yaml"), load_space(tmp_path / "space.toml")
+    assert dict(yaml_space) == dict(toml_space) == {
+        "train.lr": FloatParam(1e-4, 0.1, log=True),
+        "train.local_epochs": IntParam(1, 5),
+        "algorithm.params.mu": CategoricalParam((0.0, 0.01, 0.1)),
+    }
+    yaml_space.validate(base_config(tmp_path, **{"algorithm.name": "fedprox"}))
+
+
+FLOAT = {"type": "float", "low": 0.01, "high": 0.1}
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"train.lrr": FLOAT}, r"'train.lrr' names no config field \(did you mean 'train.lr'\?\)"),
+        ({"lr": [0.01, 0.1]}, r"'lr' names no config field \(did you mean 'train.lr'\?\)"),
+        ({"train.local_epochs": {**FLOAT, "low": 1, "high": 5}},
+         r"'train.local_epochs'.*float distribution does not fit; use IntParam"),
+        ({"algorithm.name": {"type": "int", "low": 1, "high": 5}}, r"'algorithm.name'.*use CategoricalParam"),
+        ({"train.lr": {**FLOAT, "low": 0.1}}, r"'train.lr': FloatParam needs low < high, but got low=0.1, high=0.1"),
+        ({"train.lr": {**FLOAT, "low": 0, "log": True}}, r"'train.lr': FloatParam with log=True needs low > 0"),
+        ({"train.lr": {**FLOAT, "low": 0.0}},
+         r"'train.lr': the field rejects the value 0.0: train.lr must be a finite number > 0"),
+        ({"train.local_epochs": []}, r"'train.local_epochs': CategoricalParam needs at least one choice"),
+        ({"train.lr": {**FLOAT, "type": "uniform"}},
+         r"'train.lr': it has type='uniform'; allowed types: float, int, categorical"),
+        ({"train.lr": {"low": 0.01, "high": 0.1}}, r"'train.lr': it has no type; allowed types"),
+        ({"train.lr": {"type": "float", "low": 0.01, "hi": 0.1}},
+         r"'train.lr': a float distribution has no option 'hi' \(did you mean 'high'\?\)"),
+        ({"train": {"type": "int", "low": 1, "high": 2}},
+         r"'train' names a section, not a field; its fields: train.rounds"),
+        ({"train.rounds": 5}, r"'train.rounds': it must be a table with type = float \| int \| categorical"),
+    ],
+)
+def test_invalid_space_is_refused_before_any_trial_runs(tmp_path, entry, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        tune(base_config(tmp_path), entry, n_trials=2, study_name="bad", study_dir=tmp_path / "study")
+    assert not (tmp_path / "study").exists()
+
+
+def test_cwfedavg_lambda_is_a_searchable_field(tmp_path) -> None:
+    from rayfed.algorithms import ALGORITHMS
+
+    if "cwfedavg" not in ALGORITHMS:
+        pytest.skip("cwfedavg is not registered yet")
+    base = base_config(tmp_path, **{"algorithm.name": "cwfedavg"})
+    SearchSpace({"algorithm.params.wdr_lambda": FloatParam(1, 5000, log=True)}).validate(base)
+    with pytest.raises(ConfigError, match="did you mean 'algorithm.params.wdr_lambda'"):
+        SearchSpace({"algorithm.params.wdr_lamda": FloatParam(1, 5000, log=True)}).validate(base)
+
+
+# --- storage ---------------------------------------------------------------------------------
+
+
+def test_storage_defaults_to_sqlite_in_the_study_dir_and_takes_journal_files(tmp_path) -> None:
+    default = open_storage(None, tmp_path / "study")
+    journal = open_storage(f"journal://{tmp_path / 'cluster' / 'study.log'}", tmp_path / "unused")
+    assert isinstance(default, optuna.storages.RDBStorage) and (tmp_path / "study" / "study.db").exists()
+    assert isinstance(journal, optuna.storages.JournalStorage)
+    optuna.create_study(storage=journal, study_name="j").enqueue_trial({"x": 1})
+    assert (tmp_path / "cluster" / "study.log").stat().st_size > 0
+    with pytest.raises(ConfigError, match="storage must be a URL"):
+        open_storage("study.db", tmp_path)
+
+
+# --- studies -----------------------------------------------------------------------------------
+
+
+def test_parallel_trials_on_ray_overlap_and_match_sequential_runs(tmp_path, ray_cluster) -> None:
+    layout = {"engine.backend": "ray", "engine.num_workers": 1, "engine.num_cpus_per_worker": 1,
+              "engine.clients_per_call": 5}
+    base = base_config(tmp_path, **layout)
+    study = tune(base, LR_SPACE, n_trials=6, study_name="par", study_dir=tmp_path / "study", pruner="none",
+                 parallel_trials=2)
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 6
+    assert sorted(p.name for p in (tmp_path / "study").glob("trial_*")) == [f"trial_{i:04d}" for i in range(6)]
+    # Really in parallel: each of two trials finished a round while the other was still running
+    # (a trial whose workers waited for the other's to be released would finish its first round later).
+    first_round, end = {}, {}
+    for t in trials:
+        run_dir = Path(t.user_attrs[attrs.RUN_DIR])
+        first_round[t.number] = (run_dir / "clients" / "round_000000.parquet").stat().st_mtime
+        end[t.number] = (run_dir / "summary.json").stat().st_mtime
+    overlapping = [(a, b) for a in end for b in end if a < b and first_round[a] < end[b] and first_round[b] < end[a]]
+    assert overlapping, "no two trials ran at the same time"
+    for trial in trials[:2]:  # the same trials, one at a time and in-process, give the same rounds
+        alone = run(base.override({**trial.params, "engine.backend": "local",
+                                   "run_dir": str(tmp_path / f"alone_{trial.number}")}))
+        assert alone.accuracies == [r["accuracy"] for r in rounds_of(trial)]
+        assert trial.value == alone.best_accuracy
+
+
+def test_median_pruner_stops_a_hopeless_trial_after_its_first_round(tmp_path) -> None:
+    storage = f"sqlite:///{tmp_path / 'prune.db'}"
+    waiting = optuna.create_study(storage=storage, study_name="prune", direction="maximize")
+    waiting.enqueue_trial({"train.lr": 0.05})
+    waiting.enqueue_trial({"train.lr": 1e-7})  # learns nothing: below the first trial's accuracy from round 0 on
+    study = tune(base_config(tmp_path), {"train.lr": FloatParam(1e-7, 0.1, log=True)}, n_trials=2,
+                 study_name="prune", study_dir=tmp_path / "study", storage=storage,
+                 pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
+    good, hopeless = study.get_trials()
+    assert good.state == TrialState.COMPLETE and len(rounds_of(good)) == 2
+    assert hopeless.state == TrialState.PRUNED
+    assert hopeless.user_attrs[attrs.PRUNED_ROUND] == 0
+    assert list(hopeless.intermediate_values) == [0]
+    assert len(rounds_of(hopeless)) == 1  # the run stopped at once
+    assert json.loads((Path(hopeless.user_attrs[attrs.RUN_DIR]) / "summary.json").read_text())["stopped_early"]
+
+
+def test_failing_trial_counts_as_finished_and_is_not_retried(tmp_path) -> None:
+    space = {"data.options.image_size": [30]}  # the synthetic loader refuses it when the run starts
+    study = tune(base_config(tmp_path), space, n_trials=1, study_name="fail", study_dir=tmp_path / "study",
+                 catch=(ConfigError,))
+    (trial,) = study.get_trials()
+    assert trial.state == TrialState.FAIL and "image_size" in trial.user_attrs[attrs.ERROR]
+    assert recover_interrupted(study) == [] and len(finished_trials(study)) == 1
+
+
+def test_recover_interrupted_fails_dead_drivers_and_retries_once() -> None:
+    study = optuna.create_study(direction="maximize")
+    parent = os.getppid()
+    live = f"{socket.gethostname()}:{parent}:{_start_time(parent)}"
+
+    def trial(driver: str, **user: object) -> optuna.Trial:
+        t = study.ask()
+        t.suggest_float("train.lr", 0.01, 0.1)
+        t.set_user_attr(attrs.DRIVER, driver)
+        for key, value in user.items():
+            t.set_user_attr(key, value)
+        return t
+
+    study.tell(trial("gone:1:1"), 0.5)  # 0 complete
+    trial(f"{socket.gethostname()}:999999999:1")  # 1 running, its driver is dead
+    trial(live)  # 2 running in a live process: left alone
+    study.tell(trial("gone:1:1", **{attrs.ERROR: "ValueError: boom"}), state=TrialState.FAIL)  # 3 failed
+    study.tell(trial("gone:1:1"), state=TrialState.FAIL)  # 4 interrupted (Ctrl-C)
+    study.tell(trial("gone:1:1", **{attrs.RETRY_OF: 7}), state=TrialState.FAIL)  # 5 a retry, interrupted again
+
+    assert recover_interrupted(study) == [1, 4]
+    assert recover_interrupted(study) == []  # each interrupted trial is retried once
+    states = [t.state for t in study.get_trials()]
+    assert states[:6] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING, TrialState.FAIL,
+                          TrialState.FAIL, TrialState.FAIL]
+    retries = study.get_trials(states=(TrialState.WAITING,))
+    assert [t.user_attrs[attrs.RETRY_OF] for t in retries] == [1, 4]
+    assert [t.number for t in finished_trials(study)] == [0, 3]
+
+
+def test_killed_study_resumes_without_repeating_finished_trials(tmp_path) -> None:
+    (tmp_path / "space.yaml").write_text("train.lr: {type: float, low: 0.01, high: 0.1, log: true}\n")
+    overrides = ["data.options={\"num_samples\": 1000}", "train.batch_size=25", "data.num_clients=10",
+                 "data.partition=pathological", "train.rounds=2", "engine.backend=local",
+                 "engine.checkpoint_every=0"]
+    study_dir = tmp_path / "study"
+    command = [sys.executable, "-m", "rayfed", "tune", str(tmp_path / "space.yaml"), *overrides, "--trials", "4",
+               "--study-name", "kill", "--study-dir", str(study_dir), "--pruner", "none", "--no-plots"]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while not (study_dir / "trial_0002" / "config.json").exists():  # trials 0 and 1 are done
+            assert process.poll() is None and time.monotonic() < deadline, "the study did not reach trial 2"
+            time.sleep(0.05)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    storage = f"sqlite:///{study_dir / 'study.db'}"
+    before = optuna.load_study(study_name="kill", storage=storage).get_trials()
+    assert [t.state for t in before] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.RUNNING]
+    finished_files = {t.number: (study_dir / f"trial_{t.number:04d}" / "summary.json").stat().st_mtime_ns
+                      for t in before[:2]}
+
+    base = base_config(tmp_path, **{"engine.progress": False})
+    study = tune(base, tmp_path / "space.yaml", n_trials=4, study_name="kill", study_dir=study_dir, pruner="none")
+
+    after = study.get_trials()
+    assert [t.state for t in after] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL] + [TrialState.COMPLETE] * 2
+    assert [t.params for t in after[:2]] == [t.params for t in before[:2]]
+    assert after[3].user_attrs[attrs.RETRY_OF] == 2 and after[3].params == before[2].params
+    assert len(finished_trials(study)) == 4
+    for number, mtime in finished_files.items():  # not run again
+        assert (study_dir / f"trial_{number:04d}" / "summary.json").stat().st_mtime_ns == mtime
+    assert len(tune(base, tmp_path / "space.yaml", n_trials=4, study_name="kill", study_dir=study_dir,
+                    pruner="none").get_trials()) == 5  # nothing left to run
+    with pytest.raises(ConfigError, match=r"\(train.rounds: 2 -> 3\); only engine.\* may change"):
+        tune(base.override({"train.rounds": 3}), tmp_path / "space.yaml", n_trials=5, study_name="kill",
+             study_dir=study_dir)
+
+
+# --- command line ------------------------------------------------------------------------------
+
+
+def test_cli_tune_runs_a_study_from_a_yaml_space(tmp_path, capsys) -> None:
+    space = tmp_path / "lr.yaml"
+    space.write_text("train.lr: {type: float, low: 0.01, high: 0.1, log: true}\n")
+    study_dir = tmp_path / "study"
+    code = main(["tune", str(space), "data.options={\"num_samples\": 1000}", "train.batch_size=25",
+                 "data.num_clients=10", "train.rounds=2", "engine.backend=local", "--trials", "2",
+                 "--study-dir", str(study_dir), "--pruner", "median"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "study 'lr': 2 complete" in out and "train.lr" in out.splitlines()[1]
+    assert f"optuna-dashboard sqlite:///{study_dir.resolve() / 'study.db'}" in out
+    assert (study_dir / "trial_0000" / "rounds.parquet").exists() and (study_dir / "trial_0001").is_dir()
+    assert (study_dir / "optimization_history.png").stat().st_size > 0
