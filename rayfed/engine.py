@@ -128,7 +128,8 @@ class Simulation:
         if config.engine.progress:
             builtin.append(ProgressBar())
         self.callbacks = [*builtin, *callbacks]
-        self._prepare_run_dir()
+        # Everything that can be wrong with the input is checked before anything is written.
+        self._check_run_dir()
         self.dataset = load_dataset(
             config.data.dataset,
             config.data.root,
@@ -136,8 +137,13 @@ class Simulation:
             seed=config.data.seed,
             options=config.data.options,
         )
-        self.partition = self._partition()
         self.spec, self.initial = build_problem(config, self.dataset)
+        self.algorithm.server_half.validate(config.algorithm.params, self.spec)
+        self.partition = self._partition()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(self.run_dir / "config.json", config.to_dict())
+        if not (self.run_dir / "partition.parquet").exists():
+            self.partition.save(self.run_dir / "partition.parquet")
         self.num_train = self.partition.num_train()
         self.states = ClientStateStore(
             self.run_dir / "client_state", int(config.engine.client_state_memory_mb * 2**20)
@@ -145,7 +151,8 @@ class Simulation:
         self.executor: Executor | None = None
 
     # --- run directory ---------------------------------------------------------------------
-    def _prepare_run_dir(self) -> None:
+    def _check_run_dir(self) -> None:
+        """Resuming needs a run here; a new run must not overwrite one."""
         saved = self.run_dir / "config.json"
         if self.resume:
             if not saved.is_file():
@@ -159,15 +166,13 @@ class Simulation:
                 f"run_dir={str(self.run_dir)!r} already holds a run; resume it (rayfed run --resume "
                 f"{self.run_dir}) or choose another run_dir, so its results are not overwritten"
             )
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(saved, self.config.to_dict())
 
     def _partition(self) -> Partition:
         path = self.run_dir / "partition.parquet"
         if self.resume and path.exists():
             return Partition.load(path, self.dataset.labels, self.dataset.num_classes)
         data = self.config.data
-        partition = make_partition(
+        return make_partition(
             self.dataset.labels,
             self.dataset.num_classes,
             method=data.partition,
@@ -179,8 +184,6 @@ class Simulation:
             balance=data.balance,
             train_fraction=data.train_fraction,
         )
-        partition.save(path)
-        return partition
 
     # --- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self, round_index: int) -> Path:

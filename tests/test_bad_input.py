@@ -46,6 +46,29 @@ def test_gpus_requested_on_a_ray_cluster_without_gpus(tmp_path, ray_cluster) -> 
         _run(tmp_path, **{"engine.backend": "ray", "engine.num_gpus_per_worker": 0.5})
 
 
+def test_negative_wdr_lambda_names_the_field(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"algorithm.params.wdr_lambda must be a finite number >= 0, but got "
+                                          r"algorithm.params.wdr_lambda=-1"):
+        _run(tmp_path, **{"algorithm.name": "cwfedavg", "algorithm.params.wdr_lambda": -1})
+
+
+@pytest.mark.parametrize(
+    ("params", "fragments"),
+    [
+        ({"classwise_layers": ["fc", "last_feet"]}, ["'last_feet'", "did you mean 'last_feat'", "conv1, conv2, last_feat, fc"]),
+        ({"classwise_layers": ["conv1"]}, ["must be the model's last blocks", "['fc']"]),
+        ({"classwise_blocks": 7}, ["algorithm.params.classwise_blocks", "=7", "conv1, conv2, last_feat, fc"]),
+    ],
+)
+def test_selective_layers_not_in_the_model_are_refused_before_anything_is_written(tmp_path, params, fragments) -> None:
+    overrides = {"algorithm.name": "cwfedavg", **{f"algorithm.params.{k}": v for k, v in params.items()}}
+    with pytest.raises(ConfigError) as raised:
+        _run(tmp_path, **overrides)
+    for fragment in fragments:
+        assert fragment in str(raised.value)
+    assert not (tmp_path / "run").exists()  # a corrected retry with the same run_dir is not refused
+
+
 def test_model_that_does_not_fit_the_dataset_names_model_and_shape(tmp_path) -> None:
     from rayfed.models import MODELS, ModelSpec, register_model
     from rayfed.models._spec import min_side_reason

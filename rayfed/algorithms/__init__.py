@@ -4,6 +4,9 @@ Importing this package registers every built-in algorithm in :data:`ALGORITHMS`.
 """
 
 from rayfed.algorithms import fedavg, fedprox  # noqa: F401  (registration)
+from rayfed.algorithms import fedclassavg, local  # noqa: F401  (registration)
+from rayfed.algorithms import cwfedavg  # noqa: F401  (registration)
+from rayfed.algorithms import fedawa, sgdm  # noqa: F401  (registration)
 from rayfed.algorithms.base import (
     ALGORITHMS,
     Algorithm,

@@ -202,6 +202,11 @@ class ServerHalf(abc.ABC, Generic[P, C]):
         self.params = params
         self.spec = spec
 
+    @classmethod
+    def validate(cls, params: P, spec: ProblemSpec) -> None:
+        """Check ``params`` against the problem before the run starts (and before anything is
+        written); raise ConfigError naming the field. Nothing to check by default."""
+
     @abc.abstractmethod
     def broadcast(self) -> Broadcast:
         """The message of the next round (a function of the server's state only)."""

@@ -61,6 +61,10 @@ def require_homogeneous(spec: ProblemSpec, algorithm: str) -> str:
 class FedAvgServer(ServerHalf[object, WeightedSum]):
     """Keeps θ_g; aggregates by the weighted average of the uploaded models."""
 
+    @classmethod
+    def validate(cls, params: object, spec: ProblemSpec) -> None:
+        require_homogeneous(spec, "fedavg")
+
     def __init__(self, params: object, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)
         self.global_vector = np.array(initial[require_homogeneous(spec, "fedavg")], dtype=np.float32)
