@@ -8,6 +8,7 @@ A run directory holds::
 
     config.json              the RunConfig, as given
     partition.parquet        (client_id, split, index): the exact client data sets
+    label_counts.parquet     each client's class counts (whole partition, train split)
     rounds.parquet           one row per round (accuracy, losses, timings, bytes)
     clients/round_*.parquet  one row per client per round
     checkpoints/round_*.npz  server state, client states and the round (no pickle)
@@ -41,6 +42,7 @@ from rayfed.flat import FlatModel
 from rayfed.io import load_arrays, save_arrays, write_json
 from rayfed.metrics import client_table, summarise_round
 from rayfed.models import block_names, build_model, output_layer_name
+from rayfed.plots import LABEL_COUNTS_FILE, write_label_counts
 from rayfed.seeding import init_seed, sample_clients
 from rayfed.state_store import ClientStateStore
 
@@ -144,6 +146,9 @@ class Simulation:
         write_json(self.run_dir / "config.json", config.to_dict())
         if not (self.run_dir / "partition.parquet").exists():
             self.partition.save(self.run_dir / "partition.parquet")
+        if not (self.run_dir / LABEL_COUNTS_FILE).exists():  # p_i per client, for `rayfed plot`
+            write_label_counts(self.run_dir / LABEL_COUNTS_FILE, self.partition.label_counts,
+                               self.partition.train_label_counts, self.dataset.input_shape)
         self.num_train = self.partition.num_train()
         self.states = ClientStateStore(
             self.run_dir / "client_state", int(config.engine.client_state_memory_mb * 2**20)

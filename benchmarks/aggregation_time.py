@@ -1,0 +1,174 @@
+"""Server aggregation time of FedAvg, cwFedAvg, FedAWA and FedAWA-L (P-AWA Tab. 2).
+
+    python benchmarks/aggregation_time.py [--repeats 20] [--clients 20] [--seed 0]
+
+For ResNet-20 (3×32×32, K = 10) and the 4-layer CNN (cnn4, 1×28×28, K = 10): one global
+model θ_g (the model's seeded initialisation) and 20 seeded random client models
+θ_k = θ_g + τ_k around it, τ_k = σ·(u + z_k) with a direction u shared by all clients,
+z_k ~ N(0, I) per client and σ = 0.01. Every algorithm gets the same 20 uploads and
+the timer runs from the uploads, as the server holds them, to the new global state:
+
+* ``fedavg``: Σ_k n_k θ_k / Σ_k n_k as one GEMV over the (20, S) stack of the uploads
+  (the honest baseline: no Python loop, no copy);
+* ``fedavg (engine)``: for reference, the engine's path, 20 :class:`WeightedSum`
+  uploads (built by the workers, untimed) summed on the server, then averaged;
+* ``fedawa*``: ``server.aggregate`` on the (20, S) stack of client vectors τ_k (one
+  :class:`ClientVectors` upload, as merged by the engine), both fidelities;
+* ``cwfedavg`` (when registered): its 20 uploads built by its broadcast on the workers
+  (untimed), then summed and aggregated on the server.
+
+Each is timed ``--repeats`` times, interleaved, and the median is reported with its ratio
+to ``fedavg``. BLAS and torch use one thread, as the engine's actors do, and the clock is
+this process's CPU time (``time.process_time``): on a shared machine, wall time also
+counts the time other processes hold the core, which inflates long calls most. The last line
+is ``fedawa_vs_fedavg=<x> fedawa_l_vs_fedavg=<y>`` for ResNet-20 in the default
+(paper) fidelity.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads BLAS: one thread, as in the actors
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from rayfed.algorithms import (  # noqa: E402
+    ALGORITHMS,
+    Contribution,
+    ProblemSpec,
+    RoundContext,
+    ServerHalf,
+    WeightedSum,
+    sum_contributions,
+)
+from rayfed.algorithms.fedawa import ClientVectors, FedAWAParams  # noqa: E402
+from rayfed.flat import FlatModel  # noqa: E402
+from rayfed.models import block_names, build_model, output_layer_name  # noqa: E402
+from rayfed.training import ClientJob  # noqa: E402
+
+MODELS = (("resnet20", (3, 32, 32)), ("cnn4", (1, 28, 28)))
+NUM_CLASSES = 10
+SIGMA = 0.01
+
+
+def _problem(name: str, shape: tuple[int, int, int], clients: int, seed: int):
+    torch.manual_seed(seed)
+    flat = FlatModel(build_model(name, shape, NUM_CLASSES))
+    spec = ProblemSpec(
+        num_clients=clients, num_classes=NUM_CLASSES, input_shape=shape, layouts={name: flat.layout},
+        blocks={name: tuple(block_names(flat.module))}, output_layer={name: output_layer_name(flat.module)},
+        default_architecture=name, buffer_layouts={name: flat.buffer_layout},
+    )
+    theta_g = flat.state_numpy()
+    rng = np.random.default_rng(seed)
+    shared = rng.standard_normal(theta_g.size, dtype=np.float32)
+    taus = SIGMA * (shared + rng.standard_normal((clients, theta_g.size), dtype=np.float32))
+    sizes = rng.integers(500, 3000, size=clients).astype(np.float64)
+    return flat, spec, theta_g, taus, sizes
+
+
+def _job(flat: FlatModel, cid: int, size: int, labels: np.ndarray) -> ClientJob:
+    empty = torch.empty(0)
+    return ClientJob(
+        client_id=cid, round=0, flat=flat, architecture="", x_train=empty, y_train=torch.zeros(size), x_test=empty,
+        y_test=empty, label_counts=labels, train_label_counts=labels, lr=0.0, epochs=1, batch_size=1, momentum=0.0,
+        weight_decay=0.0, drop_last=False, generator=torch.Generator(), seed=0,
+    )
+
+
+def _timers(name: str, shape: tuple[int, int, int], clients: int, seed: int) -> dict[str, Callable[[], object]]:
+    """Name -> a function that runs one aggregation from the same 20 uploads."""
+    flat, spec, theta_g, taus, sizes = _problem(name, shape, clients, seed)
+    ids = np.arange(clients, dtype=np.int64)
+    ctx = RoundContext(round=0, seed=seed, lr=0.0, sampled=ids, num_clients=clients)
+    initial = {name: theta_g}
+    models = theta_g + taus  # θ_k, what FedAvg's clients send
+    fractions = (sizes / sizes.sum()).astype(np.float32)
+    timers: dict[str, Callable[[], object]] = {"fedavg": lambda: fractions @ models}
+
+    uploads = [WeightedSum.of(m, n) for m, n in zip(models, sizes)]
+    timers["fedavg (engine)"] = lambda: sum_contributions(uploads).average()  # type: ignore[union-attr]
+
+    vectors = ClientVectors((taus,), ids, sizes)
+    for algorithm in ("fedawa", "fedawa_l"):
+        for fidelity in ("paper", "code"):
+            server = ALGORITHMS.get(algorithm).server_half(FedAWAParams(fidelity=fidelity), spec, initial)
+            timers[f"{algorithm} ({fidelity})"] = _fresh(server, ctx, vectors)
+
+    if "cwfedavg" in ALGORITHMS:
+        algorithm = ALGORITHMS.get("cwfedavg")
+        server = algorithm.server_half(algorithm.params_type(), spec, initial)
+        broadcast = server.broadcast()
+        labels = np.random.default_rng(seed).multinomial(1000, np.full(NUM_CLASSES, 0.1), size=clients)
+        cw_uploads = []
+        for cid in range(clients):  # the workers' part: untimed
+            flat.load_state(models[cid])
+            cw_uploads.append(broadcast.contribute(_job(flat, cid, int(sizes[cid]), labels[cid])))
+        timers["cwfedavg"] = _fresh(server, ctx, cw_uploads)
+    return timers
+
+
+class _fresh:
+    """``server.aggregate(ctx, Σ uploads)`` from the server's first state on every call; the
+    reset runs before the timer starts (``reset``), the aggregation is what is timed."""
+
+    def __init__(self, server: ServerHalf, ctx: RoundContext, uploads: Contribution | list[Contribution]) -> None:
+        self.server, self.ctx, self.uploads = server, ctx, uploads
+        self.first = {k: np.array(v, copy=True) for k, v in server.state_dict().items()}
+
+    def reset(self) -> None:
+        self.server.load_state_dict(self.first)
+
+    def __call__(self) -> object:
+        total = self.uploads if isinstance(self.uploads, Contribution) else sum_contributions(self.uploads)
+        return self.server.aggregate(self.ctx, total)
+
+
+def _measure(timers: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    samples: dict[str, list[float]] = {name: [] for name in timers}
+    for fn in timers.values():  # warm-up
+        fn()
+    for _ in range(repeats):
+        for name, fn in timers.items():  # interleaved, so drifts in machine load hit every algorithm alike
+            if isinstance(fn, _fresh):
+                fn.reset()
+            start = time.process_time()
+            fn()
+            samples[name].append(time.process_time() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    ratios: dict[str, dict[str, float]] = {}
+    print(f"median server aggregation CPU time, {args.clients} clients, {args.repeats} repeats, 1 thread")
+    print(f"{'model':9s} {'algorithm':18s} {'ms':>9s} {'x fedavg':>9s}")
+    for name, shape in MODELS:
+        medians = _measure(_timers(name, shape, args.clients, args.seed), args.repeats)
+        base = medians["fedavg"]
+        ratios[name] = {k: v / base for k, v in medians.items()}
+        for algorithm, seconds in medians.items():
+            print(f"{name:9s} {algorithm:18s} {seconds * 1e3:9.3f} {seconds / base:9.2f}")
+    if "cwfedavg" not in ALGORITHMS:
+        print("cwfedavg: not registered in this tree, left out")
+    resnet = ratios["resnet20"]
+    print("last line: ResNet-20, default fidelity (paper)")
+    print(f"fedawa_vs_fedavg={resnet['fedawa (paper)']:.2f} fedawa_l_vs_fedavg={resnet['fedawa_l (paper)']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

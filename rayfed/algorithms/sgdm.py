@@ -1,0 +1,62 @@
+"""SGD-momentum clients whose momentum buffers persist across rounds (FedAWA's clients).
+
+In the FedAWA code (spec ``docs/algorithms.md`` §2.3, P-AWA A.5) every client creates its
+``SGD(lr, momentum=0.9, weight_decay=5e-4)`` optimiser once, at start-up, and loads the
+global model into its network each round: the model is replaced, the momentum buffer is
+not. Round t of client k therefore starts from θ_g^t with the buffer b_k left by its
+previous round, and runs the usual torch SGD update (dampening 0, no Nesterov)::
+
+    g ← ∇L(w) + wd·w,    b_k ← m·b_k + g,    w ← w − lr·b_k
+
+Momentum and weight decay are ``train.momentum`` and ``train.weight_decay``. The buffer
+(P floats) is kept in the client state store under ``"momentum"``, so it survives
+worker restarts and checkpoints. With ``train.momentum = 0`` nothing is kept and
+this is the plain client.
+
+The client half is FedAWA's default; here it is also registered as ``"sgdm"`` with
+FedAvg's server, for the FedAvg baseline of the FedAWA paper and for borrowing
+(``algorithm.name="fedawa_l", algorithm.client="sgdm"``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rayfed.algorithms.base import ClientHalf, NoParams, register_algorithm
+from rayfed.algorithms.fedavg import FedAvgServer
+from rayfed.training import ClientJob, TrainStats, local_sgd
+
+__all__ = ["PersistentMomentumClient", "MOMENTUM_KEY"]
+
+MOMENTUM_KEY = "momentum"
+"""Name of the momentum buffer in the client's state."""
+
+
+class PersistentMomentumClient(ClientHalf[object]):
+    """Local SGD whose momentum buffer is carried from one round of the client to its next."""
+
+    def train(self, job: ClientJob) -> TrainStats:
+        if not job.momentum:
+            return super().train(job)
+        job.scratch["loss_constants"] = self.loss_constants(job)  # as ClientHalf.train does
+        self.begin(job)
+        saved = (job.state or {}).get(MOMENTUM_KEY)
+        if saved is not None and saved.shape == (job.flat.size,):
+            # A copy: states read from Ray's object store are read-only.
+            buffer = torch.tensor(np.asarray(saved), dtype=torch.float32, device=job.device)
+        else:
+            buffer = torch.zeros_like(job.flat.vector)
+        stats = local_sgd(job, extra_loss=self.extra_loss, momentum_buffer=buffer)
+        job.state = {**(job.state or {}), MOMENTUM_KEY: buffer.cpu().numpy()}
+        return stats
+
+
+register_algorithm(
+    "sgdm",
+    params=NoParams,
+    server=FedAvgServer,
+    client=PersistentMomentumClient,
+    summary="FedAvg with SGD-momentum clients whose buffers persist across rounds (FedAWA's clients)",
+    keeps_client_state=True,
+)
