@@ -501,6 +501,7 @@ class FedAWAServer(ServerHalf[FedAWAParams, ClientVectors]):
             )
         self.client_state = np.full((self.groups.num_groups, spec.num_clients), np.nan)
         """Per group and client id: the weight (paper) or logit (code); NaN = not seen yet."""
+        self._warned_vertex = False
 
     def broadcast(self) -> ClientVectorBroadcast:
         return ClientVectorBroadcast(self.global_vector)
@@ -526,6 +527,13 @@ class FedAWAServer(ServerHalf[FedAWAParams, ClientVectors]):
                 max_steps=self.params.max_steps,
             )
             self.client_state[:, ids] = lam * mass
+            if len(ids) > 1 and lam.max() > 0.99 and not self._warned_vertex:
+                self._warned_vertex = True
+                logger.warning(
+                    "round %d: fidelity='paper' put %.3f of the weight on one client: the exact minimiser of "
+                    "Eq. 3 lies at a vertex of the simplex (its first term vanishes there). The published "
+                    "numbers come from fidelity='code' (one Adam step per round)", ctx.round, float(lam.max()),
+                )
             relative_gap = float((report.gap / np.maximum(np.abs(report.start), 1e-300)).max())
             if relative_gap > self.params.tolerance:
                 logger.debug("round %d: solver stopped after %d steps, relative gap %.3g", ctx.round,
