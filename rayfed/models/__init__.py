@@ -9,6 +9,7 @@ config value of ``model.name``:
 ``resnet18``              CIFAR / Tiny-ImageNet ResNet-18, spec §2.6
 ``resnet18_imagenet``     torchvision ResNet-18 (ImageNet stem), spec §1.9
 ``resnet20``              CIFAR ResNet-20, spec §2.6
+``fca_*``                 FedClassAvg's four client networks, spec §3.1
 ========================  =====================================================
 
 A new architecture is one module that calls :func:`register_model` and is imported
@@ -29,6 +30,7 @@ import operator
 from torch import nn
 
 from rayfed.errors import ConfigError
+from rayfed.models import fedclassavg_nets  # noqa: F401  (fca_* models, spec §3.1)
 from rayfed.models._spec import MODELS, InputShape, ModelSpec, register_model
 # Importing a model module registers its models.
 from rayfed.models.cnn import FedAvgCNN, FedAWACNN

@@ -1,0 +1,391 @@
+"""FedClassAvg: classifier averaging with local supervised-contrastive representation learning.
+
+Jang, Kim, Lee and Seo, "FedClassAvg: Local Representation Learning for Personalized
+Federated Learning on Heterogeneous Neural Networks", ICPP 2022, arXiv:2210.14226
+(spec §3; authors' code ``hukla/FedClassAvg``).
+
+Each client k holds f_k = C_k ∘ F_k: its own extractor F_k (any architecture with a 512-d
+output, :mod:`rayfed.models.fedclassavg_nets`) and a classifier C_k = ReLU → Linear(512 → K)
+of the same shape in every client. Per round (spec §3.3):
+
+1. each sampled client replaces C_k by the global classifier C and trains on (Eq. 4)
+
+       L = L_SupCon(F_k(x′), F_k(x″); y) + CE(C_k(F_k(x′)), y) + ρ·L_R(C_k, C)
+
+   over two augmented views x′, x″ of each batch (:mod:`rayfed.data.augment`), with a new
+   Adam(lr, betas (0.5, 0.999)) each round;
+2. the server averages the classifiers only (Eq. 3): w_C ← Σ_k n_k w_Ck / Σ_k n_k, n_k = the
+   client's training samples;
+3. every client is evaluated with its own extractor and its own *locally trained*
+   classifier; the new C is loaded only at the client's next training round.
+
+Only C's weight and bias (K·512 + K floats, 20.5 KB for K = 10) travel each way. Each
+client's whole model (extractor, its trained classifier, BatchNorm statistics) stays in
+the engine's client state store between rounds. A client that never trained holds its own
+random initialisation, drawn from (run seed, client id); the server's initial C is another
+independent draw.
+
+Code vs paper (``fidelity``; spec §3.2, §6 FedClassAvg 1-3):
+
+* SupCon as coded: unnormalised features, τ = 100, scaled by τ/τ_base (τ_base = 0.07);
+* L_R: code (ρ/2)·Σ_{weight, bias} MSE(w_Ck, w_C), skipped at each epoch's first batch; paper
+  ρ·‖w_Ck − w_C‖₂;
+* warm-up: the code first trains every client one epoch with its own classifier (prox anchor:
+  that classifier); here a client does so at its first training round, which is the same
+  under full participation (see :attr:`FedClassAvgParams.warmup`).
+
+``mode="weight"`` is the paper's "+weight" variant (§4.3, homogeneous models only): the whole
+model is averaged as in FedAvg, and the proximal term still acts on the classifier only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rayfed.algorithms.base import Broadcast, ClientHalf, ProblemSpec, ServerHalf, register_algorithm
+from rayfed.algorithms.contributions import WeightedSum
+from rayfed.algorithms.fedavg import FedAvgServer
+from rayfed.algorithms.local import CLIENT_INIT_STREAM, MODEL_KEY, ClientInit, own_model_state, save_model_state
+from rayfed.data.augment import augment_batch
+from rayfed.errors import ConfigError
+from rayfed.flat import FlatModel
+from rayfed.models.fedclassavg_nets import FedClassAvgNet
+from rayfed.seeding import init_seed
+from rayfed.training import ClientJob, TrainStats
+
+__all__ = [
+    "FedClassAvgParams",
+    "FedClassAvgMessage",
+    "FedClassAvgClient",
+    "FedClassAvgServer",
+    "FlatAdam",
+    "supcon_loss",
+    "classifier_prox",
+]
+
+CLASSIFIER_LAYER = FedClassAvgNet.output_layer
+"""The shared linear layer, ``"classifier.1"``."""
+
+SERVER_INIT_STREAM = CLIENT_INIT_STREAM - 1
+"""Initialisation stream of the server's first global classifier."""
+
+_OWN_CLASSIFIER = "fedclassavg_own_classifier"
+"""``job.scratch`` key: the client's own initial classifier, set when a warm-up is due."""
+
+
+@dataclass(frozen=True)
+class FedClassAvgParams:
+    """Hyper-parameters (``algorithm.params.*``); defaults follow the authors' code.
+
+    The learning rate, batch size and local epochs are ``train.lr`` / ``train.batch_size`` /
+    ``train.local_epochs`` (P-FCA Tab. 1: batch 64, 1 epoch, lr 1e-4 CIFAR-10, 5e-4 EMNIST,
+    6e-4 FMNIST). ``train.momentum`` and ``train.weight_decay`` are not used (Adam, no decay).
+    """
+
+    rho: float = 0.1
+    """ρ, the proximal weight (Eq. 4); Tab. 1: 0.1 (CIFAR-10, EMNIST), 0.4662 (FMNIST)."""
+    temperature: float = 100.0
+    """τ of SupCon's logits z_a·z_b/τ (100 in the code; not given in the paper)."""
+    base_temperature: float = 0.07
+    """τ_base: SupCon is scaled by τ/τ_base (≈ 1428.6 with the code's values)."""
+    normalize_features: bool = False
+    """L2-normalise z before SupCon (standard SupCon; the authors' code has it commented out)."""
+    contrastive: bool = True
+    """Include L_SupCon (False: the ablation "CA + PR" of Tab. 4, CE on one augmented view)."""
+    fidelity: str = "code"
+    """``code``: L_R = (ρ/2)·Σ MSE per classifier tensor; ``paper``: L_R = ρ·‖w_Ck − w_C‖₂ (Eq. 5)."""
+    mode: str = "classifier"
+    """``classifier``: share C only; ``weight``: the "+weight" variant (whole model, homogeneous only)."""
+    warmup: bool | None = None
+    """One epoch with the client's own classifier before its first round (code); None = True
+    with ``fidelity="code"`` and ``mode="classifier"``, else False."""
+    adam_betas: tuple[float, float] = (0.5, 0.999)
+    """Adam's (β1, β2); the optimiser is recreated every round (its moments are reset)."""
+    adam_eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        _require(math.isfinite(self.rho) and self.rho >= 0, "rho", self.rho, "a finite number >= 0")
+        for name in ("temperature", "base_temperature", "adam_eps"):
+            value = getattr(self, name)
+            _require(math.isfinite(value) and value > 0, name, value, "a finite number > 0")
+        for name, choices in (("fidelity", ("code", "paper")), ("mode", ("classifier", "weight"))):
+            value = getattr(self, name)
+            _require(value in choices, name, value, f"one of {', '.join(map(repr, choices))}")
+        _require(
+            not (self.mode == "weight" and self.warmup),
+            "warmup",
+            self.warmup,
+            "false or unset with algorithm.params.mode='weight' (clients start from the global model)",
+        )
+        try:
+            betas = tuple(float(b) for b in self.adam_betas)
+        except (TypeError, ValueError):
+            betas = ()
+        valid = len(betas) == 2 and all(0 <= b < 1 for b in betas)
+        _require(valid, "adam_betas", self.adam_betas, "two numbers in [0, 1)")
+        object.__setattr__(self, "adam_betas", betas)
+
+    @property
+    def warmup_enabled(self) -> bool:
+        if self.warmup is not None:
+            return self.warmup
+        return self.fidelity == "code" and self.mode == "classifier"
+
+
+def _require(ok: bool, name: str, value: Any, allowed: str) -> None:
+    if not ok:
+        path = f"algorithm.params.{name}"
+        raise ConfigError(f"{path} must be {allowed}, but got {path}={value!r}")
+
+
+# --- the math: pure functions on tensors -------------------------------------------------------
+
+
+def supcon_loss(
+    features: torch.Tensor, labels: torch.Tensor, temperature: float, base_temperature: float
+) -> torch.Tensor:
+    """Supervised contrastive loss over two views, as the authors' ``SupConLoss`` (Khosla et al. 2020).
+
+    ``features`` is (2B, d): the B first views, then the B second views; ``labels`` is (B,).
+    Every view a is an anchor; its positives P(a) are the other views with its label (its
+    own second view included) and its contrast set A(a) is every view but itself:
+
+        ℓ_a = −(1/|P(a)|) Σ_{p∈P(a)} [s_ap − log Σ_{b∈A(a)} exp s_ab],   s_ab = z_a·z_b / τ
+
+        L = (τ/τ_base) · mean_a ℓ_a
+    """
+    n = features.shape[0]
+    if n != 2 * labels.shape[0]:
+        raise ValueError(f"features must hold two views per label: got {n} rows for {labels.shape[0]} labels")
+    all_labels = labels.repeat(2)
+    logits = features @ features.T / temperature
+    logits = logits - logits.max(dim=1, keepdim=True).values.detach()  # stability; cancels below
+    not_self = ~torch.eye(n, dtype=torch.bool, device=features.device)
+    positives = (all_labels.view(-1, 1) == all_labels.view(1, -1)) & not_self
+    log_denominator = torch.logsumexp(logits.masked_fill(~not_self, float("-inf")), dim=1, keepdim=True)
+    log_prob = logits - log_denominator
+    mean_log_prob_pos = (log_prob * positives).sum(dim=1) / positives.sum(dim=1)
+    return -(temperature / base_temperature) * mean_log_prob_pos.mean()
+
+
+def classifier_prox(
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    anchor_weight: torch.Tensor,
+    anchor_bias: torch.Tensor,
+    rho: float,
+    fidelity: str,
+) -> torch.Tensor:
+    """ρ·L_R(C_k, C) of Eq. 4.
+
+    ``code``: (ρ/2)·[MSE(W_k, W) + MSE(b_k, b)], each MSE the element-wise mean (torch ``MSELoss``);
+    ``paper``: ρ·‖w_Ck − w_C‖₂ over weight and bias together (Eq. 5, not squared).
+    """
+    if fidelity == "code":
+        return 0.5 * rho * (F.mse_loss(weight, anchor_weight) + F.mse_loss(bias, anchor_bias))
+    squared = ((weight - anchor_weight) ** 2).sum() + ((bias - anchor_bias) ** 2).sum()
+    return rho * torch.sqrt(squared)
+
+
+class FlatAdam:
+    """``torch.optim.Adam`` (no weight decay, no amsgrad) on a :class:`FlatModel`'s flat vector.
+
+    One fused update over all parameters per step, the same arithmetic as torch's
+    single-tensor Adam. Parameters whose gradient is zero (e.g. GoogLeNet's unused
+    auxiliary heads) do not move, as with torch's Adam when their gradient is ``None``.
+    """
+
+    def __init__(self, flat: FlatModel, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+        self.flat = flat
+        self.beta1, self.beta2 = betas
+        self.eps = eps
+        self.exp_avg = torch.zeros_like(flat.vector)
+        self.exp_avg_sq = torch.zeros_like(flat.vector)
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(self, lr: float) -> None:
+        grad = self.flat.grad
+        self.steps += 1
+        self.exp_avg.mul_(self.beta1).add_(grad, alpha=1 - self.beta1)
+        self.exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
+        bias_correction1 = 1 - self.beta1**self.steps
+        bias_correction2_sqrt = math.sqrt(1 - self.beta2**self.steps)
+        denom = (self.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
+        self.flat.vector.addcdiv_(self.exp_avg, denom, value=-lr / bias_correction1)
+
+
+# --- worker side ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FedClassAvgMessage(Broadcast):
+    """The global classifier (``mode="classifier"``) or the whole global model (``"weight"``)."""
+
+    vector: np.ndarray
+    mode: str
+    init: ClientInit
+    warmup: bool
+
+    def personalise(self, job: ClientJob) -> None:
+        """The client's own model with the global classifier (or the global model, ``"weight"``)."""
+        if self.mode == "weight":
+            job.flat.load_state(self.vector)
+            return
+        job.flat.load_state(own_model_state(job, self.init))
+        part = job.flat.slice_of(CLASSIFIER_LAYER)
+        if self.warmup and not _has_trained(job):
+            job.scratch[_OWN_CLASSIFIER] = job.flat.vector[part].detach().clone()
+        job.flat.load(self.vector, part)
+
+    def contribute(self, job: ClientJob) -> WeightedSum:
+        """Keep the trained model in the client's state; upload n_k·w_Ck (or n_k·θ_k, ``"weight"``)."""
+        save_model_state(job)
+        if self.mode == "weight":
+            return WeightedSum.of(job.flat.state_numpy(), job.num_train)
+        shared = job.flat.numpy(job.flat.slice_of(CLASSIFIER_LAYER))
+        return WeightedSum.of(shared, job.num_train)
+
+    def prepare_eval(self, job: ClientJob) -> None:
+        """The client's own model with its locally trained classifier (spec §3.3 d)."""
+        if self.mode == "weight" and not _has_trained(job):
+            job.flat.load_state(self.vector)
+        else:
+            job.flat.load_state(own_model_state(job, self.init))
+
+    def bytes_down(self, job: ClientJob) -> int:
+        return int(self.vector.nbytes)
+
+
+def _has_trained(job: ClientJob) -> bool:
+    return job.state is not None and MODEL_KEY in job.state
+
+
+class FedClassAvgClient(ClientHalf[FedClassAvgParams]):
+    """SupCon on two views + CE on the first + ρ·L_R on the classifier, with a fresh Adam (Eq. 4)."""
+
+    def train(self, job: ClientJob) -> TrainStats:
+        if not isinstance(job.model, FedClassAvgNet):
+            raise ConfigError(
+                f"algorithm.name='fedclassavg' needs models with an extractor and a classifier (fca_*), but "
+                f"client {job.client_id} has {job.architecture!r}"
+            )
+        part = job.flat.slice_of(CLASSIFIER_LAYER)
+        received = job.flat.vector[part].detach().clone()
+        own = job.scratch.pop(_OWN_CLASSIFIER, None)
+        if isinstance(own, torch.Tensor):  # the code's warm-up: one epoch with the client's own classifier
+            job.flat.load(own, part)
+            self._train(job, own, epochs=1)
+            job.flat.load(received, part)
+        return self._train(job, received, epochs=job.epochs)
+
+    def _train(self, job: ClientJob, anchor: torch.Tensor, *, epochs: int) -> TrainStats:
+        params, model, flat = self.params, cast(FedClassAvgNet, job.model), job.flat
+        layer = cast(torch.nn.Linear, model.get_submodule(CLASSIFIER_LAYER))
+        k, d = layer.weight.shape
+        anchor_weight, anchor_bias = anchor[: k * d].view(k, d), anchor[k * d :]
+        optimiser = FlatAdam(flat, params.adam_betas, params.adam_eps)
+        mean, std = self.spec.mean, self.spec.std
+        model.train()
+        n, batch = job.num_train, job.batch_size
+        stop = n - n % batch if job.drop_last else n
+        ce_sum = torch.zeros((), device=job.device)
+        steps = 0
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=job.generator).to(job.device)
+            for index, start in enumerate(range(0, stop, batch)):
+                idx = order[start : start + batch]
+                x, y = job.x_train[idx], job.y_train[idx]
+                views = [augment_batch(x, mean, std, job.generator)]
+                if params.contrastive:
+                    views.append(augment_batch(x, mean, std, job.generator))
+                flat.zero_grad()
+                z = model.features(torch.cat(views))
+                ce = F.cross_entropy(model.classifier(z[: y.shape[0]]), y)
+                loss = ce
+                if params.contrastive:
+                    zc = F.normalize(z, dim=1) if params.normalize_features else z
+                    loss = loss + supcon_loss(zc, y, params.temperature, params.base_temperature)
+                if index > 0 and params.rho > 0:  # zero at the first batch; the code skips it
+                    loss = loss + classifier_prox(
+                        layer.weight, layer.bias, anchor_weight, anchor_bias, params.rho, params.fidelity
+                    )
+                loss.backward()
+                optimiser.step(job.lr)
+                ce_sum += ce.detach()
+                steps += 1
+        return TrainStats(loss=float(ce_sum) / steps if steps else float("nan"), steps=steps)
+
+
+# --- server side ----------------------------------------------------------------------------
+
+
+class FedClassAvgServer(FedAvgServer):
+    """Keeps the global classifier w_C (or, ``"weight"``, the global model); FedAvg's weighted
+    average of the uploads (Eq. 3), broadcast as a :class:`FedClassAvgMessage`."""
+
+    params: FedClassAvgParams
+
+    @classmethod
+    def validate(cls, params: FedClassAvgParams, spec: ProblemSpec) -> None:  # type: ignore[override]
+        """Every model must end in the shared ``classifier.1`` (one shape); ``"weight"`` needs one model."""
+        _shared_feature_dim(spec)
+        if params.mode == "weight" and not spec.homogeneous:
+            raise ConfigError(
+                "algorithm.params.mode='weight' averages whole models and needs one architecture, but "
+                f"the clients use {sorted(spec.layouts)}; use mode='classifier' for heterogeneous clients"
+            )
+
+    def __init__(self, params: FedClassAvgParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
+        ServerHalf.__init__(self, params, spec, initial)  # not FedAvg's: it needs one architecture
+        self.validate(params, spec)
+        if params.mode == "weight":
+            self.global_vector = np.array(initial[next(iter(spec.layouts))], dtype=np.float32)
+        else:
+            self.global_vector = initial_classifier(spec.seed, _shared_feature_dim(spec), spec.num_classes)
+        self.init = ClientInit.of(spec)
+
+    def broadcast(self) -> FedClassAvgMessage:  # type: ignore[override]
+        return FedClassAvgMessage(self.global_vector, self.params.mode, self.init, self.params.warmup_enabled)
+
+
+def initial_classifier(seed: int, feature_dim: int, num_classes: int) -> np.ndarray:
+    """The server's first w_C: a fresh ``Linear(feature_dim -> K)`` (weight rows, then bias), its own seed."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(init_seed(seed, SERVER_INIT_STREAM))
+        layer = torch.nn.Linear(feature_dim, num_classes)
+    return torch.cat([layer.weight.detach().reshape(-1), layer.bias.detach()]).numpy()
+
+
+def _shared_feature_dim(spec: ProblemSpec) -> int:
+    """d of the K x d classifier every architecture shares; ConfigError if a model has none or another d."""
+    dims = {}
+    for arch, layout in spec.layouts.items():
+        name = f"{CLASSIFIER_LAYER}.weight"
+        if spec.output_layer.get(arch) != CLASSIFIER_LAYER or name not in layout.names:
+            raise ConfigError(
+                f"algorithm.name='fedclassavg' shares the classifier {CLASSIFIER_LAYER!r}, but model {arch!r} has "
+                f"output layer {spec.output_layer.get(arch)!r}; use FedClassAvg's networks, e.g. "
+                "model.client_models=['fca_resnet18', 'fca_shufflenet', 'fca_googlenet', 'fca_alexnet']"
+            )
+        dims[arch] = layout.shapes[layout.names.index(name)]
+    if len(set(dims.values())) > 1:
+        raise ConfigError(f"algorithm.name='fedclassavg' needs one classifier shape across models, but got {dims}")
+    return int(next(iter(dims.values()))[1])
+
+
+register_algorithm(
+    "fedclassavg",
+    params=FedClassAvgParams,
+    server=FedClassAvgServer,
+    client=FedClassAvgClient,
+    summary="FedClassAvg (Jang et al. 2022): classifier averaging + local SupCon for heterogeneous models",
+    keeps_client_state=True,
+)
