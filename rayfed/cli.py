@@ -3,6 +3,7 @@
     rayfed run [CONFIG] [field.path=value ...]     run a config file (TOML/YAML/JSON) with overrides
     rayfed run --resume RUN_DIR [field=value ...]  resume a run from its last checkpoint
     rayfed list                                    registered algorithms, datasets and models
+    rayfed plot RUN_DIR [RUN_DIR ...] --out DIR    figures (PNG) from finished runs
 
 Examples::
 
@@ -33,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR", help="resume the run in RUN_DIR from its last checkpoint")
     run.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
     sub.add_parser("list", help="list registered algorithms, datasets and models")
+    plot = sub.add_parser("plot", help="draw figures (accuracy curves, p vs p-tilde, row norms) from finished runs")
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories; their curves share one plot")
+    plot.add_argument("--out", required=True, metavar="DIR", help="folder for the PNG files")
+    plot.set_defaults(handler=_plot)
     _add_tune_parser(sub)
     return parser
 
@@ -74,6 +79,17 @@ def _list() -> None:
         print(f"  {name:16s} {ALGORITHMS.get(name).summary}")
     print("datasets:  ", ", ".join(DATASETS.names()))
     print("models:    ", ", ".join(MODELS.names()))
+
+
+def _plot(ns: argparse.Namespace) -> int:
+    from rayfed.plots import write_figures
+
+    paths, notes = write_figures(ns.run_dirs, ns.out)
+    for note in notes:
+        print(f"note: {note}")
+    for path in paths:
+        print(path)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

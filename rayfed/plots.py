@@ -1,0 +1,373 @@
+"""Figures from finished runs: accuracy curves, p against p̃, output-layer row norms.
+
+    rayfed plot RUN_DIR [RUN_DIR ...] --out DIR
+
+writes, into ``DIR``:
+
+* ``accuracy.png``: pooled test accuracy against the round for every run, one colour per
+  method (algorithm and variant), one line per seed;
+* for each cwFedAvg run with a checkpoint (``<run>`` is the run directory's name):
+
+  - ``<run>-p_vs_p_tilde.png``: each client's true class distribution p_i next to the
+    estimate p̃_i read from its output layer (P-ICCV Eq. 4; Fig. 2c), as paired bars for a
+    few clients and a scatter of every (p_ij, p̃_ij);
+  - ``<run>-norms_local.png``: heatmap of the row norms ‖W_i[j,:]‖₂ of every client's
+    output-layer weight, clients × classes (P-ICCV Fig. 3);
+  - ``<run>-norms_global.png``: the same for the K class-specific global models G_j,
+    model × class (P-ICCV Fig. 6).
+
+Runs of other algorithms get only their accuracy curve. p̃_i is recomputed from the
+row norms the server keeps (``server/norms`` of the last checkpoint), so it is the
+norm-based estimate in every variant, also in "w/ Dist." where the server aggregates
+with p_i itself. p_i comes from ``label_counts.parquet``, the per-client label counts
+the engine writes next to the partition; older runs without it fall back to reloading
+the dataset named in ``config.json``.
+
+matplotlib is imported lazily (``pip install 'rayfed[plots]'``); figures are drawn on
+``matplotlib.figure.Figure`` objects, so no pyplot state or GUI backend is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rayfed.algorithms.cwfedavg import (
+    distribution_from_norms,
+    empirical_distribution,
+    model_parts,
+    output_row_norms,
+)
+from rayfed.errors import CheckpointError, RayfedError
+from rayfed.io import atomic_write, load_arrays, write_parquet
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "LABEL_COUNTS_FILE",
+    "RunData",
+    "write_label_counts",
+    "read_label_counts",
+    "load_run",
+    "method_label",
+    "class_head_row_norms",
+    "plot_accuracy_curves",
+    "plot_p_vs_p_tilde",
+    "plot_row_norms",
+    "plot_run_figures",
+    "write_figures",
+]
+
+LABEL_COUNTS_FILE = "label_counts.parquet"
+_INPUT_SHAPE_KEY = b"rayfed.input_shape"
+_BLOCK_NAMES = {0: "all layers", 1: "Output", 2: "FC+Output", 3: "Conv2+FC+Output"}
+_BARS_SHOWN = 4
+
+
+# --- per-client label counts, written by the engine next to partition.parquet -------------------
+
+
+def write_label_counts(path: str | Path, label_counts: np.ndarray, train_label_counts: np.ndarray,
+                       input_shape: Sequence[int]) -> None:
+    """Write each client's class counts (whole partition and training split), atomically.
+
+    Columns ``client_id``, ``label_counts`` and ``train_label_counts`` (fixed-size lists of K
+    int64); the dataset's input shape rides in the schema metadata, so the figures can
+    rebuild the model's parameter layout without loading the dataset.
+    """
+    counts = np.asarray(label_counts, dtype=np.int64)
+    train = np.asarray(train_label_counts, dtype=np.int64)
+    m, k = counts.shape
+    table = pa.table({
+        "client_id": pa.array(np.arange(m, dtype=np.int32)),
+        "label_counts": pa.FixedSizeListArray.from_arrays(pa.array(counts.ravel()), k),
+        "train_label_counts": pa.FixedSizeListArray.from_arrays(pa.array(train.ravel()), k),
+    })
+    shape = ",".join(str(int(s)) for s in input_shape)
+    write_parquet(path, table.replace_schema_metadata({_INPUT_SHAPE_KEY: shape.encode()}))
+
+
+def read_label_counts(path: str | Path) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    """(label_counts, train_label_counts, input_shape) from a file of :func:`write_label_counts`."""
+    table = pq.read_table(path)
+
+    def matrix(name: str) -> np.ndarray:
+        column = table.column(name).combine_chunks()
+        return column.flatten().to_numpy().reshape(len(column), -1).astype(np.int64)
+
+    shape = (table.schema.metadata or {}).get(_INPUT_SHAPE_KEY, b"")
+    return matrix("label_counts"), matrix("train_label_counts"), tuple(int(s) for s in shape.split(b",") if s)
+
+
+# --- reading a run directory ------------------------------------------------------------------
+
+
+@dataclass
+class RunData:
+    """What the figures need from one run directory."""
+
+    run_dir: Path
+    config: Any
+    """The run's :class:`~rayfed.config.RunConfig`."""
+    rounds: list[dict[str, Any]]
+    server: dict[str, np.ndarray] = field(default_factory=dict)
+    """``server/*`` arrays of the newest checkpoint, without the prefix (empty if none)."""
+    checkpoint_round: int | None = None
+    """The round (0-based) after which that checkpoint was taken."""
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    @property
+    def algorithm(self) -> str:
+        return self.config.algorithm.name
+
+    @property
+    def is_cwfedavg(self) -> bool:
+        return self.algorithm == "cwfedavg"
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Read ``config.json``, ``rounds.parquet`` and the newest checkpoint's server state."""
+    from rayfed.config import RunConfig
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise CheckpointError(f"{str(run_dir)!r} is not a run directory (no config.json)")
+    config = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+    rounds_file = run_dir / "rounds.parquet"
+    rounds = pq.read_table(rounds_file).to_pylist() if rounds_file.is_file() else []
+    checkpoints = sorted((run_dir / "checkpoints").glob("round_*.npz"))
+    if not checkpoints:
+        return RunData(run_dir, config, rounds)
+    arrays = load_arrays(checkpoints[-1])
+    server = {k[len("server/"):]: v for k, v in arrays.items() if k.startswith("server/")}
+    return RunData(run_dir, config, rounds, server, int(json.loads(arrays["meta"].tobytes())["round"]))
+
+
+def method_label(config: Any) -> str:
+    """A short name for the method of a run: ``FedAvg``, ``cwFedAvg (Output)``, ``cwFedAvg w/ Dist. (all layers)``..."""
+    name = config.algorithm.name
+    if name != "cwfedavg":
+        return {"fedavg": "FedAvg", "fedprox": "FedProx"}.get(name, name)
+    params = config.algorithm.params
+    layers = "+".join(params.classwise_layers) if params.classwise_layers else _BLOCK_NAMES.get(
+        params.classwise_blocks, f"last {params.classwise_blocks} blocks")
+    variant = {"wdr": "", "dist": " w/ Dist.", "no_wdr": " w/o WDR"}[params.variant]
+    return f"cwFedAvg{variant} ({layers})"
+
+
+def _class_distributions(run: RunData) -> tuple[np.ndarray, tuple[int, ...]]:
+    """p_i per client (as the run's ``p_source`` defines it) and the dataset's input shape."""
+    train_only = run.config.algorithm.params.p_source == "train"
+    path = run.run_dir / LABEL_COUNTS_FILE
+    if path.is_file():
+        counts, train_counts, shape = read_label_counts(path)
+    else:  # a run from before label_counts.parquet: rebuild the counts from the dataset
+        from rayfed.data import Partition, load_dataset
+
+        data = run.config.data
+        logger.info("%s has no %s; loading dataset %r for the labels", run.run_dir, LABEL_COUNTS_FILE, data.dataset)
+        dataset = load_dataset(data.dataset, data.root, download=False, seed=data.seed, options=data.options)
+        partition = Partition.load(run.run_dir / "partition.parquet", dataset.labels, dataset.num_classes)
+        counts, train_counts, shape = partition.label_counts, partition.train_label_counts, dataset.input_shape
+    return empirical_distribution(train_counts if train_only else counts), shape
+
+
+def class_head_row_norms(run: RunData, input_shape: Sequence[int]) -> np.ndarray:
+    """(K, K): row norms of the output-layer weight of each class-specific global model G_j.
+
+    Rebuilds the model's parameter layout (no data needed) to find the output weight
+    inside the class-wise part that ``server/heads`` holds.
+    """
+    from rayfed.engine import build_problem
+
+    heads = run.server["heads"]
+    k = heads.shape[0]
+    stand_in = SimpleNamespace(input_shape=tuple(input_shape), num_classes=k, mean=(0.0,), std=(1.0,))
+    spec, _ = build_problem(run.config, stand_in)  # type: ignore[arg-type]
+    parts = model_parts(spec, run.config.model.name, run.config.algorithm.params)
+    start, stop = parts.output_weight.start - parts.classwise.start, parts.output_weight.stop - parts.classwise.start
+    return output_row_norms(heads[:, start:stop].reshape(k, *parts.output_shape))
+
+
+# --- drawing ------------------------------------------------------------------------------------
+
+
+def _figure_class() -> type:
+    """matplotlib's ``Figure``, or an error that says how to install it."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise RayfedError(
+            f"figures need matplotlib, which cannot be imported ({e}); install it with: pip install 'rayfed[plots]'"
+        ) from e
+    return Figure
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    return path
+
+
+def _curve_label(run: RunData) -> str:
+    data = run.config.data
+    return f"{method_label(run.config)}, {data.dataset} {data.partition}"
+
+
+def plot_accuracy_curves(runs: Sequence[RunData], path: str | Path) -> Path:
+    """Pooled accuracy against the round, one colour per method, one line per run (seed)."""
+    from matplotlib import rcParams
+    from matplotlib.ticker import MaxNLocator
+
+    fig = _figure_class()(figsize=(7.5, 4.5))
+    ax = fig.add_subplot()
+    cycle = [c["color"] for c in rcParams["axes.prop_cycle"]]
+    runs_per_label = Counter(_curve_label(run) for run in runs)
+    colours: dict[str, Any] = {}
+    for run in runs:
+        label = _curve_label(run)
+        first = label not in colours
+        colour = colours.setdefault(label, cycle[len(colours) % len(cycle)])
+        points = [(r["round"] + 1, 100 * r["accuracy"]) for r in run.rounds if not math.isnan(r["accuracy"])]
+        if not points:
+            continue
+        x, y = zip(*points)
+        legend = (label if runs_per_label[label] == 1 else f"{label} ({runs_per_label[label]} runs)") if first else None
+        ax.plot(x, y, color=colour, marker="." if len(x) < 30 else None, linewidth=1.2, alpha=0.85, label=legend)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_ylabel("pooled test accuracy (%)")
+    ax.set_title("Accuracy of the clients' models (pooled over test samples)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(fontsize="small")
+    return _save(fig, Path(path))
+
+
+def _clients_to_show(p: np.ndarray, count: int) -> list[int]:
+    """Up to ``count`` clients spread over the range, preferring ones with different dominant classes."""
+    spread = list(dict.fromkeys(int(i) for i in np.linspace(0, len(p) - 1, num=min(len(p), 4 * count)).round()))
+    distinct: dict[int, int] = {}  # dominant class -> first client with it
+    for i in spread:
+        distinct.setdefault(int(p[i].argmax()), i)
+    chosen = list(distinct.values())[:count]
+    chosen += [i for i in spread if i not in chosen][: count - len(chosen)]
+    return sorted(chosen)
+
+
+def plot_p_vs_p_tilde(p: np.ndarray, p_tilde: np.ndarray, path: str | Path, title: str = "",
+                      client_ids: Sequence[int] | None = None) -> Path:
+    """Paired bars of p_i and p̃_i for a few clients, and a scatter of every (p_ij, p̃_ij) (P-ICCV Fig. 2c).
+
+    ``p`` and ``p_tilde`` are (M, K); ``client_ids`` names their rows (default 0..M-1).
+    """
+    p, p_tilde = np.asarray(p, dtype=np.float64), np.asarray(p_tilde, dtype=np.float64)
+    ids = list(range(len(p))) if client_ids is None else [int(i) for i in client_ids]
+    shown = _clients_to_show(p, _BARS_SHOWN)
+    k = p.shape[1]
+    fig = _figure_class()(figsize=(4 + 2.6 * len(shown), 3.8))
+    grid = fig.add_gridspec(1, len(shown) + 2)
+    classes = np.arange(k)
+    width = 0.42
+    for n, i in enumerate(shown):
+        ax = fig.add_subplot(grid[0, n])
+        ax.bar(classes - width / 2, p[i], width, label="p (true)", color="tab:blue")
+        ax.bar(classes + width / 2, p_tilde[i], width, label="p̃ (output layer)", color="tab:orange")
+        ax.set_title(f"client {ids[i]}", fontsize="medium")
+        ax.set_xlabel("class")
+        ax.set_ylim(0, 1)
+        if k <= 20:
+            ax.set_xticks(classes)
+        if n == 0:
+            ax.set_ylabel("share of the client's data")
+            ax.legend(fontsize="small")
+    ax = fig.add_subplot(grid[0, len(shown):])
+    ax.scatter(p.ravel(), p_tilde.ravel(), s=8, alpha=0.5, color="tab:purple")
+    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1)
+    error = np.abs(p - p_tilde).sum(axis=1).mean()
+    ax.set_title(f"all {len(p)} clients × {k} classes\nmean ‖p_i − p̃_i‖₁ = {error:.3f}", fontsize="medium")
+    ax.set_xlabel("p_ij (true)")
+    ax.set_ylabel("p̃_ij (estimated)")
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.02, max(1.02, float(p_tilde.max()) + 0.02))
+    if title:
+        fig.suptitle(title, fontsize="medium")
+    return _save(fig, Path(path))
+
+
+def plot_row_norms(norms: np.ndarray, path: str | Path, *, rows: str, title: str) -> Path:
+    """Heatmap of output-layer row norms: ``rows`` (clients or class models) × classes (P-ICCV Figs. 3, 6)."""
+    norms = np.asarray(norms, dtype=np.float64)
+    m, k = norms.shape
+    fig = _figure_class()(figsize=(min(3 + 0.5 * k, 12), min(2.5 + 0.28 * m, 12)))
+    ax = fig.add_subplot()
+    image = ax.imshow(norms, aspect="auto", cmap="viridis", interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="‖W[j,:]‖₂")
+    ax.set_xlabel("class j (output neuron)")
+    ax.set_ylabel(rows)
+    if k <= 20:
+        ax.set_xticks(range(k))
+    if m <= 40:
+        ax.set_yticks(range(m))
+    ax.set_title(title, fontsize="medium")
+    return _save(fig, Path(path))
+
+
+# --- everything for a set of runs ---------------------------------------------------------------
+
+
+def plot_run_figures(run: RunData, out: str | Path, stem: str | None = None) -> list[Path]:
+    """p vs p̃ and the two row-norm heatmaps of one cwFedAvg run, as ``out/<stem>-*.png`` (stem: the run's name)."""
+    out, stem = Path(out), stem or run.name
+    p, input_shape = _class_distributions(run)
+    norms = np.asarray(run.server["norms"], dtype=np.float64)
+    label, rounds = method_label(run.config), (run.checkpoint_round or 0) + 1
+    trained = norms.sum(axis=1) > 0  # a client that never uploaded has no norms yet
+    paths = [
+        plot_p_vs_p_tilde(p[trained], distribution_from_norms(norms[trained]), out / f"{stem}-p_vs_p_tilde.png",
+                          title=f"{run.name}: {label}, true p vs p̃ from the output layer after {rounds} rounds",
+                          client_ids=np.flatnonzero(trained)),
+        plot_row_norms(norms, out / f"{stem}-norms_local.png", rows="client i",
+                       title=f"{label}: output-layer row norms of the local models ({rounds} rounds)"),
+    ]
+    if "heads" in run.server:
+        heads = class_head_row_norms(run, input_shape)
+        paths.append(plot_row_norms(heads, out / f"{stem}-norms_global.png", rows="class-specific model G_j",
+                                    title=f"{label}: output-layer row norms of the class-specific global models"))
+    return paths
+
+
+def write_figures(run_dirs: Sequence[str | Path], out: str | Path) -> tuple[list[Path], list[str]]:
+    """Draw every figure for ``run_dirs`` into ``out``; returns (files written, notes on what was skipped)."""
+    _figure_class()  # fail before reading anything if matplotlib is missing
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [load_run(d) for d in run_dirs]
+    paths, notes = [plot_accuracy_curves(runs, out / "accuracy.png")], []
+    stems: dict[str, int] = {}
+    for run in runs:
+        stem = run.name if run.name not in stems else f"{run.name}-{stems[run.name]}"
+        stems[run.name] = stems.get(run.name, 0) + 1
+        if not run.is_cwfedavg:
+            notes.append(f"{run.run_dir}: {run.algorithm} run, accuracy curve only "
+                         "(p vs p̃ and row-norm figures are for cwfedavg runs)")
+        elif "norms" not in run.server:
+            notes.append(f"{run.run_dir}: no checkpoint with cwFedAvg's server state (engine.checkpoint_every=0?), "
+                         "accuracy curve only")
+        else:
+            paths.extend(plot_run_figures(run, out, stem))
+    return paths, notes

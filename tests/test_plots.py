@@ -1,0 +1,99 @@
+"""``rayfed plot``: figures from finished runs (tiny in-process runs on the synthetic dataset)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from rayfed import RunConfig, run  # noqa: E402
+from rayfed.cli import main  # noqa: E402
+from rayfed.plots import (  # noqa: E402
+    LABEL_COUNTS_FILE,
+    class_head_row_norms,
+    load_run,
+    method_label,
+    read_label_counts,
+)
+from tests.conftest import tiny_overrides  # noqa: E402
+
+CW_FIGURES = ("p_vs_p_tilde", "norms_local", "norms_global")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One finished cwFedAvg run (Output mode) and one FedAvg run, shared by the tests here."""
+    root = tmp_path_factory.mktemp("plots")
+    dirs = {"cw": root / "cw", "fedavg": root / "fedavg"}
+    small = {"data.options": {"num_samples": 1000}, "train.rounds": 1}
+    run(RunConfig().override(tiny_overrides(dirs["cw"], **small, **{"algorithm.name": "cwfedavg"})))
+    run(RunConfig().override(tiny_overrides(dirs["fedavg"], **small, **{"algorithm.name": "fedavg"})))
+    return dirs
+
+
+def _pngs(out: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in out.glob("*.png")}
+
+
+def test_plot_cwfedavg_run_writes_every_figure(runs, tmp_path, capsys):
+    out = tmp_path / "figs"
+    assert main(["plot", str(runs["cw"]), "--out", str(out)]) == 0
+    expected = {"accuracy.png", *(f"cw-{name}.png" for name in CW_FIGURES)}
+    written = _pngs(out)
+    assert set(written) == expected
+    assert all(size > 1000 for size in written.values())
+    assert all(png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for png in out.glob("*.png"))
+    printed = capsys.readouterr().out
+    assert all(str(out / name) in printed for name in expected)
+    assert "note:" not in printed
+
+
+def test_fedavg_run_gets_only_the_curve(runs, tmp_path, capsys):
+    out = tmp_path / "figs"
+    assert main(["plot", str(runs["fedavg"]), str(runs["cw"]), "--out", str(out)]) == 0
+    assert set(_pngs(out)) == {"accuracy.png", *(f"cw-{name}.png" for name in CW_FIGURES)}
+    printed = capsys.readouterr().out
+    assert f"note: {runs['fedavg']}: fedavg run, accuracy curve only" in printed
+
+
+def test_label_counts_file_matches_the_partition(runs):
+    counts, train_counts, input_shape = read_label_counts(runs["cw"] / LABEL_COUNTS_FILE)
+    assert counts.shape == train_counts.shape == (10, 10) and input_shape == (1, 28, 28)
+    table = pq.read_table(runs["cw"] / "partition.parquet").to_pydict()
+    per_client = np.bincount(table["client_id"], minlength=10)
+    train = np.bincount([c for c, s in zip(table["client_id"], table["split"]) if s == "train"], minlength=10)
+    np.testing.assert_array_equal(counts.sum(axis=1), per_client)
+    np.testing.assert_array_equal(train_counts.sum(axis=1), train)
+    assert ((counts > 0).sum(axis=1) <= 2).all()  # pathological: 2 classes per client
+
+
+def test_class_head_norms_read_the_output_weight(runs):
+    data = load_run(runs["cw"])
+    assert method_label(data.config) == "cwFedAvg (Output)"
+    heads = data.server["heads"]  # Output mode: the class-wise part is fc.weight (K x 512) then fc.bias (K)
+    expected = np.linalg.norm(heads[:, : 10 * 512].reshape(10, 10, 512).astype(np.float64), axis=-1)
+    np.testing.assert_allclose(class_head_row_norms(data, (1, 28, 28)), expected)
+
+
+def test_old_run_without_label_counts_reloads_the_dataset(runs, tmp_path):
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(runs["cw"], old)
+    (old / LABEL_COUNTS_FILE).unlink()
+    out = tmp_path / "figs"
+    assert main(["plot", str(old), "--out", str(out)]) == 0
+    assert set(_pngs(out)) == {"accuracy.png", *(f"old-{name}.png" for name in CW_FIGURES)}
+
+
+def test_missing_matplotlib_says_how_to_install(runs, tmp_path, monkeypatch, capsys):
+    for name in ("matplotlib", "matplotlib.figure"):
+        monkeypatch.setitem(sys.modules, name, None)  # makes `import matplotlib...` raise ImportError
+    assert main(["plot", str(runs["cw"]), "--out", str(tmp_path / "figs")]) == 2
+    assert "pip install 'rayfed[plots]'" in capsys.readouterr().err
+    assert not (tmp_path / "figs").exists()
