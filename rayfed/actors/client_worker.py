@@ -28,11 +28,35 @@ __all__ = ["ClientWorker", "WorkerPool"]
 _WORKER_FAILURES = (RayActorError, ActorDiedError, ActorUnavailableError, WorkerCrashedError)
 
 
+def keep_freed_memory() -> bool:
+    """Let glibc keep freed buffers of up to 32 MiB in this process's heap (Linux only).
+
+    A worker allocates and frees the same MB-sized buffers thousands of times per round
+    (activations, gradients, each client's contribution). By default glibc maps many of them
+    fresh and unmaps them on free, so their pages fault in again each time: 500-800 page
+    faults per client of the 4-layer CNN. With these limits there were none, and
+    ClientWorker busy time went from 93 % to 96 % of the call time on the 2-core box. A
+    worker owns its process, so it changes only its own allocator. Returns False where
+    ``mallopt`` is unavailable, and then does nothing.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
+    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 256 << 20))
+
+
 @ray.remote
 class ClientWorker:
     """Ray actor running a :class:`~rayfed.worker.ClientRunner`."""
 
     def __init__(self, *args: Any) -> None:
+        keep_freed_memory()
         self.runner = ClientRunner(*args)
 
     @ray.method(num_returns=2)

@@ -1,0 +1,93 @@
+"""cwFedAvg with WDR on 1,000 clients, 10 % of them per round, on the offline synthetic dataset.
+
+Each client holds two classes (pathological non-IID), 52 training and 18 test images of
+the 70,000-image synthetic pool.
+
+On this machine (starts a private local Ray for the run)::
+
+    python examples/cwfedavg_1000clients.py
+    python examples/cwfedavg_1000clients.py --rounds 50 --join-ratio 0.2 algorithm.params.wdr_lambda=100
+
+On a running Ray cluster (``RAY_ADDRESS`` is set by the job, so the run joins that
+cluster instead of starting another one; ``.gitignore`` and ``.rayignore`` keep the
+virtual environment, run directories and ``.git`` out of the uploaded working dir)::
+
+    ray job submit --working-dir . -- python examples/cwfedavg_1000clients.py --workers 8
+
+Any other dataset: ``--dataset mnist --data-root ~/data`` (the files must be there, or
+add ``--download``). Free ``field.path=value`` arguments override any field of
+:class:`rayfed.RunConfig`. The engine's progress bar shows each round's pooled accuracy
+of every client's personalised model; the last line sums the run up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from rayfed import RunConfig, run
+from rayfed.config import parse_override
+
+
+def build_config(args: argparse.Namespace) -> RunConfig:
+    overrides: dict[str, object] = {
+        "algorithm.name": "cwfedavg",
+        "algorithm.params.wdr_lambda": args.wdr_lambda,
+        "data.dataset": args.dataset,
+        "data.root": args.data_root,
+        "data.download": args.download,
+        "data.num_clients": args.clients,
+        # Pathological non-IID, as in the papers: 2 classes per client, here in equal blocks
+        # (70 samples per client by default; Dir(0.1) would leave some of 1,000 clients empty).
+        "data.partition": "pathological",
+        "data.classes_per_client": 2,
+        "data.balance": True,
+        "train.rounds": args.rounds,
+        "engine.join_ratio": args.join_ratio,
+        "engine.num_workers": args.workers,
+        "engine.eval_every": args.eval_every,
+        "seed": args.seed,
+    }
+    if args.run_dir:
+        overrides["run_dir"] = args.run_dir
+    overrides.update(parse_override(text) for text in args.overrides)
+    return RunConfig().override(overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="cwFedAvg + WDR on 1,000 clients (any field.path=value overrides RunConfig)"
+    )
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--clients", type=int, default=1000, help="data.num_clients")
+    parser.add_argument("--join-ratio", type=float, default=0.1, help="fraction of clients trained per round")
+    parser.add_argument("--workers", type=int, default=0, help="ClientWorker actors (0 = one per CPU of the cluster)")
+    parser.add_argument("--dataset", default="synthetic", help="synthetic (offline), mnist, fashion_mnist, cifar10, ...")
+    parser.add_argument("--data-root", default=None, help="folder holding the dataset files (torchvision layout)")
+    parser.add_argument("--download", action="store_true", help="let torchvision download missing files")
+    parser.add_argument("--wdr-lambda", type=float, default=10.0, help="λ of WDR (10 for MNIST/CIFAR-10)")
+    parser.add_argument("--eval-every", type=int, default=1, help="evaluate every client's model every N rounds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--run-dir", default=None, help="where results go (default runs/<algorithm>-<dataset>-...)")
+    parser.add_argument("overrides", nargs="*", metavar="field.path=value")
+    args = parser.parse_args(argv)
+
+    config = build_config(args)
+    where = os.environ.get("RAY_ADDRESS") or config.engine.ray_address or "a private local Ray"
+    print(f"cwFedAvg+WDR: {config.data.num_clients} clients, {config.engine.join_ratio:g} per round, "
+          f"{config.train.rounds} rounds on {config.data.dataset}; Ray: {where}", flush=True)
+    result = run(config)
+    run_dir = Path(result.run_dir).resolve()
+    summary = {"best_accuracy": result.best_accuracy, "final_accuracy": result.final_accuracy,
+               "rounds_run": result.rounds_run, "run_dir": str(run_dir)}
+    print(f"RESULT {json.dumps(summary)}", flush=True)
+    print(f"done: {result.rounds_run} rounds, best accuracy {result.best_accuracy:.4f}, "
+          f"final accuracy {result.final_accuracy:.4f}; results in {run_dir}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

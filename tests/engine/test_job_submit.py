@@ -1,0 +1,140 @@
+"""``ray job submit`` runs the 1,000-client example on a running cluster, which it joins.
+
+A separate process holds a private one-node cluster with a dashboard (the job API lives
+there) on free ports, so the session's ``ray_cluster`` fixture and other Ray instances on
+the machine are never touched; the test ends that process, and with it the cluster, by
+its id. The example is submitted with the ``ray`` CLI exactly as README.md shows it,
+with 2 rounds on small data; the job's output and run files are checked, and so is what
+was uploaded (no ``.venv``, ``.git`` or old runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shlex
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HOLD_CLUSTER = """
+import json, sys
+from ray.cluster_utils import Cluster
+dashboard_port, agent_port = int(sys.argv[1]), int(sys.argv[2])
+try:
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "include_dashboard": True, "dashboard_host": "127.0.0.1",
+        "dashboard_port": dashboard_port, "dashboard_agent_listen_port": agent_port})
+except Exception as e:
+    print("CLUSTER " + json.dumps({"error": repr(e)}), flush=True)
+    sys.exit(0)
+print("CLUSTER " + json.dumps({"dashboard": cluster.webui_url}), flush=True)
+sys.stdin.read()  # hold the cluster until the test closes stdin
+cluster.shutdown()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cluster_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    """The JSON after the ``CLUSTER`` line ``proc`` prints, or "" if none comes within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0 and select.select([proc.stdout], [], [], left)[0]:
+        line = proc.stdout.readline()
+        if not line:  # the process exited
+            return ""
+        if line.startswith("CLUSTER "):
+            return line[len("CLUSTER "):]
+    return ""
+
+
+def _quiet_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")
+    return env
+
+
+def _wait_for_job_api(url: str, timeout_s: float) -> None:
+    from ray.job_submission import JobSubmissionClient
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            JobSubmissionClient(url).list_jobs()
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+@pytest.mark.timeout(240)
+def test_ray_job_submit_runs_the_example_on_the_cluster() -> None:
+    # Prepare: a private cluster with a dashboard, held by another process.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_CLUSTER, str(_free_port()), str(_free_port())],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_quiet_env(), cwd="/",
+    )
+    try:
+        line = _cluster_line(holder, timeout_s=60)
+        started = json.loads(line or '{"error": "no cluster within 60 s, or its process exited"}')
+        if "error" in started or not started.get("dashboard"):
+            pytest.skip(f"a Ray dashboard (needed for the job API) could not be started: {started}")
+        url = "http://" + started["dashboard"].removeprefix("http://")
+        try:
+            _wait_for_job_api(url, timeout_s=30)
+        except Exception as e:
+            pytest.skip(f"the Ray dashboard at {url} did not answer the job API within 30 s: {e!r}")
+
+        # Execute: submit the example as README.md does, with 2 rounds on small data.
+        job_id = f"rayfed-test-{uuid.uuid4().hex[:8]}"
+        entrypoint = " ".join(shlex.quote(a) for a in [
+            sys.executable, "examples/cwfedavg_1000clients.py", "--rounds", "2", "--clients", "40",
+            "--join-ratio", "0.5", "--workers", "2", 'data.options={"num_samples": 2000}',
+            "engine.progress=false",
+        ])
+        submit = subprocess.run(
+            [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", url,
+             "--submission-id", job_id, "--working-dir", str(REPO), "--", *shlex.split(entrypoint)],
+            capture_output=True, text=True, env=_quiet_env(), timeout=180,
+        )
+        output = submit.stdout + submit.stderr
+
+        # Check: the job succeeded on that cluster, and wrote its run where it ran.
+        from ray.job_submission import JobStatus, JobSubmissionClient
+
+        client = JobSubmissionClient(url)
+        assert submit.returncode == 0, output[-4000:]
+        assert client.get_job_status(job_id) == JobStatus.SUCCEEDED, output[-4000:]
+        logs = client.get_job_logs(job_id)
+        assert "Ray: a private local Ray" not in logs, "the job started a Ray of its own instead of joining the cluster"
+        summary = json.loads(next(line for line in logs.splitlines() if line.startswith("RESULT "))[7:])
+        assert summary["rounds_run"] == 2 and 0.0 <= summary["final_accuracy"] <= 1.0
+        run_dir = Path(summary["run_dir"])
+        rounds = pq.read_table(run_dir / "rounds.parquet").to_pylist()
+        assert [r["round"] for r in rounds] == [0, 1] and all(r["num_sampled"] == 20 for r in rounds)
+        assert json.loads((run_dir / "config.json").read_text())["algorithm"]["name"] == "cwfedavg"
+        # The uploaded working dir holds the code, not the venv, git history or earlier runs.
+        job_dir = run_dir.parents[1]
+        assert (job_dir / "rayfed" / "engine.py").is_file() and (job_dir / "examples").is_dir()
+        assert not (job_dir / ".venv").exists() and not (job_dir / ".git").exists()
+        assert [p.name for p in (job_dir / "runs").iterdir()] == [run_dir.name]
+    finally:
+        holder.stdin.close()
+        try:
+            holder.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()
