@@ -3,10 +3,15 @@
 Importing this package registers every built-in algorithm in :data:`ALGORITHMS`.
 """
 
-from rayfed.algorithms import fedavg, fedprox  # noqa: F401  (registration)
-from rayfed.algorithms import fedclassavg, local  # noqa: F401  (registration)
-from rayfed.algorithms import cwfedavg  # noqa: F401  (registration)
-from rayfed.algorithms import fedawa, sgdm  # noqa: F401  (registration)
+from rayfed.algorithms import (  # noqa: F401  (registration)  # noqa: F401  (registration)  # noqa: F401  (registration)
+    cwfedavg,  # noqa: F401  (registration)
+    fedavg,
+    fedawa,
+    fedclassavg,
+    fedprox,
+    local,
+    sgdm,
+)
 from rayfed.algorithms.base import (
     ALGORITHMS,
     Algorithm,

@@ -32,6 +32,7 @@ from torch import nn
 from rayfed.errors import ConfigError
 from rayfed.models import fedclassavg_nets  # noqa: F401  (fca_* models, spec §3.1)
 from rayfed.models._spec import MODELS, InputShape, ModelSpec, register_model
+
 # Importing a model module registers its models.
 from rayfed.models.cnn import FedAvgCNN, FedAWACNN
 from rayfed.models.resnet import ResNet, resnet18, resnet18_imagenet, resnet20
