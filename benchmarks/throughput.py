@@ -23,6 +23,16 @@ other rounds. The last line is::
 
     throughput_ratio_s1=<rayfed / plain on S1> throughput_ratio_s2=<rayfed / plain on S2>
 
+rayfed's layout here: one ClientWorker per core with one torch thread each, each worker
+call summing its clients (2 calls per worker per round), the flat-vector SGD step,
+workers keeping freed buffers in their heap (no page faults per step). Also tried on the
+2-core box, per client and one thread unless said: ``torch.compile`` 0.74x, stacked
+clients with ``torch.func.vmap`` 0.22-0.68x (``benchmarks/vectorize_cpu.py``), channels-last
+inputs, ``torch.jit.trace``, autograd-owned gradients with a foreach update, and
+pinning each worker to a core: all within the noise (+-5 %). 1, 2 or 5 calls per
+worker per round: the same within the noise. A reshape-and-max pooling was 2x slower
+than ``max_pool2d``. Kept: only what is described above.
+
 Run: ``python benchmarks/throughput.py`` (about 2-3 minutes on 2 cores);
 ``--vectorize on`` trains the clients of a worker call stacked (``engine.vectorize``).
 Checkpoints are off (``engine.checkpoint_every=0``): the plain loop writes none either;
@@ -205,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, default threads {torch.get_num_threads()}, rounds {args.rounds} (first excluded)",
           flush=True)
 
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, float | bool]] = {}
     with tempfile.TemporaryDirectory(prefix="rayfed-throughput-") as tmp:
         for s in scenarios:
             config = scenario_config(s, args, Path(tmp) / s.name)
