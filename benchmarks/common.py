@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 from rayfed.callbacks import Callback
 

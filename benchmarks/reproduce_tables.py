@@ -1,11 +1,13 @@
-"""Reproduce the cwFedAvg papers' MNIST numbers (P-arXiv Tab. 1, P-ICCV Tab. 1), as far as the machine allows.
+"""Reproduce the papers' tables on MNIST and the offline dataset, as far as the machine allows.
 
-    python benchmarks/reproduce_tables.py --data-root ~/data --rounds 20          # everything, 3 seeds
+    python benchmarks/reproduce_tables.py --data-root ~/data --rounds 20          # cwFedAvg, 3 seeds
     python benchmarks/reproduce_tables.py --data-root ~/data --rounds 20 --methods dist,no_wdr,wdr_all --seeds 0
+    python benchmarks/reproduce_tables.py --table fedawa --data-root ~/data --rounds 10 --seeds 0
 
-MNIST, 20 clients, pathological (2 classes per client) and practical (Dirichlet α = 0.1)
-partitions with partition seed 1, the papers' 4-layer CNN, SGD lr 0.005, batch 10, one
-local epoch, join ratio 1, λ = 10 (spec ``docs/algorithms.md`` §1.8-1.11). Methods:
+``--table cwfedavg`` (default): MNIST, 20 clients, pathological (2 classes per client) and
+practical (Dirichlet α = 0.1) partitions with partition seed 1, the papers' 4-layer CNN,
+SGD lr 0.005, batch 10, one local epoch, join ratio 1, λ = 10 (spec ``docs/algorithms.md``
+§1.8-1.11). Methods:
 
 =========  =========================================================================
 fedavg     FedAvg
@@ -15,15 +17,23 @@ no_wdr     cwFedAvg w/o WDR: all layers, p̃ without the regulariser (P-arXiv)
 wdr_all    cwFedAvg w/ WDR: all layers, p̃ + WDR (P-arXiv)
 =========  =========================================================================
 
+``--table fedawa``: FedAWA against FedAvg (issue: MNIST Dirichlet α = 0.1 and 0.5, and the
+offline dataset), with the clients of P-AWA (§2.3, §2.5: SGD momentum 0.9 kept across
+rounds, weight decay 5e-4, one epoch, 70/30 train/test per client, all 20 clients every
+round) and the 4-layer CNN; lr 0.01 and batch 50 (the paper's 0.08 and 128 are for
+ResNet-20 on CIFAR). FedAvg gets the same clients. Methods ``fedavg``, ``fedawa_code``,
+``fedawa_paper``, ``fedawa_l_code``, ``fedawa_l_paper``. The paper's numbers are for
+CIFAR and Tiny ImageNet, so the table has none beside ours.
+
 Every (partition, method, seed) runs through :func:`rayfed.run` into
 ``OUT/runs/<partition>-<method>-s<seed>``; the score is the best pooled accuracy over the
 first R rounds (the papers' metric, max over rounds). The script is incremental: a run
 that already has R rounds is skipped, a shorter finished one is extended to R rounds and a
 killed one resumes from its last checkpoint, so it can be run again and again as time
-allows. After every run it rewrites ``OUT/reproduce_tables.md`` (method × partition: ours
-as mean ± std over the seeds finished, beside the papers' numbers, which are at 1000
-rounds) and ``OUT/reproduce_tables.json``; at the end it draws the figures
-(``rayfed.plots``) into ``OUT/figures``.
+allows. After every run it rewrites the table (``OUT/reproduce_tables.md`` and ``.json``
+for cwFedAvg, ``OUT/fedawa_accuracy.md`` and ``.json`` for FedAWA: method × partition,
+ours as mean ± std over the seeds finished, beside the papers' numbers where they exist);
+at the end it draws the figures (``rayfed.plots``) into ``OUT/figures``.
 """
 
 from __future__ import annotations
@@ -49,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import private_ray  # noqa: E402  (sibling module of the benchmark scripts)
 
 import rayfed  # noqa: E402
-from rayfed.errors import CheckpointError  # noqa: E402
+from rayfed.errors import CheckpointError, CheckpointFormatError  # noqa: E402
 from rayfed.io import atomic_write, write_json  # noqa: E402
 
 
@@ -59,57 +69,123 @@ class Method:
     overrides: dict[str, Any]
 
 
-_CW = {"algorithm.name": "cwfedavg", "algorithm.params.wdr_lambda": 10.0, "algorithm.params.fidelity": "code"}
-METHODS: dict[str, Method] = {
-    "fedavg": Method("FedAvg", {"algorithm.name": "fedavg"}),
-    "cwfedavg": Method("cwFedAvg (Output)",
-                       {**_CW, "algorithm.params.variant": "wdr", "algorithm.params.classwise_blocks": 1}),
-    "dist": Method("cwFedAvg w/ Dist. (all layers)",
-                   {**_CW, "algorithm.params.variant": "dist", "algorithm.params.classwise_blocks": 0}),
-    "no_wdr": Method("cwFedAvg w/o WDR (all layers)",
-                     {**_CW, "algorithm.params.variant": "no_wdr", "algorithm.params.classwise_blocks": 0}),
-    "wdr_all": Method("cwFedAvg w/ WDR (all layers)",
-                      {**_CW, "algorithm.params.variant": "wdr", "algorithm.params.classwise_blocks": 0}),
-}
-PARTITIONS: dict[str, tuple[str, dict[str, Any]]] = {
-    "path": ("Path MNIST", {"data.partition": "pathological", "data.classes_per_client": 2}),
-    "prac": ("Prac MNIST", {"data.partition": "dirichlet", "data.alpha": 0.1}),
-}
-PAPER: dict[tuple[str, str], str] = {  # docs/algorithms.md §5.1 (P-ICCV Tab. 1) and §5.4 (P-arXiv Tab. 1), 1000 rounds
-    ("fedavg", "path"): "98.08 [A]",
-    ("dist", "path"): "99.86 [A]",
-    ("no_wdr", "path"): "97.94 [A]",
-    ("wdr_all", "path"): "99.87 [A]",
-    ("fedavg", "prac"): "98.70 ± 0.04 [I], 98.70 [A]",
-    ("cwfedavg", "prac"): "99.52 ± 0.03 [I]",
-    ("dist", "prac"): "99.52 [A]",
-    ("no_wdr", "prac"): "98.71 [A]",
-    ("wdr_all", "prac"): "99.47 [A]",
-}
-PAPER_ROUNDS = 1000
-COMMON: dict[str, Any] = {
-    "data.dataset": "mnist",
-    "data.num_clients": 20,
-    "data.seed": 1,
-    "model.name": "cnn4",
-    "train.lr": 0.005,
-    "train.batch_size": 10,
-    "train.local_epochs": 1,
+@dataclass(frozen=True)
+class Table:
+    """One comparison: its methods, partitions, shared settings, the papers' numbers and its caption."""
+
+    title: str
+    output: str
+    """Stem of the table files under OUT (``.md``, ``.json``)."""
+    methods: dict[str, Method]
+    partitions: dict[str, tuple[str, dict[str, Any]]]
+    common: dict[str, Any]
+    caption: str
+    """Formatted with ``rounds``."""
+    paper: dict[tuple[str, str], str]
+
+
+_ENGINE: dict[str, Any] = {
     "engine.join_ratio": 1.0,
     "engine.eval_every": 1,
     "engine.checkpoint_every": 1,
     "engine.progress": False,
 }
+_CW = {"algorithm.name": "cwfedavg", "algorithm.params.wdr_lambda": 10.0, "algorithm.params.fidelity": "code"}
+PAPER_ROUNDS = 1000
+CWFEDAVG = Table(
+    title="cwFedAvg on MNIST: this engine against the papers",
+    output="reproduce_tables",
+    methods={
+        "fedavg": Method("FedAvg", {"algorithm.name": "fedavg"}),
+        "cwfedavg": Method("cwFedAvg (Output)",
+                           {**_CW, "algorithm.params.variant": "wdr", "algorithm.params.classwise_blocks": 1}),
+        "dist": Method("cwFedAvg w/ Dist. (all layers)",
+                       {**_CW, "algorithm.params.variant": "dist", "algorithm.params.classwise_blocks": 0}),
+        "no_wdr": Method("cwFedAvg w/o WDR (all layers)",
+                         {**_CW, "algorithm.params.variant": "no_wdr", "algorithm.params.classwise_blocks": 0}),
+        "wdr_all": Method("cwFedAvg w/ WDR (all layers)",
+                          {**_CW, "algorithm.params.variant": "wdr", "algorithm.params.classwise_blocks": 0}),
+    },
+    partitions={
+        "path": ("Path MNIST", {"data.partition": "pathological", "data.classes_per_client": 2}),
+        "prac": ("Prac MNIST", {"data.partition": "dirichlet", "data.alpha": 0.1}),
+    },
+    common={
+        "data.dataset": "mnist",
+        "data.num_clients": 20,
+        "data.seed": 1,
+        "model.name": "cnn4",
+        "train.lr": 0.005,
+        "train.batch_size": 10,
+        "train.local_epochs": 1,
+        **_ENGINE,
+    },
+    caption=(
+        "Ours: best pooled test accuracy (%) over the first {rounds} rounds (max over rounds, as the papers), "
+        "mean ± std over model seeds (np.std, as PFLlib), 20 clients, cnn4, SGD lr 0.005, batch 10, 1 local "
+        "epoch, λ = 10 (0.5·λ in the loss, as the authors' code), join ratio 1, partition seed 1. "
+        f"Papers: {PAPER_ROUNDS} rounds, 3 seeds; [A] = P-arXiv Tab. 1 (all layers class-wise), "
+        "[I] = P-ICCV Tab. 1 (docs/algorithms.md §5.1, §5.4); – = not reported."
+    ),
+    paper={  # docs/algorithms.md §5.1 (P-ICCV Tab. 1) and §5.4 (P-arXiv Tab. 1), 1000 rounds
+        ("fedavg", "path"): "98.08 [A]",
+        ("dist", "path"): "99.86 [A]",
+        ("no_wdr", "path"): "97.94 [A]",
+        ("wdr_all", "path"): "99.87 [A]",
+        ("fedavg", "prac"): "98.70 ± 0.04 [I], 98.70 [A]",
+        ("cwfedavg", "prac"): "99.52 ± 0.03 [I]",
+        ("dist", "prac"): "99.52 [A]",
+        ("no_wdr", "prac"): "98.71 [A]",
+        ("wdr_all", "prac"): "99.47 [A]",
+    },
+)
 
 
-def _csv(choices: dict[str, Any]):
-    def parse(text: str) -> list[str]:
-        names = [t.strip() for t in text.split(",") if t.strip()]
-        unknown = [n for n in names if n not in choices]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {', '.join(choices)}")
-        return names
-    return parse
+def _awa(name: str, fidelity: str) -> dict[str, Any]:
+    return {"algorithm.name": name, "algorithm.params.fidelity": fidelity}
+
+
+FEDAWA = Table(
+    title="FedAWA against FedAvg on MNIST and the offline dataset",
+    output="fedawa_accuracy",
+    methods={
+        "fedavg_m": Method("FedAvg", {"algorithm.name": "fedavg", "algorithm.client": "sgdm"}),
+        "fedawa_code": Method("FedAWA, fidelity=code", _awa("fedawa", "code")),
+        "fedawa_paper": Method("FedAWA, fidelity=paper", _awa("fedawa", "paper")),
+        "fedawa_l_code": Method("FedAWA-L, fidelity=code", _awa("fedawa_l", "code")),
+        "fedawa_l_paper": Method("FedAWA-L, fidelity=paper", _awa("fedawa_l", "paper")),
+    },
+    partitions={
+        "mnist01": ("MNIST α=0.1", {"data.dataset": "mnist", "data.partition": "dirichlet", "data.alpha": 0.1}),
+        "mnist05": ("MNIST α=0.5", {"data.dataset": "mnist", "data.partition": "dirichlet", "data.alpha": 0.5}),
+        "offline": ("offline α=0.1", {"data.dataset": "synthetic", "data.partition": "dirichlet", "data.alpha": 0.1}),
+    },
+    common={
+        "data.num_clients": 20,
+        "data.seed": 1,
+        "data.train_fraction": 0.7,
+        "model.name": "cnn4",
+        "train.lr": 0.01,
+        "train.momentum": 0.9,
+        "train.weight_decay": 5e-4,
+        "train.batch_size": 50,
+        "train.local_epochs": 1,
+        **_ENGINE,
+    },
+    caption=(
+        "Ours: best pooled test accuracy (%) of the global model over the first {rounds} rounds, mean ± std over "
+        "model seeds, 20 clients, cnn4, SGD lr 0.01 with momentum 0.9 kept across rounds and weight decay 5e-4, "
+        "batch 50, 1 local epoch, 70/30 train/test per client, join ratio 1, partition seed 1. FedAvg uses the same "
+        "clients (algorithm.client=sgdm). P-AWA reports CIFAR-10/100 and Tiny ImageNet only (docs/algorithms.md "
+        "§5.5), so there is no paper column here."
+    ),
+    paper={},
+)
+TABLES = {"cwfedavg": CWFEDAVG, "fedawa": FEDAWA}
+
+
+def _names(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def _seeds(text: str) -> list[int]:
@@ -118,12 +194,13 @@ def _seeds(text: str) -> list[int]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table", choices=tuple(TABLES), default="cwfedavg",
+                        help="which comparison (default cwfedavg)")
     parser.add_argument("--rounds", type=int, default=20, help="rounds per run (papers: 1000; default 20)")
     parser.add_argument("--seeds", type=_seeds, default=[0, 1, 2], help="model seeds, e.g. 0,1,2 (default)")
-    parser.add_argument("--methods", type=_csv(METHODS), default=list(METHODS),
-                        help=f"comma-separated, from {', '.join(METHODS)} (default: all)")
-    parser.add_argument("--partitions", type=_csv(PARTITIONS), default=list(PARTITIONS),
-                        help="comma-separated, from path, prac (default: both)")
+    parser.add_argument("--methods", type=_names, default=None, help="comma-separated, from the table's (default: all)")
+    parser.add_argument("--partitions", type=_names, default=None,
+                        help="comma-separated, from the table's (default: all)")
     parser.add_argument("--workers", type=int, default=2, help="ClientWorker actors (default 2)")
     parser.add_argument("--local", action="store_true", help="engine.backend=local (one process, no Ray)")
     parser.add_argument("--data-root", default=os.environ.get("RAYFED_DATA", "data"),
@@ -131,7 +208,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="default benchmarks/results")
     parser.add_argument("--no-figures", action="store_true", help="do not draw figures at the end")
     parser.add_argument("--table-only", action="store_true", help="only rewrite the table from the runs there")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    table = TABLES[args.table]
+    for option, known in (("methods", table.methods), ("partitions", table.partitions)):
+        chosen = getattr(args, option) or list(known)
+        unknown = [n for n in chosen if n not in known]
+        if unknown:
+            parser.error(f"--{option}: unknown {unknown} for --table {args.table}; choose from {', '.join(known)}")
+        setattr(args, option, chosen)
+    return args
 
 
 # --- runs ---------------------------------------------------------------------------------------
@@ -149,12 +234,13 @@ def rounds_done(directory: Path) -> int:
 
 def run_one(args: argparse.Namespace, partition: str, method: str, seed: int) -> str:
     """Run (or extend, or resume) one config to ``args.rounds`` rounds; returns what was done."""
+    table = TABLES[args.table]
     directory = run_dir(args.out, partition, method, seed)
     done = rounds_done(directory)
     if done >= args.rounds:
         return f"skipped (has {done} rounds)"
     overrides = {
-        **COMMON, **PARTITIONS[partition][1], **METHODS[method].overrides,
+        **table.common, **table.partitions[partition][1], **table.methods[method].overrides,
         "data.root": str(Path(args.data_root).expanduser()), "seed": seed, "train.rounds": args.rounds,
         "engine.backend": "local" if args.local else "ray", "engine.num_workers": args.workers,
         "run_dir": str(directory),
@@ -166,6 +252,8 @@ def run_one(args: argparse.Namespace, partition: str, method: str, seed: int) ->
         resume = False
     try:
         result = rayfed.run(config, resume=resume)
+    except CheckpointFormatError:  # written by another rayfed version: keep it, let the user decide
+        raise
     except CheckpointError:  # a checkpoint torn by a kill: start this run again
         shutil.rmtree(directory)
         result = rayfed.run(config)
@@ -187,12 +275,12 @@ def score(directory: Path, rounds: int) -> dict[str, Any] | None:
             "seconds_per_round": float(np.median([r["round_s"] for r in rows]))}
 
 
-def collect(out: Path, rounds: int) -> dict[str, dict[str, dict[int, dict[str, Any]]]]:
-    """method -> partition -> seed -> score, for every finished run under ``out/runs``."""
+def collect(table: Table, out: Path, rounds: int) -> dict[str, dict[str, dict[int, dict[str, Any]]]]:
+    """method -> partition -> seed -> score, for every finished run of ``table`` under ``out/runs``."""
     results: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
     for directory in sorted((out / "runs").glob("*-*-s*")):
         name = re.fullmatch(r"(?P<partition>\w+)-(?P<method>\w+)-s(?P<seed>\d+)", directory.name)
-        if not name or name["method"] not in METHODS or name["partition"] not in PARTITIONS:
+        if not name or name["method"] not in table.methods or name["partition"] not in table.partitions:
             continue
         found = score(directory, rounds)
         if found is not None:
@@ -209,48 +297,43 @@ def _cell(scores: dict[int, dict[str, Any]] | None, rounds: int) -> str:
     return f"{best.mean():.2f} ± {best.std():.2f} ({len(best)} seeds, {rounds} rounds)"
 
 
-def write_table(out: Path, rounds: int, command: str) -> Path:
-    results = collect(out, rounds)
-    lines = [
-        "# cwFedAvg on MNIST: this engine against the papers",
-        "",
-        f"Ours: best pooled test accuracy (%) over the first {rounds} rounds (max over rounds, as the papers), "
-        f"mean ± std over model seeds (np.std, as PFLlib), 20 clients, cnn4, SGD lr 0.005, batch 10, 1 local "
-        f"epoch, λ = 10 (0.5·λ in the loss, as the authors' code), join ratio 1, partition seed 1. "
-        f"Papers: {PAPER_ROUNDS} rounds, 3 seeds; [A] = P-arXiv Tab. 1 (all layers class-wise), "
-        f"[I] = P-ICCV Tab. 1 (docs/algorithms.md §5.1, §5.4); – = not reported.",
-        "",
-        "| method | " + " | ".join(f"{PARTITIONS[p][0]}: ours | {PARTITIONS[p][0]}: paper" for p in PARTITIONS) + " |",
-        "|---|" + "---|---|" * len(PARTITIONS),
-    ]
-    for method, spec in METHODS.items():
+def write_table(table: Table, out: Path, rounds: int, command: str) -> Path:
+    results = collect(table, out, rounds)
+    header = [f"{table.partitions[p][0]}: {kind}" for p in table.partitions for kind in ("ours", "paper")
+              if kind == "ours" or table.paper]
+    lines = [f"# {table.title}", "", table.caption.format(rounds=rounds), "",
+             "| method | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
+    for method, spec in table.methods.items():
         cells = []
-        for partition in PARTITIONS:
-            cells += [_cell(results.get(method, {}).get(partition), rounds), PAPER.get((method, partition), "–")]
+        for partition in table.partitions:
+            cells.append(_cell(results.get(method, {}).get(partition), rounds))
+            if table.paper:
+                cells.append(table.paper.get((method, partition), "–"))
         lines.append(f"| {spec.label} | " + " | ".join(cells) + " |")
     lines += ["", "Per run (best round: where the best accuracy was reached; s/round: median wall time):", "",
               "| partition | method | seed | best | best round | final | s/round |", "|---|---|---|---|---|---|---|"]
-    for partition in PARTITIONS:
-        for method in METHODS:
+    for partition in table.partitions:
+        for method in table.methods:
             for seed, s in sorted(results.get(method, {}).get(partition, {}).items()):
                 lines.append(f"| {partition} | {method} | {seed} | {s['best']:.2f} | {s['best_round']} | "
                              f"{s['final']:.2f} | {s['seconds_per_round']:.1f} |")
     lines += ["", f"Written by `{command}`; the table includes every run under {out / 'runs'} with {rounds}+ rounds, "
               "also those of earlier calls.", ""]
-    path = out / "reproduce_tables.md"
+    path = out / f"{table.output}.md"
     atomic_write(path, lambda tmp: Path(tmp).write_text("\n".join(lines)))
-    write_json(out / "reproduce_tables.json", {"rounds": rounds, "results": results})
+    write_json(out / f"{table.output}.json", {"rounds": rounds, "results": results})
     return path
 
 
-def draw_figures(out: Path, rounds: int) -> list[Path]:
+def draw_figures(table: Table, out: Path, rounds: int) -> list[Path]:
     """Accuracy curves per partition (all methods and seeds) and p/p̃ and row-norm figures of each cwFedAvg run."""
     from rayfed.plots import load_run, plot_accuracy_curves, plot_run_figures
 
     figures = out / "figures"
     paths = []
-    for partition in PARTITIONS:
-        dirs = [d for d in sorted((out / "runs").glob(f"{partition}-*-s*")) if rounds_done(d) >= rounds]
+    for partition in table.partitions:
+        dirs = [d for d in sorted((out / "runs").glob(f"{partition}-*-s*"))
+                if rounds_done(d) >= rounds and d.name.rsplit("-", 1)[0].split("-", 1)[1] in table.methods]
         if dirs:
             runs = [load_run(d) for d in dirs]
             for run in runs:  # the curves show the rounds the table scores
@@ -264,6 +347,7 @@ def draw_figures(out: Path, rounds: int) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    table = TABLES[args.table]
     command = shlex.join([Path(sys.executable).name, *sys.argv]) if argv is None else shlex.join(argv)
     configs = [(p, m, s) for s in args.seeds for m in args.methods for p in args.partitions]
     if not args.table_only:
@@ -275,11 +359,11 @@ def main(argv: list[str] | None = None) -> int:
                 what = run_one(args, partition, method, seed)
                 print(f"{name}: {what} in {time.perf_counter() - t:.0f} s (total {time.perf_counter() - start:.0f} s)",
                       flush=True)
-                write_table(args.out, args.rounds, command)
-    path = write_table(args.out, args.rounds, command)
+                write_table(table, args.out, args.rounds, command)
+    path = write_table(table, args.out, args.rounds, command)
     print(path.read_text())
     if not args.no_figures:
-        for figure in draw_figures(args.out, args.rounds):
+        for figure in draw_figures(table, args.out, args.rounds):
             print(figure)
     return 0
 

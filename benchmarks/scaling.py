@@ -126,7 +126,8 @@ def plot(rows: list[dict[str, float]], path: Path) -> None:
     mem.plot(clients, [r["server_start_mb"] for r in rows], "s--", label="ServerActor RSS at start")
     mem.plot(clients, [r["server_state_mb"] for r in rows], "^:", label="server state arrays")
     mem.axhline(2048, color="grey", lw=0.8, ls="--", label="2 GB budget")
-    mem.set(xscale="log", yscale="log", xlabel="clients (population)", ylabel="MB", title="cwFedAvg (Output): server memory")
+    mem.set(xscale="log", yscale="log", xlabel="clients (population)", ylabel="MB",
+            title="cwFedAvg (Output): server memory")
     mem.legend(fontsize=8)
     sec.plot(clients, [r["round_s"] for r in rows], "o-")
     sec.set(xscale="log", xlabel="clients (population)", ylabel="seconds per round (median)",

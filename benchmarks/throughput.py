@@ -12,11 +12,15 @@ and evaluates the new global model on the sampled clients' test sets
 write it with PyTorch alone: the data pre-loaded as normalised tensors, one model,
 ``torch.optim.SGD``, ``parameters_to_vector`` and a running weighted sum, torch's default
 number of threads. It draws the same clients and the same mini-batch orders as rayfed, so
-both reach the same accuracy in every round (printed as a check).
+both reach the same accuracy in every round (printed as a check). For reference the same
+loop also runs with the model converted to channels-last (``model.to(memory_format=
+torch.channels_last)``), the one change a PyTorch expert would make for this CNN on CPU;
+its updates per second and rayfed's ratio to it are printed too. The last line compares
+with the plain loop, as the workload is specified.
 
-The two run interleaved, round by round: rayfed's round t, then the plain loop's round t
+The loops run interleaved, round by round: rayfed's round t, then each plain loop's round t
 (in the driver, while rayfed's workers wait), then rayfed's round t+1, and so on, so a
-drift in the machine's speed (the box is shared) weighs on both alike. rayfed starts and
+drift in the machine's speed (the box is shared) weighs on all alike. rayfed starts and
 afterwards stops a private local Ray, as ``rayfed.run`` does for users. The first round of
 each (workers start, models are built) is excluded; the result is the median over the
 other rounds. The last line is::
@@ -25,13 +29,15 @@ other rounds. The last line is::
 
 rayfed's layout here: one ClientWorker per core with one torch thread each, each worker
 call summing its clients (2 calls per worker per round), the flat-vector SGD step,
-workers keeping freed buffers in their heap (no page faults per step). Also tried on the
-2-core box, per client and one thread unless said: ``torch.compile`` 0.74x, stacked
-clients with ``torch.func.vmap`` 0.22-0.68x (``benchmarks/vectorize_cpu.py``), channels-last
-inputs, ``torch.jit.trace``, autograd-owned gradients with a foreach update, and
-pinning each worker to a core: all within the noise (+-5 %). 1, 2 or 5 calls per
-worker per round: the same within the noise. A reshape-and-max pooling was 2x slower
-than ``max_pool2d``. Kept: only what is described above.
+convolution kernels stored channels-last in the flat vector (:mod:`rayfed.flat`; on this
+CPU torch's NCHW ``max_pool2d`` is ~13x slower than the channels-last one, and a cnn4 step
+at batch 10 takes 6.5 ms instead of 8.9 ms), workers keeping freed buffers in their heap
+(no page faults per step). Also tried on the 2-core box, per client and one thread unless
+said: ``torch.compile`` 0.74x, stacked clients with ``torch.func.vmap`` 0.22-0.68x
+(``benchmarks/vectorize_cpu.py``), ``torch.jit.trace``, autograd-owned gradients with a
+foreach update, and pinning each worker to a core: all within the noise (+-5 %) or slower.
+1, 2 or 5 calls per worker per round: the same within the noise. A reshape-and-max pooling
+was no faster than ``max_pool2d``. Kept: only what is described above.
 
 Run: ``python benchmarks/throughput.py`` (about 2-3 minutes on 2 cores);
 ``--vectorize on`` trains the clients of a worker call stacked (``engine.vectorize``).
@@ -62,6 +68,7 @@ from common import RoundTimer, median_after_warmup  # noqa: E402
 from rayfed import RunConfig, run  # noqa: E402
 from rayfed.data import load_dataset, make_partition, normalize_batch  # noqa: E402
 from rayfed.engine import build_problem  # noqa: E402
+from rayfed.flat import FlatModel  # noqa: E402
 from rayfed.models import build_model  # noqa: E402
 from rayfed.seeding import client_seed, sample_clients  # noqa: E402
 
@@ -114,7 +121,7 @@ def scenario_config(s: Scenario, args: argparse.Namespace, run_dir: Path) -> Run
 class PlainLoop:
     """FedAvg in one process with PyTorch alone: what a PyTorch user would write for this workload."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, *, channels_last: bool = False) -> None:
         data = config.data
         dataset = load_dataset(data.dataset, data.root, seed=data.seed, options=data.options)
         partition = make_partition(dataset.labels, dataset.num_classes, method=data.partition,
@@ -129,20 +136,25 @@ class PlainLoop:
         self.train = [tensors(partition.train(c)) for c in range(data.num_clients)]  # pre-loaded tensors
         self.test = [tensors(partition.test(c)) for c in range(data.num_clients)]
         self.model = build_model(config.model.name, dataset.input_shape, dataset.num_classes)
+        self.channels_last = channels_last
+        if channels_last:  # the expert's variant: convolution kernels (hence activations) channels-last
+            self.model.to(memory_format=torch.channels_last)
         self.params = list(self.model.parameters())
         self.optimizer = torch.optim.SGD(self.params, lr=config.train.lr)
-        self.global_vector = torch.from_numpy(initial[config.model.name].copy())
+        start = FlatModel(build_model(config.model.name, dataset.input_shape, dataset.num_classes))
+        start.load_state(initial[config.model.name])  # rayfed's vector stores kernels channels-last; PyTorch's does not
+        self.global_vector = torch.cat([p.detach().reshape(-1) for p in start.module.parameters()])
         self.seconds: list[float] = []
         self.accuracies: list[float] = []
 
     def round(self, t: int) -> None:
         """Train the round's sampled clients, average them, evaluate them; appends the time and accuracy."""
-        config, model, params, batch = self.config, self.model, self.params, self.config.train.batch_size
+        config, model, batch = self.config, self.model, self.config.train.batch_size
         started = time.perf_counter()
         sampled = sample_clients(config.seed, t, config.data.num_clients, config.engine.join_ratio)
         total, weight = torch.zeros_like(self.global_vector), 0
         for cid in sampled.tolist():
-            vector_to_parameters(self.global_vector.clone(), params)  # the parameters become views of this copy
+            self._load(self.global_vector)
             model.train()
             x, y = self.train[cid]
             n = len(y)
@@ -152,10 +164,10 @@ class PlainLoop:
                 self.optimizer.zero_grad()
                 F.cross_entropy(model(x[idx]), y[idx]).backward()
                 self.optimizer.step()
-            total.add_(parameters_to_vector(params).detach(), alpha=n)
+            total.add_(self._read(), alpha=n)
             weight += n
         self.global_vector = total / weight
-        vector_to_parameters(self.global_vector, params)
+        self._load(self.global_vector)
         model.eval()
         correct = count = 0
         with torch.no_grad():
@@ -169,6 +181,20 @@ class PlainLoop:
         self.accuracies.append(correct / count)
 
 
+    def _load(self, vector: torch.Tensor) -> None:
+        if self.channels_last:  # copy into the channels-last parameters (a view would reset their layout)
+            with torch.no_grad():
+                for param, piece in zip(self.params, vector.split([p.numel() for p in self.params])):
+                    param.copy_(piece.view_as(param))
+        else:
+            vector_to_parameters(vector.clone(), self.params)  # the parameters become views of this copy
+
+    def _read(self) -> torch.Tensor:
+        if self.channels_last:
+            return torch.cat([p.detach().reshape(-1) for p in self.params])
+        return parameters_to_vector(self.params).detach()
+
+
 # --- both, interleaved round by round -----------------------------------------------------------------
 
 
@@ -179,13 +205,14 @@ class Interleaved(RoundTimer):
     and is left out of rayfed's round times; so both see the same state of the machine.
     """
 
-    def __init__(self, plain: PlainLoop) -> None:
+    def __init__(self, *plain: PlainLoop) -> None:
         super().__init__()
         self.plain = plain
 
     def after_round(self, sim, record, clients) -> bool:
         super().after_round(sim, record, clients)
-        self.plain.round(record.round)
+        for loop in self.plain:
+            loop.round(record.round)
         self._last = time.perf_counter()
         return False
 
@@ -206,39 +233,43 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=6, help="rounds per measurement; the first is warm-up")
     parser.add_argument("--workers", type=int, default=0, help="ClientWorker actors (0 = one per CPU)")
-    parser.add_argument("--clients-per-call", type=int, default=0, help="engine.clients_per_call (0 = 2 calls per worker)")
+    parser.add_argument("--clients-per-call", type=int, default=0,
+                        help="engine.clients_per_call (0 = 2 calls per worker)")
     parser.add_argument("--vectorize", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--scenarios", default="s1,s2", help="comma-separated: s1, s2")
     parser.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON here")
     args = parser.parse_args(argv)
     scenarios = [SCENARIOS[name.strip()] for name in args.scenarios.split(",") if name.strip()]
-    print(f"torch {torch.__version__}, default threads {torch.get_num_threads()}, rounds {args.rounds} (first excluded)",
+    print(f"torch {torch.__version__}, default threads {torch.get_num_threads()}, "
+          f"rounds {args.rounds} (first excluded)",
           flush=True)
 
     results: dict[str, dict[str, float | bool]] = {}
     with tempfile.TemporaryDirectory(prefix="rayfed-throughput-") as tmp:
         for s in scenarios:
             config = scenario_config(s, args, Path(tmp) / s.name)
-            probe = Interleaved(PlainLoop(config))
+            probe = Interleaved(PlainLoop(config), PlainLoop(config, channels_last=True))
             history = run(config, callbacks=[probe]).history
-            plain = s.sampled_per_round / median_after_warmup(probe.plain.seconds)
             engine = s.sampled_per_round / median_after_warmup(probe.seconds)
-            same = [a == b["accuracy"] for a, b in zip(probe.plain.accuracies, history)]
-            results[s.name] = {"plain_updates_per_s": plain, "engine_updates_per_s": engine,
-                               "same_accuracy_every_round": all(same)}
-            print(f"{s.name.upper()} plain PyTorch loop: {plain:6.1f} updates/s  (rounds {_times(probe.plain.seconds)} s)",
-                  flush=True)
-            print(f"{s.name.upper()} rayfed on Ray:      {engine:6.1f} updates/s  (rounds {_times(probe.seconds)} s)",
-                  flush=True)
+            plain, expert = (s.sampled_per_round / median_after_warmup(loop.seconds) for loop in probe.plain)
+            gap = max(abs(a - row["accuracy"]) for loop in probe.plain for a, row in zip(loop.accuracies, history))
+            results[s.name] = {"plain_updates_per_s": plain, "plain_channels_last_updates_per_s": expert,
+                               "engine_updates_per_s": engine, "max_accuracy_difference": gap}
+            for label, loop, rate in (("plain PyTorch loop:      ", probe.plain[0], plain),
+                                      ("plain, channels-last:    ", probe.plain[1], expert),
+                                      ("rayfed on Ray:           ", probe, engine)):
+                print(f"{s.name.upper()} {label}{rate:6.1f} updates/s  (rounds {_times(loop.seconds)} s)", flush=True)
             print(f"    rayfed phases (median): {breakdown(history)}", flush=True)
-            pairs = ", ".join(f"{a:.4f}/{row['accuracy']:.4f}" for a, row in zip(probe.plain.accuracies, history))
-            print(f"    accuracy per round, plain / rayfed: {pairs} ({'identical' if all(same) else 'DIFFERENT'})",
-                  flush=True)
+            for label, loop in (("plain", probe.plain[0]), ("plain channels-last", probe.plain[1])):
+                pairs = ", ".join(f"{a:.4f}/{row['accuracy']:.4f}" for a, row in zip(loop.accuracies, history))
+                print(f"    accuracy per round, {label} / rayfed: {pairs}", flush=True)
+            print(f"    rayfed / plain channels-last: {engine / expert:.3f}", flush=True)
     for name, r in results.items():
         r["ratio"] = r["engine_updates_per_s"] / r["plain_updates_per_s"]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2))
+        arguments = {k: str(v) for k, v in vars(args).items()}
+        args.out.write_text(json.dumps({"args": arguments, "results": results}, indent=2))
     print(" ".join(f"throughput_ratio_{name}={r['ratio']:.3f}" for name, r in results.items()))
     return 0
 

@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=1000, help="data.num_clients")
     parser.add_argument("--join-ratio", type=float, default=0.1, help="fraction of clients trained per round")
     parser.add_argument("--workers", type=int, default=0, help="ClientWorker actors (0 = one per CPU of the cluster)")
-    parser.add_argument("--dataset", default="synthetic", help="synthetic (offline), mnist, fashion_mnist, cifar10, ...")
+    parser.add_argument("--dataset", default="synthetic",
+                        help="synthetic (offline), mnist, fashion_mnist, cifar10, ...")
     parser.add_argument("--data-root", default=None, help="folder holding the dataset files (torchvision layout)")
     parser.add_argument("--download", action="store_true", help="let torchvision download missing files")
     parser.add_argument("--wdr-lambda", type=float, default=10.0, help="λ of WDR (10 for MNIST/CIFAR-10)")

@@ -72,7 +72,8 @@ class ProgressBar(Callback):
     def after_round(self, sim: Simulation, record: RoundRecord, clients: pa.Table) -> bool:
         if not math.isnan(record.accuracy):
             self._best = record.accuracy if math.isnan(self._best) else max(self._best, record.accuracy)
-            self._bar.set_postfix(acc=f"{record.accuracy:.4f}", best=f"{self._best:.4f}", loss=f"{record.train_loss:.3f}",
+            self._bar.set_postfix(acc=f"{record.accuracy:.4f}", best=f"{self._best:.4f}",
+                                  loss=f"{record.train_loss:.3f}",
                                   s=f"{record.round_s:.2f}")
         self._bar.update(1)
         return False

@@ -336,7 +336,7 @@ def _coerce(hint: Any, value: Any, path: str) -> Any:
             return None
         non_none = [o for o in options if o is not type(None)]
         return _coerce(non_none[0], value, path) if len(non_none) == 1 else value
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return value if isinstance(value, hint) else _from_mapping(hint, value, path)
     if hint is bool:
         if isinstance(value, bool):

@@ -36,7 +36,7 @@ from rayfed.algorithms import ALGORITHMS, ProblemSpec, RoundContext
 from rayfed.callbacks import Callback, Checkpointer, MetricsWriter, ProgressBar
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, Partition, load_dataset, make_partition
-from rayfed.errors import CheckpointError, ConfigError
+from rayfed.errors import CheckpointError, CheckpointFormatError, ConfigError
 from rayfed.executor import Executor, LocalExecutor, make_chunks
 from rayfed.flat import FlatModel
 from rayfed.io import load_arrays, save_arrays, write_json
@@ -51,6 +51,12 @@ logger = logging.getLogger(__name__)
 __all__ = ["Simulation", "RunResult", "run", "build_problem"]
 
 _CHECKPOINTS_KEPT = 2
+CHECKPOINT_FORMAT = 2
+"""The layout of the state vectors inside checkpoints; a run resumes only from its own format."""
+_FORMATS = {
+    1: "convolution kernels stored (O, I, H, W)",
+    2: "convolution kernels stored channels-last, (O, H, W, I), as rayfed.flat lays them out",
+}
 _INIT_LOCK = threading.Lock()
 _RESUMABLE_SECTIONS = ("train.rounds", "engine", "run_dir")
 
@@ -166,6 +172,7 @@ class Simulation:
                     "start a new run instead, or point run_dir at an existing run directory"
                 )
             _check_resumable(RunConfig.from_dict(json.loads(saved.read_text())), self.config)
+            self._checkpoint_meta(self._newest_checkpoint())
         elif saved.exists():
             raise ConfigError(
                 f"run_dir={str(self.run_dir)!r} already holds a run; resume it (rayfed run --resume "
@@ -198,7 +205,7 @@ class Simulation:
         for cid in self.states.ids():
             for name, value in (self.states.get(cid) or {}).items():
                 arrays[f"client/{cid}/{name}"] = value
-        meta = {"round": round_index, "format": 1}
+        meta = {"round": round_index, "format": CHECKPOINT_FORMAT}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         directory = self.run_dir / "checkpoints"
         path = directory / f"round_{round_index:06d}.npz"
@@ -207,27 +214,45 @@ class Simulation:
             old.unlink()
         return path
 
-    def _restore(self) -> None:
-        """Load the newest checkpoint and cut the metrics back to it."""
-        assert self.executor is not None
+    def _newest_checkpoint(self) -> Path:
         checkpoints = sorted((self.run_dir / "checkpoints").glob("round_*.npz"))
         if not checkpoints:
             raise CheckpointError(
                 f"cannot resume: {str(self.run_dir)!r} holds no checkpoint yet (engine.checkpoint_every="
                 f"{self.config.engine.checkpoint_every}); start it again without --resume"
             )
-        arrays = load_arrays(checkpoints[-1])
+        return checkpoints[-1]
+
+    @staticmethod
+    def _checkpoint_meta(path: Path) -> int:
+        """The round a checkpoint was written after; refuses one of another state format."""
         try:
-            meta = json.loads(arrays.pop("meta").tobytes())
-            round_index = int(meta["round"])
+            meta = json.loads(load_arrays(path, names=("meta",))["meta"].tobytes())
+            round_index, written_as = int(meta["round"]), int(meta["format"])
         except (KeyError, ValueError) as e:
-            raise CheckpointError(f"checkpoint {str(checkpoints[-1])!r} has no valid metadata") from e
+            raise CheckpointError(f"checkpoint {str(path)!r} has no valid metadata") from e
+        if written_as != CHECKPOINT_FORMAT:
+            raise CheckpointFormatError(
+                f"checkpoint {str(path)!r} has state format {written_as}, this rayfed reads format "
+                f"{CHECKPOINT_FORMAT} ({_FORMATS.get(CHECKPOINT_FORMAT)}; format {written_as}: "
+                f"{_FORMATS.get(written_as, 'unknown')}); resume it with the rayfed version that wrote it, or start a "
+                "new run in another run_dir. Nothing in this run directory was changed"
+            )
+        return round_index
+
+    def _restore(self) -> None:
+        """Load the newest checkpoint and cut the metrics back to it."""
+        assert self.executor is not None
+        newest = self._newest_checkpoint()
+        round_index = self._checkpoint_meta(newest)
+        arrays = load_arrays(newest)
+        del arrays["meta"]
         self.executor.load_server_state({k[7:]: v for k, v in arrays.items() if k.startswith("server/")})
         client_states: dict[int, dict[str, np.ndarray]] = {}
         for key, value in arrays.items():
             if key.startswith("client/"):
-                _, cid, name = key.split("/", 2)
-                client_states.setdefault(int(cid), {})[name] = value
+                _, client, name = key.split("/", 2)
+                client_states.setdefault(int(client), {})[name] = value
         self.states.clear()
         for cid, state in client_states.items():
             self.states.put(cid, state)
@@ -343,7 +368,9 @@ def _check_resumable(saved: RunConfig, new: RunConfig) -> None:
     changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and not k.startswith(_RESUMABLE_SECTIONS)]
     if changed:
         details = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in changed)
-        raise ConfigError(f"cannot resume with a different config ({details}); only train.rounds and engine.* may change")
+        raise ConfigError(
+            f"cannot resume with a different config ({details}); only train.rounds and engine.* may change"
+        )
 
 
 def run(config: RunConfig, *, callbacks: Sequence[Callback] = (), resume: bool = False) -> RunResult:

@@ -12,6 +12,7 @@ __all__ = [
     "ConfigError",
     "DatasetError",
     "CheckpointError",
+    "CheckpointFormatError",
     "ResourceError",
     "AggregationError",
 ]
@@ -31,6 +32,10 @@ class DatasetError(RayfedError):
 
 class CheckpointError(RayfedError):
     """A run directory or checkpoint is missing, truncated or corrupted."""
+
+
+class CheckpointFormatError(CheckpointError):
+    """A checkpoint is intact but was written in a state layout this rayfed does not read."""
 
 
 class ResourceError(RayfedError):

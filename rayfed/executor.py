@@ -23,12 +23,12 @@ from rayfed.errors import ResourceError
 from rayfed.server import Server
 from rayfed.worker import ClientReport, ClientRunner, ClientState, EvalReport
 
-__all__ = ["Executor", "LocalExecutor", "Chunk", "make_chunks"]
+__all__ = ["Executor", "LocalExecutor", "Chunk", "make_chunks", "states_of"]
 
 Chunk = list[int]
 
 
-def make_chunks(client_ids: Sequence[int], sizes: np.ndarray, num_chunks: int) -> list[Chunk]:
+def make_chunks(client_ids: Sequence[int] | np.ndarray, sizes: np.ndarray, num_chunks: int) -> list[Chunk]:
     """Split ``client_ids`` into at most ``num_chunks`` batches of balanced total size.
 
     Greedy longest-processing-time assignment on the clients' training sizes; each batch
@@ -84,7 +84,8 @@ class Executor(abc.ABC):
         """Release workers and the server."""
 
 
-def _subset(states: Mapping[int, ClientState], chunk: Chunk) -> dict[int, ClientState]:
+def states_of(states: Mapping[int, ClientState], chunk: Chunk) -> dict[int, ClientState]:
+    """The states of the chunk's clients that have one (what a worker call carries)."""
     return {cid: states[cid] for cid in chunk if cid in states}
 
 
@@ -116,7 +117,7 @@ class LocalExecutor(Executor):
     ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:
         contributions, reports, new_states = [], [], {}
         for chunk in chunks:
-            result = self.runner.train(broadcast, ctx, chunk, _subset(states, chunk))
+            result = self.runner.train(broadcast, ctx, chunk, states_of(states, chunk))
             contributions.append(result.contribution)
             reports.extend(result.reports)
             new_states.update(result.states)
@@ -126,7 +127,7 @@ class LocalExecutor(Executor):
         return self.server.aggregate(ctx, *contributions)
 
     def evaluate(self, broadcast: Any, chunks: list[Chunk], states: Mapping[int, ClientState]) -> list[EvalReport]:
-        return [r for chunk in chunks for r in self.runner.evaluate(broadcast, chunk, _subset(states, chunk))]
+        return [r for chunk in chunks for r in self.runner.evaluate(broadcast, chunk, states_of(states, chunk))]
 
     def server_state(self) -> dict[str, np.ndarray]:
         return self.server.state_dict()

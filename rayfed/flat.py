@@ -10,7 +10,14 @@ to a view into one contiguous buffer, so that
 * BatchNorm running statistics live in a second flat buffer, so a model's whole state
   is one vector too (:meth:`FlatModel.state_numpy`),
 * a *part* of the model (a layer, the output layer, the class-wise blocks) is a
-  contiguous slice: :meth:`FlatModel.slice_of` returns it by name prefix.
+  contiguous slice: :meth:`FlatModel.slice_of` returns it by name prefix,
+* convolution kernels (4-D parameters) are stored channels-last, (O, H, W, I) in the
+  vector, so the convolutions run on channels-last activations. On CPU that is what
+  makes small CNNs fast: torch's NCHW ``max_pool2d`` kernel is about 13x slower than its
+  channels-last one, and the convolution backward gains too; one SGD step of the papers'
+  4-layer CNN at batch 10 takes 6.5 ms instead of 8.9 ms on one core (measured).
+  Every ``FlatModel`` lays a module out the same way, so vectors stay comparable across
+  clients, workers and the server; :meth:`ParamLayout.view` gives a parameter's tensor.
 
 Nothing here assumes that all clients share one architecture: every architecture has
 its own ``FlatModel`` and algorithms exchange only the parts they name.
@@ -46,15 +53,36 @@ class ParamLayout:
     shapes: tuple[tuple[int, ...], ...]
     offsets: tuple[int, ...]
     """offsets[i] is where parameter i starts; offsets[-1] is the total size."""
+    channels_last: tuple[bool, ...] = ()
+    """Per parameter: stored in (O, H, W, I) order rather than (O, I, H, W); empty = none."""
 
     @classmethod
-    def of(cls, named: Iterable[tuple[str, torch.Tensor]]) -> ParamLayout:
+    def of(cls, named: Iterable[tuple[str, torch.Tensor]], *, channels_last: bool = False) -> ParamLayout:
+        """The layout of ``named`` tensors, back to back; with ``channels_last``, every 4-D
+        tensor is stored channels-last."""
         names, shapes, offsets = [], [], [0]
         for name, tensor in named:
             names.append(name)
             shapes.append(tuple(tensor.shape))
             offsets.append(offsets[-1] + tensor.numel())
-        return cls(tuple(names), tuple(shapes), tuple(offsets))
+        formats = tuple(channels_last and len(shape) == 4 for shape in shapes)
+        return cls(tuple(names), tuple(shapes), tuple(offsets), formats if any(formats) else ())
+
+    def view(self, vector: torch.Tensor, i: int) -> torch.Tensor:
+        """Parameter ``i`` as a view into ``vector`` (its flat vector), with its shape and,
+        for a channels-last one, channels-last strides.
+
+        >>> layout = ParamLayout.of([("k", torch.zeros(2, 3, 1, 1))], channels_last=True)
+        >>> layout.view(torch.arange(6.0), 0)[:, :, 0, 0].tolist()
+        [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+        """
+        piece = vector[..., self.offsets[i] : self.offsets[i + 1]]
+        lead, shape = piece.shape[:-1], self.shapes[i]
+        if self.channels_last and self.channels_last[i]:
+            o, c, h, w = shape
+            n = len(lead)
+            return piece.view(*lead, o, h, w, c).permute(*range(n), n, n + 3, n + 1, n + 2)
+        return piece.view(*lead, *shape)
 
     @property
     def size(self) -> int:
@@ -95,20 +123,21 @@ class FlatModel:
     def __init__(self, module: nn.Module) -> None:
         self.module = module
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        self.layout = ParamLayout.of(named)
+        self.layout = ParamLayout.of(named, channels_last=True)
         self.params = [p for _, p in named]
         device = self.params[0].device if self.params else torch.device("cpu")
         self.vector = torch.empty(self.layout.size, dtype=torch.float32, device=device)
         self.grad = torch.zeros_like(self.vector)
-        for (_, param), start, stop in zip(named, self.layout.offsets[:-1], self.layout.offsets[1:]):
-            self.vector[start:stop].copy_(param.detach().reshape(-1))
-            param.data = self.vector[start:stop].view(param.shape)
-            param.grad = self.grad[start:stop].view(param.shape)
+        for i, (_, param) in enumerate(named):
+            self.layout.view(self.vector, i).copy_(param.detach())
+            param.data = self.layout.view(self.vector, i)
+            param.grad = self.layout.view(self.grad, i)
         named_buffers = [(n, b) for n, b in module.named_buffers() if b.is_floating_point()]
         self.buffer_layout = ParamLayout.of(named_buffers)
         self.buffers = torch.empty(self.buffer_layout.size, dtype=torch.float32, device=device)
         owners = dict(module.named_modules())
-        for (name, buf), start, stop in zip(named_buffers, self.buffer_layout.offsets[:-1], self.buffer_layout.offsets[1:]):
+        offsets = self.buffer_layout.offsets
+        for (name, buf), start, stop in zip(named_buffers, offsets[:-1], offsets[1:]):
             self.buffers[start:stop].copy_(buf.reshape(-1))
             owner_name, _, attr = name.rpartition(".")
             setattr(owners[owner_name], attr, self.buffers[start:stop].view(buf.shape))

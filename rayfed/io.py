@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +58,14 @@ def save_arrays(path: str | Path, arrays: Mapping[str, np.ndarray]) -> None:
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as fh:
-            np.savez(fh, **{k: np.asarray(v) for k, v in arrays.items()})
+            np.savez(fh, **{k: np.asarray(v) for k, v in arrays.items()})  # type: ignore[arg-type]
 
     atomic_write(path, write)
 
 
-def load_arrays(path: str | Path) -> dict[str, np.ndarray]:
-    """Read an ``.npz`` written by :func:`save_arrays` (``allow_pickle=False``).
+def load_arrays(path: str | Path, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """Read an ``.npz`` written by :func:`save_arrays` (``allow_pickle=False``): every
+    array, or only those in ``names`` (the others are not read).
 
     A missing, truncated or corrupted file raises :class:`CheckpointError` naming it.
     """
@@ -73,7 +74,7 @@ def load_arrays(path: str | Path) -> dict[str, np.ndarray]:
         raise CheckpointError(f"checkpoint file {str(path)!r} does not exist")
     try:
         with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+            return {k: data[k] for k in (data.files if names is None else names)}
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
         raise CheckpointError(
             f"checkpoint file {str(path)!r} is truncated or corrupted ({type(e).__name__}: {e}); "

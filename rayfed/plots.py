@@ -340,7 +340,7 @@ def plot_run_figures(run: RunData, out: str | Path, stem: str | None = None) -> 
     paths = [
         plot_p_vs_p_tilde(p[trained], distribution_from_norms(norms[trained]), out / f"{stem}-p_vs_p_tilde.png",
                           title=f"{run.name}: {label}, true p vs p̃ from the output layer after {rounds} rounds",
-                          client_ids=np.flatnonzero(trained)),
+                          client_ids=np.flatnonzero(trained).tolist()),
         plot_row_norms(norms, out / f"{stem}-norms_local.png", rows="client i",
                        title=f"{label}: output-layer row norms of the local models ({rounds} rounds)"),
     ]

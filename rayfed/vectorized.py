@@ -59,14 +59,12 @@ def can_stack(flat: FlatModel, client_half: Any) -> bool:
 
 
 def _unflatten(vector: torch.Tensor, flat: FlatModel) -> dict[str, torch.Tensor]:
-    layout = flat.layout
-    return {
-        name: vector[start:stop].view(shape)
-        for name, shape, start, stop in zip(layout.names, layout.shapes, layout.offsets[:-1], layout.offsets[1:])
-    }
+    return {name: flat.layout.view(vector, i) for i, name in enumerate(flat.layout.names)}
 
 
-def _batch_plan(jobs: Sequence[ClientJob], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+def _batch_plan(
+    jobs: Sequence[ClientJob], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Per client and step, global sample indices (C, S, B), sample weights (C, S, B) and activity (C, S).
 
     Each client's order comes from ``torch.randperm(n, generator=job.generator)`` once per
@@ -131,7 +129,7 @@ def train_stacked(
     loss_sum = torch.zeros(len(jobs), device=device)
     for s in range(max_steps):
         idx = index[:, s]
-        grads, ce = step_grad(vectors, x_all[idx], y_all[idx], weight[:, s], stacked_constants or None)
+        grads, ce = step_grad(vectors, x_all[idx], y_all[idx], weight[:, s], stacked_constants or {})
         mask = active[:, s].to(vectors.dtype).unsqueeze(1)
         if weight_decay:
             grads = grads + weight_decay * vectors

@@ -88,7 +88,8 @@ class ClientRunner:
         if config.algorithm.client is None:
             client_cls, client_params = algorithm.client_half, config.algorithm.params
         else:
-            client_cls, client_params = ALGORITHMS.get(config.algorithm.client).client_half, config.algorithm.client_params
+            client_cls = ALGORITHMS.get(config.algorithm.client).client_half
+            client_params = config.algorithm.client_params
         self.client_half: ClientHalf[object] = (client_cls or ClientHalf)(client_params, spec)
         self._models: dict[str, FlatModel] = {}
         self._label_counts = partition.label_counts

@@ -40,7 +40,8 @@ def tiny_config(tmp_path: Path):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A private local Ray for the whole test session, ended with ray.shutdown() (the CLI stop command would end every Ray on the machine)."""
+    """A private local Ray for the whole test session, ended with ray.shutdown()
+    (the CLI stop command would end every Ray on the machine)."""
     import ray
 
     if not ray.is_initialized():

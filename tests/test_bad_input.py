@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rayfed import CheckpointError, ConfigError, DatasetError, ResourceError, RunConfig, run
+from rayfed.errors import CheckpointFormatError
 from rayfed.io import load_arrays, save_arrays
 from tests.conftest import tiny_overrides
 
@@ -55,7 +56,10 @@ def test_negative_wdr_lambda_names_the_field(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("params", "fragments"),
     [
-        ({"classwise_layers": ["fc", "last_feet"]}, ["'last_feet'", "did you mean 'last_feat'", "conv1, conv2, last_feat, fc"]),
+        (
+            {"classwise_layers": ["fc", "last_feet"]},
+            ["'last_feet'", "did you mean 'last_feat'", "conv1, conv2, last_feat, fc"],
+        ),
         ({"classwise_layers": ["conv1"]}, ["must be the model's last blocks", "['fc']"]),
         ({"classwise_blocks": 7}, ["algorithm.params.classwise_blocks", "=7", "conv1, conv2, last_feat, fc"]),
     ],
@@ -117,6 +121,19 @@ def test_resume_from_corrupted_checkpoint_names_the_file(tmp_path) -> None:
         broken.writestr("nothing.txt", "x")
     with pytest.raises(CheckpointError, match=newest.name):
         run(config.override({"train.rounds": 3}), resume=True)
+
+
+def test_resume_from_a_checkpoint_of_another_state_format_is_refused_untouched(tmp_path) -> None:
+    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{"engine.checkpoint_every": 1}))
+    run(config)
+    newest = sorted((tmp_path / "run" / "checkpoints").glob("*.npz"))[-1]
+    arrays = load_arrays(newest)
+    arrays["meta"] = np.frombuffer(b'{"round": 1, "format": 1}', dtype=np.uint8)
+    save_arrays(newest, arrays)
+    before = {str(p): p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    with pytest.raises(CheckpointFormatError, match=r"format 1.*\(O, I, H, W\).*version that wrote it"):
+        run(config.override({"train.rounds": 3}), resume=True)
+    assert {str(p): p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
 
 
 def test_dashboard_binds_to_localhost_by_default() -> None:

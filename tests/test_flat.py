@@ -30,6 +30,29 @@ def test_backward_accumulates_into_the_flat_gradient() -> None:
     assert torch.equal(grads, flat.grad) and flat.grad.abs().sum() > 0
 
 
+def test_convolution_kernels_are_stored_channels_last_and_compute_the_same() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 3 * 3, 2))
+    original = {k: v.clone() for k, v in net.state_dict().items()}
+    x = torch.randn(5, 3, 8, 8)
+    expected = net(x)
+    flat = FlatModel(net)
+    kernel = net[0].weight
+    assert kernel.is_contiguous(memory_format=torch.channels_last) and not kernel.is_contiguous()
+    assert kernel.grad.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(kernel, original["0.weight"])  # same values, new layout
+    assert torch.equal(flat.vector[: kernel.numel()], original["0.weight"].permute(0, 2, 3, 1).reshape(-1))
+    assert net(x)[0].is_contiguous() and torch.allclose(net(x), expected, atol=1e-5)
+    net(x).square().sum().backward()
+    reference = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 3 * 3, 2))
+    reference.load_state_dict(original)
+    reference(x).square().sum().backward()
+    assert torch.allclose(kernel.grad, reference[0].weight.grad, atol=1e-4)
+    assert flat.grad.abs().sum() > 0 and torch.allclose(
+        flat.grad[: kernel.numel()], reference[0].weight.grad.permute(0, 2, 3, 1).reshape(-1), atol=1e-4
+    )
+
+
 def test_slice_of_returns_a_module_by_prefix() -> None:
     flat = FlatModel(_net())
     part = flat.slice_of("4")

@@ -9,4 +9,12 @@ from rayfed.actors.cluster import check_resources, default_num_workers, ray_sess
 from rayfed.actors.ray_executor import RayExecutor
 from rayfed.actors.server_actor import ServerActor
 
-__all__ = ["ClientWorker", "ServerActor", "WorkerPool", "RayExecutor", "ray_session", "check_resources", "default_num_workers"]
+__all__ = [
+    "ClientWorker",
+    "ServerActor",
+    "WorkerPool",
+    "RayExecutor",
+    "ray_session",
+    "check_resources",
+    "default_num_workers",
+]

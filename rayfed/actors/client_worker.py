@@ -87,7 +87,7 @@ class WorkerPool:
         self.replacements = 0
 
     def _spawn(self) -> Any:
-        return ClientWorker.options(**self._options).remote(*self._init_args)
+        return ClientWorker.options(**self._options).remote(*self._init_args)  # type: ignore[attr-defined]
 
     def _replace(self, index: int, reason: str, chunk: Sequence[int]) -> None:
         logger.warning(

@@ -14,7 +14,7 @@ from rayfed.actors.server_actor import ServerActor
 from rayfed.algorithms import ProblemSpec, RoundContext
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, Partition
-from rayfed.executor import Chunk, Executor, _subset
+from rayfed.executor import Chunk, Executor, states_of
 from rayfed.worker import ClientReport, ClientState, EvalReport
 
 __all__ = ["RayExecutor"]
@@ -36,7 +36,7 @@ class RayExecutor(Executor):
         self.num_workers = default_num_workers(engine)
         self._dataset_ref = ray.put(dataset)
         self._partition_ref = ray.put(partition)
-        self.server = ServerActor.remote(config, spec, dict(initial))
+        self.server = ServerActor.remote(config, spec, dict(initial))  # type: ignore[attr-defined]
         options = {"num_cpus": engine.num_cpus_per_worker, "num_gpus": engine.num_gpus_per_worker, "max_restarts": 0}
         self.pool = WorkerPool(
             self.num_workers,
@@ -51,7 +51,7 @@ class RayExecutor(Executor):
     def train(
         self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState]
     ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:
-        results = self.pool.map("train", chunks, lambda i: (broadcast, ctx, chunks[i], _subset(states, chunks[i])))
+        results = self.pool.map("train", chunks, lambda i: (broadcast, ctx, chunks[i], states_of(states, chunks[i])))
         contributions, reports, new_states = [], [], {}
         for (contribution_ref,), (chunk_reports, chunk_states) in results:
             contributions.append(contribution_ref)
@@ -63,7 +63,7 @@ class RayExecutor(Executor):
         return ray.get(self.server.aggregate.remote(ctx, *contributions))
 
     def evaluate(self, broadcast: Any, chunks: list[Chunk], states: Mapping[int, ClientState]) -> list[EvalReport]:
-        results = self.pool.map("evaluate", chunks, lambda i: (broadcast, chunks[i], _subset(states, chunks[i])))
+        results = self.pool.map("evaluate", chunks, lambda i: (broadcast, chunks[i], states_of(states, chunks[i])))
         return [report for _, chunk_reports in results for report in chunk_reports]
 
     def server_state(self) -> dict[str, np.ndarray]:

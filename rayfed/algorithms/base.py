@@ -26,7 +26,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 
@@ -172,23 +172,28 @@ class ClientHalf(Generic[P]):
         """The term added to each mini-batch's loss; ``None`` (the default) adds nothing."""
         return None
 
-    def begin(self, job: ClientJob) -> None:
-        """Called after personalisation, before training; nothing by default."""
-
     def extra_loss(self, job: ClientJob, logits: Any) -> Any:
         """The sequential loop's hook: the functional term on the model's live parameters."""
-        return self.functional_extra_loss(job.flat.params, job.scratch["loss_constants"])
+        constants = cast(Mapping[str, Any], job.scratch["loss_constants"])  # set by run_local_sgd
+        return self.functional_extra_loss(job.flat.params, constants)
 
     def train(self, job: ClientJob) -> TrainStats:
-        """Train ``job.model`` in place; by default :func:`~rayfed.training.local_sgd`."""
+        """Train ``job.model`` in place; by default :meth:`run_local_sgd`."""
+        return self.run_local_sgd(job)
+
+    def run_local_sgd(self, job: ClientJob, *, momentum_buffer: Any = None) -> TrainStats:
+        """The default loop: :func:`~rayfed.training.local_sgd` with this half's extra loss.
+
+        ``momentum_buffer`` (P floats, updated in place) carries SGD momentum into the round;
+        ``None`` starts from zero, as a new optimiser does.
+        """
         job.scratch["loss_constants"] = self.loss_constants(job)
-        self.begin(job)
-        return local_sgd(job, extra_loss=self.extra_loss)
+        return local_sgd(job, extra_loss=self.extra_loss, momentum_buffer=momentum_buffer)
 
     def supports_stacking(self) -> bool:
         """True if this half trains with the default loop, so clients can be trained stacked."""
         cls = type(self)
-        return all(getattr(cls, hook) is getattr(ClientHalf, hook) for hook in ("train", "begin", "extra_loss"))
+        return all(getattr(cls, hook) is getattr(ClientHalf, hook) for hook in ("train", "extra_loss"))
 
 
 class ServerHalf(abc.ABC, Generic[P, C]):

@@ -21,7 +21,7 @@ from rayfed.algorithms.fedavg import FedAvgServer
 from rayfed.errors import ConfigError
 from rayfed.training import ClientJob
 
-__all__ = ["FedProxParams", "FedProxClient", "proximal_term"]
+__all__ = ["FedProxParams", "FedProxClient", "proximal_term", "flatten_logically"]
 
 
 @dataclass(frozen=True)
@@ -34,19 +34,30 @@ class FedProxParams:
             raise ConfigError(f"algorithm.params.mu must be >= 0, but got algorithm.params.mu={self.mu!r}")
 
 
+def flatten_logically(params: list[torch.Tensor]) -> torch.Tensor:
+    """The parameter tensors, each in its logical (row-major) order, concatenated.
+
+    Not the flat vector's order: that one stores convolution kernels channels-last
+    (:mod:`rayfed.flat`). Both sides of :func:`proximal_term` use this one.
+    """
+    return torch.cat([p.reshape(-1) for p in params])
+
+
 def proximal_term(params: list[torch.Tensor], anchor: torch.Tensor, mu: float) -> torch.Tensor:
-    """(μ/2) ‖w − w_g‖² (FedProx Eq. 2), w = the parameter tensors in layout order, w_g flat."""
-    current = torch.cat([p.reshape(-1) for p in params])
-    return 0.5 * mu * (current - anchor).pow(2).sum()
+    """(μ/2) ‖w − w_g‖² (FedProx Eq. 2): w = the parameter tensors in layout order, w_g =
+    :func:`flatten_logically` of the starting parameters."""
+    return 0.5 * mu * (flatten_logically(params) - anchor).pow(2).sum()
 
 
 class FedProxClient(ClientHalf[FedProxParams]):
     """Adds (μ/2)‖w − w_g‖² to each mini-batch's loss, w_g = the model the client started from."""
 
     def loss_constants(self, job: ClientJob) -> dict[str, torch.Tensor]:
-        return {"anchor": job.flat.vector.detach().clone()}
+        return {"anchor": flatten_logically([p.detach() for p in job.flat.params])}
 
-    def functional_extra_loss(self, params: list[torch.Tensor], constants: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+    def functional_extra_loss(
+        self, params: list[torch.Tensor], constants: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor | None:
         if self.params.mu == 0:
             return None
         return proximal_term(params, constants["anchor"], self.params.mu)

@@ -25,7 +25,7 @@ import torch
 
 from rayfed.algorithms.base import ClientHalf, NoParams, register_algorithm
 from rayfed.algorithms.fedavg import FedAvgServer
-from rayfed.training import ClientJob, TrainStats, local_sgd
+from rayfed.training import ClientJob, TrainStats
 
 __all__ = ["PersistentMomentumClient", "MOMENTUM_KEY"]
 
@@ -39,15 +39,13 @@ class PersistentMomentumClient(ClientHalf[object]):
     def train(self, job: ClientJob) -> TrainStats:
         if not job.momentum:
             return super().train(job)
-        job.scratch["loss_constants"] = self.loss_constants(job)  # as ClientHalf.train does
-        self.begin(job)
         saved = (job.state or {}).get(MOMENTUM_KEY)
         if saved is not None and saved.shape == (job.flat.size,):
             # A copy: states read from Ray's object store are read-only.
             buffer = torch.tensor(np.asarray(saved), dtype=torch.float32, device=job.device)
         else:
             buffer = torch.zeros_like(job.flat.vector)
-        stats = local_sgd(job, extra_loss=self.extra_loss, momentum_buffer=buffer)
+        stats = self.run_local_sgd(job, momentum_buffer=buffer)
         job.state = {**(job.state or {}), MOMENTUM_KEY: buffer.cpu().numpy()}
         return stats
 

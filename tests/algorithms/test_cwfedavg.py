@@ -230,7 +230,8 @@ def test_output_mode_splits_the_model_into_class_wise_head_and_fedavg_rest() -> 
     assert output.classwise == flat.layout.slice_of("fc") and output.shared == (flat.layout.slice_of("body"),)
     assert output.output_shape == (2, 4)
     every = model_parts(spec, "tiny", CwFedAvgParams(classwise_blocks=0))
-    assert every.classwise == slice(0, flat.size) and every.shared == () and model_parts(spec, "tiny", CwFedAvgParams(classwise_blocks=2)) == every
+    assert every.classwise == slice(0, flat.size) and every.shared == ()
+    assert model_parts(spec, "tiny", CwFedAvgParams(classwise_blocks=2)) == every
 
 
 def test_classwise_blocks_beyond_the_model_names_the_field_and_blocks() -> None:

@@ -90,7 +90,8 @@ def test_driver_killed_mid_run_resumes_to_identical_metrics(tmp_path) -> None:
     overrides = tiny_overrides(tmp_path / "ref", **{"train.rounds": 5, "engine.checkpoint_every": 1})
     reference = run(RunConfig().override(overrides))
     run_dir = tmp_path / "killed"
-    args = [f"{k}={_cli_value(v)}" for k, v in tiny_overrides(run_dir, **{"train.rounds": 5, "engine.checkpoint_every": 1}).items()]
+    overrides = tiny_overrides(run_dir, **{"train.rounds": 5, "engine.checkpoint_every": 1})
+    args = [f"{k}={_cli_value(v)}" for k, v in overrides.items()]
     # Execute: start the same run as a separate driver process and SIGKILL it once round 1 is checkpointed.
     driver = subprocess.Popen([sys.executable, "-m", "rayfed", "run", "--quiet", *args], cwd=REPO,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -57,12 +57,11 @@ class NodeRecorder(Callback):
 def two_node_run(run_dir: str) -> dict:
     """Start head + worker node, run 2 rounds of FedAvg with 2 workers, shut the cluster down."""
     import ray
+    import torch
     from ray.cluster_utils import Cluster
 
     from rayfed import RunConfig, run
     from tests.conftest import tiny_overrides
-
-    import torch
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1, "include_dashboard": False})
     try:
@@ -88,7 +87,8 @@ def test_workers_run_on_both_nodes_of_a_two_node_cluster(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO))
     done = subprocess.run(
-        [sys.executable, __file__, str(tmp_path / "run")], capture_output=True, text=True, env=env, cwd=REPO, timeout=200
+        [sys.executable, __file__, str(tmp_path / "run")],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=200,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("MULTINODE ")]
     assert done.returncode == 0 and lines, (done.stdout + done.stderr)[-4000:]

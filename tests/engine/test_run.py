@@ -24,7 +24,8 @@ def test_local_run_writes_metrics_partition_and_checkpoint(tmp_path) -> None:
     clients = pq.read_table(tmp_path / "run" / "clients").to_pylist()
     assert len(clients) == 20 and all(0 <= c["test_acc"] <= 1 for c in clients)
     assert pq.read_table(tmp_path / "run" / "partition.parquet").num_rows == 3000
-    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["round_000000.npz", "round_000001.npz"]
+    checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert checkpoints == ["round_000000.npz", "round_000001.npz"]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["rounds_run"] == 2
 
 
@@ -80,6 +81,7 @@ def test_resume_with_changed_config_is_refused(tmp_path) -> None:
 
 def test_ray_run_matches_local_run(tmp_path, ray_cluster) -> None:
     local = run(RunConfig().override(tiny_overrides(tmp_path / "local", **{"engine.clients_per_call": 2})))
-    on_ray = run(RunConfig().override(tiny_overrides(tmp_path / "ray", **{"engine.backend": "ray", "engine.num_workers": 2, "engine.clients_per_call": 2})))
+    ray_engine = {"engine.backend": "ray", "engine.num_workers": 2, "engine.clients_per_call": 2}
+    on_ray = run(RunConfig().override(tiny_overrides(tmp_path / "ray", **ray_engine)))
     assert on_ray.rounds_run == 2
     assert on_ray.accuracies == local.accuracies
