@@ -158,8 +158,10 @@ def load_run(run_dir: str | Path) -> RunData:
 
 
 def method_label(config: Any) -> str:
-    """A short name for the method of a run: ``FedAvg``, ``cwFedAvg (Output)``, ``cwFedAvg w/ Dist. (all layers)``..."""
+    """A short name for the method of a run: ``FedAvg``, ``FedAWA (code)``, ``cwFedAvg w/ Dist. (all layers)``..."""
     name = config.algorithm.name
+    if name in ("fedawa", "fedawa_l"):
+        return f"{'FedAWA-L' if name == 'fedawa_l' else 'FedAWA'} ({config.algorithm.params.fidelity})"
     if name != "cwfedavg":
         return {"fedavg": "FedAvg", "fedprox": "FedProx"}.get(name, name)
     params = config.algorithm.params

@@ -97,3 +97,14 @@ def test_missing_matplotlib_says_how_to_install(runs, tmp_path, monkeypatch, cap
     assert main(["plot", str(runs["cw"]), "--out", str(tmp_path / "figs")]) == 2
     assert "pip install 'rayfed[plots]'" in capsys.readouterr().err
     assert not (tmp_path / "figs").exists()
+
+
+def test_method_labels_name_fedawa_fidelity() -> None:
+    from rayfed import RunConfig
+
+    def label(**overrides: object) -> str:
+        return method_label(RunConfig().override(overrides))
+
+    assert label(**{"algorithm.name": "fedawa"}) == "FedAWA (paper)"
+    assert label(**{"algorithm.name": "fedawa_l", "algorithm.params.fidelity": "code"}) == "FedAWA-L (code)"
+    assert label(**{"algorithm.name": "fedavg"}) == "FedAvg"
