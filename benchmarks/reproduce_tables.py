@@ -2,7 +2,7 @@
 
     python benchmarks/reproduce_tables.py --data-root ~/data --rounds 20          # cwFedAvg, 3 seeds
     python benchmarks/reproduce_tables.py --data-root ~/data --rounds 20 --methods dist,no_wdr,wdr_all --seeds 0
-    python benchmarks/reproduce_tables.py --table fedawa --data-root ~/data --rounds 10 --seeds 0
+    python benchmarks/reproduce_tables.py --table fedawa --data-root ~/data --rounds 20 --seeds 0
 
 ``--table cwfedavg`` (default): MNIST, 20 clients, pathological (2 classes per client) and
 practical (Dirichlet α = 0.1) partitions with partition seed 1, the papers' 4-layer CNN,
