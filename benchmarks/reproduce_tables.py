@@ -275,13 +275,21 @@ def score(directory: Path, rounds: int) -> dict[str, Any] | None:
             "seconds_per_round": float(np.median([r["round_s"] for r in rows]))}
 
 
+def runs_of(table: Table, out: Path, partition: str = "*") -> list[tuple[Path, re.Match[str]]]:
+    """The run directories of ``table`` under ``out/runs`` (of one partition, or all), with
+    their parsed names (groups ``partition``, ``method``, ``seed``); see :func:`run_dir`."""
+    found = []
+    for directory in sorted((out / "runs").glob(f"{partition}-*-s*")):
+        name = re.fullmatch(r"(?P<partition>\w+)-(?P<method>\w+)-s(?P<seed>\d+)", directory.name)
+        if name and name["method"] in table.methods and name["partition"] in table.partitions:
+            found.append((directory, name))
+    return found
+
+
 def collect(table: Table, out: Path, rounds: int) -> dict[str, dict[str, dict[int, dict[str, Any]]]]:
     """method -> partition -> seed -> score, for every finished run of ``table`` under ``out/runs``."""
     results: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
-    for directory in sorted((out / "runs").glob("*-*-s*")):
-        name = re.fullmatch(r"(?P<partition>\w+)-(?P<method>\w+)-s(?P<seed>\d+)", directory.name)
-        if not name or name["method"] not in table.methods or name["partition"] not in table.partitions:
-            continue
+    for directory, name in runs_of(table, out):
         found = score(directory, rounds)
         if found is not None:
             results.setdefault(name["method"], {}).setdefault(name["partition"], {})[int(name["seed"])] = found
@@ -332,8 +340,7 @@ def draw_figures(table: Table, out: Path, rounds: int) -> list[Path]:
     figures = out / "figures"
     paths = []
     for partition in table.partitions:
-        dirs = [d for d in sorted((out / "runs").glob(f"{partition}-*-s*"))
-                if rounds_done(d) >= rounds and d.name.rsplit("-", 1)[0].split("-", 1)[1] in table.methods]
+        dirs = [d for d, _ in runs_of(table, out, partition) if rounds_done(d) >= rounds]
         if dirs:
             runs = [load_run(d) for d in dirs]
             for run in runs:  # the curves show the rounds the table scores

@@ -66,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RoundTimer, median_after_warmup  # noqa: E402
 
 from rayfed import RunConfig, run  # noqa: E402
+from rayfed.algorithms.fedprox import flatten_logically  # noqa: E402
 from rayfed.data import load_dataset, make_partition, normalize_batch  # noqa: E402
 from rayfed.engine import build_problem  # noqa: E402
 from rayfed.flat import FlatModel  # noqa: E402
@@ -143,7 +144,7 @@ class PlainLoop:
         self.optimizer = torch.optim.SGD(self.params, lr=config.train.lr)
         start = FlatModel(build_model(config.model.name, dataset.input_shape, dataset.num_classes))
         start.load_state(initial[config.model.name])  # rayfed's vector stores kernels channels-last; PyTorch's does not
-        self.global_vector = torch.cat([p.detach().reshape(-1) for p in start.module.parameters()])
+        self.global_vector = flatten_logically([p.detach() for p in start.module.parameters()])
         self.seconds: list[float] = []
         self.accuracies: list[float] = []
 

@@ -129,6 +129,8 @@ class Simulation:
         self.run_dir = Path(config.run_dir or _default_run_dir(config))
         self.run_name = self.run_dir.name
         self.resume = resume
+        self._resume_from: tuple[Path, int] | None = None
+        """(newest checkpoint, its round), set when the run directory is checked for a resume."""
         self.history: list[dict[str, Any]] = []
         self.start_round = 0
         self.stopped_early = False
@@ -172,7 +174,8 @@ class Simulation:
                     "start a new run instead, or point run_dir at an existing run directory"
                 )
             _check_resumable(RunConfig.from_dict(json.loads(saved.read_text())), self.config)
-            self._checkpoint_meta(self._newest_checkpoint())
+            newest = self._newest_checkpoint()
+            self._resume_from = (newest, self._checkpoint_meta(newest))
         elif saved.exists():
             raise ConfigError(
                 f"run_dir={str(self.run_dir)!r} already holds a run; resume it (rayfed run --resume "
@@ -242,9 +245,8 @@ class Simulation:
 
     def _restore(self) -> None:
         """Load the newest checkpoint and cut the metrics back to it."""
-        assert self.executor is not None
-        newest = self._newest_checkpoint()
-        round_index = self._checkpoint_meta(newest)
+        assert self.executor is not None and self._resume_from is not None
+        newest, round_index = self._resume_from  # checked before anything was written
         arrays = load_arrays(newest)
         del arrays["meta"]
         self.executor.load_server_state({k[7:]: v for k, v in arrays.items() if k.startswith("server/")})
