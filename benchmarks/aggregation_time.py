@@ -1,35 +1,46 @@
-"""Server aggregation time of FedAvg, cwFedAvg, FedAWA and FedAWA-L (P-AWA Tab. 2).
+"""Server aggregation time of FedAvg, cwFedAvg, FedAWA and FedAWA-L (P-AWA Tab. 2), and FedAWA's whole round.
 
-    python benchmarks/aggregation_time.py [--repeats 20] [--clients 20] [--seed 0]
+    python benchmarks/aggregation_time.py [--repeats 20] [--clients 20] [--seed 0] [--rounds 3] [--runs 2]
 
-For ResNet-20 (3×32×32, K = 10) and the 4-layer CNN (cnn4, 1×28×28, K = 10): one global
-model θ_g (the model's seeded initialisation) and 20 seeded random client models
-θ_k = θ_g + τ_k around it, τ_k = σ·(u + z_k) with a direction u shared by all clients,
-z_k ~ N(0, I) per client and σ = 0.01. Every algorithm gets the same 20 uploads and
-the timer runs from the uploads, as the server holds them, to the new global state:
+**Aggregation.** For ResNet-20 (3×32×32, K = 10) and the 4-layer CNN (cnn4, 1×28×28,
+K = 10): one global model θ_g (the model's seeded initialisation) and 20 seeded random
+client models θ_k = θ_g + τ_k around it, τ_k = σ·(u + z_k) with a direction u shared by
+all clients, z_k ~ N(0, I) per client and σ = 0.01. Every algorithm gets the same 20
+uploads and the timer runs from the uploads, as the server holds them, to the new global
+state:
 
 * ``fedavg``: Σ_k n_k θ_k / Σ_k n_k as one GEMV over the (20, S) stack of the uploads
   (the honest baseline: no Python loop, no copy);
 * ``fedavg (engine)``: for reference, the engine's path, 20 :class:`WeightedSum`
   uploads (built by the workers, untimed) summed on the server, then averaged;
 * ``fedawa*``: ``server.aggregate`` on the (20, S) stack of client vectors τ_k (one
-  :class:`ClientVectors` upload, as merged by the engine), both fidelities;
+  :class:`ClientVectors` upload, as merged by the engine), in each fidelity with its
+  defaults (``code`` and ``paper``: one Adam step, matrix-free; ``exact``: the Gram
+  matrix and the projected-gradient minimiser);
 * ``cwfedavg`` (when registered): its 20 uploads built by its broadcast on the workers
   (untimed), then summed and aggregated on the server;
 * ``gram T Tᵀ alone``: the Gram matrix of the 20 client vectors (parameters), one BLAS
-  SYRK, nothing else. Any exact FedAWA on the server computes it after the last upload
-  and then reads the uploads once more to combine them, so one GEMV plus this is the
-  floor of FedAWA's time on this machine; the script prints that floor as a ratio. The
-  Gram is M(M+1)/2·P multiply-adds, 10.5x FedAvg's M·P, and compute-bound where FedAvg's
-  GEMV is memory-bound: on this 2.45 GHz AVX2 core (32 flops/cycle at best, 78 GFLOPS)
-  it cannot take less than ~1.5 ms for ResNet-20, about 2.5 GEMVs.
+  SYRK, nothing else. An exact FedAWA on the server computes it after the last upload
+  and reads the uploads once more to combine them, so one GEMV plus this is the
+  ``floor`` the FedAWA rows are compared with (``x floor``). With a single Adam step the
+  default fidelity needs no Gram matrix (a few GEMVs instead), so it can beat the floor.
 
-Each is timed ``--repeats`` times, interleaved, and the median is reported with its ratio
-to ``fedavg``. BLAS and torch use one thread, as the engine's actors do, and the clock is
-this process's CPU time (``time.process_time``): on a shared machine, wall time also
-counts the time other processes hold the core, which inflates long calls most. The last line
-is ``fedawa_vs_fedavg=<x> fedawa_l_vs_fedavg=<y>`` for ResNet-20 in the default
-(paper) fidelity.
+Each is timed ``--repeats`` times, interleaved, and the median is reported with its ratios
+to ``fedavg`` and to the floor. BLAS and torch use one thread, as the engine's actors do,
+and the clock is this process's CPU time (``time.process_time``): on a shared machine,
+wall time also counts the time other processes hold the core.
+
+**Whole round.** FedAWA (default fidelity) against FedAvg on the same clients and data:
+cnn4, 20 clients on the offline synthetic dataset (Dirichlet 0.1), the clients of the
+FedAWA table (SGD momentum 0.9 kept across rounds, so FedAvg borrows FedAWA's client half,
+``algorithm.client=sgdm``, and only the server half differs), ``engine.backend=local``
+(one process). ``--runs`` runs of each, interleaved (FedAvg, FedAWA, FedAvg, ...), of
+``--rounds`` rounds each; a round's time is the process CPU time from the end of the
+previous round to the end of this one (train + aggregate + evaluate + the metrics files),
+and the ratio is of the medians over all rounds but each run's first.
+
+The last line is ``fedawa_vs_floor=<x> fedawa_l_vs_floor=<y> fedawa_round_vs_fedavg=<z>``:
+ResNet-20 aggregation in the default fidelity over its floor, and the whole-round ratio.
 """
 
 from __future__ import annotations
@@ -42,24 +53,32 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RoundTimer  # noqa: E402  (sibling module of the benchmark scripts)
+
+import rayfed  # noqa: E402
 from rayfed.algorithms import (  # noqa: E402
     ALGORITHMS,
     Contribution,
-    ProblemSpec,
     RoundContext,
     ServerHalf,
     WeightedSum,
     sum_contributions,
 )
-from rayfed.algorithms.fedawa import ClientVectors, FedAWAParams  # noqa: E402
+from rayfed.algorithms.fedawa import FIDELITIES, ClientVectors, FedAWAParams  # noqa: E402
+from rayfed.config import TrainConfig  # noqa: E402
 from rayfed.flat import FlatModel  # noqa: E402
 from rayfed.models import block_names, build_model, output_layer_name  # noqa: E402
+from rayfed.problem import ProblemSpec  # noqa: E402
 from rayfed.training import ClientJob  # noqa: E402
 
 MODELS = (("resnet20", (3, 32, 32)), ("cnn4", (1, 28, 28)))
@@ -88,8 +107,8 @@ def _job(flat: FlatModel, cid: int, size: int, labels: np.ndarray) -> ClientJob:
     empty = torch.empty(0)
     return ClientJob(
         client_id=cid, round=0, flat=flat, architecture="", x_train=empty, y_train=torch.zeros(size), x_test=empty,
-        y_test=empty, label_counts=labels, train_label_counts=labels, lr=0.0, epochs=1, batch_size=1, momentum=0.0,
-        weight_decay=0.0, drop_last=False, generator=torch.Generator(), seed=0,
+        y_test=empty, label_counts=labels, train_label_counts=labels, train=TrainConfig(batch_size=1, drop_last=False),
+        generator=torch.Generator(),
     )
 
 
@@ -111,7 +130,7 @@ def _timers(name: str, shape: tuple[int, int, int], clients: int, seed: int) -> 
 
     vectors = ClientVectors((taus,), ids, sizes)
     for algorithm in ("fedawa", "fedawa_l"):
-        for fidelity in ("paper", "code"):
+        for fidelity in FIDELITIES:
             server = ALGORITHMS.get(algorithm).server_half(FedAWAParams(fidelity=fidelity), spec, initial)
             timers[f"{algorithm} ({fidelity})"] = _fresh(server, ctx, vectors)
 
@@ -158,31 +177,70 @@ def _measure(timers: dict[str, Callable[[], object]], repeats: int) -> dict[str,
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def _round_config(
+    algorithm: dict[str, object], rounds: int, clients: int, seed: int, run_dir: Path
+) -> rayfed.RunConfig:
+    """cnn4, ``clients`` clients on the synthetic dataset, the FedAWA table's clients, in one process."""
+    return rayfed.RunConfig().override({
+        **algorithm, "data.dataset": "synthetic", "data.options": {"num_samples": 500 * clients},
+        "data.num_clients": clients, "data.partition": "dirichlet", "data.alpha": 0.1, "data.train_fraction": 0.7,
+        "model.name": "cnn4", "train.rounds": rounds, "train.lr": 0.01, "train.momentum": 0.9,
+        "train.weight_decay": 5e-4, "train.batch_size": 50, "engine.backend": "local", "engine.progress": False,
+        "engine.checkpoint_every": 0, "seed": seed, "run_dir": str(run_dir),
+    })
+
+
+class _CpuRoundTimer(RoundTimer):
+    clock = staticmethod(time.process_time)
+
+
+def round_ratio(rounds: int, runs: int, clients: int, seed: int) -> tuple[float, float]:
+    """Median whole-round CPU seconds of FedAvg and of FedAWA (default fidelity), runs interleaved."""
+    methods = {"fedavg": {"algorithm.name": "fedavg", "algorithm.client": "sgdm"},
+               "fedawa": {"algorithm.name": "fedawa"}}
+    seconds: dict[str, list[float]] = {name: [] for name in methods}
+    with tempfile.TemporaryDirectory() as tmp:
+        for run in range(runs):
+            for name, algorithm in methods.items():
+                timer = _CpuRoundTimer()
+                rayfed.run(_round_config(algorithm, rounds, clients, seed, Path(tmp) / f"{name}-{run}"),
+                           callbacks=[timer])
+                seconds[name] += timer.seconds[1:]  # each run's first round builds what later rounds reuse
+    return statistics.median(seconds["fedavg"]), statistics.median(seconds["fedawa"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per whole-round run (default 3)")
+    parser.add_argument("--runs", type=int, default=2, help="whole-round runs per algorithm (default 2)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    ratios: dict[str, dict[str, float]] = {}
+    floor_ratios: dict[str, dict[str, float]] = {}
     print(f"median server aggregation CPU time, {args.clients} clients, {args.repeats} repeats, 1 thread")
-    print(f"{'model':9s} {'algorithm':18s} {'ms':>9s} {'x fedavg':>9s}")
+    print(f"{'model':9s} {'algorithm':18s} {'ms':>9s} {'x fedavg':>9s} {'x floor':>9s}")
     for name, shape in MODELS:
         medians = _measure(_timers(name, shape, args.clients, args.seed), args.repeats)
         base = medians["fedavg"]
-        ratios[name] = {k: v / base for k, v in medians.items()}
-        for algorithm, seconds in medians.items():
-            print(f"{name:9s} {algorithm:18s} {seconds * 1e3:9.3f} {seconds / base:9.2f}")
-        print(f"{name:9s} floor of an exact server-side FedAWA here (one GEMV + the Gram): "
-              f"{(base + medians[GRAM]) / base:.2f} x fedavg")
+        floor = base + medians[GRAM]
+        floor_ratios[name] = {k: v / floor for k, v in medians.items()}
+        for algorithm, seconds in {**medians, "floor (GEMV + Gram)": floor}.items():
+            print(f"{name:9s} {algorithm:18s} {seconds * 1e3:9.3f} {seconds / base:9.2f} {seconds / floor:9.2f}")
     if "cwfedavg" not in ALGORITHMS:
         print("cwfedavg: not registered in this tree, left out")
     print("P-AWA Tab. 2 (ResNet-20, the authors' implementation): FedAvg 0.10 s, FedAWA 0.82 s (8.2x), "
           "FedAWA-L 15.21 s (152x)")
-    resnet = ratios["resnet20"]
-    print("last line: ResNet-20, default fidelity (paper)")
-    print(f"fedawa_vs_fedavg={resnet['fedawa (paper)']:.2f} fedawa_l_vs_fedavg={resnet['fedawa_l (paper)']:.2f}")
+    fedavg_round, fedawa_round = round_ratio(args.rounds, args.runs, args.clients, args.seed)
+    print(f"whole round (cnn4, {args.clients} clients, synthetic, {args.runs} x {args.rounds} rounds interleaved, "
+          f"CPU s, median over rounds 2+): fedavg+sgdm clients {fedavg_round:.3f}, fedawa {fedawa_round:.3f}")
+    default = FedAWAParams().fidelity
+    resnet = floor_ratios["resnet20"]
+    print(f"last line: ResNet-20 aggregation, default fidelity ({default}), over its floor; whole round over FedAvg")
+    print(f"fedawa_vs_floor={resnet[f'fedawa ({default})']:.2f} "
+          f"fedawa_l_vs_floor={resnet[f'fedawa_l ({default})']:.2f} "
+          f"fedawa_round_vs_fedavg={fedawa_round / fedavg_round:.3f}")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@
 
 ``--table cwfedavg`` (default): MNIST, 20 clients, pathological (2 classes per client) and
 practical (Dirichlet α = 0.1) partitions with partition seed 1, the papers' 4-layer CNN,
-SGD lr 0.005, batch 10, one local epoch, join ratio 1, λ = 10 (spec ``docs/algorithms.md``
-§1.8-1.11). Methods:
+SGD lr 0.005, batch 10, one local epoch, join ratio 1, λ = 10 (docs/algorithms.md, cwFedAvg and "Data and evaluation"
+sections). Methods:
 
 =========  =========================================================================
 fedavg     FedAvg
@@ -18,12 +18,13 @@ wdr_all    cwFedAvg w/ WDR: all layers, p̃ + WDR (P-arXiv)
 =========  =========================================================================
 
 ``--table fedawa``: FedAWA against FedAvg (issue: MNIST Dirichlet α = 0.1 and 0.5, and the
-offline dataset), with the clients of P-AWA (§2.3, §2.5: SGD momentum 0.9 kept across
+offline dataset), with the clients of P-AWA (App. A.5; docs/algorithms.md, FedAWA section: SGD momentum 0.9 kept across
 rounds, weight decay 5e-4, one epoch, 70/30 train/test per client, all 20 clients every
 round) and the 4-layer CNN; lr 0.01 and batch 50 (the paper's 0.08 and 128 are for
-ResNet-20 on CIFAR). FedAvg gets the same clients. Methods ``fedavg``, ``fedawa_code``,
-``fedawa_paper``, ``fedawa_l_code``, ``fedawa_l_paper``. The paper's numbers are for
-CIFAR and Tiny ImageNet, so the table has none beside ours.
+ResNet-20 on CIFAR). FedAvg gets the same clients. Methods ``fedavg_m``, ``fedawa_code``,
+``fedawa_paper1`` and ``fedawa_paper5`` (fidelity=paper with 1 and 5 Adam steps per round),
+``fedawa_l_code``, ``fedawa_l_paper1``. The paper's numbers are for CIFAR and Tiny
+ImageNet, so the table has none beside ours.
 
 Every (partition, method, seed) runs through :func:`rayfed.run` into
 ``OUT/runs/<partition>-<method>-s<seed>``; the score is the best pooled accuracy over the
@@ -59,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import private_ray  # noqa: E402  (sibling module of the benchmark scripts)
 
 import rayfed  # noqa: E402
+from rayfed.checkpoint import newest_checkpoint  # noqa: E402
 from rayfed.errors import CheckpointError, CheckpointFormatError  # noqa: E402
 from rayfed.io import atomic_write, write_json  # noqa: E402
 
@@ -125,9 +127,9 @@ CWFEDAVG = Table(
         "mean ± std over model seeds (np.std, as PFLlib), 20 clients, cnn4, SGD lr 0.005, batch 10, 1 local "
         "epoch, λ = 10 (0.5·λ in the loss, as the authors' code), join ratio 1, partition seed 1. "
         f"Papers: {PAPER_ROUNDS} rounds, 3 seeds; [A] = P-arXiv Tab. 1 (all layers class-wise), "
-        "[I] = P-ICCV Tab. 1 (docs/algorithms.md §5.1, §5.4); – = not reported."
+        "[I] = P-ICCV Tab. 1 (docs/algorithms.md, papers' numbers section); – = not reported."
     ),
-    paper={  # docs/algorithms.md §5.1 (P-ICCV Tab. 1) and §5.4 (P-arXiv Tab. 1), 1000 rounds
+    paper={  # P-ICCV Tab. 1 and P-arXiv Tab. 1 (docs/algorithms.md, "Papers' numbers"), 1000 rounds
         ("fedavg", "path"): "98.08 [A]",
         ("dist", "path"): "99.86 [A]",
         ("no_wdr", "path"): "97.94 [A]",
@@ -141,8 +143,8 @@ CWFEDAVG = Table(
 )
 
 
-def _awa(name: str, fidelity: str) -> dict[str, Any]:
-    return {"algorithm.name": name, "algorithm.params.fidelity": fidelity}
+def _awa(name: str, fidelity: str, steps: int = 1) -> dict[str, Any]:
+    return {"algorithm.name": name, "algorithm.params": {"fidelity": fidelity, "server_steps": steps}}
 
 
 FEDAWA = Table(
@@ -151,9 +153,10 @@ FEDAWA = Table(
     methods={
         "fedavg_m": Method("FedAvg", {"algorithm.name": "fedavg", "algorithm.client": "sgdm"}),
         "fedawa_code": Method("FedAWA, fidelity=code", _awa("fedawa", "code")),
-        "fedawa_paper": Method("FedAWA, fidelity=paper", _awa("fedawa", "paper")),
+        "fedawa_paper1": Method("FedAWA, fidelity=paper, 1 step", _awa("fedawa", "paper")),
+        "fedawa_paper5": Method("FedAWA, fidelity=paper, 5 steps", _awa("fedawa", "paper", 5)),
         "fedawa_l_code": Method("FedAWA-L, fidelity=code", _awa("fedawa_l", "code")),
-        "fedawa_l_paper": Method("FedAWA-L, fidelity=paper", _awa("fedawa_l", "paper")),
+        "fedawa_l_paper1": Method("FedAWA-L, fidelity=paper, 1 step", _awa("fedawa_l", "paper")),
     },
     partitions={
         "mnist01": ("MNIST α=0.1", {"data.dataset": "mnist", "data.partition": "dirichlet", "data.alpha": 0.1}),
@@ -176,8 +179,8 @@ FEDAWA = Table(
         "Ours: best pooled test accuracy (%) of the global model over the first {rounds} rounds, mean ± std over "
         "model seeds, 20 clients, cnn4, SGD lr 0.01 with momentum 0.9 kept across rounds and weight decay 5e-4, "
         "batch 50, 1 local epoch, 70/30 train/test per client, join ratio 1, partition seed 1. FedAvg uses the same "
-        "clients (algorithm.client=sgdm). P-AWA reports CIFAR-10/100 and Tiny ImageNet only (docs/algorithms.md "
-        "§5.5), so there is no paper column here."
+        "clients (algorithm.client=sgdm). P-AWA reports CIFAR-10/100 and Tiny ImageNet only (docs/algorithms.md, "
+        "papers' numbers section), so there is no paper column here."
     ),
     paper={},
 )
@@ -247,7 +250,7 @@ def run_one(args: argparse.Namespace, partition: str, method: str, seed: int) ->
     }
     config = rayfed.RunConfig().override(overrides)
     resume = (directory / "config.json").is_file()
-    if resume and not any((directory / "checkpoints").glob("round_*.npz")):
+    if resume and newest_checkpoint(directory) is None:
         shutil.rmtree(directory)  # killed before its first checkpoint: nothing to keep
         resume = False
     try:

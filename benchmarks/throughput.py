@@ -68,9 +68,9 @@ from common import RoundTimer, median_after_warmup  # noqa: E402
 from rayfed import RunConfig, run  # noqa: E402
 from rayfed.algorithms.fedprox import flatten_logically  # noqa: E402
 from rayfed.data import load_dataset, make_partition, normalize_batch  # noqa: E402
-from rayfed.engine import build_problem  # noqa: E402
 from rayfed.flat import FlatModel  # noqa: E402
 from rayfed.models import build_model  # noqa: E402
+from rayfed.problem import build_problem
 from rayfed.seeding import client_seed, sample_clients  # noqa: E402
 
 SAMPLES_PER_CLIENT = 60
@@ -125,8 +125,7 @@ class PlainLoop:
     def __init__(self, config: RunConfig, *, channels_last: bool = False) -> None:
         data = config.data
         dataset = load_dataset(data.dataset, data.root, seed=data.seed, options=data.options)
-        partition = make_partition(dataset.labels, dataset.num_classes, method=data.partition,
-                                   num_clients=data.num_clients, seed=data.seed, train_fraction=data.train_fraction)
+        partition = make_partition(dataset.labels, dataset.num_classes, data)
         _, initial = build_problem(config, dataset)  # the same initial model as rayfed's run
 
         def tensors(indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

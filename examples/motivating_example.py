@@ -1,4 +1,4 @@
-"""The motivating example of cwFedAvg (P-ICCV §3.2, seed 000), in plain torch.
+"""The motivating example of cwFedAvg (cwFedAvg, ICCV 2025, §3.2), in plain torch.
 
 Two Gaussian classes in R^3; three clients with 2700/300, 200/1800 and 500/500 samples
 of classes 0/1; a network with one hidden layer of four ReLU units (3 -> 4 -> 2). Each
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from rayfed.algorithms.cwfedavg import (
+from rayfed.algorithms.cwfedavg_equations import (
     classwise_aggregate,
     distribution_from_norms,
     empirical_distribution,

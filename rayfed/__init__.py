@@ -15,7 +15,7 @@ from rayfed.config import (
     load_config,
 )
 from rayfed.engine import RunResult, Simulation, run
-from rayfed.errors import CheckpointError, ConfigError, DatasetError, RayfedError, ResourceError
+from rayfed.errors import CheckpointError, ConfigError, DatasetError, RayfedError, ResourceError, WorkerError
 
 __version__ = "0.1.0"
 
@@ -35,4 +35,5 @@ __all__ = [
     "DatasetError",
     "CheckpointError",
     "ResourceError",
+    "WorkerError",
 ]

@@ -1,6 +1,6 @@
 """Everything around training is a callback: metrics files, checkpoints, progress, tuning.
 
-A callback overrides only the hooks it needs (pfl-research ``callback/base.py``):
+A callback overrides only the hooks it needs (the callback design of the pfl-research framework):
 
 * ``on_run_start(sim)`` once, after the run directory, data and workers are ready;
 * ``after_round(sim, record, clients)`` after every round; returning ``True`` stops the run

@@ -14,13 +14,11 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from rayfed.config import RunConfig, load_config, parse_override
+from rayfed.cli_args import config_from_args
 from rayfed.errors import RayfedError
 
 __all__ = ["main", "build_parser"]
@@ -48,25 +46,6 @@ def _add_tune_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     except ImportError:  # the tuning package is optional at import time
         return
     add_tune_parser(sub)
-
-
-def config_from_args(args: Sequence[str], resume: str | None = None) -> RunConfig:
-    """A config file (if the first argument is not an override) plus dotted overrides."""
-    files = [a for a in args if "=" not in a]
-    if len(files) > 1:
-        raise RayfedError(f"give at most one config file, but got {files}")
-    overrides = dict(parse_override(a) for a in args if "=" in a)
-    if resume is not None:
-        saved = Path(resume) / "config.json"
-        if not saved.is_file():
-            from rayfed.errors import CheckpointError
-
-            raise CheckpointError(f"cannot resume: {resume!r} holds no run (no config.json)")
-        base = RunConfig.from_dict(json.loads(saved.read_text()))
-        return base.override({**overrides, "run_dir": str(resume)})
-    if files:
-        return load_config(files[0], overrides)
-    return RunConfig().override(overrides) if overrides else RunConfig()
 
 
 def _list() -> None:

@@ -26,6 +26,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from rayfed.errors import ConfigError
 from rayfed.registry import closest
+from rayfed.validation import check, check_choice, check_int, check_real, fail, is_int
 
 __all__ = [
     "DataConfig",
@@ -38,23 +39,6 @@ __all__ = [
     "read_table_file",
     "parse_override",
 ]
-
-
-def _fail(path: str, value: Any, allowed: str) -> typing.NoReturn:
-    raise ConfigError(f"{path} must be {allowed}, but got {path}={value!r}")
-
-
-def _check(ok: bool, path: str, value: Any, allowed: str) -> None:
-    if not ok:
-        _fail(path, value, allowed)
-
-
-def _check_choice(path: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(
-            f"{path} must be one of {', '.join(map(repr, choices))}, but got {path}={value!r}"
-            f"{closest(str(value), choices)}"
-        )
 
 
 @dataclass(frozen=True)
@@ -73,27 +57,36 @@ class DataConfig:
     options: Mapping[str, Any] = field(default_factory=dict)
     """Dataset-specific options, e.g. ``{"num_samples": 20000}`` for ``synthetic``."""
     num_clients: int = 20
+    """M, the number of clients (at most the number of samples)."""
     partition: str = "dirichlet"
+    """A partitioner registered in :data:`rayfed.data.PARTITIONERS`: ``"dirichlet"``, ``"pathological"``, ``"iid"``."""
     alpha: float = 0.1
-    """Dirichlet concentration (``partition="dirichlet"``)."""
+    """Dirichlet concentration (``partition="dirichlet"``), > 0; smaller is more skewed."""
     classes_per_client: int = 2
-    """Classes per client (``partition="pathological"``)."""
+    """Classes per client (``partition="pathological"``), at most the dataset's classes."""
     min_samples: int = 1
-    """Dirichlet: redraw until every client holds at least this many samples."""
+    """PFLlib's ``least_samples``: Dirichlet redraws until every client holds at least this many
+    samples; the pathological partitioner uses it in its lower block-size bound. 0 allows empty clients."""
     balance: bool = False
     """Pathological: equal block sizes instead of PFLlib's random sizes."""
     train_fraction: float = 0.75
+    """f in (0, 1): each client trains on floor(f * n_i) of its samples and tests on the rest. 1 is not
+    allowed, because every client is evaluated on its own test split."""
     seed: int = 1
-    """Partition seed; fixed across the training seeds, as in the papers."""
+    """Partition seed, in [0, 2**32 - 1]; fixed across the training seeds, as in the papers."""
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.dataset, str) and bool(self.dataset), "data.dataset", self.dataset, "a dataset name")
-        _check(self.num_clients >= 1, "data.num_clients", self.num_clients, ">= 1")
-        _check_choice("data.partition", self.partition, ("iid", "pathological", "dirichlet"))
-        _check(self.alpha > 0 and math.isfinite(self.alpha), "data.alpha", self.alpha, "a finite number > 0")
-        _check(self.classes_per_client >= 1, "data.classes_per_client", self.classes_per_client, ">= 1")
-        _check(self.min_samples >= 0, "data.min_samples", self.min_samples, ">= 0")
-        _check(0 < self.train_fraction < 1, "data.train_fraction", self.train_fraction, "in (0, 1)")
+        from rayfed.data.partitioners import PARTITIONERS  # registers the partitioners; no cycle back
+
+        check(isinstance(self.dataset, str) and bool(self.dataset), "data.dataset", self.dataset, "a dataset name")
+        check_int("data.num_clients", self.num_clients, low=1)
+        check_choice("data.partition", self.partition, PARTITIONERS.names())
+        check_real("data.alpha", self.alpha, low=0, low_open=True)
+        check_int("data.classes_per_client", self.classes_per_client, low=1)
+        check_int("data.min_samples", self.min_samples, low=0)
+        check(isinstance(self.balance, bool), "data.balance", self.balance, "true or false")
+        check_real("data.train_fraction", self.train_fraction, low=0, high=1, low_open=True, high_open=True)
+        check(is_int(self.seed) and 0 <= self.seed < 2**32, "data.seed", self.seed, "an integer in [0, 2**32 - 1]")
         object.__setattr__(self, "options", dict(self.options))
 
 
@@ -109,14 +102,8 @@ class ModelConfig:
     client_models: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.name, str) and bool(self.name), "model.name", self.name, "a model name")
+        check(isinstance(self.name, str) and bool(self.name), "model.name", self.name, "a model name")
         object.__setattr__(self, "client_models", tuple(self.client_models))
-
-    def for_client(self, client_id: int) -> str:
-        """Architecture name of ``client_id``."""
-        if self.client_models:
-            return self.client_models[client_id % len(self.client_models)]
-        return self.name
 
     def architectures(self) -> tuple[str, ...]:
         """Every distinct architecture in the run, in first-use order."""
@@ -139,13 +126,13 @@ class TrainConfig:
     """Drop the last incomplete mini-batch (PFLlib does; a client with < batch_size samples then makes no step)."""
 
     def __post_init__(self) -> None:
-        _check(self.rounds >= 1, "train.rounds", self.rounds, ">= 1")
-        _check(self.local_epochs >= 1, "train.local_epochs", self.local_epochs, ">= 1")
-        _check(self.batch_size >= 1, "train.batch_size", self.batch_size, ">= 1")
-        _check(self.lr > 0 and math.isfinite(self.lr), "train.lr", self.lr, "a finite number > 0")
-        _check(0 <= self.momentum < 1, "train.momentum", self.momentum, "in [0, 1)")
-        _check(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, ">= 0")
-        _check(0 < self.lr_decay <= 1, "train.lr_decay", self.lr_decay, "in (0, 1]")
+        check(self.rounds >= 1, "train.rounds", self.rounds, ">= 1")
+        check(self.local_epochs >= 1, "train.local_epochs", self.local_epochs, ">= 1")
+        check(self.batch_size >= 1, "train.batch_size", self.batch_size, ">= 1")
+        check(self.lr > 0 and math.isfinite(self.lr), "train.lr", self.lr, "a finite number > 0")
+        check(0 <= self.momentum < 1, "train.momentum", self.momentum, "in [0, 1)")
+        check(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, ">= 0")
+        check(0 < self.lr_decay <= 1, "train.lr_decay", self.lr_decay, "in (0, 1]")
 
     def lr_at(self, round_index: int) -> float:
         """Learning rate of round ``round_index`` (0-based) after decay."""
@@ -213,7 +200,7 @@ class EngineConfig:
     """Clients per worker call; 0 = split the sampled clients into 2 calls per worker."""
     vectorize: str = "auto"
     """Train clients of one architecture stacked with torch.func: ``on``, ``off``, or ``auto``
-    (stacked on CUDA, sequential on CPU, where stacking measured slower)."""
+    (stacked on CUDA, sequential on CPU, where stacking is slower: benchmarks/README.md)."""
     stack_size: int = 64
     """Most clients trained in one stack (bounds the memory of a vectorised step)."""
     join_ratio: float = 1.0
@@ -230,28 +217,32 @@ class EngineConfig:
     """Seconds a worker call may take before it is treated as hung and re-run elsewhere."""
     max_update_norm: float | None = None
     """Reject a client update whose L2 distance from its starting point exceeds this bound."""
+    max_retries: int = 2
+    """Times a batch of clients is re-run on a fresh worker after its worker died or hung;
+    then the run stops with an error naming the worker, the clients and the round."""
     client_state_memory_mb: float = 2048.0
     """Memory for per-client state on the driver; beyond it, states spill to the run directory."""
     progress: bool = True
 
     def __post_init__(self) -> None:
-        _check_choice("engine.backend", self.backend, ("ray", "local"))
-        _check(self.num_workers >= 0, "engine.num_workers", self.num_workers, ">= 0")
-        _check(self.num_cpus_per_worker > 0, "engine.num_cpus_per_worker", self.num_cpus_per_worker, "> 0")
-        _check(self.num_gpus_per_worker >= 0, "engine.num_gpus_per_worker", self.num_gpus_per_worker, ">= 0")
-        _check(self.torch_threads >= 1, "engine.torch_threads", self.torch_threads, ">= 1")
-        _check(self.clients_per_call >= 0, "engine.clients_per_call", self.clients_per_call, ">= 0")
-        _check_choice("engine.vectorize", self.vectorize, ("auto", "on", "off"))
-        _check(self.stack_size >= 1, "engine.stack_size", self.stack_size, ">= 1")
-        _check(0 < self.join_ratio <= 1, "engine.join_ratio", self.join_ratio, "in (0, 1]")
-        _check(self.eval_every >= 1, "engine.eval_every", self.eval_every, ">= 1")
-        _check_choice("engine.eval_clients", self.eval_clients, ("all", "sampled"))
-        _check(self.checkpoint_every >= 0, "engine.checkpoint_every", self.checkpoint_every, ">= 0 (0 = never)")
+        check_choice("engine.backend", self.backend, ("ray", "local"))
+        check(self.num_workers >= 0, "engine.num_workers", self.num_workers, ">= 0")
+        check(self.num_cpus_per_worker > 0, "engine.num_cpus_per_worker", self.num_cpus_per_worker, "> 0")
+        check(self.num_gpus_per_worker >= 0, "engine.num_gpus_per_worker", self.num_gpus_per_worker, ">= 0")
+        check(self.torch_threads >= 1, "engine.torch_threads", self.torch_threads, ">= 1")
+        check(self.clients_per_call >= 0, "engine.clients_per_call", self.clients_per_call, ">= 0")
+        check_choice("engine.vectorize", self.vectorize, ("auto", "on", "off"))
+        check(self.stack_size >= 1, "engine.stack_size", self.stack_size, ">= 1")
+        check(0 < self.join_ratio <= 1, "engine.join_ratio", self.join_ratio, "in (0, 1]")
+        check(self.eval_every >= 1, "engine.eval_every", self.eval_every, ">= 1")
+        check_choice("engine.eval_clients", self.eval_clients, ("all", "sampled"))
+        check(self.checkpoint_every >= 0, "engine.checkpoint_every", self.checkpoint_every, ">= 0 (0 = never)")
         if self.round_timeout_s is not None:
-            _check(self.round_timeout_s > 0, "engine.round_timeout_s", self.round_timeout_s, "> 0 or unset")
-        _check(self.client_state_memory_mb > 0, "engine.client_state_memory_mb", self.client_state_memory_mb, "> 0")
+            check(self.round_timeout_s > 0, "engine.round_timeout_s", self.round_timeout_s, "> 0 or unset")
+        check(self.max_retries >= 0, "engine.max_retries", self.max_retries, ">= 0")
+        check(self.client_state_memory_mb > 0, "engine.client_state_memory_mb", self.client_state_memory_mb, "> 0")
         if self.max_update_norm is not None:
-            _check(self.max_update_norm > 0, "engine.max_update_norm", self.max_update_norm, "> 0 or unset")
+            check(self.max_update_norm > 0, "engine.max_update_norm", self.max_update_norm, "> 0 or unset")
 
 
 @dataclass(frozen=True)
@@ -269,7 +260,7 @@ class RunConfig:
     """Where results go; None = ``runs/<algorithm>-<dataset>-s<seed>-<time>``."""
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
+        check(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
 
     # --- conversions -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -290,6 +281,24 @@ class RunConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def diff(self, other: RunConfig, *, ignore: tuple[str, ...] = ()) -> list[str]:
+        """Fields that differ, as ``"path: old -> new"`` lines, skipping paths that start with ``ignore``.
+
+        The one comparison behind every "same run?" question: resuming a run directory,
+        resuming an Optuna study.
+
+        >>> RunConfig().diff(RunConfig().override({"train.lr": 0.1, "train.rounds": 5}), ignore=("train.rounds",))
+        ['train.lr: 0.005 -> 0.1']
+        """
+        return [d for d in _differences(self.to_dict(), other.to_dict()) if not d.startswith(ignore)]
+
+
+def _differences(old: Any, new: Any, path: str = "") -> list[str]:
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        keys = sorted(set(old) | set(new))
+        return [d for key in keys for d in _differences(old.get(key), new.get(key), f"{path}{key}.")]
+    return [] if old == new else [f"{path.rstrip('.')}: {old!r} -> {new!r}"]
 
 
 # --- mapping <-> dataclass ------------------------------------------------------------------
@@ -343,34 +352,34 @@ def _coerce(hint: Any, value: Any, path: str) -> Any:
             return value
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
-        _fail(path, value, "true or false")
+        fail(path, value, "true or false")
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            _fail(path, value, "an integer")
+            fail(path, value, "an integer")
         try:
             as_float = float(value)
         except ValueError:
-            _fail(path, value, "an integer")
+            fail(path, value, "an integer")
         if not as_float.is_integer():
-            _fail(path, value, "an integer")
+            fail(path, value, "an integer")
         return int(as_float)
     if hint is float:
         if isinstance(value, bool):
-            _fail(path, value, "a number")
+            fail(path, value, "a number")
         try:
             return float(value)
         except (TypeError, ValueError):
-            _fail(path, value, "a number")
+            fail(path, value, "a number")
     if hint is str:
         if not isinstance(value, str):
-            _fail(path, value, "a string")
+            fail(path, value, "a string")
         return value
     if origin is tuple:
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]
         return tuple(value)
     if origin is Literal:
-        _check_choice(path, value, get_args(hint))
+        check_choice(path, value, get_args(hint))
     return value
 
 

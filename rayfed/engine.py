@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,35 +29,26 @@ from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
-import torch
 
-from rayfed.algorithms import ALGORITHMS, ProblemSpec, RoundContext
+from rayfed.algorithms import RoundContext, resolve
 from rayfed.callbacks import Callback, Checkpointer, MetricsWriter, ProgressBar
+from rayfed.checkpoint import checkpoint_round, load_checkpoint, newest_checkpoint, save_checkpoint
 from rayfed.config import RunConfig
-from rayfed.data import ArrayDataset, Partition, load_dataset, make_partition
-from rayfed.errors import CheckpointError, CheckpointFormatError, ConfigError
+from rayfed.data import LABEL_COUNTS_FILE, Partition, load_dataset, make_partition, write_label_counts
+from rayfed.errors import CheckpointError, ConfigError
 from rayfed.executor import Executor, LocalExecutor, make_chunks
-from rayfed.flat import FlatModel
-from rayfed.io import load_arrays, save_arrays, write_json
+from rayfed.io import write_json
 from rayfed.metrics import client_table, summarise_round
-from rayfed.models import block_names, build_model, output_layer_name
-from rayfed.plots import LABEL_COUNTS_FILE, write_label_counts
-from rayfed.seeding import init_seed, sample_clients
+from rayfed.problem import build_problem
+from rayfed.seeding import sample_clients
 from rayfed.state_store import ClientStateStore
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Simulation", "RunResult", "run", "build_problem"]
+__all__ = ["Simulation", "RunResult", "run"]
 
-_CHECKPOINTS_KEPT = 2
-CHECKPOINT_FORMAT = 2
-"""The layout of the state vectors inside checkpoints; a run resumes only from its own format."""
-_FORMATS = {
-    1: "convolution kernels stored (O, I, H, W)",
-    2: "convolution kernels stored channels-last, (O, H, W, I), as rayfed.flat lays them out",
-}
-_INIT_LOCK = threading.Lock()
-_RESUMABLE_SECTIONS = ("train.rounds", "engine", "run_dir")
+_RESUMABLE = ("train.rounds", "engine.", "run_dir")
+"""Config paths that may change when a run resumes: they do not change its results."""
 
 
 @dataclass(frozen=True)
@@ -88,44 +78,12 @@ class RunResult:
         return next((a for a in reversed(self.accuracies) if not math.isnan(a)), math.nan)
 
 
-def build_problem(config: RunConfig, dataset: ArrayDataset) -> tuple[ProblemSpec, dict[str, np.ndarray]]:
-    """Build every architecture once: the shared :class:`ProblemSpec` and the initial parameters.
-
-    All clients of an architecture start from one common initialisation (as in the
-    papers' code), drawn from the run seed.
-    """
-    layouts, blocks, outputs, initial, buffer_layouts = {}, {}, {}, {}, {}
-    for index, name in enumerate(config.model.architectures()):
-        with _INIT_LOCK, torch.random.fork_rng(devices=[]):  # trials may build models in parallel threads
-            torch.manual_seed(init_seed(config.seed, index))
-            module = build_model(name, dataset.input_shape, dataset.num_classes)
-        flat = FlatModel(module)
-        layouts[name], initial[name] = flat.layout, flat.state_numpy()
-        buffer_layouts[name] = flat.buffer_layout
-        blocks[name], outputs[name] = tuple(block_names(module)), output_layer_name(module)
-    spec = ProblemSpec(
-        num_clients=config.data.num_clients,
-        num_classes=dataset.num_classes,
-        input_shape=dataset.input_shape,
-        layouts=layouts,
-        blocks=blocks,
-        output_layer=outputs,
-        client_architectures=config.model.client_models,
-        default_architecture=config.model.name,
-        seed=config.seed,
-        mean=tuple(dataset.mean),
-        std=tuple(dataset.std),
-        buffer_layouts=buffer_layouts,
-    )
-    return spec, initial
-
-
 class Simulation:
     """One run: its directory, data, executor and round loop."""
 
     def __init__(self, config: RunConfig, *, callbacks: Sequence[Callback] = (), resume: bool = False) -> None:
         self.config = config
-        self.algorithm = ALGORITHMS.get(config.algorithm.name)
+        self.algorithm = resolve(config.algorithm)
         self.run_dir = Path(config.run_dir or _default_run_dir(config))
         self.run_name = self.run_dir.name
         self.resume = resume
@@ -148,15 +106,14 @@ class Simulation:
             options=config.data.options,
         )
         self.spec, self.initial = build_problem(config, self.dataset)
-        self.algorithm.server_half.validate(config.algorithm.params, self.spec)
+        self.algorithm.validate(self.spec)
         self.partition = self._partition()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_json(self.run_dir / "config.json", config.to_dict())
         if not (self.run_dir / "partition.parquet").exists():
             self.partition.save(self.run_dir / "partition.parquet")
         if not (self.run_dir / LABEL_COUNTS_FILE).exists():  # p_i per client, for `rayfed plot`
-            write_label_counts(self.run_dir / LABEL_COUNTS_FILE, self.partition.label_counts,
-                               self.partition.train_label_counts, self.dataset.input_shape)
+            write_label_counts(self.run_dir / LABEL_COUNTS_FILE, self.partition, self.dataset.input_shape)
         self.num_train = self.partition.num_train()
         self.states = ClientStateStore(
             self.run_dir / "client_state", int(config.engine.client_state_memory_mb * 2**20)
@@ -174,8 +131,13 @@ class Simulation:
                     "start a new run instead, or point run_dir at an existing run directory"
                 )
             _check_resumable(RunConfig.from_dict(json.loads(saved.read_text())), self.config)
-            newest = self._newest_checkpoint()
-            self._resume_from = (newest, self._checkpoint_meta(newest))
+            newest = newest_checkpoint(self.run_dir)
+            if newest is None:
+                raise CheckpointError(
+                    f"cannot resume: {str(self.run_dir)!r} holds no checkpoint yet (engine.checkpoint_every="
+                    f"{self.config.engine.checkpoint_every}); start it again without --resume"
+                )
+            self._resume_from = (newest, checkpoint_round(newest))
         elif saved.exists():
             raise ConfigError(
                 f"run_dir={str(self.run_dir)!r} already holds a run; resume it (rayfed run --resume "
@@ -186,77 +148,23 @@ class Simulation:
         path = self.run_dir / "partition.parquet"
         if self.resume and path.exists():
             return Partition.load(path, self.dataset.labels, self.dataset.num_classes)
-        data = self.config.data
-        return make_partition(
-            self.dataset.labels,
-            self.dataset.num_classes,
-            method=data.partition,
-            num_clients=data.num_clients,
-            seed=data.seed,
-            alpha=data.alpha,
-            classes_per_client=data.classes_per_client,
-            min_samples=data.min_samples,
-            balance=data.balance,
-            train_fraction=data.train_fraction,
-        )
+        return make_partition(self.dataset.labels, self.dataset.num_classes, self.config.data)
 
     # --- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self, round_index: int) -> Path:
-        """Server state, client states and the round, in one pickle-free ``.npz``, written atomically."""
+        """Server state, client states and the round (:mod:`rayfed.checkpoint`)."""
         assert self.executor is not None
-        arrays: dict[str, np.ndarray] = {f"server/{k}": v for k, v in self.executor.server_state().items()}
-        for cid in self.states.ids():
-            for name, value in (self.states.get(cid) or {}).items():
-                arrays[f"client/{cid}/{name}"] = value
-        meta = {"round": round_index, "format": CHECKPOINT_FORMAT}
-        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-        directory = self.run_dir / "checkpoints"
-        path = directory / f"round_{round_index:06d}.npz"
-        save_arrays(path, arrays)
-        for old in sorted(directory.glob("round_*.npz"))[:-_CHECKPOINTS_KEPT]:
-            old.unlink()
-        return path
-
-    def _newest_checkpoint(self) -> Path:
-        checkpoints = sorted((self.run_dir / "checkpoints").glob("round_*.npz"))
-        if not checkpoints:
-            raise CheckpointError(
-                f"cannot resume: {str(self.run_dir)!r} holds no checkpoint yet (engine.checkpoint_every="
-                f"{self.config.engine.checkpoint_every}); start it again without --resume"
-            )
-        return checkpoints[-1]
-
-    @staticmethod
-    def _checkpoint_meta(path: Path) -> int:
-        """The round a checkpoint was written after; refuses one of another state format."""
-        try:
-            meta = json.loads(load_arrays(path, names=("meta",))["meta"].tobytes())
-            round_index, written_as = int(meta["round"]), int(meta["format"])
-        except (KeyError, ValueError) as e:
-            raise CheckpointError(f"checkpoint {str(path)!r} has no valid metadata") from e
-        if written_as != CHECKPOINT_FORMAT:
-            raise CheckpointFormatError(
-                f"checkpoint {str(path)!r} has state format {written_as}, this rayfed reads format "
-                f"{CHECKPOINT_FORMAT} ({_FORMATS.get(CHECKPOINT_FORMAT)}; format {written_as}: "
-                f"{_FORMATS.get(written_as, 'unknown')}); resume it with the rayfed version that wrote it, or start a "
-                "new run in another run_dir. Nothing in this run directory was changed"
-            )
-        return round_index
+        clients = ((cid, self.states.get(cid) or {}) for cid in self.states.ids())
+        return save_checkpoint(self.run_dir, round_index, self.executor.server_state(), clients)
 
     def _restore(self) -> None:
         """Load the newest checkpoint and cut the metrics back to it."""
         assert self.executor is not None and self._resume_from is not None
         newest, round_index = self._resume_from  # checked before anything was written
-        arrays = load_arrays(newest)
-        del arrays["meta"]
-        self.executor.load_server_state({k[7:]: v for k, v in arrays.items() if k.startswith("server/")})
-        client_states: dict[int, dict[str, np.ndarray]] = {}
-        for key, value in arrays.items():
-            if key.startswith("client/"):
-                _, client, name = key.split("/", 2)
-                client_states.setdefault(int(client), {})[name] = value
+        checkpoint = load_checkpoint(newest)
+        self.executor.load_server_state(checkpoint.server)
         self.states.clear()
-        for cid, state in client_states.items():
+        for cid, state in checkpoint.clients.items():
             self.states.put(cid, state)
         rounds_file = self.run_dir / "rounds.parquet"
         if rounds_file.exists():
@@ -317,10 +225,7 @@ class Simulation:
         sampled = sample_clients(config.seed, t, config.data.num_clients, config.engine.join_ratio)
         ctx = RoundContext(round=t, seed=config.seed, lr=config.train.lr_at(t), sampled=sampled,
                            num_clients=config.data.num_clients)
-        borrowed = config.algorithm.client  # a borrowed client half may keep state (algorithm.client="sgdm")
-        keeps_state = self.algorithm.keeps_client_state or (
-            borrowed is not None and ALGORITHMS.get(borrowed).keeps_client_state
-        )
+        keeps_state = self.algorithm.keeps_client_state
         contributions, reports, new_states = executor.train(
             broadcast, ctx, self._chunks(sampled), self.states.get_many(sampled) if keeps_state else {}
         )
@@ -334,12 +239,11 @@ class Simulation:
         if (t + 1) % config.engine.eval_every == 0 or t == config.train.rounds - 1:
             targets = all_clients if config.engine.eval_clients == "all" else sampled
             evals = executor.evaluate(
-                broadcast, self._chunks(targets), self.states.get_many(targets) if keeps_state else {}
+                broadcast, ctx, self._chunks(targets), self.states.get_many(targets) if keeps_state else {}
             )
         finished = time.perf_counter()
         timings = {"train": trained - started, "aggregate": aggregated - trained, "evaluate": finished - aggregated,
                    "round": finished - started}
-        extra.pop("aggregate_s", None)
         record = summarise_round(t, reports, evals, timings, extra)
         self.history.append(record.as_row())
         clients = client_table(t, reports, evals)
@@ -356,22 +260,10 @@ def _default_run_dir(config: RunConfig) -> str:
 
 def _check_resumable(saved: RunConfig, new: RunConfig) -> None:
     """A run resumes only with the config it started with (more rounds and another engine layout are fine)."""
-    def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            path = f"{prefix}{k}"
-            if isinstance(v, dict) and v and not path.endswith("options"):
-                out.update(flat(v, path + "."))
-            else:
-                out[path] = v
-        return out
-
-    a, b = flat(saved.to_dict()), flat(new.to_dict())
-    changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and not k.startswith(_RESUMABLE_SECTIONS)]
+    changed = saved.diff(new, ignore=_RESUMABLE)
     if changed:
-        details = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in changed)
         raise ConfigError(
-            f"cannot resume with a different config ({details}); only train.rounds and engine.* may change"
+            f"cannot resume with a different config ({', '.join(changed)}); only train.rounds and engine.* may change"
         )
 
 

@@ -14,7 +14,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointFormatError",
     "ResourceError",
-    "AggregationError",
+    "WorkerError",
 ]
 
 
@@ -42,5 +42,5 @@ class ResourceError(RayfedError):
     """The requested compute resources (CPUs, GPUs) are not available."""
 
 
-class AggregationError(RayfedError):
-    """Client updates cannot be combined into a global state."""
+class WorkerError(RayfedError):
+    """A batch of clients failed on every worker it was given (``engine.max_retries`` re-runs used up)."""

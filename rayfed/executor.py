@@ -2,7 +2,7 @@
 
 The round loop (:mod:`rayfed.engine`) is written once against :class:`Executor`.
 :class:`LocalExecutor` runs the plain :class:`~rayfed.server.Server` and one
-:class:`~rayfed.worker.ClientRunner` in this process (for debugging and fast tests);
+:class:`~rayfed.client_runner.ClientRunner` in this process (for debugging and fast tests);
 :class:`rayfed.actors.RayExecutor` runs them as Ray actors. Both return the same
 values, so a run gives the same numbers on either.
 """
@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from rayfed.algorithms import ProblemSpec, RoundContext
+from rayfed.algorithms import RoundContext
+from rayfed.client_runner import ClientReport, ClientRunner, ClientState, EvalReport
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, Partition
 from rayfed.errors import ResourceError
+from rayfed.problem import ProblemSpec
 from rayfed.server import Server
-from rayfed.worker import ClientReport, ClientRunner, ClientState, EvalReport
 
 __all__ = ["Executor", "LocalExecutor", "Chunk", "make_chunks", "states_of"]
 
@@ -69,16 +70,16 @@ class Executor(abc.ABC):
     def aggregate(self, ctx: RoundContext, contributions: list[Any]) -> dict[str, float]: ...
 
     @abc.abstractmethod
-    def evaluate(self, broadcast: Any, chunks: list[Chunk], states: Mapping[int, ClientState]) -> list[EvalReport]: ...
+    def evaluate(
+        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState]
+    ) -> list[EvalReport]:
+        """Evaluate every chunk's clients on the broadcast of round ``ctx.round`` (their reports, chunk order)."""
 
     @abc.abstractmethod
     def server_state(self) -> dict[str, np.ndarray]: ...
 
     @abc.abstractmethod
     def load_server_state(self, state: Mapping[str, np.ndarray]) -> None: ...
-
-    @abc.abstractmethod
-    def server_memory_bytes(self) -> int: ...
 
     def close(self) -> None:
         """Release workers and the server."""
@@ -126,7 +127,9 @@ class LocalExecutor(Executor):
     def aggregate(self, ctx: RoundContext, contributions: list[Any]) -> dict[str, float]:
         return self.server.aggregate(ctx, *contributions)
 
-    def evaluate(self, broadcast: Any, chunks: list[Chunk], states: Mapping[int, ClientState]) -> list[EvalReport]:
+    def evaluate(
+        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState]
+    ) -> list[EvalReport]:
         return [r for chunk in chunks for r in self.runner.evaluate(broadcast, chunk, states_of(states, chunk))]
 
     def server_state(self) -> dict[str, np.ndarray]:
@@ -135,5 +138,3 @@ class LocalExecutor(Executor):
     def load_server_state(self, state: Mapping[str, np.ndarray]) -> None:
         self.server.load_state_dict(state)
 
-    def server_memory_bytes(self) -> int:
-        return self.server.memory_bytes()

@@ -12,10 +12,8 @@ to a view into one contiguous buffer, so that
 * a *part* of the model (a layer, the output layer, the class-wise blocks) is a
   contiguous slice: :meth:`FlatModel.slice_of` returns it by name prefix,
 * convolution kernels (4-D parameters) are stored channels-last, (O, H, W, I) in the
-  vector, so the convolutions run on channels-last activations. On CPU that is what
-  makes small CNNs fast: torch's NCHW ``max_pool2d`` kernel is about 13x slower than its
-  channels-last one, and the convolution backward gains too; one SGD step of the papers'
-  4-layer CNN at batch 10 takes 6.5 ms instead of 8.9 ms on one core (measured).
+  vector, so the convolutions run on channels-last activations, which makes small CNNs
+  markedly faster on CPU (benchmarks/README.md, "Channels-last convolution kernels").
   Every ``FlatModel`` lays a module out the same way, so vectors stay comparable across
   clients, workers and the server; :meth:`ParamLayout.view` gives a parameter's tensor.
 
@@ -116,7 +114,7 @@ class FlatModel:
     >>> flat = FlatModel(net)
     >>> flat.vector.shape
     torch.Size([8])
-    >>> flat.load(np.zeros(8, dtype=np.float32)); float(net.weight.sum())
+    >>> flat.load(np.zeros(8, dtype=np.float32)); float(net.weight.detach().sum())
     0.0
     """
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from rayfed.worker import ClientReport, EvalReport
+from rayfed.client_runner import ClientReport, EvalReport
 
 __all__ = ["RoundRecord", "summarise_round", "client_table"]
 

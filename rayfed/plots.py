@@ -5,8 +5,10 @@
 writes, into ``DIR``:
 
 * ``accuracy.png``: pooled test accuracy against the round for every run, one colour per
-  method (algorithm and variant), one line per seed;
-* for each cwFedAvg run with a checkpoint (``<run>`` is the run directory's name):
+  method (the algorithm's display label, ``Algorithm.label``), one line per seed;
+* for each cwFedAvg run with a checkpoint (``<run>`` is the run directory's name), the
+  figures of Lee & Choi, "Class-Wise Federated Averaging for Efficient Personalization",
+  ICCV 2025 ("P-ICCV"; docs/algorithms.md, cwFedAvg section):
 
   - ``<run>-p_vs_p_tilde.png``: each client's true class distribution p_i next to the
     estimate p̃_i read from its output layer (P-ICCV Eq. 4; Fig. 2c), as paired bars for a
@@ -40,25 +42,20 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rayfed.algorithms.cwfedavg import (
-    distribution_from_norms,
-    empirical_distribution,
-    model_parts,
-    output_row_norms,
-)
+from rayfed.algorithms import ALGORITHMS
+from rayfed.algorithms.cwfedavg_equations import distribution_from_norms, empirical_distribution, output_row_norms
+from rayfed.algorithms.cwfedavg_params import model_parts
+from rayfed.checkpoint import load_checkpoint, newest_checkpoint
+from rayfed.data import LABEL_COUNTS_FILE, read_label_counts
 from rayfed.errors import CheckpointError, RayfedError
-from rayfed.io import atomic_write, load_arrays, write_parquet
+from rayfed.io import atomic_write
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "LABEL_COUNTS_FILE",
     "RunData",
-    "write_label_counts",
-    "read_label_counts",
     "load_run",
     "method_label",
     "class_head_row_norms",
@@ -69,45 +66,7 @@ __all__ = [
     "write_figures",
 ]
 
-LABEL_COUNTS_FILE = "label_counts.parquet"
-_INPUT_SHAPE_KEY = b"rayfed.input_shape"
-_BLOCK_NAMES = {0: "all layers", 1: "Output", 2: "FC+Output", 3: "Conv2+FC+Output"}
 _BARS_SHOWN = 4
-
-
-# --- per-client label counts, written by the engine next to partition.parquet -------------------
-
-
-def write_label_counts(path: str | Path, label_counts: np.ndarray, train_label_counts: np.ndarray,
-                       input_shape: Sequence[int]) -> None:
-    """Write each client's class counts (whole partition and training split), atomically.
-
-    Columns ``client_id``, ``label_counts`` and ``train_label_counts`` (fixed-size lists of K
-    int64); the dataset's input shape rides in the schema metadata, so the figures can
-    rebuild the model's parameter layout without loading the dataset.
-    """
-    counts = np.asarray(label_counts, dtype=np.int64)
-    train = np.asarray(train_label_counts, dtype=np.int64)
-    m, k = counts.shape
-    table = pa.table({
-        "client_id": pa.array(np.arange(m, dtype=np.int32)),
-        "label_counts": pa.FixedSizeListArray.from_arrays(pa.array(counts.ravel()), k),
-        "train_label_counts": pa.FixedSizeListArray.from_arrays(pa.array(train.ravel()), k),
-    })
-    shape = ",".join(str(int(s)) for s in input_shape)
-    write_parquet(path, table.replace_schema_metadata({_INPUT_SHAPE_KEY: shape.encode()}))
-
-
-def read_label_counts(path: str | Path) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
-    """(label_counts, train_label_counts, input_shape) from a file of :func:`write_label_counts`."""
-    table = pq.read_table(path)
-
-    def matrix(name: str) -> np.ndarray:
-        column = table.column(name).combine_chunks()
-        return column.flatten().to_numpy().reshape(len(column), -1).astype(np.int64)
-
-    shape = (table.schema.metadata or {}).get(_INPUT_SHAPE_KEY, b"")
-    return matrix("label_counts"), matrix("train_label_counts"), tuple(int(s) for s in shape.split(b",") if s)
 
 
 # --- reading a run directory ------------------------------------------------------------------
@@ -149,26 +108,16 @@ def load_run(run_dir: str | Path) -> RunData:
     config = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
     rounds_file = run_dir / "rounds.parquet"
     rounds = pq.read_table(rounds_file).to_pylist() if rounds_file.is_file() else []
-    checkpoints = sorted((run_dir / "checkpoints").glob("round_*.npz"))
-    if not checkpoints:
+    newest = newest_checkpoint(run_dir)
+    if newest is None:
         return RunData(run_dir, config, rounds)
-    arrays = load_arrays(checkpoints[-1])
-    server = {k[len("server/"):]: v for k, v in arrays.items() if k.startswith("server/")}
-    return RunData(run_dir, config, rounds, server, int(json.loads(arrays["meta"].tobytes())["round"]))
+    checkpoint = load_checkpoint(newest)
+    return RunData(run_dir, config, rounds, checkpoint.server, checkpoint.round)
 
 
 def method_label(config: Any) -> str:
-    """A short name for the method of a run: ``FedAvg``, ``FedAWA (code)``, ``cwFedAvg w/ Dist. (all layers)``..."""
-    name = config.algorithm.name
-    if name in ("fedawa", "fedawa_l"):
-        return f"{'FedAWA-L' if name == 'fedawa_l' else 'FedAWA'} ({config.algorithm.params.fidelity})"
-    if name != "cwfedavg":
-        return {"fedavg": "FedAvg", "fedprox": "FedProx"}.get(name, name)
-    params = config.algorithm.params
-    layers = "+".join(params.classwise_layers) if params.classwise_layers else _BLOCK_NAMES.get(
-        params.classwise_blocks, f"last {params.classwise_blocks} blocks")
-    variant = {"wdr": "", "dist": " w/ Dist.", "no_wdr": " w/o WDR"}[params.variant]
-    return f"cwFedAvg{variant} ({layers})"
+    """The run's method as its algorithm labels it (``FedAvg``, ``FedAWA (code)``, ``cwFedAvg w/ Dist. (Output)``)."""
+    return ALGORITHMS.get(config.algorithm.name).label(config.algorithm.params)
 
 
 def _class_distributions(run: RunData) -> tuple[np.ndarray, tuple[int, ...]]:
@@ -194,7 +143,7 @@ def class_head_row_norms(run: RunData, input_shape: Sequence[int]) -> np.ndarray
     Rebuilds the model's parameter layout (no data needed) to find the output weight
     inside the class-wise part that ``server/heads`` holds.
     """
-    from rayfed.engine import build_problem
+    from rayfed.problem import build_problem
 
     heads = run.server["heads"]
     k = heads.shape[0]

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from rayfed.flat import FlatModel
+
+if TYPE_CHECKING:  # config imports the algorithms' params, which import this module
+    from rayfed.config import TrainConfig
 
 __all__ = ["ClientJob", "TrainStats", "EvalStats", "local_sgd", "sgd_step", "evaluate_model"]
 
@@ -40,19 +44,19 @@ class ClientJob:
     """(K,) class counts over the client's whole partition, before the train/test split."""
     train_label_counts: np.ndarray
     """(K,) class counts over the client's training split."""
-    lr: float
-    epochs: int
-    batch_size: int
-    momentum: float
-    weight_decay: float
-    drop_last: bool
+    train: TrainConfig
+    """The run's local-training settings (epochs, batch size, momentum, ...), passed whole."""
     generator: torch.Generator
     """Seeded from (run seed, round, client id): the same client gets the same batches on any worker."""
-    seed: int
     state: dict[str, np.ndarray] | None = None
     """Persistent per-client state (e.g. FedClassAvg's backbone); algorithms may replace it."""
     scratch: dict[str, object] = field(default_factory=dict)
     """Per-job values an algorithm passes between its hooks (e.g. FedProx's anchor)."""
+
+    @property
+    def lr(self) -> float:
+        """This round's learning rate, after ``train.lr_decay``."""
+        return self.train.lr_at(max(self.round, 0))
 
     @property
     def model(self) -> torch.nn.Module:
@@ -124,13 +128,15 @@ def local_sgd(
     """
     model, flat = job.model, job.flat
     model.train()
-    n, batch = job.num_train, job.batch_size
-    stop = n - n % batch if job.drop_last else n
-    if job.momentum and momentum_buffer is None:
+    train = job.train
+    n, batch = job.num_train, train.batch_size
+    stop = n - n % batch if train.drop_last else n
+    if train.momentum and momentum_buffer is None:
         momentum_buffer = torch.zeros_like(flat.vector)
+    lr = job.lr
     loss_sum = torch.zeros((), device=job.device)
     steps = 0
-    for _ in range(job.epochs):
+    for _ in range(train.local_epochs):
         order = torch.randperm(n, generator=job.generator).to(job.device)
         for start in range(0, stop, batch):
             idx = order[start : start + batch]
@@ -139,7 +145,7 @@ def local_sgd(
             loss = F.cross_entropy(logits, job.y_train[idx])
             extra = extra_loss(job, logits) if extra_loss is not None else None
             (loss if extra is None else loss + extra).backward()
-            sgd_step(flat, job.lr, momentum=job.momentum, weight_decay=job.weight_decay, buffer=momentum_buffer)
+            sgd_step(flat, lr, momentum=train.momentum, weight_decay=train.weight_decay, buffer=momentum_buffer)
             loss_sum += loss.detach()
             steps += 1
     return TrainStats(loss=float(loss_sum) / steps if steps else float("nan"), steps=steps)

@@ -37,15 +37,10 @@ __all__ = ["can_stack", "train_stacked", "resolve_vectorize"]
 def resolve_vectorize(setting: str, device: torch.device) -> bool:
     """``engine.vectorize``: ``on``/``off``, or ``auto`` = stack on CUDA, sequential on CPU.
 
-    Measured on the 2-core CPU box (``benchmarks/vectorize_cpu.py``: the same 50 clients
-    of the 4-layer CNN, 1x28x28, batch 10, 50 samples each, one torch thread, both modes
-    alternating in one run), as stacked speed / sequential speed: 0.68x with
-    ``stack_size`` 2, 0.64x with 4, 0.62x with 8, 0.26x with 16 and 0.22x with the default
-    64 (about 42-47 ms per client sequentially). The models agree to 3e-8. vmapped small
-    convolutions do not use one CPU core better than one client at a time, and large
-    stacks fall out of cache. On a GPU the sequential loop is latency-bound and stacking
-    is expected to be the faster path. That could not be measured here, as the box has no
-    GPU.
+    On CPU, stacked training was slower than one client at a time at every stack size
+    (vmapped small convolutions do not use a core better, and large stacks fall out of
+    cache; benchmarks/README.md, "Stacked (vmap) against sequential training on CPU").
+    On a GPU the sequential loop is latency-bound and stacking is expected to be faster.
     """
     if setting == "auto":
         return device.type == "cuda"
@@ -70,7 +65,8 @@ def _batch_plan(
     Each client's order comes from ``torch.randperm(n, generator=job.generator)`` once per
     epoch, exactly as in :func:`rayfed.training.local_sgd`.
     """
-    batch, drop_last, epochs = jobs[0].batch_size, jobs[0].drop_last, jobs[0].epochs
+    train = jobs[0].train
+    batch, drop_last, epochs = train.batch_size, train.drop_last, train.local_epochs
     orders, offset = [], 0
     for job in jobs:
         n = job.num_train
@@ -110,7 +106,7 @@ def train_stacked(
     flat = jobs[0].flat
     module, device = flat.module, starts.device
     module.train()
-    lr, momentum, weight_decay = jobs[0].lr, jobs[0].momentum, jobs[0].weight_decay
+    lr, momentum, weight_decay = jobs[0].lr, jobs[0].train.momentum, jobs[0].train.weight_decay
     x_all = torch.cat([job.x_train for job in jobs])
     y_all = torch.cat([job.y_train for job in jobs])
     index, weight, active, max_steps = _batch_plan(jobs, device)

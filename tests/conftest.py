@@ -11,8 +11,6 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
-SHARED_DATA = (Path(__file__).resolve().parents[1] / ".." / "shared" / "data").resolve()
-
 
 def tiny_overrides(run_dir: Path, **extra: object) -> dict[str, object]:
     """A run that takes seconds: 10 clients on 3,000 synthetic samples, 2 rounds, in-process."""
@@ -29,13 +27,6 @@ def tiny_overrides(run_dir: Path, **extra: object) -> dict[str, object]:
     }
     base.update(extra)
     return base
-
-
-@pytest.fixture
-def tiny_config(tmp_path: Path):
-    from rayfed import RunConfig
-
-    return RunConfig().override(tiny_overrides(tmp_path / "run"))
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rayfed import ConfigError, RunConfig, load_config
-from rayfed.cli import config_from_args
+from rayfed.cli_args import config_from_args
 
 
 @pytest.mark.parametrize(
@@ -16,10 +16,10 @@ from rayfed.cli import config_from_args
         ("train.rounds", 0, "train.rounds must be >= 1, but got train.rounds=0"),
         ("train.batch_size", 0, "train.batch_size must be >= 1"),
         ("data.alpha", 0, "data.alpha must be a finite number > 0, but got data.alpha=0"),
-        ("data.classes_per_client", 0, "data.classes_per_client must be >= 1"),
+        ("data.classes_per_client", 0, "data.classes_per_client must be an integer >= 1"),
         ("engine.join_ratio", 0, "engine.join_ratio must be in (0, 1], but got engine.join_ratio=0"),
         ("engine.join_ratio", 1.5, "engine.join_ratio=1.5"),
-        ("algorithm.params.mu", -1, "algorithm.params.mu must be >= 0"),
+        ("algorithm.params.mu", -1, "algorithm.params.mu must be a finite number >= 0"),
     ],
 )
 def test_bad_values_name_field_value_and_rule(path: str, value: object, fragment: str) -> None:

@@ -13,12 +13,11 @@ pytest.importorskip("matplotlib")
 
 from rayfed import RunConfig, run  # noqa: E402
 from rayfed.cli import main  # noqa: E402
+from rayfed.data import LABEL_COUNTS_FILE, read_label_counts  # noqa: E402
 from rayfed.plots import (  # noqa: E402
-    LABEL_COUNTS_FILE,
     class_head_row_norms,
     load_run,
     method_label,
-    read_label_counts,
 )
 from tests.conftest import tiny_overrides  # noqa: E402
 
@@ -105,6 +104,6 @@ def test_method_labels_name_fedawa_fidelity() -> None:
     def label(**overrides: object) -> str:
         return method_label(RunConfig().override(overrides))
 
-    assert label(**{"algorithm.name": "fedawa"}) == "FedAWA (paper)"
-    assert label(**{"algorithm.name": "fedawa_l", "algorithm.params.fidelity": "code"}) == "FedAWA-L (code)"
+    assert label(**{"algorithm.name": "fedawa"}) == "FedAWA (code)"
+    assert label(**{"algorithm.name": "fedawa_l", "algorithm.params.fidelity": "paper"}) == "FedAWA-L (paper)"
     assert label(**{"algorithm.name": "fedavg"}) == "FedAvg"

@@ -8,14 +8,15 @@ from typing import Any
 import numpy as np
 import ray
 
-from rayfed.actors.client_worker import WorkerPool
 from rayfed.actors.cluster import check_resources, default_num_workers
 from rayfed.actors.server_actor import ServerActor
-from rayfed.algorithms import ProblemSpec, RoundContext
+from rayfed.actors.worker_pool import WorkerPool
+from rayfed.algorithms import RoundContext
+from rayfed.client_runner import ClientReport, ClientState, EvalReport
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, Partition
 from rayfed.executor import Chunk, Executor, states_of
-from rayfed.worker import ClientReport, ClientState, EvalReport
+from rayfed.problem import ProblemSpec
 
 __all__ = ["RayExecutor"]
 
@@ -43,6 +44,7 @@ class RayExecutor(Executor):
             options,
             (config, spec, self._dataset_ref, self._partition_ref),
             timeout_s=engine.round_timeout_s,
+            max_retries=engine.max_retries,
         )
 
     def broadcast(self) -> Any:
@@ -51,7 +53,9 @@ class RayExecutor(Executor):
     def train(
         self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState]
     ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:
-        results = self.pool.map("train", chunks, lambda i: (broadcast, ctx, chunks[i], states_of(states, chunks[i])))
+        results = self.pool.map(
+            "train", chunks, lambda i: (broadcast, ctx, chunks[i], states_of(states, chunks[i])), round_index=ctx.round
+        )
         contributions, reports, new_states = [], [], {}
         for (contribution_ref,), (chunk_reports, chunk_states) in results:
             contributions.append(contribution_ref)
@@ -62,8 +66,12 @@ class RayExecutor(Executor):
     def aggregate(self, ctx: RoundContext, contributions: list[Any]) -> dict[str, float]:
         return ray.get(self.server.aggregate.remote(ctx, *contributions))
 
-    def evaluate(self, broadcast: Any, chunks: list[Chunk], states: Mapping[int, ClientState]) -> list[EvalReport]:
-        results = self.pool.map("evaluate", chunks, lambda i: (broadcast, chunks[i], states_of(states, chunks[i])))
+    def evaluate(
+        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState]
+    ) -> list[EvalReport]:
+        results = self.pool.map(
+            "evaluate", chunks, lambda i: (broadcast, chunks[i], states_of(states, chunks[i])), round_index=ctx.round
+        )
         return [report for _, chunk_reports in results for report in chunk_reports]
 
     def server_state(self) -> dict[str, np.ndarray]:
@@ -71,9 +79,6 @@ class RayExecutor(Executor):
 
     def load_server_state(self, state: Mapping[str, np.ndarray]) -> None:
         ray.get(self.server.load_state_dict.remote(dict(state)))
-
-    def server_memory_bytes(self) -> int:
-        return ray.get(self.server.memory_bytes.remote())
 
     def close(self) -> None:
         self.pool.shutdown()

@@ -3,8 +3,8 @@
 Importing this package registers every built-in algorithm in :data:`ALGORITHMS`.
 """
 
-from rayfed.algorithms import (  # noqa: F401  (registration)  # noqa: F401  (registration)  # noqa: F401  (registration)
-    cwfedavg,  # noqa: F401  (registration)
+from rayfed.algorithms import (  # noqa: F401  (registration)
+    cwfedavg,
     fedavg,
     fedawa,
     fedclassavg,
@@ -19,10 +19,11 @@ from rayfed.algorithms.base import (
     ClientHalf,
     Contribution,
     NoParams,
-    ProblemSpec,
+    ResolvedAlgorithm,
     RoundContext,
     ServerHalf,
     register_algorithm,
+    resolve,
 )
 from rayfed.algorithms.contributions import WeightedSum, sum_contributions
 
@@ -33,10 +34,11 @@ __all__ = [
     "ClientHalf",
     "Contribution",
     "NoParams",
-    "ProblemSpec",
+    "ResolvedAlgorithm",
     "RoundContext",
     "ServerHalf",
     "WeightedSum",
     "register_algorithm",
+    "resolve",
     "sum_contributions",
 ]

@@ -24,18 +24,20 @@ Round t, as the engine runs it (``rayfed.engine``)::
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, cast
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import numpy as np
 
-from rayfed.flat import ParamLayout
+from rayfed.problem import ProblemSpec
 from rayfed.registry import Registry
 from rayfed.training import ClientJob, TrainStats, local_sgd
 
+if TYPE_CHECKING:  # config validates params through this registry
+    from rayfed.config import AlgorithmConfig
+
 __all__ = [
-    "ProblemSpec",
     "RoundContext",
     "Contribution",
     "Broadcast",
@@ -44,6 +46,8 @@ __all__ = [
     "Algorithm",
     "ALGORITHMS",
     "register_algorithm",
+    "ResolvedAlgorithm",
+    "resolve",
     "NoParams",
 ]
 
@@ -54,43 +58,6 @@ C = TypeVar("C", bound="Contribution")
 @dataclass(frozen=True)
 class NoParams:
     """Hyper-parameters of an algorithm that has none (FedAvg)."""
-
-
-@dataclass(frozen=True)
-class ProblemSpec:
-    """What both halves know about the run before it starts; nothing client-private.
-
-    ``layouts`` maps each architecture to its parameter layout; ``blocks`` to its
-    top-level block names (for selective, per-layer algorithms); ``output_layer`` to
-    the name of its final linear layer.
-    """
-
-    num_clients: int
-    num_classes: int
-    input_shape: tuple[int, int, int]
-    layouts: Mapping[str, ParamLayout]
-    blocks: Mapping[str, tuple[str, ...]]
-    output_layer: Mapping[str, str]
-    client_architectures: tuple[str, ...] = ()
-    """Architecture per client; empty when every client has ``default_architecture``."""
-    default_architecture: str = ""
-    seed: int = 0
-    """The run's training seed (``RunConfig.seed``), e.g. for per-client initialisations."""
-    mean: tuple[float, ...] = ()
-    std: tuple[float, ...] = ()
-    """Per-channel statistics the workers normalise inputs with (to undo before augmenting)."""
-    buffer_layouts: Mapping[str, ParamLayout] = field(default_factory=dict)
-    """Each architecture's floating-point buffers (BatchNorm statistics), laid out after its
-    parameters in the state vector (``FlatModel.state_numpy``); empty if unknown."""
-
-    def architecture_of(self, client_id: int) -> str:
-        if self.client_architectures:
-            return self.client_architectures[client_id % len(self.client_architectures)]
-        return self.default_architecture
-
-    @property
-    def homogeneous(self) -> bool:
-        return len(self.layouts) == 1
 
 
 @dataclass(frozen=True)
@@ -204,13 +171,17 @@ class ServerHalf(abc.ABC, Generic[P, C]):
     """
 
     def __init__(self, params: P, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
+        type(self).validate(params, spec)
         self.params = params
         self.spec = spec
 
     @classmethod
     def validate(cls, params: P, spec: ProblemSpec) -> None:
-        """Check ``params`` against the problem before the run starts (and before anything is
-        written); raise ConfigError naming the field. Nothing to check by default."""
+        """The one check of ``params`` against the problem; raise ConfigError naming the field.
+
+        The engine calls it before anything is written, and the constructor calls it again,
+        so a server half built directly is checked the same way. Nothing to check by default.
+        """
 
     @abc.abstractmethod
     def broadcast(self) -> Broadcast:
@@ -244,10 +215,16 @@ class Algorithm:
     summary: str
     keeps_client_state: bool = False
     """True if clients keep state between rounds (stored in the client state store)."""
-    tags: tuple[str, ...] = field(default_factory=tuple)
+    describe: Callable[[Any], str] | None = None
+    """The method's display name for given params (figures, tables); None = :attr:`name`."""
+
+    def label(self, params: Any) -> str:
+        """How figures and tables name this algorithm run with ``params``."""
+        return self.describe(params) if self.describe is not None else self.name
 
 
 ALGORITHMS: Registry[Algorithm] = Registry("algorithm", field="algorithm.name")
+
 
 def register_algorithm(
     name: str,
@@ -257,8 +234,58 @@ def register_algorithm(
     client: type[ClientHalf[Any]] | None = ClientHalf,
     summary: str,
     keeps_client_state: bool = False,
+    label: str | Callable[[Any], str] | None = None,
 ) -> Algorithm:
-    """Register an algorithm under ``name``; one call at the bottom of its module."""
-    algorithm = Algorithm(name, params, server, client, summary, keeps_client_state)
+    """Register an algorithm under ``name``; one call at the bottom of its module.
+
+    ``label`` is its display name, or a function of its params giving one (a variant's name).
+    """
+    describe = (lambda _params, text=label: text) if isinstance(label, str) else label
+    algorithm = Algorithm(name, params, server, client, summary, keeps_client_state, describe)
     ALGORITHMS.register(name)(algorithm)
     return algorithm
+
+
+@dataclass(frozen=True)
+class ResolvedAlgorithm:
+    """What an ``AlgorithmConfig`` names, resolved once: both halves, their params, client state.
+
+    The engine, the workers and the server all build their halves from this one object.
+    """
+
+    algorithm: Algorithm
+    server_params: Any
+    client_half: type[ClientHalf[Any]]
+    client_params: Any
+    keeps_client_state: bool
+    """True if the run's clients keep state between rounds (either half's algorithm keeps it)."""
+
+    @property
+    def name(self) -> str:
+        return self.algorithm.name
+
+    def validate(self, spec: ProblemSpec) -> None:
+        """The server half's check of its params against the problem (before anything is written)."""
+        self.algorithm.server_half.validate(self.server_params, spec)
+
+    def make_server(self, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> ServerHalf[Any, Any]:
+        return self.algorithm.server_half(self.server_params, spec, initial)
+
+    def make_client(self, spec: ProblemSpec) -> ClientHalf[Any]:
+        return self.client_half(self.client_params, spec)
+
+
+def resolve(config: AlgorithmConfig) -> ResolvedAlgorithm:
+    """Turn ``algorithm.*`` into the run's halves; ``algorithm.client`` borrows another's client half."""
+    algorithm = ALGORITHMS.get(config.name)
+    if config.client is None:
+        client_algorithm, client_params = algorithm, config.params
+    else:
+        client_algorithm, client_params = ALGORITHMS.get(config.client), config.client_params
+    return ResolvedAlgorithm(
+        algorithm=algorithm,
+        server_params=config.params,
+        client_half=client_algorithm.client_half or ClientHalf,
+        client_params=client_params,
+        keeps_client_state=algorithm.keeps_client_state or client_algorithm.keeps_client_state,
+    )

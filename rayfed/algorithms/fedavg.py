@@ -16,20 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rayfed.algorithms.base import (
-    Broadcast,
-    ClientHalf,
-    NoParams,
-    ProblemSpec,
-    RoundContext,
-    ServerHalf,
-    register_algorithm,
-)
+from rayfed.algorithms.base import Broadcast, ClientHalf, NoParams, RoundContext, ServerHalf, register_algorithm
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.errors import ConfigError
+from rayfed.problem import ProblemSpec
 from rayfed.training import ClientJob
 
-__all__ = ["GlobalModel", "FedAvgServer"]
+__all__ = ["GlobalModel", "FedAvgServer", "require_homogeneous", "sole_architecture"]
 
 
 @dataclass(frozen=True)
@@ -48,13 +41,22 @@ class GlobalModel(Broadcast):
         return int(self.vector.nbytes)
 
 
-def require_homogeneous(spec: ProblemSpec, algorithm: str) -> str:
-    """The single architecture of the run; algorithms that average whole models need one."""
+def require_homogeneous(spec: ProblemSpec) -> str:
+    """The single architecture of the run; algorithms that average whole models need one.
+
+    A server half calls it in its ``validate``; its constructor, already validated, reads
+    the architecture with :func:`sole_architecture`.
+    """
     if not spec.homogeneous:
         raise ConfigError(
-            f"algorithm.name={algorithm!r} averages whole models and needs one architecture, but "
+            f"algorithm.name={spec.algorithm or 'fedavg'!r} averages whole models and needs one architecture, but "
             f"model.client_models={sorted(spec.layouts)}; use 'fedclassavg' for heterogeneous clients"
         )
+    return sole_architecture(spec)
+
+
+def sole_architecture(spec: ProblemSpec) -> str:
+    """The architecture of a run that :func:`require_homogeneous` accepted (the first one otherwise)."""
     return next(iter(spec.layouts))
 
 
@@ -63,11 +65,11 @@ class FedAvgServer(ServerHalf[object, WeightedSum]):
 
     @classmethod
     def validate(cls, params: object, spec: ProblemSpec) -> None:
-        require_homogeneous(spec, "fedavg")
+        require_homogeneous(spec)
 
     def __init__(self, params: object, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
-        super().__init__(params, spec, initial)
-        self.global_vector = np.array(initial[require_homogeneous(spec, "fedavg")], dtype=np.float32)
+        super().__init__(params, spec, initial)  # validates
+        self.global_vector = np.array(initial[sole_architecture(spec)], dtype=np.float32)
 
     def broadcast(self) -> GlobalModel:
         return GlobalModel(self.global_vector)
@@ -91,4 +93,5 @@ register_algorithm(
     server=FedAvgServer,
     client=ClientHalf,
     summary="FedAvg (McMahan et al. 2017): size-weighted average of full models",
+    label="FedAvg",
 )

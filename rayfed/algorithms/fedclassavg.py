@@ -2,11 +2,11 @@
 
 Jang, Kim, Lee and Seo, "FedClassAvg: Local Representation Learning for Personalized
 Federated Learning on Heterogeneous Neural Networks", ICPP 2022, arXiv:2210.14226
-(spec §3; authors' code ``hukla/FedClassAvg``).
+("P-FCA" below; authors' code ``hukla/FedClassAvg``). See docs/algorithms.md, FedClassAvg section.
 
 Each client k holds f_k = C_k ∘ F_k: its own extractor F_k (any architecture with a 512-d
 output, :mod:`rayfed.models.fedclassavg_nets`) and a classifier C_k = ReLU → Linear(512 → K)
-of the same shape in every client. Per round (spec §3.3):
+of the same shape in every client. Per round (P-FCA §3, Algorithm 1):
 
 1. each sampled client replaces C_k by the global classifier C and trains on (Eq. 4)
 
@@ -25,7 +25,7 @@ the engine's client state store between rounds. A client that never trained hold
 random initialisation, drawn from (run seed, client id); the server's initial C is another
 independent draw.
 
-Code vs paper (``fidelity``; spec §3.2, §6 FedClassAvg 1-3):
+Code vs paper (``fidelity``; docs/algorithms.md, FedClassAvg section):
 
 * SupCon as coded: unnormalised features, τ = 100, scaled by τ/τ_base (τ_base = 0.07);
 * L_R: code (ρ/2)·Σ_{weight, bias} MSE(w_Ck, w_C), skipped at each epoch's first batch; paper
@@ -43,22 +43,24 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rayfed.algorithms.base import Broadcast, ClientHalf, ProblemSpec, ServerHalf, register_algorithm
+from rayfed.algorithms.base import Broadcast, ClientHalf, ServerHalf, register_algorithm
 from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.fedavg import FedAvgServer
+from rayfed.algorithms.fedavg import FedAvgServer, sole_architecture
 from rayfed.algorithms.local import CLIENT_INIT_STREAM, MODEL_KEY, ClientInit, own_model_state, save_model_state
 from rayfed.data.augment import augment_batch
 from rayfed.errors import ConfigError
 from rayfed.flat import FlatModel
 from rayfed.models.fedclassavg_nets import FedClassAvgNet
+from rayfed.problem import ProblemSpec
 from rayfed.seeding import init_seed
 from rayfed.training import ClientJob, TrainStats
+from rayfed.validation import check, check_choice, check_real
 
 __all__ = [
     "FedClassAvgParams",
@@ -111,16 +113,15 @@ class FedClassAvgParams:
     adam_eps: float = 1e-8
 
     def __post_init__(self) -> None:
-        _require(math.isfinite(self.rho) and self.rho >= 0, "rho", self.rho, "a finite number >= 0")
+        p = "algorithm.params."
+        check_real(p + "rho", self.rho, low=0)
         for name in ("temperature", "base_temperature", "adam_eps"):
-            value = getattr(self, name)
-            _require(math.isfinite(value) and value > 0, name, value, "a finite number > 0")
-        for name, choices in (("fidelity", ("code", "paper")), ("mode", ("classifier", "weight"))):
-            value = getattr(self, name)
-            _require(value in choices, name, value, f"one of {', '.join(map(repr, choices))}")
-        _require(
+            check_real(p + name, getattr(self, name), low=0, low_open=True)
+        check_choice(p + "fidelity", self.fidelity, ("code", "paper"))
+        check_choice(p + "mode", self.mode, ("classifier", "weight"))
+        check(
             not (self.mode == "weight" and self.warmup),
-            "warmup",
+            p + "warmup",
             self.warmup,
             "false or unset with algorithm.params.mode='weight' (clients start from the global model)",
         )
@@ -129,7 +130,7 @@ class FedClassAvgParams:
         except (TypeError, ValueError):
             betas = ()
         valid = len(betas) == 2 and all(0 <= b < 1 for b in betas)
-        _require(valid, "adam_betas", self.adam_betas, "two numbers in [0, 1)")
+        check(valid, p + "adam_betas", self.adam_betas, "two numbers in [0, 1)")
         object.__setattr__(self, "adam_betas", betas)
 
     @property
@@ -137,12 +138,6 @@ class FedClassAvgParams:
         if self.warmup is not None:
             return self.warmup
         return self.fidelity == "code" and self.mode == "classifier"
-
-
-def _require(ok: bool, name: str, value: Any, allowed: str) -> None:
-    if not ok:
-        path = f"algorithm.params.{name}"
-        raise ConfigError(f"{path} must be {allowed}, but got {path}={value!r}")
 
 
 # --- the math: pure functions on tensors -------------------------------------------------------
@@ -254,7 +249,7 @@ class FedClassAvgMessage(Broadcast):
         return WeightedSum.of(shared, job.num_train)
 
     def prepare_eval(self, job: ClientJob) -> None:
-        """The client's own model with its locally trained classifier (spec §3.3 d)."""
+        """The client's own model with its locally trained classifier (as the authors' code evaluates)."""
         if self.mode == "weight" and not _has_trained(job):
             job.flat.load_state(self.vector)
         else:
@@ -284,7 +279,7 @@ class FedClassAvgClient(ClientHalf[FedClassAvgParams]):
             job.flat.load(own, part)
             self._train(job, own, epochs=1)
             job.flat.load(received, part)
-        return self._train(job, received, epochs=job.epochs)
+        return self._train(job, received, epochs=job.train.local_epochs)
 
     def _train(self, job: ClientJob, anchor: torch.Tensor, *, epochs: int) -> TrainStats:
         params, model, flat = self.params, cast(FedClassAvgNet, job.model), job.flat
@@ -294,8 +289,8 @@ class FedClassAvgClient(ClientHalf[FedClassAvgParams]):
         optimiser = FlatAdam(flat, params.adam_betas, params.adam_eps)
         mean, std = self.spec.mean, self.spec.std
         model.train()
-        n, batch = job.num_train, job.batch_size
-        stop = n - n % batch if job.drop_last else n
+        n, batch = job.num_train, job.train.batch_size
+        stop = n - n % batch if job.train.drop_last else n
         ce_sum = torch.zeros((), device=job.device)
         steps = 0
         for _ in range(epochs):
@@ -344,10 +339,9 @@ class FedClassAvgServer(FedAvgServer):
             )
 
     def __init__(self, params: FedClassAvgParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
-        ServerHalf.__init__(self, params, spec, initial)  # not FedAvg's: it needs one architecture
-        self.validate(params, spec)
+        ServerHalf.__init__(self, params, spec, initial)  # validates; not FedAvg's, which needs one architecture
         if params.mode == "weight":
-            self.global_vector = np.array(initial[next(iter(spec.layouts))], dtype=np.float32)
+            self.global_vector = np.array(initial[sole_architecture(spec)], dtype=np.float32)
         else:
             self.global_vector = initial_classifier(spec.seed, _shared_feature_dim(spec), spec.num_classes)
         self.init = ClientInit.of(spec)
@@ -388,4 +382,5 @@ register_algorithm(
     client=FedClassAvgClient,
     summary="FedClassAvg (Jang et al. 2022): classifier averaging + local SupCon for heterogeneous models",
     keeps_client_state=True,
+    label=lambda params: "FedClassAvg+weight" if params.mode == "weight" else "FedClassAvg",
 )

@@ -18,8 +18,8 @@ import torch
 
 from rayfed.algorithms.base import ClientHalf, register_algorithm
 from rayfed.algorithms.fedavg import FedAvgServer
-from rayfed.errors import ConfigError
 from rayfed.training import ClientJob
+from rayfed.validation import check_real
 
 __all__ = ["FedProxParams", "FedProxClient", "proximal_term", "flatten_logically"]
 
@@ -30,8 +30,7 @@ class FedProxParams:
     """μ of the proximal term; 0.001 as in the cwFedAvg and FedAWA papers' baselines."""
 
     def __post_init__(self) -> None:
-        if not self.mu >= 0:
-            raise ConfigError(f"algorithm.params.mu must be >= 0, but got algorithm.params.mu={self.mu!r}")
+        check_real("algorithm.params.mu", self.mu, low=0)
 
 
 def flatten_logically(params: list[torch.Tensor]) -> torch.Tensor:
@@ -69,4 +68,5 @@ register_algorithm(
     server=FedAvgServer,
     client=FedProxClient,
     summary="FedProx (Li et al. 2020): FedAvg + client proximal term (mu/2)||w - w_g||^2",
+    label="FedProx",
 )

@@ -1,12 +1,12 @@
 """Local-only training: every client trains its own model and nothing is aggregated.
 
-The "local only" baseline of the personalised-FL papers (e.g. FedClassAvg, P-FCA Tab. 2;
-spec §5.6). Each client starts from its *own* random initialisation, drawn from
-(run seed, client id), so clients are independent, as they would be without any
-federation; it then trains with the client half (plain SGD on cross-entropy unless
-``algorithm.client`` borrows another one) whenever it is sampled, and its model stays in
-the engine's client state store between rounds. Evaluation uses the model the client
-holds: its last trained one, or its initialisation if it never trained.
+The "local only" baseline of the personalised-FL papers (e.g. FedClassAvg, ICPP 2022,
+Table 2; docs/algorithms.md, local training section). Each client starts from its *own*
+random initialisation, drawn from (run seed, client id), so clients are independent, as
+they would be without any federation; it then trains with the client half (plain SGD on
+cross-entropy unless ``algorithm.client`` borrows another one) whenever it is sampled,
+and its model stays in the engine's client state store between rounds. Evaluation uses
+the model the client holds: its last trained one, or its initialisation if it never trained.
 
 Nothing travels: uploads and downloads are 0 bytes.
 
@@ -28,7 +28,6 @@ from rayfed.algorithms.base import (
     ClientHalf,
     Contribution,
     NoParams,
-    ProblemSpec,
     RoundContext,
     ServerHalf,
     register_algorithm,
@@ -36,6 +35,7 @@ from rayfed.algorithms.base import (
 from rayfed.flat import FlatModel
 from rayfed.models import build_model
 from rayfed.models._spec import InputShape
+from rayfed.problem import ProblemSpec
 from rayfed.seeding import init_seed
 from rayfed.training import ClientJob
 
@@ -46,7 +46,7 @@ MODEL_KEY = "model"
 
 CLIENT_INIT_STREAM = 1 << 20
 """Client c's initialisation uses ``init_seed(seed, CLIENT_INIT_STREAM + c)``; streams below
-are the per-architecture ones of ``rayfed.engine.build_problem``."""
+are the per-architecture ones of ``rayfed.problem.build_problem``."""
 
 
 @dataclass(frozen=True)
@@ -153,4 +153,5 @@ register_algorithm(
     client=ClientHalf,
     summary="Local-only training: each client trains its own model, kept in the client state store; no aggregation",
     keeps_client_state=True,
+    label="Local",
 )

@@ -1,6 +1,6 @@
 """SGD-momentum clients whose momentum buffers persist across rounds (FedAWA's clients).
 
-In the FedAWA code (spec ``docs/algorithms.md`` §2.3, P-AWA A.5) every client creates its
+In the FedAWA code (P-AWA App. A.5; docs/algorithms.md, "SGD with persistent momentum (sgdm)") every client creates its
 ``SGD(lr, momentum=0.9, weight_decay=5e-4)`` optimiser once, at start-up, and loads the
 global model into its network each round: the model is replaced, the momentum buffer is
 not. Round t of client k therefore starts from θ_g^t with the buffer b_k left by its
@@ -37,7 +37,7 @@ class PersistentMomentumClient(ClientHalf[object]):
     """Local SGD whose momentum buffer is carried from one round of the client to its next."""
 
     def train(self, job: ClientJob) -> TrainStats:
-        if not job.momentum:
+        if not job.train.momentum:
             return super().train(job)
         saved = (job.state or {}).get(MOMENTUM_KEY)
         if saved is not None and saved.shape == (job.flat.size,):
@@ -57,4 +57,5 @@ register_algorithm(
     client=PersistentMomentumClient,
     summary="FedAvg with SGD-momentum clients whose buffers persist across rounds (FedAWA's clients)",
     keeps_client_state=True,
+    label="FedAvg (SGDM)",
 )

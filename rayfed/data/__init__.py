@@ -1,35 +1,40 @@
 """The data plane: datasets as uint8 arrays, client partitions as CSR index arrays.
 
+>>> from rayfed.config import DataConfig
 >>> from rayfed.data import load_dataset, make_partition
 >>> ds = load_dataset("synthetic", None, options={"num_samples": 2000})
->>> part = make_partition(ds.labels, ds.num_classes, method="dirichlet", num_clients=20, seed=1)
+>>> part = make_partition(ds.labels, ds.num_classes, DataConfig(partition="dirichlet", num_clients=20, seed=1))
 >>> part.num_clients, int(part.num_train().sum() + part.num_test().sum())
 (20, 2000)
 
-Importing this package registers every built-in dataset in :data:`DATASETS`.
+Importing this package registers every built-in dataset in :data:`DATASETS` and every
+partitioner in :data:`PARTITIONERS`.
 """
 
 from rayfed.data import torchvision_data as _torchvision_data  # noqa: F401  (registers loaders)
 from rayfed.data.dataset import ArrayDataset
-from rayfed.data.partition import (
-    PARTITIONS,
-    Partition,
+from rayfed.data.partition import LABEL_COUNTS_FILE, Partition, read_label_counts, write_label_counts
+from rayfed.data.partitioners import (
+    PARTITIONERS,
+    Partitioner,
     make_partition,
     partition_dirichlet,
     partition_iid,
     partition_pathological,
-    split_train_test,
 )
 from rayfed.data.registry import DATASETS, DatasetLoader, dataset_options, load_dataset
+from rayfed.data.split import split_train_test
 from rayfed.data.synthetic import make_synthetic
 from rayfed.data.transforms import normalize_batch
 
 __all__ = [
     "DATASETS",
-    "PARTITIONS",
+    "LABEL_COUNTS_FILE",
+    "PARTITIONERS",
     "ArrayDataset",
     "DatasetLoader",
     "Partition",
+    "Partitioner",
     "dataset_options",
     "load_dataset",
     "make_partition",
@@ -38,5 +43,7 @@ __all__ = [
     "partition_dirichlet",
     "partition_iid",
     "partition_pathological",
+    "read_label_counts",
     "split_train_test",
+    "write_label_counts",
 ]

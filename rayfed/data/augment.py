@@ -1,7 +1,10 @@
 """Batched random image augmentation on the worker, with per-sample randomness.
 
-The SimCLR / SupCon training pipeline that FedClassAvg applies twice per image
-(spec §3.4; torchvision in the authors' code)::
+The SimCLR / SupCon training pipeline that FedClassAvg applies twice per image, giving
+the two views x' and x'' of its local objective ("FedClassAvg: Local Representation
+Learning for Personalized Federated Learning on Heterogeneous Neural Networks", ICPP
+2022, Sec. 3.2, Eq. 4). The paper does not list the transforms; these are the authors'
+code's torchvision ones (docs/algorithms.md, FedClassAvg section)::
 
     RandomResizedCrop(size, scale=(0.2, 1)) -> RandomHorizontalFlip()
     -> RandomApply([ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8) -> RandomGrayscale(p=0.2)

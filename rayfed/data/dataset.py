@@ -1,7 +1,7 @@
 """The in-memory dataset every rayfed component reads: uint8 images and int64 labels.
 
 The driver loads a dataset once into plain numpy arrays, ``ray.put`` s it once, and
-every worker on the node reads it zero-copy (design.md, "Data plane"). Images stay
+every worker on the node reads it zero-copy (README.md, "How it works": data plane). Images stay
 uint8 so 70,000 MNIST images cost 55 MB, not 220 MB of float32; normalisation runs
 per batch on the worker (:func:`rayfed.data.transforms.normalize_batch`).
 """

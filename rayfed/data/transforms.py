@@ -1,4 +1,4 @@
-"""Per-batch tensor transforms run on the worker (design.md, "Data plane").
+"""Per-batch tensor transforms run on the worker (README.md, "How it works": data plane).
 
 Images travel as uint8 and are normalised one whole batch at a time with tensor ops,
 never per sample through PIL: three element-wise passes per batch instead of a PIL

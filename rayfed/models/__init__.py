@@ -4,13 +4,15 @@ Each architecture is a :class:`ModelSpec` registered in :data:`MODELS` under the
 config value of ``model.name``:
 
 ========================  =====================================================
-``cnn4``                  cwFedAvg 4-layer CNN (PFLlib ``FedAvgCNN``), spec §1.9
-``cnn5``                  FedAWA 5-layer CNN, spec §2.6
-``resnet18``              CIFAR / Tiny-ImageNet ResNet-18, spec §2.6
-``resnet18_imagenet``     torchvision ResNet-18 (ImageNet stem), spec §1.9
-``resnet20``              CIFAR ResNet-20, spec §2.6
-``fca_*``                 FedClassAvg's four client networks, spec §3.1
+``cnn4``                  cwFedAvg 4-layer CNN (PFLlib ``FedAvgCNN``)
+``cnn5``                  FedAWA 5-layer CNN
+``resnet18``              CIFAR / Tiny-ImageNet ResNet-18 (FedAWA)
+``resnet18_imagenet``     torchvision ResNet-18 (ImageNet stem; cwFedAvg)
+``resnet20``              CIFAR ResNet-20 (FedAWA)
+``fca_*``                 FedClassAvg's four client networks
 ========================  =====================================================
+
+Which paper uses which: docs/algorithms.md, the section of each algorithm.
 
 A new architecture is one module that calls :func:`register_model` and is imported
 below.
@@ -30,7 +32,7 @@ import operator
 from torch import nn
 
 from rayfed.errors import ConfigError
-from rayfed.models import fedclassavg_nets  # noqa: F401  (fca_* models, spec §3.1)
+from rayfed.models import fedclassavg_nets  # noqa: F401  (registers the fca_* models)
 from rayfed.models._spec import MODELS, InputShape, ModelSpec, register_model
 
 # Importing a model module registers its models.
@@ -140,7 +142,7 @@ def block_names(model: nn.Module) -> list[str]:
     """Top-level children that hold parameters or buffers, in forward order.
 
     These are the blocks cwFedAvg's selective application counts: with ``-ncw m``
-    the last ``m`` are class-wise (spec §1.6). Parameter-free children such as a
+    the last ``m`` are class-wise (cwFedAvg, ICCV 2025, §4.3). Parameter-free children such as a
     top-level ReLU or pooling layer (torchvision's ResNet has them) are skipped.
 
     >>> block_names(FedAvgCNN((3, 32, 32), 10))

@@ -3,7 +3,7 @@
 Both use PyTorch's default initialisation, as the reference code does, and both
 compute their flatten size from the input shape instead of from the dataset name.
 Top-level children are the blocks that cwFedAvg's selective application counts
-(spec §1.6): the last ``m`` of them are class-wise.
+(cwFedAvg, ICCV 2025, §4.3): the last ``m`` of them are class-wise.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _cnn4_supports(input_shape: InputShape) -> str | None:
 
 
 class FedAvgCNN(nn.Module):
-    """The 4-layer CNN of the cwFedAvg papers (PFLlib ``FedAvgCNN``; spec §1.9).
+    """The 4-layer CNN of the cwFedAvg papers (PFLlib ``FedAvgCNN``; docs/algorithms.md, cwFedAvg section).
 
     ``conv1``: Conv 5x5 C->32, ReLU, MaxPool 2; ``conv2``: Conv 5x5 32->64, ReLU,
     MaxPool 2; ``last_feat``: Linear(D->512), ReLU on the flattened maps; ``fc``:
@@ -81,7 +81,7 @@ def _cnn5_supports(input_shape: InputShape) -> str | None:
 
 
 class FedAWACNN(nn.Module):
-    """FedAWA's "5-layer" CNN (C-AWA ``CNNCifar10``/``CNNCifar100``; spec §2.6).
+    """FedAWA's "5-layer" CNN (the authors' ``CNNCifar10``/``CNNCifar100``; docs/algorithms.md, FedAWA).
 
     ``conv1``: Conv 3x3 C->32, ReLU, MaxPool 2; ``conv2``: Conv 3x3 32->64, ReLU,
     MaxPool 2; ``conv3``: Conv 3x3 64->64, ReLU; ``last_feat``: Linear(D->64), ReLU

@@ -1,7 +1,8 @@
 """FedClassAvg's heterogeneous client networks: an extractor F_k and the shared classifier C.
 
 Jang et al., "FedClassAvg: Local Representation Learning for Personalized Federated
-Learning on Heterogeneous Neural Networks", ICPP 2022, arXiv:2210.14226 (spec §3.1).
+Learning on Heterogeneous Neural Networks", ICPP 2022, arXiv:2210.14226 ("P-FCA" below;
+docs/algorithms.md, FedClassAvg section).
 Every client model is f_k = C ∘ F_k:
 
 * ``extractor`` (F_k) maps an image to a 512-d feature z. Its last layer is a *linear*
@@ -63,7 +64,7 @@ FEATURE_DIM = 512
 
 FEDCLASSAVG_MODELS = ("fca_resnet18", "fca_shufflenet", "fca_googlenet", "fca_alexnet")
 """The paper's client architectures, in the order client c gets ``FEDCLASSAVG_MODELS[c % 4]``
-(P-FCA §5.3): pass as ``model.client_models``."""
+(FedClassAvg, ICPP 2022, §4.2 and Table 2): pass as ``model.client_models``."""
 
 _MIN_PX = 16
 
@@ -92,7 +93,7 @@ class FedClassAvgNet(nn.Module):
 
 
 class AlexNetSmall(nn.Module):
-    """The authors' AlexNet-style extractor for small images (C-FCA ``models.alexnet_mnist``; spec §3.1).
+    """The authors' AlexNet-style extractor for small images (``models.alexnet_mnist``).
 
     conv3x3 C->64 'same', ReLU, MaxPool(2, s1, p1); conv3x3 64->128 'same', ReLU,
     MaxPool(2, s2, p1); conv3x3 128->256 'same', ReLU; AdaptiveAvgPool 3x3, flatten

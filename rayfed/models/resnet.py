@@ -1,10 +1,10 @@
 """Residual networks: CIFAR/Tiny-ImageNet ResNet-18, ResNet-20, and torchvision's ResNet-18.
 
-* ``resnet18``: the small-image ResNet-18 of FedAWA (spec §2.6). 3x3 stride-1 stem,
+* ``resnet18``: the small-image ResNet-18 of FedAWA (CVPR 2025). 3x3 stride-1 stem,
   plus a 3x3 stride-2 max-pool only for inputs of at least 64 px (Tiny-ImageNet).
-* ``resnet20``: the CIFAR ResNet-20 of FedAWA (spec §2.6), about 0.27 M parameters.
+* ``resnet20``: the CIFAR ResNet-20 of FedAWA, about 0.27 M parameters.
 * ``resnet18_imagenet``: torchvision ``resnet18`` with the ImageNet stem, as used by
-  cwFedAvg's ``-m resnet`` (spec §1.9).
+  cwFedAvg's ``-m resnet`` (docs/algorithms.md, cwFedAvg section).
 
 All use PyTorch's default initialisation (torchvision's own for ``resnet18_imagenet``).
 """
@@ -120,7 +120,7 @@ def _resnet18_supports(input_shape: InputShape) -> str | None:
 
 
 def resnet18(input_shape: InputShape, num_classes: int) -> ResNet:
-    """The CIFAR / Tiny-ImageNet ResNet-18 (FedAWA, spec §2.6).
+    """The CIFAR / Tiny-ImageNet ResNet-18 (FedAWA).
 
     Stages [2, 2, 2, 2] of widths 64/128/256/512 and strides 1/2/2/2. The stem
     max-pool is present only when H and W are at least 64 (the Tiny variant).
@@ -145,7 +145,7 @@ def _resnet20_supports(input_shape: InputShape) -> str | None:
 
 
 def resnet20(input_shape: InputShape, num_classes: int) -> ResNet:
-    """The CIFAR ResNet-20 (FedAWA, spec §2.6): 3 stages x 3 blocks, widths 16/32/64.
+    """The CIFAR ResNet-20 (FedAWA): 3 stages x 3 blocks, widths 16/32/64.
 
     >>> sum(p.numel() for p in resnet20((3, 32, 32), 10).parameters())
     272474

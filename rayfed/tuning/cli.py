@@ -34,7 +34,7 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     tune.add_argument("--study-name", help="name in the storage (default: the space file's name)")
     tune.add_argument("--study-dir", help="folder for the trials' run directories (default runs/tune/NAME)")
     tune.add_argument("--storage", help="Optuna storage URL, or journal:///path/file.log (default: STUDY_DIR/study.db)")
-    tune.add_argument("--pruner", choices=PRUNERS, default="median", help="default median")
+    tune.add_argument("--pruner", choices=PRUNERS.names(), default="median", help="default median")
     tune.add_argument("--objective", choices=("best", "final"), default="best",
                       help="best round accuracy (default) or the last evaluated round's")
     tune.add_argument("--seed", type=int, help="sampler seed (default: the config's seed)")
@@ -47,7 +47,7 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def _tune(ns: argparse.Namespace) -> int:
-    from rayfed.cli import config_from_args
+    from rayfed.cli_args import config_from_args
     from rayfed.tuning.report import best_trials_table, write_plots
     from rayfed.tuning.storage import default_storage_url
     from rayfed.tuning.study import tune

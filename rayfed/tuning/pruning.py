@@ -1,13 +1,14 @@
 """Report each round's accuracy to an Optuna trial and stop the run when its pruner says so.
 
-The pruners themselves are Optuna's, chosen by name with :func:`make_pruner`:
-``median`` (:class:`optuna.pruners.MedianPruner`), ``successive_halving``,
-``hyperband`` (resource = rounds) or ``none``.
+The pruners themselves are Optuna's, registered by name in :data:`PRUNERS` and built
+with :func:`make_pruner`: ``median`` (:class:`optuna.pruners.MedianPruner`),
+``successive_halving``, ``hyperband`` (resource = rounds) or ``none``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import optuna
@@ -16,14 +17,35 @@ import pyarrow as pa
 from rayfed.callbacks import Callback
 from rayfed.errors import ConfigError
 from rayfed.metrics import RoundRecord
-from rayfed.registry import closest
+from rayfed.registry import Registry
 
 if TYPE_CHECKING:  # pragma: no cover
     from rayfed.engine import Simulation
 
 __all__ = ["PruningCallback", "make_pruner", "PRUNERS"]
 
-PRUNERS = ("median", "successive_halving", "hyperband", "none")
+PRUNERS: Registry[Callable[[int], optuna.pruners.BasePruner]] = Registry("pruner", field="pruner")
+"""Pruner name -> ``rounds -> pruner`` (``rounds``: the run's ``train.rounds``)."""
+
+
+@PRUNERS.register("median")
+def _median(rounds: int) -> optuna.pruners.BasePruner:
+    return optuna.pruners.MedianPruner()
+
+
+@PRUNERS.register("successive_halving")
+def _successive_halving(rounds: int) -> optuna.pruners.BasePruner:
+    return optuna.pruners.SuccessiveHalvingPruner()
+
+
+@PRUNERS.register("hyperband")
+def _hyperband(rounds: int) -> optuna.pruners.BasePruner:
+    return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(rounds, 1))
+
+
+@PRUNERS.register("none")
+def _none(rounds: int) -> optuna.pruners.BasePruner:
+    return optuna.pruners.NopPruner()
 
 
 class PruningCallback(Callback):
@@ -51,22 +73,16 @@ class PruningCallback(Callback):
 
 
 def make_pruner(name: str | optuna.pruners.BasePruner, *, rounds: int) -> optuna.pruners.BasePruner:
-    """An Optuna pruner by name; ``rounds`` (the run's ``train.rounds``) is Hyperband's maximum resource.
+    """An Optuna pruner by name (or as given); ``rounds`` (the run's ``train.rounds``) is Hyperband's maximum resource.
 
     >>> type(make_pruner("median", rounds=10)).__name__
     'MedianPruner'
     """
     if isinstance(name, optuna.pruners.BasePruner):
         return name
-    if name == "median":
-        return optuna.pruners.MedianPruner()
-    if name == "successive_halving":
-        return optuna.pruners.SuccessiveHalvingPruner()
-    if name == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(rounds, 1))
-    if name == "none":
-        return optuna.pruners.NopPruner()
-    raise ConfigError(
-        f"pruner must be one of {', '.join(map(repr, PRUNERS))} or an optuna.pruners.BasePruner, "
-        f"but got pruner={name!r}{closest(str(name), PRUNERS)}"
-    )
+    if not isinstance(name, str):
+        raise ConfigError(
+            f"pruner must be one of {', '.join(map(repr, PRUNERS.names()))} or an optuna.pruners.BasePruner, "
+            f"but got pruner={name!r}"
+        )
+    return PRUNERS.get(name)(rounds)

@@ -18,7 +18,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from rayfed.tuning import attrs
+import rayfed.tuning.attrs as attrs
 
 __all__ = ["best_trials_table", "write_plots"]
 

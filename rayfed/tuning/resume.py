@@ -24,7 +24,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from rayfed.tuning import attrs
+import rayfed.tuning.attrs as attrs
 
 __all__ = ["driver_id", "finished_trials", "recover_interrupted"]
 

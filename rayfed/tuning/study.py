@@ -31,11 +31,11 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial
 
+import rayfed.tuning.attrs as attrs
 from rayfed.callbacks import Callback
 from rayfed.config import EngineConfig, RunConfig
 from rayfed.engine import RunResult, run
 from rayfed.errors import ConfigError, ResourceError
-from rayfed.tuning import attrs
 from rayfed.tuning.pruning import PruningCallback, make_pruner
 from rayfed.tuning.resume import driver_id, finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
@@ -238,13 +238,13 @@ def _check_same_study(study: optuna.Study, base: RunConfig, space: SearchSpace, 
             f"but got direction={direction!r}; choose another study_name"
         )
     saved = study.user_attrs
-    config, spec = json.loads(base.to_json()), space.to_dict()
+    spec = space.to_dict()
     if attrs.BASE_CONFIG not in saved:
-        study.set_user_attr(attrs.BASE_CONFIG, config)
+        study.set_user_attr(attrs.BASE_CONFIG, json.loads(base.to_json()))
         study.set_user_attr(attrs.SPACE, spec)
         return
-    changed = [d for d in _differences(saved[attrs.BASE_CONFIG], config) if not d.startswith(_LAYOUT_ONLY)]
-    changed += [f"space {d}" for d in _differences(saved.get(attrs.SPACE), spec)]
+    changed = RunConfig.from_dict(saved[attrs.BASE_CONFIG]).diff(base, ignore=_LAYOUT_ONLY)
+    changed += _space_changes(saved.get(attrs.SPACE) or {}, spec)
     if changed:
         raise ConfigError(
             f"study {study.study_name!r} was created with another base config or search space "
@@ -253,11 +253,10 @@ def _check_same_study(study: optuna.Study, base: RunConfig, space: SearchSpace, 
         )
 
 
-def _differences(old: Any, new: Any, path: str = "") -> list[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        keys = sorted(set(old) | set(new))
-        return [d for key in keys for d in _differences(old.get(key), new.get(key), f"{path}{key}.")]
-    return [] if old == new else [f"{path.rstrip('.')}: {old!r} -> {new!r}"]
+def _space_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """``"space <path>: old -> new"`` for each searched field whose distribution differs (``SearchSpace.to_dict``)."""
+    return [f"space {path}: {old.get(path)!r} -> {new.get(path)!r}"
+            for path in sorted(set(old) | set(new)) if old.get(path) != new.get(path)]
 
 
 def _check_trial_dirs(study: optuna.Study, study_dir: Path) -> None:

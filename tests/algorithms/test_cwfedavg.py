@@ -13,28 +13,26 @@ from torch import nn
 
 from rayfed import ConfigError, RunConfig, run
 from rayfed.algorithms import RoundContext, WeightedSum, sum_contributions
-from rayfed.algorithms.base import ProblemSpec
-from rayfed.algorithms.cwfedavg import (
-    ClasswiseModels,
-    ClasswiseSum,
-    CwFedAvgClient,
-    CwFedAvgParams,
-    CwFedAvgServer,
+from rayfed.algorithms.cwfedavg import ClasswiseModels, ClasswiseSum, CwFedAvgClient, CwFedAvgServer
+from rayfed.algorithms.cwfedavg_equations import (
     classwise_aggregate,
     classwise_partial_sums,
     distribution_from_norms,
     empirical_distribution,
     estimate_class_distribution,
-    model_parts,
     output_row_norms,
     personalise,
     wdr_penalty,
 )
+from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, model_parts
+from rayfed.callbacks import Callback
+from rayfed.client_runner import ClientRunner
+from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
 from rayfed.flat import FlatModel
+from rayfed.problem import ProblemSpec
 from rayfed.training import ClientJob
 from rayfed.vectorized import can_stack
-from rayfed.worker import ClientRunner
 from tests.conftest import tiny_overrides
 
 torch.set_num_threads(1)
@@ -72,8 +70,8 @@ def _job(flat: FlatModel, cid: int, counts: list[int]) -> ClientJob:
     y = torch.as_tensor(np.repeat(np.arange(len(counts)), counts))
     return ClientJob(
         client_id=cid, round=0, flat=flat, architecture="tiny", x_train=x, y_train=y, x_test=x, y_test=y,
-        label_counts=np.array(counts), train_label_counts=np.array(counts), lr=0.05, epochs=1, batch_size=5,
-        momentum=0.0, weight_decay=0.0, drop_last=True, generator=gen, seed=cid,
+        label_counts=np.array(counts), train_label_counts=np.array(counts),
+        train=TrainConfig(lr=0.05, batch_size=5), generator=gen,
     )
 
 
@@ -320,7 +318,7 @@ def test_wdr_term_and_its_gradient_vectorise_for_client_stacking() -> None:
 
 
 def test_batchnorm_statistics_stay_with_their_client() -> None:
-    # Prepare: a model with BatchNorm statistics (never averaged, spec §1.3).
+    # Prepare: a model with BatchNorm statistics (never averaged, as in the authors' code).
     torch.manual_seed(0)
     module = _Tiny()
     module.body = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
@@ -407,16 +405,61 @@ def test_cwfedavg_beats_fedavg_on_a_pathological_split(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     "params",
-    [{"variant": "dist"}, {"variant": "no_wdr"}, {"classwise_blocks": 0}, {"classwise_blocks": 2},
+    [{"classwise_blocks": 0}, {"classwise_blocks": 2},
      {"classwise_blocks": 3, "p_source": "train", "fidelity": "paper"}],
-    ids=["dist", "no_wdr", "all_layers", "fc_output", "conv2_fc_output"],
+    ids=["all_layers", "fc_output", "conv2_fc_output"],
 )
-def test_variants_run_end_to_end(tmp_path, params: dict[str, object]) -> None:
+def test_class_wise_blocks_run_end_to_end(tmp_path, params: dict[str, object]) -> None:
     extra = {f"algorithm.params.{k}": v for k, v in params.items()}
     result = run(RunConfig().override(tiny_overrides(tmp_path / "run", **{
         "algorithm.name": "cwfedavg", "data.options": {"num_samples": 600}, "data.num_clients": 5, "train.rounds": 1,
         "engine.checkpoint_every": 0, **extra})))
     assert result.history[0]["num_evaluated"] == 5 and 0.0 <= result.final_accuracy <= 1.0
+
+
+class _RoundOne(Callback):
+    """After round 1: the server's rows p̃ and row norms, each client's upload size and CE loss, p_i."""
+
+    def after_round(self, sim, record, clients) -> bool:
+        state = sim.executor.server_state()
+        self.p_tilde, self.norms = np.array(state["p_tilde"]), np.array(state["norms"])
+        table = clients.to_pydict()
+        self.bytes_up = dict(zip(table["client_id"], table["bytes_up"]))
+        self.train_loss = dict(zip(table["client_id"], table["train_loss"]))
+        self.p = empirical_distribution(sim.partition.label_counts)
+        self.accuracy = record.accuracy
+        return False
+
+
+def _one_round(tmp_path, name: str, **params: object) -> _RoundOne:
+    seen = _RoundOne()
+    run(RunConfig().override(tiny_overrides(tmp_path / name, **{
+        "algorithm.name": "cwfedavg", "data.options": {"num_samples": 600}, "data.num_clients": 5, "train.rounds": 1,
+        "engine.checkpoint_every": 0, **{f"algorithm.params.{k}": v for k, v in params.items()}})), callbacks=[seen])
+    return seen
+
+
+def test_variants_differ_as_their_definitions_say(tmp_path) -> None:
+    # Prepare / execute: one round of each variant on the same data and seed; λ large enough to act in one round.
+    wdr = _one_round(tmp_path, "wdr", variant="wdr", wdr_lambda=300)
+    no_wdr = _one_round(tmp_path, "no_wdr", variant="no_wdr", wdr_lambda=300)
+    wdr_off = _one_round(tmp_path, "wdr_off", variant="wdr", wdr_lambda=0)
+    dist = _one_round(tmp_path, "dist", variant="dist", wdr_lambda=300)
+    k = dist.p.shape[1]
+    # Assert: "w/ Dist." aggregates and personalises with the true p_i and uploads the K label counts.
+    np.testing.assert_allclose(dist.p_tilde, dist.p, rtol=1e-6)
+    assert all(dist.bytes_up[c] == no_wdr.bytes_up[c] + k * 8 for c in dist.bytes_up)
+    # "w/o WDR" adds no term to the cross-entropy, whatever λ: it trains exactly as WDR with λ = 0.
+    np.testing.assert_array_equal(no_wdr.p_tilde, wdr_off.p_tilde)
+    assert no_wdr.train_loss == wdr_off.train_loss and no_wdr.accuracy == wdr_off.accuracy
+    # Both estimate p̃ from the output layer (Eq. 4), and upload no more than WDR does ...
+    for seen in (wdr, no_wdr):
+        np.testing.assert_allclose(seen.p_tilde, distribution_from_norms(seen.norms), rtol=1e-5)
+    assert wdr.bytes_up == no_wdr.bytes_up
+    # ... but only WDR pulls p̃ towards p: the mean ‖p_i − p̃_i‖₂ that Eq. 8 penalises is clearly smaller.
+    gap = {name: float(np.linalg.norm(seen.p_tilde - seen.p, axis=1).mean()) for name, seen in
+           (("wdr", wdr), ("no_wdr", no_wdr))}
+    assert gap["wdr"] < 0.7 * gap["no_wdr"], gap
 
 
 def test_partial_participation_personalises_and_evaluates_every_client(tmp_path) -> None:

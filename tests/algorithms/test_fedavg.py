@@ -1,4 +1,4 @@
-"""FedAvg and FedProx halves on tiny hand-computed cases."""
+"""FedAvg and FedProx halves on tiny hand-computed cases, FedProx's effect end to end, display labels."""
 
 from __future__ import annotations
 
@@ -6,11 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from rayfed.algorithms import RoundContext, WeightedSum, sum_contributions
-from rayfed.algorithms.base import ProblemSpec
+from rayfed import RunConfig, run
+from rayfed.algorithms import ALGORITHMS, RoundContext, WeightedSum, sum_contributions
 from rayfed.algorithms.fedavg import FedAvgServer
 from rayfed.algorithms.fedprox import proximal_term
+from rayfed.callbacks import Callback
 from rayfed.flat import ParamLayout
+from rayfed.problem import ProblemSpec
+from tests.conftest import tiny_overrides
 
 
 def _spec(size: int) -> ProblemSpec:
@@ -74,10 +77,64 @@ def test_proximal_term_of_a_cnn_matches_the_flat_vectors() -> None:
     client = FedProxClient(FedProxParams(mu=0.5), None)
     constants = client.loss_constants(SimpleNamespace(flat=flat))
     start = flat.vector.detach().clone()
-    assert float(client.functional_extra_loss(flat.params, constants)) == 0.0
+    assert float(client.functional_extra_loss(flat.params, constants).detach()) == 0.0
     delta = torch.randn_like(start)
     flat.load(start + delta)
     term = client.functional_extra_loss(flat.params, constants)
-    assert float(term) == pytest.approx(0.25 * float(delta.pow(2).sum()), rel=1e-5)
+    assert float(term.detach()) == pytest.approx(0.25 * float(delta.pow(2).sum()), rel=1e-5)
     term.backward()  # ∂/∂w = μ (w − w_g), in the flat vector's own order
     torch.testing.assert_close(flat.grad, 0.5 * delta, rtol=1e-4, atol=1e-5)
+
+
+class _UpdateNorms(Callback):
+    """‖θ_i − θ_start‖ of every client that trained, per round: ``rounds[t][client_id]``."""
+
+    def __init__(self) -> None:
+        self.rounds: list[dict[int, float]] = []
+
+    def after_round(self, sim, record, clients) -> bool:
+        table = clients.to_pydict()
+        self.rounds.append({c: n for c, n, s in zip(table["client_id"], table["update_norm"], table["sampled"]) if s})
+        return False
+
+
+def _update_norms(tmp_path, name: str, **extra: object) -> _UpdateNorms:
+    norms = _UpdateNorms()
+    run(RunConfig().override(tiny_overrides(tmp_path / name, **{"engine.checkpoint_every": 0, **extra})),
+        callbacks=[norms])
+    return norms
+
+
+def test_fedprox_with_a_large_mu_keeps_client_updates_near_the_global_model(tmp_path) -> None:
+    # Prepare / execute: FedAvg and FedProx (μ = 10) on the same data, seed and starting model.
+    fedavg = _update_norms(tmp_path, "fedavg", **{"algorithm.name": "fedavg"})
+    fedprox = _update_norms(tmp_path, "fedprox", **{"algorithm.name": "fedprox", "algorithm.params.mu": 10.0})
+    # Assert: in round 0 every client starts from the same model and sees the same batches, so the
+    # proximal term (μ/2)‖w − w_g‖² alone makes each client's update smaller, and clearly so on
+    # average (measured: 0.54-0.80 of FedAvg's per client, 0.60 and 0.63 on average in rounds 0 and 1).
+    first_avg, first_prox = fedavg.rounds[0], fedprox.rounds[0]
+    assert first_avg.keys() == first_prox.keys() and len(first_avg) == 10
+    assert all(first_prox[c] < 0.9 * first_avg[c] for c in first_avg), (first_prox, first_avg)
+    assert len(fedavg.rounds) == len(fedprox.rounds) == 2
+    for avg, prox in zip(fedavg.rounds, fedprox.rounds):
+        assert np.mean(list(prox.values())) < 0.75 * np.mean(list(avg.values()))
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "label"),
+    [
+        ("fedavg", {}, "FedAvg"),
+        ("fedprox", {"mu": 0.1}, "FedProx"),
+        ("local", {}, "Local"),
+        ("sgdm", {}, "FedAvg (SGDM)"),
+        ("fedclassavg", {}, "FedClassAvg"),
+        ("fedclassavg", {"mode": "weight"}, "FedClassAvg+weight"),
+        ("cwfedavg", {}, "cwFedAvg (Output)"),
+        ("cwfedavg", {"variant": "dist", "classwise_blocks": 0}, "cwFedAvg w/ Dist. (all layers)"),
+        ("cwfedavg", {"variant": "no_wdr", "classwise_blocks": 3}, "cwFedAvg w/o WDR (Conv2+FC+Output)"),
+        ("cwfedavg", {"classwise_layers": ["last_feat", "fc"]}, "cwFedAvg (last_feat+fc)"),
+    ],
+)
+def test_each_algorithm_names_itself_in_figures(name: str, params: dict[str, object], label: str) -> None:
+    config = RunConfig().override({"algorithm.name": name, **{f"algorithm.params.{k}": v for k, v in params.items()}})
+    assert ALGORITHMS.get(name).label(config.algorithm.params) == label

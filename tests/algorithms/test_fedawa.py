@@ -1,7 +1,8 @@
-"""FedAWA / FedAWA-L: the M × M objective against the direct one, the solvers, the server, end to end."""
+"""FedAWA / FedAWA-L: the M × M objectives against torch, the solvers, the three fidelities, end to end."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -9,14 +10,12 @@ import pytest
 import torch
 
 from rayfed import ConfigError, RunConfig, run
-from rayfed.algorithms import RoundContext, sum_contributions
-from rayfed.algorithms.base import ProblemSpec
-from rayfed.algorithms.fedawa import (
-    ClientVectors,
-    FedAWALServer,
-    FedAWAParams,
-    FedAWAServer,
-    code_adam_steps,
+from rayfed.algorithms import ALGORITHMS, RoundContext, sum_contributions
+from rayfed.algorithms.fedawa import ClientVectors, FedAWALServer, FedAWAParams, FedAWAServer
+from rayfed.algorithms.fedawa_objective import (
+    EXACT_SMOOTHING,
+    MatrixFreeProducts,
+    adam_steps,
     code_objective,
     gram_statistics,
     layer_groups,
@@ -25,9 +24,12 @@ from rayfed.algorithms.fedawa import (
     project_onto_simplex,
     softmax,
 )
+from rayfed.algorithms.fedawa_weights import INITIAL_WEIGHTS
 from rayfed.algorithms.sgdm import MOMENTUM_KEY, PersistentMomentumClient
+from rayfed.config import TrainConfig
 from rayfed.flat import FlatModel, ParamLayout
 from rayfed.io import load_arrays
+from rayfed.problem import ProblemSpec
 from rayfed.training import ClientJob
 from tests.conftest import tiny_overrides
 
@@ -59,9 +61,9 @@ def _random_problem(seed: int, m: int = 5) -> tuple[np.ndarray, np.ndarray]:
     return global_vector, vectors
 
 
-def _direct(lam: np.ndarray, vectors: np.ndarray, theta_g: np.ndarray, distance: str, fidelity: str):
-    """Eq. 3 (paper) or C-AWA's loss (code) on the full vectors, with torch autograd: the reference."""
-    weights = torch.tensor(lam, dtype=torch.float64, requires_grad=True)
+def _torch_objective(weights: torch.Tensor, vectors: np.ndarray, theta_g: np.ndarray, distance: str,
+                     fidelity: str) -> torch.Tensor:
+    """Eq. 3 as the paper writes it (``paper``) or the code's loss (``code``), on the full vectors: the reference."""
     tau = torch.tensor(vectors, dtype=torch.float64)
     g = torch.tensor(theta_g, dtype=torch.float64)
     tau_g = weights @ tau
@@ -70,16 +72,19 @@ def _direct(lam: np.ndarray, vectors: np.ndarray, theta_g: np.ndarray, distance:
     if fidelity == "paper":
         merged = weights @ models  # Σ_k λ_k θ_k
         if distance == "cos":
-            reg = 1 - torch.nn.functional.cosine_similarity(merged, g, dim=0)
-        else:
-            reg = torch.linalg.vector_norm(merged - g)
+            return spread + 1 - torch.nn.functional.cosine_similarity(merged, g, dim=0)
+        return spread + torch.linalg.vector_norm(merged - g)
+    if distance == "cos":
+        c = 1 - torch.nn.functional.cosine_similarity(models, g[None, :], dim=1)
     else:
-        if distance == "cos":
-            c = 1 - torch.nn.functional.cosine_similarity(models, g[None, :], dim=1)
-        else:
-            c = ((models - g) ** 2).mean(dim=1)
-        reg = (weights * c.detach()).sum()
-    value = spread + reg
+        c = ((models - g) ** 2).mean(dim=1)
+    return spread + (weights * c.detach()).sum()
+
+
+def _direct(lam: np.ndarray, vectors: np.ndarray, theta_g: np.ndarray, distance: str, fidelity: str):
+    """The reference's value and gradient in λ, by torch autograd."""
+    weights = torch.tensor(lam, dtype=torch.float64, requires_grad=True)
+    value = _torch_objective(weights, vectors, theta_g, distance, fidelity)
     value.backward()
     return float(value.detach()), weights.grad.numpy()
 
@@ -90,17 +95,20 @@ def _direct(lam: np.ndarray, vectors: np.ndarray, theta_g: np.ndarray, distance:
 @pytest.mark.parametrize("fidelity", ["paper", "code"])
 @pytest.mark.parametrize("distance", ["cos", "euclidean"])
 @pytest.mark.parametrize("layer_wise", [False, True])
-def test_gram_objective_equals_direct_computation(fidelity: str, distance: str, layer_wise: bool) -> None:
+@pytest.mark.parametrize("matrix_free", [False, True])
+def test_objective_equals_direct_computation(fidelity: str, distance: str, layer_wise: bool,
+                                             matrix_free: bool) -> None:
     # Prepare: random client vectors, random weights on the simplex (one row per layer group).
     theta_g, vectors = _random_problem(seed=1)
     groups = layer_groups(LAYOUT, BUFFERS, layer_wise=layer_wise)
     rng = np.random.default_rng(2)
     lam = rng.dirichlet(np.ones(len(vectors)), size=groups.num_groups)
-    stats = gram_statistics(vectors, theta_g, groups.param_slices)
+    make = MatrixFreeProducts if matrix_free else gram_statistics
+    products = make(vectors, theta_g, groups.param_slices)
     if fidelity == "paper":
-        objective = paper_objective(stats, distance)
+        objective = paper_objective(products, distance)
     else:
-        objective = code_objective(stats, distance, groups.sizes)
+        objective = code_objective(products, distance, groups.sizes)
     # Execute
     values, grads = objective(lam)
     # Assert: per group, the value and the gradient along the simplex match the full-vector formula.
@@ -114,13 +122,16 @@ def test_gram_objective_equals_direct_computation(fidelity: str, distance: str, 
         np.testing.assert_allclose(mine, grad, rtol=1e-4, atol=1e-7)
 
 
-def test_gram_statistics_match_numpy() -> None:
+def test_gram_statistics_and_matrix_free_products_match_numpy() -> None:
     theta_g, vectors = _random_problem(seed=3)
-    stats = gram_statistics(vectors, theta_g, [slice(0, P)])
     t = vectors[:, :P].astype(np.float64)
-    np.testing.assert_allclose(stats.G[0], t @ t.T, rtol=1e-5)
-    np.testing.assert_allclose(stats.b[0], t @ theta_g[:P], rtol=1e-5)
-    assert stats.c[0] == pytest.approx(float(theta_g[:P].astype(np.float64) @ theta_g[:P]), rel=1e-6)
+    x = np.random.default_rng(4).normal(size=(1, len(vectors)))
+    for products in (gram_statistics(vectors, theta_g, [slice(0, P)]),
+                     MatrixFreeProducts(vectors, theta_g, [slice(0, P)])):
+        np.testing.assert_allclose(products.diag[0], np.diag(t @ t.T), rtol=1e-5)
+        np.testing.assert_allclose(products.gram(x)[0], t @ t.T @ x[0], rtol=1e-5)
+        np.testing.assert_allclose(products.b[0], t @ theta_g[:P], rtol=1e-5)
+        assert products.c[0] == pytest.approx(float(theta_g[:P].astype(np.float64) @ theta_g[:P]), rel=1e-6)
 
 
 # --- solvers ------------------------------------------------------------------------------------
@@ -136,10 +147,11 @@ def test_projection_lands_on_the_simplex_and_fixes_its_points() -> None:
 
 
 @pytest.mark.parametrize("distance", ["cos", "euclidean"])
-def test_paper_solver_stays_on_the_simplex_and_lowers_the_objective(distance: str) -> None:
+def test_exact_solver_stays_on_the_simplex_and_lowers_the_objective(distance: str) -> None:
     theta_g, vectors = _random_problem(seed=4, m=8)
     groups = layer_groups(LAYOUT, BUFFERS, layer_wise=True)
-    objective = paper_objective(gram_statistics(vectors, theta_g, groups.param_slices), distance)
+    stats = gram_statistics(vectors, theta_g, groups.param_slices)
+    objective = paper_objective(stats, distance, smoothing=EXACT_SMOOTHING)
     lam0 = np.full((groups.num_groups, 8), 1 / 8)
     lam, report = minimise_on_simplex(objective, lam0, tolerance=1e-6, max_steps=500)
     assert np.all(lam >= 0)
@@ -152,23 +164,30 @@ def test_paper_solver_stays_on_the_simplex_and_lowers_the_objective(distance: st
 
 def test_code_step_is_one_adam_step_and_lowers_the_loss() -> None:
     theta_g, vectors = _random_problem(seed=5)
-    stats = gram_statistics(vectors, theta_g, [slice(0, P)])
-    objective = code_objective(stats, "cos", np.array([P], float))
+    objective = code_objective(MatrixFreeProducts(vectors, theta_g, [slice(0, P)]), "cos", np.array([P], float))
     z0 = np.array([[0.05, 0.1, 0.2, 0.15, 0.5]])
-    params = FedAWAParams(fidelity="code", server_lr=1e-3)
-    lam, z1 = code_adam_steps(objective, z0, params)
+    lam, value, z1 = adam_steps(objective, z0, steps=1, lr=1e-3, betas=(0.5, 0.999))
     np.testing.assert_allclose(lam, softmax(z0))  # the weights used are the pre-step softmax
-    lam_grad = objective(lam)[1]
+    lam_value, lam_grad = objective(lam)
+    np.testing.assert_allclose(value, lam_value)
     grad_z = lam * (lam_grad - (lam * lam_grad).sum())
     # Adam's first step from fresh state moves each logit by lr · g/(|g| + 1e-8) ≈ −lr · sign(g).
     np.testing.assert_allclose(z1 - z0, -1e-3 * grad_z / (np.abs(grad_z) + 1e-8), rtol=1e-9)
-    assert objective(softmax(z1))[0][0] < objective(lam)[0][0]
+    assert objective(softmax(z1))[0][0] < lam_value[0]
 
 
 # --- the server ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fidelity", ["paper", "code"])
+def test_code_is_the_default_fidelity_and_labels_name_the_fidelity() -> None:
+    assert FedAWAParams().fidelity == "code"
+    assert RunConfig().override({"algorithm.name": "fedawa"}).algorithm.params.fidelity == "code"
+    assert ALGORITHMS.get("fedawa").label(FedAWAParams()) == "FedAWA (code)"
+    paper = FedAWAParams(fidelity="paper", server_steps=5)
+    assert ALGORITHMS.get("fedawa_l").label(paper) == "FedAWA-L (paper, 5 steps)"
+
+
+@pytest.mark.parametrize("fidelity", ["code", "paper", "exact"])
 @pytest.mark.parametrize("server_cls", [FedAWAServer, FedAWALServer])
 def test_identical_client_vectors_give_equal_weights(fidelity: str, server_cls: type) -> None:
     theta_g, vectors = _random_problem(seed=6, m=4)
@@ -180,6 +199,37 @@ def test_identical_client_vectors_give_equal_weights(fidelity: str, server_cls: 
     np.testing.assert_allclose(server.global_vector, theta_g + same[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("fidelity", ["code", "paper", "exact"])
+def test_one_client_gets_weight_one(fidelity: str) -> None:
+    theta_g, vectors = _random_problem(seed=14, m=1)
+    server = FedAWALServer(FedAWAParams(fidelity=fidelity), _spec(1), {"m": theta_g})
+    metrics = server.aggregate(_ctx(np.array([0])), _upload(vectors, [0], [7]))
+    assert metrics["fedawa_max_weight"] == 1.0 and np.isfinite(server.client_state).all()
+    np.testing.assert_allclose(server.global_vector, theta_g + vectors[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("distance", ["cos", "euclidean"])
+@pytest.mark.parametrize("steps", [1, 5])
+def test_paper_mode_takes_torch_adam_steps_on_eq3_from_log_size_logits(distance: str, steps: int) -> None:
+    # Prepare: all 6 clients, sizes 5..30; the reference is torch.optim.Adam on Eq. 3 written in torch.
+    theta_g, vectors = _random_problem(seed=13, m=6)
+    sizes = np.array([5.0, 10, 15, 20, 25, 30])
+    params = FedAWAParams(fidelity="paper", distance=distance, server_steps=steps)
+    server = FedAWAServer(params, _spec(6), {"m": theta_g})
+    z = torch.tensor(np.log(sizes / sizes.sum()), dtype=torch.float64, requires_grad=True)
+    optimiser = torch.optim.Adam([z], lr=1e-3, betas=(0.5, 0.999))
+    for _ in range(steps):
+        optimiser.zero_grad()
+        _torch_objective(torch.softmax(z, 0), vectors[:, :P], theta_g[:P], distance, "paper").backward()
+        optimiser.step()
+    # Execute
+    server.aggregate(_ctx(np.arange(6)), _upload(vectors, range(6), sizes))
+    # Assert: the same logits, and the model aggregated with the weights after the steps.
+    np.testing.assert_allclose(server.client_state[0], z.detach().numpy(), rtol=0, atol=1e-9)
+    lam = torch.softmax(z, 0).detach().numpy()
+    np.testing.assert_allclose(server.global_vector, theta_g + lam @ vectors, rtol=1e-5, atol=1e-6)
+
+
 def _outlier_problem() -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(7)
     theta_g = rng.normal(size=S).astype(np.float32)
@@ -189,18 +239,21 @@ def _outlier_problem() -> tuple[np.ndarray, np.ndarray]:
     return theta_g, vectors
 
 
-def test_outlier_gets_the_smallest_weight_in_paper_mode() -> None:
+def test_exact_mode_gives_the_outlier_no_weight_and_warns_of_the_collapse(caplog) -> None:
     theta_g, vectors = _outlier_problem()
-    server = FedAWAServer(FedAWAParams(), _spec(), {"m": theta_g})
-    server.aggregate(_ctx(np.arange(5)), _upload(vectors, range(5), [10] * 5))
+    server = FedAWAServer(FedAWAParams(fidelity="exact"), _spec(), {"m": theta_g})
+    with caplog.at_level(logging.WARNING, logger="rayfed.algorithms.fedawa"):
+        server.aggregate(_ctx(np.arange(5)), _upload(vectors, range(5), [10] * 5))
     weights = server.client_state[0, :5]
     assert weights[4] == pytest.approx(0.0, abs=1e-12)
-    assert weights[4] < weights[:4].max()
+    assert weights.max() > 0.99 * weights.sum()  # a vertex of the simplex
+    assert "fidelity='exact' put" in caplog.text and "vertex" in caplog.text
 
 
-def test_outlier_logit_falls_in_code_mode() -> None:
+@pytest.mark.parametrize("fidelity", ["code", "paper"])
+def test_outlier_logit_falls(fidelity: str) -> None:
     theta_g, vectors = _outlier_problem()
-    server = FedAWAServer(FedAWAParams(fidelity="code"), _spec(), {"m": theta_g})
+    server = FedAWAServer(FedAWAParams(fidelity=fidelity), _spec(), {"m": theta_g})
     server.aggregate(_ctx(np.arange(5)), _upload(vectors, range(5), [10] * 5))
     next_weights = softmax(server.client_state[0, :5])
     assert next_weights[4] < next_weights[:4].min()
@@ -210,7 +263,7 @@ def test_code_mode_aggregates_with_the_pre_step_softmax_of_size_fractions() -> N
     # Prepare: 3 clients with 10, 20 and 30 samples: logits start at the fractions 1/6, 2/6, 3/6
     # (N = 6 client ids, mean size 20: n_k / (N · mean n) = n_k / 120 here).
     theta_g, vectors = _random_problem(seed=8, m=3)
-    server = FedAWAServer(FedAWAParams(fidelity="code", gamma=0.9), _spec(), {"m": theta_g})
+    server = FedAWAServer(FedAWAParams(gamma=0.9), _spec(), {"m": theta_g})
     # Execute
     server.aggregate(_ctx(np.arange(3)), _upload(vectors, [0, 1, 2], [10, 20, 30]))
     # Assert: θ_g ← γ Σ_k λ_k θ_k with λ = softmax(n / 120), on every entry, buffers included.
@@ -221,6 +274,15 @@ def test_code_mode_aggregates_with_the_pre_step_softmax_of_size_fractions() -> N
     moved = server.client_state[0, :3] - z0
     np.testing.assert_allclose(np.abs(moved), 1e-3, rtol=1e-4)  # one Adam step, ±lr per logit
     assert np.isnan(server.client_state[0, 3:]).all()  # clients not seen yet have no logit
+
+
+@pytest.mark.parametrize(("fidelity", "start"), [("code", 1 / 6), ("paper", math.log(1 / 6))])
+def test_uniform_initial_weights_start_every_logit_alike(fidelity: str, start: float) -> None:
+    theta_g, vectors = _random_problem(seed=15, m=3)
+    server = FedAWAServer(FedAWAParams(fidelity=fidelity, initial_weights="uniform"), _spec(), {"m": theta_g})
+    server.aggregate(_ctx(np.arange(3)), _upload(vectors, range(3), [10, 20, 30]))
+    np.testing.assert_allclose(np.abs(server.client_state[0, :3] - start), 1e-3, rtol=1e-4)  # one step from 1/N
+    assert {"size", "uniform"} <= set(INITIAL_WEIGHTS.names())
 
 
 def test_logits_are_indexed_by_client_id_under_partial_participation() -> None:
@@ -237,9 +299,9 @@ def test_logits_are_indexed_by_client_id_under_partial_participation() -> None:
     assert np.isnan(server.client_state[0, [3, 4]]).all()
 
 
-def test_paper_weights_are_indexed_by_client_id_under_partial_participation() -> None:
+def test_exact_weights_are_indexed_by_client_id_under_partial_participation() -> None:
     theta_g, vectors = _random_problem(seed=9, m=4)
-    server = FedAWAServer(FedAWAParams(), _spec(), {"m": theta_g})
+    server = FedAWAServer(FedAWAParams(fidelity="exact"), _spec(), {"m": theta_g})
     server.aggregate(_ctx(np.array([0, 1, 2])), _upload(vectors[:3], [0, 1, 2], [10, 20, 30]))
     before = server.client_state.copy()
     server.aggregate(_ctx(np.array([2, 5])), _upload(vectors[[3, 0]], [5, 2], [10, 10]))
@@ -249,9 +311,9 @@ def test_paper_weights_are_indexed_by_client_id_under_partial_participation() ->
     assert np.isnan(server.client_state[0, [3, 4]]).all()
 
 
-def test_paper_mode_warm_starts_from_the_previous_weights() -> None:
+def test_exact_mode_warm_starts_from_the_previous_weights() -> None:
     theta_g, vectors = _random_problem(seed=10, m=4)
-    server = FedAWAServer(FedAWAParams(), _spec(), {"m": theta_g})
+    server = FedAWAServer(FedAWAParams(fidelity="exact"), _spec(), {"m": theta_g})
     ctx = _ctx(np.arange(4))
     server.aggregate(ctx, _upload(vectors, range(4), [5, 10, 15, 20]))
     first = server.client_state[0, :4].copy()
@@ -266,9 +328,10 @@ def test_layer_wise_aggregation_uses_each_layers_weights_and_bn_buffers_follow_t
     assert groups.num_groups == 4
     assert groups.segments[-1] == (slice(12, 16), 2)  # running mean and var join bn.weight
     theta_g, vectors = _random_problem(seed=11, m=3)
-    server = FedAWALServer(FedAWAParams(), _spec(), {"m": theta_g})
+    server = FedAWALServer(FedAWAParams(fidelity="paper"), _spec(), {"m": theta_g})
     server.aggregate(_ctx(np.arange(3)), _upload(vectors, range(3), [10, 20, 30]))
-    lam = server.client_state[:, :3] / server.client_state[:, :3].sum(axis=1, keepdims=True)
+    lam = softmax(server.client_state[:, :3])  # paper: the weights after the step
+    assert not np.allclose(lam, lam[:1])  # the layers' weights differ
     for part, group in groups.segments:
         expected = theta_g[part] + lam[group] @ vectors[:, part]
         np.testing.assert_allclose(server.global_vector[part], expected, rtol=1e-5, atol=1e-6)
@@ -295,12 +358,13 @@ def test_client_vectors_concatenate_associatively_and_state_round_trips() -> Non
 @pytest.mark.parametrize(
     ("field", "value", "allowed"),
     [
-        ("fidelity", "exact", "one of 'paper', 'code'"),
+        ("fidelity", "exactly", "one of 'code', 'paper', 'exact'"),
         ("distance", "l1", "one of 'cos', 'euclidean'"),
+        ("initial_weights", "feddisco", "one of 'size', 'uniform'"),
         ("tolerance", 0.0, "a finite number > 0"),
         ("max_steps", 0, "an integer >= 1"),
         ("server_lr", -1.0, "a finite number > 0"),
-        ("server_beta1", 1.0, "in [0, 1)"),
+        ("server_beta1", 1.0, "a finite number in [0, 1)"),
         ("server_steps", 1.5, "an integer >= 1"),
         ("gamma", math.inf, "a finite number > 0"),
     ],
@@ -314,9 +378,9 @@ def test_invalid_params_name_the_field_the_value_and_what_is_allowed(field: str,
 
 
 def test_params_come_from_the_config() -> None:
-    config = RunConfig().override({"algorithm.name": "fedawa_l", "algorithm.params.fidelity": "code",
-                                   "algorithm.params.distance": "euclidean"})
-    assert config.algorithm.params == FedAWAParams(fidelity="code", distance="euclidean")
+    config = RunConfig().override({"algorithm.name": "fedawa_l", "algorithm.params.fidelity": "paper",
+                                   "algorithm.params.distance": "euclidean", "algorithm.params.server_steps": 5})
+    assert config.algorithm.params == FedAWAParams(fidelity="paper", distance="euclidean", server_steps=5)
 
 
 # --- persistent momentum ------------------------------------------------------------------------
@@ -327,9 +391,9 @@ def _job(flat: FlatModel, state: dict[str, np.ndarray] | None) -> ClientJob:
     x, y = torch.randn(12, 3, generator=gen), torch.randint(0, 2, (12,), generator=gen)
     return ClientJob(
         client_id=0, round=0, flat=flat, architecture="tiny", x_train=x, y_train=y, x_test=x, y_test=y,
-        label_counts=np.array([6, 6]), train_label_counts=np.array([6, 6]), lr=0.1, epochs=1, batch_size=4,
-        momentum=0.9, weight_decay=5e-4, drop_last=True, generator=torch.Generator().manual_seed(1), seed=1,
-        state=state,
+        label_counts=np.array([6, 6]), train_label_counts=np.array([6, 6]),
+        train=TrainConfig(lr=0.1, batch_size=4, momentum=0.9, weight_decay=5e-4),
+        generator=torch.Generator().manual_seed(1), state=state,
     )
 
 
@@ -399,3 +463,39 @@ def test_borrowed_sgdm_client_keeps_its_momentum_under_fedavg(tmp_path) -> None:
     # Assert: round 0 is the same; in round 1 the engine hands the kept buffers back.
     (kept_0, kept_1), (fresh_0, fresh_1) = ([r["train_loss"] for r in x.history] for x in (kept, fresh))
     assert kept_0 == fresh_0 and kept_1 != fresh_1
+
+
+def _dirichlet_overrides(run_dir, **extra: object) -> dict[str, object]:
+    """8 clients on 600 synthetic samples, Dirichlet 0.1, FedAWA's momentum clients, in-process."""
+    return tiny_overrides(run_dir, **{
+        "data.options": {"num_samples": 600}, "data.num_clients": 8, "data.partition": "dirichlet",
+        "data.alpha": 0.1, "train.batch_size": 20, "train.lr": 0.05, "train.momentum": 0.9, **extra})
+
+
+def test_paper_mode_learns_without_collapsing_on_dirichlet_01(tmp_path) -> None:
+    # Prepare: the initial model's accuracy, from a round whose clients do not move (lr 1e-12).
+    frozen = run(RunConfig().override(_dirichlet_overrides(tmp_path / "frozen", **{"train.lr": 1e-12,
+                                                                                    "train.rounds": 1})))
+    initial_accuracy = frozen.history[0]["accuracy"]
+    # Execute
+    result = run(RunConfig().override(_dirichlet_overrides(tmp_path / "paper", **{
+        "algorithm.name": "fedawa", "algorithm.params.fidelity": "paper", "train.rounds": 10})))
+    # Assert: no client takes half the weight in any round, and the global model learns.
+    assert max(r["server_fedawa_max_weight"] for r in result.history) < 0.5
+    assert result.best_accuracy > initial_accuracy + 0.1
+
+
+@pytest.mark.parametrize("algorithm", ["fedawa", "fedawa_l", "fedprox", "sgdm"])
+def test_mixed_architectures_are_refused_before_the_run_directory_exists(tmp_path, algorithm: str) -> None:
+    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
+        "algorithm.name": algorithm, "model.client_models": ["cnn4", "cnn5"], "data.options": {"num_samples": 200}}))
+    with pytest.raises(ConfigError, match=rf"algorithm\.name='{algorithm}' averages whole models"):
+        run(config)
+    assert not (tmp_path / "run").exists()
+
+
+def test_fedawa_with_one_client_runs_with_weight_one(tmp_path) -> None:
+    result = run(RunConfig().override(tiny_overrides(tmp_path / "run", **{
+        "algorithm.name": "fedawa", "data.num_clients": 1, "data.partition": "dirichlet",
+        "data.options": {"num_samples": 200}, "train.rounds": 1})))
+    assert result.history[0]["server_fedawa_max_weight"] == 1.0 and not math.isnan(result.final_accuracy)

@@ -1,4 +1,4 @@
-"""Partitioners, the 75/25 split and the Parquet round trip (rayfed.data.partition)."""
+"""Partitioners, the 75/25 split and the Parquet round trip (rayfed.data.partition, partitioners, split)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rayfed.config import DataConfig
 from rayfed.data import (
+    PARTITIONERS,
     Partition,
     make_partition,
     partition_dirichlet,
@@ -16,6 +18,7 @@ from rayfed.data import (
     partition_pathological,
     split_train_test,
 )
+from rayfed.data.csr import to_lists
 from rayfed.errors import ConfigError, DatasetError
 
 K = 10
@@ -30,6 +33,11 @@ def shuffled_labels(n: int = 3000, num_classes: int = K, seed: int = 0) -> np.nd
     return np.random.default_rng(seed).integers(0, num_classes, n).astype(np.int64)
 
 
+def make(labels: np.ndarray, num_classes: int, **fields: object) -> Partition:
+    """``make_partition`` with a DataConfig holding ``fields`` (the others at their defaults)."""
+    return make_partition(labels, num_classes, DataConfig(**fields))
+
+
 def all_indices(p: Partition) -> np.ndarray:
     return np.sort(np.concatenate([p.train_indices, p.test_indices]))
 
@@ -42,7 +50,7 @@ def test_pathological_gives_every_client_exactly_k_classes():
     labels = shuffled_labels(4000)
 
     # Execute
-    part = make_partition(labels, K, method="pathological", num_clients=20, classes_per_client=2, seed=3)
+    part = make(labels, K, partition="pathological", num_clients=20, classes_per_client=2, seed=3)
 
     # Assert
     classes_per_client = (part.label_counts > 0).sum(axis=1)
@@ -55,7 +63,7 @@ def test_pathological_assigns_class_pairs_to_blocks_of_four_clients_for_20_clien
     by_class = [np.flatnonzero(labels == j) for j in range(K)]
 
     # Execute
-    clients = partition_pathological(labels, 20, K, 2, np.random.RandomState(1))
+    clients = to_lists(*partition_pathological(labels, 20, K, 2, np.random.RandomState(1)))
 
     # Assert: clients 4g..4g+3 hold classes {2g, 2g+1}
     for i, own in enumerate(clients):
@@ -73,7 +81,7 @@ def test_pathological_last_client_of_a_class_takes_the_remainder_and_blocks_resp
     labels = balanced_labels(100)
 
     # Execute
-    clients = partition_pathological(labels, 20, K, 2, np.random.RandomState(7))
+    clients = to_lists(*partition_pathological(labels, 20, K, 2, np.random.RandomState(7)))
 
     # Assert
     class0 = [int((labels[clients[i]] == 0).sum()) for i in range(4)]
@@ -87,7 +95,7 @@ def test_balanced_pathological_gives_equal_blocks():
     labels = balanced_labels(100)
 
     # Execute
-    part = make_partition(labels, K, method="pathological", num_clients=20, seed=0, balance=True)
+    part = make(labels, K, partition="pathological", num_clients=20, seed=0, balance=True)
 
     # Assert: int(100 / 4) = 25 samples of each of two classes
     assert (part.num_train() + part.num_test()).tolist() == [50] * 20
@@ -99,7 +107,7 @@ def test_pathological_seed_1_keeps_the_pfllib_generator_stream():
     labels = balanced_labels(100)
 
     # Execute
-    part = make_partition(labels, K, method="pathological", num_clients=20, seed=1)
+    part = make(labels, K, partition="pathological", num_clients=20, seed=1)
 
     # Assert
     expected = [17, 24, 27, 132, 25, 20, 16, 139, 29, 37, 15, 119, 32, 38, 33, 97, 8, 35, 34, 123]
@@ -112,7 +120,7 @@ def test_pathological_that_runs_out_of_clients_raises_config_error():
 
     # Execute / Assert
     with pytest.raises(ConfigError, match=r"data\.classes_per_client=4"):
-        make_partition(labels, K, method="pathological", num_clients=3, classes_per_client=4, seed=0)
+        make(labels, K, partition="pathological", num_clients=3, classes_per_client=4, seed=0)
 
 
 # --------------------------------------------------------------------------- dirichlet
@@ -121,12 +129,12 @@ def test_pathological_that_runs_out_of_clients_raises_config_error():
 def test_dirichlet_is_reproducible_from_its_seed_and_changes_with_another_seed():
     # Prepare
     labels = shuffled_labels(3000)
-    kwargs = dict(method="dirichlet", num_clients=20, alpha=0.1)
+    kwargs = dict(partition="dirichlet", num_clients=20, alpha=0.1)
 
     # Execute
-    first = make_partition(labels, K, seed=5, **kwargs)
-    again = make_partition(labels, K, seed=5, **kwargs)
-    other = make_partition(labels, K, seed=6, **kwargs)
+    first = make(labels, K, seed=5, **kwargs)
+    again = make(labels, K, seed=5, **kwargs)
+    other = make(labels, K, seed=6, **kwargs)
 
     # Assert
     assert first == again
@@ -138,7 +146,7 @@ def test_dirichlet_respects_min_samples():
     labels = shuffled_labels(3000)
 
     # Execute
-    part = make_partition(labels, K, method="dirichlet", num_clients=20, alpha=0.3, min_samples=40, seed=0)
+    part = make(labels, K, partition="dirichlet", num_clients=20, alpha=0.3, min_samples=40, seed=0)
 
     # Assert
     assert (part.num_train() + part.num_test()).min() >= 40
@@ -149,7 +157,7 @@ def test_dirichlet_gives_no_new_samples_to_clients_already_at_the_cap():
     labels = shuffled_labels(2000)
 
     # Execute
-    clients = partition_dirichlet(labels, 10, K, 1000.0, np.random.RandomState(0))
+    clients = to_lists(*partition_dirichlet(labels, 10, K, 1000.0, np.random.RandomState(0)))
 
     # Assert: sizes stay close to N/M = 200 (a client past the cap stops growing)
     sizes = np.array([len(c) for c in clients])
@@ -176,7 +184,7 @@ def test_dirichlet_matches_the_class_counts_of_p_arxiv_table_3_on_a_cifar100_siz
     labels = balanced_labels(600, num_classes=100)
 
     # Execute
-    part = make_partition(labels, 100, method="dirichlet", num_clients=20, alpha=alpha, seed=1)
+    part = make(labels, 100, partition="dirichlet", num_clients=20, alpha=alpha, seed=1)
 
     # Assert: mean number of classes a client holds
     assert abs((part.label_counts > 0).sum(axis=1).mean() - paper) < 1.5
@@ -185,13 +193,13 @@ def test_dirichlet_matches_the_class_counts_of_p_arxiv_table_3_on_a_cifar100_siz
 # --------------------------------------------------------------------------- every partitioner
 
 
-@pytest.mark.parametrize("method", ["iid", "pathological", "dirichlet"])
-def test_every_sample_is_assigned_exactly_once(method):
+@pytest.mark.parametrize("name", ["iid", "pathological", "dirichlet"])
+def test_every_sample_is_assigned_exactly_once(name):
     # Prepare
     labels = shuffled_labels(3000)
 
     # Execute
-    part = make_partition(labels, K, method=method, num_clients=20, seed=0)
+    part = make(labels, K, partition=name, num_clients=20, seed=0)
 
     # Assert
     np.testing.assert_array_equal(all_indices(part), np.arange(len(labels)))
@@ -206,15 +214,17 @@ def test_every_sample_is_assigned_exactly_once(method):
     ],
     ids=["iid", "pathological", "dirichlet"],
 )
-def test_list_partitioners_cover_the_pool_without_overlap(partitioner):
+def test_partitioners_cover_the_pool_without_overlap_in_valid_csr(partitioner):
     # Prepare
     labels = shuffled_labels(2000)
 
     # Execute
-    clients = partitioner(labels, np.random.RandomState(0))
+    indices, offsets = partitioner(labels, np.random.RandomState(0))
 
     # Assert
-    np.testing.assert_array_equal(np.sort(np.concatenate(clients)), np.arange(2000))
+    np.testing.assert_array_equal(np.sort(indices), np.arange(2000))
+    assert indices.dtype == offsets.dtype == np.int64
+    assert offsets[0] == 0 and offsets[-1] == 2000 and (np.diff(offsets) >= 0).all()
 
 
 def test_iid_client_sizes_differ_by_at_most_one():
@@ -222,7 +232,7 @@ def test_iid_client_sizes_differ_by_at_most_one():
     labels = shuffled_labels(1003)
 
     # Execute
-    clients = partition_iid(labels, 10, np.random.RandomState(0))
+    clients = to_lists(*partition_iid(labels, 10, np.random.RandomState(0)))
 
     # Assert
     assert sorted({len(c) for c in clients}) == [100, 101]
@@ -236,7 +246,7 @@ def test_each_client_trains_on_floor_three_quarters_of_its_samples():
     labels = shuffled_labels(3000)
 
     # Execute
-    part = make_partition(labels, K, method="dirichlet", num_clients=20, alpha=0.5, seed=2)
+    part = make(labels, K, partition="dirichlet", num_clients=20, alpha=0.5, seed=2)
 
     # Assert
     n = part.num_train() + part.num_test()
@@ -262,7 +272,7 @@ def test_label_counts_cover_the_whole_partition_and_train_counts_only_the_traini
     labels = shuffled_labels(2000)
 
     # Execute
-    part = make_partition(labels, K, method="dirichlet", num_clients=10, alpha=0.5, seed=0)
+    part = make(labels, K, partition="dirichlet", num_clients=10, alpha=0.5, seed=0)
 
     # Assert
     for i in range(part.num_clients):
@@ -290,7 +300,7 @@ def test_class_distribution_rows_sum_to_one_and_an_empty_client_is_uniform():
 
 def test_partition_arrays_are_read_only():
     # Prepare
-    part = make_partition(shuffled_labels(500), K, method="iid", num_clients=5, seed=0)
+    part = make(shuffled_labels(500), K, partition="iid", num_clients=5, seed=0)
 
     # Execute / Assert
     with pytest.raises(ValueError):
@@ -303,7 +313,7 @@ def test_partition_arrays_are_read_only():
 def test_parquet_round_trip_equals_the_original_including_empty_clients(tmp_path: Path):
     # Prepare: 1 sample per client on average with min_samples=0 leaves some clients empty
     labels = shuffled_labels(300)
-    part = make_partition(labels, K, method="dirichlet", num_clients=300, alpha=0.1, min_samples=0, seed=0)
+    part = make(labels, K, partition="dirichlet", num_clients=300, alpha=0.1, min_samples=0, seed=0)
     assert (part.num_train() + part.num_test() == 0).any()
     path = tmp_path / "run" / "partition.parquet"
 
@@ -319,7 +329,7 @@ def test_parquet_round_trip_equals_the_original_including_empty_clients(tmp_path
 
 def test_partition_table_has_client_split_and_index_columns():
     # Prepare
-    part = make_partition(shuffled_labels(100), K, method="iid", num_clients=4, seed=0)
+    part = make(shuffled_labels(100), K, partition="iid", num_clients=4, seed=0)
 
     # Execute
     table = part.to_table()
@@ -335,7 +345,7 @@ def test_loading_a_truncated_parquet_file_raises_dataset_error_naming_the_path(t
     # Prepare
     labels = shuffled_labels(500)
     path = tmp_path / "partition.parquet"
-    make_partition(labels, K, method="iid", num_clients=5, seed=0).save(path)
+    make(labels, K, partition="iid", num_clients=5, seed=0).save(path)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
     # Execute / Assert
@@ -356,7 +366,7 @@ def test_loading_a_missing_partition_file_raises_dataset_error(tmp_path: Path):
 def test_loading_a_partition_for_a_smaller_dataset_raises_dataset_error(tmp_path: Path):
     # Prepare
     path = tmp_path / "partition.parquet"
-    make_partition(shuffled_labels(500), K, method="iid", num_clients=5, seed=0).save(path)
+    make(shuffled_labels(500), K, partition="iid", num_clients=5, seed=0).save(path)
 
     # Execute / Assert
     with pytest.raises(DatasetError, match="another dataset"):
@@ -367,33 +377,63 @@ def test_loading_a_partition_for_a_smaller_dataset_raises_dataset_error(tmp_path
 
 
 @pytest.mark.parametrize(
-    ("overrides", "expected"),
+    ("fields", "expected"),
     [
-        ({"num_clients": 0}, ["data.num_clients=0", ">= 1"]),
-        ({"num_clients": 101}, ["data.num_clients=101", "more clients than samples", "100 samples"]),
-        ({"method": "dirichlet", "alpha": 0.0}, ["data.alpha=0.0", "> 0"]),
-        ({"method": "dirichlet", "alpha": -1.0}, ["data.alpha=-1.0"]),
-        ({"classes_per_client": 0}, ["data.classes_per_client=0", "[1, 10]"]),
-        ({"classes_per_client": 11}, ["data.classes_per_client=11", "[1, 10]"]),
-        ({"method": "shards"}, ["data.partition='shards'", "dirichlet, iid, pathological"]),
+        ({"num_clients": 0}, ["data.num_clients=0", "an integer >= 1"]),
+        ({"num_clients": 2.5}, ["data.num_clients=2.5", "an integer"]),
+        ({"alpha": 0.0}, ["data.alpha=0.0", "> 0"]),
+        ({"alpha": -1.0}, ["data.alpha=-1.0"]),
+        ({"alpha": float("inf")}, ["data.alpha=inf", "finite"]),
+        ({"classes_per_client": 0}, ["data.classes_per_client=0", ">= 1"]),
+        ({"partition": "shards"}, ["data.partition='shards'", "'dirichlet', 'iid', 'pathological'"]),
+        ({"partition": "dirichlett"}, ["data.partition='dirichlett'", "did you mean 'dirichlet'"]),
         ({"min_samples": -1}, ["data.min_samples=-1", ">= 0"]),
-        ({"min_samples": 11}, ["data.min_samples=11", "100 samples"]),
-        ({"train_fraction": 0.0}, ["data.train_fraction=0.0", "(0, 1]"]),
+        ({"balance": "yes"}, ["data.balance='yes'", "true or false"]),
+        ({"train_fraction": 0.0}, ["data.train_fraction=0.0", "(0, 1)"]),
+        ({"train_fraction": 1.0}, ["data.train_fraction=1.0", "(0, 1)"]),
         ({"train_fraction": 1.5}, ["data.train_fraction=1.5"]),
+        ({"seed": -1}, ["data.seed=-1", "[0, 2**32 - 1]"]),
+        ({"seed": 2**32}, ["data.seed=4294967296"]),
     ],
     ids=lambda value: str(value)[:40],
 )
-def test_bad_partition_settings_raise_config_error_naming_field_and_value(overrides, expected):
-    # Prepare
-    kwargs = {"method": "pathological", "num_clients": 10, "seed": 0, **overrides}
-
+def test_bad_data_settings_are_rejected_once_when_the_config_is_built(fields, expected):
     # Execute
     with pytest.raises(ConfigError) as info:
-        make_partition(balanced_labels(10), K, **kwargs)
+        DataConfig(**fields)
 
     # Assert
     for fragment in expected:
         assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"num_clients": 101}, ["data.num_clients=101", "more clients than samples", "100 samples"]),
+        ({"classes_per_client": 11}, ["data.classes_per_client=11", "number of classes in the dataset, 10"]),
+        ({"min_samples": 11}, ["data.min_samples=11", "100 samples", "lower data.min_samples"]),
+    ],
+    ids=lambda value: str(value)[:40],
+)
+def test_settings_that_do_not_fit_the_dataset_raise_config_error_naming_field_value_and_fix(fields, expected):
+    # Prepare: a valid config, but 100 samples of 10 classes
+    data = DataConfig(**{"partition": "pathological", "num_clients": 10, "seed": 0, **fields})
+
+    # Execute
+    with pytest.raises(ConfigError) as info:
+        make_partition(balanced_labels(10), K, data)
+
+    # Assert
+    for fragment in expected:
+        assert fragment in str(info.value)
+
+
+def test_partitioners_are_registered_by_name():
+    # Execute / Assert
+    assert PARTITIONERS.names() == ["dirichlet", "iid", "pathological"]
+    with pytest.raises(ConfigError, match=r"unknown partition data\.partition='shards'.*known partitions"):
+        PARTITIONERS.get("shards")
 
 
 def test_labels_outside_the_class_range_raise_dataset_error():
@@ -402,20 +442,20 @@ def test_labels_outside_the_class_range_raise_dataset_error():
 
     # Execute / Assert
     with pytest.raises(DatasetError, match=r"\[0, 10\)"):
-        make_partition(labels, K, method="iid", num_clients=2, seed=0)
+        make(labels, K, partition="iid", num_clients=2, seed=0)
 
 
 # --------------------------------------------------------------------------- scale
 
 
-@pytest.mark.parametrize("method", ["iid", "dirichlet"])
-def test_100k_clients_on_a_million_labels_partition_in_seconds(method):
+@pytest.mark.parametrize("name", ["iid", "dirichlet"])
+def test_100k_clients_on_a_million_labels_partition_in_seconds(name):
     # Prepare
     labels = shuffled_labels(1_000_000, num_classes=100)
 
     # Execute
     start = time.perf_counter()
-    part = make_partition(labels, 100, method=method, num_clients=100_000, min_samples=0, seed=0)
+    part = make(labels, 100, partition=name, num_clients=100_000, min_samples=0, seed=0)
     elapsed = time.perf_counter() - start
 
     # Assert (measured about 0.6 s for iid and 1.2 s for dirichlet on 2 cores)

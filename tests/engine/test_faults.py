@@ -1,4 +1,4 @@
-"""Faults: dead and hung workers, a killed driver, non-finite or oversized client updates."""
+"""Faults: dead and hung workers, a worker that always dies, a killed driver, non-finite or oversized updates."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
-from rayfed import RunConfig, run
-from rayfed.actors import client_worker
+from rayfed import RunConfig, WorkerError, run
+from rayfed.actors import worker_pool
 from rayfed.callbacks import Callback
+from rayfed.cli import main
 from rayfed.io import load_arrays
 from tests.conftest import tiny_overrides
 
@@ -49,7 +50,7 @@ def _inject_once(monkeypatch: pytest.MonkeyPatch, fault) -> list[str]:
             done.append(fault(_Capture.sim.executor.pool))
         return original_wait(refs, **kwargs)
 
-    monkeypatch.setattr(client_worker.ray, "wait", wait_with_fault)
+    monkeypatch.setattr(worker_pool.ray, "wait", wait_with_fault)
     return done
 
 
@@ -83,6 +84,39 @@ def test_hung_worker_times_out_and_is_replaced(tmp_path, ray_cluster, monkeypatc
     assert done == ["frozen"]
     assert "no answer within engine.round_timeout_s=8" in caplog.text
     assert hung.accuracies == reference.accuracies
+
+
+def test_worker_that_always_dies_stops_the_run_after_max_retries_and_it_resumes(
+    tmp_path, ray_cluster, monkeypatch
+) -> None:
+    # Prepare: from round 1 on, every worker is killed as soon as it is given the round's one batch.
+    _Capture.sim = None
+    run_dir = tmp_path / "run"
+    overrides = _ray_overrides(run_dir, **{"engine.clients_per_call": 10, "engine.checkpoint_every": 1,
+                                           "engine.max_retries": 2})
+    armed = [True]
+    original_wait = ray.wait
+
+    def kill_every_worker(refs, **kwargs):
+        sim = _Capture.sim
+        if armed[0] and sim is not None and sim.history:  # round 0 is done and checkpointed
+            for worker in sim.executor.pool.workers:
+                ray.kill(worker, no_restart=True)
+        return original_wait(refs, **kwargs)
+
+    monkeypatch.setattr(worker_pool.ray, "wait", kill_every_worker)
+    # Execute
+    with pytest.raises(WorkerError) as raised:
+        run(RunConfig().override(overrides), callbacks=[_Capture()])
+    # Assert: the error names the worker, the clients and the round, after max_retries replacements.
+    message = str(raised.value)
+    assert "ClientWorker 0 failed" in message and "in round 1" in message
+    assert "clients [0, 1, 2, 3, 4, 5, 6, 7, ...] (10 clients)" in message and "engine.max_retries=2" in message
+    assert _Capture.sim.executor.pool.replacements == 2
+    assert [r["round"] for r in pq.read_table(run_dir / "rounds.parquet").to_pylist()] == [0]
+    armed[0] = False  # the cause is fixed: the run resumes from its round-0 checkpoint and ends
+    assert main(["run", "--quiet", "--resume", str(run_dir)]) == 0
+    assert [r["round"] for r in pq.read_table(run_dir / "rounds.parquet").to_pylist()] == [0, 1]
 
 
 def test_driver_killed_mid_run_resumes_to_identical_metrics(tmp_path) -> None:

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rayfed import RunConfig, run
-from rayfed.algorithms import ALGORITHMS
-from rayfed.config import RunConfig as _Config
+from rayfed.algorithms import resolve
+from rayfed.config import TrainConfig
 from rayfed.flat import FlatModel
 from rayfed.models import build_model
 from rayfed.training import ClientJob
@@ -28,17 +28,17 @@ def _jobs(flat: FlatModel, *, lr=0.05, momentum=0.0, weight_decay=0.0, drop_last
                 x_train=torch.randn(n, 1, 16, 16, generator=rng), y_train=torch.randint(0, 4, (n,), generator=rng),
                 x_test=torch.empty(0), y_test=torch.empty(0, dtype=torch.long),
                 label_counts=np.ones(4), train_label_counts=np.ones(4),
-                lr=lr, epochs=epochs, batch_size=10, momentum=momentum, weight_decay=weight_decay,
-                drop_last=drop_last, generator=torch.Generator().manual_seed(100 + cid), seed=100 + cid,
+                train=TrainConfig(lr=lr, local_epochs=epochs, batch_size=10, momentum=momentum,
+                                  weight_decay=weight_decay, drop_last=drop_last),
+                generator=torch.Generator().manual_seed(100 + cid),
             )
         )
     return jobs
 
 
 def _client_half(name: str, **params):
-    algorithm = ALGORITHMS.get(name)
-    config = _Config().override({"algorithm.name": name, **{f"algorithm.params.{k}": v for k, v in params.items()}})
-    return algorithm.client_half(config.algorithm.params, None)
+    config = RunConfig().override({"algorithm.name": name, **{f"algorithm.params.{k}": v for k, v in params.items()}})
+    return resolve(config.algorithm).make_client(None)  # type: ignore[arg-type]  # these halves never read the spec
 
 
 @pytest.mark.parametrize(

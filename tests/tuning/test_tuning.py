@@ -103,10 +103,6 @@ def test_invalid_space_is_refused_before_any_trial_runs(tmp_path, entry, message
 
 
 def test_cwfedavg_lambda_is_a_searchable_field(tmp_path) -> None:
-    from rayfed.algorithms import ALGORITHMS
-
-    if "cwfedavg" not in ALGORITHMS:
-        pytest.skip("cwfedavg is not registered yet")
     base = base_config(tmp_path, **{"algorithm.name": "cwfedavg"})
     SearchSpace({"algorithm.params.wdr_lambda": FloatParam(1, 5000, log=True)}).validate(base)
     with pytest.raises(ConfigError, match="did you mean 'algorithm.params.wdr_lambda'"):
@@ -125,6 +121,18 @@ def test_storage_defaults_to_sqlite_in_the_study_dir_and_takes_journal_files(tmp
     assert (tmp_path / "cluster" / "study.log").stat().st_size > 0
     with pytest.raises(ConfigError, match="storage must be a URL"):
         open_storage("study.db", tmp_path)
+
+
+def test_pruners_are_chosen_by_registered_name(tmp_path) -> None:
+    from rayfed.tuning import PRUNERS, make_pruner
+
+    assert PRUNERS.names() == ["hyperband", "median", "none", "successive_halving"]
+    kinds = {name: type(make_pruner(name, rounds=7)).__name__ for name in PRUNERS}
+    assert kinds == {"hyperband": "HyperbandPruner", "median": "MedianPruner", "none": "NopPruner",
+                     "successive_halving": "SuccessiveHalvingPruner"}
+    with pytest.raises(ConfigError, match=r"unknown pruner pruner='medain' \(did you mean 'median'\?\)"):
+        tune(base_config(tmp_path), LR_SPACE, n_trials=1, study_name="p", study_dir=tmp_path / "study", pruner="medain")
+    assert not (tmp_path / "study").exists()
 
 
 # --- studies -----------------------------------------------------------------------------------

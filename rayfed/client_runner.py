@@ -1,6 +1,6 @@
-"""The plain class behind a ``ClientWorker`` actor: trains and evaluates batches of virtual clients.
+""":class:`ClientRunner`, the plain class behind a ``ClientWorker`` actor: trains and evaluates batches of clients.
 
-A worker is created once per run. It keeps references to the dataset (read
+A runner is created once per worker per run. It keeps references to the dataset (read
 zero-copy from Ray's object store) and the partition (client index arrays), builds one
 model per architecture once, and on each call turns client ids into
 :class:`~rayfed.training.ClientJob` objects, runs the algorithm's halves on them and
@@ -20,20 +20,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from rayfed.algorithms import ALGORITHMS, Broadcast, ClientHalf, Contribution, ProblemSpec, RoundContext
+from rayfed.algorithms import Broadcast, ClientHalf, Contribution, RoundContext, resolve
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, Partition, normalize_batch
 from rayfed.flat import FlatModel
 from rayfed.models import build_model
+from rayfed.problem import ProblemSpec
 from rayfed.seeding import client_seed
+from rayfed.state_store import ClientState
 from rayfed.training import ClientJob, TrainStats, evaluate_model
 from rayfed.vectorized import can_stack, resolve_vectorize, train_stacked
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ClientReport", "EvalReport", "TrainResult", "ClientRunner", "pick_device"]
-
-ClientState = dict[str, np.ndarray]
+__all__ = ["ClientReport", "EvalReport", "TrainResult", "ClientRunner", "ClientState", "pick_device"]
 
 
 @dataclass(frozen=True)
@@ -84,13 +84,7 @@ class ClientRunner:
         self.dataset = dataset
         self.partition = partition
         self.device = pick_device(config.engine.num_gpus_per_worker)
-        algorithm = ALGORITHMS.get(config.algorithm.name)
-        if config.algorithm.client is None:
-            client_cls, client_params = algorithm.client_half, config.algorithm.params
-        else:
-            client_cls = ALGORITHMS.get(config.algorithm.client).client_half
-            client_params = config.algorithm.client_params
-        self.client_half: ClientHalf[object] = (client_cls or ClientHalf)(client_params, spec)
+        self.client_half: ClientHalf[object] = resolve(config.algorithm).make_client(spec)
         self._models: dict[str, FlatModel] = {}
         self._label_counts = partition.label_counts
         self._train_label_counts = partition.train_label_counts
@@ -110,13 +104,16 @@ class ClientRunner:
         """
         states = states or {}
         result = TrainResult(None, [])
-        jobs = [self._job(cid, ctx.round, ctx.lr, states.get(cid), with_train=True) for cid in client_ids]
+        jobs = [self._job(cid, ctx.round, states.get(cid), with_train=True) for cid in client_ids]
         for group in self._stacks(jobs):
             started = time.perf_counter()
             if len(group) == 1:
                 job = group[0]
                 broadcast.personalise(job)
                 start = job.flat.vector.detach().clone()
+                # Layers that draw from torch's global generator (dropout) get the client's seed too,
+                # so a client trains the same on any worker and in any run.
+                torch.manual_seed(job.generator.initial_seed())
                 stats = self.client_half.train(job)
                 self._finish(result, broadcast, ctx, job, start, stats, time.perf_counter() - started)
                 continue
@@ -192,14 +189,11 @@ class ClientRunner:
         states = states or {}
         reports = []
         for cid in client_ids:
-            job = self._job(cid, -1, 0.0, states.get(cid), with_train=False)
+            job = self._job(cid, -1, states.get(cid), with_train=False)
             broadcast.prepare_eval(job)
             result = evaluate_model(job.model, job.x_test, job.y_test)
             reports.append(EvalReport(cid, result.count, result.correct, result.loss_sum))
         return reports
-
-    def ping(self) -> str:
-        return "ok"
 
     # --- internals -----------------------------------------------------------------------
     def model_for(self, architecture: str) -> FlatModel:
@@ -215,14 +209,12 @@ class ClientRunner:
         y = torch.from_numpy(self.dataset.labels[indices])
         return x, y.to(self.device, non_blocking=True)
 
-    def _job(self, cid: int, round_index: int, lr: float, state: ClientState | None, *, with_train: bool) -> ClientJob:
-        train_cfg = self.config.train
+    def _job(self, cid: int, round_index: int, state: ClientState | None, *, with_train: bool) -> ClientJob:
         architecture = self.spec.architecture_of(cid)
         empty_x = torch.empty((0, *self.dataset.input_shape), device=self.device)
         empty_y = torch.empty((0,), dtype=torch.long, device=self.device)
         x_train, y_train = self._tensors(self.partition.train(cid)) if with_train else (empty_x, empty_y)
         x_test, y_test = (empty_x, empty_y) if with_train else self._tensors(self.partition.test(cid))
-        seed = client_seed(self.config.seed, round_index, cid)
         return ClientJob(
             client_id=cid,
             round=round_index,
@@ -234,14 +226,8 @@ class ClientRunner:
             y_test=y_test,
             label_counts=self._label_counts[cid],
             train_label_counts=self._train_label_counts[cid],
-            lr=lr,
-            epochs=train_cfg.local_epochs,
-            batch_size=train_cfg.batch_size,
-            momentum=train_cfg.momentum,
-            weight_decay=train_cfg.weight_decay,
-            drop_last=train_cfg.drop_last,
-            generator=torch.Generator().manual_seed(seed),
-            seed=seed,
+            train=self.config.train,
+            generator=torch.Generator().manual_seed(client_seed(self.config.seed, round_index, cid)),
             state=state,
         )
 

@@ -1,0 +1,393 @@
+"""FedAWA's objectives and solvers, on M × M quantities of the client vectors.
+
+Shi et al., "FedAWA: Adaptive Optimization of Aggregation Weights in Federated Learning
+Using Client Vectors", CVPR 2025, Sec. 4.3-4.4. Client vector τ_k = θ_k − θ_g (Eq. 1),
+global vector τ_g(λ) = Σ_k λ_k τ_k, and the objective of the aggregation weights::
+
+    Σ_k λ_k ‖τ_k − τ_g(λ)‖₂ + d(Σ_k λ_k θ_k, θ_g),   ‖λ‖₁ = 1            (Eq. 3)
+
+with d = 1 − cosine similarity or the Euclidean distance (Sec. 5.3, Tab. 5). FedAWA-L
+(Eq. 4) has one λ per layer l, on the layer's slices of θ and τ. The authors' code
+minimises a variant, Σ_k λ_k ‖τ_k − τ_g‖ + Σ_k λ_k C_k with C_k = d(θ_k, θ_g) held
+constant (docs/algorithms.md, FedAWA section): :func:`code_objective`.
+
+**Nothing here loops over the model while it optimises.** On the simplex every quantity
+of both objectives is a function of, per layer l, the Gram matrix G = T Tᵀ of the client
+vectors (T = [τ_1 … τ_M]ᵀ), b = T θ_g and c = ‖θ_g‖²::
+
+    ‖τ_k − τ_g(λ)‖² = G_kk − 2(Gλ)_k + λᵀGλ
+    cos(θ_g + τ_g, θ_g) = (c + bᵀλ) / (√c · √(c + 2bᵀλ + λᵀGλ))
+
+and one evaluation of an objective and its gradient needs G only through two products,
+Gλ and Gw (:func:`_distances`, :func:`_dispersion`). :class:`ClientVectorProducts` gives
+them two ways: :class:`GramStatistics` forms G once (one SYRK over the uploads), after
+which an evaluation costs O(L·M²), the choice when the weights take many steps;
+:class:`MatrixFreeProducts` applies G as T(Tᵀx), two matrix-vector products over the
+uploads per product, and needs only the row norms G_kk besides, the choice for a single
+step (the code's default), whose two products cost less than the SYRK.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rayfed.flat import ParamLayout
+
+__all__ = [
+    "LayerGroups",
+    "layer_groups",
+    "ClientVectorProducts",
+    "GramStatistics",
+    "gram_statistics",
+    "MatrixFreeProducts",
+    "Objective",
+    "paper_objective",
+    "code_objective",
+    "EXACT_SMOOTHING",
+    "project_onto_simplex",
+    "SolverReport",
+    "minimise_on_simplex",
+    "softmax",
+    "adam_steps",
+    "combine",
+]
+
+EXACT_SMOOTHING = 1e-6
+"""ε² = EXACT_SMOOTHING · mean_k ‖τ_k‖² smooths the norms of Eq. 3 at zero for the exact minimiser
+(:func:`paper_objective`); about the resolution of ‖τ_k − τ_g‖² computed from a float32 Gram matrix."""
+_ARMIJO = 1e-4
+
+
+# --- layers -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LayerGroups:
+    """How a state vector splits into the groups that share one λ.
+
+    ``param_slices[l]`` is group l's part of the parameter vector (what the objective
+    reads); ``segments`` lists (slice of the state vector, group) for aggregation, with
+    group ``len(param_slices)`` meaning "the mean λ over groups" (buffers of modules
+    without parameters).
+    """
+
+    param_slices: tuple[slice, ...]
+    segments: tuple[tuple[slice, int], ...]
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.param_slices)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.array([s.stop - s.start for s in self.param_slices], dtype=np.float64)
+
+
+def layer_groups(layout: ParamLayout, buffer_layout: ParamLayout | None, *, layer_wise: bool) -> LayerGroups:
+    """FedAWA: one group, the whole state. FedAWA-L: one group per parameter tensor,
+    each buffer joining its module's ``weight`` (else ``bias``) group."""
+    size = layout.size
+    buffers = buffer_layout if buffer_layout is not None else ParamLayout((), (), (0,))
+    if not layer_wise:
+        return LayerGroups((slice(0, size),), ((slice(0, size + buffers.size), 0),))
+    param_slices = tuple(slice(a, b) for a, b in zip(layout.offsets[:-1], layout.offsets[1:]))
+    index = {name: i for i, name in enumerate(layout.names)}
+    segments: list[tuple[slice, int]] = [(s, i) for i, s in enumerate(param_slices)]
+    for name, start, stop in zip(buffers.names, buffers.offsets[:-1], buffers.offsets[1:]):
+        module = name.rpartition(".")[0]
+        prefix = f"{module}." if module else ""
+        group = index.get(prefix + "weight", index.get(prefix + "bias", len(param_slices)))
+        piece = slice(size + start, size + stop)
+        last_slice, last_group = segments[-1]
+        if last_group == group and last_slice.stop == piece.start:  # running_mean, running_var: one segment
+            segments[-1] = (slice(last_slice.start, piece.stop), group)
+        else:
+            segments.append((piece, group))
+    return LayerGroups(param_slices, tuple(segments))
+
+
+# --- what the objectives read of the client vectors ---------------------------------------------
+
+
+class ClientVectorProducts(abc.ABC):
+    """Per group l, in float64: ``diag`` (L, M) = ‖τ_k,l‖², ``b`` (L, M) = ⟨τ_k,l, θ_g,l⟩,
+    ``c`` (L,) = ‖θ_g,l‖², and :meth:`gram`, x ↦ G_l x_l."""
+
+    diag: np.ndarray
+    b: np.ndarray
+    c: np.ndarray
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.b.shape[-1])
+
+    @abc.abstractmethod
+    def gram(self, x: np.ndarray) -> np.ndarray:
+        """G_l x_l for every row x_l of ``x`` (L, M)."""
+
+
+@dataclass(frozen=True)
+class GramStatistics(ClientVectorProducts):
+    """G_l (L, M, M) formed once; every product is then O(M²)."""
+
+    G: np.ndarray
+    b: np.ndarray
+    c: np.ndarray
+
+    @property
+    def diag(self) -> np.ndarray:  # type: ignore[override]
+        return np.diagonal(self.G, axis1=1, axis2=2)
+
+    def gram(self, x: np.ndarray) -> np.ndarray:
+        return np.einsum("lkj,lj->lk", self.G, x)
+
+
+def gram_statistics(vectors: np.ndarray, global_vector: np.ndarray, slices: Sequence[slice]) -> GramStatistics:
+    """G, b and c of every slice of the client vectors: one SYRK and one GEMV per slice.
+
+    ``vectors`` (M, ≥P) float32 rows τ_k; only the columns inside ``slices`` are read.
+
+    >>> T = np.array([[1.0, 0.0], [0.0, 2.0]], np.float32)
+    >>> s = gram_statistics(T, np.array([1.0, 1.0], np.float32), [slice(0, 2)])
+    >>> s.G[0].tolist(), s.b[0].tolist(), s.c.tolist()
+    ([[1.0, 0.0], [0.0, 4.0]], [1.0, 2.0], [2.0])
+    """
+    grams, dots = [], []
+    for part in slices:
+        block = vectors[:, part]
+        grams.append(block @ block.T)
+        dots.append(block @ global_vector[part])
+    return GramStatistics(np.stack(grams).astype(np.float64), np.stack(dots).astype(np.float64),
+                          _squared_norms(global_vector, slices))
+
+
+class MatrixFreeProducts(ClientVectorProducts):
+    """G_l x = T_l (T_lᵀ x): two GEMVs over the uploads per product, no Gram matrix.
+
+    Setting up reads the uploads twice (the row norms and b = T θ_g), one pass fewer than
+    SYRK plus b; each evaluation of an objective then takes two products (Gλ, Gw).
+    """
+
+    def __init__(self, vectors: np.ndarray, global_vector: np.ndarray, slices: Sequence[slice]) -> None:
+        self.vectors, self.slices = vectors, tuple(slices)
+        blocks = [vectors[:, s] for s in self.slices]
+        # row by row with BLAS dots (as accurate as the SYRK's diagonal; einsum's float32 sum is not)
+        self.diag = np.stack([np.matmul(t[:, None, :], t[:, :, None])[:, 0, 0] for t in blocks]).astype(np.float64)
+        self.b = np.stack([t @ global_vector[s] for t, s in zip(blocks, self.slices)]).astype(np.float64)
+        self.c = _squared_norms(global_vector, self.slices)
+
+    def gram(self, x: np.ndarray) -> np.ndarray:
+        out = np.empty(x.shape, np.float64)
+        weights = x.astype(np.float32)
+        for group, part in enumerate(self.slices):
+            block = self.vectors[:, part]
+            out[group] = block @ np.matmul(weights[group], block)
+        return out
+
+
+def _squared_norms(vector: np.ndarray, slices: Sequence[slice]) -> np.ndarray:
+    return np.asarray([np.dot(vector[s], vector[s]) for s in slices], np.float64)
+
+
+# --- the objectives -----------------------------------------------------------------------------
+
+Objective = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+"""λ (L, M) ↦ (f (L,), ∇_λ f (L, M)), batched over the groups."""
+
+
+def _distances(
+    lam: np.ndarray, products: ClientVectorProducts, eps2: np.ndarray | float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """h = Gλ, q = λᵀGλ and D_k = √(‖τ_k − τ_g(λ)‖² + ε²), batched over the leading axis."""
+    h = products.gram(lam)
+    q = np.einsum("lk,lk->l", lam, h)
+    d2 = np.maximum(products.diag - 2.0 * h + q[:, None], 0.0) + np.asarray(eps2).reshape(-1, 1)
+    return h, q, np.sqrt(d2)
+
+
+def _dispersion(
+    lam: np.ndarray, products: ClientVectorProducts, h: np.ndarray, D: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Σ_k λ_k D_k and its gradient in λ: D_j + h_j Σ_k w_k − (Gw)_j with w_k = λ_k / D_k
+    (w_k = 0 where D_k = 0: the gradient torch gives the norm at zero)."""
+    w = np.divide(lam, D, out=np.zeros_like(lam), where=D > 0)
+    grad = D + h * w.sum(axis=1, keepdims=True) - products.gram(w)
+    return (lam * D).sum(axis=1), grad
+
+
+def _cosine_distance(c: np.ndarray, beta: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """1 − cos(u, u + v) from c = ‖u‖², β = ⟨u, v⟩, q = ‖v‖², free of cancellation:
+    1 − cos = (c q − β²) / (‖u‖‖u+v‖ (‖u‖‖u+v‖ + ⟨u, u+v⟩)) (Lagrange's identity)."""
+    nu_nv = np.sqrt(c * np.maximum(c + 2.0 * beta + q, 0.0))
+    num = np.maximum(c * q - beta**2, 0.0)
+    return np.divide(num, nu_nv * (nu_nv + c + beta), out=np.zeros_like(num), where=nu_nv > 0)
+
+
+def paper_objective(products: ClientVectorProducts, distance: str, *, smoothing: float = 0.0) -> Objective:
+    """Eq. 3 (Eq. 4 batched over layers) and its gradient in λ, for λ on the simplex.
+
+    f(λ) = Σ_k λ_k D_k + d(λ), D_k = √(‖τ_k − τ_g(λ)‖² + ε²), d = 1 − cos(θ_g + τ_g, θ_g)
+    (``cos``) or √(‖τ_g‖² + ε²) (``euclidean``), with ε² = ``smoothing`` · mean_k ‖τ_k‖².
+    ``smoothing = 0`` is Eq. 3 as written. The exact minimiser needs f differentiable at
+    the vertices (where ‖τ_k − τ_g‖ = 0) and passes :data:`EXACT_SMOOTHING`, which changes
+    f by at most ε = 10⁻³ · RMS_k ‖τ_k‖. The gradient is exact along the simplex (off it,
+    Σ_k λ_k θ_k ≠ θ_g + τ_g and the true gradient differs by a constant, which the
+    tangent directions and the softmax do not see).
+    """
+    b, c = products.b, products.c
+    eps2 = smoothing * products.diag.mean(axis=1) + (1e-300 if smoothing else 0.0)
+
+    def evaluate(lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        h, q, D = _distances(lam, products, eps2)
+        value, grad = _dispersion(lam, products, h, D)
+        if distance == "cos":
+            beta = np.einsum("lk,lk->l", lam, b)
+            reg = _cosine_distance(c, beta, q)
+            # ∂cos/∂λ = [b(β + q) − (c + β) h] / (√c · ‖θ_g + τ_g‖³); 0 where θ_g,l = 0 (d = 0 there)
+            scale = (np.sqrt(c) * np.maximum(c + 2.0 * beta + q, 0.0) ** 1.5)[:, None]
+            dcos = b * (beta + q)[:, None] - (c + beta)[:, None] * h
+            grad = grad - np.divide(dcos, scale, out=np.zeros_like(dcos), where=scale > 0)
+        else:
+            reg = np.sqrt(q + eps2)
+            grad = grad + np.divide(h, reg[:, None], out=np.zeros_like(h), where=reg[:, None] > 0)
+        return value + reg, grad
+
+    return evaluate
+
+
+def code_objective(products: ClientVectorProducts, distance: str, group_sizes: np.ndarray) -> Objective:
+    """The code's loss Σ_k λ_k ‖τ_k − τ_g‖ + Σ_k λ_k C_k and its gradient in λ.
+
+    C_k = 1 − cos(θ_g, θ_k) (``cos``) or Σ(θ_g − θ_k)² / P_l (``euclidean``), constant in λ
+    (detached in the code). The norm is not smoothed: like torch, its gradient is 0 at 0.
+    """
+    if distance == "cos":
+        C = _cosine_distance(products.c[:, None], products.b, products.diag)
+    else:
+        C = products.diag / group_sizes[:, None]
+
+    def evaluate(lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        h, _, D = _distances(lam, products, 0.0)
+        value, grad = _dispersion(lam, products, h, D)
+        return value + (lam * C).sum(axis=1), grad + C
+
+    return evaluate
+
+
+# --- solvers ------------------------------------------------------------------------------------
+
+
+def project_onto_simplex(v: np.ndarray) -> np.ndarray:
+    """Euclidean projection of every row of ``v`` onto the probability simplex (sort-based)."""
+    u = -np.sort(-v, axis=-1)
+    cumulative = np.cumsum(u, axis=-1) - 1.0
+    ks = np.arange(1, v.shape[-1] + 1)
+    rho = (u - cumulative / ks > 0).sum(axis=-1)
+    theta = np.take_along_axis(cumulative, (rho - 1)[..., None], axis=-1) / rho[..., None]
+    return np.maximum(v - theta, 0.0)
+
+
+@dataclass(frozen=True)
+class SolverReport:
+    steps: int
+    start: np.ndarray
+    """f(λ⁰) per problem."""
+    final: np.ndarray
+    """f(λ*) per problem."""
+    gap: np.ndarray
+    """Frank–Wolfe gap at λ* per problem."""
+
+
+def minimise_on_simplex(
+    objective: Objective, lam0: np.ndarray, *, tolerance: float, max_steps: int
+) -> tuple[np.ndarray, SolverReport]:
+    """Minimise L independent smooth functions over the simplex, batched: λ (L, M).
+
+    Projected gradient descent, λ⁺ = Π_Δ(λ − η_l ∇f_l(λ)), with a per-problem step η_l. λ⁺
+    is taken only if it satisfies Armijo's condition along the projection arc,
+    f(λ⁺) ≤ f(λ) + 10⁻⁴ ⟨∇f(λ), λ⁺ − λ⟩ (so f never increases), and η_l then becomes the
+    Barzilai–Borwein step sᵀs / sᵀy, s = λ⁺ − λ, y = ∇f(λ⁺) − ∇f(λ) (2η_l where sᵀy ≤ 0,
+    the function being non-convex); otherwise λ stays and η_l halves. η_l starts at
+    1 / (max ∇f − min ∇f) at λ⁰.
+
+    Stopping rule: problem l is done once its Frank–Wolfe gap
+    ⟨∇f(λ), λ⟩ − min_k ∂f/∂λ_k = max_{s ∈ Δ} ⟨∇f(λ), λ − s⟩ (zero exactly at the
+    first-order stationary points on Δ) is at most ``tolerance`` · |f_l(λ⁰)|; all stop
+    after ``max_steps`` steps. One objective evaluation per step.
+    """
+    lam = np.array(lam0, dtype=np.float64)
+    f, g = objective(lam)
+    start = f.copy()
+    threshold = tolerance * np.maximum(np.abs(start), 1e-300)
+    eta = 1.0 / np.maximum(np.ptp(g, axis=1), 1e-300)
+    steps = 0
+    gap = (lam * g).sum(axis=1) - g.min(axis=1)
+    while steps < max_steps:
+        active = gap > threshold
+        if not active.any():
+            break
+        steps += 1
+        candidate = project_onto_simplex(lam - eta[:, None] * g)
+        fc, gc = objective(candidate)
+        step = candidate - lam
+        accept = active & (fc <= f + _ARMIJO * (g * step).sum(axis=1))
+        sy, ss = (step * (gc - g)).sum(axis=1), (step * step).sum(axis=1)
+        bb = np.where(sy > 0, ss / np.where(sy > 0, sy, 1.0), 2.0 * eta)
+        eta = np.where(accept, np.clip(bb, 1e-12, 1e12), 0.5 * eta)
+        lam = np.where(accept[:, None], candidate, lam)
+        f = np.where(accept, fc, f)
+        g = np.where(accept[:, None], gc, g)
+        gap = (lam * g).sum(axis=1) - g.min(axis=1)
+    return lam, SolverReport(steps, start, f, gap)
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def adam_steps(
+    objective: Objective, z0: np.ndarray, *, steps: int, lr: float, betas: tuple[float, float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``steps`` ≥ 1 steps of a new ``torch.optim.Adam`` (eps 10⁻⁸) on f(softmax(z)), rows of z (L, M).
+
+    Returns (λ, f(λ), z): λ = softmax(z) at the start of the last step (the weights the
+    code aggregates with), the objective there, and z after the last step.
+    """
+    z = np.array(z0, dtype=np.float64)
+    m = np.zeros_like(z)
+    v = np.zeros_like(z)
+    b1, b2 = betas
+    for t in range(1, steps + 1):
+        lam = softmax(z)
+        value, grad_lam = objective(lam)
+        grad = lam * (grad_lam - (lam * grad_lam).sum(axis=1, keepdims=True))  # through the softmax
+        m = b1 * m + (1 - b1) * grad
+        v = b2 * v + (1 - b2) * grad**2
+        m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)
+        z = z - lr * m_hat / (np.sqrt(v_hat) + 1e-8)
+    return lam, value, z
+
+
+# --- aggregation --------------------------------------------------------------------------------
+
+
+def combine(
+    global_vector: np.ndarray, vectors: np.ndarray, lam: np.ndarray, groups: LayerGroups, gamma: float
+) -> np.ndarray:
+    """γ Σ_k λ_k θ_k / Σ_k λ_k = γ (θ_g + Σ_k λ_k τ_k) for rows λ on the simplex, per segment.
+
+    One GEMV per segment (one in all for FedAWA); λ (L, M) float64, ``vectors`` (M, S) float32.
+    """
+    weights = np.vstack([lam, lam.mean(axis=0, keepdims=True)]).astype(np.float32)
+    out = np.empty_like(global_vector)
+    for part, group in groups.segments:
+        np.matmul(weights[group], vectors[:, part], out=out[part])  # (np.dot is slow on strided views)
+    out += global_vector
+    if gamma != 1.0:
+        out *= np.float32(gamma)
+    return out

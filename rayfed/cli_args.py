@@ -1,0 +1,38 @@
+"""The config a command line names: an optional config file plus ``field.path=value`` overrides.
+
+Shared by ``rayfed run`` (:mod:`rayfed.cli`) and ``rayfed tune`` (:mod:`rayfed.tuning.cli`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from rayfed.config import RunConfig, load_config, parse_override
+from rayfed.errors import CheckpointError, RayfedError
+
+__all__ = ["config_from_args"]
+
+
+def config_from_args(args: Sequence[str], resume: str | None = None) -> RunConfig:
+    """A config file (if the first argument is not an override) plus dotted overrides.
+
+    With ``resume`` (a run directory) the base is that run's saved ``config.json``.
+
+    >>> config_from_args(["train.rounds=7", "train.lr=0.02"]).train.rounds
+    7
+    """
+    files = [a for a in args if "=" not in a]
+    if len(files) > 1:
+        raise RayfedError(f"give at most one config file, but got {files}")
+    overrides = dict(parse_override(a) for a in args if "=" in a)
+    if resume is not None:
+        saved = Path(resume) / "config.json"
+        if not saved.is_file():
+            raise CheckpointError(f"cannot resume: {resume!r} holds no run (no config.json)")
+        base = RunConfig.from_dict(json.loads(saved.read_text()))
+        return base.override({**overrides, "run_dir": str(resume)})
+    if files:
+        return load_config(files[0], overrides)
+    return RunConfig().override(overrides) if overrides else RunConfig()
