@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmark scripts: a private Ray for the run, and per-round wall-clock timing.
+"""Helpers shared by the benchmark scripts: a private Ray for the run, per-round wall-clock timing,
+and the proportional memory (PSS) of a process tree.
 
 Not part of the ``rayfed`` package; the scripts in this folder import it as a sibling module.
 """
@@ -7,13 +8,15 @@ from __future__ import annotations
 
 import os
 import statistics
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from rayfed.callbacks import Callback
 
-__all__ = ["RoundTimer", "private_ray", "median_after_warmup"]
+__all__ = ["RoundTimer", "PssSampler", "private_ray", "median_after_warmup", "process_tree_pss"]
 
 
 class RoundTimer(Callback):
@@ -58,3 +61,102 @@ def private_ray(num_cpus: int | None = None) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+def _children(proc: Path = Path("/proc")) -> dict[int, list[int]]:
+    """Parent pid -> child pids, from /proc/<pid>/stat (field 4 is the parent's pid)."""
+    tree: dict[int, list[int]] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # the process ended meanwhile
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])  # the command name may hold spaces and ")"
+        tree.setdefault(parent, []).append(int(entry.name))
+    return tree
+
+
+def _argv(pid: int) -> list[str]:
+    """The process's command line as words ([] once it has ended)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _name(argv: list[str]) -> str:
+    """A short name: Ray's process title (``ray::ClientWorker``) or the program's file name."""
+    if not argv:
+        return "?"
+    first = argv[0].split()[0]
+    if first.startswith("ray::"):
+        return first
+    script = next((w for w in argv[1:] if w.endswith(".py")), None)
+    return Path(script or first).name
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def process_tree_pss(root: int, skip: str = "multiprocessing") -> dict[str, float]:
+    """PSS in MB of ``root`` and its descendants, summed per process name (``_name``).
+
+    PSS (proportional set size, /proc/<pid>/smaps_rollup) charges each shared page to
+    its sharers in equal parts, so the sum over processes counts shared libraries and
+    Ray's object store once. Subtrees whose root's command line contains ``skip`` are
+    left out (the benchmark's own multiprocessing children and resource tracker).
+    """
+    tree, totals = _children(), {}
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        argv = _argv(pid)
+        if pid != root and (not argv or skip in " ".join(argv)):
+            continue
+        name = "driver" if pid == root else _name(argv)
+        totals[name] = totals.get(name, 0.0) + _pss_kb(pid) / 1024
+        stack.extend(tree.get(pid, []))
+    return totals
+
+
+class PssSampler:
+    """Samples :func:`process_tree_pss` of this process's tree every ``interval_s`` in a thread.
+
+    ``peak_mb`` is the largest sum over processes seen, ``peak`` that sample's per-name
+    breakdown. Use as a context manager around the part to measure.
+    """
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.interval_s = interval_s
+        self.peak_mb = 0.0
+        self.peak: dict[str, float] = {}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="pss-sampler", daemon=True)
+
+    def _loop(self) -> None:
+        while True:
+            totals = process_tree_pss(os.getpid())
+            self.samples += 1
+            if sum(totals.values()) > self.peak_mb:
+                self.peak_mb, self.peak = sum(totals.values()), totals
+            if self._stop.wait(self.interval_s):
+                return
+
+    def __enter__(self) -> PssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -1,11 +1,14 @@
 """Server memory and seconds per round of cwFedAvg (Output) as the client population grows.
 
-Populations of 100; 1,000; 10,000 and 100,000 clients, 100 of them sampled per round,
-on the offline synthetic dataset (1x28x28, 15 samples per client, IID, split 10 train /
+Populations of 100; 1,000; 10,000; 100,000 and 1,000,000 clients, 100 of them sampled per
+round, on the offline synthetic dataset (1x28x28, 15 samples per client, split 10 train /
 5 test so that every client takes one SGD step of batch 10), the 4-layer CNN, WDR with
-λ = 10. Each round trains the sampled clients, aggregates and evaluates the *sampled*
-clients (``engine.eval_clients="sampled"``): evaluating all 100,000 personalised models
-every round would dominate the round and measure evaluation, not the engine.
+λ = 10. Up to 100,000 clients the dataset has 15 samples per client, dealt IID
+(``data.partition="iid"``); larger populations take 15-sample slices of a shared pool of
+``--pool`` samples (``data.partition="slices"``, :mod:`rayfed.data.pool_slices`), so
+clients overlap in it. Each round trains the sampled clients, aggregates and evaluates
+the *sampled* clients (``engine.eval_clients="sampled"``): evaluating all personalised
+models every round would dominate the round and measure evaluation, not the engine.
 
 What the server keeps in cwFedAvg (Output) is K heads, the shared layers and two M x K
 tables (p̃ and the row norms), so its memory should grow by 80 bytes per client (M x K
@@ -15,16 +18,20 @@ float32 twice, K = 10) and the round time should not grow with M. Measured per p
   ``server_start_mb`` its resident memory right after it was created and
   ``server_state_mb`` the bytes of its state arrays;
 * ``round_s``: median wall-clock seconds per round after the first (warm-up) round;
+* ``driver_peak_mb``: peak resident memory of the driver process over this population
+  (``VmHWM``, reset before each population through ``/proc/self/clear_refs``); it
+  counts the dataset twice with Ray, as the driver maps the object store's copy;
 * ``setup_s``: generating the dataset, partitioning and building the model (driver).
 
 Writes ``scaling.parquet`` and ``scaling.png`` to ``--out`` (default benchmarks/results);
-the last line is ``server_mem_mb_100k=<peak MB> round_s_100k=<seconds>``.
+the last line is ``server_mem_mb_100k=<peak MB> round_s_100k=<seconds>`` for the largest
+population up to 100,000 clients, followed by ``server_mem_mb_1m=<peak MB>
+driver_mem_mb_1m=<peak MB> round_s_1m=<seconds>`` for the largest one above.
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
 import sys
 import tempfile
 import time
@@ -42,15 +49,22 @@ from rayfed import RunConfig, Simulation  # noqa: E402
 SAMPLES_PER_CLIENT = 15
 TRAIN_PER_CLIENT = 10
 SAMPLED_PER_ROUND = 100
+LARGEST_DEALT = 100_000
+"""Populations up to this size get their own 15 samples per client; larger ones share the pool."""
 MB = 2**20
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident memory of a process on this machine (Linux ``/proc``), in bytes."""
+def rss_bytes(pid: int | str, field: str = "VmRSS") -> int:
+    """Resident memory (``VmRSS``) or its peak (``VmHWM``) of a process (Linux ``/proc``), in bytes."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
+    raise RuntimeError(f"no {field} for process {pid}")
+
+
+def reset_peak_rss() -> None:
+    """Start this process's ``VmHWM`` again from its current resident memory (Linux >= 4.0)."""
+    Path("/proc/self/clear_refs").write_text("5")
 
 
 class ServerMemory(RoundTimer):
@@ -71,15 +85,25 @@ class ServerMemory(RoundTimer):
         self.state_bytes = ray.get(server.memory_bytes.remote())
 
 
+def population_data(clients: int, pool: int) -> dict[str, object]:
+    """IID over 15 samples per client up to :data:`LARGEST_DEALT` clients, else 15-sample slices of the pool."""
+    if clients <= LARGEST_DEALT:
+        return {"data.options": {"num_samples": SAMPLES_PER_CLIENT * clients}, "data.partition": "iid"}
+    return {
+        "data.options": {"num_samples": pool},
+        "data.partition": "slices",
+        "data.samples_per_client": SAMPLES_PER_CLIENT,
+    }
+
+
 def population_config(clients: int, args: argparse.Namespace, run_dir: Path) -> RunConfig:
     return RunConfig().override({
         "algorithm.name": "cwfedavg",
         "algorithm.params.wdr_lambda": 10.0,
         "algorithm.params.classwise_blocks": 1,  # cwFedAvg (Output)
         "data.dataset": "synthetic",
-        "data.options": {"num_samples": SAMPLES_PER_CLIENT * clients},
+        **population_data(clients, args.pool),
         "data.num_clients": clients,
-        "data.partition": "iid",
         "data.train_fraction": TRAIN_PER_CLIENT / SAMPLES_PER_CLIENT,
         "model.name": "cnn4",
         "train.rounds": args.rounds,
@@ -95,12 +119,15 @@ def population_config(clients: int, args: argparse.Namespace, run_dir: Path) -> 
 
 def measure(clients: int, args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     probe = ServerMemory()
+    reset_peak_rss()
     started = time.perf_counter()
     sim = Simulation(population_config(clients, args, tmp / f"m{clients}"), callbacks=[probe])
     setup_s = time.perf_counter() - started
     result = sim.run()
     return {
         "clients": clients,
+        "partition": sim.config.data.partition,
+        "pool_samples": len(sim.dataset.labels),
         "sampled_per_round": int(result.history[0]["num_sampled"]),
         "rounds": result.rounds_run,
         "round_s": median_after_warmup(probe.seconds),
@@ -108,7 +135,7 @@ def measure(clients: int, args: argparse.Namespace, tmp: Path) -> dict[str, floa
         "server_start_mb": probe.start_bytes / MB,
         "server_peak_mb": probe.peak_bytes / MB,
         "server_state_mb": probe.state_bytes / MB,
-        "driver_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "driver_peak_mb": rss_bytes("self", "VmHWM") / MB,
         "setup_s": setup_s,
         "accuracy": result.final_accuracy,
     }
@@ -125,11 +152,17 @@ def plot(rows: list[dict[str, float]], path: Path) -> None:
     mem.plot(clients, [r["server_peak_mb"] for r in rows], "o-", label="ServerActor peak RSS")
     mem.plot(clients, [r["server_start_mb"] for r in rows], "s--", label="ServerActor RSS at start")
     mem.plot(clients, [r["server_state_mb"] for r in rows], "^:", label="server state arrays")
-    mem.axhline(2048, color="grey", lw=0.8, ls="--", label="2 GB budget")
+    mem.plot(clients, [r["driver_peak_mb"] for r in rows], "d-.", label="driver peak RSS")
+    mem.axhline(2048, color="grey", lw=0.8, ls="--", label="2 GB server budget")
+    mem.axhline(4096, color="black", lw=0.8, ls="--", label="4 GB driver budget")
     mem.set(xscale="log", yscale="log", xlabel="clients (population)", ylabel="MB",
-            title="cwFedAvg (Output): server memory")
+            title="cwFedAvg (Output): server and driver memory")
     mem.legend(fontsize=8)
     sec.plot(clients, [r["round_s"] for r in rows], "o-")
+    for r in rows:
+        if r["partition"] == "slices":
+            sec.annotate(f"slices of {r['pool_samples']:,}", (r["clients"], r["round_s"]), fontsize=8,
+                         textcoords="offset points", xytext=(-60, 8))
     sec.set(xscale="log", xlabel="clients (population)", ylabel="seconds per round (median)",
             title=f"{SAMPLED_PER_ROUND} clients sampled per round")
     sec.set_ylim(bottom=0)
@@ -140,7 +173,9 @@ def plot(rows: list[dict[str, float]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--populations", default="100,1000,10000,100000", help="comma-separated client counts")
+    parser.add_argument("--populations", default="100,1000,10000,100000,1000000", help="comma-separated client counts")
+    parser.add_argument("--pool", type=int, default=150_000,
+                        help=f"samples in the pool shared by populations above {LARGEST_DEALT:,} clients")
     parser.add_argument("--rounds", type=int, default=6, help="rounds per population; the first is warm-up")
     parser.add_argument("--workers", type=int, default=0, help="ClientWorker actors (0 = one per CPU)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -154,15 +189,40 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{clients:>7} clients: {row['round_s']:.3f} s/round (max {row['round_s_max']:.3f}), "
                   f"server peak {row['server_peak_mb']:.0f} MB (start {row['server_start_mb']:.0f} MB, "
                   f"state {row['server_state_mb']:.1f} MB), driver peak {row['driver_peak_mb']:.0f} MB, "
-                  f"setup {row['setup_s']:.1f} s, accuracy {row['accuracy']:.3f}", flush=True)
+                  f"setup {row['setup_s']:.1f} s, {row['partition']} over {row['pool_samples']} samples, "
+                  f"accuracy {row['accuracy']:.3f}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), args.out / "scaling.parquet")
     plot(rows, args.out / "scaling.png")
     print(f"wrote {args.out / 'scaling.parquet'} and {args.out / 'scaling.png'}")
-    last = rows[-1]
-    label = f"{last['clients'] // 1000}k" if last["clients"] % 1000 == 0 else str(last["clients"])
-    print(f"server_mem_mb_{label}={last['server_peak_mb']:.1f} round_s_{label}={last['round_s']:.3f}")
+    print(" ".join(last_line_fields(rows)))
     return 0
+
+
+def population_label(clients: int) -> str:
+    """1000000 -> "1m", 100000 -> "100k", 150 -> "150"."""
+    for unit, suffix in ((1_000_000, "m"), (1000, "k")):
+        if clients % unit == 0:
+            return f"{clients // unit}{suffix}"
+    return str(clients)
+
+
+def last_line_fields(rows: list[dict[str, float]]) -> list[str]:
+    """Server memory and round time of the largest dealt population, then of the largest pooled one
+    together with its driver memory."""
+    fields = []
+    dealt = [r for r in rows if r["clients"] <= LARGEST_DEALT]
+    pooled = [r for r in rows if r["clients"] > LARGEST_DEALT]
+    if dealt:
+        row = max(dealt, key=lambda r: r["clients"])
+        label = population_label(row["clients"])
+        fields += [f"server_mem_mb_{label}={row['server_peak_mb']:.1f}", f"round_s_{label}={row['round_s']:.3f}"]
+    if pooled:
+        row = max(pooled, key=lambda r: r["clients"])
+        label = population_label(row["clients"])
+        fields += [f"server_mem_mb_{label}={row['server_peak_mb']:.1f}",
+                   f"driver_mem_mb_{label}={row['driver_peak_mb']:.1f}", f"round_s_{label}={row['round_s']:.3f}"]
+    return fields
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Client updates per second: rayfed on Ray against a plain single-process PyTorch loop.
+"""Client updates per second: rayfed on Ray against plain PyTorch loops, up to the machine's 2-process limit.
 
 Two workloads (FedAvg, the papers' 4-layer CNN on 1x28x28 synthetic images, 50 training
 and 10 test samples per client, batch 10, one local epoch, SGD lr 0.005):
@@ -8,41 +8,44 @@ and 10 test samples per client, batch 10, one local epoch, SGD lr 0.005):
 
 Every round trains the sampled clients, aggregates them (sample-size weighted average)
 and evaluates the new global model on the sampled clients' test sets
-(``engine.eval_clients="sampled"``). The plain loop does exactly that work, as one would
-write it with PyTorch alone: the data pre-loaded as normalised tensors, one model,
-``torch.optim.SGD``, ``parameters_to_vector`` and a running weighted sum, torch's default
-number of threads. It draws the same clients and the same mini-batch orders as rayfed, so
-both reach the same accuracy in every round (printed as a check). For reference the same
-loop also runs with the model converted to channels-last (``model.to(memory_format=
-torch.channels_last)``), the one change a PyTorch expert would make for this CNN on CPU;
-its updates per second and rayfed's ratio to it are printed too. The last line compares
-with the plain loop, as the workload is specified.
+(``engine.eval_clients="sampled"``). Three loops do exactly that work with PyTorch alone,
+the data pre-loaded as normalised tensors, ``torch.optim.SGD``, a running weighted sum:
 
-The loops run interleaved, round by round: rayfed's round t, then each plain loop's round t
-(in the driver, while rayfed's workers wait), then rayfed's round t+1, and so on, so a
-drift in the machine's speed (the box is shared) weighs on all alike. rayfed starts and
-afterwards stops a private local Ray, as ``rayfed.run`` does for users. The first round of
-each (workers start, models are built) is excluded; the result is the median over the
-other rounds. The last line is::
+* the plain loop: one process, one model, torch's default number of threads (what the
+  last line's ``throughput_ratio`` compares with, as the workload was first specified);
+* the same loop with the model channels-last (``model.to(memory_format=
+  torch.channels_last)``), the one change a PyTorch expert would make for this CNN on CPU;
+* the 2-process loop (:class:`TwoProcessLoop`), the best such an expert can write for a
+  2-core box without a framework: one process per core with one torch thread, each
+  training its half of the round's clients on the channels-last model and summing them;
+  the parent averages the two sums and evaluates. ``limit_ratio`` compares with it.
 
-    throughput_ratio_s1=<rayfed / plain on S1> throughput_ratio_s2=<rayfed / plain on S2>
+All draw the same clients and the same mini-batch orders as rayfed, so all reach the same
+accuracy in every round (printed as a check). They run interleaved, round by round:
+rayfed's round t, then each loop's round t (while rayfed's workers wait), then rayfed's
+round t+1, and so on, so a drift in the machine's speed (the box is shared) weighs on all
+alike. What a timed round holds, on either side: sampling the clients, training them,
+aggregating and evaluating; for rayfed also the Ray calls, the broadcast through the object
+store and the metrics files it writes every round (``RoundTimer``); for the 2-process loop
+the pipe messages and the shared-memory sums. Outside every round: starting Ray and the
+actors or the loop's processes, loading data, building models. The first round of each is
+warm-up; the result is the median over the other rounds. Checkpoints are off
+(``engine.checkpoint_every=0``): the loops write none either.
 
-rayfed's layout here: one ClientWorker per core with one torch thread each, each worker
-call summing its clients (2 calls per worker per round), the flat-vector SGD step,
-convolution kernels stored channels-last in the flat vector (:mod:`rayfed.flat`; on this
-CPU torch's NCHW ``max_pool2d`` is ~13x slower than the channels-last one, and a cnn4 step
-at batch 10 takes 6.5 ms instead of 8.9 ms), workers keeping freed buffers in their heap
-(no page faults per step). Also tried on the 2-core box, per client and one thread unless
-said: ``torch.compile`` 0.74x, stacked clients with ``torch.func.vmap`` 0.22-0.68x
-(``benchmarks/vectorize_cpu.py``), ``torch.jit.trace``, autograd-owned gradients with a
-foreach update, and pinning each worker to a core: all within the noise (+-5 %) or slower.
-1, 2 or 5 calls per worker per round: the same within the noise. A reshape-and-max pooling
-was no faster than ``max_pool2d``. Kept: only what is described above.
+rayfed starts and afterwards stops a private local Ray, as ``rayfed.run`` does for users,
+with one ClientWorker per core (one torch thread each). During S2 a thread samples the
+proportional set size (PSS) of rayfed's processes every 0.5 s (driver, ClientWorkers,
+ServerActor and Ray's daemons; the driver less the plain loops' tensors it holds) and
+reports the peak. The last line::
 
-Run: ``python benchmarks/throughput.py`` (about 2-3 minutes on 2 cores);
+    throughput_ratio_s1=<x> throughput_ratio_s2=<y> limit_ratio_s1=<x> limit_ratio_s2=<y> rayfed_peak_pss_mb_s2=<m>
+
+``throughput_ratio`` is rayfed's updates per second over the plain loop's, ``limit_ratio``
+over the 2-process loop's. Measurements, and what was tried to make rayfed faster, are in
+benchmarks/README.md ("Throughput" section).
+
+Run: ``python benchmarks/throughput.py [--rounds 6] [--out benchmarks/results/throughput.json]``;
 ``--vectorize on`` trains the clients of a worker call stacked (``engine.vectorize``).
-Checkpoints are off (``engine.checkpoint_every=0``): the plain loop writes none either;
-the metrics files rayfed writes every round are included in its round times.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,14 +67,14 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RoundTimer, median_after_warmup  # noqa: E402
+from common import PssSampler, RoundTimer, median_after_warmup  # noqa: E402
 
 from rayfed import RunConfig, run  # noqa: E402
 from rayfed.algorithms.fedprox import flatten_logically  # noqa: E402
 from rayfed.data import load_dataset, make_partition, normalize_batch  # noqa: E402
 from rayfed.flat import FlatModel  # noqa: E402
 from rayfed.models import build_model  # noqa: E402
-from rayfed.problem import build_problem
+from rayfed.problem import build_problem  # noqa: E402
 from rayfed.seeding import client_seed, sample_clients  # noqa: E402
 
 SAMPLES_PER_CLIENT = 60
@@ -149,37 +153,56 @@ class PlainLoop:
 
     def round(self, t: int) -> None:
         """Train the round's sampled clients, average them, evaluate them; appends the time and accuracy."""
-        config, model, batch = self.config, self.model, self.config.train.batch_size
         started = time.perf_counter()
-        sampled = sample_clients(config.seed, t, config.data.num_clients, config.engine.join_ratio)
-        total, weight = torch.zeros_like(self.global_vector), 0
-        for cid in sampled.tolist():
-            self._load(self.global_vector)
+        sampled = self.sampled(t)
+        total, weight = self.train_clients(t, sampled, self.global_vector)
+        self.global_vector = total / weight
+        accuracy = self.evaluate(sampled, self.global_vector)
+        self.seconds.append(time.perf_counter() - started)
+        self.accuracies.append(accuracy)
+
+    def sampled(self, t: int) -> list[int]:
+        """Round t's clients, drawn as rayfed draws them."""
+        config = self.config
+        return sample_clients(config.seed, t, config.data.num_clients, config.engine.join_ratio).tolist()
+
+    def train_clients(self, t: int, client_ids: list[int], start: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Train each client from ``start``; returns the sample-weighted sum of the trained models and the weight."""
+        config, model, batch = self.config, self.model, self.config.train.batch_size
+        total, weight = torch.zeros_like(start), 0
+        for cid in client_ids:
+            self._load(start)
             model.train()
             x, y = self.train[cid]
             n = len(y)
             order = torch.randperm(n, generator=torch.Generator().manual_seed(client_seed(config.seed, t, cid)))
-            for start in range(0, n - n % batch, batch):  # drop_last, as the papers' loaders
-                idx = order[start : start + batch]
+            for first in range(0, n - n % batch, batch):  # drop_last, as the papers' loaders
+                idx = order[first : first + batch]
                 self.optimizer.zero_grad()
                 F.cross_entropy(model(x[idx]), y[idx]).backward()
                 self.optimizer.step()
             total.add_(self._read(), alpha=n)
             weight += n
-        self.global_vector = total / weight
-        self._load(self.global_vector)
-        model.eval()
+        return total, weight
+
+    def evaluate(self, client_ids: list[int], vector: torch.Tensor) -> float:
+        """Pooled accuracy of the model ``vector`` on the clients' test sets."""
+        self._load(vector)
+        self.model.eval()
         correct = count = 0
         with torch.no_grad():
-            for cid in sampled.tolist():
+            for cid in client_ids:
                 x, y = self.test[cid]
-                logits = model(x)
+                logits = self.model(x)
                 F.cross_entropy(logits, y, reduction="sum")
                 correct += int((logits.argmax(dim=1) == y).sum())
                 count += len(y)
-        self.seconds.append(time.perf_counter() - started)
-        self.accuracies.append(correct / count)
+        return correct / count
 
+    def tensor_bytes(self) -> int:
+        """Bytes of the pre-loaded data and the model this loop holds in its process."""
+        tensors = [t for pair in (*self.train, *self.test) for t in pair] + self.params
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def _load(self, vector: torch.Tensor) -> None:
         if self.channels_last:  # copy into the channels-last parameters (a view would reset their layout)
@@ -195,17 +218,83 @@ class PlainLoop:
         return parameters_to_vector(self.params).detach()
 
 
+# --- the 2-process loop: the machine's limit without a framework ---------------------------------------
+
+
+class TwoProcessLoop:
+    """FedAvg on one process per core, as a PyTorch expert would write it for this box.
+
+    Each of ``processes`` worker processes (multiprocessing's spawn context) holds the
+    data and a channels-last :class:`PlainLoop` with one torch thread, and trains its
+    share of the round's clients (contiguous slices of the sampled list) from the
+    global model, summing them sample-weighted into its row of a shared-memory tensor.
+    The parent puts the global model into shared memory, wakes the processes through
+    pipes, averages their sums and evaluates with ``evaluator`` (the driver's
+    channels-last loop, whose model it borrows). The timed round is what rayfed's is:
+    sampling, training, averaging and evaluation; starting the processes and loading
+    their data happen in the constructor, outside every round.
+    """
+
+    def __init__(self, config: RunConfig, evaluator: PlainLoop, processes: int = 2) -> None:
+        context = torch.multiprocessing.get_context("spawn")
+        self.evaluator = evaluator
+        self.global_vector = evaluator.global_vector.clone().share_memory_()
+        self.sums = torch.zeros((processes, self.global_vector.numel())).share_memory_()
+        self.pipes, self.processes = [], []
+        for rank in range(processes):
+            here, there = context.Pipe()
+            process = context.Process(target=_serve, args=(config, rank, self.global_vector, self.sums, there),
+                                      daemon=True)
+            process.start()
+            self.pipes.append(here)
+            self.processes.append(process)
+        for pipe in self.pipes:
+            pipe.recv()  # "ready": data loaded, model built
+        self.seconds: list[float] = []
+        self.accuracies: list[float] = []
+
+    def round(self, t: int) -> None:
+        started = time.perf_counter()
+        sampled = self.evaluator.sampled(t)
+        share = -(-len(sampled) // len(self.pipes))
+        for rank, pipe in enumerate(self.pipes):
+            pipe.send((t, sampled[rank * share : (rank + 1) * share]))
+        weight = sum(pipe.recv() for pipe in self.pipes)
+        self.global_vector.copy_(self.sums.sum(dim=0).div_(weight))
+        accuracy = self.evaluator.evaluate(sampled, self.global_vector)
+        self.seconds.append(time.perf_counter() - started)
+        self.accuracies.append(accuracy)
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            pipe.send(None)
+        for process in self.processes:
+            process.join()
+
+
+def _serve(config: RunConfig, rank: int, global_vector: torch.Tensor, sums: torch.Tensor, pipe) -> None:
+    """A :class:`TwoProcessLoop` process: train the clients each message names, until ``None``."""
+    torch.set_num_threads(1)
+    loop = PlainLoop(config, channels_last=True)
+    pipe.send("ready")
+    while (message := pipe.recv()) is not None:
+        t, client_ids = message
+        total, weight = loop.train_clients(t, client_ids, global_vector)
+        sums[rank].copy_(total)
+        pipe.send(weight)
+
+
 # --- both, interleaved round by round -----------------------------------------------------------------
 
 
 class Interleaved(RoundTimer):
-    """Times rayfed's rounds and runs the plain loop's round t right after rayfed's round t.
+    """Times rayfed's rounds and runs each loop's round t right after rayfed's round t.
 
-    The plain round runs in the driver while rayfed's workers wait for their next call,
-    and is left out of rayfed's round times; so both see the same state of the machine.
+    The loops' rounds run while rayfed's workers wait for their next call, and are left
+    out of rayfed's round times; so all see the same state of the machine.
     """
 
-    def __init__(self, *plain: PlainLoop) -> None:
+    def __init__(self, *plain: PlainLoop | TwoProcessLoop) -> None:
         super().__init__()
         self.plain = plain
 
@@ -244,34 +333,67 @@ def main(argv: list[str] | None = None) -> int:
           f"rounds {args.rounds} (first excluded)",
           flush=True)
 
-    results: dict[str, dict[str, float | bool]] = {}
+    results: dict[str, dict[str, float | bool | dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="rayfed-throughput-") as tmp:
         for s in scenarios:
-            config = scenario_config(s, args, Path(tmp) / s.name)
-            probe = Interleaved(PlainLoop(config), PlainLoop(config, channels_last=True))
-            history = run(config, callbacks=[probe]).history
-            engine = s.sampled_per_round / median_after_warmup(probe.seconds)
-            plain, expert = (s.sampled_per_round / median_after_warmup(loop.seconds) for loop in probe.plain)
-            gap = max(abs(a - row["accuracy"]) for loop in probe.plain for a, row in zip(loop.accuracies, history))
-            results[s.name] = {"plain_updates_per_s": plain, "plain_channels_last_updates_per_s": expert,
-                               "engine_updates_per_s": engine, "max_accuracy_difference": gap}
-            for label, loop, rate in (("plain PyTorch loop:      ", probe.plain[0], plain),
-                                      ("plain, channels-last:    ", probe.plain[1], expert),
-                                      ("rayfed on Ray:           ", probe, engine)):
-                print(f"{s.name.upper()} {label}{rate:6.1f} updates/s  (rounds {_times(loop.seconds)} s)", flush=True)
-            print(f"    rayfed phases (median): {breakdown(history)}", flush=True)
-            for label, loop in (("plain", probe.plain[0]), ("plain channels-last", probe.plain[1])):
-                pairs = ", ".join(f"{a:.4f}/{row['accuracy']:.4f}" for a, row in zip(loop.accuracies, history))
-                print(f"    accuracy per round, {label} / rayfed: {pairs}", flush=True)
-            print(f"    rayfed / plain channels-last: {engine / expert:.3f}", flush=True)
+            results[s.name] = measure(s, scenario_config(s, args, Path(tmp) / s.name))
     for name, r in results.items():
         r["ratio"] = r["engine_updates_per_s"] / r["plain_updates_per_s"]
+        r["limit_ratio"] = r["engine_updates_per_s"] / r["two_process_updates_per_s"]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         arguments = {k: str(v) for k, v in vars(args).items()}
         args.out.write_text(json.dumps({"args": arguments, "results": results}, indent=2))
-    print(" ".join(f"throughput_ratio_{name}={r['ratio']:.3f}" for name, r in results.items()))
+    fields = [f"throughput_ratio_{name}={r['ratio']:.3f}" for name, r in results.items()]
+    fields += [f"limit_ratio_{name}={r['limit_ratio']:.3f}" for name, r in results.items()]
+    fields += [f"rayfed_peak_pss_mb_{name}={r['rayfed_peak_pss_mb']:.0f}"
+               for name, r in results.items() if "rayfed_peak_pss_mb" in r]
+    print(" ".join(fields))
     return 0
+
+
+def measure(s: Scenario, config: RunConfig) -> dict[str, float | bool | dict[str, float]]:
+    """Run rayfed and the three loops interleaved on one workload; print and return their numbers.
+
+    On S2 the PSS of rayfed's processes is sampled meanwhile (:class:`common.PssSampler`):
+    the driver's share less the bytes the driver's two plain loops hold (their data and models,
+    counted exactly), plus every Ray process of the session; the 2-process loop's processes
+    are not in it.
+    """
+    plain, expert = PlainLoop(config), PlainLoop(config, channels_last=True)
+    limit = TwoProcessLoop(config, evaluator=expert)
+    probe = Interleaved(plain, expert, limit)
+    try:
+        with PssSampler() if s.name == "s2" else nullcontext() as memory:
+            history = run(config, callbacks=[probe]).history
+    finally:
+        limit.close()
+    rates = [s.sampled_per_round / median_after_warmup(loop.seconds) for loop in (probe, *probe.plain)]
+    gap = max(abs(a - row["accuracy"]) for loop in probe.plain for a, row in zip(loop.accuracies, history))
+    result: dict[str, float | bool | dict[str, float]] = {
+        "engine_updates_per_s": rates[0], "plain_updates_per_s": rates[1],
+        "plain_channels_last_updates_per_s": rates[2], "two_process_updates_per_s": rates[3],
+        "max_accuracy_difference": gap,
+    }
+    labels = ("rayfed on Ray:           ", "plain PyTorch loop:      ", "plain, channels-last:    ",
+              "2 processes, 1 thread:   ")
+    for label, loop, rate in zip(labels, (probe, *probe.plain), rates):
+        print(f"{s.name.upper()} {label}{rate:6.1f} updates/s  (rounds {_times(loop.seconds)} s)", flush=True)
+    print(f"    rayfed phases (median): {breakdown(history)}", flush=True)
+    for label, loop in zip(("plain", "plain channels-last", "2 processes"), probe.plain):
+        pairs = ", ".join(f"{a:.4f}/{row['accuracy']:.4f}" for a, row in zip(loop.accuracies, history))
+        print(f"    accuracy per round, {label} / rayfed: {pairs}", flush=True)
+    print(f"    rayfed / plain channels-last: {rates[0] / rates[2]:.3f}, rayfed / 2 processes: "
+          f"{rates[0] / rates[3]:.3f}", flush=True)
+    if memory is not None:
+        held = (plain.tensor_bytes() + expert.tensor_bytes()) / 2**20
+        peak = dict(memory.peak, driver=memory.peak["driver"] - held)
+        result["rayfed_peak_pss_mb"] = sum(peak.values())
+        result["rayfed_peak_pss_by_process_mb"] = peak
+        parts = ", ".join(f"{name} {mb:.0f}" for name, mb in sorted(peak.items(), key=lambda kv: -kv[1]))
+        print(f"    rayfed peak PSS: {sum(peak.values()):.0f} MB over {memory.samples} samples (driver less "
+              f"{held:.0f} MB of the plain loops' tensors); per process name (MB): {parts}", flush=True)
+    return result
 
 
 if __name__ == "__main__":

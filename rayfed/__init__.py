@@ -3,37 +3,49 @@
 >>> import rayfed
 >>> config = rayfed.RunConfig().override({"algorithm.name": "fedprox", "train.rounds": 5})
 >>> result = rayfed.run(config)  # doctest: +SKIP
+
+The names below are imported on first use (PEP 562, module ``__getattr__``), so that
+``import rayfed`` and the command line (``rayfed --help``, ``rayfed list``) do not import
+torch or Ray; ``rayfed.run`` imports them when a run needs them.
 """
 
-from rayfed.config import (
-    AlgorithmConfig,
-    DataConfig,
-    EngineConfig,
-    ModelConfig,
-    RunConfig,
-    TrainConfig,
-    load_config,
-)
-from rayfed.engine import RunResult, Simulation, run
-from rayfed.errors import CheckpointError, ConfigError, DatasetError, RayfedError, ResourceError, WorkerError
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rayfed.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ imports them
+    from rayfed.config import (  # noqa: F401
+        AlgorithmConfig,
+        DataConfig,
+        EngineConfig,
+        ModelConfig,
+        RunConfig,
+        TrainConfig,
+        load_config,
+    )
+    from rayfed.engine import RunResult, Simulation, run  # noqa: F401
+    from rayfed.errors import (  # noqa: F401
+        CheckpointError,
+        ConfigError,
+        DatasetError,
+        RayfedError,
+        ResourceError,
+        WorkerError,
+    )
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AlgorithmConfig",
-    "DataConfig",
-    "EngineConfig",
-    "ModelConfig",
-    "RunConfig",
-    "TrainConfig",
-    "load_config",
-    "run",
-    "RunResult",
-    "Simulation",
-    "RayfedError",
-    "ConfigError",
-    "DatasetError",
-    "CheckpointError",
-    "ResourceError",
-    "WorkerError",
-]
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "rayfed.config": (
+            "AlgorithmConfig", "DataConfig", "EngineConfig", "ModelConfig", "RunConfig", "TrainConfig", "load_config"
+        ),
+        "rayfed.engine": ("run", "RunResult", "Simulation"),
+        "rayfed.errors": (
+            "RayfedError", "ConfigError", "DatasetError", "CheckpointError", "ResourceError", "WorkerError"
+        ),
+    },
+)

@@ -43,8 +43,13 @@ class MetricsWriter(Callback):
 
     def after_round(self, sim: Simulation, record: RoundRecord, clients: pa.Table) -> bool:
         write_parquet(sim.run_dir / "clients" / f"round_{record.round:06d}.parquet", clients)
-        write_parquet(sim.run_dir / "rounds.parquet", pa.Table.from_pylist(sim.history))
+        self.write_rounds(sim)
         return False
+
+    @staticmethod
+    def write_rounds(sim: Simulation) -> None:
+        """``rounds.parquet`` from the run's history (also before a checkpoint written on Ctrl-C)."""
+        write_parquet(sim.run_dir / "rounds.parquet", pa.Table.from_pylist(sim.history))
 
 
 class Checkpointer(Callback):
@@ -59,7 +64,9 @@ class Checkpointer(Callback):
 
 
 class ProgressBar(Callback):
-    """A tqdm bar over rounds with the latest accuracy."""
+    """A tqdm bar over rounds with the latest pooled accuracy of the personalised models, the
+    global model's beside it (``glob``, when the algorithm has one), the best accuracy so far,
+    the training loss and the round's seconds."""
 
     def on_run_start(self, sim: Simulation) -> None:
         from tqdm.auto import tqdm
@@ -72,9 +79,11 @@ class ProgressBar(Callback):
     def after_round(self, sim: Simulation, record: RoundRecord, clients: pa.Table) -> bool:
         if not math.isnan(record.accuracy):
             self._best = record.accuracy if math.isnan(self._best) else max(self._best, record.accuracy)
-            self._bar.set_postfix(acc=f"{record.accuracy:.4f}", best=f"{self._best:.4f}",
-                                  loss=f"{record.train_loss:.3f}",
-                                  s=f"{record.round_s:.2f}")
+            shown = {"acc": f"{record.accuracy:.4f}"}
+            if not math.isnan(record.global_accuracy):
+                shown["glob"] = f"{record.global_accuracy:.4f}"
+            shown.update(best=f"{self._best:.4f}", loss=f"{record.train_loss:.3f}", s=f"{record.round_s:.2f}")
+            self._bar.set_postfix(shown)
         self._bar.update(1)
         return False
 

@@ -2,12 +2,13 @@
 
     rayfed run [CONFIG] [field.path=value ...]     run a config file (TOML/YAML/JSON) with overrides
     rayfed run --resume RUN_DIR [field=value ...]  resume a run from its last checkpoint
-    rayfed list                                    registered algorithms, datasets and models
+    rayfed list [ALGORITHM]                        registered algorithms, datasets and models, or
+                                                   one algorithm's params (default, allowed values, meaning)
     rayfed plot RUN_DIR [RUN_DIR ...] --out DIR    figures (PNG) from finished runs
 
 Examples::
 
-    rayfed run configs/mnist_fedavg.toml train.rounds=50 data.root=~/data
+    rayfed run configs/mnist_practical.toml train.rounds=50 data.root=~/data
     rayfed run algorithm.name=fedprox algorithm.params.mu=0.01 engine.num_workers=2
 """
 
@@ -15,11 +16,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rayfed.cli_args import config_from_args
+from rayfed.config import field_reference
+from rayfed.config_fields import reference
 from rayfed.errors import RayfedError
+from rayfed.interrupts import RunInterrupted, StudyInterrupted
+
+if TYPE_CHECKING:
+    from rayfed.algorithms import Algorithm
 
 __all__ = ["main", "build_parser"]
 
@@ -27,11 +36,19 @@ __all__ = ["main", "build_parser"]
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rayfed", description="Simulate personalized federated learning on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run (or resume) a simulation")
+    run = sub.add_parser(
+        "run",
+        help="run (or resume) a simulation",
+        description="Run (or resume) a simulation. A config file (TOML, YAML, JSON) names fields by tables or by\n"
+        "flat dotted keys (train.lr = 0.02); every field can also be set here as field.path=value.",
+        epilog=f"config fields (path = default):\n\n{field_reference()}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("args", nargs="*", help="an optional config file, then field.path=value overrides")
     run.add_argument("--resume", metavar="RUN_DIR", help="resume the run in RUN_DIR from its last checkpoint")
     run.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
-    sub.add_parser("list", help="list registered algorithms, datasets and models")
+    listing = sub.add_parser("list", help="list registered algorithms, datasets and models, or one algorithm's params")
+    listing.add_argument("algorithm", nargs="?", metavar="ALGORITHM", help="show this algorithm's algorithm.params.*")
     plot = sub.add_parser("plot", help="draw figures (accuracy curves, p vs p-tilde, row norms) from finished runs")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories; their curves share one plot")
     plot.add_argument("--out", required=True, metavar="DIR", help="folder for the PNG files")
@@ -48,8 +65,13 @@ def _add_tune_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     add_tune_parser(sub)
 
 
-def _list() -> None:
+def _list(algorithm: str | None) -> None:
+    """The registries; with ``algorithm``, that algorithm's params (an unknown name: ConfigError, did you mean)."""
     from rayfed.algorithms import ALGORITHMS
+
+    if algorithm is not None:
+        print(_params_reference(ALGORITHMS.get(algorithm)))
+        return
     from rayfed.data import DATASETS
     from rayfed.models import MODELS
 
@@ -58,6 +80,18 @@ def _list() -> None:
         print(f"  {name:16s} {ALGORITHMS.get(name).summary}")
     print("datasets:  ", ", ".join(DATASETS.names()))
     print("models:    ", ", ".join(MODELS.names()))
+
+
+def _params_reference(algorithm: Algorithm) -> str:
+    """``rayfed list ALGORITHM``: summary, display label, and every ``algorithm.params`` field."""
+    fields = reference(algorithm.params_type)
+    lines = [
+        f"{algorithm.name}: {algorithm.summary}",
+        f"label in figures with the defaults: {algorithm.label(algorithm.params_type())}",
+        "",
+        "algorithm.params (path = default), set as algorithm.params.NAME=value:" if fields else "takes no params",
+    ]
+    return "\n".join(lines + (["", fields] if fields else []))
 
 
 def _plot(ns: argparse.Namespace) -> int:
@@ -72,17 +106,19 @@ def _plot(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command in ``argv``; returns the exit status (2: bad input, 130: interrupted by Ctrl-C)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         if ns.command == "list":
-            _list()
+            _list(ns.algorithm)
             return 0
         if ns.command == "run":
+            config = config_from_args(ns.args, ns.resume)  # argument errors before the engine (torch, Ray) loads
             from rayfed.engine import run
 
-            config = config_from_args(ns.args, ns.resume)
             if ns.quiet:
                 config = config.override({"engine.progress": False})
             else:
@@ -97,3 +133,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RayfedError as e:
         print(f"rayfed: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # one line instead of a traceback (rayfed.interrupts)
+        print(_interrupted(e, shlex.join(["rayfed", *argv])))
+        return 130
+
+
+def _interrupted(error: KeyboardInterrupt, command: str) -> str:
+    """What a Ctrl-C left and the exact command that continues: a run's own line, or the same command again."""
+    if isinstance(error, RunInterrupted):
+        return str(error)
+    if isinstance(error, StudyInterrupted):
+        return f"{error}; resume it with: {command}"
+    return f"interrupted before the first round finished; start again with: {command}"

@@ -10,24 +10,38 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rayfed.config import RunConfig, load_config, parse_override
-from rayfed.errors import CheckpointError, RayfedError
+from rayfed.errors import CheckpointError, ConfigError
 
 __all__ = ["config_from_args"]
 
 
 def config_from_args(args: Sequence[str], resume: str | None = None) -> RunConfig:
-    """A config file (if the first argument is not an override) plus dotted overrides.
+    """A config file (an argument without ``=`` that names a file) plus dotted overrides.
 
-    With ``resume`` (a run directory) the base is that run's saved ``config.json``.
+    With ``resume`` (a run directory) the base is that run's saved ``config.json``, and only
+    overrides are taken. Any other argument without ``=`` is a mistake (a forgotten ``=``,
+    a misspelt file name) and raises ConfigError saying so.
 
     >>> config_from_args(["train.rounds=7", "train.lr=0.02"]).train.rounds
     7
+    >>> config_from_args(["train.rounds", "7"])
+    Traceback (most recent call last):
+    ...
+    rayfed.errors.ConfigError: 'train.rounds' is neither a config file nor a field.path=value override
     """
     files = [a for a in args if "=" not in a]
+    for arg in files:
+        if not Path(arg).is_file():
+            raise ConfigError(f"{arg!r} is neither a config file nor a field.path=value override")
     if len(files) > 1:
-        raise RayfedError(f"give at most one config file, but got {files}")
+        raise ConfigError(f"give at most one config file, but got {files}")
     overrides = dict(parse_override(a) for a in args if "=" in a)
     if resume is not None:
+        if files:
+            raise ConfigError(
+                f"--resume takes field.path=value overrides only, but got the config file {files[0]!r}: "
+                f"a resumed run keeps the config saved in {str(Path(resume) / 'config.json')!r}"
+            )
         saved = Path(resume) / "config.json"
         if not saved.is_file():
             raise CheckpointError(f"cannot resume: {resume!r} holds no run (no config.json)")

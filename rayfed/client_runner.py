@@ -15,12 +15,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from rayfed.algorithms import Broadcast, ClientHalf, Contribution, RoundContext, resolve
+from rayfed.algorithms import Broadcast, ClientHalf, Contribution, RoundContext, SharedBody, resolve
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, Partition, normalize_batch
 from rayfed.flat import FlatModel
@@ -28,10 +29,13 @@ from rayfed.models import build_model
 from rayfed.problem import ProblemSpec
 from rayfed.seeding import client_seed
 from rayfed.state_store import ClientState
-from rayfed.training import ClientJob, TrainStats, evaluate_model
+from rayfed.training import ClientJob, TrainStats, evaluate_model, features_before_output
 from rayfed.vectorized import can_stack, resolve_vectorize, train_stacked
 
 logger = logging.getLogger(__name__)
+
+_EVAL_BATCH = 1024
+"""Test samples per forward when a model is evaluated over several clients' test splits at once."""
 
 __all__ = ["ClientReport", "EvalReport", "TrainResult", "ClientRunner", "ClientState", "pick_device"]
 
@@ -54,10 +58,30 @@ class ClientReport:
 
 @dataclass(frozen=True)
 class EvalReport:
+    """One client's test results: its own evaluation model's, and the global model's if the algorithm has one."""
+
     client_id: int
     num_test: int
     correct: int
     loss_sum: float
+    global_correct: int | None = None
+    """Correct predictions of the global model (``Broadcast.prepare_global_eval``); None without one."""
+    global_loss_sum: float | None = None
+
+
+class _Tally:
+    """Correct predictions and summed cross-entropy per client, added batch by batch on the device."""
+
+    def __init__(self, num_clients: int, device: torch.device) -> None:
+        self.correct = torch.zeros(num_clients, device=device)
+        self.loss_sum = torch.zeros(num_clients, device=device)
+
+    def add(self, logits: torch.Tensor, target: torch.Tensor, rows: torch.Tensor) -> None:
+        self.correct.index_add_(0, rows, (logits.argmax(dim=1) == target).float())
+        self.loss_sum.index_add_(0, rows, F.cross_entropy(logits, target, reduction="none"))
+
+    def results(self) -> list[tuple[int, float]]:
+        return [(int(c), float(loss)) for c, loss in zip(self.correct.tolist(), self.loss_sum.tolist())]
 
 
 @dataclass
@@ -74,8 +98,8 @@ def pick_device(num_gpus: float) -> torch.device:
     return torch.device("cpu")
 
 
-class ClientRunner:
-    """Trains and evaluates batches of virtual clients on one process."""
+class _ClientData:
+    """A worker's view of the clients: their data (read zero-copy) and one model per architecture."""
 
     def __init__(self, config: RunConfig, spec: ProblemSpec, dataset: ArrayDataset, partition: Partition) -> None:
         torch.set_num_threads(config.engine.torch_threads)
@@ -84,10 +108,61 @@ class ClientRunner:
         self.dataset = dataset
         self.partition = partition
         self.device = pick_device(config.engine.num_gpus_per_worker)
-        self.client_half: ClientHalf[object] = resolve(config.algorithm).make_client(spec)
         self._models: dict[str, FlatModel] = {}
         self._label_counts = partition.label_counts
         self._train_label_counts = partition.train_label_counts
+
+    def model_for(self, architecture: str) -> FlatModel:
+        """This worker's model of ``architecture``, built on first use (its values are always overwritten)."""
+        if architecture not in self._models:
+            module = build_model(architecture, self.dataset.input_shape, self.dataset.num_classes).to(self.device)
+            self._models[architecture] = FlatModel(module)
+        return self._models[architecture]
+
+    def _tensors(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        # uint8 goes to the device and is normalised there: a 4x smaller host-to-GPU copy.
+        x = normalize_batch(self.dataset.images[indices], self.dataset.mean, self.dataset.std, device=self.device)
+        y = torch.from_numpy(self.dataset.labels[indices])
+        return x, y.to(self.device, non_blocking=True)
+
+    def _job(self, cid: int, round_index: int, state: ClientState | None, *, split: str | None) -> ClientJob:
+        """Client ``cid``'s job with the tensors of its ``split`` ("train", "test" or None: no data)."""
+        architecture = self.spec.architecture_of(cid)
+        empty_x = torch.empty((0, *self.dataset.input_shape), device=self.device)
+        empty_y = torch.empty((0,), dtype=torch.long, device=self.device)
+        x_train, y_train = self._tensors(self.partition.train(cid)) if split == "train" else (empty_x, empty_y)
+        x_test, y_test = self._tensors(self.partition.test(cid)) if split == "test" else (empty_x, empty_y)
+        return ClientJob(
+            client_id=cid,
+            round=round_index,
+            flat=self.model_for(architecture),
+            architecture=architecture,
+            x_train=x_train,
+            y_train=y_train,
+            x_test=x_test,
+            y_test=y_test,
+            label_counts=self._label_counts[cid],
+            train_label_counts=self._train_label_counts[cid],
+            train=self.config.train,
+            generator=torch.Generator().manual_seed(client_seed(self.config.seed, round_index, cid)),
+            state=state,
+        )
+
+    def _pooled_test(self, client_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(test sizes, images, labels, owner index) of the clients' test splits, concatenated."""
+        splits = [self.partition.test(cid) for cid in client_ids]
+        sizes = torch.tensor([len(split) for split in splits], device=self.device)
+        x, y = self._tensors(np.concatenate(splits))
+        owner = torch.repeat_interleave(torch.arange(len(client_ids), device=self.device), sizes)
+        return sizes, x, y, owner
+
+
+class ClientRunner(_ClientData):
+    """Trains and evaluates batches of virtual clients on one process."""
+
+    def __init__(self, config: RunConfig, spec: ProblemSpec, dataset: ArrayDataset, partition: Partition) -> None:
+        super().__init__(config, spec, dataset, partition)
+        self.client_half: ClientHalf[object] = resolve(config.algorithm).make_client(spec)
 
     # --- public calls (one per actor method) ---------------------------------------------
     def train(
@@ -104,7 +179,7 @@ class ClientRunner:
         """
         states = states or {}
         result = TrainResult(None, [])
-        jobs = [self._job(cid, ctx.round, states.get(cid), with_train=True) for cid in client_ids]
+        jobs = [self._job(cid, ctx.round, states.get(cid), split="train") for cid in client_ids]
         for group in self._stacks(jobs):
             started = time.perf_counter()
             if len(group) == 1:
@@ -185,51 +260,83 @@ class ClientRunner:
     def evaluate(
         self, broadcast: Broadcast, client_ids: list[int], states: dict[int, ClientState] | None = None
     ) -> list[EvalReport]:
-        """Accuracy of each client's evaluation model (``broadcast.prepare_eval``) on its own test split."""
+        """Accuracy of each client's evaluation model (``broadcast.prepare_eval``) on its own test split,
+        and of the global model (``broadcast.prepare_global_eval``), if the algorithm has one, on the same split.
+
+        Clients whose evaluation models share everything but the output layer
+        (``broadcast.shared_body``) are evaluated together: one forward of the shared body over all
+        their test samples, then each client's output layer as a batched matrix product. A global
+        model with that same body costs one more matrix product; any other global model one forward
+        over all their test samples.
+        """
         states = states or {}
-        reports = []
+        by_architecture: dict[str, list[int]] = {}
         for cid in client_ids:
-            job = self._job(cid, -1, states.get(cid), with_train=False)
-            broadcast.prepare_eval(job)
-            result = evaluate_model(job.model, job.x_test, job.y_test)
-            reports.append(EvalReport(cid, result.count, result.correct, result.loss_sum))
-        return reports
+            by_architecture.setdefault(self.spec.architecture_of(cid), []).append(cid)
+        reports: dict[int, EvalReport] = {}
+        for ids in by_architecture.values():
+            population = replace(
+                self._job(ids[0], -1, None, split=None),
+                client_id=-1, label_counts=self._label_counts.sum(axis=0),
+                train_label_counts=self._train_label_counts.sum(axis=0),
+            )
+            global_state = population.flat.state_numpy() if broadcast.prepare_global_eval(population) else None
+            plan = broadcast.shared_body([self._job(cid, -1, states.get(cid), split=None) for cid in ids])
+            if plan is not None:
+                own, on_global = self._evaluate_shared(ids, plan, global_state)
+            else:
+                own = []
+                for cid in ids:
+                    job = self._job(cid, -1, states.get(cid), split="test")
+                    broadcast.prepare_eval(job)
+                    result = evaluate_model(job.model, job.x_test, job.y_test)
+                    own.append((result.count, result.correct, result.loss_sum))
+                on_global = None
+            if global_state is not None and on_global is None:
+                on_global = self._evaluate_pooled(ids, global_state)
+            for i, (cid, (count, correct, loss_sum)) in enumerate(zip(ids, own)):
+                g_correct, g_loss = (None, None) if on_global is None else on_global[i]
+                reports[cid] = EvalReport(cid, count, correct, loss_sum, g_correct, g_loss)
+        return [reports[cid] for cid in client_ids]
 
-    # --- internals -----------------------------------------------------------------------
-    def model_for(self, architecture: str) -> FlatModel:
-        """This worker's model of ``architecture``, built on first use (its values are always overwritten)."""
-        if architecture not in self._models:
-            module = build_model(architecture, self.dataset.input_shape, self.dataset.num_classes).to(self.device)
-            self._models[architecture] = FlatModel(module)
-        return self._models[architecture]
-
-    def _tensors(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        # uint8 goes to the device and is normalised there: a 4x smaller host-to-GPU copy.
-        x = normalize_batch(self.dataset.images[indices], self.dataset.mean, self.dataset.std, device=self.device)
-        y = torch.from_numpy(self.dataset.labels[indices])
-        return x, y.to(self.device, non_blocking=True)
-
-    def _job(self, cid: int, round_index: int, state: ClientState | None, *, with_train: bool) -> ClientJob:
-        architecture = self.spec.architecture_of(cid)
-        empty_x = torch.empty((0, *self.dataset.input_shape), device=self.device)
-        empty_y = torch.empty((0,), dtype=torch.long, device=self.device)
-        x_train, y_train = self._tensors(self.partition.train(cid)) if with_train else (empty_x, empty_y)
-        x_test, y_test = (empty_x, empty_y) if with_train else self._tensors(self.partition.test(cid))
-        return ClientJob(
-            client_id=cid,
-            round=round_index,
-            flat=self.model_for(architecture),
-            architecture=architecture,
-            x_train=x_train,
-            y_train=y_train,
-            x_test=x_test,
-            y_test=y_test,
-            label_counts=self._label_counts[cid],
-            train_label_counts=self._train_label_counts[cid],
-            train=self.config.train,
-            generator=torch.Generator().manual_seed(client_seed(self.config.seed, round_index, cid)),
-            state=state,
+    def _evaluate_shared(
+        self, client_ids: list[int], plan: SharedBody, global_state: np.ndarray | None
+    ) -> tuple[list[tuple[int, int, float]], list[tuple[int, float]] | None]:
+        """Evaluate clients that share the body of ``plan``: features once, heads batched. The global
+        model rides along when its body is the plan's: (count, correct, loss) per client, and
+        (correct, loss) per client on the global model (None when it needs a forward of its own)."""
+        architecture = self.spec.architecture_of(client_ids[0])
+        flat = self.model_for(architecture)
+        output = self.spec.output_layer[architecture]
+        global_head = _global_head(flat, output, plan, global_state)
+        flat.load_state(plan.state)
+        sizes, x, y, owner = self._pooled_test(client_ids)
+        weight = torch.as_tensor(plan.weight, device=self.device)
+        bias = torch.as_tensor(plan.bias, device=self.device)
+        own, on_global = _Tally(len(client_ids), self.device), _Tally(len(client_ids), self.device)
+        for start, features in features_before_output(flat.module, output, x):
+            rows, target = owner[start : start + len(features)], y[start : start + len(features)]
+            own.add(torch.bmm(weight[rows], features.unsqueeze(2)).squeeze(2) + bias[rows], target, rows)
+            if global_head is not None:
+                on_global.add(F.linear(features, *global_head), target, rows)
+        counts = sizes.tolist()
+        return (
+            [(n, c, loss) for n, (c, loss) in zip(counts, own.results())],
+            on_global.results() if global_head is not None else None,
         )
+
+    @torch.no_grad()
+    def _evaluate_pooled(self, client_ids: list[int], state: np.ndarray) -> list[tuple[int, float]]:
+        """(correct, loss) per client of one model (``state``) over all their test samples, in one forward."""
+        flat = self.model_for(self.spec.architecture_of(client_ids[0]))
+        flat.load_state(state)
+        flat.module.eval()
+        _, x, y, owner = self._pooled_test(client_ids)
+        tally = _Tally(len(client_ids), self.device)
+        for start in range(0, len(y), _EVAL_BATCH):
+            stop = start + _EVAL_BATCH
+            tally.add(flat.module(x[start:stop]), y[start:stop], owner[start:stop])
+        return tally.results()
 
     def _rejection(self, contribution: Contribution, update_norm: float) -> str:
         if not math.isfinite(update_norm) or not contribution.is_finite():
@@ -238,3 +345,19 @@ class ClientRunner:
         if bound is not None and update_norm > bound:
             return f"update norm {update_norm:.4g} exceeds engine.max_update_norm={bound:g}"
         return ""
+
+
+def _global_head(
+    flat: FlatModel, output: str, plan: SharedBody, global_state: np.ndarray | None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The global model's output layer (weight, bias), if its body is exactly ``plan``'s body."""
+    if global_state is None:
+        return None
+    head = flat.slice_of(output)
+    body = np.ones(len(global_state), dtype=bool)
+    body[head] = False
+    if not np.array_equal(global_state[body], plan.state[body]):
+        return None
+    flat.load_state(global_state)
+    layer = flat.module.get_submodule(output)
+    return layer.weight.detach().clone(), layer.bias.detach().clone()

@@ -5,7 +5,8 @@ is built, and a bad value raises :class:`~rayfed.errors.ConfigError` naming the 
 (as a dotted path such as ``train.lr``), the value received and what is allowed. The
 same object runs from Python (:func:`rayfed.run`), from the command line
 (``rayfed run config.toml train.lr=0.01``) and inside an Optuna trial, which
-overrides fields by the same dotted paths.
+overrides fields by the same dotted paths. Each field's meaning is declared with it
+(:mod:`rayfed.config_fields`): ``help(TrainConfig)`` and ``rayfed run --help`` list them.
 
 >>> cfg = RunConfig().override({"train.lr": 0.01, "data.num_clients": 10})
 >>> cfg.train.lr, cfg.data.num_clients
@@ -17,16 +18,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import types
-import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any
 
+from rayfed.config_fields import documented, reference, section
+from rayfed.config_io import from_mapping, nest_dotted_keys, parse_override, read_table_file, set_path, to_plain
 from rayfed.errors import ConfigError
 from rayfed.registry import closest
-from rayfed.validation import check, check_choice, check_int, check_real, fail, is_int
+from rayfed.validation import check, check_choice, check_int, check_real, is_int
 
 __all__ = [
     "DataConfig",
@@ -38,9 +39,11 @@ __all__ = [
     "load_config",
     "read_table_file",
     "parse_override",
+    "field_reference",
 ]
 
 
+@section("data")
 @dataclass(frozen=True)
 class DataConfig:
     """Which dataset, how it is split over clients, and how each client splits its share.
@@ -49,31 +52,37 @@ class DataConfig:
     Dirichlet(0.1), 75/25 train/test per client, partition seed 1.
     """
 
-    dataset: str = "synthetic"
-    root: str | None = None
-    """Folder holding the dataset files (torchvision layout); unused by ``synthetic``."""
-    download: bool = False
-    """Let torchvision download missing files (needs network)."""
-    options: Mapping[str, Any] = field(default_factory=dict)
-    """Dataset-specific options, e.g. ``{"num_samples": 20000}`` for ``synthetic``."""
-    num_clients: int = 20
-    """M, the number of clients (at most the number of samples)."""
-    partition: str = "dirichlet"
-    """A partitioner registered in :data:`rayfed.data.PARTITIONERS`: ``"dirichlet"``, ``"pathological"``, ``"iid"``."""
-    alpha: float = 0.1
-    """Dirichlet concentration (``partition="dirichlet"``), > 0; smaller is more skewed."""
-    classes_per_client: int = 2
-    """Classes per client (``partition="pathological"``), at most the dataset's classes."""
-    min_samples: int = 1
-    """PFLlib's ``least_samples``: Dirichlet redraws until every client holds at least this many
-    samples; the pathological partitioner uses it in its lower block-size bound. 0 allows empty clients."""
-    balance: bool = False
-    """Pathological: equal block sizes instead of PFLlib's random sizes."""
-    train_fraction: float = 0.75
-    """f in (0, 1): each client trains on floor(f * n_i) of its samples and tests on the rest. 1 is not
-    allowed, because every client is evaluated on its own test split."""
-    seed: int = 1
-    """Partition seed, in [0, 2**32 - 1]; fixed across the training seeds, as in the papers."""
+    dataset: str = documented("synthetic", "A registered dataset (rayfed list): synthetic (offline), mnist, ...")
+    root: str | None = documented(None, "Folder holding the dataset files (torchvision layout); unused by synthetic.")
+    download: bool = documented(False, "Let torchvision download missing files (needs network).")
+    options: Mapping[str, Any] = documented(
+        {}, 'Dataset-specific options, e.g. {"num_samples": 20000} for synthetic.'
+    )
+    num_clients: int = documented(20, "M, the number of clients (at most the number of samples, except with slices).")
+    partition: str = documented(
+        "dirichlet", "How samples are split over clients: dirichlet, pathological, iid or slices (of a shared pool)."
+    )
+    alpha: float = documented(0.1, "Dirichlet concentration (partition=dirichlet), > 0; smaller is more skewed.")
+    classes_per_client: int = documented(
+        2, "Classes per client (partition=pathological), at most the dataset's classes."
+    )
+    min_samples: int = documented(
+        1,
+        "PFLlib's least_samples: Dirichlet redraws until every client holds at least this many samples; the "
+        "pathological partitioner uses it in its lower block-size bound. 0 allows empty clients.",
+    )
+    balance: bool = documented(
+        False, "Pathological partition: equal block sizes per client instead of PFLlib's random sizes."
+    )
+    samples_per_client: int = documented(
+        0, "Slices partition: each client's slice of the shuffled pool; 0 = samples // num_clients."
+    )
+    train_fraction: float = documented(
+        0.75,
+        "f in (0, 1): each client trains on floor(f * n_i) of its samples and tests on the rest "
+        "(1 is not allowed: every client is evaluated on its own test split).",
+    )
+    seed: int = documented(1, "Partition seed in [0, 2**32 - 1]; fixed across training seeds, as in the papers.")
 
     def __post_init__(self) -> None:
         from rayfed.data.partitioners import PARTITIONERS  # registers the partitioners; no cycle back
@@ -85,21 +94,21 @@ class DataConfig:
         check_int("data.classes_per_client", self.classes_per_client, low=1)
         check_int("data.min_samples", self.min_samples, low=0)
         check(isinstance(self.balance, bool), "data.balance", self.balance, "true or false")
+        check_int("data.samples_per_client", self.samples_per_client, low=0)
         check_real("data.train_fraction", self.train_fraction, low=0, high=1, low_open=True, high_open=True)
         check(is_int(self.seed) and 0 <= self.seed < 2**32, "data.seed", self.seed, "an integer in [0, 2**32 - 1]")
         object.__setattr__(self, "options", dict(self.options))
 
 
+@section("model")
 @dataclass(frozen=True)
 class ModelConfig:
-    """The network each client trains.
+    """The network each client trains."""
 
-    ``client_models`` gives heterogeneous clients (FedClassAvg): client ``c`` gets
-    ``client_models[c % len(client_models)]``; empty means every client uses ``name``.
-    """
-
-    name: str = "cnn4"
-    client_models: tuple[str, ...] = ()
+    name: str = documented("cnn4", "A registered model (rayfed list): cnn4 (the papers' 4-layer CNN), resnet20, ...")
+    client_models: tuple[str, ...] = documented(
+        (), "Heterogeneous clients (FedClassAvg): client c gets client_models[c % len]; empty = every client uses name."
+    )
 
     def __post_init__(self) -> None:
         check(isinstance(self.name, str) and bool(self.name), "model.name", self.name, "a model name")
@@ -110,20 +119,23 @@ class ModelConfig:
         return tuple(dict.fromkeys(self.client_models or (self.name,)))
 
 
+@section("train")
 @dataclass(frozen=True)
 class TrainConfig:
     """Rounds and local training. Defaults: the cwFedAvg papers (SGD, lr 0.005, batch 10, 1 epoch)."""
 
-    rounds: int = 100
-    local_epochs: int = 1
-    batch_size: int = 10
-    lr: float = 0.005
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    lr_decay: float = 1.0
-    """Per-round multiplicative learning-rate decay (FedAWA's code uses 0.99)."""
-    drop_last: bool = True
-    """Drop the last incomplete mini-batch (PFLlib does; a client with < batch_size samples then makes no step)."""
+    rounds: int = documented(100, "Communication rounds.")
+    local_epochs: int = documented(1, "Epochs of local SGD per client per round.")
+    batch_size: int = documented(10, "Mini-batch size of local SGD.")
+    lr: float = documented(0.005, "Learning rate of local SGD (of round 0, with lr_decay).")
+    momentum: float = documented(0.0, "SGD momentum in [0, 1) (FedAWA's clients use 0.9).")
+    weight_decay: float = documented(0.0, "L2 weight decay of local SGD (FedAWA's clients use 5e-4).")
+    lr_decay: float = documented(1.0, "Per-round multiplicative learning-rate decay in (0, 1] (FedAWA's code: 0.99).")
+    drop_last: bool = documented(
+        True,
+        "Drop the last incomplete mini-batch, as PFLlib does; a client with fewer than batch_size training "
+        "samples then takes no step (warned about before the run; refused when no client can step).",
+    )
 
     def __post_init__(self) -> None:
         check(self.rounds >= 1, "train.rounds", self.rounds, ">= 1")
@@ -139,6 +151,7 @@ class TrainConfig:
         return self.lr * self.lr_decay**round_index
 
 
+@section("algorithm")
 @dataclass(frozen=True)
 class AlgorithmConfig:
     """Which algorithm runs, by registered name, with its own hyper-parameters.
@@ -151,23 +164,23 @@ class AlgorithmConfig:
     dataclass at construction, so ``algorithm.params.wdr_lambda`` is a typed field.
     """
 
-    name: str = "fedavg"
-    params: Any = field(default_factory=dict)
-    client: str | None = None
-    client_params: Any = field(default_factory=dict)
+    name: str = documented("fedavg", "A registered algorithm (rayfed list): fedavg, fedprox, cwfedavg, fedawa, ...")
+    params: Any = documented({}, "The algorithm's own hyper-parameters, e.g. algorithm.params.wdr_lambda (cwfedavg).")
+    client: str | None = documented(
+        None, "Borrow another algorithm's client half (local objective), e.g. fedprox or sgdm; null = name's own."
+    )
+    client_params: Any = documented({}, "Hyper-parameters of the borrowed client half (needs client).")
 
     def __post_init__(self) -> None:
-        from rayfed.algorithms import ALGORITHMS  # registry import is lazy: algorithms import config
-
-        algorithm = ALGORITHMS.get(self.name)
-        object.__setattr__(self, "params", _build_params(algorithm.params_type, self.params, "algorithm.params"))
+        object.__setattr__(self, "params", _build_params(self.name, self.params, "algorithm.params", "name"))
         if self.client is not None:
-            other = ALGORITHMS.get(self.client)
-            if other.client_half is None:
+            from rayfed.algorithms import ALGORITHMS  # registry import is lazy: algorithms import config
+
+            check_choice("algorithm.client", self.client, ALGORITHMS.names())
+            if ALGORITHMS.get(self.client).client_half is None:
                 raise ConfigError(f"algorithm.client={self.client!r} has no client half to borrow")
-            object.__setattr__(
-                self, "client_params", _build_params(other.params_type, self.client_params, "algorithm.client_params")
-            )
+            params = _build_params(self.client, self.client_params, "algorithm.client_params", "client")
+            object.__setattr__(self, "client_params", params)
         elif self.client_params:
             raise ConfigError(
                 "algorithm.client_params is set but algorithm.client is not; name the algorithm whose client half "
@@ -175,54 +188,85 @@ class AlgorithmConfig:
             )
 
 
-def _build_params(params_type: type, value: Any, path: str) -> Any:
+def _build_params(owner: str, value: Any, path: str, selector: str) -> Any:
+    """``value`` as the params dataclass of algorithm ``owner`` (chosen by ``algorithm.{selector}``).
+
+    A key ``owner`` does not take names the algorithms that do take it.
+    """
+    from rayfed.algorithms import ALGORITHMS
+
+    params_type = ALGORITHMS.get(owner).params_type
     if isinstance(value, params_type):
         return value
     if not isinstance(value, Mapping):
         raise ConfigError(f"{path} must be a table of {params_type.__name__} fields, but got {path}={value!r}")
-    return _from_mapping(params_type, value, path)
+    known = _param_names(params_type)
+    for key in value:
+        if key not in known:
+            takers = [name for name in ALGORITHMS if key in _param_names(ALGORITHMS.get(name).params_type)]
+            hint = f"; {key} is a parameter of {', '.join(map(repr, takers))}" if takers else closest(str(key), known)
+            raise ConfigError(
+                f"unknown config key '{path}.{key}': algorithm.{selector}={owner!r} takes "
+                f"{', '.join(known) if known else 'no parameters'}{hint}"
+            )
+    return from_mapping(params_type, value, path)
 
 
+def _param_names(params_type: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(params_type)]
+
+
+@section("engine")
 @dataclass(frozen=True)
 class EngineConfig:
     """How the simulation is laid out on Ray: workers, resources, sampling, evaluation, checkpoints."""
 
-    backend: str = "ray"
-    """``ray`` (worker actors) or ``local`` (everything in this process, for debugging and tests)."""
-    num_workers: int = 0
-    """ClientWorker actors; 0 = as many as the cluster's CPUs allow."""
-    num_cpus_per_worker: float = 1.0
-    num_gpus_per_worker: float = 0.0
-    """Fractional GPUs per worker, e.g. 0.25 = four workers per GPU; 0 = CPU only."""
-    torch_threads: int = 1
-    """torch intra-op threads per worker; one per worker CPU avoids oversubscription."""
-    clients_per_call: int = 0
-    """Clients per worker call; 0 = split the sampled clients into 2 calls per worker."""
-    vectorize: str = "auto"
-    """Train clients of one architecture stacked with torch.func: ``on``, ``off``, or ``auto``
-    (stacked on CUDA, sequential on CPU, where stacking is slower: benchmarks/README.md)."""
-    stack_size: int = 64
-    """Most clients trained in one stack (bounds the memory of a vectorised step)."""
-    join_ratio: float = 1.0
-    """Fraction of clients sampled each round (partial participation when < 1)."""
-    eval_every: int = 1
-    eval_clients: str = "all"
-    """Evaluate ``all`` clients (as the papers do) or only the ``sampled`` ones."""
-    checkpoint_every: int = 10
-    ray_address: str | None = None
-    """Ray cluster to join; None = join ``RAY_ADDRESS`` if set, else start a local Ray."""
-    dashboard: bool = False
-    dashboard_host: str = "127.0.0.1"
-    round_timeout_s: float | None = None
-    """Seconds a worker call may take before it is treated as hung and re-run elsewhere."""
-    max_update_norm: float | None = None
-    """Reject a client update whose L2 distance from its starting point exceeds this bound."""
-    max_retries: int = 2
-    """Times a batch of clients is re-run on a fresh worker after its worker died or hung;
-    then the run stops with an error naming the worker, the clients and the round."""
-    client_state_memory_mb: float = 2048.0
-    """Memory for per-client state on the driver; beyond it, states spill to the run directory."""
-    progress: bool = True
+    backend: str = documented("ray", "ray (worker actors) or local (everything in this process, for debugging).")
+    num_workers: int = documented(0, "ClientWorker actors; 0 = as many as the cluster's CPUs allow.")
+    num_cpus_per_worker: float = documented(1.0, "CPUs Ray reserves for each worker.")
+    num_gpus_per_worker: float = documented(
+        0.0, "Fractional GPUs per worker, e.g. 0.25 = four workers per GPU; 0 = CPU only."
+    )
+    torch_threads: int = documented(1, "torch intra-op threads per worker; one per worker CPU avoids oversubscription.")
+    clients_per_call: int = documented(
+        0,
+        "Clients per worker call; 0 = at least 8 calls of at most 64 clients. The batches never depend on "
+        "num_workers or the backend, so the same config gives the same numbers on local and on any Ray cluster.",
+    )
+    vectorize: str = documented(
+        "auto",
+        "Train clients of one architecture stacked with torch.func: on, off, or auto (stacked on CUDA, "
+        "sequential on CPU, where stacking is slower: benchmarks/README.md).",
+    )
+    stack_size: int = documented(64, "Most clients trained in one stack (bounds the memory of a vectorised step).")
+    join_ratio: float = documented(1.0, "Fraction of clients sampled each round (partial participation when < 1).")
+    eval_every: int = documented(1, "Evaluate every this many rounds (and always after the last).")
+    eval_clients: str = documented("all", "Evaluate all clients (as the papers do) or only the sampled ones.")
+    checkpoint_every: int = documented(10, "Checkpoint every this many rounds (and after the last); 0 = never.")
+    ray_address: str | None = documented(
+        None, "Ray cluster to join; null = join RAY_ADDRESS if set, else start a local Ray."
+    )
+    resource_wait_s: float = documented(
+        0.0, "Seconds to wait for an autoscaling Ray cluster to add nodes the workers need; 0 = refuse at once."
+    )
+    dashboard: bool = documented(False, "Start the Ray dashboard with the local Ray.")
+    dashboard_host: str = documented("127.0.0.1", "Address the Ray dashboard binds to (localhost only by default).")
+    round_timeout_s: float | None = documented(
+        None, "Seconds a worker call may take before it is treated as hung and re-run elsewhere; null = no limit."
+    )
+    max_update_norm: float | None = documented(
+        None, "Reject a client update whose L2 distance from its starting point exceeds this bound; null = no bound."
+    )
+    max_retries: int = documented(
+        2,
+        "Times a batch of clients is re-run on a fresh worker after its worker died or hung, and times a round's "
+        "aggregation is re-run on a fresh ServerActor after the server died; then the run stops with an error "
+        "naming what failed and the round.",
+    )
+    client_state_memory_mb: float = documented(
+        2048.0, "Memory for per-client state on the driver; beyond it, states spill to the run directory."
+    )
+    progress: bool = documented(True, "Show a progress bar over rounds.")
 
     def __post_init__(self) -> None:
         check_choice("engine.backend", self.backend, ("ray", "local"))
@@ -240,24 +284,24 @@ class EngineConfig:
         if self.round_timeout_s is not None:
             check(self.round_timeout_s > 0, "engine.round_timeout_s", self.round_timeout_s, "> 0 or unset")
         check(self.max_retries >= 0, "engine.max_retries", self.max_retries, ">= 0")
+        check(self.resource_wait_s >= 0, "engine.resource_wait_s", self.resource_wait_s, ">= 0")
         check(self.client_state_memory_mb > 0, "engine.client_state_memory_mb", self.client_state_memory_mb, "> 0")
         if self.max_update_norm is not None:
             check(self.max_update_norm > 0, "engine.max_update_norm", self.max_update_norm, "> 0 or unset")
 
 
+@section("")
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that defines a run. Saved as ``config.json`` in the run directory."""
 
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    seed: int = 0
-    """Training seed: model initialisation, client sampling and mini-batch order."""
-    run_dir: str | None = None
-    """Where results go; None = ``runs/<algorithm>-<dataset>-s<seed>-<time>``."""
+    data: DataConfig = documented(DataConfig, "Dataset, partition over clients, train/test split (DataConfig).")
+    model: ModelConfig = documented(ModelConfig, "The clients' network (ModelConfig).")
+    train: TrainConfig = documented(TrainConfig, "Rounds and local SGD (TrainConfig).")
+    algorithm: AlgorithmConfig = documented(AlgorithmConfig, "The algorithm and its parameters (AlgorithmConfig).")
+    engine: EngineConfig = documented(EngineConfig, "Workers, sampling, evaluation, checkpoints (EngineConfig).")
+    seed: int = documented(0, "Training seed: model initialisation, client sampling and mini-batch order.")
+    run_dir: str | None = documented(None, "Where results go; null = runs/<algorithm>-<dataset>-s<seed>-<time>.")
 
     def __post_init__(self) -> None:
         check(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
@@ -265,18 +309,31 @@ class RunConfig:
     # --- conversions -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready nested dict; ``RunConfig.from_dict(cfg.to_dict()) == cfg``."""
-        return _to_plain(self)
+        return to_plain(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
         """Build from nested mappings; unknown keys raise ConfigError with the closest known key."""
-        return _from_mapping(cls, data, "")
+        return from_mapping(cls, data, "")
 
     def override(self, overrides: Mapping[str, Any]) -> RunConfig:
-        """A copy with fields replaced by dotted path, e.g. ``{"algorithm.params.wdr_lambda": 100}``."""
+        """A copy with fields replaced by dotted path, e.g. ``{"algorithm.params.wdr_lambda": 100}``.
+
+        Another ``algorithm.name`` (or ``algorithm.client``) starts from that algorithm's
+        default params unless ``overrides`` sets them: the old ones belong to the old algorithm.
+
+        >>> cw = RunConfig().override({"algorithm.name": "cwfedavg", "algorithm.params.wdr_lambda": 100})
+        >>> cw.override({"algorithm.name": "fedprox"}).algorithm.params
+        FedProxParams(mu=0.001)
+        """
         tree = self.to_dict()
+        for selector, params in (("name", "params"), ("client", "client_params")):
+            key = f"algorithm.{selector}"
+            changed = key in overrides and overrides[key] != getattr(self.algorithm, selector)
+            if changed and not any(path.startswith(f"algorithm.{params}") for path in overrides):
+                tree["algorithm"][params] = {}
         for path, value in overrides.items():
-            _set_path(tree, path, value)
+            set_path(tree, path, value)
         return RunConfig.from_dict(tree)
 
     def to_json(self) -> str:
@@ -301,142 +358,15 @@ def _differences(old: Any, new: Any, path: str = "") -> list[str]:
     return [] if old == new else [f"{path.rstrip('.')}: {old!r} -> {new!r}"]
 
 
-# --- mapping <-> dataclass ------------------------------------------------------------------
-
-
-def _to_plain(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, Mapping):
-        return {str(k): _to_plain(v) for k, v in obj.items()}
-    if isinstance(obj, (tuple, list)):
-        return [_to_plain(v) for v in obj]
-    return obj
-
-
-def _from_mapping(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{prefix or 'config'} must be a table of fields, but got {data!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
-        if key not in fields:
-            raise ConfigError(
-                f"unknown config key {path!r}{closest(str(key), list(fields))}; "
-                f"known keys{' of ' + prefix if prefix else ''}: {', '.join(fields)}"
-            )
-        kwargs[key] = _coerce(hints[key], value, path)
-    try:
-        return cls(**kwargs)
-    except TypeError as e:  # a field without a default is missing
-        raise ConfigError(f"{prefix or 'config'}: {e}") from e
-
-
-def _coerce(hint: Any, value: Any, path: str) -> Any:
-    """Convert ``value`` (from TOML, JSON or a command-line string) to the field's type."""
-    origin = get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        options = get_args(hint)
-        if value is None and type(None) in options:
-            return None
-        if isinstance(value, str) and value.lower() in ("none", "null") and type(None) in options:
-            return None
-        non_none = [o for o in options if o is not type(None)]
-        return _coerce(non_none[0], value, path) if len(non_none) == 1 else value
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return value if isinstance(value, hint) else _from_mapping(hint, value, path)
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        fail(path, value, "true or false")
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            fail(path, value, "an integer")
-        try:
-            as_float = float(value)
-        except ValueError:
-            fail(path, value, "an integer")
-        if not as_float.is_integer():
-            fail(path, value, "an integer")
-        return int(as_float)
-    if hint is float:
-        if isinstance(value, bool):
-            fail(path, value, "a number")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            fail(path, value, "a number")
-    if hint is str:
-        if not isinstance(value, str):
-            fail(path, value, "a string")
-        return value
-    if origin is tuple:
-        if isinstance(value, str):
-            value = [v for v in value.split(",") if v]
-        return tuple(value)
-    if origin is Literal:
-        check_choice(path, value, get_args(hint))
-    return value
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """Parse a command-line override ``path=value``; the value is read as JSON when it parses."""
-    if "=" not in text:
-        raise ConfigError(f"an override must look like field.path=value, but got {text!r}")
-    path, raw = text.split("=", 1)
-    try:
-        value: Any = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
-    return path.strip(), value
-
-
-def _set_path(tree: dict[str, Any], path: str, value: Any) -> None:
-    keys = path.split(".")
-    node: Any = tree
-    for depth, key in enumerate(keys[:-1]):
-        if not isinstance(node, dict) or key not in node:
-            known = list(node) if isinstance(node, dict) else []
-            where = ".".join(keys[:depth]) or "config"
-            raise ConfigError(f"unknown config key {path!r}: {where} has no field {key!r}{closest(key, known)}")
-        if not isinstance(node[key], dict):
-            node[key] = {}
-        node = node[key]
-    node[keys[-1]] = value
-
-
-def read_table_file(path: str | Path, kind: str = "config file") -> Any:
-    """Parse a TOML, YAML or JSON file, by suffix; errors call the file a ``kind``."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{kind} {str(path)!r} does not exist")
-    text = path.read_text()
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".toml":
-            import tomllib
-
-            return tomllib.loads(text)
-        if suffix in (".yaml", ".yml"):
-            try:
-                import yaml
-            except ImportError as e:
-                raise ConfigError(f"YAML {kind}s need PyYAML: pip install 'rayfed[tune]'") from e
-            return yaml.safe_load(text) or {}
-        if suffix == ".json":
-            return json.loads(text)
-        raise ConfigError(f"{kind} {str(path)!r} must end in .toml, .yaml, .yml or .json")
-    except ConfigError:
-        raise
-    except Exception as e:  # a syntax error in the file
-        raise ConfigError(f"{kind} {str(path)!r} cannot be parsed: {e}") from e
+def field_reference() -> str:
+    """Every config field as ``path = default`` and its meaning (``rayfed run --help`` prints it)."""
+    return reference(RunConfig)
 
 
 def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
-    """Read a TOML, YAML or JSON config file and apply dotted-path overrides."""
-    config = RunConfig.from_dict(read_table_file(path))
+    """Read a TOML, YAML or JSON config file and apply dotted-path overrides.
+
+    The file names fields by nested tables, flat dotted keys (``"train.lr" = 0.02``), or both.
+    """
+    config = RunConfig.from_dict(nest_dotted_keys(read_table_file(path), f"config file {str(path)!r}"))
     return config.override(overrides) if overrides else config

@@ -7,7 +7,7 @@
 A run directory holds::
 
     config.json              the RunConfig, as given
-    partition.parquet        (client_id, split, index): the exact client data sets
+    partition.parquet        the exact client data sets (rows of client_id, split, index; or slice parameters)
     label_counts.parquet     each client's class counts (whole partition, train split)
     rounds.parquet           one row per round (accuracy, losses, timings, bytes)
     clients/round_*.parquet  one row per client per round
@@ -17,7 +17,6 @@ A run directory holds::
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -28,28 +27,42 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from rayfed.algorithms import RoundContext, resolve
 from rayfed.callbacks import Callback, Checkpointer, MetricsWriter, ProgressBar
-from rayfed.checkpoint import checkpoint_round, load_checkpoint, newest_checkpoint, save_checkpoint
+from rayfed.checkpoint import checkpoint_round, newest_checkpoint, save_checkpoint
 from rayfed.config import RunConfig
-from rayfed.data import LABEL_COUNTS_FILE, Partition, load_dataset, make_partition, write_label_counts
-from rayfed.errors import CheckpointError, ConfigError
-from rayfed.executor import Executor, LocalExecutor, make_chunks
+from rayfed.data import (
+    LABEL_COUNTS_FILE,
+    ClientPartition,
+    load_dataset,
+    load_partition,
+    make_partition,
+    write_label_counts,
+)
+from rayfed.executor import Executor, LocalExecutor, make_chunks, num_calls
+from rayfed.interrupts import RunInterrupted, interrupts_deferred
 from rayfed.io import write_json
 from rayfed.metrics import client_table, summarise_round
 from rayfed.problem import build_problem
+from rayfed.progress import progress_shown
+from rayfed.run_dir import (
+    ResumePoint,
+    check_creatable,
+    check_same_run,
+    make_run_dir,
+    read_resume_point,
+    resume_command,
+    stale_client_tables,
+)
 from rayfed.seeding import sample_clients
+from rayfed.sizing import check_fits
 from rayfed.state_store import ClientStateStore
+from rayfed.trainability import check_trainable
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Simulation", "RunResult", "run"]
-
-_RESUMABLE = ("train.rounds", "engine.", "run_dir")
-"""Config paths that may change when a run resumes: they do not change its results."""
-
 
 @dataclass(frozen=True)
 class RunResult:
@@ -86,29 +99,35 @@ class Simulation:
         self.algorithm = resolve(config.algorithm)
         self.run_dir = Path(config.run_dir or _default_run_dir(config))
         self.run_name = self.run_dir.name
-        self.resume = resume
-        self._resume_from: tuple[Path, int] | None = None
-        """(newest checkpoint, its round), set when the run directory is checked for a resume."""
-        self.history: list[dict[str, Any]] = []
-        self.start_round = 0
         self.stopped_early = False
         builtin: list[Callback] = [MetricsWriter(), Checkpointer()]
         if config.engine.progress:
             builtin.append(ProgressBar())
         self.callbacks = [*builtin, *callbacks]
-        # Everything that can be wrong with the input is checked before anything is written.
-        self._check_run_dir()
-        self.dataset = load_dataset(
-            config.data.dataset,
-            config.data.root,
-            download=config.data.download,
-            seed=config.data.seed,
-            options=config.data.options,
-        )
-        self.spec, self.initial = build_problem(config, self.dataset)
-        self.algorithm.validate(self.spec)
-        self.partition = self._partition()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # Everything that can be wrong with the input is checked before anything is written: the run
+        # directory and, when a run continues in it, every file it reads (rayfed.run_dir); then whether
+        # the run fits (workers, memory) before any data is made.
+        check_creatable(self.run_dir)
+        self.continues = check_same_run(self.run_dir, config, resume=resume)
+        """Whether the run directory holds this run already (resumed, or started again: no round saved)."""
+        point = read_resume_point(self.run_dir) if self.continues else ResumePoint(None)
+        self._checkpoint = point.checkpoint
+        self.history: list[dict[str, Any]] = list(point.history)
+        self.start_round = point.next_round
+        check_fits(config)
+        with progress_shown(config.engine.progress):
+            self.dataset = load_dataset(
+                config.data.dataset,
+                config.data.root,
+                download=config.data.download,
+                seed=config.data.seed,
+                options=config.data.options,
+            )
+            self.spec, self.initial = build_problem(config, self.dataset)
+            self.algorithm.validate(self.spec)
+            self.partition = self._partition()
+        check_trainable(self.partition.num_train(), config.train)
+        make_run_dir(self.run_dir)
         write_json(self.run_dir / "config.json", config.to_dict())
         if not (self.run_dir / "partition.parquet").exists():
             self.partition.save(self.run_dir / "partition.parquet")
@@ -121,33 +140,10 @@ class Simulation:
         self.executor: Executor | None = None
 
     # --- run directory ---------------------------------------------------------------------
-    def _check_run_dir(self) -> None:
-        """Resuming needs a run here; a new run must not overwrite one."""
-        saved = self.run_dir / "config.json"
-        if self.resume:
-            if not saved.is_file():
-                raise CheckpointError(
-                    f"cannot resume: {str(self.run_dir)!r} holds no run (no config.json); "
-                    "start a new run instead, or point run_dir at an existing run directory"
-                )
-            _check_resumable(RunConfig.from_dict(json.loads(saved.read_text())), self.config)
-            newest = newest_checkpoint(self.run_dir)
-            if newest is None:
-                raise CheckpointError(
-                    f"cannot resume: {str(self.run_dir)!r} holds no checkpoint yet (engine.checkpoint_every="
-                    f"{self.config.engine.checkpoint_every}); start it again without --resume"
-                )
-            self._resume_from = (newest, checkpoint_round(newest))
-        elif saved.exists():
-            raise ConfigError(
-                f"run_dir={str(self.run_dir)!r} already holds a run; resume it (rayfed run --resume "
-                f"{self.run_dir}) or choose another run_dir, so its results are not overwritten"
-            )
-
-    def _partition(self) -> Partition:
+    def _partition(self) -> ClientPartition:
         path = self.run_dir / "partition.parquet"
-        if self.resume and path.exists():
-            return Partition.load(path, self.dataset.labels, self.dataset.num_classes)
+        if self.continues and path.exists():
+            return load_partition(path, self.dataset.labels, self.dataset.num_classes)
         return make_partition(self.dataset.labels, self.dataset.num_classes, self.config.data)
 
     # --- checkpoints -----------------------------------------------------------------------
@@ -158,22 +154,32 @@ class Simulation:
         return save_checkpoint(self.run_dir, round_index, self.executor.server_state(), clients)
 
     def _restore(self) -> None:
-        """Load the newest checkpoint and cut the metrics back to it."""
-        assert self.executor is not None and self._resume_from is not None
-        newest, round_index = self._resume_from  # checked before anything was written
-        checkpoint = load_checkpoint(newest)
-        self.executor.load_server_state(checkpoint.server)
+        """Load the checkpoint read (and checked) in ``__init__``; drop the per-client tables of rounds to run again."""
+        assert self.executor is not None
+        for stale in stale_client_tables(self.run_dir, self.start_round):
+            stale.unlink()
+        if self._checkpoint is None:
+            if self.continues:
+                logger.info("%s holds no completed round; starting it again from round 0", self.run_dir)
+            return
+        self.executor.load_server_state(self._checkpoint.server)
         self.states.clear()
-        for cid, state in checkpoint.clients.items():
+        for cid, state in self._checkpoint.clients.items():
             self.states.put(cid, state)
-        rounds_file = self.run_dir / "rounds.parquet"
-        if rounds_file.exists():
-            self.history = [r for r in pq.read_table(rounds_file).to_pylist() if r["round"] <= round_index]
-        for stale in (self.run_dir / "clients").glob("round_*.parquet"):
-            if int(stale.stem.split("_")[1]) > round_index:
-                stale.unlink()
-        self.start_round = round_index + 1
-        logger.info("resumed %s after round %d", self.run_dir, round_index)
+        self._checkpoint = None  # its arrays now live in the executor and the store
+        logger.info("resumed %s after round %d", self.run_dir, self.start_round - 1)
+
+    def _interrupted(self) -> RunInterrupted:
+        """Ctrl-C: checkpoint the last recorded round, unless the newest checkpoint holds it already.
+
+        The states belong to that round: a round changes them only inside ``interrupts_deferred``.
+        """
+        done = self.history[-1]["round"] if self.history else None
+        newest = newest_checkpoint(self.run_dir)
+        if done is not None and (newest is None or checkpoint_round(newest) < done):
+            MetricsWriter.write_rounds(self)  # a resume needs every round up to the checkpoint's
+            self.save_checkpoint(done)
+        return RunInterrupted(self.run_dir, done, self.config.train.rounds, resume_command(self.run_dir))
 
     # --- the loop ----------------------------------------------------------------------------
     def _make_executor(self) -> Executor:
@@ -185,18 +191,15 @@ class Simulation:
         return RayExecutor(*args)
 
     def _chunks(self, client_ids: np.ndarray) -> list[list[int]]:
-        assert self.executor is not None
-        per_call = self.config.engine.clients_per_call
-        count = -(-len(client_ids) // per_call) if per_call else 2 * self.executor.num_workers
-        return make_chunks(client_ids, self.num_train, count)
+        """The clients' batches, one per worker call: the same on every backend and number of workers."""
+        return make_chunks(client_ids, self.num_train, num_calls(len(client_ids), self.config.engine.clients_per_call))
 
     def run(self) -> RunResult:
         """Run the remaining rounds; the executor is released however the loop ends."""
         config = self.config
         self.executor = self._make_executor()
         try:
-            if self.resume:
-                self._restore()
+            self._restore()
             for callback in self.callbacks:
                 callback.on_run_start(self)
             broadcast = self.executor.broadcast()
@@ -213,6 +216,8 @@ class Simulation:
                  "rounds_run": result.rounds_run, "stopped_early": self.stopped_early},
             )
             return result
+        except KeyboardInterrupt:
+            raise self._interrupted() from None
         finally:
             for callback in self.callbacks:
                 callback.on_run_end(self)
@@ -229,27 +234,28 @@ class Simulation:
         contributions, reports, new_states = executor.train(
             broadcast, ctx, self._chunks(sampled), self.states.get_many(sampled) if keeps_state else {}
         )
-        for cid, state in new_states.items():
-            self.states.put(cid, state)
-        trained = time.perf_counter()
-        extra = executor.aggregate(ctx, contributions)
-        broadcast = executor.broadcast()
-        aggregated = time.perf_counter()
-        evals = []
-        if (t + 1) % config.engine.eval_every == 0 or t == config.train.rounds - 1:
-            targets = all_clients if config.engine.eval_clients == "all" else sampled
-            evals = executor.evaluate(
-                broadcast, ctx, self._chunks(targets), self.states.get_many(targets) if keeps_state else {}
-            )
-        finished = time.perf_counter()
-        timings = {"train": trained - started, "aggregate": aggregated - trained, "evaluate": finished - aggregated,
-                   "round": finished - started}
-        record = summarise_round(t, reports, evals, timings, extra)
-        self.history.append(record.as_row())
-        clients = client_table(t, reports, evals)
-        stop = False
-        for callback in self.callbacks:
-            stop = callback.after_round(self, record, clients) or stop
+        with interrupts_deferred():  # from here until the round is recorded and written, states change together
+            for cid, state in new_states.items():
+                self.states.put(cid, state)
+            trained = time.perf_counter()
+            extra = executor.aggregate(ctx, contributions)
+            broadcast = executor.broadcast()
+            aggregated = time.perf_counter()
+            evals = []
+            if (t + 1) % config.engine.eval_every == 0 or t == config.train.rounds - 1:
+                targets = all_clients if config.engine.eval_clients == "all" else sampled
+                evals = executor.evaluate(
+                    broadcast, ctx, self._chunks(targets), self.states.get_many(targets) if keeps_state else {}
+                )
+            finished = time.perf_counter()
+            timings = {"train": trained - started, "aggregate": aggregated - trained, "evaluate": finished - aggregated,
+                       "round": finished - started}
+            record = summarise_round(t, reports, evals, timings, extra)
+            self.history.append(record.as_row())
+            clients = client_table(t, reports, evals)
+            stop = False
+            for callback in self.callbacks:  # the metrics files and checkpoints of the round
+                stop = callback.after_round(self, record, clients) or stop
         return broadcast, stop
 
 
@@ -258,25 +264,16 @@ def _default_run_dir(config: RunConfig) -> str:
     return f"runs/{config.algorithm.name}-{config.data.dataset}-s{config.seed}-{stamp}"
 
 
-def _check_resumable(saved: RunConfig, new: RunConfig) -> None:
-    """A run resumes only with the config it started with (more rounds and another engine layout are fine)."""
-    changed = saved.diff(new, ignore=_RESUMABLE)
-    if changed:
-        raise ConfigError(
-            f"cannot resume with a different config ({', '.join(changed)}); only train.rounds and engine.* may change"
-        )
-
-
 def run(config: RunConfig, *, callbacks: Sequence[Callback] = (), resume: bool = False) -> RunResult:
     """Run ``config`` (or resume it from ``config.run_dir``) and return its results.
 
     With ``engine.backend="ray"`` this joins the Ray cluster named by
     ``engine.ray_address`` / ``RAY_ADDRESS``, or starts a local one for the run.
     """
-    simulation = Simulation(config, callbacks=callbacks, resume=resume)
     if config.engine.backend == "local":
-        return simulation.run()
-    from rayfed.actors import ray_session
+        return Simulation(config, callbacks=callbacks, resume=resume).run()
+    from rayfed.actors import check_resources, ray_session
 
-    with ray_session(config.engine):
-        return simulation.run()
+    check_resources(config.engine)  # a Ray to be started here: this machine, before Ray starts
+    with ray_session(config.engine):  # the Simulation checks the cluster once Ray is up, before writing
+        return Simulation(config, callbacks=callbacks, resume=resume).run()

@@ -15,6 +15,7 @@ __all__ = [
     "CheckpointFormatError",
     "ResourceError",
     "WorkerError",
+    "ServerError",
 ]
 
 
@@ -44,3 +45,7 @@ class ResourceError(RayfedError):
 
 class WorkerError(RayfedError):
     """A batch of clients failed on every worker it was given (``engine.max_retries`` re-runs used up)."""
+
+
+class ServerError(RayfedError):
+    """The ServerActor died in a round on every restart (``engine.max_retries`` restarts used up)."""

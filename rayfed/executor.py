@@ -4,7 +4,9 @@ The round loop (:mod:`rayfed.engine`) is written once against :class:`Executor`.
 :class:`LocalExecutor` runs the plain :class:`~rayfed.server.Server` and one
 :class:`~rayfed.client_runner.ClientRunner` in this process (for debugging and fast tests);
 :class:`rayfed.actors.RayExecutor` runs them as Ray actors. Both return the same
-values, so a run gives the same numbers on either.
+values for the same batches of clients, and the batches (:func:`num_calls`,
+:func:`make_chunks`) do not depend on the number of workers, so a run gives the same
+numbers on either, with any number of workers.
 """
 
 from __future__ import annotations
@@ -14,19 +16,41 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from rayfed.algorithms import RoundContext
 from rayfed.client_runner import ClientReport, ClientRunner, ClientState, EvalReport
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, Partition
-from rayfed.errors import ResourceError
 from rayfed.problem import ProblemSpec
 from rayfed.server import Server
+from rayfed.sizing import check_local_gpu
 
-__all__ = ["Executor", "LocalExecutor", "Chunk", "make_chunks", "states_of"]
+__all__ = ["Executor", "LocalExecutor", "Chunk", "num_calls", "make_chunks", "states_of"]
 
 Chunk = list[int]
+
+MIN_CALLS = 8
+"""Calls a round is split into at least when ``engine.clients_per_call=0`` (fewer only with fewer clients)."""
+MAX_CLIENTS_PER_CALL = 64
+"""Most clients in one call when ``engine.clients_per_call=0``: large rounds get more calls, for large clusters."""
+
+
+def num_calls(num_clients: int, clients_per_call: int) -> int:
+    """How many worker calls ``num_clients`` clients are split into: never a function of the workers.
+
+    Each training call returns the sum of its clients' contributions, so the split fixes
+    the order of the float additions, and with it the run's numbers: with the split
+    depending only on the clients and ``engine.clients_per_call``, the local backend and
+    Ray with any number of workers give the same numbers. ``clients_per_call=0`` makes at
+    least :data:`MIN_CALLS` calls (a balanced load for up to 8 workers, and what a failed
+    call re-runs stays small) of at most :data:`MAX_CLIENTS_PER_CALL` clients.
+
+    >>> num_calls(100, 0), num_calls(1000, 0), num_calls(100, 30)
+    (8, 16, 4)
+    """
+    if clients_per_call:
+        return -(-num_clients // clients_per_call)
+    return max(MIN_CALLS, -(-num_clients // MAX_CLIENTS_PER_CALL))
 
 
 def make_chunks(client_ids: Sequence[int] | np.ndarray, sizes: np.ndarray, num_chunks: int) -> list[Chunk]:
@@ -53,8 +77,6 @@ def make_chunks(client_ids: Sequence[int] | np.ndarray, sizes: np.ndarray, num_c
 
 class Executor(abc.ABC):
     """The driver's handle on the server and the workers for one run."""
-
-    num_workers: int
 
     @abc.abstractmethod
     def broadcast(self) -> Any:
@@ -101,12 +123,7 @@ class LocalExecutor(Executor):
         partition: Partition,
         initial: Mapping[str, np.ndarray],
     ) -> None:
-        if config.engine.num_gpus_per_worker > 0 and not torch.cuda.is_available():
-            raise ResourceError(
-                f"engine.num_gpus_per_worker={config.engine.num_gpus_per_worker:g} but this machine has no "
-                "CUDA GPU; set engine.num_gpus_per_worker=0 to train on CPUs"
-            )
-        self.num_workers = 1
+        check_local_gpu(config.engine)
         self.server = Server(config, spec, initial)
         self.runner = ClientRunner(config, spec, dataset, partition)
 

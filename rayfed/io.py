@@ -4,13 +4,17 @@ Every file rayfed writes goes to a temporary file in the same directory first an
 then renamed over the target (``os.replace`` is atomic on POSIX), so a run killed at
 any moment leaves either the old file or the new one, never a torn one. Arrays are
 stored as ``.npz`` and tables as Parquet; nothing is ever unpickled on load.
+
+Files are created with the user's umask (mode ``0o666 & ~umask``, e.g. 0644), as any
+other program's outputs, so a team can share run directories: the temporary file is
+opened with :func:`create_temp_file`, not ``tempfile.mkstemp``, whose files are 0600.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -22,14 +26,29 @@ import pyarrow.parquet as pq
 
 from rayfed.errors import CheckpointError
 
-__all__ = ["atomic_write", "write_json", "write_parquet", "save_arrays", "load_arrays"]
+__all__ = ["atomic_write", "create_temp_file", "write_json", "write_parquet", "save_arrays", "load_arrays"]
+
+
+def create_temp_file(target: Path) -> tuple[int, str]:
+    """Open a new hidden file beside ``target`` for writing; returns (fd, path).
+
+    Like ``tempfile.mkstemp`` (exclusive creation, a random name) but with mode 0o666
+    filtered by the umask, so the file renamed onto ``target`` has ordinary permissions.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = str(target.parent / f".{target.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
 
 
 def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
     """Call ``write(tmp_path)`` and rename the temporary file onto ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = create_temp_file(path)
     os.close(fd)
     try:
         write(tmp)

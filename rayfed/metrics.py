@@ -2,13 +2,23 @@
 
 * ``accuracy``: Σ_i correct_i / Σ_i n_i^test over the evaluated clients, the pooled
   (test-sample weighted) accuracy that PFLlib and the cwFedAvg code report;
+* ``global_accuracy``: the same pooled accuracy of the algorithm's global model on the same
+  clients' test splits (``Broadcast.prepare_global_eval``; for cwFedAvg Eq. 7 with the clients'
+  overall class distribution), beside the personalised ``accuracy`` to show what personalisation
+  adds. NaN when the algorithm has no global model besides the evaluated one (FedAvg, FedProx:
+  there ``accuracy`` is the global model's);
 * ``acc_mean`` / ``acc_std``: the unweighted mean and standard deviation of the
   per-client accuracies (FedClassAvg reports these; PFLlib prints the std);
-* ``train_loss``: the mean local cross-entropy, weighted by training samples.
+* ``train_loss``: the mean local cross-entropy, weighted by training samples, over the
+  clients that took a step and whose update was accepted. A client that took no step
+  (fewer training samples than a batch with ``train.drop_last``) has no loss: NaN in its
+  row of ``clients/round_*.parquet``, left out of the round's mean; a round in which no
+  client stepped has a NaN ``train_loss`` and logs a warning saying why.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -17,6 +27,8 @@ import numpy as np
 import pyarrow as pa
 
 from rayfed.client_runner import ClientReport, EvalReport
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["RoundRecord", "summarise_round", "client_table"]
 
@@ -27,6 +39,7 @@ class RoundRecord:
 
     round: int
     accuracy: float
+    global_accuracy: float
     acc_mean: float
     acc_std: float
     test_loss: float
@@ -56,6 +69,13 @@ def summarise_round(
     extra: dict[str, float],
 ) -> RoundRecord:
     """Fold the round's client reports and evaluations into one :class:`RoundRecord`."""
+    if reports and not any(r.steps > 0 for r in reports):
+        logger.warning(
+            "round %d: none of the %d sampled clients took a local step (too few training samples for one "
+            "mini-batch: see train.batch_size and train.drop_last), so nothing was trained and train_loss is NaN",
+            round_index,
+            len(reports),
+        )
     accepted = [r for r in reports if not r.rejected and r.steps > 0]
     n_train = sum(r.num_train for r in accepted)
     train_loss = sum(r.train_loss * r.num_train for r in accepted) / n_train if n_train else math.nan
@@ -69,9 +89,14 @@ def summarise_round(
         test_loss = float(sum(e.loss_sum for e in evaluated) / counts.sum())
     else:
         accuracy = acc_mean = acc_std = test_loss = math.nan
+    on_global = [e for e in evaluated if e.global_correct is not None]
+    global_accuracy = (
+        sum(e.global_correct or 0 for e in on_global) / sum(e.num_test for e in on_global) if on_global else math.nan
+    )
     return RoundRecord(
         round=round_index,
         accuracy=accuracy,
+        global_accuracy=global_accuracy,
         acc_mean=acc_mean,
         acc_std=acc_std,
         test_loss=test_loss,

@@ -4,8 +4,12 @@
 
 writes, into ``DIR``:
 
-* ``accuracy.png``: pooled test accuracy against the round for every run, one colour per
-  method (the algorithm's display label, ``Algorithm.label``), one line per seed;
+* ``accuracy.png``: pooled test accuracy against the round (``round`` as ``rounds.parquet``
+  stores it, 0 = the first round), one line per run. Runs whose configs differ in the seed
+  alone (:meth:`~rayfed.config.RunConfig.diff`, ignoring ``seed`` and ``run_dir``) are seeds
+  of one method and share a colour and a legend entry; the legend names the method
+  (``Algorithm.label``) and, where lines share that name, the fields that tell them apart
+  (``cwFedAvg (Output), train.lr=0.01``);
 * for each cwFedAvg run with a checkpoint (``<run>`` is the run directory's name), the
   figures of Lee & Choi, "Class-Wise Federated Averaging for Efficient Personalization",
   ICCV 2025 ("P-ICCV"; docs/algorithms.md, cwFedAvg section):
@@ -34,7 +38,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,8 +59,11 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "RunData",
+    "CurveGroup",
     "load_run",
     "method_label",
+    "curve_groups",
+    "accuracy_points",
     "class_head_row_norms",
     "plot_accuracy_curves",
     "plot_p_vs_p_tilde",
@@ -67,6 +73,8 @@ __all__ = [
 ]
 
 _BARS_SHOWN = 4
+_SEED_ONLY = ("seed", "run_dir")
+"""Config paths in which the seeds of one method may differ (``RunConfig.diff``'s ``ignore``)."""
 
 
 # --- reading a run directory ------------------------------------------------------------------
@@ -118,6 +126,61 @@ def load_run(run_dir: str | Path) -> RunData:
 def method_label(config: Any) -> str:
     """The run's method as its algorithm labels it (``FedAvg``, ``FedAWA (code)``, ``cwFedAvg w/ Dist. (Output)``)."""
     return ALGORITHMS.get(config.algorithm.name).label(config.algorithm.params)
+
+
+@dataclass
+class CurveGroup:
+    """Runs drawn in one colour under one legend entry: the seeds of one method."""
+
+    legend: str
+    runs: list[RunData]
+
+
+def curve_groups(runs: Sequence[RunData]) -> list[CurveGroup]:
+    """Group ``runs`` as seeds of one method when their configs differ in ``seed`` (and ``run_dir``) alone.
+
+    Each group's legend is its method label, followed by ``path=value`` for every field in
+    which it differs from another group of the same label, so no two entries read alike;
+    ``(N seeds)`` is added to a group of several runs.
+    """
+    grouped: list[list[RunData]] = []
+    for run in runs:
+        same = next((g for g in grouped if not run.config.diff(g[0].config, ignore=_SEED_ONLY)), None)
+        if same is None:
+            grouped.append([run])
+        else:
+            same.append(run)
+    labels = [method_label(g[0].config) for g in grouped]
+    result = []
+    for group, label in zip(grouped, labels):
+        config = group[0].config
+        paths = sorted({
+            line.split(": ", 1)[0]
+            for other, other_label in zip(grouped, labels)
+            if other is not group and other_label == label
+            for line in config.diff(other[0].config, ignore=_SEED_ONLY)
+        })
+        tree = config.to_dict()
+        legend = ", ".join([label, *(f"{path}={_override_text(_value_at(tree, path))}" for path in paths)])
+        result.append(CurveGroup(legend + (f" ({len(group)} seeds)" if len(group) > 1 else ""), group))
+    return result
+
+
+def _value_at(tree: Any, path: str) -> Any:
+    for key in path.split("."):
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
+
+
+def _override_text(value: Any) -> str:
+    """A value as ``field.path=value`` writes it on the command line."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def accuracy_points(run: RunData) -> tuple[list[int], list[float]]:
+    """(round, pooled accuracy in %) of the run's evaluated rounds; ``round`` as ``rounds.parquet`` stores it."""
+    points = [(int(r["round"]), 100 * r["accuracy"]) for r in run.rounds if not math.isnan(r["accuracy"])]
+    return [x for x, _ in points], [y for _, y in points]
 
 
 def _class_distributions(run: RunData) -> tuple[np.ndarray, tuple[int, ...]]:
@@ -174,35 +237,29 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def _curve_label(run: RunData) -> str:
-    data = run.config.data
-    return f"{method_label(run.config)}, {data.dataset} {data.partition}"
-
-
 def plot_accuracy_curves(runs: Sequence[RunData], path: str | Path) -> Path:
-    """Pooled accuracy against the round, one colour per method, one line per run (seed)."""
+    """Pooled accuracy against the round, one line per run, one colour per method (:func:`curve_groups`)."""
     from matplotlib import rcParams
     from matplotlib.ticker import MaxNLocator
 
     fig = _figure_class()(figsize=(7.5, 4.5))
     ax = fig.add_subplot()
     cycle = [c["color"] for c in rcParams["axes.prop_cycle"]]
-    runs_per_label = Counter(_curve_label(run) for run in runs)
-    colours: dict[str, Any] = {}
-    for run in runs:
-        label = _curve_label(run)
-        first = label not in colours
-        colour = colours.setdefault(label, cycle[len(colours) % len(cycle)])
-        points = [(r["round"] + 1, 100 * r["accuracy"]) for r in run.rounds if not math.isnan(r["accuracy"])]
-        if not points:
-            continue
-        x, y = zip(*points)
-        legend = (label if runs_per_label[label] == 1 else f"{label} ({runs_per_label[label]} runs)") if first else None
-        ax.plot(x, y, color=colour, marker="." if len(x) < 30 else None, linewidth=1.2, alpha=0.85, label=legend)
+    for n, group in enumerate(curve_groups(runs)):
+        legend: str | None = group.legend
+        for run in group.runs:
+            x, y = accuracy_points(run)
+            if not x:
+                continue
+            ax.plot(x, y, color=cycle[n % len(cycle)], marker="." if len(x) < 30 else None, linewidth=1.2,
+                    alpha=0.85, label=legend)
+            legend = None  # one legend entry per group
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round")
+    ax.set_xlabel("round (as in rounds.parquet; 0 = the first)")
     ax.set_ylabel("pooled test accuracy (%)")
-    ax.set_title("Accuracy of the clients' models (pooled over test samples)")
+    data = {(run.config.data.dataset, run.config.data.partition) for run in runs}
+    on = f"\n{' '.join(data.pop())}" if len(data) == 1 else ""
+    ax.set_title(f"Accuracy of the clients' models (pooled over test samples){on}", fontsize="medium")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[1]:
         ax.legend(fontsize="small")

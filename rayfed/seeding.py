@@ -9,9 +9,15 @@ runs it, so a re-run client (after a worker failure) repeats the same update.
 
 from __future__ import annotations
 
+import functools
+import logging
+import math
+
 import numpy as np
 
 __all__ = ["client_seed", "sample_clients", "init_seed"]
+
+logger = logging.getLogger(__name__)
 
 _SAMPLING, _CLIENT, _INIT = 1, 2, 3
 
@@ -28,9 +34,24 @@ def init_seed(seed: int, stream: int = 0) -> int:
 
 
 def sample_clients(seed: int, round_index: int, num_clients: int, join_ratio: float) -> np.ndarray:
-    """Sorted ids of the round's participants: ⌊join_ratio·M⌋ (at least 1) drawn without replacement."""
+    """Sorted ids of the round's participants: ⌊join_ratio·M⌋ (at least 1) drawn without replacement.
+
+    When that count is not join_ratio·M (rounded down, or raised to 1), a warning names both, once.
+    """
     if join_ratio >= 1.0:
         return np.arange(num_clients, dtype=np.int64)
     count = max(1, int(join_ratio * num_clients))
+    _warn_if_rounded(join_ratio, num_clients, count)
     rng = np.random.default_rng(np.random.SeedSequence([seed, _SAMPLING, round_index]))
     return np.sort(rng.choice(num_clients, size=count, replace=False)).astype(np.int64)
+
+
+@functools.cache  # once per (join_ratio, M) in a process: every round samples the same count
+def _warn_if_rounded(join_ratio: float, num_clients: int, count: int) -> None:
+    asked = join_ratio * num_clients
+    if not math.isclose(asked, count, rel_tol=1e-9):
+        logger.warning(
+            "engine.join_ratio=%g of data.num_clients=%d asks for %.3g clients per round; each round samples %d "
+            "(a join ratio of %.3g)",
+            join_ratio, num_clients, asked, count, count / num_clients,
+        )

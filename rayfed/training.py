@@ -12,7 +12,7 @@ SGD update is one fused operation on the flat parameter vector.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,7 +25,9 @@ from rayfed.flat import FlatModel
 if TYPE_CHECKING:  # config imports the algorithms' params, which import this module
     from rayfed.config import TrainConfig
 
-__all__ = ["ClientJob", "TrainStats", "EvalStats", "local_sgd", "sgd_step", "evaluate_model"]
+__all__ = [
+    "ClientJob", "TrainStats", "EvalStats", "local_sgd", "sgd_step", "evaluate_model", "features_before_output"
+]
 
 
 @dataclass
@@ -163,3 +165,20 @@ def evaluate_model(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bat
         correct += (logits.argmax(dim=1) == target).sum()
         loss_sum += F.cross_entropy(logits, target, reduction="sum")
     return EvalStats(correct=int(correct), loss_sum=float(loss_sum), count=int(y.shape[0]))
+
+
+@torch.no_grad()
+def features_before_output(
+    model: torch.nn.Module, output_layer: str, x: torch.Tensor, batch_size: int = 1024
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(start, features)`` per batch of ``x``: what ``model`` feeds its layer ``output_layer``
+    (the penultimate features), read by a hook during an ordinary forward in eval mode."""
+    model.eval()
+    captured: list[torch.Tensor] = []
+    hook = model.get_submodule(output_layer).register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
+    try:
+        for start in range(0, int(x.shape[0]), batch_size):
+            model(x[start : start + batch_size])
+            yield start, captured.pop()
+    finally:
+        hook.remove()

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import gzip
+import logging
+import math
+import os
+import stat
 import zipfile
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
-from rayfed import CheckpointError, ConfigError, DatasetError, ResourceError, RunConfig, run
+from rayfed import CheckpointError, ConfigError, DatasetError, ResourceError, RunConfig, TrainConfig, run
+from rayfed.client_runner import ClientReport
+from rayfed.data import load_dataset, make_partition
+from rayfed.data.torchvision_data import _gunzip_if_needed
 from rayfed.errors import CheckpointFormatError
 from rayfed.io import load_arrays, save_arrays
+from rayfed.metrics import summarise_round
+from rayfed.trainability import check_trainable
 from tests.conftest import tiny_overrides
 
 
@@ -139,3 +150,95 @@ def test_resume_from_a_checkpoint_of_another_state_format_is_refused_untouched(t
 def test_dashboard_binds_to_localhost_by_default() -> None:
     assert RunConfig().engine.dashboard_host == "127.0.0.1"
     assert RunConfig().engine.dashboard is False
+
+
+# --- untrainable configs: train.batch_size against the clients' training data ------------------
+
+
+def _train_sizes(tmp_path) -> np.ndarray:
+    config = RunConfig().override(tiny_overrides(tmp_path / "unused"))
+    dataset = load_dataset(config.data.dataset, None, seed=config.data.seed, options=config.data.options)
+    return make_partition(dataset.labels, dataset.num_classes, config.data).num_train()
+
+
+def test_batch_larger_than_every_client_is_refused_before_anything_is_written(tmp_path) -> None:
+    largest = int(_train_sizes(tmp_path).max())
+    with pytest.raises(ConfigError) as raised:
+        _run(tmp_path, **{"train.batch_size": 1000})
+    message = str(raised.value)
+    assert message.startswith("no client can take a local step: all 10 clients hold fewer than train.batch_size=1000")
+    assert f"the largest client trains on {largest} samples" in message
+    assert f"train.batch_size<={largest}, train.drop_last=false, or fewer clients (data.num_clients)" in message
+    assert not (tmp_path / "run").exists()
+
+
+def test_clients_smaller_than_a_batch_are_named_once_and_left_out_of_the_round_loss(tmp_path, caplog) -> None:
+    sizes = _train_sizes(tmp_path)
+    batch = int(np.sort(sizes)[3]) + 1  # four clients cannot fill one batch
+    stuck = sorted(int(c) for c in np.flatnonzero(sizes < batch))
+    with caplog.at_level(logging.WARNING, logger="rayfed"):
+        result = _run(tmp_path, **{"train.batch_size": batch})
+    warnings = [r.getMessage() for r in caplog.records if r.name == "rayfed.trainability"]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"4 of 10 clients ({', '.join(map(str, stuck))}) hold fewer than "
+                                  f"train.batch_size={batch} training samples and train.drop_last=true")
+    clients = pq.read_table(tmp_path / "run" / "clients" / "round_000000.parquet").to_pylist()
+    idle = [r for r in clients if r["steps"] == 0]
+    assert sorted(r["client_id"] for r in idle) == stuck and all(math.isnan(r["train_loss"]) for r in idle)
+    assert all(math.isfinite(row["train_loss"]) for row in result.history)
+
+
+def test_warning_lists_the_first_clients_and_counts_the_rest(caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="rayfed.trainability"):
+        check_trainable(np.array([5, 40, 3, 100, 2, 1, 0, 9, 70]), TrainConfig(batch_size=10))
+    assert caplog.records[0].getMessage().startswith("6 of 9 clients (0, 2, 4, 5, 6 and 1 more) hold fewer than")
+
+
+def test_clients_without_training_data_are_refused_even_without_drop_last() -> None:
+    with pytest.raises(ConfigError, match=r"all 3 clients hold no training sample .* raise data.min_samples"):
+        check_trainable(np.zeros(3, dtype=np.int64), TrainConfig(drop_last=False))
+
+
+def test_round_in_which_no_client_stepped_warns_and_its_loss_is_not_an_average_of_nans(caplog) -> None:
+    def report(cid: int, steps: int, loss: float) -> ClientReport:
+        return ClientReport(cid, num_train=10, train_loss=loss, steps=steps, update_norm=0.0, bytes_up=0,
+                            bytes_down=0, seconds=0.0)
+
+    mixed = summarise_round(0, [report(0, 0, math.nan), report(1, 2, 0.5), report(2, 2, 1.5)], [], {}, {})
+    assert mixed.train_loss == 1.0
+    with caplog.at_level(logging.WARNING, logger="rayfed.metrics"):
+        idle = summarise_round(3, [report(0, 0, math.nan), report(1, 0, math.nan)], [], {}, {})
+    assert math.isnan(idle.train_loss)
+    assert "round 3: none of the 2 sampled clients took a local step" in caplog.text
+    assert "train_loss is NaN" in caplog.text
+
+
+# --- files a team can share ---------------------------------------------------------------------
+
+
+def test_run_directory_files_follow_the_umask(tmp_path) -> None:
+    previous = os.umask(0o022)
+    try:
+        _run(tmp_path, **{"engine.checkpoint_every": 1})
+    finally:
+        os.umask(previous)
+    files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    assert {p.relative_to(tmp_path / "run").parts[0] for p in files} >= {
+        "config.json", "partition.parquet", "rounds.parquet", "clients", "checkpoints", "summary.json"
+    }
+    modes = {str(p.relative_to(tmp_path)): oct(stat.S_IMODE(p.stat().st_mode)) for p in files}
+    assert set(modes.values()) == {"0o644"}, modes
+    dirs = [p for p in (tmp_path / "run").rglob("*") if p.is_dir()]
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o755 for p in dirs)
+
+
+def test_decompressed_dataset_files_follow_the_umask(tmp_path) -> None:
+    archive = tmp_path / "train-labels-idx1-ubyte.gz"
+    with gzip.open(archive, "wb") as out:
+        out.write(b"\x00" * 16)
+    previous = os.umask(0o027)
+    try:
+        _gunzip_if_needed("mnist", archive, md5="0" * 32)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "train-labels-idx1-ubyte").stat().st_mode) == 0o640

@@ -107,3 +107,49 @@ def test_method_labels_name_fedawa_fidelity() -> None:
     assert label(**{"algorithm.name": "fedawa"}) == "FedAWA (code)"
     assert label(**{"algorithm.name": "fedawa_l", "algorithm.params.fidelity": "paper"}) == "FedAWA-L (paper)"
     assert label(**{"algorithm.name": "fedavg"}) == "FedAvg"
+
+
+def _run(name: str, accuracies: list[float], **overrides: object):
+    from rayfed.plots import RunData
+
+    config = RunConfig().override({"algorithm.name": "cwfedavg", "run_dir": f"runs/{name}", **overrides})
+    rounds = [{"round": t, "accuracy": a} for t, a in enumerate(accuracies)]
+    return RunData(Path(name), config, rounds)
+
+
+def test_only_runs_that_differ_in_the_seed_alone_are_grouped():
+    from rayfed.plots import curve_groups
+
+    runs = [
+        _run("s0", [0.1]),
+        _run("s1", [0.2], seed=1),
+        _run("lr", [0.3], **{"train.lr": 0.01}),
+        _run("lr-s1", [0.3], seed=1, **{"train.lr": 0.01}),
+        _run("fedavg", [0.4], **{"algorithm.name": "fedavg"}),
+    ]
+    groups = curve_groups(runs)
+    assert [[run.name for run in g.runs] for g in groups] == [["s0", "s1"], ["lr", "lr-s1"], ["fedavg"]]
+    assert [g.legend for g in groups] == [
+        "cwFedAvg (Output), train.lr=0.005 (2 seeds)",
+        "cwFedAvg (Output), train.lr=0.01 (2 seeds)",
+        "FedAvg",
+    ]
+
+
+def test_a_run_that_differs_in_more_than_the_seed_gets_its_own_line():
+    from rayfed.plots import curve_groups
+
+    groups = curve_groups([_run("a", [0.1]), _run("b", [0.1], seed=3, **{"data.partition": "pathological"})])
+    assert [g.legend for g in groups] == [
+        "cwFedAvg (Output), data.partition=dirichlet",
+        "cwFedAvg (Output), data.partition=pathological",
+    ]
+
+
+def test_round_axis_is_the_stored_round(runs, tmp_path):
+    from rayfed.plots import accuracy_points, plot_accuracy_curves
+
+    data = load_run(runs["cw"])
+    stored = pq.read_table(runs["cw"] / "rounds.parquet").column("round").to_pylist()
+    assert accuracy_points(data)[0] == stored == [0]
+    assert plot_accuracy_curves([data, _run("b", [0.1, 0.2])], tmp_path / "a.png").stat().st_size > 1000

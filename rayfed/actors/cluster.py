@@ -1,4 +1,4 @@
-"""Joining or starting Ray, and checking resources before any actor is created.
+"""Joining or starting Ray, and checking that the workers fit before anything is written.
 
 * Inside ``ray job submit`` (``RAY_ADDRESS`` is set) or with ``engine.ray_address``,
   rayfed joins that cluster and leaves it running afterwards.
@@ -8,13 +8,32 @@
   running as a Ray task), it is used as it is.
 
 The dashboard, when started, binds to ``engine.dashboard_host`` (localhost by default).
+
+Authentication: a private local Ray is started with token authentication off
+(``RAY_AUTH_MODE=disabled``, unless the environment already sets ``RAY_AUTH_MODE``). It
+belongs to this one run, binds its services to this machine and is shut down with the
+run, so a token would guard nothing the user's own account could not already reach, and
+Ray would print its token-authentication warning on every run. A cluster that rayfed
+joins keeps whatever authentication it was started with: rayfed leaves it untouched.
+
+Workers that do not fit would wait forever for a CPU or a GPU, so the fit is checked
+first (:func:`check_resources`): for a private local Ray against this machine, before
+Ray starts (:func:`local_node`); for any other Ray against its alive nodes
+(:func:`cluster_nodes`). A worker is one bundle of ``engine.num_cpus_per_worker`` CPUs
+and ``engine.num_gpus_per_worker`` GPUs that Ray places on a single node, so a node
+holds ``min(floor(cpus / cpus_per_worker), floor(gpus / gpus_per_worker))`` workers and
+the cluster the sum over its nodes. A cluster that is short is refused at once, unless
+``engine.resource_wait_s`` > 0: then rayfed asks Ray's autoscaler for the missing
+workers (``ray.autoscaler.sdk.request_resources``, a no-op without an autoscaler), says
+so, and waits up to that many seconds for nodes to join before refusing.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import ray
@@ -24,7 +43,21 @@ from rayfed.errors import ResourceError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ray_session", "check_resources", "default_num_workers"]
+__all__ = [
+    "ray_session",
+    "local_node",
+    "cluster_nodes",
+    "workers_on",
+    "check_fit",
+    "check_resources",
+    "default_num_workers",
+]
+
+Node = Mapping[str, float]
+"""One node's total resources, as Ray names them (``"CPU"``, ``"GPU"``)."""
+
+_POLL_S = 1.0
+"""How often the fit is re-checked while waiting for an autoscaler."""
 
 
 @contextmanager
@@ -34,49 +67,130 @@ def ray_session(engine: EngineConfig) -> Iterator[None]:
         yield
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    address = engine.ray_address or os.environ.get("RAY_ADDRESS")
-    if address:
-        logger.info("joining the Ray cluster at %s", address)
-        ray.init(address=address, logging_level=logging.WARNING)
-    else:
-        ray.init(
-            address="local",
-            include_dashboard=engine.dashboard,
-            dashboard_host=engine.dashboard_host,
-            logging_level=logging.WARNING,
-        )
+    address = _address(engine)
+    own_auth = not address and "RAY_AUTH_MODE" not in os.environ
+    if own_auth:  # for the cluster started here, while it runs (see the module docstring)
+        os.environ["RAY_AUTH_MODE"] = "disabled"
     try:
+        if address:
+            logger.info("joining the Ray cluster at %s", address)
+            ray.init(address=address, logging_level=logging.WARNING)
+        else:
+            ray.init(
+                address="local",
+                include_dashboard=engine.dashboard,
+                dashboard_host=engine.dashboard_host,
+                logging_level=logging.WARNING,
+            )
         yield
     finally:
         ray.shutdown()
+        if own_auth:
+            del os.environ["RAY_AUTH_MODE"]
+
+
+def _address(engine: EngineConfig) -> str | None:
+    """The Ray cluster to join, or None to start a private local Ray."""
+    return engine.ray_address or os.environ.get("RAY_ADDRESS")
+
+
+def local_node() -> list[Node]:
+    """The resources a private ``ray.init(address="local")`` will find on this machine."""
+    import torch
+    from ray._private.utils import get_num_cpus  # Ray's own count: CPU affinity and cgroup quotas
+
+    return [{"CPU": float(get_num_cpus()), "GPU": float(torch.cuda.device_count())}]
+
+
+def cluster_nodes() -> list[Node]:
+    """The total resources of every alive node of the Ray cluster this process is connected to."""
+    return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+
+
+def workers_on(nodes: Sequence[Node], engine: EngineConfig) -> int:
+    """How many workers (one bundle of CPUs and GPUs each, placed on one node) ``nodes`` hold."""
+    total = 0
+    for node in nodes:
+        fits = int(float(node.get("CPU", 0.0)) // engine.num_cpus_per_worker)
+        if engine.num_gpus_per_worker > 0:
+            fits = min(fits, int(float(node.get("GPU", 0.0)) // engine.num_gpus_per_worker))
+        total += fits
+    return total
+
+
+def check_fit(engine: EngineConfig, nodes: Sequence[Node], where: str) -> None:
+    """Refuse ``engine`` if its workers cannot all be placed on ``nodes`` (``where`` names them in the message)."""
+    cpw, gpw = engine.num_cpus_per_worker, engine.num_gpus_per_worker
+    cpus = [float(n.get("CPU", 0.0)) for n in nodes]
+    gpus = [float(n.get("GPU", 0.0)) for n in nodes]
+    if gpw > 0 and max(gpus, default=0.0) == 0:
+        raise ResourceError(
+            f"engine.num_gpus_per_worker={gpw:g} but {where} has no GPUs; set engine.num_gpus_per_worker=0 to "
+            "train on CPUs"
+        )
+    for field, per_worker, amounts, unit in (("cpus", cpw, cpus, "CPUs"), ("gpus", gpw, gpus, "GPUs")):
+        if per_worker > max(amounts, default=0.0):
+            raise ResourceError(
+                f"engine.num_{field}_per_worker={per_worker:g} exceeds the {max(amounts, default=0.0):g} {unit} of "
+                f"the largest node of {where}; one worker runs on one node, so set engine.num_{field}_per_worker "
+                f"to at most {max(amounts, default=0.0):g}"
+            )
+    fits = workers_on(nodes, engine)
+    asked = max(1, engine.num_workers)
+    if asked > fits:
+        need = f"{asked * cpw:g} CPUs (engine.num_cpus_per_worker={cpw:g} each)"
+        if gpw > 0:
+            need += f" and {asked * gpw:g} GPUs (engine.num_gpus_per_worker={gpw:g} each)"
+        raise ResourceError(
+            f"engine.num_workers={engine.num_workers} asks for {asked} workers, which need {need}, but {where} has "
+            f"{sum(cpus):g} CPUs and {sum(gpus):g} GPUs, room for {fits} workers; set engine.num_workers to at "
+            "most that (0 = as many as fit) or lower the per-worker resources"
+        )
 
 
 def check_resources(engine: EngineConfig) -> None:
-    """Fail before creating actors that could never be scheduled (they would wait forever)."""
-    total = ray.cluster_resources()
-    gpus = float(total.get("GPU", 0.0))
-    if engine.num_gpus_per_worker > 0 and gpus == 0:
-        raise ResourceError(
-            f"engine.num_gpus_per_worker={engine.num_gpus_per_worker:g} but the Ray cluster has no GPUs; "
-            "set engine.num_gpus_per_worker=0 to train on CPUs"
-        )
-    if engine.num_gpus_per_worker > gpus > 0:
-        raise ResourceError(
-            f"engine.num_gpus_per_worker={engine.num_gpus_per_worker:g} exceeds the cluster's {gpus:g} GPUs"
-        )
-    cpus = float(total.get("CPU", 0.0))
-    if engine.num_cpus_per_worker > cpus:
-        raise ResourceError(
-            f"engine.num_cpus_per_worker={engine.num_cpus_per_worker:g} exceeds the cluster's {cpus:g} CPUs"
-        )
+    """Refuse, before any actor is created, workers that Ray could never place (they would wait forever).
+
+    Before Ray is initialised, a private Ray still to be started here is checked against
+    this machine (Ray is not started just to refuse) and a cluster still to be joined is
+    not checked yet; once Ray is initialised, its alive nodes are. With
+    ``engine.resource_wait_s`` > 0 a short cluster is first asked to scale up and given
+    that long to do so.
+    """
+    if not ray.is_initialized():
+        if not _address(engine):
+            check_fit(engine, local_node(), "this machine")
+        return
+    try:
+        check_fit(engine, cluster_nodes(), "the Ray cluster")
+    except ResourceError:
+        if engine.resource_wait_s <= 0:
+            raise
+        _wait_for_autoscaler(engine)
+
+
+def _wait_for_autoscaler(engine: EngineConfig) -> None:
+    from ray.autoscaler.sdk import request_resources
+
+    bundle = {"CPU": engine.num_cpus_per_worker}
+    if engine.num_gpus_per_worker > 0:
+        bundle["GPU"] = engine.num_gpus_per_worker
+    request_resources(bundles=[bundle] * max(1, engine.num_workers))
+    logger.warning(
+        "the Ray cluster cannot hold the workers yet; asked its autoscaler for them and waiting up to "
+        "engine.resource_wait_s=%g s", engine.resource_wait_s,
+    )
+    deadline = time.monotonic() + engine.resource_wait_s
+    while True:
+        try:
+            check_fit(engine, cluster_nodes(), "the Ray cluster")
+            return
+        except ResourceError as e:
+            if time.monotonic() >= deadline:
+                raise ResourceError(f"{e} (after waiting engine.resource_wait_s={engine.resource_wait_s:g} s)") from e
+        time.sleep(_POLL_S)
 
 
 def default_num_workers(engine: EngineConfig) -> int:
-    """``engine.num_workers``, or as many workers as the cluster's CPUs (and GPUs) allow."""
-    if engine.num_workers:
-        return engine.num_workers
-    total = ray.cluster_resources()
-    count = int(float(total.get("CPU", 1.0)) // engine.num_cpus_per_worker)
-    if engine.num_gpus_per_worker > 0:
-        count = min(count, int(float(total.get("GPU", 0.0)) // engine.num_gpus_per_worker))
-    return max(1, count)
+    """``engine.num_workers``, or as many workers as the cluster's nodes hold (at least 1)."""
+    return engine.num_workers or max(1, workers_on(cluster_nodes(), engine))

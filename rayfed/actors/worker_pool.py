@@ -29,9 +29,10 @@ from rayfed.errors import WorkerError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WorkerPool"]
+__all__ = ["WorkerPool", "ACTOR_FAILURES", "kill_actor"]
 
-_WORKER_FAILURES = (RayActorError, ActorDiedError, ActorUnavailableError, WorkerCrashedError)
+ACTOR_FAILURES = (RayActorError, ActorDiedError, ActorUnavailableError, WorkerCrashedError)
+"""What a call raises when its actor's process is gone (killed, out of memory, crashed) or unreachable."""
 _EXIT_WAIT_S = 2.0
 """How long shutdown waits for the workers to exit on their own before killing them."""
 
@@ -65,7 +66,7 @@ class WorkerPool:
             "ClientWorker %d failed (%s) while running clients %s; replacing it and re-running them",
             index, reason, _preview(chunk),
         )
-        _kill(self.workers[index])
+        kill_actor(self.workers[index])
         self.workers[index] = self._spawn()
         self.replacements += 1
 
@@ -116,7 +117,7 @@ class WorkerPool:
                 i, w, refs, _ = inflight.pop(ref)
                 try:
                     value = ray.get(ref)
-                except _WORKER_FAILURES as e:
+                except ACTOR_FAILURES as e:
                     failed(i, w, type(e).__name__)
                 else:
                     results[i] = (refs[:-1], value)
@@ -136,13 +137,14 @@ class WorkerPool:
         if exits:
             ray.wait(exits, num_returns=len(exits), timeout=_EXIT_WAIT_S)
         for worker in self.workers:
-            _kill(worker)
+            kill_actor(worker)
         self.workers = []
 
 
-def _kill(worker: Any) -> None:
+def kill_actor(actor: Any) -> None:
+    """End ``actor`` for good; nothing happens if it is already gone."""
     try:
-        ray.kill(worker, no_restart=True)
+        ray.kill(actor, no_restart=True)
     except Exception:  # already gone
         pass
 

@@ -22,6 +22,7 @@ from rayfed.algorithms.base import (
     ResolvedAlgorithm,
     RoundContext,
     ServerHalf,
+    SharedBody,
     register_algorithm,
     resolve,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "ResolvedAlgorithm",
     "RoundContext",
     "ServerHalf",
+    "SharedBody",
     "WeightedSum",
     "register_algorithm",
     "resolve",

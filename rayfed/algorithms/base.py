@@ -10,6 +10,7 @@ Round t, as the engine runs it (``rayfed.engine``)::
     contribution = c_1 + c_2 + ...                          # partly on workers, the rest on the server
     server_half.aggregate(ctx, contribution)                # e.g. Eq. 6 of cwFedAvg
     for each evaluated client: broadcast'.prepare_eval(job) # then accuracy on its own test split
+    broadcast'.prepare_global_eval(all_clients)             # the global model, if any, on the same splits
 
 * :class:`ClientHalf`: what local training adds (a loss term, or its own loop).
 * :class:`ServerHalf`: the server's state and how it aggregates.
@@ -24,7 +25,7 @@ Round t, as the engine runs it (``rayfed.engine``)::
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -41,6 +42,7 @@ __all__ = [
     "RoundContext",
     "Contribution",
     "Broadcast",
+    "SharedBody",
     "ClientHalf",
     "ServerHalf",
     "Algorithm",
@@ -107,9 +109,39 @@ class Broadcast(abc.ABC):
         """Load the model the client is evaluated with; by default its personalised model."""
         self.personalise(job)
 
+    def prepare_global_eval(self, job: ClientJob) -> bool:
+        """Load the run's global model into ``job.flat`` and return True, if the algorithm has one
+        besides the models it evaluates; by default it has none (False): FedAvg's evaluated model is
+        its global model. ``job`` stands for all clients together: no client id (-1), no state, and
+        label counts summed over every client, so a model personalised by class distribution (Eq. 7
+        of cwFedAvg) is formed for the clients' overall distribution. The worker evaluates it on each
+        evaluated client's test split beside the client's own model."""
+        return False
+
     def bytes_down(self, job: ClientJob) -> int:
         """Bytes the client receives this round; by default its whole model."""
         return job.flat.size * 4
+
+    def shared_body(self, jobs: Sequence[ClientJob]) -> SharedBody | None:
+        """The evaluation models of ``jobs`` (clients of one architecture, without data), when they
+        share everything but the output layer; ``None`` (the default) when each client needs its own
+        full model. Then the worker runs the shared body once over all their test samples and applies
+        each client's output layer as a batched matrix product, instead of a forward per client."""
+        return None
+
+
+@dataclass(frozen=True)
+class SharedBody:
+    """Evaluation models that differ only in the output layer (a linear map to the K classes).
+
+    ``state`` is the state vector every client's evaluation model shares outside the output
+    layer (whatever it holds there is not read); ``weight`` (C, K, h) and ``bias`` (C, K) are
+    the output layers of the C clients, in the order of the jobs they were made for.
+    """
+
+    state: np.ndarray
+    weight: np.ndarray
+    bias: np.ndarray
 
 
 class ClientHalf(Generic[P]):

@@ -37,13 +37,21 @@ Where the paper and the code differ, ``fidelity`` (WDR coefficient 0.5·λ in th
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from rayfed.algorithms.base import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.base import (
+    Broadcast,
+    ClientHalf,
+    Contribution,
+    RoundContext,
+    ServerHalf,
+    SharedBody,
+    register_algorithm,
+)
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.cwfedavg_equations import (
     classwise_average,
@@ -206,14 +214,27 @@ class ClasswiseModels(Broadcast):
         """θ_i^cw ← Σ_j p̃_ij G_j (Eq. 7); θ_i^other ← G_avg; buffers stay the client's own."""
         flat, parts = job.flat, self.parts
         flat.load(personalise(self._row(job), self.heads), parts.classwise)
-        offset = 0
-        for part in parts.shared:
+        self._load_shared(job)
+
+    def _load_shared(self, job: ClientJob) -> None:
+        """θ^other ← G_avg, and the client's own buffers (the initial ones before it has trained)."""
+        flat, offset = job.flat, 0
+        for part in self.parts.shared:
             size = part.stop - part.start
             flat.load(self.shared[offset : offset + size], part)
             offset += size
         if flat.buffer_layout.size:
             buffers = job.state["buffers"] if job.state and "buffers" in job.state else self.initial_buffers
             flat.buffers.copy_(torch.tensor(buffers))  # a copy: small, and may be read-only
+
+    def prepare_global_eval(self, job: ClientJob) -> bool:
+        """The global model: Eq. 7 with the clients' overall class distribution p_j = Σ_i n_ij / Σ_ij n_ij
+        (``job`` holds every client's counts, summed) in place of a client's row, G_avg elsewhere and the
+        initial buffers. It costs no training, and shows what personalisation adds over one model."""
+        flat, parts = job.flat, self.parts
+        flat.load(personalise(_client_distribution(job, self.params.p_source), self.heads), parts.classwise)
+        self._load_shared(job)
+        return True
 
     def contribute(self, job: ClientJob) -> ClasswiseSum:
         """p̃_i from the trained output weight (Eq. 4), then this client's share of Eq. 6 and FedAvg."""
@@ -234,6 +255,24 @@ class ClasswiseModels(Broadcast):
     def bytes_down(self, job: ClientJob) -> int:
         """A real client receives only its personalised model (buffers stay local)."""
         return job.flat.size * 4
+
+    def shared_body(self, jobs: Sequence[ClientJob]) -> SharedBody | None:
+        """When only the output layer is class-wise (cwFedAvg (Output)) and the model has no
+        client-local buffers, every personalised model is G_avg outside the output layer, and
+        client i's output layer is Σ_j p̃_ij G_j restricted to it (Eq. 7): one body for all."""
+        parts, flat = self.parts, jobs[0].flat
+        k, h = parts.output_shape
+        head_size = parts.classwise.stop - parts.classwise.start
+        if parts.classwise.start != parts.output_weight.start or head_size != k * h + k or flat.buffer_layout.size:
+            return None
+        state = np.zeros(flat.size, dtype=np.float32)
+        offset = 0
+        for part in parts.shared:
+            size = part.stop - part.start
+            state[part] = self.shared[offset : offset + size]
+            offset += size
+        heads = personalise(np.stack([self._row(job) for job in jobs]), self.heads)
+        return SharedBody(state, heads[:, : k * h].reshape(len(jobs), k, h), heads[:, k * h :])
 
 
 # --- the two halves -----------------------------------------------------------------------------

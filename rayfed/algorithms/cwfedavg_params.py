@@ -21,6 +21,7 @@ from typing import Literal
 
 import numpy as np
 
+from rayfed.config_fields import documented, section
 from rayfed.errors import ConfigError
 from rayfed.problem import ProblemSpec
 from rayfed.registry import closest
@@ -35,31 +36,40 @@ _VARIANT_LABELS = {"wdr": "", "dist": " w/ Dist.", "no_wdr": " w/o WDR"}
 """How P-arXiv Table 1 names the variants."""
 
 
+@section("algorithm.params")
 @dataclass(frozen=True)
 class CwFedAvgParams:
     """Hyper-parameters of cwFedAvg (``algorithm.params.*``)."""
 
-    wdr_lambda: float = 10.0
-    """λ of WDR (P-ICCV Eq. 8), as the code's ``-wd`` flag: 10 for MNIST/CIFAR-10, 1000 for
-    CIFAR-100, 2000 for Tiny-ImageNet (P-ICCV §5.1)."""
-    fidelity: Literal["code", "paper"] = "code"
-    """``code``: the loss adds 0.5·λ·R, as both versions of the authors' code do; ``paper``:
-    λ·R, as P-ICCV Eq. 8 writes it."""
-    variant: Literal["wdr", "dist", "no_wdr"] = "wdr"
-    """``wdr``: p̃ from the output layer plus WDR; the server never sees p_i or n_ij.
-    ``dist`` ("w/ Dist.", P-arXiv Tab. 1): the true p_i drives aggregation and
-    personalisation and there is no WDR; clients then *send their label counts*, which
-    the privacy-preserving method avoids. ``no_wdr`` ("w/o WDR"): p̃ without the regulariser."""
-    classwise_blocks: int = 1
-    """How many of the model's last top-level blocks are class-wise: 1 = "cwFedAvg (Output)"
-    (P-ICCV default), 2 = FC+Output, 3 = Conv2+FC+Output, 0 = the whole model. The rest
-    goes through FedAvg."""
-    classwise_layers: tuple[str, ...] = ()
-    """The class-wise blocks by name, e.g. ``("last_feat", "fc")`` for FC+Output; they must be
-    the model's last blocks. Overrides ``classwise_blocks`` when given."""
-    p_source: Literal["partition", "train"] = "partition"
-    """Where p_i comes from: the client's whole partition before the 75/25 split (as the
-    authors' code computes it) or its training split only."""
+    wdr_lambda: float = documented(
+        10.0,
+        "λ of WDR (P-ICCV Eq. 8), as the code's -wd flag: 10 for MNIST/CIFAR-10, 1000 for CIFAR-100, "
+        "2000 for Tiny-ImageNet (P-ICCV §5.1).",
+    )
+    fidelity: Literal["code", "paper"] = documented(
+        "code", "code: the loss adds 0.5·λ·R, as both versions of the authors' code do; paper: λ·R, as P-ICCV Eq. 8."
+    )
+    variant: Literal["wdr", "dist", "no_wdr"] = documented(
+        "wdr",
+        "wdr: p̃ from the output layer plus WDR; the server never sees p_i or n_ij. dist (\"w/ Dist.\", P-arXiv "
+        "Tab. 1): the true p_i drives aggregation and personalisation and there is no WDR; clients then send their "
+        "label counts, which the privacy-preserving method avoids. no_wdr (\"w/o WDR\"): p̃ without the regulariser.",
+    )
+    classwise_blocks: int = documented(
+        1,
+        "How many of the model's last top-level blocks are class-wise: 1 = \"cwFedAvg (Output)\" (P-ICCV default), "
+        "2 = FC+Output, 3 = Conv2+FC+Output, 0 = the whole model. The rest goes through FedAvg.",
+    )
+    classwise_layers: tuple[str, ...] = documented(
+        (),
+        "The class-wise blocks by name, e.g. [\"last_feat\", \"fc\"] for FC+Output; they must be the model's last "
+        "blocks. Overrides classwise_blocks when given.",
+    )
+    p_source: Literal["partition", "train"] = documented(
+        "partition",
+        "Where p_i comes from: the client's whole partition before the 75/25 split (as the authors' code computes "
+        "it) or its training split only.",
+    )
 
     def __post_init__(self) -> None:
         check_real(_PATH + "wdr_lambda", self.wdr_lambda, low=0)

@@ -74,6 +74,7 @@ from rayfed.algorithms.fedawa_objective import (
 )
 from rayfed.algorithms.fedawa_weights import INITIAL_WEIGHTS
 from rayfed.algorithms.sgdm import PersistentMomentumClient
+from rayfed.config_fields import documented, section
 from rayfed.problem import ProblemSpec
 from rayfed.training import ClientJob
 from rayfed.validation import check_choice, check_int, check_real
@@ -88,31 +89,35 @@ FIDELITIES = ("code", "paper", "exact")
 # --- hyper-parameters ---------------------------------------------------------------------------
 
 
+@section("algorithm.params")
 @dataclass(frozen=True)
 class FedAWAParams:
     """Hyper-parameters of FedAWA and FedAWA-L (``algorithm.params.*``); see the module docstring."""
 
-    fidelity: Literal["code", "paper", "exact"] = "code"
-    """``code``: the authors' code (default); ``paper``: Alg. 1 with Adam on Eq. 3; ``exact``: a diagnostic."""
-    distance: Literal["cos", "euclidean"] = "cos"
-    """d of Eq. 3: 1 − cosine similarity (the paper's choice) or Euclidean (Sec. 5.3, Tab. 5).
-    ``paper``, ``exact``: d = ‖Σλθ − θ_g‖₂; ``code``: C_k = mean over coordinates of (θ_g − θ_k)²."""
-    initial_weights: str = "size"
-    """λ⁰: a name from :data:`~rayfed.algorithms.fedawa_weights.INITIAL_WEIGHTS` (``size``, ``uniform``)."""
-    server_steps: int = 1
-    """``code``, ``paper``: Adam steps per round (the code's ``--server_epochs``); a new Adam every round."""
-    server_lr: float = 1e-3
-    """``code``, ``paper``: Adam learning rate on the logits (the code's ``--server_lr``)."""
-    server_beta1: float = 0.5
-    server_beta2: float = 0.999
-    """``code``, ``paper``: Adam betas (0.5, 0.999), as the code."""
-    gamma: float = 1.0
-    """γ of the code's update θ_g ← γ Σ λ_k θ_k / Σ λ_k (every fidelity; 1 = none)."""
-    tolerance: float = 1e-4
-    """``exact`` only: stop once the Frank–Wolfe gap of every problem is at most tolerance × its
-    objective at the start of the round."""
-    max_steps: int = 200
-    """``exact`` only: at most this many projected-gradient steps per round."""
+    fidelity: Literal["code", "paper", "exact"] = documented(
+        "code", "code: the authors' code (default); paper: Alg. 1 with Adam on Eq. 3; exact: a diagnostic."
+    )
+    distance: Literal["cos", "euclidean"] = documented(
+        "cos",
+        "d of Eq. 3: 1 − cosine similarity (the paper's choice) or Euclidean (Sec. 5.3, Tab. 5). paper, exact: "
+        "d = ‖Σλθ − θ_g‖₂; code: C_k = mean over coordinates of (θ_g − θ_k)².",
+    )
+    initial_weights: str = documented(
+        "size", "λ⁰: a name from rayfed.algorithms.fedawa_weights.INITIAL_WEIGHTS (size, uniform)."
+    )
+    server_steps: int = documented(
+        1, "code, paper: Adam steps per round (the code's --server_epochs); a new Adam every round."
+    )
+    server_lr: float = documented(1e-3, "code, paper: Adam learning rate on the logits (the code's --server_lr).")
+    server_beta1: float = documented(0.5, "code, paper: Adam's β1 (0.5, as the code).")
+    server_beta2: float = documented(0.999, "code, paper: Adam's β2 (0.999, as the code).")
+    gamma: float = documented(1.0, "γ of the code's update θ_g ← γ Σ λ_k θ_k / Σ λ_k (every fidelity; 1 = none).")
+    tolerance: float = documented(
+        1e-4,
+        "exact only: stop once the Frank–Wolfe gap of every problem is at most tolerance × its objective at the "
+        "start of the round.",
+    )
+    max_steps: int = documented(200, "exact only: at most this many projected-gradient steps per round.")
 
     def __post_init__(self) -> None:
         p = "algorithm.params."

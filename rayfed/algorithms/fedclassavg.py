@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import Literal, cast
 
 import numpy as np
 import torch
@@ -53,6 +53,7 @@ from rayfed.algorithms.base import Broadcast, ClientHalf, ServerHalf, register_a
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.fedavg import FedAvgServer, sole_architecture
 from rayfed.algorithms.local import CLIENT_INIT_STREAM, MODEL_KEY, ClientInit, own_model_state, save_model_state
+from rayfed.config_fields import documented, section
 from rayfed.data.augment import augment_batch
 from rayfed.errors import ConfigError
 from rayfed.flat import FlatModel
@@ -82,6 +83,7 @@ _OWN_CLASSIFIER = "fedclassavg_own_classifier"
 """``job.scratch`` key: the client's own initial classifier, set when a warm-up is due."""
 
 
+@section("algorithm.params")
 @dataclass(frozen=True)
 class FedClassAvgParams:
     """Hyper-parameters (``algorithm.params.*``); defaults follow the authors' code.
@@ -91,26 +93,32 @@ class FedClassAvgParams:
     6e-4 FMNIST). ``train.momentum`` and ``train.weight_decay`` are not used (Adam, no decay).
     """
 
-    rho: float = 0.1
-    """ρ, the proximal weight (Eq. 4); Tab. 1: 0.1 (CIFAR-10, EMNIST), 0.4662 (FMNIST)."""
-    temperature: float = 100.0
-    """τ of SupCon's logits z_a·z_b/τ (100 in the code; not given in the paper)."""
-    base_temperature: float = 0.07
-    """τ_base: SupCon is scaled by τ/τ_base (≈ 1428.6 with the code's values)."""
-    normalize_features: bool = False
-    """L2-normalise z before SupCon (standard SupCon; the authors' code has it commented out)."""
-    contrastive: bool = True
-    """Include L_SupCon (False: the ablation "CA + PR" of Tab. 4, CE on one augmented view)."""
-    fidelity: str = "code"
-    """``code``: L_R = (ρ/2)·Σ MSE per classifier tensor; ``paper``: L_R = ρ·‖w_Ck − w_C‖₂ (Eq. 5)."""
-    mode: str = "classifier"
-    """``classifier``: share C only; ``weight``: the "+weight" variant (whole model, homogeneous only)."""
-    warmup: bool | None = None
-    """One epoch with the client's own classifier before its first round (code); None = True
-    with ``fidelity="code"`` and ``mode="classifier"``, else False."""
-    adam_betas: tuple[float, float] = (0.5, 0.999)
-    """Adam's (β1, β2); the optimiser is recreated every round (its moments are reset)."""
-    adam_eps: float = 1e-8
+    rho: float = documented(0.1, "ρ, the proximal weight (Eq. 4); Tab. 1: 0.1 (CIFAR-10, EMNIST), 0.4662 (FMNIST).")
+    temperature: float = documented(100.0, "τ of SupCon's logits z_a·z_b/τ (100 in the code; not given in the paper).")
+    base_temperature: float = documented(
+        0.07, "τ_base: SupCon is scaled by τ/τ_base (≈ 1428.6 with the code's values)."
+    )
+    normalize_features: bool = documented(
+        False, "L2-normalise z before SupCon (standard SupCon; the authors' code has it commented out)."
+    )
+    contrastive: bool = documented(
+        True, "Include L_SupCon (false: the ablation \"CA + PR\" of Tab. 4, CE on one augmented view)."
+    )
+    fidelity: Literal["code", "paper"] = documented(
+        "code", "code: L_R = (ρ/2)·Σ MSE per classifier tensor; paper: L_R = ρ·‖w_Ck − w_C‖₂ (Eq. 5)."
+    )
+    mode: Literal["classifier", "weight"] = documented(
+        "classifier", "classifier: share C only; weight: the \"+weight\" variant (whole model, homogeneous only)."
+    )
+    warmup: bool | None = documented(
+        None,
+        "One epoch with the client's own classifier before its first round (code); null = true with "
+        "fidelity=\"code\" and mode=\"classifier\", else false.",
+    )
+    adam_betas: tuple[float, float] = documented(
+        (0.5, 0.999), "Adam's (β1, β2); the optimiser is recreated every round (its moments are reset)."
+    )
+    adam_eps: float = documented(1e-8, "Adam's ε.")
 
     def __post_init__(self) -> None:
         p = "algorithm.params."

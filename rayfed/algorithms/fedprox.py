@@ -18,16 +18,21 @@ import torch
 
 from rayfed.algorithms.base import ClientHalf, register_algorithm
 from rayfed.algorithms.fedavg import FedAvgServer
+from rayfed.config_fields import documented, section
 from rayfed.training import ClientJob
 from rayfed.validation import check_real
 
 __all__ = ["FedProxParams", "FedProxClient", "proximal_term", "flatten_logically"]
 
 
+@section("algorithm.params")
 @dataclass(frozen=True)
 class FedProxParams:
-    mu: float = 0.001
-    """μ of the proximal term; 0.001 as in the cwFedAvg and FedAWA papers' baselines."""
+    """Hyper-parameters of FedProx (``algorithm.params.*``)."""
+
+    mu: float = documented(
+        0.001, "μ of the proximal term (Eq. 2); 0.001 as in the cwFedAvg and FedAWA papers' baselines."
+    )
 
     def __post_init__(self) -> None:
         check_real("algorithm.params.mu", self.mu, low=0)

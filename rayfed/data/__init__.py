@@ -1,4 +1,4 @@
-"""The data plane: datasets as uint8 arrays, client partitions as CSR index arrays.
+"""The data plane: datasets as uint8 arrays, client partitions as CSR index arrays or pool slices.
 
 >>> from rayfed.config import DataConfig
 >>> from rayfed.data import load_dataset, make_partition
@@ -13,7 +13,14 @@ partitioner in :data:`PARTITIONERS`.
 
 from rayfed.data import torchvision_data as _torchvision_data  # noqa: F401  (registers loaders)
 from rayfed.data.dataset import ArrayDataset
-from rayfed.data.partition import LABEL_COUNTS_FILE, Partition, read_label_counts, write_label_counts
+from rayfed.data.partition import (
+    LABEL_COUNTS_FILE,
+    ClientPartition,
+    Partition,
+    load_partition,
+    read_label_counts,
+    write_label_counts,
+)
 from rayfed.data.partitioners import (
     PARTITIONERS,
     Partitioner,
@@ -22,6 +29,7 @@ from rayfed.data.partitioners import (
     partition_iid,
     partition_pathological,
 )
+from rayfed.data.pool_slices import PoolSlices
 from rayfed.data.registry import DATASETS, DatasetLoader, dataset_options, load_dataset
 from rayfed.data.split import split_train_test
 from rayfed.data.synthetic import make_synthetic
@@ -32,11 +40,14 @@ __all__ = [
     "LABEL_COUNTS_FILE",
     "PARTITIONERS",
     "ArrayDataset",
+    "ClientPartition",
     "DatasetLoader",
     "Partition",
     "Partitioner",
+    "PoolSlices",
     "dataset_options",
     "load_dataset",
+    "load_partition",
     "make_partition",
     "make_synthetic",
     "normalize_batch",

@@ -1,14 +1,21 @@
 """The client partition: which dataset indices each virtual client trains and tests on.
 
-:class:`Partition` holds every client's training and test indices in CSR form
-(:mod:`rayfed.data.csr`) together with its class counts, which cwFedAvg turns into the
-class distribution p_i ("Class-Wise Federated Averaging for Efficient Personalization",
-ICCV 2025, Sec. 4.1). :func:`~rayfed.data.partitioners.make_partition` builds one; a run
-directory keeps it in two files, written side by side by the engine:
+:class:`ClientPartition` is what the engine, the workers and the run directory use of a
+partition: each client's training and test indices and its class counts, which cwFedAvg
+turns into the class distribution p_i ("Class-Wise Federated Averaging for Efficient
+Personalization", ICCV 2025, Sec. 4.1). It has two forms:
 
-* ``partition.parquet`` (:meth:`Partition.save` / :meth:`Partition.load`): one row per
-  (client, split, index), the exact client data sets, from which a resumed run rebuilds
-  the partition;
+* :class:`Partition` holds every client's indices in CSR form (:mod:`rayfed.data.csr`),
+  as the registered partitioners that deal each sample to one client build it;
+* :class:`~rayfed.data.pool_slices.PoolSlices` computes them from each client's slice of
+  one shuffled pool (``data.partition="slices"``), for populations of millions.
+
+:func:`~rayfed.data.partitioners.make_partition` builds one; a run directory keeps it in
+two files, written side by side by the engine:
+
+* ``partition.parquet`` (:meth:`ClientPartition.save` / :func:`load_partition`): what
+  rebuilds the exact client data sets when a run resumes (for :class:`Partition`, one row
+  per (client, split, index));
 * ``label_counts.parquet`` (:func:`write_label_counts` / :func:`read_label_counts`): each
   client's class counts and the dataset's input shape, so ``rayfed plot`` draws p_i
   without loading the dataset.
@@ -16,8 +23,9 @@ directory keeps it in two files, written side by side by the engine:
 
 from __future__ import annotations
 
+import abc
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +38,16 @@ from rayfed.data.csr import count_labels, group_by_client
 from rayfed.errors import DatasetError
 from rayfed.io import write_parquet
 
-__all__ = ["LABEL_COUNTS_FILE", "Partition", "read_label_counts", "write_label_counts"]
+__all__ = [
+    "LABEL_COUNTS_FILE",
+    "ClientPartition",
+    "Partition",
+    "load_partition",
+    "partition_metadata",
+    "read_label_counts",
+    "register_partition_format",
+    "write_label_counts",
+]
 
 LABEL_COUNTS_FILE = "label_counts.parquet"
 """Name of the label-counts file in a run directory."""
@@ -40,11 +57,124 @@ _META_CLIENTS = b"rayfed.num_clients"
 _META_CLASSES = b"rayfed.num_classes"
 _META_VERSION = b"rayfed.partition_format"
 _META_INPUT_SHAPE = b"rayfed.input_shape"
+_META_KIND = b"rayfed.partition_kind"
+"""Which :class:`ClientPartition` a partition file holds; files without it hold a :class:`Partition`."""
 _ARRAYS = ("train_indices", "train_offsets", "test_indices", "test_offsets", "label_counts", "train_label_counts")
 
 
+class ClientPartition(abc.ABC):
+    """Each client's training and test indices and class counts, however they are stored.
+
+    Subclasses hold ``label_counts`` and ``train_label_counts``, (M, K) integer class
+    counts over the client's whole data set and over its training split.
+    """
+
+    label_counts: np.ndarray
+    train_label_counts: np.ndarray
+
+    @property
+    def num_clients(self) -> int:
+        """M, the number of clients (some may hold no samples)."""
+        return int(self.label_counts.shape[0])
+
+    @property
+    def num_classes(self) -> int:
+        """K, the number of classes the counts are over."""
+        return int(self.label_counts.shape[1])
+
+    @abc.abstractmethod
+    def train(self, i: int) -> np.ndarray:
+        """Dataset indices of client ``i``'s training split."""
+
+    @abc.abstractmethod
+    def test(self, i: int) -> np.ndarray:
+        """Dataset indices of client ``i``'s test split."""
+
+    @abc.abstractmethod
+    def num_train(self) -> np.ndarray:
+        """n_i, the training-set size of every client, shape (M,)."""
+
+    @abc.abstractmethod
+    def num_test(self) -> np.ndarray:
+        """The test-set size of every client, shape (M,)."""
+
+    @abc.abstractmethod
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write what :func:`load_partition` needs to rebuild this partition, atomically."""
+
+    def class_distribution(self, *, train_only: bool = False) -> np.ndarray:
+        """p_i, each client's class distribution, shape (M, K), rows summing to 1.
+
+        By default over the whole partition (train + test), as PFLlib/cwFedAvg compute
+        it; ``train_only=True`` uses the training split. A client without samples gets
+        the uniform row 1/K, so downstream matrix products stay well defined.
+        """
+        counts = (self.train_label_counts if train_only else self.label_counts).astype(np.float64)
+        totals = counts.sum(axis=1, keepdims=True)
+        uniform = np.full_like(counts, 1.0 / max(self.num_classes, 1))
+        return np.divide(counts, totals, out=uniform, where=totals > 0)
+
+
+PartitionReader = Callable[[pa.Table, Path, np.ndarray, int], ClientPartition]
+"""``reader(table, path, labels, num_classes)``: the partition a file's table describes (``path`` for errors)."""
+
+_READERS: dict[str, PartitionReader] = {}
+
+
+def register_partition_format(kind: str, reader: PartitionReader) -> None:
+    """Let :func:`load_partition` read files whose ``rayfed.partition_kind`` metadata is ``kind``."""
+    if kind in _READERS:
+        raise ValueError(f"partition format {kind!r} is registered twice")
+    _READERS[kind] = reader
+
+
+def partition_metadata(kind: str, num_clients: int, num_classes: int) -> dict[bytes, bytes]:
+    """Schema metadata of a partition file of ``kind``; ``"csr"`` stays implicit, as in files before the kinds."""
+    meta = {_META_CLIENTS: num_clients, _META_CLASSES: num_classes, _META_VERSION: _FORMAT_VERSION}
+    if kind != "csr":
+        meta[_META_KIND] = kind
+    return {key: str(value).encode() for key, value in meta.items()}
+
+
+def load_partition(path: str | os.PathLike[str], labels: np.ndarray, num_classes: int) -> ClientPartition:
+    """Read a partition written by :meth:`ClientPartition.save`, whichever form it has.
+
+    Parameters
+    ----------
+    path
+        The Parquet file.
+    labels
+        The dataset's labels; the counts are recomputed from them.
+    num_classes
+        K.
+
+    Raises
+    ------
+    DatasetError
+        When the file is missing, truncated or corrupted, or does not match the
+        dataset (an index out of range, another pool size); the message names the path.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"partition file {str(path)!r} does not exist")
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as error:
+        raise DatasetError(
+            f"partition file {str(path)!r} is truncated or corrupted ({error}); delete it "
+            "to partition the dataset again"
+        ) from error
+    kind = (table.schema.metadata or {}).get(_META_KIND, b"csr").decode()
+    if kind not in _READERS:
+        raise DatasetError(
+            f"partition file {str(path)!r} holds a partition of kind {kind!r}, which this rayfed cannot "
+            f"read (known kinds: {', '.join(sorted(_READERS))})"
+        )
+    return _READERS[kind](table, path, np.asarray(labels), num_classes)
+
+
 @dataclass(frozen=True, eq=False)
-class Partition:
+class Partition(ClientPartition):
     """Client index sets in CSR form.
 
     Client i's training indices (into the dataset) are
@@ -120,16 +250,6 @@ class Partition:
             train_label_counts=train_counts,
         )
 
-    @property
-    def num_clients(self) -> int:
-        """M, the number of clients (some may hold no samples)."""
-        return int(len(self.train_offsets) - 1)
-
-    @property
-    def num_classes(self) -> int:
-        """K, the number of classes the counts are over."""
-        return int(self.label_counts.shape[1])
-
     def train(self, i: int) -> np.ndarray:
         """Dataset indices of client ``i``'s training split (a read-only view)."""
         return self.train_indices[self.train_offsets[i] : self.train_offsets[i + 1]]
@@ -146,18 +266,6 @@ class Partition:
         """The test-set size of every client, shape (M,)."""
         return np.diff(self.test_offsets)
 
-    def class_distribution(self, *, train_only: bool = False) -> np.ndarray:
-        """p_i, each client's class distribution, shape (M, K), rows summing to 1.
-
-        By default over the whole partition (train + test), as PFLlib/cwFedAvg compute
-        it; ``train_only=True`` uses the training split. A client without samples gets
-        the uniform row 1/K, so downstream matrix products stay well defined.
-        """
-        counts = (self.train_label_counts if train_only else self.label_counts).astype(np.float64)
-        totals = counts.sum(axis=1, keepdims=True)
-        uniform = np.full_like(counts, 1.0 / max(self.num_classes, 1))
-        return np.divide(counts, totals, out=uniform, where=totals > 0)
-
     def to_table(self) -> pa.Table:
         """Long table with one row per (client, split, index); train rows come first.
 
@@ -172,8 +280,7 @@ class Partition:
         split = pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(["train", "test"]))
         index = pa.array(np.concatenate([self.train_indices, self.test_indices]))
         table = pa.table({"client_id": pa.array(client_id, pa.int32()), "split": split, "index": index})
-        meta = {_META_CLIENTS: m, _META_CLASSES: self.num_classes, _META_VERSION: _FORMAT_VERSION}
-        return table.replace_schema_metadata({key: str(value).encode() for key, value in meta.items()})
+        return table.replace_schema_metadata(partition_metadata("csr", m, self.num_classes))
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`to_table` as Parquet, atomically (:func:`rayfed.io.write_parquet`),
@@ -182,33 +289,15 @@ class Partition:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], labels: np.ndarray, num_classes: int) -> Partition:
-        """Read a partition written by :meth:`save` and rebuild its label counts.
+        """Read a partition written by :meth:`save` and rebuild its label counts (see :func:`load_partition`)."""
+        partition = load_partition(path, labels, num_classes)
+        if not isinstance(partition, Partition):
+            raise DatasetError(f"partition file {str(path)!r} holds a {type(partition).__name__}, not CSR index sets")
+        return partition
 
-        Parameters
-        ----------
-        path
-            The Parquet file.
-        labels
-            The dataset's labels; the counts are recomputed from them.
-        num_classes
-            K.
-
-        Raises
-        ------
-        DatasetError
-            When the file is missing, truncated or corrupted, or does not match the
-            dataset (an index out of range); the message names the path.
-        """
-        path = Path(path)
-        if not path.is_file():
-            raise DatasetError(f"partition file {str(path)!r} does not exist")
-        try:
-            table = pq.read_table(path)
-        except (OSError, pa.ArrowException) as error:
-            raise DatasetError(
-                f"partition file {str(path)!r} is truncated or corrupted ({error}); delete it "
-                "to partition the dataset again"
-            ) from error
+    @classmethod
+    def from_table(cls, table: pa.Table, path: Path, labels: np.ndarray, num_classes: int) -> Partition:
+        """The partition of a :meth:`to_table` table read from ``path``, its counts rebuilt from ``labels``."""
         meta = table.schema.metadata or {}
         missing = {"client_id", "split", "index"} - set(table.column_names)
         if missing or _META_CLIENTS not in meta:
@@ -243,12 +332,13 @@ class Partition:
         )
 
 
-def write_label_counts(path: str | os.PathLike[str], partition: Partition, input_shape: Sequence[int]) -> None:
+def write_label_counts(path: str | os.PathLike[str], partition: ClientPartition, input_shape: Sequence[int]) -> None:
     """Write each client's class counts (whole partition and training split), atomically.
 
     Columns ``client_id``, ``label_counts`` and ``train_label_counts`` (fixed-size lists of K
-    int64); the dataset's input shape rides in the schema metadata, so the figures can
-    rebuild the model's parameter layout without loading the dataset.
+    integers, of the partition's dtype); the dataset's input shape rides in the schema
+    metadata, so the figures can rebuild the model's parameter layout without loading the
+    dataset.
     """
     m, k = partition.label_counts.shape
     table = pa.table({
@@ -270,3 +360,6 @@ def read_label_counts(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndar
 
     shape = (table.schema.metadata or {}).get(_META_INPUT_SHAPE, b"")
     return matrix("label_counts"), matrix("train_label_counts"), tuple(int(s) for s in shape.split(b",") if s)
+
+
+register_partition_format("csr", Partition.from_table)

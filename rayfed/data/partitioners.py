@@ -30,20 +30,24 @@ sets in CSR form (:mod:`rayfed.data.csr`), which reads its own fields of the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rayfed.data.csr import group_by_client, offsets_from_sizes
-from rayfed.data.partition import Partition
+from rayfed.data.partition import ClientPartition
 from rayfed.data.split import split_csr
 from rayfed.errors import ConfigError, DatasetError
+from rayfed.progress import progress_bar
 from rayfed.registry import Registry
 from rayfed.validation import check, check_int
 
 if TYPE_CHECKING:
     from rayfed.config import DataConfig
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "PARTITIONERS",
@@ -54,23 +58,27 @@ __all__ = [
     "partition_pathological",
 ]
 
-Partitioner = Callable[[np.ndarray, int, "DataConfig", np.random.RandomState], tuple[np.ndarray, np.ndarray]]
-"""``partitioner(labels, num_classes, data, rng) -> (indices, offsets)``, the clients in CSR form."""
+Partitioner = Callable[
+    [np.ndarray, int, "DataConfig", np.random.RandomState], tuple[np.ndarray, np.ndarray] | ClientPartition
+]
+"""``partitioner(labels, num_classes, data, rng) -> (indices, offsets)``, the clients in CSR form, which
+:func:`make_partition` then splits; or the finished, split partition (:mod:`rayfed.data.pool_slices`)."""
 
 PARTITIONERS: Registry[Partitioner] = Registry("partition", field="data.partition")
 
 _MAX_DIRICHLET_TRIES = 1000
 
 
-def make_partition(labels: np.ndarray, num_classes: int, data: DataConfig) -> Partition:
+def make_partition(labels: np.ndarray, num_classes: int, data: DataConfig) -> ClientPartition:
     """Partition a labelled pool among ``data.num_clients`` clients and split each one.
 
     The partitioner registered as ``data.partition`` assigns the samples, then every
     client's share is split into ``floor(data.train_fraction * n_i)`` training samples
     and the rest for testing (:func:`~rayfed.data.split.split_csr`). Both draw, in this
     order, from one ``numpy.random.RandomState(data.seed)``, as PFLlib's generator draws
-    from the global RNG. The config's own ranges were checked when it was built; only
-    what depends on the data is checked here.
+    from the global RNG. A partitioner may instead return the finished partition
+    (``"slices"``, :mod:`rayfed.data.pool_slices`). The config's own ranges were checked
+    when it was built; only what depends on the data is checked, by the partitioner.
 
     Parameters
     ----------
@@ -100,11 +108,23 @@ def make_partition(labels: np.ndarray, num_classes: int, data: DataConfig) -> Pa
     [0, 1]
     """
     labels = _check_labels(labels, num_classes)
-    n = len(labels)
+    logger.info("partitioning %d samples among %d clients (data.partition=%r)", len(labels), data.num_clients,
+                data.partition)
+    rng = np.random.RandomState(data.seed)
+    assigned = PARTITIONERS.get(data.partition)(labels, num_classes, data, rng)
+    if isinstance(assigned, ClientPartition):  # the partitioner split its clients itself
+        return assigned
+    indices, offsets = assigned
+    return split_csr(indices, offsets, labels, num_classes, data.train_fraction, rng)
+
+
+def _check_dealable(n: int, data: DataConfig) -> None:
+    """A partitioner that deals each of the n samples to one client needs n >= M (and n >= M * min_samples)."""
     if data.num_clients > n:
         raise ConfigError(
             f"data.num_clients={data.num_clients} is more clients than samples: the dataset has {n} "
-            "samples, so some clients would get none; use at most that many clients"
+            "samples, so some clients would get none; use at most that many clients, or "
+            "data.partition=slices, whose clients share the pool"
         )
     if data.min_samples * data.num_clients > n:
         raise ConfigError(
@@ -112,9 +132,6 @@ def make_partition(labels: np.ndarray, num_classes: int, data: DataConfig) -> Pa
             f"{data.min_samples} samples is more than the {n} samples in the dataset; lower "
             "data.min_samples or data.num_clients"
         )
-    rng = np.random.RandomState(data.seed)
-    indices, offsets = PARTITIONERS.get(data.partition)(labels, num_classes, data, rng)
-    return split_csr(indices, offsets, labels, num_classes, data.train_fraction, rng)
 
 
 def _check_labels(labels: np.ndarray, num_classes: int) -> np.ndarray:
@@ -151,6 +168,7 @@ def partition_iid(labels: np.ndarray, num_clients: int, rng: np.random.RandomSta
 def _iid_partitioner(
     labels: np.ndarray, num_classes: int, data: DataConfig, rng: np.random.RandomState
 ) -> tuple[np.ndarray, np.ndarray]:
+    _check_dealable(len(labels), data)
     return partition_iid(labels, data.num_clients, rng)
 
 
@@ -228,6 +246,7 @@ def partition_pathological(
 def _pathological_partitioner(
     labels: np.ndarray, num_classes: int, data: DataConfig, rng: np.random.RandomState
 ) -> tuple[np.ndarray, np.ndarray]:
+    _check_dealable(len(labels), data)
     check(
         data.classes_per_client <= num_classes,
         "data.classes_per_client",
@@ -282,27 +301,32 @@ def partition_dirichlet(
     concentration = np.repeat(float(alpha), num_clients)
     clients = np.arange(num_clients, dtype=np.int64)
     smallest = 0
-    for _ in range(max_tries):
-        sizes = np.zeros(num_clients, dtype=np.int64)
-        samples, owners = [], []
-        for k in range(num_classes):
-            idx = by_class[class_start[k] : class_start[k + 1]].copy()
-            rng.shuffle(idx)
-            proportions = rng.dirichlet(concentration) * (sizes < cap)  # full clients get 0
-            total = proportions.sum()
-            if not np.isfinite(total) or total <= 0:
-                # Every eligible share underflowed to 0 (tiny alpha); PFLlib would divide
-                # by zero here. Split evenly among the clients still below the cap.
-                proportions = (sizes < cap).astype(np.float64)
+    with progress_bar(num_classes, "Dirichlet partition", "class") as bar:
+        for attempt in range(max_tries):
+            if attempt:  # a redraw: the bar counts every class of every attempt
+                bar.total += num_classes
+                bar.set_postfix(attempt=attempt + 1, refresh=False)
+            sizes = np.zeros(num_clients, dtype=np.int64)
+            samples, owners = [], []
+            for k in range(num_classes):
+                idx = by_class[class_start[k] : class_start[k + 1]].copy()
+                rng.shuffle(idx)
+                proportions = rng.dirichlet(concentration) * (sizes < cap)  # full clients get 0
                 total = proportions.sum()
-            cuts = (np.cumsum(proportions / total) * len(idx)).astype(np.int64)[:-1]
-            counts = np.diff(cuts, prepend=0, append=len(idx))
-            sizes += counts
-            samples.append(idx)
-            owners.append(np.repeat(clients, counts))
-        smallest = int(sizes.min())
-        if smallest >= least_samples:
-            return group_by_client(np.concatenate(samples), np.concatenate(owners), num_clients)
+                if not np.isfinite(total) or total <= 0:
+                    # Every eligible share underflowed to 0 (tiny alpha); PFLlib would divide
+                    # by zero here. Split evenly among the clients still below the cap.
+                    proportions = (sizes < cap).astype(np.float64)
+                    total = proportions.sum()
+                cuts = (np.cumsum(proportions / total) * len(idx)).astype(np.int64)[:-1]
+                counts = np.diff(cuts, prepend=0, append=len(idx))
+                sizes += counts
+                samples.append(idx)
+                owners.append(np.repeat(clients, counts))
+                bar.update()
+            smallest = int(sizes.min())
+            if smallest >= least_samples:
+                return group_by_client(np.concatenate(samples), np.concatenate(owners), num_clients)
     raise DatasetError(
         f"Dirichlet partition could not give every one of {num_clients} clients at least "
         f"data.min_samples={least_samples} samples in {max_tries} tries (alpha={alpha}, "
@@ -315,4 +339,5 @@ def partition_dirichlet(
 def _dirichlet_partitioner(
     labels: np.ndarray, num_classes: int, data: DataConfig, rng: np.random.RandomState
 ) -> tuple[np.ndarray, np.ndarray]:
+    _check_dealable(len(labels), data)
     return partition_dirichlet(labels, data.num_clients, num_classes, data.alpha, rng, least_samples=data.min_samples)

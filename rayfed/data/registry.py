@@ -3,12 +3,15 @@
 A loader is a plain function ``loader(root, *, download, seed, **options) -> ArrayDataset``
 registered with ``@DATASETS.register("name")``. Its keyword-only parameters other than
 ``download`` and ``seed`` are the options a config may set (``data.options``), so the
-list of allowed options lives in one place, the loader's signature.
+list of allowed options lives in one place, the loader's signature. Loading is logged
+(level INFO: what is loaded, then how many samples and how long it took).
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,7 +19,9 @@ from rayfed.data.dataset import ArrayDataset
 from rayfed.errors import ConfigError
 from rayfed.registry import Registry
 
-__all__ = ["DATASETS", "DatasetLoader", "dataset_options", "load_dataset"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["DATASETS", "DatasetLoader", "check_dataset_options", "dataset_options", "load_dataset"]
 
 DatasetLoader = Callable[..., ArrayDataset]
 """``loader(root: str | None, *, download: bool, seed: int, **options) -> ArrayDataset``."""
@@ -38,6 +43,18 @@ def dataset_options(name: str) -> dict[str, Any]:
         for p in inspect.signature(loader).parameters.values()
         if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _COMMON
     }
+
+
+def check_dataset_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` as a dict, if dataset ``name`` takes every one of them; else a ConfigError listing those it takes."""
+    allowed = dataset_options(name)
+    for key in options:
+        if key not in allowed:
+            raise ConfigError(
+                f"unknown option data.options.{key} for dataset {name!r}; allowed options: "
+                f"{', '.join(sorted(allowed)) or '(none)'}"
+            )
+    return dict(options)
 
 
 def load_dataset(
@@ -79,12 +96,9 @@ def load_dataset(
     (100, (1, 28, 28))
     """
     loader = DATASETS.get(name)
-    options = dict(options or {})
-    allowed = dataset_options(name)
-    for key in options:
-        if key not in allowed:
-            raise ConfigError(
-                f"unknown option data.options.{key} for dataset {name!r}; allowed options: "
-                f"{', '.join(sorted(allowed)) or '(none)'}"
-            )
-    return loader(root, download=download, seed=seed, **options)
+    options = check_dataset_options(name, options or {})
+    started = time.perf_counter()
+    logger.info("loading dataset %r%s", name, f" with {options}" if options else "")
+    dataset = loader(root, download=download, seed=seed, **options)
+    logger.info("loaded dataset %r: %d samples in %.1f s", name, len(dataset), time.perf_counter() - started)
+    return dataset

@@ -15,8 +15,12 @@ import numpy as np
 
 from rayfed.data.csr import offsets_from_sizes
 from rayfed.data.partition import Partition
+from rayfed.progress import progress_bar
 
 __all__ = ["split_csr", "split_train_test"]
+
+_PROGRESS_EVERY = 100_000
+"""Clients split between two updates of the progress bar (shown when splitting is slow)."""
 
 
 def split_csr(
@@ -34,7 +38,12 @@ def split_csr(
     # One permutation per client, in client order, drawn as sklearn's ShuffleSplit draws
     # it (rng.permutation(n)); the first n_test shuffled positions are the test set, the
     # rest the training set. Only the draws are a Python loop; the gather is vectorised.
-    perms = [rng.permutation(int(size)) for size in sizes[sizes > 0]]
+    nonempty = sizes[sizes > 0].tolist()
+    perms: list[np.ndarray] = []
+    with progress_bar(len(nonempty), "splitting clients into train and test", "client") as bar:
+        for lo in range(0, len(nonempty), _PROGRESS_EVERY):
+            perms.extend(rng.permutation(size) for size in nonempty[lo : lo + _PROGRESS_EVERY])
+            bar.update(len(nonempty[lo : lo + _PROGRESS_EVERY]))
     starts = np.repeat(offsets[:-1], sizes)
     shuffled = indices[np.concatenate(perms) + starts] if perms else indices[:0]
     is_test = (np.arange(len(indices)) - starts) < np.repeat(n_test, sizes)

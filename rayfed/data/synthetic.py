@@ -22,7 +22,8 @@ Rendering is vectorised over chunks of samples (one ``exp`` over a
 (chunk, strokes, pixels) array) and chunks run on a small thread pool, which helps
 because numpy releases the GIL inside ufuncs. Every chunk has its own seed from
 ``numpy.random.SeedSequence(seed).spawn``, so the bytes depend only on the seed and the
-options, not on the number of threads.
+options, not on the number of threads. A progress bar over the samples appears when the
+generation takes more than a few seconds (:mod:`rayfed.progress`).
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ import numpy as np
 
 from rayfed.data.dataset import ArrayDataset
 from rayfed.data.registry import DATASETS
+from rayfed.progress import progress_bar
 from rayfed.validation import check, check_int, is_int
 
-__all__ = ["load_synthetic", "make_synthetic"]
+__all__ = ["check_synthetic", "load_synthetic", "make_synthetic"]
 
 _PARTS_PER_CLASS = 4
 _SHARED_PARTS = 2
@@ -150,6 +152,24 @@ def _render_chunk(
     out[:] = (pix * 255.0 + 0.5).astype(np.uint8).reshape(out.shape)
 
 
+def check_synthetic(num_samples: int, num_classes: int, channels: int, image_size: int) -> int:
+    """Check the options (naming ``data.options.*``) and return the bytes generation needs beyond the dataset.
+
+    Those are the labels' temporaries and, per rendering thread, the (chunk, strokes,
+    pixels) float32 arrays of one chunk; the engine's memory estimate
+    (:mod:`rayfed.sizing`) counts them without generating anything.
+    """
+    check_int(f"{_OPTIONS}.num_samples", num_samples, low=1)
+    check_int(f"{_OPTIONS}.num_classes", num_classes, low=2, high=_MAX_CLASSES)
+    for option, value, allowed in (("channels", channels, _CHANNELS), ("image_size", image_size, _IMAGE_SIZES)):
+        check(is_int(value) and value in allowed, f"{_OPTIONS}.{option}", value, f"one of {allowed}")
+    return 2 * 8 * num_samples + _threads(None) * 3 * 4 * _FLOATS_PER_CHUNK
+
+
+def _threads(num_threads: int | None) -> int:
+    return num_threads or min(4, os.cpu_count() or 1)
+
+
 def make_synthetic(
     seed: int = 0,
     *,
@@ -184,11 +204,7 @@ def make_synthetic(
     >>> ds.images.shape, ds.images.dtype.name
     ((20, 3, 32, 32), 'uint8')
     """
-    check_int(f"{_OPTIONS}.num_samples", num_samples, low=1)
-    check_int(f"{_OPTIONS}.num_classes", num_classes, low=2, high=_MAX_CLASSES)
-    for option, value, allowed in (("channels", channels, _CHANNELS), ("image_size", image_size, _IMAGE_SIZES)):
-        check(is_int(value) and value in allowed, f"{_OPTIONS}.{option}", value, f"one of {allowed}")
-
+    check_synthetic(num_samples, num_classes, channels, image_size)
     seq_proto, seq_labels, seq_chunks = np.random.SeedSequence(seed).spawn(3)
     strokes, colours = _prototypes(np.random.default_rng(seq_proto), num_classes, channels)
     labels = np.random.default_rng(seq_labels).permutation(np.arange(num_samples, dtype=np.int64) % num_classes)
@@ -198,18 +214,21 @@ def make_synthetic(
     starts = range(0, num_samples, chunk)
     chunk_seqs = seq_chunks.spawn(len(starts))
 
-    def render(i: int) -> None:
+    def render(i: int) -> int:
         lo = starts[i]
         hi = min(lo + chunk, num_samples)
         _render_chunk(np.random.default_rng(chunk_seqs[i]), labels[lo:hi], strokes, colours, image_size, images[lo:hi])
+        return hi - lo
 
-    workers = num_threads or min(4, os.cpu_count() or 1)
-    if workers == 1 or len(starts) == 1:
-        for i in range(len(starts)):
-            render(i)
-    else:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            list(pool.map(render, range(len(starts))))
+    workers = _threads(num_threads)
+    with progress_bar(num_samples, "generating synthetic samples", "sample") as bar:
+        if workers == 1 or len(starts) == 1:
+            for i in range(len(starts)):
+                bar.update(render(i))
+        else:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                for done in pool.map(render, range(len(starts))):
+                    bar.update(done)
     return ArrayDataset(
         name="synthetic",
         images=images,

@@ -25,7 +25,6 @@ import gzip
 import logging
 import os
 import shutil
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ import numpy as np
 from rayfed.data.dataset import ArrayDataset
 from rayfed.data.registry import DATASETS
 from rayfed.errors import ConfigError, DatasetError
+from rayfed.io import create_temp_file
 
 __all__ = [
     "load_cifar10",
@@ -103,7 +103,7 @@ def _gunzip_if_needed(name: str, archive: Path, md5: str) -> None:
     if not check_md5(archive, md5):
         logger.warning("%s: %s does not have torchvision's md5 %s; using it anyway", name, archive, md5)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=archive.parent)
+        fd, tmp = create_temp_file(target)  # the user's umask, as the IDX files beside it
     except OSError as error:
         raise DatasetError(
             f"dataset {name!r}: cannot decompress {str(archive)!r} because {str(archive.parent)!r} "
@@ -267,4 +267,10 @@ def _decode_into(files: list[Path], out: np.ndarray) -> None:
 def _require_root(name: str, root: str | None) -> Path:
     if root is None or str(root) == "":
         raise ConfigError(f"dataset {name!r} needs a data folder, but data.root is not set; set data.root=<folder>")
-    return Path(root).expanduser()
+    base = Path(root).expanduser()
+    if base.exists() and not base.is_dir():
+        raise ConfigError(
+            f"data.root must be a folder, but got data.root={str(root)!r}, which is a file; set data.root to the "
+            f"folder that holds dataset {name!r} (or that it may be downloaded into with data.download=true)"
+        )
+    return base

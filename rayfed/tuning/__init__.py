@@ -6,31 +6,40 @@
 >>> print(best_trials_table(study))  # doctest: +SKIP
 
 See ``docs/tuning.md`` for the space file format, resuming and optuna-dashboard.
+
+The names are imported on first use (:mod:`rayfed.lazy`), so building the ``rayfed tune``
+command line does not import the engine (torch, Ray).
 """
 
-from rayfed.tuning.pruning import PRUNERS, PruningCallback, make_pruner
-from rayfed.tuning.report import best_trials_table, write_plots
-from rayfed.tuning.resume import finished_trials, recover_interrupted
-from rayfed.tuning.space import CategoricalParam, FloatParam, IntParam, Param, SearchSpace, load_space
-from rayfed.tuning.storage import default_storage_url, open_storage
-from rayfed.tuning.study import OBJECTIVES, tune
+from __future__ import annotations
 
-__all__ = [
-    "tune",
-    "OBJECTIVES",
-    "SearchSpace",
-    "FloatParam",
-    "IntParam",
-    "CategoricalParam",
-    "Param",
-    "load_space",
-    "PruningCallback",
-    "make_pruner",
-    "PRUNERS",
-    "open_storage",
-    "default_storage_url",
-    "finished_trials",
-    "recover_interrupted",
-    "best_trials_table",
-    "write_plots",
-]
+from typing import TYPE_CHECKING
+
+from rayfed.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ imports them
+    from rayfed.tuning.pruning import PRUNERS, PruningCallback, make_pruner  # noqa: F401
+    from rayfed.tuning.report import best_trials_table, write_plots  # noqa: F401
+    from rayfed.tuning.resume import finished_trials, recover_interrupted  # noqa: F401
+    from rayfed.tuning.space import (  # noqa: F401
+        CategoricalParam,
+        FloatParam,
+        IntParam,
+        Param,
+        SearchSpace,
+        load_space,
+    )
+    from rayfed.tuning.storage import default_storage_url, open_storage  # noqa: F401
+    from rayfed.tuning.study import OBJECTIVES, tune  # noqa: F401
+
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "rayfed.tuning.study": ("tune", "OBJECTIVES"),
+        "rayfed.tuning.space": ("SearchSpace", "FloatParam", "IntParam", "CategoricalParam", "Param", "load_space"),
+        "rayfed.tuning.pruning": ("PruningCallback", "make_pruner", "PRUNERS"),
+        "rayfed.tuning.storage": ("open_storage", "default_storage_url"),
+        "rayfed.tuning.resume": ("finished_trials", "recover_interrupted"),
+        "rayfed.tuning.report": ("best_trials_table", "write_plots"),
+    },
+)

@@ -24,8 +24,6 @@ __all__ = ["add_tune_parser"]
 
 def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     """Add the ``tune`` subcommand to ``rayfed``'s parser (its handler is set with ``set_defaults``)."""
-    from rayfed.tuning.pruning import PRUNERS  # light: no run is started by building the parser
-
     tune = subparsers.add_parser("tune", help="search hyper-parameters with Optuna (resumable)")
     tune.add_argument("space", metavar="SPACE_FILE", help="search space file (YAML, TOML, JSON): path -> distribution")
     tune.add_argument("args", nargs="*", help="an optional config file, then field.path=value overrides of the base")
@@ -34,7 +32,9 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     tune.add_argument("--study-name", help="name in the storage (default: the space file's name)")
     tune.add_argument("--study-dir", help="folder for the trials' run directories (default runs/tune/NAME)")
     tune.add_argument("--storage", help="Optuna storage URL, or journal:///path/file.log (default: STUDY_DIR/study.db)")
-    tune.add_argument("--pruner", choices=PRUNERS.names(), default="median", help="default median")
+    tune.add_argument(  # the names of rayfed.tuning.pruning.PRUNERS, which imports Optuna; checked when tuning starts
+        "--pruner", default="median", metavar="NAME", help="median (default), successive_halving, hyperband or none"
+    )
     tune.add_argument("--objective", choices=("best", "final"), default="best",
                       help="best round accuracy (default) or the last evaluated round's")
     tune.add_argument("--seed", type=int, help="sampler seed (default: the config's seed)")
@@ -58,23 +58,19 @@ def _tune(ns: argparse.Namespace) -> int:
         config = config.override({"engine.progress": False})
     name = ns.study_name or Path(ns.space).stem
     study_dir = Path(ns.study_dir or Path("runs") / "tune" / name)
-    try:
-        study = tune(
-            config,
-            ns.space,
-            n_trials=ns.trials,
-            study_name=name,
-            study_dir=study_dir,
-            storage=ns.storage,
-            pruner=ns.pruner,
-            objective=ns.objective,
-            seed=ns.seed,
-            parallel_trials=ns.parallel,
-            timeout_s=ns.timeout,
-        )
-    except KeyboardInterrupt:
-        print(f"interrupted: run the same command again to resume study {name!r}")
-        return 130
+    study = tune(  # Ctrl-C: StudyInterrupted, printed by rayfed.cli.main with this command to resume
+        config,
+        ns.space,
+        n_trials=ns.trials,
+        study_name=name,
+        study_dir=study_dir,
+        storage=ns.storage,
+        pruner=ns.pruner,
+        objective=ns.objective,
+        seed=ns.seed,
+        parallel_trials=ns.parallel,
+        timeout_s=ns.timeout,
+    )
     print(best_trials_table(study, top=ns.top))
     if not ns.no_plots:
         for path in write_plots(study, study_dir):

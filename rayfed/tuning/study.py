@@ -23,19 +23,26 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any, Literal
 
 import optuna
+import pyarrow as pa
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial
 
 import rayfed.tuning.attrs as attrs
 from rayfed.callbacks import Callback
 from rayfed.config import EngineConfig, RunConfig
-from rayfed.engine import RunResult, run
+from rayfed.engine import RunResult, Simulation, run
 from rayfed.errors import ConfigError, ResourceError
+from rayfed.interrupts import StudyInterrupted
+from rayfed.metrics import RoundRecord
 from rayfed.tuning.pruning import PruningCallback, make_pruner
 from rayfed.tuning.resume import driver_id, finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
@@ -116,6 +123,9 @@ def tune(
         base config or space; nothing has run then.
     ResourceError
         When ``parallel_trials`` trials cannot all get their Ray workers at once.
+    StudyInterrupted
+        On Ctrl-C (a KeyboardInterrupt): each running trial stops (with parallel trials, after its
+        current round), checkpoints its run and is retried when the study resumes.
     """
     _check_arguments(n_trials, parallel_trials, study_name, direction, objective)
     objective_fn = OBJECTIVES[objective] if isinstance(objective, str) else objective
@@ -151,18 +161,22 @@ def tune(
     runner = _TrialRunner(base_config, space, study_dir, objective_fn, trial_callbacks)
 
     def optimize() -> None:
-        study.optimize(runner, n_trials=remaining, n_jobs=parallel_trials, timeout=timeout_s, catch=catch,
-                       callbacks=list(callbacks))
+        with _stopping_parallel_trials(runner.stop, parallel_trials), _quiet_interrupted_trials(runner.interrupted):
+            study.optimize(runner, n_trials=remaining, n_jobs=parallel_trials, timeout=timeout_s, catch=catch,
+                           callbacks=list(callbacks))
 
-    if base_config.engine.backend == "local":
-        optimize()
+    try:
+        if base_config.engine.backend == "local":
+            optimize()
+            return study
+        from rayfed.actors import ray_session
+
+        with ray_session(base_config.engine):  # one Ray for the whole study; each trial's run reuses it
+            _check_cluster_fits(base_config.engine, parallel_trials)
+            optimize()
         return study
-    from rayfed.actors import ray_session
-
-    with ray_session(base_config.engine):  # one Ray for the whole study; each trial's run reuses it
-        _check_cluster_fits(base_config.engine, parallel_trials)
-        optimize()
-    return study
+    except KeyboardInterrupt:  # each interrupted trial checkpointed its run and is retried on resume
+        raise StudyInterrupted(study_name, len(finished_trials(study)), n_trials) from None
 
 
 class _TrialRunner:
@@ -179,6 +193,10 @@ class _TrialRunner:
         self.base, self.space, self.study_dir = base, space, study_dir
         self.objective, self.trial_callbacks = objective, trial_callbacks
         self.driver = driver_id()
+        self.stop = threading.Event()
+        """Set by Ctrl-C while trials run in threads: each stops after its current round."""
+        self.interrupted: set[int] = set()
+        """Numbers of the trials stopped by Ctrl-C (retried when the study resumes)."""
 
     def __call__(self, trial: optuna.Trial) -> float:
         trial.set_user_attr(attrs.DRIVER, self.driver)
@@ -187,10 +205,14 @@ class _TrialRunner:
         trial.set_user_attr(attrs.RUN_DIR, str(run_dir))
         pruning = PruningCallback(trial)
         extra = list(self.trial_callbacks(trial)) if self.trial_callbacks else []
+        callbacks = [pruning, _StopWhenSet(self.stop), *extra]
         try:
-            result = run(self.base.override({**params, "run_dir": str(run_dir)}), callbacks=[pruning, *extra])
+            result = run(self.base.override({**params, "run_dir": str(run_dir)}), callbacks=callbacks)
         except Exception as e:  # an error, not an interruption: the trial counts as finished and is not retried
             trial.set_user_attr(attrs.ERROR, f"{type(e).__name__}: {e}")
+            raise
+        except KeyboardInterrupt:
+            self.interrupted.add(trial.number)
             raise
         for name in ("best_accuracy", "final_accuracy"):
             value = getattr(result, name)
@@ -203,6 +225,53 @@ class _TrialRunner:
         if math.isnan(value):
             trial.set_user_attr(attrs.ERROR, "the objective is NaN (no round was evaluated?)")
         return value
+
+
+class _StopWhenSet(Callback):
+    """Ends a trial's run after its current round once ``stop`` is set, as Ctrl-C would (KeyboardInterrupt)."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+
+    def after_round(self, sim: Simulation, record: RoundRecord, clients: pa.Table) -> bool:
+        if self.stop.is_set():
+            raise KeyboardInterrupt
+        return False
+
+
+@contextmanager
+def _stopping_parallel_trials(stop: threading.Event, parallel_trials: int) -> Iterator[None]:
+    """With trials in threads, Ctrl-C reaches only the main thread, where Optuna then waits for the running
+    trials: make SIGINT also set ``stop`` so that they end after their current round."""
+    previous = signal.getsignal(signal.SIGINT)
+    if parallel_trials == 1 or threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def _quiet_interrupted_trials(interrupted: set[int]) -> Iterator[None]:
+    """Drop Optuna's warnings (with a traceback) about trials that Ctrl-C stopped: the command line says it once."""
+    optimize_logger = logging.getLogger("optuna.study._optimize")
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not any(record.getMessage().startswith(f"Trial {number} failed") for number in interrupted)
+
+    optimize_logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        optimize_logger.removeFilter(keep)
 
 
 def _check_arguments(

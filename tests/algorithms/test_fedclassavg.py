@@ -200,7 +200,7 @@ def test_clients_start_from_their_own_initialisation(tmp_path) -> None:
     part = runner.model_for("fca_shufflenet").slice_of(CLASSIFIER_LAYER)
 
     def loaded(cid: int, hook: str) -> np.ndarray:
-        job = runner._job(cid, 0, None, with_train=False)
+        job = runner._job(cid, 0, None, split="test")
         getattr(broadcast, hook)(job)
         return job.flat.numpy()
 

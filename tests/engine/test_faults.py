@@ -1,4 +1,5 @@
-"""Faults: dead and hung workers, a worker that always dies, a killed driver, non-finite or oversized updates."""
+"""Faults: dead and hung workers, a worker that always dies, a dead server, a killed driver, non-finite or
+oversized updates."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ import pytest
 import ray
 
 from rayfed import RunConfig, WorkerError, run
-from rayfed.actors import worker_pool
+from rayfed.actors import ray_executor, worker_pool
 from rayfed.callbacks import Callback
 from rayfed.cli import main
+from rayfed.errors import ServerError
 from rayfed.io import load_arrays
 from tests.conftest import tiny_overrides
 
@@ -117,6 +119,73 @@ def test_worker_that_always_dies_stops_the_run_after_max_retries_and_it_resumes(
     armed[0] = False  # the cause is fixed: the run resumes from its round-0 checkpoint and ends
     assert main(["run", "--quiet", "--resume", str(run_dir)]) == 0
     assert [r["round"] for r in pq.read_table(run_dir / "rounds.parquet").to_pylist()] == [0, 1]
+
+
+_METRICS = ("accuracy", "acc_mean", "test_loss", "train_loss", "server_bytes_received")
+
+
+def _kill_server_while_round_1_trains(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Kill the ServerActor once, right after round 1's batches went to the workers; returns the killed pids."""
+    killed: list[int] = []
+    original_wait = ray.wait
+
+    def wait_with_fault(refs, **kwargs):
+        sim = _Capture.sim
+        if not killed and sim is not None and len(sim.history) == 1:
+            killed.append(ray.get(sim.executor.server.pid.remote()))
+            ray.kill(sim.executor.server, no_restart=True)
+        return original_wait(refs, **kwargs)
+
+    monkeypatch.setattr(worker_pool.ray, "wait", wait_with_fault)
+    return killed
+
+
+def test_killed_server_is_restarted_and_the_run_ends_with_identical_metrics(
+    tmp_path, ray_cluster, monkeypatch, caplog
+) -> None:
+    # Prepare: the reference run, then a run whose ServerActor is killed in round 1, after round 0 changed its state.
+    _Capture.sim = None
+    reference = run(RunConfig().override(_ray_overrides(tmp_path / "ref", **{"train.rounds": 3})))
+    killed = _kill_server_while_round_1_trains(monkeypatch)
+    # Execute
+    with caplog.at_level("WARNING", logger="rayfed"):
+        faulted = run(RunConfig().override(_ray_overrides(tmp_path / "faulted", **{"train.rounds": 3})),
+                      callbacks=[_Capture()])
+    # Assert: one restart, and every round's numbers as if nothing had happened.
+    assert len(killed) == 1 and _Capture.sim.executor.server_restarts == 1
+    assert "ServerActor died (ActorDiedError) in round 1" in caplog.text
+    assert faulted.rounds_run == 3
+    for key in _METRICS:
+        assert [r[key] for r in faulted.history] == [r[key] for r in reference.history], key
+
+
+def test_server_that_always_dies_stops_the_run_after_max_retries_with_one_line(
+    tmp_path, ray_cluster, monkeypatch, capsys
+) -> None:
+    # Prepare: the server is killed in round 1, and so is every ServerActor started after it.
+    _Capture.sim = None
+    run_dir = tmp_path / "run"
+    killed = _kill_server_while_round_1_trains(monkeypatch)
+    spawn = ray_executor.RayExecutor._spawn_server
+
+    def spawn_dead(executor):
+        server = spawn(executor)
+        if killed:
+            ray.kill(server, no_restart=True)
+        return server
+
+    monkeypatch.setattr(ray_executor.RayExecutor, "_spawn_server", spawn_dead)
+    overrides = _ray_overrides(run_dir, **{"engine.max_retries": 1, "engine.checkpoint_every": 1})
+    # Execute
+    with pytest.raises(ServerError) as raised:
+        run(RunConfig().override(overrides), callbacks=[_Capture()])
+    # Assert: the error names the round, the bound and the resume command; round 0 and its checkpoint are kept.
+    message = str(raised.value)
+    assert "\n" not in message and "in round 1, 2 times" in message and "engine.max_retries=1" in message
+    assert message.endswith("rayfed run --resume RUN_DIR")
+    assert _Capture.sim.executor.server_restarts == 1
+    assert [r["round"] for r in pq.read_table(run_dir / "rounds.parquet").to_pylist()] == [0]
+    assert (run_dir / "checkpoints" / "round_000000.npz").exists()
 
 
 def test_driver_killed_mid_run_resumes_to_identical_metrics(tmp_path) -> None:

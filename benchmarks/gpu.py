@@ -1,0 +1,187 @@
+"""The GPU path measured on whatever CUDA device this machine has; without one it says so and exits 0.
+
+Three measurements, each on the first CUDA device:
+
+* **Stacked against sequential client training.** One
+  :class:`~rayfed.client_runner.ClientRunner` per mode (``engine.vectorize=on`` / ``off``,
+  ``engine.stack_size`` = the call's clients, so a call is one stack) trains the same
+  clients from the same broadcast (FedAvg, 50 training samples per client, batch 10, one
+  epoch, lr 0.005), the modes alternating so both see the same machine; for cnn4 on
+  1x28x28 and resnet20 on 3x32x32 synthetic images and 20, 50, 100 and 200 clients per
+  worker call. Reports seconds per client of each mode and their ratio. resnet20 has
+  BatchNorm buffers, which ``rayfed.vectorized`` trains sequentially
+  (``can_stack``), so its "stacked" figure measures the sequential path (recorded as
+  ``stacked: false``).
+* **Fractional GPUs.** Whole runs (``rayfed.run``, Ray backend, FedAvg, cnn4, 100 clients
+  all trained every round, stacking as ``engine.vectorize=auto`` chooses): 4 ClientWorkers
+  at ``engine.num_gpus_per_worker=0.25`` sharing the GPU against 1 worker at 1.0, the same
+  clients and data; rounds per second (median after the warm-up round).
+* **The papers' MNIST protocol.** cnn4, 20 clients (Dirichlet α = 0.1), batch 10, lr 0.005,
+  one local epoch, every client trained and evaluated every round (docs/algorithms.md, "Data
+  and evaluation" section), 1 worker at one GPU; MNIST from ``--data-root``, else the
+  synthetic stand-in with MNIST's 70,000 samples; seconds per round (median after warm-up).
+
+    python benchmarks/gpu.py [--data-root DIR] [--rounds 4] [--repeats 3]
+        [--clients 20,50,100,200] [--out benchmarks/results/gpu.json]
+
+The results go to ``--out`` (``benchmarks/results/gpu.json``). The last line holds
+``vectorized_over_sequential_cnn4=<x> vectorized_over_sequential_resnet20=<y>
+fractional_over_whole=<z> mnist_round_s=<s>`` on one line (ratios > 1: stacked, resp.
+fractional, is faster; a stacking ratio is the best over the call sizes).
+
+Without CUDA it prints ``gpu.py: found no CUDA GPU ...`` and exits with status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RoundTimer, median_after_warmup  # noqa: E402
+
+from rayfed import RunConfig, run  # noqa: E402
+from rayfed.algorithms import RoundContext  # noqa: E402
+from rayfed.client_runner import ClientRunner  # noqa: E402
+from rayfed.data import load_dataset, make_partition  # noqa: E402
+from rayfed.problem import build_problem  # noqa: E402
+from rayfed.server import Server  # noqa: E402
+from rayfed.vectorized import can_stack  # noqa: E402
+
+NO_GPU = "gpu.py: found no CUDA GPU (torch.cuda.is_available() is False); nothing measured"
+MODELS = {"cnn4": (1, 28), "resnet20": (3, 32)}
+"""Model -> (channels, image size) of its synthetic images."""
+TRAIN_PER_CLIENT, SAMPLES_PER_CLIENT = 50, 60
+
+
+def client_config(model: str, clients: int) -> RunConfig:
+    """FedAvg on ``clients`` synthetic clients of 60 samples (50 to train), one GPU, batch 10, lr 0.005."""
+    channels, size = MODELS[model]
+    return RunConfig().override({
+        "data.options": {"num_samples": SAMPLES_PER_CLIENT * clients, "channels": channels, "image_size": size},
+        "data.num_clients": clients, "data.partition": "iid",
+        "data.train_fraction": TRAIN_PER_CLIENT / SAMPLES_PER_CLIENT,
+        "model.name": model, "algorithm.name": "fedavg", "train.batch_size": 10, "train.lr": 0.005,
+        "engine.num_gpus_per_worker": 1.0, "engine.stack_size": clients,
+    })
+
+
+def stacked_against_sequential(model: str, clients: int, repeats: int) -> dict[str, Any]:
+    """Seconds per client, sequential and stacked, on one call of ``clients`` clients (median of ``repeats``)."""
+    base = client_config(model, clients)
+    dataset = load_dataset(base.data.dataset, base.data.root, seed=base.data.seed, options=base.data.options)
+    partition = make_partition(dataset.labels, dataset.num_classes, base.data)
+    spec, initial = build_problem(base, dataset)
+    broadcast = Server(base, spec, initial).broadcast()
+    ids = list(range(clients))
+    runners = {mode: ClientRunner(base.override({"engine.vectorize": mode}), spec, dataset, partition)
+               for mode in ("off", "on")}
+    seconds: dict[str, list[float]] = {mode: [] for mode in runners}
+    for repeat in range(repeats + 1):  # the first pass builds the models and the CUDA kernels
+        ctx = RoundContext(round=repeat, seed=0, lr=0.005, sampled=np.array(ids), num_clients=clients)
+        for mode, runner in runners.items():
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            runner.train(broadcast, ctx, ids)
+            torch.cuda.synchronize()
+            if repeat:
+                seconds[mode].append((time.perf_counter() - started) / clients)
+    sequential, stacked = (statistics.median(seconds[mode]) for mode in ("off", "on"))
+    runner = runners["on"]
+    return {"model": model, "clients": clients, "sequential_s_per_client": sequential,
+            "stacked_s_per_client": stacked, "ratio": sequential / stacked,
+            "stacked": can_stack(runner.model_for(model), runner.client_half)}
+
+
+def seconds_per_round(overrides: dict[str, Any], run_dir: Path) -> tuple[float, list[dict[str, Any]]]:
+    """Median wall-clock seconds per round (after the warm-up round) of a whole run, and its history."""
+    timer = RoundTimer()
+    config = RunConfig().override({**overrides, "engine.backend": "ray", "engine.checkpoint_every": 0,
+                                   "engine.progress": False, "run_dir": str(run_dir)})
+    history = run(config, callbacks=[timer]).history
+    return median_after_warmup(timer.seconds), history
+
+
+def fractional_against_whole(rounds: int, tmp: Path) -> dict[str, Any]:
+    """4 workers at a quarter GPU each against 1 worker at a whole GPU, same clients: rounds per second."""
+    workload = {"data.options": {"num_samples": SAMPLES_PER_CLIENT * 100}, "data.num_clients": 100,
+                "data.partition": "iid", "data.train_fraction": TRAIN_PER_CLIENT / SAMPLES_PER_CLIENT,
+                "model.name": "cnn4", "algorithm.name": "fedavg", "train.batch_size": 10, "train.lr": 0.005,
+                "train.rounds": rounds, "engine.eval_clients": "sampled"}
+    out: dict[str, Any] = {}
+    for name, workers, share in (("whole", 1, 1.0), ("fractional", 4, 0.25)):
+        seconds, history = seconds_per_round(
+            {**workload, "engine.num_workers": workers, "engine.num_gpus_per_worker": share}, tmp / name)
+        out[name] = {"workers": workers, "num_gpus_per_worker": share, "rounds_per_s": 1 / seconds,
+                     "accuracies": [row["accuracy"] for row in history]}
+    out["ratio"] = out["fractional"]["rounds_per_s"] / out["whole"]["rounds_per_s"]
+    return out
+
+
+def mnist_protocol(data_root: str | None, rounds: int, tmp: Path) -> dict[str, Any]:
+    """The papers' MNIST round on one GPU: seconds per round and its phases."""
+    data = {"data.dataset": "mnist", "data.root": data_root} if data_root else {
+        "data.dataset": "synthetic", "data.options": {"num_samples": 70_000}}
+    seconds, history = seconds_per_round(
+        {**data, "data.num_clients": 20, "data.partition": "dirichlet", "data.alpha": 0.1, "model.name": "cnn4",
+         "algorithm.name": "fedavg", "train.batch_size": 10, "train.lr": 0.005, "train.local_epochs": 1,
+         "train.rounds": rounds, "engine.num_workers": 1, "engine.num_gpus_per_worker": 1.0}, tmp / "mnist")
+    rows = history[1:] or history
+    phases = {k: statistics.median(r[k] for r in rows) for k in ("train_s", "aggregate_s", "evaluate_s")}
+    return {"dataset": data["data.dataset"], "round_s": seconds, **phases,
+            "accuracies": [row["accuracy"] for row in history]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-root", default=None, help="MNIST in torchvision's layout (default: synthetic)")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per whole run; the first is warm-up")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per mode, after one warm-up")
+    parser.add_argument("--clients", default="20,50,100,200", help="clients per worker call (comma-separated)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "gpu.json")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(NO_GPU, flush=True)
+        return 0
+    device = torch.cuda.get_device_name(0)
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {device}", flush=True)
+    stacking = []
+    for model in MODELS:
+        for clients in (int(c) for c in args.clients.split(",")):
+            row = stacked_against_sequential(model, clients, args.repeats)
+            stacking.append(row)
+            print(f"{model:>8}, {clients:3d} clients per call: sequential {1000 * row['sequential_s_per_client']:.1f}"
+                  f" ms/client, stacked {1000 * row['stacked_s_per_client']:.1f} ms/client, ratio "
+                  f"{row['ratio']:.2f}{'' if row['stacked'] else ' (not stackable: trained sequentially)'}",
+                  flush=True)
+    with tempfile.TemporaryDirectory(prefix="rayfed-gpu-") as tmp:
+        fractional = fractional_against_whole(args.rounds, Path(tmp))
+        print(f"fractional GPUs: 4 workers x 0.25 {fractional['fractional']['rounds_per_s']:.2f} rounds/s, "
+              f"1 worker x 1.0 {fractional['whole']['rounds_per_s']:.2f} rounds/s", flush=True)
+        mnist = mnist_protocol(args.data_root, args.rounds, Path(tmp))
+        print(f"MNIST protocol ({mnist['dataset']}): {mnist['round_s']:.2f} s per round (train "
+              f"{mnist['train_s']:.2f} s, aggregate {mnist['aggregate_s']:.3f} s, "
+              f"evaluate {mnist['evaluate_s']:.2f} s)", flush=True)
+    best = {model: max(r["ratio"] for r in stacking if r["model"] == model) for model in MODELS}
+    summary = {f"vectorized_over_sequential_{model}": ratio for model, ratio in best.items()}
+    summary |= {"fractional_over_whole": fractional["ratio"], "mnist_round_s": mnist["round_s"]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"device": device, "torch": torch.__version__, "args": {
+        k: str(v) for k, v in vars(args).items()}, "stacking": stacking, "fractional": fractional, "mnist": mnist,
+        "summary": summary}, indent=2))
+    print(" ".join(f"{k}={v:.3f}" for k, v in summary.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

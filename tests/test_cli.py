@@ -1,0 +1,113 @@
+"""The command line: light start-up, discoverable fields, clear argument errors (no run is started here)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from rayfed.cli import main
+from rayfed.seeding import sample_clients
+
+HEAVY = ("torch", "ray", "optuna", "matplotlib")
+
+
+def test_building_the_command_line_imports_neither_torch_nor_ray():
+    code = (
+        "import sys, rayfed, rayfed.cli\n"
+        "rayfed.cli.build_parser()\n"
+        "assert rayfed.cli.main(['run', 'a', 'b']) == 2\n"  # a mistyped argument is answered before the engine loads
+        "rayfed.ConfigError, rayfed.RunConfig\n"  # the lazy names that stay light
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_package_names_are_imported_on_first_use():
+    import rayfed
+
+    assert rayfed.run.__module__ == "rayfed.engine"
+    assert {"run", "RunConfig", "ConfigError"} <= set(rayfed.__all__) <= set(dir(rayfed))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        rayfed.nope
+
+
+def test_run_help_lists_every_field_with_default_and_meaning(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    for entry in ("train.lr = 0.005", "engine.join_ratio = 1.0", "algorithm.name =", "data.partition ="):
+        assert entry in text
+    assert "Fraction of clients sampled each round" in text
+
+
+def test_list_algorithm_shows_params_defaults_choices_and_meaning(capsys):
+    assert main(["list", "cwfedavg"]) == 0
+    text = capsys.readouterr().out
+    assert "algorithm.params.wdr_lambda = 10.0\n    λ of WDR" in text
+    assert 'algorithm.params.fidelity = "code"  (one of "code", "paper")' in text
+    assert 'algorithm.params.variant = "wdr"  (one of "wdr", "dist", "no_wdr")' in text
+    assert "algorithm.params.classwise_blocks = 1\n    How many of the model's last top-level blocks" in text
+    assert "cwFedAvg (Output)" in text
+
+
+def test_list_algorithm_without_params(capsys):
+    assert main(["list", "fedavg"]) == 0
+    assert "takes no params" in capsys.readouterr().out
+
+
+def test_list_unknown_algorithm_suggests_the_closest(capsys):
+    assert main(["list", "cwfedav"]) == 2
+    assert "did you mean 'cwfedavg'?" in capsys.readouterr().err
+
+
+def test_every_algorithm_param_has_a_meaning():
+    from rayfed.algorithms import ALGORITHMS
+    from rayfed.config_fields import meaning
+
+    for name in ALGORITHMS:
+        for field in dataclasses.fields(ALGORITHMS.get(name).params_type):
+            assert meaning(field), f"{name}: algorithm.params.{field.name}"
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [(["a", "b"], "a"), (["train.rounds", "7"], "train.rounds"), (["train.lr=0.1", "nofile.toml"], "nofile.toml")],
+)
+def test_an_argument_without_equals_that_is_no_file_is_named(args, named, capsys):
+    assert main(["run", *args]) == 2
+    assert f"'{named}' is neither a config file nor a field.path=value override" in capsys.readouterr().err
+
+
+def test_resume_takes_no_config_file(tmp_path, capsys):
+    config = tmp_path / "c.toml"
+    config.write_text("seed = 1\n")
+    assert main(["run", "--resume", str(tmp_path), str(config)]) == 2
+    assert "--resume takes field.path=value overrides only" in capsys.readouterr().err
+
+
+def test_tune_pruner_help_names_every_pruner(capsys):
+    pytest.importorskip("optuna")
+    from rayfed.tuning.pruning import PRUNERS
+
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    assert all(name in text for name in PRUNERS.names())
+
+
+def test_a_rounded_join_ratio_warns_once(caplog):
+    with caplog.at_level(logging.WARNING, logger="rayfed.seeding"):
+        for round_index in range(3):
+            assert len(sample_clients(0, round_index, 4, 0.01)) == 1
+        sample_clients(0, 0, 20, 0.5)  # exactly 10 clients: no warning
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == [
+        "engine.join_ratio=0.01 of data.num_clients=4 asks for 0.04 clients per round; each round samples 1 "
+        "(a join ratio of 0.25)"
+    ]

@@ -1,0 +1,107 @@
+"""The global model evaluated beside the personalised ones (``Broadcast.prepare_global_eval``).
+
+For cwFedAvg the global model is Eq. 7 of "Class-Wise Federated Averaging for Efficient
+Personalization" (ICCV 2025) with the clients' overall class distribution p_j = Σ_i n_ij / Σ_ij n_ij;
+FedAvg has no global model besides the one it evaluates, so its ``global_accuracy`` is NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from rayfed import RunConfig, run
+from rayfed.algorithms import RoundContext
+from rayfed.algorithms.cwfedavg_equations import empirical_distribution, personalise
+from rayfed.client_runner import ClientRunner
+from rayfed.data import load_dataset, make_partition
+from rayfed.metrics import summarise_round
+from rayfed.problem import build_problem
+from rayfed.server import Server
+from rayfed.training import evaluate_model
+from tests.conftest import tiny_overrides
+
+NUM_CLIENTS = 10
+
+
+def _trained(params: dict[str, object]) -> tuple[ClientRunner, Server]:
+    """A runner and a cwFedAvg server after one round of every client on a small synthetic problem."""
+    config = RunConfig().override({
+        "data.dataset": "synthetic", "data.options": {"num_samples": 1200}, "data.num_clients": NUM_CLIENTS,
+        "data.partition": "pathological", "data.classes_per_client": 2,
+        "algorithm.name": "cwfedavg", "algorithm.params": params, "engine.backend": "local",
+    })
+    dataset = load_dataset("synthetic", None, options=config.data.options)
+    partition = make_partition(dataset.labels, dataset.num_classes, config.data)
+    spec, initial = build_problem(config, dataset)
+    runner, server = ClientRunner(config, spec, dataset, partition), Server(config, spec, initial)
+    ctx = RoundContext(round=0, seed=0, lr=config.train.lr, sampled=np.arange(NUM_CLIENTS), num_clients=NUM_CLIENTS)
+    server.aggregate(ctx, runner.train(server.broadcast(), ctx, list(range(NUM_CLIENTS))).contribution)
+    return runner, server
+
+
+@pytest.mark.parametrize("params", [
+    {"wdr_lambda": 100},  # cwFedAvg (Output): the global head rides on the shared body's features
+    {"classwise_blocks": 2},  # no shared body: the global model gets a forward of its own
+])
+def test_cwfedavg_global_accuracy_is_eq7_with_the_overall_distribution(params) -> None:
+    runner, server = _trained(params)
+    broadcast = server.broadcast()
+    reports = runner.evaluate(broadcast, list(range(NUM_CLIENTS)))
+
+    # The model by hand: head Σ_j p_j G_j with p the clients' overall class distribution, G_avg elsewhere.
+    counts = runner.partition.label_counts.sum(axis=0)
+    flat = runner.model_for(runner.spec.default_architecture)
+    flat.load(personalise(empirical_distribution(counts), broadcast.heads), broadcast.parts.classwise)
+    offset = 0
+    for part in broadcast.parts.shared:
+        flat.load(broadcast.shared[offset : offset + part.stop - part.start], part)
+        offset += part.stop - part.start
+    correct, loss = [], []
+    for cid in range(NUM_CLIENTS):
+        x, y = runner._tensors(runner.partition.test(cid))
+        stats = evaluate_model(flat.module, x, y)
+        correct.append(stats.correct)
+        loss.append(stats.loss_sum)
+
+    assert [r.global_correct for r in reports] == correct
+    np.testing.assert_allclose([r.global_loss_sum for r in reports], loss, rtol=1e-4)
+    record = summarise_round(0, [], reports, {}, {})
+    assert record.global_accuracy == pytest.approx(sum(correct) / sum(r.num_test for r in reports))
+
+
+def test_global_accuracy_in_rounds_parquet(tmp_path) -> None:
+    """cwFedAvg writes the global model's accuracy beside the personalised one; FedAvg, whose
+    evaluated model is its global model, writes NaN (there is no second model to report)."""
+    cw = run(RunConfig().override(tiny_overrides(tmp_path / "cw", **{"algorithm.name": "cwfedavg"})))
+    fedavg = run(RunConfig().override(tiny_overrides(tmp_path / "fedavg", **{"algorithm.name": "fedavg"})))
+    cw_rows = pq.read_table(cw.run_dir / "rounds.parquet").to_pylist()
+    fedavg_rows = pq.read_table(fedavg.run_dir / "rounds.parquet").to_pylist()
+    assert all(0.0 <= r["global_accuracy"] <= 1.0 for r in cw_rows)
+    assert all(math.isnan(r["global_accuracy"]) for r in fedavg_rows)
+    assert all(not math.isnan(r["accuracy"]) for r in fedavg_rows)
+
+
+def test_no_global_model_leaves_the_reports_empty() -> None:
+    runner, _ = _trained({})
+    fedavg_like = runner.evaluate(_NoGlobal(), [0, 1])
+    assert all(r.global_correct is None and r.global_loss_sum is None for r in fedavg_like)
+    assert math.isnan(summarise_round(0, [], fedavg_like, {}, {}).global_accuracy)
+
+
+class _NoGlobal:
+    """A broadcast with neither a shared body nor a global model: each client evaluated with a zero model."""
+
+    def prepare_global_eval(self, job) -> bool:  # noqa: ANN001
+        return False
+
+    def shared_body(self, jobs):  # noqa: ANN001, ANN201
+        return None
+
+    def prepare_eval(self, job) -> None:  # noqa: ANN001
+        with torch.no_grad():
+            job.flat.vector.zero_()

@@ -1,0 +1,57 @@
+"""Start-up of a run on a private local Ray (``rayfed.actors.cluster.ray_session``).
+
+A cluster that rayfed starts for one run is private and loopback-only, so it runs without
+token authentication and Ray's token-authentication warning is not printed; a user's own
+``RAY_AUTH_MODE`` (and any cluster rayfed joins) is left as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rayfed.actors.cluster import ray_session
+from rayfed.config import EngineConfig
+
+AUTH_WARNING = "Token authentication is enabled"
+
+
+@pytest.mark.slow
+def test_private_cluster_prints_no_auth_warning(tmp_path: Path) -> None:
+    """A whole `rayfed run` on a Ray it starts, with no RAY_AUTH_MODE in the environment."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    command = [
+        sys.executable, "-m", "rayfed", "run", "data.num_clients=4", "train.rounds=1",
+        "data.options.num_samples=400", "engine.num_workers=1", "engine.progress=false", f"run_dir={tmp_path / 'run'}",
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert AUTH_WARNING not in done.stderr + done.stdout
+    assert (tmp_path / "run" / "rounds.parquet").is_file()
+
+
+def test_auth_mode_is_set_only_for_the_private_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The private cluster gets RAY_AUTH_MODE=disabled while it runs; a user's setting and a joined
+    cluster are untouched (ray.init is replaced: this checks the environment it would start with)."""
+    seen: list[str | None] = []
+    monkeypatch.setattr("ray.is_initialized", lambda: False)
+    monkeypatch.setattr("ray.init", lambda **_: seen.append(os.environ.get("RAY_AUTH_MODE")))
+    monkeypatch.setattr("ray.shutdown", lambda: None)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    with ray_session(EngineConfig()):
+        assert os.environ["RAY_AUTH_MODE"] == "disabled"
+    assert "RAY_AUTH_MODE" not in os.environ  # restored after the run
+    with ray_session(EngineConfig(ray_address="127.0.0.1:6379")):
+        pass
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    with ray_session(EngineConfig()):
+        pass
+    assert seen == ["disabled", None, "token"]
+    assert os.environ["RAY_AUTH_MODE"] == "token"
