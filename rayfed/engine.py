@@ -45,7 +45,7 @@ from rayfed.interrupts import RunInterrupted, interrupts_deferred
 from rayfed.io import write_json
 from rayfed.metrics import client_table, summarise_round
 from rayfed.problem import build_problem
-from rayfed.progress import progress_shown
+from rayfed.progress import progress_bar, progress_shown
 from rayfed.run_dir import (
     ResumePoint,
     check_creatable,
@@ -223,6 +223,11 @@ class Simulation:
                 callback.on_run_end(self)
             self.executor.close()
 
+    def _round_progress(self, batches: int, desc: str) -> Any:
+        """A bar over the round's client batches; it appears only in rounds long enough to need one."""
+        with progress_shown(self.config.engine.progress):
+            return progress_bar(batches, desc, "batch")
+
     def _round(self, t: int, broadcast: Any, all_clients: np.ndarray) -> tuple[Any, bool]:
         assert self.executor is not None
         config, executor = self.config, self.executor
@@ -231,9 +236,11 @@ class Simulation:
         ctx = RoundContext(round=t, seed=config.seed, lr=config.train.lr_at(t), sampled=sampled,
                            num_clients=config.data.num_clients)
         keeps_state = self.algorithm.keeps_client_state
-        contributions, reports, new_states = executor.train(
-            broadcast, ctx, self._chunks(sampled), self.states.get_many(sampled) if keeps_state else {}
-        )
+        chunks = self._chunks(sampled)
+        with self._round_progress(len(chunks), f"round {t} training") as bar:
+            contributions, reports, new_states = executor.train(
+                broadcast, ctx, chunks, self.states.get_many(sampled) if keeps_state else {}, bar.update
+            )
         with interrupts_deferred():  # from here until the round is recorded and written, states change together
             for cid, state in new_states.items():
                 self.states.put(cid, state)
@@ -244,9 +251,11 @@ class Simulation:
             evals = []
             if (t + 1) % config.engine.eval_every == 0 or t == config.train.rounds - 1:
                 targets = all_clients if config.engine.eval_clients == "all" else sampled
-                evals = executor.evaluate(
-                    broadcast, ctx, self._chunks(targets), self.states.get_many(targets) if keeps_state else {}
-                )
+                chunks = self._chunks(targets)
+                with self._round_progress(len(chunks), f"round {t} evaluation") as bar:
+                    evals = executor.evaluate(
+                        broadcast, ctx, chunks, self.states.get_many(targets) if keeps_state else {}, bar.update
+                    )
             finished = time.perf_counter()
             timings = {"train": trained - started, "aggregate": aggregated - trained, "evaluate": finished - aggregated,
                        "round": finished - started}

@@ -12,7 +12,7 @@ numbers on either, with any number of workers.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,8 @@ from rayfed.problem import ProblemSpec
 from rayfed.server import Server
 from rayfed.sizing import check_local_gpu
 
-__all__ = ["Executor", "LocalExecutor", "Chunk", "num_calls", "make_chunks", "states_of"]
+__all__ = [
+    "no_progress","Executor", "LocalExecutor", "Chunk", "num_calls", "make_chunks", "states_of"]
 
 Chunk = list[int]
 
@@ -75,6 +76,10 @@ def make_chunks(client_ids: Sequence[int] | np.ndarray, sizes: np.ndarray, num_c
     return sorted(chunks, key=lambda c: c[0])
 
 
+def no_progress() -> None:
+    """The default ``on_chunk_done``: report nothing."""
+
+
 class Executor(abc.ABC):
     """The driver's handle on the server and the workers for one run."""
 
@@ -84,16 +89,19 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def train(
-        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState]
+        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState],
+        on_chunk_done: Callable[[], object] = no_progress,
     ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:
-        """Train every chunk; returns contribution handles (chunk order), reports and new client states."""
+        """Train every chunk; returns contribution handles (chunk order), reports and new client states.
+        ``on_chunk_done`` is called as each chunk finishes (the round's progress bar)."""
 
     @abc.abstractmethod
     def aggregate(self, ctx: RoundContext, contributions: list[Any]) -> dict[str, float]: ...
 
     @abc.abstractmethod
     def evaluate(
-        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState]
+        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState],
+        on_chunk_done: Callable[[], object] = no_progress,
     ) -> list[EvalReport]:
         """Evaluate every chunk's clients on the broadcast of round ``ctx.round`` (their reports, chunk order)."""
 
@@ -131,7 +139,8 @@ class LocalExecutor(Executor):
         return self.server.broadcast()
 
     def train(
-        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState]
+        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState],
+        on_chunk_done: Callable[[], object] = no_progress,
     ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:
         contributions, reports, new_states = [], [], {}
         for chunk in chunks:
@@ -139,15 +148,21 @@ class LocalExecutor(Executor):
             contributions.append(result.contribution)
             reports.extend(result.reports)
             new_states.update(result.states)
+            on_chunk_done()
         return contributions, reports, new_states
 
     def aggregate(self, ctx: RoundContext, contributions: list[Any]) -> dict[str, float]:
         return self.server.aggregate(ctx, *contributions)
 
     def evaluate(
-        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState]
+        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState],
+        on_chunk_done: Callable[[], object] = no_progress,
     ) -> list[EvalReport]:
-        return [r for chunk in chunks for r in self.runner.evaluate(broadcast, chunk, states_of(states, chunk))]
+        reports = []
+        for chunk in chunks:
+            reports.extend(self.runner.evaluate(broadcast, chunk, states_of(states, chunk)))
+            on_chunk_done()
+        return reports
 
     def server_state(self) -> dict[str, np.ndarray]:
         return self.server.state_dict()

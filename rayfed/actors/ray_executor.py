@@ -31,7 +31,7 @@ from rayfed.client_runner import ClientReport, ClientState, EvalReport
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, Partition
 from rayfed.errors import ServerError
-from rayfed.executor import Chunk, Executor, states_of
+from rayfed.executor import Chunk, Executor, no_progress, states_of
 from rayfed.problem import ProblemSpec
 
 logger = logging.getLogger(__name__)
@@ -126,10 +126,12 @@ class RayExecutor(Executor):
         return self._broadcast
 
     def train(
-        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState]
+        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState],
+        on_chunk_done: Callable[[], object] = no_progress,
     ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:
         results = self.pool.map(
-            "train", chunks, lambda i: (broadcast, ctx, chunks[i], states_of(states, chunks[i])), round_index=ctx.round
+            "train", chunks, lambda i: (broadcast, ctx, chunks[i], states_of(states, chunks[i])),
+            round_index=ctx.round, on_chunk_done=on_chunk_done,
         )
         contributions, reports, new_states = [], [], {}
         for (contribution_ref,), (chunk_reports, chunk_states) in results:
@@ -142,10 +144,12 @@ class RayExecutor(Executor):
         return self._on_server(f"in round {ctx.round}", lambda server: server.aggregate.remote(ctx, *contributions))
 
     def evaluate(
-        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState]
+        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState],
+        on_chunk_done: Callable[[], object] = no_progress,
     ) -> list[EvalReport]:
         results = self.pool.map(
-            "evaluate", chunks, lambda i: (broadcast, chunks[i], states_of(states, chunks[i])), round_index=ctx.round
+            "evaluate", chunks, lambda i: (broadcast, chunks[i], states_of(states, chunks[i])),
+            round_index=ctx.round, on_chunk_done=on_chunk_done,
         )
         return [report for _, chunk_reports in results for report in chunk_reports]
 

@@ -26,6 +26,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 
 from rayfed.actors.client_worker import ClientWorker
 from rayfed.errors import WorkerError
+from rayfed.executor import no_progress
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class WorkerPool:
         args: Callable[[int], tuple[Any, ...]],
         *,
         round_index: int,
+        on_chunk_done: Callable[[], object] = no_progress,
     ) -> list[tuple[list[Any], Any]]:
         """Run ``worker.method(*args(i))`` for every chunk i on idle workers, in round ``round_index``.
 
@@ -122,6 +124,7 @@ class WorkerPool:
                 else:
                     results[i] = (refs[:-1], value)
                     idle.append(w)
+                    on_chunk_done()
             for ref, (i, w, _, started) in list(inflight.items()):
                 if self._timeout_s is not None and time.monotonic() - started > self._timeout_s:
                     del inflight[ref]
