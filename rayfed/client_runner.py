@@ -29,13 +29,10 @@ from rayfed.models import build_model
 from rayfed.problem import ProblemSpec
 from rayfed.seeding import client_seed
 from rayfed.state_store import ClientState
-from rayfed.training import ClientJob, TrainStats, evaluate_model, features_before_output
+from rayfed.training import EVAL_BATCH, ClientJob, TrainStats, evaluate_model, features_before_output
 from rayfed.vectorized import can_stack, resolve_vectorize, train_stacked
 
 logger = logging.getLogger(__name__)
-
-_EVAL_BATCH = 1024
-"""Test samples per forward when a model is evaluated over several clients' test splits at once."""
 
 __all__ = ["ClientReport", "EvalReport", "TrainResult", "ClientRunner", "ClientState", "pick_device"]
 
@@ -333,8 +330,8 @@ class ClientRunner(_ClientData):
         flat.module.eval()
         _, x, y, owner = self._pooled_test(client_ids)
         tally = _Tally(len(client_ids), self.device)
-        for start in range(0, len(y), _EVAL_BATCH):
-            stop = start + _EVAL_BATCH
+        for start in range(0, len(y), EVAL_BATCH):
+            stop = start + EVAL_BATCH
             tally.add(flat.module(x[start:stop]), y[start:stop], owner[start:stop])
         return tally.results()
 

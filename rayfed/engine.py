@@ -126,14 +126,14 @@ class Simulation:
             self.spec, self.initial = build_problem(config, self.dataset)
             self.algorithm.validate(self.spec)
             self.partition = self._partition()
-        check_trainable(self.partition.num_train(), config.train)
+        self.num_train = self.partition.num_train()
+        check_trainable(self.num_train, config.train)
         make_run_dir(self.run_dir)
         write_json(self.run_dir / "config.json", config.to_dict())
         if not (self.run_dir / "partition.parquet").exists():
             self.partition.save(self.run_dir / "partition.parquet")
         if not (self.run_dir / LABEL_COUNTS_FILE).exists():  # p_i per client, for `rayfed plot`
             write_label_counts(self.run_dir / LABEL_COUNTS_FILE, self.partition, self.dataset.input_shape)
-        self.num_train = self.partition.num_train()
         self.states = ClientStateStore(
             self.run_dir / "client_state", int(config.engine.client_state_memory_mb * 2**20)
         )

@@ -26,9 +26,13 @@ if TYPE_CHECKING:  # config imports the algorithms' params, which import this mo
     from rayfed.config import TrainConfig
 
 __all__ = [
+    "EVAL_BATCH",
     "ClientJob", "TrainStats", "EvalStats", "local_sgd", "sgd_step", "evaluate_model", "features_before_output"
 ]
 
+
+EVAL_BATCH = 1024
+"""Test samples per forward when evaluating (no gradients are kept, so large batches are cheap)."""
 
 @dataclass
 class ClientJob:
@@ -154,7 +158,9 @@ def local_sgd(
 
 
 @torch.no_grad()
-def evaluate_model(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024) -> EvalStats:
+def evaluate_model(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = EVAL_BATCH
+) -> EvalStats:
     """Correct predictions and summed cross-entropy of ``model`` on ``(x, y)``."""
     model.eval()
     correct = torch.zeros((), dtype=torch.long, device=x.device)
@@ -169,7 +175,7 @@ def evaluate_model(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bat
 
 @torch.no_grad()
 def features_before_output(
-    model: torch.nn.Module, output_layer: str, x: torch.Tensor, batch_size: int = 1024
+    model: torch.nn.Module, output_layer: str, x: torch.Tensor, batch_size: int = EVAL_BATCH
 ) -> Iterator[tuple[int, torch.Tensor]]:
     """``(start, features)`` per batch of ``x``: what ``model`` feeds its layer ``output_layer``
     (the penultimate features), read by a hook during an ordinary forward in eval mode."""
