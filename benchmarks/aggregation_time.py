@@ -1,6 +1,8 @@
-"""Server aggregation time of FedAvg, cwFedAvg, FedAWA and FedAWA-L (P-AWA Tab. 2), and FedAWA's whole round.
+"""Server aggregation time of FedAvg, cwFedAvg, FedAWA, FedAWA-L, L-DAWA, FedDisco and FedLAW (P-AWA Tab. 2),
+and FedAWA's whole round.
 
     python benchmarks/aggregation_time.py [--repeats 20] [--clients 20] [--seed 0] [--rounds 3] [--runs 2]
+        [--fedlaw-repeats 3] [--fedlaw-epochs 100] [--no-round]
 
 **Aggregation.** For ResNet-20 (3×32×32, K = 10) and the 4-layer CNN (cnn4, 1×28×28,
 K = 10): one global model θ_g (the model's seeded initialisation) and 20 seeded random
@@ -19,6 +21,13 @@ state:
   matrix and the projected-gradient minimiser);
 * ``cwfedavg`` (when registered): its 20 uploads built by its broadcast on the workers
   (untimed), then summed and aggregated on the server;
+* ``ldawa``: ``server.aggregate`` on the (20, S) stack of whole models (per-layer cosines to
+  θ_g as segment sums, then the scaled mean);
+* ``feddisco``: ``server.aggregate`` on the whole models with each client's label histogram
+  (seeded multinomial counts): the weights, then one GEMV;
+* ``fedlaw`` (when registered, timed apart with ``--fedlaw-repeats``, default 3, since one
+  aggregation runs ``--fedlaw-epochs`` passes of forward and backward through the merged model
+  over a 200-image random proxy set): ``server.aggregate`` on the whole models;
 * ``gram T Tᵀ alone``: the Gram matrix of the 20 client vectors (parameters), one BLAS
   SYRK, nothing else. An exact FedAWA on the server computes it after the last upload
   and reads the uploads once more to combine them, so one GEMV plus this is the
@@ -74,7 +83,8 @@ from rayfed.algorithms import (  # noqa: E402
     WeightedSum,
     sum_contributions,
 )
-from rayfed.algorithms.fedawa import FIDELITIES, ClientVectors, FedAWAParams  # noqa: E402
+from rayfed.algorithms.contributions import ClientVectors  # noqa: E402
+from rayfed.algorithms.fedawa import FIDELITIES, FedAWAParams  # noqa: E402
 from rayfed.config import TrainConfig  # noqa: E402
 from rayfed.flat import FlatModel  # noqa: E402
 from rayfed.models import block_names, build_model, output_layer_name  # noqa: E402
@@ -134,6 +144,15 @@ def _timers(name: str, shape: tuple[int, int, int], clients: int, seed: int) -> 
             server = ALGORITHMS.get(algorithm).server_half(FedAWAParams(fidelity=fidelity), spec, initial)
             timers[f"{algorithm} ({fidelity})"] = _fresh(server, ctx, vectors)
 
+    labels = np.random.default_rng(seed + 1).multinomial(1000, np.full(NUM_CLASSES, 0.1), size=clients)
+    whole = ClientVectors((models,), ids, sizes)
+    ldawa = ALGORITHMS.get("ldawa")
+    timers["ldawa"] = _fresh(ldawa.server_half(ldawa.params_type(), spec, initial), ctx, whole)
+    disco = ALGORITHMS.get("feddisco")
+    timers["feddisco"] = _fresh(
+        disco.server_half(disco.params_type(), spec, initial), ctx, ClientVectors((models,), ids, sizes, labels)
+    )
+
     if "cwfedavg" in ALGORITHMS:
         algorithm = ALGORITHMS.get("cwfedavg")
         server = algorithm.server_half(algorithm.params_type(), spec, initial)
@@ -161,6 +180,36 @@ class _fresh:
     def __call__(self) -> object:
         total = self.uploads if isinstance(self.uploads, Contribution) else sum_contributions(self.uploads)
         return self.server.aggregate(self.ctx, total)
+
+
+def fedlaw_seconds(
+    name: str, shape: tuple[int, int, int], clients: int, seed: int, repeats: int, epochs: int
+) -> float | None:
+    """Median CPU seconds of one FedLAW aggregation (``None`` if ``fedlaw`` is not registered)."""
+    if "fedlaw" not in ALGORITHMS:
+        return None
+    from dataclasses import replace
+
+    from rayfed.data.held_out import HeldOutSet
+
+    flat, spec, theta_g, taus, sizes = _problem(name, shape, clients, seed)
+    rng = np.random.default_rng(seed)
+    proxy = 200
+    held_out = HeldOutSet(np.arange(proxy), rng.integers(0, 256, size=(proxy, *shape), dtype=np.uint8),
+                          np.arange(proxy, dtype=np.int64) % NUM_CLASSES)
+    spec = replace(spec, held_out=held_out, mean=(0.5,) * shape[0], std=(0.25,) * shape[0])
+    algorithm = ALGORITHMS.get("fedlaw")
+    server = algorithm.server_half(algorithm.params_type(server_epochs=epochs), spec, {name: theta_g})
+    ids = np.arange(clients, dtype=np.int64)
+    ctx = RoundContext(round=0, seed=seed, lr=0.0, sampled=ids, num_clients=clients)
+    timer = _fresh(server, ctx, ClientVectors((theta_g + taus,), ids, sizes))
+    samples = []
+    for _ in range(repeats):
+        timer.reset()
+        start = time.process_time()
+        timer()
+        samples.append(time.process_time() - start)
+    return statistics.median(samples)
 
 
 def _measure(timers: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
@@ -216,6 +265,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=3, help="rounds per whole-round run (default 3)")
     parser.add_argument("--runs", type=int, default=2, help="whole-round runs per algorithm (default 2)")
+    parser.add_argument("--fedlaw-repeats", type=int, default=3, help="FedLAW aggregations timed (default 3)")
+    parser.add_argument("--fedlaw-epochs", type=int, default=100, help="FedLAW server epochs (default 100)")
+    parser.add_argument("--no-round", action="store_true", help="skip the whole-round comparison")
     args = parser.parse_args()
     torch.set_num_threads(1)
     floor_ratios: dict[str, dict[str, float]] = {}
@@ -226,12 +278,23 @@ def main() -> None:
         base = medians["fedavg"]
         floor = base + medians[GRAM]
         floor_ratios[name] = {k: v / floor for k, v in medians.items()}
+        try:
+            law = fedlaw_seconds(name, shape, args.clients, args.seed, args.fedlaw_repeats, args.fedlaw_epochs)
+        except RuntimeError as error:  # reported, not fatal: the other rows stand on their own
+            print(f"{name:9s} fedlaw failed: {str(error).splitlines()[0]}")
+            law = None
+        if law is not None:
+            medians[f"fedlaw ({args.fedlaw_epochs} ep)"] = law
         for algorithm, seconds in {**medians, "floor (GEMV + Gram)": floor}.items():
             print(f"{name:9s} {algorithm:18s} {seconds * 1e3:9.3f} {seconds / base:9.2f} {seconds / floor:9.2f}")
     if "cwfedavg" not in ALGORITHMS:
         print("cwfedavg: not registered in this tree, left out")
-    print("P-AWA Tab. 2 (ResNet-20, the authors' implementation): FedAvg 0.10 s, FedAWA 0.82 s (8.2x), "
-          "FedAWA-L 15.21 s (152x)")
+    if "fedlaw" not in ALGORITHMS:
+        print("fedlaw: not registered in this tree, left out")
+    print("P-AWA Tab. 2 (ResNet-20, the authors' implementation): FedAvg 0.10 s, L-DAWA 2.52 s (25x), "
+          "FedLAW 10.11 s (101x), FedAWA 0.82 s (8.2x), FedAWA-L 15.21 s (152x)")
+    if args.no_round:
+        return
     fedavg_round, fedawa_round = round_ratio(args.rounds, args.runs, args.clients, args.seed)
     print(f"whole round (cnn4, {args.clients} clients, synthetic, {args.runs} x {args.rounds} rounds interleaved, "
           f"CPU s, median over rounds 2+): fedavg+sgdm clients {fedavg_round:.3f}, fedawa {fedawa_round:.3f}")

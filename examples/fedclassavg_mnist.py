@@ -44,7 +44,7 @@ def load_mnist_subset(
     keep = np.sort(np.random.default_rng(subset_seed).choice(len(full.labels), size=num_samples, replace=False))
     return ArrayDataset(
         name="mnist_subset",
-        images=np.ascontiguousarray(full.images[keep]),
+        inputs=np.ascontiguousarray(full.images[keep]),
         labels=full.labels[keep],
         num_classes=full.num_classes,
         mean=full.mean,

@@ -5,6 +5,8 @@
     rayfed list [ALGORITHM]                        registered algorithms, datasets and models, or
                                                    one algorithm's params (default, allowed values, meaning)
     rayfed plot RUN_DIR [RUN_DIR ...] --out DIR    figures (PNG) from finished runs
+    rayfed run --preset NAME [field=value ...]     start from a paper's protocol (rayfed.presets)
+    rayfed reproduce TABLE [--rounds N ...]        run and report one of the papers' tables (rayfed.reproduce)
 
 Examples::
 
@@ -19,16 +21,11 @@ import logging
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from rayfed.cli_args import config_from_args
 from rayfed.config import field_reference
-from rayfed.config_fields import reference
 from rayfed.errors import RayfedError
 from rayfed.interrupts import RunInterrupted, StudyInterrupted
-
-if TYPE_CHECKING:
-    from rayfed.algorithms import Algorithm
 
 __all__ = ["main", "build_parser"]
 
@@ -47,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("args", nargs="*", help="an optional config file, then field.path=value overrides")
     run.add_argument("--resume", metavar="RUN_DIR", help="resume the run in RUN_DIR from its last checkpoint")
     run.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
+    run.add_argument("--preset", metavar="NAME", help="start from a paper's protocol (rayfed reproduce --list-presets)")
     listing = sub.add_parser("list", help="list registered algorithms, datasets and models, or one algorithm's params")
     listing.add_argument("algorithm", nargs="?", metavar="ALGORITHM", help="show this algorithm's algorithm.params.*")
     plot = sub.add_parser("plot", help="draw figures (accuracy curves, p vs p-tilde, row norms) from finished runs")
@@ -54,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", required=True, metavar="DIR", help="folder for the PNG files")
     plot.set_defaults(handler=_plot)
     _add_tune_parser(sub)
+    from rayfed.reproduce.cli import add_reproduce_parser
+
+    add_reproduce_parser(sub)
     return parser
 
 
@@ -66,32 +67,25 @@ def _add_tune_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
 
 
 def _list(algorithm: str | None) -> None:
-    """The registries; with ``algorithm``, that algorithm's params (an unknown name: ConfigError, did you mean)."""
-    from rayfed.algorithms import ALGORITHMS
+    """The registries; with ``algorithm``, that algorithm's params (an unknown name: ConfigError, did you mean).
 
+    Read through :mod:`rayfed.catalogue`, which imports torch only when the package changed.
+    """
+    from rayfed.catalogue import catalogue
+
+    listing = catalogue()
     if algorithm is not None:
-        print(_params_reference(ALGORITHMS.get(algorithm)))
+        if algorithm not in listing.params:
+            from rayfed.algorithms import ALGORITHMS
+
+            ALGORITHMS.get(algorithm)  # raises the registry's error, with its "did you mean"
+        print(listing.params[algorithm])
         return
-    from rayfed.data import DATASETS
-    from rayfed.models import MODELS
-
     print("algorithms:")
-    for name in ALGORITHMS:
-        print(f"  {name:16s} {ALGORITHMS.get(name).summary}")
-    print("datasets:  ", ", ".join(DATASETS.names()))
-    print("models:    ", ", ".join(MODELS.names()))
-
-
-def _params_reference(algorithm: Algorithm) -> str:
-    """``rayfed list ALGORITHM``: summary, display label, and every ``algorithm.params`` field."""
-    fields = reference(algorithm.params_type)
-    lines = [
-        f"{algorithm.name}: {algorithm.summary}",
-        f"label in figures with the defaults: {algorithm.label(algorithm.params_type())}",
-        "",
-        "algorithm.params (path = default), set as algorithm.params.NAME=value:" if fields else "takes no params",
-    ]
-    return "\n".join(lines + (["", fields] if fields else []))
+    for name, summary in listing.algorithms.items():
+        print(f"  {name:16s} {summary}")
+    print("datasets:  ", ", ".join(listing.datasets))
+    print("models:    ", ", ".join(listing.models))
 
 
 def _plot(ns: argparse.Namespace) -> int:
@@ -116,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _list(ns.algorithm)
             return 0
         if ns.command == "run":
-            config = config_from_args(ns.args, ns.resume)  # argument errors before the engine (torch, Ray) loads
+            config = config_from_args(ns.args, ns.resume, ns.preset)  # bad arguments: refused before torch loads
             from rayfed.engine import run
 
             if ns.quiet:

@@ -15,8 +15,11 @@ from rayfed.errors import CheckpointError, ConfigError
 __all__ = ["config_from_args"]
 
 
-def config_from_args(args: Sequence[str], resume: str | None = None) -> RunConfig:
+def config_from_args(args: Sequence[str], resume: str | None = None, preset: str | None = None) -> RunConfig:
     """A config file (an argument without ``=`` that names a file) plus dotted overrides.
+
+    With ``preset`` (:mod:`rayfed.presets`) the base is that paper protocol instead of a
+    config file; the overrides still apply on top of it.
 
     With ``resume`` (a run directory) the base is that run's saved ``config.json``, and only
     overrides are taken. Any other argument without ``=`` is a mistake (a forgotten ``=``,
@@ -24,6 +27,8 @@ def config_from_args(args: Sequence[str], resume: str | None = None) -> RunConfi
 
     >>> config_from_args(["train.rounds=7", "train.lr=0.02"]).train.rounds
     7
+    >>> config_from_args(["train.rounds=7"], preset="cwfedavg-mnist").train.batch_size
+    10
     >>> config_from_args(["train.rounds", "7"])
     Traceback (most recent call last):
     ...
@@ -36,6 +41,16 @@ def config_from_args(args: Sequence[str], resume: str | None = None) -> RunConfi
     if len(files) > 1:
         raise ConfigError(f"give at most one config file, but got {files}")
     overrides = dict(parse_override(a) for a in args if "=" in a)
+    if preset is not None:
+        from rayfed.presets import preset_overrides
+
+        if files or resume is not None:
+            what = f"the config file {files[0]!r}" if files else f"--resume {resume!r}"
+            raise ConfigError(f"--preset {preset!r} cannot be combined with {what}: give one base config")
+        base = preset_overrides(preset)
+        if overrides.get("algorithm.name", base.get("algorithm.name")) != base.get("algorithm.name"):
+            base = {k: v for k, v in base.items() if not k.startswith("algorithm.")}  # the preset algorithm's own
+        return RunConfig().override({**base, **overrides})
     if resume is not None:
         if files:
             raise ConfigError(

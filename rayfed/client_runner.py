@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from rayfed.algorithms import Broadcast, ClientHalf, Contribution, RoundContext, SharedBody, resolve
 from rayfed.config import RunConfig
-from rayfed.data import ArrayDataset, Partition, normalize_batch
+from rayfed.data import ArrayDataset, Partition, model_inputs
 from rayfed.flat import FlatModel
 from rayfed.models import build_model
 from rayfed.problem import ProblemSpec
@@ -51,6 +51,8 @@ class ClientReport:
     seconds: float
     rejected: str = ""
     """Why the update was left out of the aggregation ("" = accepted)."""
+    train_loss_eval: float = math.nan
+    """Mean cross-entropy of the client's starting model over its train split (``engine.eval_train_loss``), else NaN."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ class _ClientData:
     def __init__(self, config: RunConfig, spec: ProblemSpec, dataset: ArrayDataset, partition: Partition) -> None:
         torch.set_num_threads(config.engine.torch_threads)
         self.config = config
-        self.spec = spec
+        self.spec = spec.for_clients()  # held-out server data reaches the workers only when shared
         self.dataset = dataset
         self.partition = partition
         self.device = pick_device(config.engine.num_gpus_per_worker)
@@ -117,16 +119,15 @@ class _ClientData:
         return self._models[architecture]
 
     def _tensors(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        # uint8 goes to the device and is normalised there: a 4x smaller host-to-GPU copy.
-        x = normalize_batch(self.dataset.images[indices], self.dataset.mean, self.dataset.std, device=self.device)
+        # uint8 images (int32 token ids) go to the device and become model inputs there: a 4x (2x) smaller copy.
+        x = model_inputs(self.dataset.inputs[indices], self.dataset.mean, self.dataset.std, device=self.device)
         y = torch.from_numpy(self.dataset.labels[indices])
         return x, y.to(self.device, non_blocking=True)
 
     def _job(self, cid: int, round_index: int, state: ClientState | None, *, split: str | None) -> ClientJob:
         """Client ``cid``'s job with the tensors of its ``split`` ("train", "test" or None: no data)."""
         architecture = self.spec.architecture_of(cid)
-        empty_x = torch.empty((0, *self.dataset.input_shape), device=self.device)
-        empty_y = torch.empty((0,), dtype=torch.long, device=self.device)
+        empty_x, empty_y = self._tensors(np.zeros(0, dtype=np.int64))  # no samples, the inputs' dtype and shape
         x_train, y_train = self._tensors(self.partition.train(cid)) if split == "train" else (empty_x, empty_y)
         x_test, y_test = self._tensors(self.partition.test(cid)) if split == "test" else (empty_x, empty_y)
         return ClientJob(
@@ -159,7 +160,7 @@ class ClientRunner(_ClientData):
 
     def __init__(self, config: RunConfig, spec: ProblemSpec, dataset: ArrayDataset, partition: Partition) -> None:
         super().__init__(config, spec, dataset, partition)
-        self.client_half: ClientHalf[object] = resolve(config.algorithm).make_client(spec)
+        self.client_half: ClientHalf[object] = resolve(config.algorithm).make_client(self.spec)
 
     # --- public calls (one per actor method) ---------------------------------------------
     def train(
@@ -183,22 +184,24 @@ class ClientRunner(_ClientData):
                 job = group[0]
                 broadcast.personalise(job)
                 start = job.flat.vector.detach().clone()
+                start_loss = train_loss_at_start(job, self.config.engine.eval_train_loss)
                 # Layers that draw from torch's global generator (dropout) get the client's seed too,
                 # so a client trains the same on any worker and in any run.
                 torch.manual_seed(job.generator.initial_seed())
                 stats = self.client_half.train(job)
-                self._finish(result, broadcast, ctx, job, start, stats, time.perf_counter() - started)
+                self._finish(result, broadcast, ctx, job, start, stats, time.perf_counter() - started, start_loss)
                 continue
-            starts, constants = [], []
+            starts, constants, start_losses = [], [], []
             for job in group:
                 broadcast.personalise(job)
                 starts.append(job.flat.vector.detach().clone())
+                start_losses.append(train_loss_at_start(job, self.config.engine.eval_train_loss))
                 constants.append(self.client_half.loss_constants(job))
             trained, stats_list = train_stacked(group, torch.stack(starts), self.client_half, constants)
             seconds = (time.perf_counter() - started) / len(group)
-            for job, start, vector, stats in zip(group, starts, trained, stats_list):
+            for job, start, vector, stats, start_loss in zip(group, starts, trained, stats_list, start_losses):
                 job.flat.load(vector)
-                self._finish(result, broadcast, ctx, job, start, stats, seconds)
+                self._finish(result, broadcast, ctx, job, start, stats, seconds, start_loss)
         return result
 
     def _stacks(self, jobs: list[ClientJob]) -> list[list[ClientJob]]:
@@ -226,11 +229,12 @@ class ClientRunner(_ClientData):
         start: torch.Tensor,
         stats: TrainStats,
         seconds: float,
+        start_loss: float = math.nan,
     ) -> None:
         """Collect a trained client: check its update, add its contribution, report it."""
         contribution = broadcast.contribute(job)
         update_norm = float(torch.linalg.vector_norm(job.flat.vector.detach() - start))
-        rejected = self._rejection(contribution, update_norm)
+        rejected = rejection(contribution, update_norm, self.config.engine.max_update_norm)
         if rejected:
             logger.warning("round %d: update of client %d rejected: %s", ctx.round, job.client_id, rejected)
         else:
@@ -251,6 +255,7 @@ class ClientRunner(_ClientData):
                 bytes_down=broadcast.bytes_down(job),
                 seconds=seconds,
                 rejected=rejected,
+                train_loss_eval=start_loss,
             )
         )
 
@@ -285,6 +290,8 @@ class ClientRunner(_ClientData):
                 own = []
                 for cid in ids:
                     job = self._job(cid, -1, states.get(cid), split="test")
+                    if broadcast.eval_needs_train:  # prepare_eval reads the train split (FedBABU, IFCA)
+                        job.x_train, job.y_train = self._tensors(self.partition.train(cid))
                     broadcast.prepare_eval(job)
                     result = evaluate_model(job.model, job.x_test, job.y_test)
                     own.append((result.count, result.correct, result.loss_sum))
@@ -335,13 +342,23 @@ class ClientRunner(_ClientData):
             tally.add(flat.module(x[start:stop]), y[start:stop], owner[start:stop])
         return tally.results()
 
-    def _rejection(self, contribution: Contribution, update_norm: float) -> str:
-        if not math.isfinite(update_norm) or not contribution.is_finite():
-            return "non-finite update (NaN or Inf)"
-        bound = self.config.engine.max_update_norm
-        if bound is not None and update_norm > bound:
-            return f"update norm {update_norm:.4g} exceeds engine.max_update_norm={bound:g}"
-        return ""
+def train_loss_at_start(job: ClientJob, enabled: bool) -> float:
+    """``train_loss_eval`` of a personalised job: the mean cross-entropy of the model it starts the round
+    from over its own train split, in eval mode and without any regulariser (what the papers' logs call
+    the train loss); NaN unless ``engine.eval_train_loss`` asks for it (``enabled``), or without train data."""
+    if not enabled or job.num_train == 0:
+        return math.nan
+    stats = evaluate_model(job.model, job.x_train, job.y_train)
+    return stats.loss_sum / stats.count
+
+
+def rejection(contribution: Contribution, update_norm: float, bound: float | None) -> str:
+    """Why an update is rejected (non-finite, or its norm above ``engine.max_update_norm``); "" if accepted."""
+    if not math.isfinite(update_norm) or not contribution.is_finite():
+        return "non-finite update (NaN or Inf)"
+    if bound is not None and update_norm > bound:
+        return f"update norm {update_norm:.4g} exceeds engine.max_update_norm={bound:g}"
+    return ""
 
 
 def _global_head(

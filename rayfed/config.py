@@ -242,6 +242,17 @@ class EngineConfig:
     join_ratio: float = documented(1.0, "Fraction of clients sampled each round (partial participation when < 1).")
     eval_every: int = documented(1, "Evaluate every this many rounds (and always after the last).")
     eval_clients: str = documented("all", "Evaluate all clients (as the papers do) or only the sampled ones.")
+    eval_initial: bool = documented(
+        False,
+        "Evaluate the initial model before any training, as the papers' code does (its round 0); stored as the "
+        "row round=-1 of rounds.parquet, so the curves start where the authors' logs start.",
+    )
+    eval_train_loss: bool = documented(
+        False,
+        "Each round, also measure train_loss_eval: the cross-entropy of every sampled client's starting model "
+        "for the round over its own train split, sample-weighted, without regulariser terms (the 'train loss' "
+        "of the papers' logs; costs one forward pass over the training data).",
+    )
     checkpoint_every: int = documented(10, "Checkpoint every this many rounds (and after the last); 0 = never.")
     ray_address: str | None = documented(
         None, "Ray cluster to join; null = join RAY_ADDRESS if set, else start a local Ray."
@@ -280,6 +291,8 @@ class EngineConfig:
         check(0 < self.join_ratio <= 1, "engine.join_ratio", self.join_ratio, "in (0, 1]")
         check(self.eval_every >= 1, "engine.eval_every", self.eval_every, ">= 1")
         check_choice("engine.eval_clients", self.eval_clients, ("all", "sampled"))
+        check(isinstance(self.eval_initial, bool), "engine.eval_initial", self.eval_initial, "true or false")
+        check(isinstance(self.eval_train_loss, bool), "engine.eval_train_loss", self.eval_train_loss, "true or false")
         check(self.checkpoint_every >= 0, "engine.checkpoint_every", self.checkpoint_every, ">= 0 (0 = never)")
         if self.round_timeout_s is not None:
             check(self.round_timeout_s > 0, "engine.round_timeout_s", self.round_timeout_s, "> 0 or unset")

@@ -9,8 +9,11 @@ A run directory holds::
     config.json              the RunConfig, as given
     partition.parquet        the exact client data sets (rows of client_id, split, index; or slice parameters)
     label_counts.parquet     each client's class counts (whole partition, train split)
-    rounds.parquet           one row per round (accuracy, losses, timings, bytes)
-    clients/round_*.parquet  one row per client per round
+    vocabulary.txt           token datasets only: the token of every id, one per line
+    held_out.parquet         indices of the server's held-out samples, if the algorithm asks for any
+    rounds.parquet           one row per round (accuracy, losses, timings, bytes); with engine.eval_initial
+                             first a row round=-1: the initial model, before any training
+    clients/round_*.parquet  one row per client per round (clients/initial.parquet: the initial model)
     checkpoints/round_*.npz  server state, client states and the round (no pickle)
     summary.json             best and final accuracy, rounds run
 """
@@ -32,19 +35,10 @@ from rayfed.algorithms import RoundContext, resolve
 from rayfed.callbacks import Callback, Checkpointer, MetricsWriter, ProgressBar
 from rayfed.checkpoint import checkpoint_round, newest_checkpoint, save_checkpoint
 from rayfed.config import RunConfig
-from rayfed.data import (
-    LABEL_COUNTS_FILE,
-    ClientPartition,
-    load_dataset,
-    load_partition,
-    make_partition,
-    write_label_counts,
-)
 from rayfed.executor import Executor, LocalExecutor, make_chunks, num_calls
 from rayfed.interrupts import RunInterrupted, interrupts_deferred
-from rayfed.io import write_json
+from rayfed.io import write_json, write_parquet
 from rayfed.metrics import client_table, summarise_round
-from rayfed.problem import build_problem
 from rayfed.progress import progress_bar, progress_shown
 from rayfed.run_dir import (
     ResumePoint,
@@ -55,8 +49,9 @@ from rayfed.run_dir import (
     resume_command,
     stale_client_tables,
 )
+from rayfed.run_inputs import RunInputs
 from rayfed.seeding import sample_clients
-from rayfed.sizing import check_fits
+from rayfed.sizing import check_client_states, check_fits
 from rayfed.state_store import ClientStateStore
 from rayfed.trainability import check_trainable
 
@@ -75,11 +70,13 @@ class RunResult:
 
     @property
     def rounds_run(self) -> int:
-        return len(self.history)
+        """Training rounds recorded (the initial model's row, round -1, is not one)."""
+        return sum(1 for r in self.history if r["round"] >= 0)
 
     @property
     def accuracies(self) -> list[float]:
-        return [r["accuracy"] for r in self.history]
+        """Pooled accuracy after each training round (without the initial model's)."""
+        return [r["accuracy"] for r in self.history if r["round"] >= 0]
 
     @property
     def best_accuracy(self) -> float:
@@ -115,37 +112,23 @@ class Simulation:
         self.history: list[dict[str, Any]] = list(point.history)
         self.start_round = point.next_round
         check_fits(config)
+        check_client_states(config, self.run_dir)  # APPLE's states grow as clients squared
         with progress_shown(config.engine.progress):
-            self.dataset = load_dataset(
-                config.data.dataset,
-                config.data.root,
-                download=config.data.download,
-                seed=config.data.seed,
-                options=config.data.options,
-            )
-            self.spec, self.initial = build_problem(config, self.dataset)
-            self.algorithm.validate(self.spec)
-            self.partition = self._partition()
+            inputs = RunInputs.prepare(config, self.algorithm, self.run_dir, continues=self.continues)
+        self.dataset, self.spec, self.initial, self.partition = (
+            inputs.dataset, inputs.spec, inputs.initial, inputs.partition
+        )
         self.num_train = self.partition.num_train()
         check_trainable(self.num_train, config.train)
         make_run_dir(self.run_dir)
         write_json(self.run_dir / "config.json", config.to_dict())
-        if not (self.run_dir / "partition.parquet").exists():
-            self.partition.save(self.run_dir / "partition.parquet")
-        if not (self.run_dir / LABEL_COUNTS_FILE).exists():  # p_i per client, for `rayfed plot`
-            write_label_counts(self.run_dir / LABEL_COUNTS_FILE, self.partition, self.dataset.input_shape)
+        inputs.write(self.run_dir)
         self.states = ClientStateStore(
             self.run_dir / "client_state", int(config.engine.client_state_memory_mb * 2**20)
         )
         self.executor: Executor | None = None
 
     # --- run directory ---------------------------------------------------------------------
-    def _partition(self) -> ClientPartition:
-        path = self.run_dir / "partition.parquet"
-        if self.continues and path.exists():
-            return load_partition(path, self.dataset.labels, self.dataset.num_classes)
-        return make_partition(self.dataset.labels, self.dataset.num_classes, self.config.data)
-
     # --- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self, round_index: int) -> Path:
         """Server state, client states and the round (:mod:`rayfed.checkpoint`)."""
@@ -204,6 +187,8 @@ class Simulation:
                 callback.on_run_start(self)
             broadcast = self.executor.broadcast()
             all_clients = np.arange(config.data.num_clients, dtype=np.int64)
+            if config.engine.eval_initial and self.start_round == 0 and not any(r["round"] < 0 for r in self.history):
+                self._evaluate_initial(broadcast, all_clients)
             for t in range(self.start_round, config.train.rounds):
                 broadcast, stop = self._round(t, broadcast, all_clients)
                 if stop:
@@ -227,6 +212,29 @@ class Simulation:
         """A bar over the round's client batches; it appears only in rounds long enough to need one."""
         with progress_shown(self.config.engine.progress):
             return progress_bar(batches, desc, "batch")
+
+    def _evaluate_initial(self, broadcast: Any, all_clients: np.ndarray) -> None:
+        """``engine.eval_initial``: evaluate the initial model as the papers' code does before its first
+        round, recorded as round -1 (rounds.parquet, clients/initial.parquet); no callback sees it, so it
+        is neither checkpointed nor counted as a round."""
+        assert self.executor is not None
+        config, started = self.config, time.perf_counter()
+        sampled = sample_clients(config.seed, 0, config.data.num_clients, config.engine.join_ratio)
+        targets = all_clients if config.engine.eval_clients == "all" else sampled
+        ctx = RoundContext(round=-1, seed=config.seed, lr=config.train.lr_at(0), sampled=sampled,
+                           num_clients=config.data.num_clients)
+        chunks = self._chunks(targets)
+        keeps_state = self.algorithm.keeps_client_state
+        with self._round_progress(len(chunks), "initial evaluation") as bar:
+            evals = self.executor.evaluate(
+                broadcast, ctx, chunks, self.states.get_many(targets) if keeps_state else {}, bar.update
+            )
+        seconds = time.perf_counter() - started
+        record = summarise_round(-1, [], evals, {"evaluate": seconds, "round": seconds}, {})
+        self.history.insert(0, record.as_row())
+        _same_columns(self.history)
+        write_parquet(self.run_dir / "clients" / "initial.parquet", client_table(-1, [], evals))
+        MetricsWriter.write_rounds(self)
 
     def _round(self, t: int, broadcast: Any, all_clients: np.ndarray) -> tuple[Any, bool]:
         assert self.executor is not None
@@ -261,11 +269,22 @@ class Simulation:
                        "round": finished - started}
             record = summarise_round(t, reports, evals, timings, extra)
             self.history.append(record.as_row())
+            _same_columns(self.history)
             clients = client_table(t, reports, evals)
             stop = False
             for callback in self.callbacks:  # the metrics files and checkpoints of the round
                 stop = callback.after_round(self, record, clients) or stop
         return broadcast, stop
+
+
+def _same_columns(rows: list[dict[str, Any]]) -> None:
+    """Give every row of the history the same keys (NaN where missing), so ``rounds.parquet`` keeps every
+    column: the initial model's row has no server columns, and rows read from older runs may lack new ones."""
+    keys = dict.fromkeys(key for row in rows for key in row)
+    for row in rows:
+        if len(row) != len(keys):
+            for key in keys:
+                row.setdefault(key, math.nan)
 
 
 def _default_run_dir(config: RunConfig) -> str:

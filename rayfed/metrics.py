@@ -13,7 +13,11 @@
   clients that took a step and whose update was accepted. A client that took no step
   (fewer training samples than a batch with ``train.drop_last``) has no loss: NaN in its
   row of ``clients/round_*.parquet``, left out of the round's mean; a round in which no
-  client stepped has a NaN ``train_loss`` and logs a warning saying why.
+  client stepped has a NaN ``train_loss`` and logs a warning saying why;
+* ``train_loss_eval`` (only with ``engine.eval_train_loss``, else NaN): the cross-entropy of
+  each sampled client's *starting* model for the round over its own train split, weighted by
+  training samples, without regulariser terms: the "train loss" of the papers' logs, which
+  belongs to the model of the previous row (the previous round's result).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class RoundRecord:
     aggregate_s: float
     evaluate_s: float
     round_s: float
+    train_loss_eval: float = math.nan
     extra: dict[str, float] = field(default_factory=dict)
 
     def as_row(self) -> dict[str, float]:
@@ -110,8 +115,16 @@ def summarise_round(
         aggregate_s=timings.get("aggregate", 0.0),
         evaluate_s=timings.get("evaluate", 0.0),
         round_s=timings.get("round", 0.0),
+        train_loss_eval=_start_loss(reports),
         extra=extra,
     )
+
+
+def _start_loss(reports: Sequence[ClientReport]) -> float:
+    """Sample-weighted mean of the clients' ``train_loss_eval`` (NaN when none was measured)."""
+    measured = [r for r in reports if not math.isnan(r.train_loss_eval) and r.num_train > 0]
+    n_train = sum(r.num_train for r in measured)
+    return sum(r.train_loss_eval * r.num_train for r in measured) / n_train if n_train else math.nan
 
 
 def client_table(round_index: int, reports: Sequence[ClientReport], evals: Sequence[EvalReport]) -> pa.Table:
@@ -128,6 +141,7 @@ def client_table(round_index: int, reports: Sequence[ClientReport], evals: Seque
             "bytes_up": r.bytes_up,
             "bytes_down": r.bytes_down,
             "train_s": r.seconds,
+            "train_loss_eval": r.train_loss_eval,
         }
     for e in evals:
         row = by_id.setdefault(e.client_id, {"sampled": False})
@@ -153,6 +167,7 @@ def client_table(round_index: int, reports: Sequence[ClientReport], evals: Seque
             ("num_test", pa.int32()),
             ("test_acc", pa.float64()),
             ("test_loss", pa.float64()),
+            ("train_loss_eval", pa.float64()),
         ]
     )
     columns = {name: [by_id[i].get(name) for i in ids] for name in schema.names[3:]}

@@ -177,9 +177,14 @@ def _override_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def accuracy_points(run: RunData) -> tuple[list[int], list[float]]:
-    """(round, pooled accuracy in %) of the run's evaluated rounds; ``round`` as ``rounds.parquet`` stores it."""
-    points = [(int(r["round"]), 100 * r["accuracy"]) for r in run.rounds if not math.isnan(r["accuracy"])]
+def accuracy_points(run: RunData, column: str = "accuracy") -> tuple[list[int], list[float]]:
+    """(round, pooled accuracy in %) of the run's evaluated rounds; ``round`` as ``rounds.parquet`` stores it.
+
+    ``column="global_accuracy"`` gives the global model's curve on the same clients (none for an
+    algorithm without a global model besides the evaluated ones, or a run written before it existed).
+    """
+    values = [(int(r["round"]), r.get(column)) for r in run.rounds]
+    points = [(x, 100 * y) for x, y in values if y is not None and not math.isnan(y)]
     return [x for x, _ in points], [y for _, y in points]
 
 
@@ -251,15 +256,21 @@ def plot_accuracy_curves(runs: Sequence[RunData], path: str | Path) -> Path:
             x, y = accuracy_points(run)
             if not x:
                 continue
-            ax.plot(x, y, color=cycle[n % len(cycle)], marker="." if len(x) < 30 else None, linewidth=1.2,
-                    alpha=0.85, label=legend)
+            colour = cycle[n % len(cycle)]
+            ax.plot(x, y, color=colour, marker="." if len(x) < 30 else None, linewidth=1.2, alpha=0.85, label=legend)
+            gx, gy = accuracy_points(run, "global_accuracy")
+            if gx:  # the global model on the same clients: what personalisation adds is the gap
+                ax.plot(gx, gy, color=colour, linestyle="--", linewidth=1.0, alpha=0.7,
+                        label=f"{legend}: global model" if legend is not None else None)
             legend = None  # one legend entry per group
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round (as in rounds.parquet; 0 = the first)")
     ax.set_ylabel("pooled test accuracy (%)")
     data = {(run.config.data.dataset, run.config.data.partition) for run in runs}
     on = f"\n{' '.join(data.pop())}" if len(data) == 1 else ""
-    ax.set_title(f"Accuracy of the clients' models (pooled over test samples){on}", fontsize="medium")
+    ax.set_title(f"Accuracy of the clients' models (pooled over test samples; dashed: global model){on}"
+                 if any(accuracy_points(run, "global_accuracy")[0] for run in runs)
+                 else f"Accuracy of the clients' models (pooled over test samples){on}", fontsize="medium")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[1]:
         ax.legend(fontsize="small")

@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from rayfed.flat import FlatModel, ParamLayout
-from rayfed.models import block_names, build_model, output_layer_name
+from rayfed.models import InputShape, block_names, build_model, input_kind, output_layer_name
 from rayfed.seeding import init_seed
 
 if TYPE_CHECKING:
     from rayfed.config import RunConfig
     from rayfed.data import ArrayDataset
+    from rayfed.data.held_out import HeldOutSet
 
 __all__ = ["ProblemSpec", "build_problem"]
 
@@ -40,7 +41,8 @@ class ProblemSpec:
 
     num_clients: int
     num_classes: int
-    input_shape: tuple[int, int, int]
+    input_shape: InputShape
+    """One sample's input shape: (C, H, W) of an image, or (L, V) of a token sequence."""
     layouts: Mapping[str, ParamLayout]
     blocks: Mapping[str, tuple[str, ...]]
     output_layer: Mapping[str, str]
@@ -54,9 +56,24 @@ class ProblemSpec:
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
     """Per-channel statistics the workers normalise inputs with (to undo before augmenting)."""
+    input_kind: str = "image"
+    """``"image"`` or ``"tokens"`` (:func:`rayfed.models.input_kind`): an algorithm that only
+    makes sense for images (augmentations) refuses token sequences in its ``validate``."""
     buffer_layouts: Mapping[str, ParamLayout] = field(default_factory=dict)
     """Each architecture's floating-point buffers (BatchNorm statistics), laid out after its
     parameters in the state vector (``FlatModel.state_numpy``); empty if unknown."""
+    join_ratio: float = 1.0
+    """``engine.join_ratio``: below 1, only part of the clients train each round, so an
+    algorithm that needs every client every round refuses it in its ``validate``."""
+    held_out: HeldOutSet | None = field(default=None, compare=False, repr=False)
+    """Server data no client owns (FedLAW's proxy set, KT-pFL's public set), carved out of the
+    pool by the engine when the server half asks for it (:mod:`rayfed.data.held_out`)."""
+
+    def for_clients(self) -> ProblemSpec:
+        """The spec the workers get: without the held-out set unless the clients may see it."""
+        if self.held_out is None or self.held_out.shared:
+            return self
+        return replace(self, held_out=None)
 
     def architecture_of(self, client_id: int) -> str:
         if self.client_architectures:
@@ -96,7 +113,9 @@ def build_problem(config: RunConfig, dataset: ArrayDataset) -> tuple[ProblemSpec
         seed=config.seed,
         mean=tuple(dataset.mean),
         std=tuple(dataset.std),
+        input_kind=input_kind(dataset.input_shape),
         buffer_layouts=buffer_layouts,
         algorithm=config.algorithm.name,
+        join_ratio=config.engine.join_ratio,
     )
     return spec, initial

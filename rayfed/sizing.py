@@ -18,8 +18,10 @@ dominates a run on the driver's machine:
   and two (M, K) tables for ``cwfedavg`` (docs/algorithms.md, cwFedAvg section) or one
   weight per client and block for ``fedawa`` / ``fedawa_l`` (docs/algorithms.md, FedAWA
   section);
-* **client state store**: for algorithms that keep client state, at most one model per
-  client, capped by ``engine.client_state_memory_mb`` (beyond it, states spill to disk);
+* **client state store**: for algorithms that keep client state, what one client keeps
+  (``ServerHalf.client_state_bytes``: one model by default, every client's model for APPLE)
+  times the clients, capped by ``engine.client_state_memory_mb`` (beyond it, states spill to
+  disk; :func:`check_client_states` refuses a run whose states fit in neither);
 * **round records**: :data:`DRIVER_BYTES_PER_CLIENT` per sampled client per round (its
   place in a batch, its train and evaluation reports, its row of the clients table);
 * **workers**: when Ray runs on this machine, each worker process
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +50,9 @@ from rayfed.config import EngineConfig, RunConfig
 from rayfed.data.registry import check_dataset_options, dataset_options
 from rayfed.data.synthetic import check_synthetic
 from rayfed.errors import ResourceError
+from rayfed.flat import ParamLayout
 from rayfed.models import block_names, build_model, output_layer_name
+from rayfed.problem import ProblemSpec
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +63,9 @@ __all__ = [
     "available_memory",
     "check_memory",
     "check_fits",
+    "check_client_states",
+    "client_states_bytes",
+    "free_disk",
     "check_local_gpu",
     "format_bytes",
 ]
@@ -82,6 +90,7 @@ _KNOWN_DATASETS: dict[str, tuple[int, int, tuple[int, int, int], int]] = {
     "cifar10": (50_000, 10_000, (3, 32, 32), 10),
     "cifar100": (50_000, 10_000, (3, 32, 32), 100),
     "tiny_imagenet": (100_000, 0, (3, 64, 64), 200),
+    "emnist_letters": (124_800, 20_800, (1, 28, 28), 26),
 }
 """(training samples, test samples, input shape, classes) of the built-in torchvision datasets."""
 
@@ -136,9 +145,13 @@ def _dataset_size(config: RunConfig) -> tuple[int, tuple[int, int, int], int, in
         working = check_synthetic(*args)
         num_samples, num_classes, channels, size = args
         return num_samples, (channels, size, size), num_classes, working
+    if data.dataset == "ag_news":  # (L, V) token sequences; V at most max_vocab, 4 classes
+        shape = (options["max_len"], options["max_vocab"])
+        return 120_000 + (7_600 if options["merge_splits"] else 0), shape, 4, 0  # type: ignore[return-value]
     if data.dataset not in _KNOWN_DATASETS:
         return None
     train, test, shape, classes = _KNOWN_DATASETS[data.dataset]
+    classes += 1 if options.get("na_class") else 0  # emnist_letters' 27-way head
     merged = options.get("merge_splits", True)  # the loaders merge train and test by default
     return train + (test if merged else 0), shape, classes, 0
 
@@ -154,6 +167,38 @@ def _model_floats(config: RunConfig, shape: tuple[int, int, int], classes: int) 
                 len(block_names(model)))
         best = max(best, size)
     return best
+
+
+def _sizing_spec(config: RunConfig, shape: tuple[int, int, int], classes: int) -> ProblemSpec:
+    """The run's :class:`ProblemSpec` as far as sizes go (layouts, blocks, output layers), from models built
+    on ``meta``: what ``ServerHalf.client_state_bytes`` reads, without data or allocation."""
+    layouts, buffers, blocks, outputs = {}, {}, {}, {}
+    for name in config.model.architectures():
+        with torch.device("meta"):
+            model = build_model(name, shape, classes)
+        layouts[name] = ParamLayout.of(
+            [(n, p) for n, p in model.named_parameters() if p.requires_grad], channels_last=True
+        )
+        buffers[name] = ParamLayout.of([(n, b) for n, b in model.named_buffers() if b.is_floating_point()])
+        blocks[name], outputs[name] = tuple(block_names(model)), output_layer_name(model)
+    return ProblemSpec(
+        num_clients=config.data.num_clients, num_classes=classes, input_shape=shape, layouts=layouts,
+        blocks=blocks, output_layer=outputs, client_architectures=config.model.client_models,
+        default_architecture=config.model.name, algorithm=config.algorithm.name, seed=config.seed,
+        buffer_layouts=buffers, join_ratio=config.engine.join_ratio,
+    )
+
+
+def client_states_bytes(config: RunConfig) -> tuple[int, int]:
+    """(bytes one client keeps between rounds, bytes all clients keep) for ``config``'s algorithm
+    (``ServerHalf.client_state_bytes``); (0, 0) if its clients keep no state."""
+    algorithm = resolve(config.algorithm)
+    if not algorithm.keeps_client_state:
+        return 0, 0
+    size = _dataset_size(config)
+    _, shape, classes, _ = size if size is not None else (0, (1, 28, 28), 10, 0)
+    per_client = algorithm.client_state_bytes(_sizing_spec(config, shape, classes))
+    return per_client, per_client * config.data.num_clients
 
 
 _SERVER_EXTRA: dict[str, Callable[[int, int, int, int, int], int]] = {
@@ -182,17 +227,15 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     num_samples, shape, classes, working = size if size is not None else (0, (1, 28, 28), 10, 0)
     m = data.num_clients
     dataset_field = "data.options.num_samples" if data.dataset == "synthetic" else "data.dataset"
-    dataset = copies * num_samples * (shape[0] * shape[1] * shape[2] + 8) + working
+    sample = 4 * shape[0] if len(shape) == 2 else shape[0] * shape[1] * shape[2]  # int32 ids or uint8 pixels
+    dataset = copies * num_samples * (sample + 8) + working
     kept = 8 * num_samples + m * (16 + 2 * 8 * classes)  # what stays: indices, offsets, label counts
     per_client = m * (PARTITION_BYTES_PER_CLIENT + PARTITION_BYTES_PER_CLIENT_CLASS * classes)
     partition = PARTITION_BYTES_PER_SAMPLE * num_samples + per_client + (copies - 1) * kept
     floats, head, blocks = _model_floats(config, shape, classes)
     extra = _SERVER_EXTRA.get(config.algorithm.name)
     server = 2 * 4 * floats + (extra(floats, head, blocks, m, classes) if extra else 0)
-    states = (
-        min(int(engine.client_state_memory_mb * 2**20), m * 4 * floats)
-        if resolve(config.algorithm).keeps_client_state else 0
-    )
+    states = min(int(engine.client_state_memory_mb * 2**20), client_states_bytes(config)[1])
     records = int(m * engine.join_ratio) * DRIVER_BYTES_PER_CLIENT
     workers = _local_workers(config) * (WORKER_PROCESS_BYTES + 4 * 4 * floats)
     parts = [
@@ -266,6 +309,40 @@ def check_fits(config: RunConfig) -> MemoryEstimate:
     else:
         check_local_gpu(engine)
     return check_memory(config)
+
+
+def free_disk(path: str | Path) -> int:
+    """Free bytes on the disk that holds ``path`` (its nearest existing ancestor, if it does not exist yet)."""
+    target = Path(path).absolute()
+    while not target.exists() and target != target.parent:
+        target = target.parent
+    return shutil.disk_usage(target).free
+
+
+def check_client_states(config: RunConfig, run_dir: str | Path) -> None:
+    """Refuse, before anything is written, a run whose clients' states fit neither the client state
+    store's memory (``engine.client_state_memory_mb``) nor, where it spills, the free disk of ``run_dir``.
+
+    Raises
+    ------
+    ResourceError
+        Naming the algorithm, the bytes per client and in all, the two limits and the fields to change.
+    """
+    per_client, total = client_states_bytes(config)
+    memory = int(config.engine.client_state_memory_mb * 2**20)
+    if total <= memory:
+        return
+    disk = free_disk(run_dir)
+    if total <= memory + disk:
+        return
+    m = config.data.num_clients
+    raise ResourceError(
+        f"algorithm.name={config.algorithm.name!r} keeps {format_bytes(per_client)} of state per client, "
+        f"{format_bytes(total)} for data.num_clients={m}, but engine.client_state_memory_mb="
+        f"{config.engine.client_state_memory_mb:g} holds {format_bytes(memory)} in memory and the disk of the run "
+        f"directory {str(run_dir)!r} has {format_bytes(disk)} free; lower data.num_clients, raise "
+        "engine.client_state_memory_mb, or set run_dir on a disk with more room"
+    )
 
 
 def check_local_gpu(engine: EngineConfig) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,9 @@ import pytest
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# `rayfed list` caches its catalogue under $XDG_CACHE_HOME; the tests' registrations (e.g. the
+# two-group dataset) must never reach the user's cache.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="rayfed-test-cache-")
 
 
 def tiny_overrides(run_dir: Path, **extra: object) -> dict[str, object]:

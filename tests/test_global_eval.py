@@ -96,6 +96,8 @@ def test_no_global_model_leaves_the_reports_empty() -> None:
 class _NoGlobal:
     """A broadcast with neither a shared body nor a global model: each client evaluated with a zero model."""
 
+    eval_needs_train = False
+
     def prepare_global_eval(self, job) -> bool:  # noqa: ANN001
         return False
 

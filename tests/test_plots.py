@@ -153,3 +153,18 @@ def test_round_axis_is_the_stored_round(runs, tmp_path):
     stored = pq.read_table(runs["cw"] / "rounds.parquet").column("round").to_pylist()
     assert accuracy_points(data)[0] == stored == [0]
     assert plot_accuracy_curves([data, _run("b", [0.1, 0.2])], tmp_path / "a.png").stat().st_size > 1000
+
+
+def test_accuracy_figure_draws_the_global_model_dashed_where_the_run_has_one(runs, tmp_path):
+    from rayfed.plots import accuracy_points, plot_accuracy_curves
+
+    # Arrange: cwFedAvg records its global model's accuracy (Eq. 7 with the overall distribution); FedAvg has none.
+    cw, fedavg = load_run(runs["cw"]), load_run(runs["fedavg"])
+    stored = pq.read_table(runs["cw"] / "rounds.parquet").column("global_accuracy").to_pylist()
+    # Act
+    global_points = accuracy_points(cw, "global_accuracy")
+    path = plot_accuracy_curves([cw, fedavg], tmp_path / "a.png")
+    # Assert
+    assert global_points == ([0], [100 * stored[0]])
+    assert accuracy_points(fedavg, "global_accuracy") == ([], [])
+    assert path.stat().st_size > 1000

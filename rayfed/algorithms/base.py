@@ -31,12 +31,14 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import numpy as np
 
+from rayfed.flat import ParamLayout
 from rayfed.problem import ProblemSpec
 from rayfed.registry import Registry
 from rayfed.training import ClientJob, TrainStats, local_sgd
 
 if TYPE_CHECKING:  # config validates params through this registry
     from rayfed.config import AlgorithmConfig
+    from rayfed.data.held_out import HeldOutRequest
 
 __all__ = [
     "RoundContext",
@@ -51,6 +53,7 @@ __all__ = [
     "ResolvedAlgorithm",
     "resolve",
     "NoParams",
+    "model_state_bytes",
 ]
 
 P = TypeVar("P")
@@ -96,6 +99,10 @@ class Broadcast(abc.ABC):
     It must be picklable and cheap to share: Ray stores it once and every worker
     reads the same object, zero-copy for its numpy arrays.
     """
+
+    eval_needs_train: bool = False
+    """True if :meth:`prepare_eval` reads the client's training split (FedBABU fine-tunes on it, IFCA picks
+    its cluster by training loss), so evaluation jobs carry the train split too."""
 
     @abc.abstractmethod
     def personalise(self, job: ClientJob) -> None:
@@ -215,6 +222,23 @@ class ServerHalf(abc.ABC, Generic[P, C]):
         so a server half built directly is checked the same way. Nothing to check by default.
         """
 
+    @classmethod
+    def held_out(cls, params: P, spec: ProblemSpec) -> HeldOutRequest | None:
+        """The server data no client may own that this half needs (FedLAW's proxy set, KT-pFL's
+        public set), or ``None`` (the default). The engine carves it out of the pool before the
+        partition and hands it over as ``spec.held_out`` (:mod:`rayfed.data.held_out`)."""
+        return None
+
+    @classmethod
+    def client_state_bytes(cls, params: P, spec: ProblemSpec) -> int:
+        """Bytes of state one client keeps between rounds (the client state store), for an algorithm
+        registered with ``keeps_client_state``; by default one model, parameters and floating-point
+        buffers in float32, of the run's largest architecture. An algorithm whose clients keep more
+        (APPLE's copies of every client's model) says so here: before anything is written, the engine
+        refuses a run whose clients' states fit neither ``engine.client_state_memory_mb`` nor the free
+        disk of the run directory (:func:`rayfed.sizing.check_client_states`)."""
+        return model_state_bytes(spec)
+
     @abc.abstractmethod
     def broadcast(self) -> Broadcast:
         """The message of the next round (a function of the server's state only)."""
@@ -300,11 +324,33 @@ class ResolvedAlgorithm:
         """The server half's check of its params against the problem (before anything is written)."""
         self.algorithm.server_half.validate(self.server_params, spec)
 
+    def held_out(self, spec: ProblemSpec) -> HeldOutRequest | None:
+        """The server half's request for held-out data (:meth:`ServerHalf.held_out`), if any."""
+        return self.algorithm.server_half.held_out(self.server_params, spec)
+
+    def client_state_bytes(self, spec: ProblemSpec) -> int:
+        """Bytes one client keeps between rounds: 0 without client state; the server half's
+        :meth:`ServerHalf.client_state_bytes` if its algorithm keeps the state, else (a borrowed
+        client half keeps it) one model."""
+        if not self.keeps_client_state:
+            return 0
+        if self.algorithm.keeps_client_state:
+            return self.algorithm.server_half.client_state_bytes(self.server_params, spec)
+        return model_state_bytes(spec)
+
     def make_server(self, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> ServerHalf[Any, Any]:
         return self.algorithm.server_half(self.server_params, spec, initial)
 
     def make_client(self, spec: ProblemSpec) -> ClientHalf[Any]:
         return self.client_half(self.client_params, spec)
+
+
+def model_state_bytes(spec: ProblemSpec) -> int:
+    """Bytes of one float32 model state (parameters, then floating-point buffers) of the largest architecture."""
+    empty = ParamLayout((), (), (0,))
+    return 4 * max(
+        (layout.size + spec.buffer_layouts.get(arch, empty).size for arch, layout in spec.layouts.items()), default=0
+    )
 
 
 def resolve(config: AlgorithmConfig) -> ResolvedAlgorithm:

@@ -16,7 +16,7 @@ import numpy as np
 
 from rayfed.algorithms.base import Contribution
 
-__all__ = ["WeightedSum", "sum_contributions"]
+__all__ = ["WeightedSum", "ClientVectors", "sum_contributions"]
 
 C = TypeVar("C", bound=Contribution)
 
@@ -55,6 +55,66 @@ class WeightedSum(Contribution):
 
     def is_finite(self) -> bool:
         return bool(np.isfinite(self.total).all()) and np.isfinite(self.weight)
+
+
+@dataclass
+class ClientVectors(Contribution):
+    """One row per uploading client (FedAWA's τ_k = θ_k − θ_g, or a whole model), with ids and sizes.
+
+    For server halves that need each client's vector, not only their sum (FedAWA, FedAMP,
+    CFL, ...). Rows are whole states (parameters, then buffers) unless the algorithm says
+    otherwise. ``+`` concatenates, lazily: it joins the tuples of blocks, and :meth:`matrix`
+    copies them into one (M, S) array once, on the server. Concatenation is associative; the row order (the merge order,
+    fixed by the engine) changes results only by float rounding.
+    """
+
+    blocks: tuple[np.ndarray, ...]
+    client_ids: np.ndarray
+    sizes: np.ndarray
+    label_counts: np.ndarray | None = None
+    """(M, K) training-label counts, one row per client, for methods whose clients reveal them
+    (FedDisco); ``None`` when they are not uploaded (then they cost no bytes)."""
+
+    @classmethod
+    def of(
+        cls, vector: np.ndarray, client_id: int, size: float, label_counts: np.ndarray | None = None
+    ) -> ClientVectors:
+        """One client's upload; ``label_counts`` (K,) only if the method sends them."""
+        counts = None if label_counts is None else np.asarray(label_counts, np.int64)[None, :]
+        return cls((vector[None, :],), np.array([client_id], np.int64), np.array([size], np.float64), counts)
+
+    def __add__(self, other: ClientVectors) -> ClientVectors:
+        if (self.label_counts is None) != (other.label_counts is None):
+            raise ValueError("cannot add client vectors with label counts to client vectors without")
+        counts = None
+        if self.label_counts is not None and other.label_counts is not None:
+            counts = np.concatenate([self.label_counts, other.label_counts])
+        return ClientVectors(
+            self.blocks + other.blocks,
+            np.concatenate([self.client_ids, other.client_ids]),
+            np.concatenate([self.sizes, other.sizes]),
+            counts,
+        )
+
+    __iadd__ = __add__
+
+    @property
+    def count(self) -> int:
+        return len(self.client_ids)
+
+    def matrix(self) -> np.ndarray:
+        """The (M, S) float32 matrix of client vectors; no copy when there is one block."""
+        if len(self.blocks) == 1:
+            return self.blocks[0]
+        return np.concatenate(self.blocks, axis=0)
+
+    @property
+    def nbytes(self) -> int:
+        counts = 0 if self.label_counts is None else int(self.label_counts.nbytes)
+        return sum(int(b.nbytes) for b in self.blocks) + int(self.client_ids.nbytes) + int(self.sizes.nbytes) + counts
+
+    def is_finite(self) -> bool:
+        return all(bool(np.isfinite(b).all()) for b in self.blocks) and bool(np.isfinite(self.sizes).all())
 
 
 def sum_contributions(parts: Iterable[C | None]) -> C | None:

@@ -21,6 +21,7 @@ from typing import Literal
 
 import numpy as np
 
+from rayfed.algorithms.body_head import trailing_blocks
 from rayfed.config_fields import documented, section
 from rayfed.errors import ConfigError
 from rayfed.problem import ProblemSpec
@@ -160,12 +161,8 @@ def model_parts(spec: ProblemSpec, architecture: str, params: CwFedAvgParams) ->
             f"between 0 (all layers) and {len(blocks)}, the number of top-level blocks of model "
             f"{architecture!r} ({', '.join(blocks)})",
         )
-    shared: tuple[slice, ...] = ()
-    if classwise_blocks in (0, len(blocks)):
-        classwise = slice(0, layout.size)
-    else:
-        classwise = layout.slice_of(blocks[-classwise_blocks:])
-        shared = tuple(s for s in (slice(0, classwise.start), slice(classwise.stop, layout.size)) if s.stop > s.start)
+    classwise = trailing_blocks(layout, blocks, classwise_blocks)  # the body/head methods' block slicing
+    shared = tuple(s for s in (slice(0, classwise.start), slice(classwise.stop, layout.size)) if s.stop > s.start)
     name = f"{spec.output_layer[architecture]}.weight"
     index = layout.names.index(name)
     shape = layout.shapes[index]

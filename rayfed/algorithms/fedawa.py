@@ -57,7 +57,8 @@ from typing import Literal
 
 import numpy as np
 
-from rayfed.algorithms.base import Contribution, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.base import RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedavg import GlobalModel, require_homogeneous
 from rayfed.algorithms.fedawa_objective import (
     EXACT_SMOOTHING,
@@ -72,7 +73,7 @@ from rayfed.algorithms.fedawa_objective import (
     paper_objective,
     softmax,
 )
-from rayfed.algorithms.fedawa_weights import INITIAL_WEIGHTS
+from rayfed.algorithms.fedawa_weights import INITIAL_WEIGHTS, needs_label_counts
 from rayfed.algorithms.sgdm import PersistentMomentumClient
 from rayfed.config_fields import documented, section
 from rayfed.problem import ProblemSpec
@@ -81,7 +82,7 @@ from rayfed.validation import check_choice, check_int, check_real
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FIDELITIES", "FedAWAParams", "ClientVectors", "ClientVectorBroadcast", "FedAWAServer", "FedAWALServer"]
+__all__ = ["FIDELITIES", "FedAWAParams", "ClientVectorBroadcast", "FedAWAServer", "FedAWALServer"]
 
 FIDELITIES = ("code", "paper", "exact")
 
@@ -103,7 +104,9 @@ class FedAWAParams:
         "d = ‖Σλθ − θ_g‖₂; code: C_k = mean over coordinates of (θ_g − θ_k)².",
     )
     initial_weights: str = documented(
-        "size", "λ⁰: a name from rayfed.algorithms.fedawa_weights.INITIAL_WEIGHTS (size, uniform)."
+        "size",
+        "λ⁰: a name from rayfed.algorithms.fedawa_weights.INITIAL_WEIGHTS (size, uniform, feddisco: FedDisco's "
+        "weights, Sec. 5.3; its clients then also upload their label histograms).",
     )
     server_steps: int = documented(
         1, "code, paper: Adam steps per round (the code's --server_epochs); a new Adam every round."
@@ -140,58 +143,16 @@ class FedAWAParams:
 # --- what clients upload ------------------------------------------------------------------------
 
 
-@dataclass
-class ClientVectors(Contribution):
-    """The client vectors τ_k = θ_k − θ_g of a set of clients, with their ids and sizes.
-
-    Rows are whole states (parameters, then buffers). ``+`` concatenates, lazily: it
-    joins the tuples of blocks, and :meth:`matrix` copies them into one (M, S) array
-    once, on the server. Concatenation is associative; the row order (the merge order,
-    fixed by the engine) changes results only by float rounding.
-    """
-
-    blocks: tuple[np.ndarray, ...]
-    client_ids: np.ndarray
-    sizes: np.ndarray
-
-    @classmethod
-    def of(cls, vector: np.ndarray, client_id: int, size: float) -> ClientVectors:
-        """One client's upload."""
-        return cls((vector[None, :],), np.array([client_id], np.int64), np.array([size], np.float64))
-
-    def __add__(self, other: ClientVectors) -> ClientVectors:
-        return ClientVectors(
-            self.blocks + other.blocks,
-            np.concatenate([self.client_ids, other.client_ids]),
-            np.concatenate([self.sizes, other.sizes]),
-        )
-
-    __iadd__ = __add__
-
-    @property
-    def count(self) -> int:
-        return len(self.client_ids)
-
-    def matrix(self) -> np.ndarray:
-        """The (M, S) float32 matrix of client vectors; no copy when there is one block."""
-        if len(self.blocks) == 1:
-            return self.blocks[0]
-        return np.concatenate(self.blocks, axis=0)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(int(b.nbytes) for b in self.blocks) + int(self.client_ids.nbytes) + int(self.sizes.nbytes)
-
-    def is_finite(self) -> bool:
-        return all(bool(np.isfinite(b).all()) for b in self.blocks) and bool(np.isfinite(self.sizes).all())
-
-
 @dataclass(frozen=True)
 class ClientVectorBroadcast(GlobalModel):
-    """The global model; a trained client sends its client vector τ_k = θ_k − θ_g."""
+    """The global model; a trained client sends its client vector τ_k = θ_k − θ_g (and, if the
+    initial weights read them, its training-label counts)."""
+
+    send_label_counts: bool = False
 
     def contribute(self, job: ClientJob) -> ClientVectors:  # type: ignore[override]
-        return ClientVectors.of(job.flat.state_numpy() - self.vector, job.client_id, job.num_train)
+        counts = job.train_label_counts if self.send_label_counts else None
+        return ClientVectors.of(job.flat.state_numpy() - self.vector, job.client_id, job.num_train, counts)
 
 
 # --- the server half ----------------------------------------------------------------------------
@@ -224,14 +185,14 @@ class FedAWAServer(ServerHalf[FedAWAParams, ClientVectors]):
         self._warned_vertex = False
 
     def broadcast(self) -> ClientVectorBroadcast:
-        return ClientVectorBroadcast(self.global_vector)
+        return ClientVectorBroadcast(self.global_vector, needs_label_counts(self.params.initial_weights))
 
     def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
         if contribution is None:
             return {"clients_aggregated": 0.0}
         ids = contribution.client_ids
         vectors = contribution.matrix()
-        self._first_sight(ids, contribution.sizes)
+        self._first_sight(ids, contribution.sizes, contribution.label_counts)
         if self.params.fidelity == "exact":
             lam, metrics = self._exact_weights(ctx, vectors, ids)
         else:
@@ -291,12 +252,12 @@ class FedAWAServer(ServerHalf[FedAWAParams, ClientVectors]):
             "fedawa_solver_gap": relative_gap,
         }
 
-    def _first_sight(self, ids: np.ndarray, sizes: np.ndarray) -> None:
+    def _first_sight(self, ids: np.ndarray, sizes: np.ndarray, label_counts: np.ndarray | None = None) -> None:
         """Clients never aggregated before start from their initial weight w: z = w (``code``, as the code
         does with the size fractions), z = log w (``paper``), λ = w (``exact``)."""
         new = np.isnan(self.client_state[0, ids])
         if new.any():
-            weights = INITIAL_WEIGHTS.get(self.params.initial_weights)(ids, sizes, self.spec)[new]
+            weights = INITIAL_WEIGHTS.get(self.params.initial_weights)(ids, sizes, label_counts, self.spec)[new]
             if self.params.fidelity == "paper":  # a weight of 0 becomes a finite, negligible logit
                 weights = np.log(np.maximum(weights, np.finfo(np.float64).tiny))
             self.client_state[:, ids[new]] = weights

@@ -4,9 +4,12 @@ Shi et al., "FedAWA: Adaptive Optimization of Aggregation Weights in Federated L
 Using Client Vectors", CVPR 2025: Alg. 1 starts from λ⁰_k = |D_k| / Σ_i |D_i| and refines
 the weights round after round; Sec. 5.3 ("Modularity") starts instead from another
 method's weights (FedDisco's) and refines those. An initialiser is that starting point:
-a function of the clients' ids, their training sizes and the :class:`ProblemSpec` that
-returns one positive weight per client. A module that brings a new one (FedDisco) calls
-:func:`register_initial_weights` and FedAWA accepts its name; ``fedawa.py`` stays as it is.
+a function of the clients' ids, their training sizes, their training-label counts (or
+``None``) and the :class:`ProblemSpec` that returns one positive weight per client. A module
+that brings a new one (FedDisco, :mod:`rayfed.algorithms.feddisco`) calls
+:func:`register_initial_weights` and FedAWA accepts its name. An initialiser that reads the
+label counts says so (``needs_label_counts=True``); FedAWA's clients then upload their
+label histogram (K integers) beside their client vector, and only then.
 
 The server asks for the weights of the clients it sees in a round, the first time it sees
 them. Under full participation they are all the clients, and a weight should be the
@@ -23,27 +26,51 @@ import numpy as np
 from rayfed.problem import ProblemSpec
 from rayfed.registry import Registry
 
-__all__ = ["InitialWeights", "INITIAL_WEIGHTS", "register_initial_weights", "size_weights", "uniform_weights"]
+__all__ = [
+    "InitialWeights",
+    "INITIAL_WEIGHTS",
+    "register_initial_weights",
+    "needs_label_counts",
+    "size_weights",
+    "uniform_weights",
+]
 
-InitialWeights = Callable[[np.ndarray, np.ndarray, ProblemSpec], np.ndarray]
-"""(client ids (M,), their training sizes (M,), spec) -> their weights (M,), each ≥ 0, about 1/N each on average."""
+InitialWeights = Callable[[np.ndarray, np.ndarray, "np.ndarray | None", ProblemSpec], np.ndarray]
+"""(client ids (M,), their training sizes (M,), their label counts (M, K) or None, spec) -> their
+weights (M,), each ≥ 0, about 1/N each on average."""
 
 INITIAL_WEIGHTS: Registry[InitialWeights] = Registry("initial weights", field="algorithm.params.initial_weights")
 
+_READS_LABEL_COUNTS: set[str] = set()
 
-def register_initial_weights(name: str) -> Callable[[InitialWeights], InitialWeights]:
-    """Decorator: make ``name`` a choice of ``algorithm.params.initial_weights``."""
+
+def register_initial_weights(
+    name: str, *, needs_label_counts: bool = False
+) -> Callable[[InitialWeights], InitialWeights]:
+    """Decorator: make ``name`` a choice of ``algorithm.params.initial_weights``; with
+    ``needs_label_counts`` the clients must upload their label histograms for it."""
+    if needs_label_counts:
+        _READS_LABEL_COUNTS.add(name)
     return INITIAL_WEIGHTS.register(name)
 
 
+def needs_label_counts(name: str) -> bool:
+    """True if the initialiser ``name`` reads the clients' label counts (so they must be uploaded)."""
+    return name in _READS_LABEL_COUNTS
+
+
 @register_initial_weights("size")
-def size_weights(client_ids: np.ndarray, sizes: np.ndarray, spec: ProblemSpec) -> np.ndarray:
+def size_weights(
+    client_ids: np.ndarray, sizes: np.ndarray, label_counts: np.ndarray | None, spec: ProblemSpec
+) -> np.ndarray:
     """λ⁰_k = n_k / Σ_i n_i (Alg. 1, line 1), estimated from the clients at hand as
     n_k / (N · mean of their n): exact when they are all N clients."""
     return np.asarray(sizes, np.float64) / (spec.num_clients * max(float(np.mean(sizes)), 1e-12))
 
 
 @register_initial_weights("uniform")
-def uniform_weights(client_ids: np.ndarray, sizes: np.ndarray, spec: ProblemSpec) -> np.ndarray:
+def uniform_weights(
+    client_ids: np.ndarray, sizes: np.ndarray, label_counts: np.ndarray | None, spec: ProblemSpec
+) -> np.ndarray:
     """λ⁰_k = 1 / N."""
     return np.full(len(client_ids), 1.0 / spec.num_clients)

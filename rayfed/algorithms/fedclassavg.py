@@ -338,7 +338,13 @@ class FedClassAvgServer(FedAvgServer):
 
     @classmethod
     def validate(cls, params: FedClassAvgParams, spec: ProblemSpec) -> None:  # type: ignore[override]
-        """Every model must end in the shared ``classifier.1`` (one shape); ``"weight"`` needs one model."""
+        """Images only (its augmented views are image transforms); every model must end in the shared
+        ``classifier.1`` (one shape); ``"weight"`` needs one model."""
+        if spec.input_kind != "image":
+            raise ConfigError(
+                f"algorithm.name='fedclassavg' trains on two augmented views of each image, but data.dataset gives "
+                f"{spec.input_kind!r} inputs; use an image dataset, or an algorithm such as 'fedproto' or 'fedavg'"
+            )
         _shared_feature_dim(spec)
         if params.mode == "weight" and not spec.homogeneous:
             raise ConfigError(

@@ -11,8 +11,9 @@ Importing this package registers every built-in dataset in :data:`DATASETS` and 
 partitioner in :data:`PARTITIONERS`.
 """
 
+from rayfed.data import text as _text  # noqa: F401  (registers ag_news)
 from rayfed.data import torchvision_data as _torchvision_data  # noqa: F401  (registers loaders)
-from rayfed.data.dataset import ArrayDataset
+from rayfed.data.dataset import IMAGE, TOKENS, ArrayDataset
 from rayfed.data.partition import (
     LABEL_COUNTS_FILE,
     ClientPartition,
@@ -33,10 +34,12 @@ from rayfed.data.pool_slices import PoolSlices
 from rayfed.data.registry import DATASETS, DatasetLoader, dataset_options, load_dataset
 from rayfed.data.split import split_train_test
 from rayfed.data.synthetic import make_synthetic
-from rayfed.data.transforms import normalize_batch
+from rayfed.data.text import VOCABULARY_FILE, save_vocabulary
+from rayfed.data.transforms import model_inputs, normalize_batch
 
 __all__ = [
     "DATASETS",
+    "IMAGE",
     "LABEL_COUNTS_FILE",
     "PARTITIONERS",
     "ArrayDataset",
@@ -45,16 +48,20 @@ __all__ = [
     "Partition",
     "Partitioner",
     "PoolSlices",
+    "TOKENS",
+    "VOCABULARY_FILE",
     "dataset_options",
     "load_dataset",
     "load_partition",
     "make_partition",
     "make_synthetic",
+    "model_inputs",
     "normalize_batch",
     "partition_dirichlet",
     "partition_iid",
     "partition_pathological",
     "read_label_counts",
+    "save_vocabulary",
     "split_train_test",
     "write_label_counts",
 ]

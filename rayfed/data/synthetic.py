@@ -231,7 +231,7 @@ def make_synthetic(
                     bar.update(done)
     return ArrayDataset(
         name="synthetic",
-        images=images,
+        inputs=images,
         labels=labels,
         num_classes=num_classes,
         mean=(0.5,) * channels,

@@ -1,4 +1,4 @@
-"""Real datasets from a user-named root: MNIST, Fashion-MNIST, CIFAR-10/100, Tiny ImageNet.
+"""Real datasets from a user-named root: MNIST, Fashion-MNIST, EMNIST-Letters, CIFAR-10/100, Tiny ImageNet.
 
 Following PFLlib's generators (``dataset/generate_*.py``), the official train and test
 splits are merged into one pool (train first, then test) before partitioning, so MNIST
@@ -13,7 +13,9 @@ torchvision is imported lazily, inside the loaders. Nothing touches the network 
 
 * MNIST-style datasets: torchvision only looks for the *decompressed* IDX files, so
   ``.gz`` files found in ``<root>/<Class>/raw/`` are decompressed here with ``gzip``,
-  offline, before torchvision is called with ``download=False``.
+  offline, before torchvision is called with ``download=False``. For EMNIST the
+  ``.gz`` files may also sit in ``<root>/EMNIST/raw/gzip/`` or inside NIST's ``gzip.zip``
+  (in ``<root>/EMNIST/raw/`` or ``<root>``), whose letters files are then extracted.
 * CIFAR: a ``cifar-*-python.tar.gz`` archive found in ``root`` is extracted offline.
 * Anything still missing raises :class:`DatasetError` naming the files and the fix,
   unless ``download=True``, in which case torchvision downloads it.
@@ -21,10 +23,12 @@ torchvision is imported lazily, inside the loaders. Nothing touches the network 
 
 from __future__ import annotations
 
+import functools
 import gzip
 import logging
 import os
 import shutil
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,11 +41,14 @@ from rayfed.errors import ConfigError, DatasetError
 from rayfed.io import create_temp_file
 
 __all__ = [
+    "EMNIST_LETTERS_FILES",
     "load_cifar10",
     "load_cifar100",
+    "load_emnist_letters",
     "load_fashion_mnist",
     "load_mnist",
     "load_tiny_imagenet",
+    "require_root",
 ]
 
 logger = logging.getLogger(__name__)
@@ -74,7 +81,7 @@ def load_fashion_mnist(
 
 
 def _load_idx(name: str, class_name: str, root: str | None, download: bool, merge_splits: bool) -> ArrayDataset:
-    base = _require_root(name, root)
+    base = require_root(name, root)
     import torchvision.datasets as tvd
 
     cls = getattr(tvd, class_name)
@@ -89,18 +96,19 @@ def _load_idx(name: str, class_name: str, root: str | None, download: bool, merg
     return ArrayDataset(name, np.ascontiguousarray(images), labels, len(cls.classes), (_HALF,), (_HALF,))
 
 
-def _gunzip_if_needed(name: str, archive: Path, md5: str) -> None:
-    """Decompress ``archive`` next to itself (offline) unless its IDX file exists.
+def _gunzip_if_needed(name: str, archive: Path, md5: str | None, target: Path | None = None) -> None:
+    """Decompress ``archive`` to ``target`` (default: next to itself), offline, unless ``target`` exists.
 
     Written to a temporary file first, then renamed, so an interrupted run never leaves
-    a truncated IDX file that torchvision would accept as present.
+    a truncated IDX file that torchvision would accept as present. ``md5=None`` skips
+    the checksum (torchvision lists none for EMNIST's single files).
     """
-    target = archive.with_suffix("")
+    target = target or archive.with_suffix("")
     if target.is_file() or not archive.is_file():
         return
     from torchvision.datasets.utils import check_md5
 
-    if not check_md5(archive, md5):
+    if md5 is not None and not check_md5(archive, md5):
         logger.warning("%s: %s does not have torchvision's md5 %s; using it anyway", name, archive, md5)
     try:
         fd, tmp = create_temp_file(target)  # the user's umask, as the IDX files beside it
@@ -117,6 +125,84 @@ def _gunzip_if_needed(name: str, archive: Path, md5: str) -> None:
     except (OSError, EOFError) as error:
         Path(tmp).unlink(missing_ok=True)
         raise DatasetError(f"dataset {name!r}: {str(archive)!r} is not a valid gzip file ({error})") from error
+
+
+# --------------------------------------------------------------------------- EMNIST-Letters
+
+EMNIST_LETTERS_FILES = tuple(
+    f"emnist-letters-{split}-{kind}"
+    for split in ("train", "test")
+    for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")
+)
+"""The four IDX files torchvision's ``EMNIST(split="letters")`` reads from ``<root>/EMNIST/raw/``."""
+_EMNIST_LETTERS = 26
+
+
+@DATASETS.register("emnist_letters")
+def load_emnist_letters(
+    root: str | None, *, download: bool = False, seed: int = 0, merge_splits: bool = True, na_class: bool = False
+) -> ArrayDataset:
+    """EMNIST Letters, 26 classes (a-z, upper and lower case together), 1x28x28: 145,600 samples
+    merged (124,800 with ``merge_splits=False``), from ``<root>/EMNIST/raw/``.
+
+    The files label the letters 1..26 (torchvision's class list puts "N/A" at 0, so code that
+    sizes its output layer from that list, FedClassAvg's, gets 27 units of which class 0 never
+    occurs). By default labels are shifted to 0..25 and the output layer has 26 units, as the
+    FedClassAvg paper states; ``na_class=True`` keeps labels 1..26 and 27 classes, as its code
+    does. Images are kept as the IDX files store them (transposed relative to upright letters),
+    as torchvision reads them and PFLlib uses them.
+    """
+    del seed
+    name = "emnist_letters"
+    base = require_root(name, root)
+    import torchvision.datasets as tvd
+
+    raw = base / "EMNIST" / "raw"
+    needed = EMNIST_LETTERS_FILES if merge_splits else EMNIST_LETTERS_FILES[:2]
+    for idx_file in needed:
+        _unpack_emnist_file(base, raw, idx_file)
+    missing = [f"EMNIST/raw/{f}" for f in needed if not (raw / f).is_file()]
+    fix = f"copy NIST's gzip.zip, or its emnist-letters-*.gz files, into {str(raw)!r}/"
+    cls = functools.partial(tvd.EMNIST, split="letters")
+    splits = _load_splits(name, cls, base, missing, fix, download=download, merge_splits=merge_splits)
+    images = np.concatenate([s.data.numpy() for s in splits])[:, None]  # (N, 1, 28, 28)
+    labels = np.concatenate([s.targets.numpy() for s in splits]).astype(np.int64)
+    if len(labels) and (labels.min() < 1 or labels.max() > _EMNIST_LETTERS):
+        raise DatasetError(
+            f"dataset {name!r}: EMNIST letters labels must lie in 1..{_EMNIST_LETTERS}, but the files under "
+            f"{str(raw)!r} hold labels {labels.min()}..{labels.max()}; are they the letters split?"
+        )
+    if not na_class:
+        labels -= 1
+    classes = _EMNIST_LETTERS + (1 if na_class else 0)
+    return ArrayDataset(name, np.ascontiguousarray(images), labels, classes, (_HALF,), (_HALF,))
+
+
+def _unpack_emnist_file(base: Path, raw: Path, idx_file: str) -> None:
+    """Make ``raw/idx_file`` from its ``.gz`` in ``raw/`` or ``raw/gzip/``, or from a ``gzip.zip`` archive."""
+    if (raw / idx_file).is_file():
+        return
+    archive = next((p for p in (raw / f"{idx_file}.gz", raw / "gzip" / f"{idx_file}.gz") if p.is_file()), None)
+    if archive is None:
+        archive = _extract_from_zip("emnist_letters", [raw / "gzip.zip", base / "gzip.zip"], f"gzip/{idx_file}.gz", raw)
+    if archive is not None:
+        _gunzip_if_needed("emnist_letters", archive, None, raw / idx_file)
+
+
+def _extract_from_zip(name: str, zips: list[Path], member: str, into: Path) -> Path | None:
+    """Extract ``member`` from the first of ``zips`` that holds it into ``into``; its path, or None."""
+    for path in zips:
+        if not path.is_file():
+            continue
+        try:
+            with zipfile.ZipFile(path) as archive:
+                if member not in archive.namelist():
+                    continue
+                logger.info("%s: extracting %s from %s offline", name, member, path)
+                return Path(archive.extract(member, into))
+        except (OSError, zipfile.BadZipFile) as error:
+            raise DatasetError(f"dataset {name!r}: cannot read {str(path)!r} ({error})") from error
+    return None
 
 
 # --------------------------------------------------------------------------- CIFAR
@@ -139,7 +225,7 @@ def load_cifar100(
 
 
 def _load_cifar(name: str, class_name: str, root: str | None, download: bool, merge_splits: bool) -> ArrayDataset:
-    base = _require_root(name, root)
+    base = require_root(name, root)
     import torchvision.datasets as tvd
     from torchvision.datasets.utils import extract_archive
 
@@ -209,7 +295,7 @@ def load_tiny_imagenet(root: str | None, *, download: bool = False, seed: int = 
     (PIL releases the GIL while decoding) into one preallocated uint8 array.
     """
     del seed
-    base = _require_root("tiny_imagenet", root)
+    base = require_root("tiny_imagenet", root)
     train = base / _TINY_FOLDER / "train"
     if not train.is_dir():
         raise DatasetError(
@@ -264,7 +350,7 @@ def _decode_into(files: list[Path], out: np.ndarray) -> None:
             future.result()
 
 
-def _require_root(name: str, root: str | None) -> Path:
+def require_root(name: str, root: str | None) -> Path:
     if root is None or str(root) == "":
         raise ConfigError(f"dataset {name!r} needs a data folder, but data.root is not set; set data.root=<folder>")
     base = Path(root).expanduser()

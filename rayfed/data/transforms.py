@@ -2,7 +2,9 @@
 
 Images travel as uint8 and are normalised one whole batch at a time with tensor ops,
 never per sample through PIL: three element-wise passes per batch instead of a PIL
-round trip per image.
+round trip per image. Token sequences travel as int32 ids and become int64 on the device,
+what ``nn.Embedding`` reads; they are not normalised. :func:`model_inputs` is the one entry
+point the workers call, whatever the dataset's kind.
 """
 
 from __future__ import annotations
@@ -13,7 +15,33 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["normalize_batch"]
+__all__ = ["model_inputs", "normalize_batch"]
+
+
+def model_inputs(
+    batch: np.ndarray,
+    mean: Sequence[float] = (),
+    std: Sequence[float] = (),
+    *,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """The model's input tensor for ``batch``, rows of an :class:`~rayfed.data.ArrayDataset`'s inputs.
+
+    Images, uint8 (B, C, H, W): float32 ``(x / 255 - mean) / std`` (:func:`normalize_batch`).
+    Token sequences, int32/int64 (B, L): int64 ids, moved as they are stored (int32: half
+    the bytes) and widened on ``device``; ``mean`` and ``std`` are not used.
+
+    >>> model_inputs(np.array([[2, 1, 0]], np.int32)).tolist()
+    [[2, 1, 0]]
+    >>> model_inputs(np.full((1, 1, 2, 2), 255, np.uint8), (0.5,), (0.5,)).unique().tolist()
+    [1.0]
+    """
+    if isinstance(batch, np.ndarray) and batch.ndim == 2 and batch.dtype in (np.int32, np.int64):
+        ids = torch.from_numpy(np.require(batch, requirements=["C", "W"]))  # copied only if read-only (Ray's store)
+        if device is not None:
+            ids = ids.to(device, non_blocking=True)
+        return ids.long()
+    return normalize_batch(batch, mean, std, device=device)
 
 
 def normalize_batch(

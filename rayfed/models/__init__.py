@@ -10,6 +10,7 @@ config value of ``model.name``:
 ``resnet18_imagenet``     torchvision ResNet-18 (ImageNet stem; cwFedAvg)
 ``resnet20``              CIFAR ResNet-20 (FedAWA)
 ``fca_*``                 FedClassAvg's four client networks
+``fasttext``              fastText-style text classifier (token sequences)
 ========================  =====================================================
 
 Which paper uses which: docs/algorithms.md, the section of each algorithm.
@@ -33,22 +34,25 @@ from torch import nn
 
 from rayfed.errors import ConfigError
 from rayfed.models import fedclassavg_nets  # noqa: F401  (registers the fca_* models)
-from rayfed.models._spec import MODELS, InputShape, ModelSpec, register_model
+from rayfed.models._spec import MODELS, InputShape, ModelSpec, input_kind, register_model
 
 # Importing a model module registers its models.
 from rayfed.models.cnn import FedAvgCNN, FedAWACNN
 from rayfed.models.resnet import ResNet, resnet18, resnet18_imagenet, resnet20
+from rayfed.models.text import FastText
 
 __all__ = [
     "MODELS",
     "InputShape",
     "ModelSpec",
     "register_model",
+    "input_kind",
     "build_model",
     "output_layer_name",
     "block_names",
     "FedAvgCNN",
     "FedAWACNN",
+    "FastText",
     "ResNet",
     "resnet18",
     "resnet18_imagenet",
@@ -57,25 +61,28 @@ __all__ = [
 
 
 def _check_input_shape(input_shape: object) -> InputShape:
-    """Return ``input_shape`` as a ``(C, H, W)`` tuple of positive ints, or raise.
+    """Return ``input_shape`` as a tuple of positive ints, ``(C, H, W)`` or ``(L, V)``, or raise.
 
     Any integer type (``int``, NumPy integers, a ``torch.Size``'s entries) is accepted.
     """
-    if isinstance(input_shape, (tuple, list)) and len(input_shape) == 3:
+    if isinstance(input_shape, (tuple, list)) and len(input_shape) in (2, 3):
         try:
             dims = [operator.index(d) for d in input_shape if not isinstance(d, bool)]
         except TypeError:
             dims = []
-        if len(dims) == 3 and min(dims) > 0:
-            return (dims[0], dims[1], dims[2])
+        if len(dims) == len(input_shape) and min(dims) > 0:
+            return tuple(dims)
     raise ConfigError(
-        "the dataset's input shape must be three positive ints (C, H, W), "
-        f"but got input_shape={input_shape!r}"
+        "the dataset's input shape must be three positive ints (C, H, W) for images or two (L, V) "
+        f"for token sequences, but got input_shape={input_shape!r}"
     )
 
 
+_KIND_SHAPES = {"image": "images (C, H, W)", "tokens": "token sequences (L, V)"}
+
+
 def build_model(name: str, input_shape: InputShape, num_classes: int) -> nn.Module:
-    """Build the registered model ``name`` for ``(C, H, W)`` inputs and ``num_classes`` outputs.
+    """Build the registered model ``name`` for ``(C, H, W)`` or ``(L, V)`` inputs and ``num_classes`` outputs.
 
     Parameters are drawn from torch's global generator only, so calling
     ``torch.manual_seed(s)`` first makes the result reproducible.
@@ -98,11 +105,18 @@ def build_model(name: str, input_shape: InputShape, num_classes: int) -> nn.Modu
             f"num_classes must be an int >= 2 for model.name={name!r}, "
             f"but got num_classes={num_classes!r}"
         )
+    kind = input_kind(shape)
+    if kind != spec.input_kind:
+        fitting = sorted(name for name in MODELS.names() if MODELS.get(name).input_kind == kind)
+        raise ConfigError(
+            f"model.name={name!r} ({spec.description}) takes {_KIND_SHAPES[spec.input_kind]}, but the "
+            f"dataset gives {_KIND_SHAPES[kind]}, input_shape={shape}; set model.name to one of: {', '.join(fitting)}"
+        )
     reason = spec.supports(shape)
     if reason is not None:
         raise ConfigError(
             f"model.name={name!r} ({spec.description}) does not fit the dataset's "
-            f"input shape (C, H, W)={shape}: {reason}"
+            f"input shape {_KIND_SHAPES[kind]}={shape}: {reason}"
         )
     return spec.factory(shape, classes)
 

@@ -18,14 +18,25 @@ from rayfed.registry import Registry
 __all__ = [
     "InputShape",
     "ModelSpec",
+    "input_kind",
     "MODELS",
     "register_model",
     "min_side_reason",
     "ensure_supported",
 ]
 
-InputShape = tuple[int, int, int]
-"""An image input shape ``(C, H, W)``, without the batch dimension."""
+InputShape = tuple[int, ...]
+"""One sample's input shape, without the batch dimension: ``(C, H, W)`` for an image, ``(L, V)``
+for a sequence of L token ids from a vocabulary of V tokens (the shape of its one-hot form)."""
+
+
+def input_kind(input_shape: InputShape) -> str:
+    """``"image"`` for a (C, H, W) shape, ``"tokens"`` for an (L, V) one, ``""`` otherwise.
+
+    >>> input_kind((1, 28, 28)), input_kind((200, 32000))
+    ('image', 'tokens')
+    """
+    return {3: "image", 2: "tokens"}.get(len(input_shape), "")
 
 
 @dataclass(frozen=True)
@@ -45,12 +56,16 @@ class ModelSpec:
         that says why not and which shapes are allowed.
     description
         One line naming the architecture and its source, used in error messages.
+    input_kind
+        The inputs it takes: ``"image"`` (C, H, W) or ``"tokens"`` (L, V) (:func:`input_kind`).
+        ``supports`` is only asked about shapes of this kind.
     """
 
     name: str
     factory: Callable[[InputShape, int], nn.Module]
     supports: Callable[[InputShape], str | None]
     description: str
+    input_kind: str = "image"
 
 
 MODELS: Registry[ModelSpec] = Registry("model", field="model.name")

@@ -11,7 +11,8 @@ import torch
 
 from rayfed import ConfigError, RunConfig, run
 from rayfed.algorithms import ALGORITHMS, RoundContext, sum_contributions
-from rayfed.algorithms.fedawa import ClientVectors, FedAWALServer, FedAWAParams, FedAWAServer
+from rayfed.algorithms.contributions import ClientVectors
+from rayfed.algorithms.fedawa import FedAWALServer, FedAWAParams, FedAWAServer
 from rayfed.algorithms.fedawa_objective import (
     EXACT_SMOOTHING,
     MatrixFreeProducts,
@@ -360,7 +361,7 @@ def test_client_vectors_concatenate_associatively_and_state_round_trips() -> Non
     [
         ("fidelity", "exactly", "one of 'code', 'paper', 'exact'"),
         ("distance", "l1", "one of 'cos', 'euclidean'"),
-        ("initial_weights", "feddisco", "one of 'size', 'uniform'"),
+        ("initial_weights", "nearest", "one of 'feddisco', 'size', 'uniform'"),
         ("tolerance", 0.0, "a finite number > 0"),
         ("max_steps", 0, "an integer >= 1"),
         ("server_lr", -1.0, "a finite number > 0"),

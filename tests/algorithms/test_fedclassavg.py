@@ -157,6 +157,14 @@ def test_weight_mode_needs_one_architecture() -> None:
         FedClassAvgServer(FedClassAvgParams(mode="weight"), spec, {})
 
 
+def test_token_inputs_are_refused_naming_the_dataset() -> None:
+    names = (f"{CLASSIFIER_LAYER}.weight", f"{CLASSIFIER_LAYER}.bias")
+    classifier = ParamLayout(names, ((K, 512), (K,)), (0, 5120, 5130))
+    spec = ProblemSpec(4, K, (200, 1000), {"a": classifier}, {}, {"a": CLASSIFIER_LAYER}, input_kind="tokens")
+    with pytest.raises(ConfigError, match=r"two augmented views.*'tokens' inputs"):
+        FedClassAvgServer.validate(FedClassAvgParams(), spec)
+
+
 # --- what travels, and what stays -------------------------------------------------------------
 
 

@@ -431,7 +431,8 @@ def test_settings_that_do_not_fit_the_dataset_raise_config_error_naming_field_va
 
 def test_partitioners_are_registered_by_name():
     # Execute / Assert
-    assert PARTITIONERS.names() == ["dirichlet", "iid", "pathological", "slices"]
+    # the built-ins (tests may register their own, e.g. tests/algorithms/two_groups.py)
+    assert {"dirichlet", "iid", "pathological", "slices"} <= set(PARTITIONERS.names())
     with pytest.raises(ConfigError, match=r"unknown partition data\.partition='shards'.*known partitions"):
         PARTITIONERS.get("shards")
 

@@ -52,7 +52,7 @@ def _build(name: str, shape: tuple[int, int, int], k: int = 10, seed: int = 0) -
 def test_registry_lists_every_model() -> None:
     from rayfed.models.fedclassavg_nets import FEDCLASSAVG_MODELS  # tested in test_fedclassavg_nets.py
 
-    assert MODELS.names() == sorted([*ALL_MODELS, *FEDCLASSAVG_MODELS])
+    assert MODELS.names() == sorted([*ALL_MODELS, *FEDCLASSAVG_MODELS, "fasttext"])  # text: tests/data/test_agnews.py
 
 
 @pytest.mark.parametrize("shape", [MNIST, CIFAR, TINY], ids=["1x28x28", "3x32x32", "3x64x64"])

@@ -1,0 +1,266 @@
+"""APPLE: each client learns how much of every client's core model its personal model takes.
+
+Luo and Wu, "Adapt to Adaptation: Learning Personalization for Cross-Silo Federated
+Learning", IJCAI 2022, arXiv:2110.08394. See docs/algorithms.md, APPLE section.
+
+Every client i trains a *core model* θ_i, the one it shares, and keeps local copies of all
+clients' core models, refreshed from the server whenever a newer one is there. Its personal
+model is their mixture under its *directed-relationship* (DR) vector p_i:
+
+    φ_i = Σ_j p_ij θ_j
+
+Each mini-batch step descends the client's loss
+
+    L_i(φ_i) + (λ(r) μ / 2) ‖p_i − p_i⁽⁰⁾‖²,   λ(r) = (1 + cos(π r / (L·R))) / 2 for r < L·R, else 0
+
+in its own core model (∂/∂θ_i = p_ii ∇_φ L_i, learning rate η1 = ``train.lr``) and in p_i
+(∂/∂p_ij = ⟨∇_φ L_i, θ_j⟩, learning rate η2): the proximal term keeps p_i near its start
+early on and fades out by round L·R (R = ``train.rounds``). Only core models travel: the
+client uploads θ_i, and downloads the core models that changed since its last copy.
+
+A client's state holds M models (M = clients), so all states together grow as M²; the
+engine refuses a run whose states would fit neither ``engine.client_state_memory_mb`` nor
+the run directory's free disk (``FedAppleServer.client_state_bytes``, :mod:`rayfed.sizing`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rayfed.algorithms.base import Broadcast, ClientHalf, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.contributions import ClientVectors
+from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
+from rayfed.config_fields import documented, section
+from rayfed.flat import ParamLayout
+from rayfed.problem import ProblemSpec
+from rayfed.training import ClientJob, TrainStats
+from rayfed.validation import check_choice, check_real
+
+__all__ = [
+    "AppleParams",
+    "anneal",
+    "tensor_mean_weights",
+    "dr_gradient",
+    "CoreModels",
+    "AppleClient",
+    "AppleServer",
+]
+
+CORES_KEY, DR_KEY, VERSIONS_KEY = "cores", "p", "versions"
+"""Client state: the copies of every core model (M, S), the DR vector p_i (M,), each copy's version (M,)."""
+
+_CORES, _DOWNLOADED = "apple_cores", "apple_downloaded"
+
+
+@section("algorithm.params")
+@dataclass(frozen=True)
+class AppleParams:
+    """Hyper-parameters of APPLE (``algorithm.params.*``); defaults of the cwFedAvg papers' baseline."""
+
+    dr_lr: float = documented(0.01, "η2, the learning rate of the DR vector p_i.")
+    mu: float = documented(0.1, "μ, the weight of the proximal term (μ/2)‖p_i − p_i⁽⁰⁾‖².")
+    anneal_fraction: float = documented(
+        0.2, "L: λ(r) is cosine-annealed from 1 to 0 over the first L·R rounds (R = train.rounds), then 0."
+    )
+    fidelity: Literal["pfllib", "paper"] = documented(
+        "pfllib",
+        "pfllib: ∂/∂p_ij = the mean over parameter tensors of mean(∇_φ L ⊙ θ_j), core lr = train.lr · M "
+        "(PFLlib, which the cwFedAvg papers ran); paper: ∂/∂p_ij = ⟨∇_φ L, θ_j⟩, core lr = train.lr.",
+    )
+
+    def __post_init__(self) -> None:
+        p = "algorithm.params."
+        check_real(p + "dr_lr", self.dr_lr, low=0)
+        check_real(p + "mu", self.mu, low=0)
+        check_real(p + "anneal_fraction", self.anneal_fraction, low=0, high=1)
+        check_choice(p + "fidelity", self.fidelity, ("pfllib", "paper"))
+
+
+# --- the equations ------------------------------------------------------------------------------
+
+
+def anneal(round_index: int, rounds: int, fraction: float) -> float:
+    """λ(r) = (1 + cos(π r / (L·R))) / 2 for r < L·R, else 0."""
+    horizon = fraction * rounds
+    if round_index >= horizon:
+        return 0.0
+    return 0.5 * (1.0 + math.cos(math.pi * round_index / horizon))
+
+
+def tensor_mean_weights(layout: ParamLayout) -> np.ndarray:
+    """c (P,) with ⟨g ⊙ θ, c⟩ = mean over the T parameter tensors of the tensor's mean of g ⊙ θ
+    (``fidelity="pfllib"``): c = 1 / (T · numel of the entry's tensor)."""
+    sizes = np.diff(np.asarray(layout.offsets))
+    return np.repeat(1.0 / (len(sizes) * sizes), sizes).astype(np.float32)
+
+
+def dr_gradient(
+    cores: torch.Tensor, grad: torch.Tensor, p: torch.Tensor, p0: torch.Tensor, lam_mu: float,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """∂/∂p of L_i(Σ_j p_j θ_j) + (λμ/2)‖p − p0‖²: ⟨∇_φ L, θ_j⟩ + λμ (p_j − p0_j) for each row θ_j of
+    ``cores`` (M, P), ``grad`` = ∇_φ L (P,); with ``weights`` c, ⟨∇_φ L ⊙ c, θ_j⟩ instead (PFLlib's scaling)."""
+    g = grad if weights is None else grad * weights
+    return (cores @ g).to(p.dtype) + lam_mu * (p - p0)
+
+
+# --- worker side ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CoreModels(Broadcast):
+    """Every client's latest core model and its version (the round after which it was uploaded;
+    0 = the common initial model); a client downloads the rows newer than its copies."""
+
+    cores: np.ndarray
+    versions: np.ndarray
+    num_params: int
+    initial: np.ndarray
+    """The common initial model every copy starts as."""
+
+    def local_state(self, job: ClientJob) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(copies, p_i, their versions) the client holds; before its first round, the initial model
+        for every client, p_i = p_i⁽⁰⁾ = 1/M and versions 0."""
+        m = len(self.versions)
+        if job.state is not None and CORES_KEY in job.state:
+            return job.state[CORES_KEY], job.state[DR_KEY], job.state[VERSIONS_KEY]
+        return np.tile(self.initial, (m, 1)), np.full(m, 1.0 / m), np.zeros(m, np.int64)
+
+    def personalise(self, job: ClientJob) -> None:
+        """Refresh the copies that changed (a download each), then load φ_i = Σ_j p_ij θ_j."""
+        copies, p, versions = self.local_state(job)
+        stale = self.versions > versions
+        stale[job.client_id] = False  # its own core model is local
+        cores = np.array(copies, dtype=np.float32)
+        cores[stale] = self.cores[stale]
+        job.scratch[_CORES] = (cores, np.array(p, dtype=np.float64), np.where(stale, self.versions, versions))
+        job.scratch[_DOWNLOADED] = int(stale.sum())
+        job.flat.load_state(personal_model(cores, p, job.client_id, self.num_params))
+
+    def contribute(self, job: ClientJob) -> ClientVectors:
+        """Keep the copies (its own core updated) and p_i; upload the core model θ_i."""
+        cores, p, versions = job.scratch[_CORES]  # type: ignore[misc]
+        job.state = {**(job.state or {}), CORES_KEY: cores, DR_KEY: p, VERSIONS_KEY: versions}
+        return ClientVectors.of(cores[job.client_id].copy(), job.client_id, job.num_train)
+
+    def prepare_eval(self, job: ClientJob) -> None:
+        """The personal model φ_i from the client's copies and p_i."""
+        copies, p, _ = self.local_state(job)
+        job.flat.load_state(personal_model(copies, p, job.client_id, self.num_params))
+
+    def bytes_down(self, job: ClientJob) -> int:
+        count = job.scratch.get(_DOWNLOADED)
+        if count is None:
+            _, _, versions = self.local_state(job)
+            newer = self.versions > versions
+            count = int(newer.sum()) - int(newer[job.client_id])
+        return int(count) * int(self.cores.shape[1]) * 4
+
+
+def personal_model(cores: np.ndarray, p: np.ndarray, own: int, num_params: int) -> np.ndarray:
+    """φ_i: Σ_j p_ij θ_j over the parameters; the floating-point buffers (BatchNorm statistics) are the
+    client's own core model's, since they describe its own data."""
+    out = np.array(cores[own], dtype=np.float32)
+    out[:num_params] = (np.asarray(p, np.float64) @ cores[:, :num_params].astype(np.float64)).astype(np.float32)
+    return out
+
+
+class AppleClient(ClientHalf[AppleParams]):
+    """Plain SGD steps on θ_i and p_i through φ_i = Σ_j p_ij θ_j (``train.momentum`` and
+    ``train.weight_decay`` are not used)."""
+
+    def train(self, job: ClientJob) -> TrainStats:
+        params, flat, own = self.params, job.flat, job.client_id
+        cores_np, p_np, versions = job.scratch[_CORES]  # type: ignore[misc]
+        m, size = cores_np.shape[0], flat.size
+        cores = torch.from_numpy(cores_np).to(job.device)
+        theta = cores[:, :size]
+        p = torch.from_numpy(p_np).to(job.device)
+        p0 = torch.full_like(p, 1.0 / m)
+        lam_mu = anneal(job.round, job.train.rounds, params.anneal_fraction) * params.mu
+        pfllib = params.fidelity == "pfllib"
+        weights = torch.from_numpy(tensor_mean_weights(flat.layout)).to(job.device) if pfllib else None
+        core_lr = job.lr * (m if pfllib else 1)
+        model = job.model
+        model.train()
+        n, batch = job.num_train, job.train.batch_size
+        stop = n - n % batch if job.train.drop_last else n
+        loss_sum, steps = torch.zeros((), device=job.device), 0
+        for _ in range(job.train.local_epochs):
+            order = torch.randperm(n, generator=job.generator).to(job.device)
+            for start in range(0, stop, batch):
+                idx = order[start : start + batch]
+                with torch.no_grad():
+                    flat.vector.copy_(p.to(theta.dtype) @ theta)
+                flat.zero_grad()
+                loss = F.cross_entropy(model(job.x_train[idx]), job.y_train[idx])
+                loss.backward()
+                with torch.no_grad():
+                    grad_p = dr_gradient(theta, flat.grad, p, p0, lam_mu, weights)
+                    theta[own].add_(flat.grad, alpha=-core_lr * float(p[own]))
+                    p.sub_(params.dr_lr * grad_p)
+                loss_sum += loss.detach()
+                steps += 1
+        cores[own, size:] = flat.buffers  # the BatchNorm statistics the steps updated are its own
+        job.scratch[_CORES] = (cores.cpu().numpy(), p.cpu().numpy(), versions)
+        return TrainStats(loss=float(loss_sum) / steps if steps else float("nan"), steps=steps)
+
+
+# --- server side ----------------------------------------------------------------------------
+
+
+class AppleServer(ServerHalf[AppleParams, ClientVectors]):
+    """Keeps every client's latest core model and its version; aggregates nothing."""
+
+    @classmethod
+    def validate(cls, params: AppleParams, spec: ProblemSpec) -> None:
+        require_homogeneous(spec)
+
+    @classmethod
+    def client_state_bytes(cls, params: AppleParams, spec: ProblemSpec) -> int:
+        """M copies of the model, p_i (float64) and the copies' versions (int64): grows as M per client."""
+        return spec.num_clients * (super().client_state_bytes(params, spec) + 16)
+
+    def __init__(self, params: AppleParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
+        super().__init__(params, spec, initial)
+        architecture = sole_architecture(spec)
+        self.num_params = spec.layouts[architecture].size
+        self.initial = np.asarray(initial[architecture], dtype=np.float32)
+        self.cores = np.tile(self.initial, (spec.num_clients, 1))
+        self.versions = np.zeros(spec.num_clients, dtype=np.int64)
+
+    def broadcast(self) -> CoreModels:
+        return CoreModels(self.cores, self.versions, self.num_params, self.initial)
+
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
+        if contribution is None:
+            return {"clients_aggregated": 0.0}
+        self.cores, self.versions = self.cores.copy(), self.versions.copy()  # the last broadcast reads the old
+        self.cores[contribution.client_ids] = contribution.matrix()
+        self.versions[contribution.client_ids] = ctx.round + 1
+        return {"clients_aggregated": float(contribution.count)}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"cores": self.cores, "versions": self.versions}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        self.cores = np.array(state["cores"], dtype=np.float32)
+        self.versions = np.array(state["versions"], dtype=np.int64)
+
+
+register_algorithm(
+    "apple",
+    params=AppleParams,
+    server=AppleServer,
+    client=AppleClient,
+    summary="APPLE (Luo & Wu 2022): personal model = DR-vector mix of all clients' core models, copies kept locally",
+    keeps_client_state=True,
+    label="APPLE",
+)

@@ -1,0 +1,142 @@
+"""Ditto: FedAvg for the global model, plus a personal model per client pulled towards it.
+
+Li, Hu, Beirami & Smith, "Ditto: Fair and Robust Federated Learning Through
+Personalization", ICML 2021, arXiv:2012.04221. See docs/algorithms.md, Ditto section.
+
+Global objective (Eq. 1, "Global Obj"): FedAvg's, min_w G(F_1(w), ..., F_K(w)).
+Personal objective of device k (Eq. 1, "Local Obj"):
+
+    min_{v_k} h_k(v_k; w*) := F_k(v_k) + (λ/2) ‖v_k − w*‖²                        (Eq. 1)
+
+Round t, client k (Algorithm 1):
+
+    v_k ← v_k − η (∇F_k(v_k) + λ (v_k − w^t))     for s local iterations (personal_epochs)
+    w_k ← local SGD on F_k from w^t                (train.local_epochs), sent to the server
+    server:  w^{t+1} ← Σ_k n_k w_k / Σ_k n_k      (FedAvg over the clients that uploaded)
+
+The proximal anchor is the round's global model w^t, the one the client received. v_k
+never leaves the client (client state store); it starts from the common initialisation,
+as in PFLlib. Evaluation: each client's v_k; the global model w^t is evaluated beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+import torch
+
+from rayfed.algorithms.base import ClientHalf, register_algorithm
+from rayfed.algorithms.fedavg import FedAvgServer, GlobalModel
+from rayfed.algorithms.fedprox import flatten_logically, proximal_term
+from rayfed.algorithms.local import MODEL_KEY
+from rayfed.config_fields import documented, section
+from rayfed.problem import ProblemSpec
+from rayfed.training import ClientJob, TrainStats, local_sgd
+from rayfed.validation import check_int, check_real
+
+__all__ = ["DittoParams", "DittoModels", "DittoClient", "DittoServer", "personal_model"]
+
+_PERSONAL = "ditto_personal"
+"""``job.scratch`` key: the personal model v_k the broadcast hands to the client half."""
+
+
+@section("algorithm.params")
+@dataclass(frozen=True)
+class DittoParams:
+    """Hyper-parameters of Ditto (``algorithm.params.*``)."""
+
+    lam: float = documented(
+        0.1,
+        "λ of the personal objective (Eq. 1): 0 = purely local personal models, large = close to the global "
+        "model. The paper tunes λ from {0.05, 0.1, 0.2, 0.5, 1, 2} per dataset.",
+    )
+    personal_epochs: int = documented(
+        1, "s: epochs of SGD on the personal model per round (PFLlib's plocal_epochs, default 1)."
+    )
+
+    def __post_init__(self) -> None:
+        check_real("algorithm.params.lam", self.lam, low=0)
+        check_int("algorithm.params.personal_epochs", self.personal_epochs, low=0)
+
+
+def personal_model(job: ClientJob, initial: np.ndarray) -> np.ndarray:
+    """The personal model v_k the client holds (parameters then buffers): its persisted one, else ``initial``."""
+    if job.state is not None and MODEL_KEY in job.state:
+        return job.state[MODEL_KEY]
+    return initial
+
+
+@dataclass(frozen=True)
+class DittoModels(GlobalModel):
+    """The global model w^t, and the common initialisation for personal models not yet trained."""
+
+    initial: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.float32))
+
+    def personalise(self, job: ClientJob) -> None:
+        """w^t into the model (the start of the global update); v_k to the client half via scratch."""
+        job.flat.load_state(self.vector)
+        job.scratch[_PERSONAL] = personal_model(job, self.initial)
+
+    def prepare_eval(self, job: ClientJob) -> None:
+        """The client's personal model v_k."""
+        job.flat.load_state(personal_model(job, self.initial))
+
+    def prepare_global_eval(self, job: ClientJob) -> bool:
+        """The global model w^t."""
+        job.flat.load_state(self.vector)
+        return True
+
+
+class DittoClient(ClientHalf[DittoParams]):
+    """Per round: s epochs on v_k with (λ/2)‖v_k − w^t‖², then FedAvg's local update of w^t.
+
+    The trained v_k is stored in ``job.state``; the model left in ``job.flat`` (and uploaded)
+    is the locally updated global model w_k.
+    """
+
+    def train(self, job: ClientJob) -> TrainStats:
+        flat = job.flat
+        global_start = flat.state_numpy()
+        params: list[torch.Tensor] = list(flat.params)
+        anchor = flatten_logically([p.detach().clone() for p in params])  # w^t
+        lam = float(self.params.lam)
+
+        def prox(job_: ClientJob, logits: torch.Tensor) -> torch.Tensor | None:
+            return proximal_term(params, anchor, lam) if lam else None
+
+        # v_k from the broadcast; with another server half (algorithm.client="ditto"): its own or w^t.
+        start = cast("np.ndarray | None", job.scratch.pop(_PERSONAL, None))
+        flat.load_state(start if start is not None else personal_model(job, global_start))
+        if self.params.personal_epochs:
+            train = dataclasses.replace(job.train, local_epochs=self.params.personal_epochs)
+            local_sgd(dataclasses.replace(job, train=train), extra_loss=prox)
+        job.state = {**(job.state or {}), MODEL_KEY: flat.state_numpy()}
+        flat.load_state(global_start)
+        return local_sgd(job)  # the reported loss is the global update's, as FedAvg's
+
+
+class DittoServer(FedAvgServer):
+    """FedAvg's server; its broadcast also carries the initialisation for new personal models."""
+
+    def __init__(self, params: DittoParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
+        super().__init__(params, spec, initial)
+        self.initial = self.global_vector.copy()
+
+    def broadcast(self) -> DittoModels:
+        return DittoModels(self.global_vector, self.initial)
+
+
+register_algorithm(
+    "ditto",
+    params=DittoParams,
+    server=DittoServer,
+    client=DittoClient,
+    summary="Ditto (Li et al. 2021): FedAvg global model plus a personal model per client, "
+    "regularised by (lambda/2)||v - w_g||^2",
+    keeps_client_state=True,
+    label="Ditto",
+)

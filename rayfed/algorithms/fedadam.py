@@ -1,0 +1,112 @@
+"""FedAdam: the server applies Adam to the round's pseudo-gradient.
+
+Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar and McMahan, "Adaptive Federated
+Optimization", ICLR 2021, arXiv:2003.00295 (Algorithm 2, FedAdam). See docs/algorithms.md,
+FedAdam section.
+
+Clients train as in FedAvg and upload n_k·θ_k (a :class:`WeightedSum`). With Δ_t the pseudo-
+gradient, here the sample-size weighted average of the models minus the global model,
+the server updates (Algorithm 2, no bias correction)
+
+    m_t = β1 m_{t−1} + (1 − β1) Δ_t
+    v_t = β2 v_{t−1} + (1 − β2) Δ_t²
+    θ_t = θ_{t−1} + η m_t / (√v_t + τ)
+
+with m_0 = v_0 = 0. Defaults as in the FedAWA paper's baseline code: β1 = 0.9, β2 = 0.99,
+τ = 1e-5, η = 1.0 (the FedAdam paper tunes η and τ per task). Adam acts on the parameters;
+floating-point buffers (BatchNorm running statistics) take the clients' average, since they
+are statistics, not something the pseudo-gradient should step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from rayfed.algorithms.base import ClientHalf, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.contributions import WeightedSum
+from rayfed.algorithms.fedavg import GlobalModel, require_homogeneous, sole_architecture
+from rayfed.config_fields import documented, section
+from rayfed.problem import ProblemSpec
+from rayfed.validation import check_real
+
+__all__ = ["FedAdamParams", "adam_server_step", "FedAdamServer"]
+
+
+@section("algorithm.params")
+@dataclass(frozen=True)
+class FedAdamParams:
+    """Hyper-parameters of FedAdam's server optimiser (``algorithm.params.*``)."""
+
+    server_lr: float = documented(
+        1.0, "η, the server learning rate (1.0 as the FedAWA paper's baseline code; the FedAdam paper tunes it)."
+    )
+    beta1: float = documented(0.9, "β1, decay of the first moment m.")
+    beta2: float = documented(0.99, "β2, decay of the second moment v.")
+    tau: float = documented(1e-5, "τ, the adaptivity constant added to √v (the code's eps).")
+
+    def __post_init__(self) -> None:
+        p = "algorithm.params."
+        check_real(p + "server_lr", self.server_lr, low=0, low_open=True)
+        check_real(p + "tau", self.tau, low=0, low_open=True)
+        for name in ("beta1", "beta2"):
+            check_real(p + name, getattr(self, name), low=0, high=1, high_open=True)
+
+
+def adam_server_step(
+    theta: np.ndarray, delta: np.ndarray, m: np.ndarray, v: np.ndarray, params: FedAdamParams
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One FedAdam update (Algorithm 2): returns (θ_t, m_t, v_t) from θ_{t−1}, Δ_t, m_{t−1}, v_{t−1}."""
+    m = params.beta1 * m + (1 - params.beta1) * delta
+    v = params.beta2 * v + (1 - params.beta2) * delta * delta
+    theta = theta + params.server_lr * m / (np.sqrt(v) + params.tau)
+    return theta.astype(np.float32), m.astype(np.float32), v.astype(np.float32)
+
+
+class FedAdamServer(ServerHalf[FedAdamParams, WeightedSum]):
+    """Keeps θ_g and Adam's moments m, v (parameters only)."""
+
+    @classmethod
+    def validate(cls, params: FedAdamParams, spec: ProblemSpec) -> None:
+        require_homogeneous(spec)
+
+    def __init__(self, params: FedAdamParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
+        super().__init__(params, spec, initial)
+        architecture = sole_architecture(spec)
+        self.num_params = spec.layouts[architecture].size
+        self.global_vector = np.array(initial[architecture], dtype=np.float32)
+        self.m = np.zeros(self.num_params, np.float32)
+        self.v = np.zeros(self.num_params, np.float32)
+
+    def broadcast(self) -> GlobalModel:
+        return GlobalModel(self.global_vector)
+
+    def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
+        if contribution is None:
+            return {"clients_aggregated": 0.0}
+        average = contribution.average()
+        p = self.num_params
+        delta = average[:p] - self.global_vector[:p]
+        theta, self.m, self.v = adam_server_step(self.global_vector[:p], delta, self.m, self.v, self.params)
+        self.global_vector = np.concatenate([theta, average[p:]]).astype(np.float32, copy=False)
+        return {"clients_aggregated": float(contribution.count), "fedadam_delta_norm": float(np.linalg.norm(delta))}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"global": self.global_vector, "m": self.m, "v": self.v}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        self.global_vector = np.array(state["global"], dtype=np.float32)
+        self.m = np.array(state["m"], dtype=np.float32)
+        self.v = np.array(state["v"], dtype=np.float32)
+
+
+register_algorithm(
+    "fedadam",
+    params=FedAdamParams,
+    server=FedAdamServer,
+    client=ClientHalf,
+    summary="FedAdam (Reddi et al. 2021): server Adam on the pseudo-gradient (weighted average - global)",
+    label="FedAdam",
+)

@@ -1,0 +1,158 @@
+"""FedDyn: federated learning with a dynamic regulariser per client and a server correction.
+
+Acar, Zhao, Matas, Mattina, Whatmough and Saligrama, "Federated Learning Based on Dynamic
+Regularization", ICLR 2021, arXiv:2111.04263 (Algorithm 1). See docs/algorithms.md, FedDyn section.
+
+Client k, sampled in round t, starts from θ^{t−1} and minimises (Algorithm 1, client step)
+
+    L_k(θ) − ⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2) ‖θ − θ^{t−1}‖²
+
+then updates its gradient state (first-order condition of that minimum)
+
+    ∇L_k(θ_k^t) = ∇L_k(θ_k^{t−1}) − α (θ_k^t − θ^{t−1}).
+
+The server, with P_t the round's clients and m the number of all clients, updates
+
+    h^t = h^{t−1} − α (1/m) Σ_{k∈P_t} (θ_k^t − θ^{t−1}),
+    θ^t = (1/|P_t|) Σ_{k∈P_t} θ_k^t − (1/α) h^t.
+
+The gradient state (P floats, starting at 0) is kept in the client state store under
+``"feddyn_grad"`` (flat-vector order), so only sampled clients update it. The two loss terms
+are one functional term (:meth:`FedDynClient.functional_extra_loss`), so clients can be
+trained stacked. h and the correction act on the parameters; floating-point buffers
+(BatchNorm statistics) take the clients' plain mean. Clients upload θ_k (a :class:`WeightedSum`
+of weight 1); the server's |P_t| is the sum's count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rayfed.algorithms.base import ClientHalf, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.contributions import WeightedSum
+from rayfed.algorithms.fedavg import GlobalModel, require_homogeneous, sole_architecture
+from rayfed.algorithms.fedprox import flatten_logically, proximal_term
+from rayfed.config_fields import documented, section
+from rayfed.problem import ProblemSpec
+from rayfed.training import ClientJob
+from rayfed.validation import check_real
+
+__all__ = ["GRAD_KEY", "FedDynParams", "FedDynBroadcast", "FedDynClient", "FedDynServer", "feddyn_server_step"]
+
+GRAD_KEY = "feddyn_grad"
+"""Name of the client's gradient state ∇L_k (P floats, flat-vector order) in its state."""
+
+
+@section("algorithm.params")
+@dataclass(frozen=True)
+class FedDynParams:
+    """Hyper-parameters of FedDyn (``algorithm.params.*``)."""
+
+    alpha: float = documented(
+        0.001, "α of the regulariser and the server correction; 0.001 as the FedAWA paper's baseline code "
+        "(the FedDyn paper uses 0.1, 0.01 or 0.001 by task)."
+    )
+
+    def __post_init__(self) -> None:
+        check_real("algorithm.params.alpha", self.alpha, low=0, low_open=True)
+
+
+def feddyn_server_step(
+    theta: np.ndarray, h: np.ndarray, mean_model: np.ndarray, count: int, num_clients: int, alpha: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(θ^t, h^t) from θ^{t−1}, h^{t−1}, the mean (1/|P_t|) Σ θ_k^t of the round's models and |P_t|
+    (Algorithm 1, server step); every array holds parameters only."""
+    summed_change = count * (mean_model.astype(np.float64) - theta)
+    h = h - alpha * summed_change / num_clients
+    return (mean_model - h / alpha).astype(np.float32), h.astype(np.float32)
+
+
+def _grad_state(job: ClientJob) -> np.ndarray:
+    """The client's ∇L_k(θ_k^{t−1}); zeros before its first round."""
+    saved = (job.state or {}).get(GRAD_KEY)
+    size = job.flat.size
+    return np.asarray(saved, np.float32) if saved is not None and saved.shape == (size,) else np.zeros(size, np.float32)
+
+
+@dataclass(frozen=True)
+class FedDynBroadcast(GlobalModel):
+    """θ^{t−1}; a trained client updates its gradient state and sends θ_k^t with weight 1."""
+
+    alpha: float = 0.001
+
+    def contribute(self, job: ClientJob) -> WeightedSum:
+        state = job.flat.state_numpy()
+        p = job.flat.size
+        change = state[:p] - self.vector[:p]
+        job.state = {**(job.state or {}), GRAD_KEY: _grad_state(job) - np.float32(self.alpha) * change}
+        return WeightedSum.of(state, 1.0)
+
+
+class FedDynClient(ClientHalf[FedDynParams]):
+    """Adds −⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)‖θ − θ^{t−1}‖² to each mini-batch's loss."""
+
+    def loss_constants(self, job: ClientJob) -> dict[str, torch.Tensor]:
+        grad = torch.from_numpy(_grad_state(job)).to(job.device)
+        layout = job.flat.layout
+        logical_grad = flatten_logically([layout.view(grad, i) for i in range(len(layout.names))])
+        return {
+            "anchor": flatten_logically([p.detach() for p in job.flat.params]),
+            "grad": logical_grad,
+        }
+
+    def functional_extra_loss(
+        self, params: list[torch.Tensor], constants: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor:
+        linear = torch.dot(flatten_logically(params), constants["grad"])
+        return proximal_term(params, constants["anchor"], self.params.alpha) - linear
+
+
+class FedDynServer(ServerHalf[FedDynParams, WeightedSum]):
+    """Keeps θ and the server state h (parameters)."""
+
+    @classmethod
+    def validate(cls, params: FedDynParams, spec: ProblemSpec) -> None:
+        require_homogeneous(spec)
+
+    def __init__(self, params: FedDynParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
+        super().__init__(params, spec, initial)
+        architecture = sole_architecture(spec)
+        self.num_params = spec.layouts[architecture].size
+        self.global_vector = np.array(initial[architecture], dtype=np.float32)
+        self.h = np.zeros(self.num_params, np.float32)
+
+    def broadcast(self) -> FedDynBroadcast:
+        return FedDynBroadcast(self.global_vector, self.params.alpha)
+
+    def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
+        if contribution is None:
+            return {"clients_aggregated": 0.0}
+        mean = contribution.average()
+        p = self.num_params
+        theta, self.h = feddyn_server_step(
+            self.global_vector[:p], self.h, mean[:p], contribution.count, self.spec.num_clients, self.params.alpha
+        )
+        self.global_vector = np.concatenate([theta, mean[p:]]).astype(np.float32, copy=False)
+        return {"clients_aggregated": float(contribution.count), "feddyn_h_norm": float(np.linalg.norm(self.h))}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"global": self.global_vector, "h": self.h}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        self.global_vector = np.array(state["global"], dtype=np.float32)
+        self.h = np.array(state["h"], dtype=np.float32)
+
+
+register_algorithm(
+    "feddyn",
+    params=FedDynParams,
+    server=FedDynServer,
+    client=FedDynClient,
+    summary="FedDyn (Acar et al. 2021): dynamic regulariser -<grad_k, w> + (alpha/2)||w - w_g||^2, server state h",
+    keeps_client_state=True,
+    label="FedDyn",
+)

@@ -1,0 +1,257 @@
+"""FedFomo: each client weights the models of the others by the loss they save it per unit distance.
+
+Zhang, Sapra, Fidler, Yeung and Alvarez, "Personalized Federated Learning with First Order
+Model Optimization", ICLR 2021, arXiv:2012.08565. See docs/algorithms.md, FedFomo section.
+
+The server keeps every client's latest uploaded model θ_n. At the start of its round, client
+i downloads M of them (all, by default), evaluates each on its validation set (a fixed,
+seeded ``val_ratio`` share of its training data) and weights it by the first-order estimate
+of how far it moves its own model θ_i (its model from its last round) downhill (Eq. 6):
+
+    w_n = max(0, (L_i(θ_i) − L_i(θ_n)) / ‖θ_n − θ_i‖),   w_n ← w_n / Σ_m w_m
+
+then starts from (Eq. 5)
+
+    θ_i ← θ_i + Σ_n w_n (θ_n − θ_i)
+
+(its own model unchanged if no w_n is positive) and trains on the rest of its training data.
+With M below the number of available models, the M are chosen ε-greedily from the client's
+affinity vector P_i (P_in += w_n after every round it downloads n): with probability ε at
+random, else the M of highest affinity (§3.2).
+
+Partial participation works: the server offers the latest model of every client that has
+uploaded one (stale for those that sat out since).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rayfed.algorithms.base import Broadcast, ClientHalf, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.contributions import ClientVectors
+from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
+from rayfed.algorithms.local import MODEL_KEY, save_model_state
+from rayfed.config_fields import documented, section
+from rayfed.problem import ProblemSpec
+from rayfed.seeding import init_seed
+from rayfed.training import ClientJob, evaluate_model
+from rayfed.validation import check_int, check_real
+
+__all__ = [
+    "FedFomoParams",
+    "fomo_weights",
+    "validation_split",
+    "choose_models",
+    "FomoModels",
+    "FedFomoServer",
+    "AFFINITY_KEY",
+]
+
+AFFINITY_KEY = "affinity"
+"""Key of the client's affinity vector P_i (one float64 per client) in its state."""
+
+VAL_SPLIT_STREAM = 1 << 21
+"""Stream of the validation split's seed: ``init_seed(seed, VAL_SPLIT_STREAM + client id)``."""
+CHOICE_STREAM = 1 << 22
+"""Stream of the ε-greedy choice: ``init_seed(seed, CHOICE_STREAM + round * num_clients + client id)``."""
+
+_DOWNLOADED = "fedfomo_downloaded"
+_WEIGHTS = "fedfomo_weights"
+
+
+@section("algorithm.params")
+@dataclass(frozen=True)
+class FedFomoParams:
+    """Hyper-parameters of FedFomo (``algorithm.params.*``)."""
+
+    num_models: int = documented(
+        0, "M, the models each client downloads per round; 0 = every available one (the cwFedAvg papers' setting)."
+    )
+    val_ratio: float = documented(
+        0.2, "Share of each client's training data held out to weight the models (PFLlib: 0.2)."
+    )
+    epsilon: float = documented(0.3, "ε of the ε-greedy choice of the M models (only read when M < available).")
+
+    def __post_init__(self) -> None:
+        p = "algorithm.params."
+        check_int(p + "num_models", self.num_models, low=0)
+        check_real(p + "val_ratio", self.val_ratio, low=0, high=1, low_open=True, high_open=True)
+        check_real(p + "epsilon", self.epsilon, low=0, high=1)
+
+
+# --- the equations ------------------------------------------------------------------------------
+
+
+def fomo_weights(own_loss: float, losses: np.ndarray, distances: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(raw, normalised) weights of Eq. 6: raw w_n = (L(θ_i) − L(θ_n)) / ‖θ_n − θ_i‖ (0 where the
+    distance is 0), normalised = max(0, w_n) / Σ max(0, w_m), all zero if none is positive."""
+    losses, distances = np.asarray(losses, np.float64), np.asarray(distances, np.float64)
+    raw = np.zeros_like(losses)
+    moved = distances > 0
+    raw[moved] = (own_loss - losses[moved]) / distances[moved]
+    positive = np.maximum(raw, 0.0)
+    total = positive.sum()
+    return raw, (positive / total if total > 0 else positive)
+
+
+def validation_split(num_train: int, val_ratio: float, seed: int, client_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(validation, training) indices into a client's training data: a fixed seeded permutation, the
+    first round(val_ratio · n) (at least 1 when n ≥ 2) for validation, the rest for training."""
+    order = np.random.default_rng(init_seed(seed, VAL_SPLIT_STREAM + client_id)).permutation(num_train)
+    n_val = min(max(1, round(val_ratio * num_train)), num_train - 1) if num_train >= 2 else 0
+    return np.sort(order[:n_val]), np.sort(order[n_val:])
+
+
+def choose_models(
+    candidates: np.ndarray, affinity: np.ndarray, m: int, epsilon: float, rng: np.random.Generator
+) -> np.ndarray:
+    """The ids of the models to download: all ``candidates`` if ``m`` is 0 or covers them; else with
+    probability ε, m at random; else the m of highest affinity (ties to the lower id)."""
+    if m == 0 or m >= len(candidates):
+        return candidates
+    if rng.random() < epsilon:
+        return np.sort(rng.choice(candidates, size=m, replace=False))
+    order = np.argsort(-affinity[candidates], kind="stable")
+    return np.sort(candidates[order[:m]])
+
+
+# --- worker side ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FomoModels(Broadcast):
+    """Every client's latest model (one row each) and whether the server has one; a client
+    downloads only the rows it chooses."""
+
+    models: np.ndarray
+    available: np.ndarray
+    params: FedFomoParams
+    seed: int
+    num_params: int
+
+    def own_model(self, job: ClientJob) -> np.ndarray:
+        """θ_i: the model the client kept from its last round, or the common initial one."""
+        if job.state is not None and MODEL_KEY in job.state:
+            return job.state[MODEL_KEY]
+        return self.models[job.client_id]  # never uploaded: still the initial model
+
+    def personalise(self, job: ClientJob) -> None:
+        """Weight the downloaded models on the validation split (Eq. 6), start from Eq. 5, and leave
+        only the training part of the data in the job."""
+        own = np.asarray(self.own_model(job), dtype=np.float32)
+        val, train = validation_split(job.num_train, self.params.val_ratio, self.seed, job.client_id)
+        val_index = torch.as_tensor(val, device=job.device)
+        x_val, y_val = job.x_train[val_index], job.y_train[val_index]
+        candidates = np.flatnonzero(self.available & (np.arange(len(self.available)) != job.client_id))
+        affinity = _affinity(job, len(self.available))
+        stream = CHOICE_STREAM + job.round * len(self.available) + job.client_id
+        rng = np.random.default_rng(init_seed(self.seed, stream))
+        chosen = choose_models(candidates, affinity, self.params.num_models, self.params.epsilon, rng)
+        start = own
+        raw = np.zeros(len(chosen))
+        if len(chosen) and len(val):
+            own_loss = _loss(job, own, x_val, y_val)
+            losses = np.array([_loss(job, self.models[n], x_val, y_val) for n in chosen])
+            diffs = self.models[chosen, : self.num_params].astype(np.float64) - own[: self.num_params]
+            raw, weights = fomo_weights(own_loss, losses, np.linalg.norm(diffs, axis=1))
+            if weights.sum() > 0:
+                delta = weights @ (self.models[chosen].astype(np.float64) - own)
+                start = (own + delta).astype(np.float32)
+        job.scratch[_DOWNLOADED] = len(chosen)
+        job.scratch[_WEIGHTS] = (chosen, raw)
+        job.flat.load_state(start)
+        index = torch.as_tensor(train, device=job.device)
+        job.x_train, job.y_train = job.x_train[index], job.y_train[index]
+
+    def contribute(self, job: ClientJob) -> ClientVectors:
+        """Keep θ_i and the affinities (P_in += w_n); upload θ_i whole."""
+        affinity = _affinity(job, len(self.available)).copy()
+        chosen, raw = job.scratch.get(_WEIGHTS, (np.zeros(0, np.int64), np.zeros(0)))
+        affinity[chosen] += raw
+        save_model_state(job)
+        assert job.state is not None
+        job.state[AFFINITY_KEY] = affinity
+        return ClientVectors.of(job.flat.state_numpy(), job.client_id, job.num_train)
+
+    def prepare_eval(self, job: ClientJob) -> None:
+        """The client's own model, the one it trained last (the initial model if it never trained)."""
+        job.flat.load_state(self.own_model(job))
+
+    def bytes_down(self, job: ClientJob) -> int:
+        """The M downloaded models (the client's own is never downloaded)."""
+        count = job.scratch.get(_DOWNLOADED)
+        if count is None:
+            others = int(self.available.sum()) - int(self.available[job.client_id])
+            count = others if self.params.num_models == 0 else min(self.params.num_models, others)
+        return int(count) * int(self.models.shape[1]) * 4
+
+
+def _affinity(job: ClientJob, num_clients: int) -> np.ndarray:
+    if job.state is not None and AFFINITY_KEY in job.state:
+        return np.asarray(job.state[AFFINITY_KEY], dtype=np.float64)
+    return np.zeros(num_clients, dtype=np.float64)
+
+
+def _loss(job: ClientJob, state: np.ndarray, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Mean cross-entropy of the model ``state`` on (x, y)."""
+    job.flat.load_state(state)
+    stats = evaluate_model(job.model, x, y)
+    return stats.loss_sum / stats.count if stats.count else math.nan
+
+
+# --- server side ----------------------------------------------------------------------------
+
+
+class FedFomoServer(ServerHalf[FedFomoParams, ClientVectors]):
+    """Keeps every client's latest uploaded model; a row is offered once its client has uploaded."""
+
+    @classmethod
+    def validate(cls, params: FedFomoParams, spec: ProblemSpec) -> None:
+        require_homogeneous(spec)
+
+    def __init__(self, params: FedFomoParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
+        super().__init__(params, spec, initial)
+        architecture = sole_architecture(spec)
+        self.num_params = spec.layouts[architecture].size
+        self.models = np.tile(np.asarray(initial[architecture], dtype=np.float32), (spec.num_clients, 1))
+        self.available = np.zeros(spec.num_clients, dtype=bool)
+
+    @classmethod
+    def client_state_bytes(cls, params: FedFomoParams, spec: ProblemSpec) -> int:
+        """The client's model and its affinity vector (one float64 per client)."""
+        return super().client_state_bytes(params, spec) + 8 * spec.num_clients
+
+    def broadcast(self) -> FomoModels:
+        return FomoModels(self.models, self.available, self.params, self.spec.seed, self.num_params)
+
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
+        if contribution is None:
+            return {"clients_aggregated": 0.0}
+        self.models = self.models.copy()  # the last broadcast still reads the old rows
+        self.models[contribution.client_ids] = contribution.matrix()
+        self.available = self.available.copy()
+        self.available[contribution.client_ids] = True
+        return {"clients_aggregated": float(contribution.count)}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"models": self.models, "available": self.available.astype(np.uint8)}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        self.models = np.array(state["models"], dtype=np.float32)
+        self.available = np.asarray(state["available"]).astype(bool)
+
+
+register_algorithm(
+    "fedfomo",
+    params=FedFomoParams,
+    server=FedFomoServer,
+    client=ClientHalf,
+    summary="FedFomo (Zhang et al. 2021): clients weight others' models by validation-loss gain per distance",
+    keeps_client_state=True,
+    label="FedFomo",
+)

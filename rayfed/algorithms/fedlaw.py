@@ -1,0 +1,215 @@
+"""FedLAW: aggregation weights and a global shrink factor learnt on a server proxy set.
+
+Li, Lin, Shang and Wu, "Revisiting Weighted Aggregation in Federated Learning with Neural
+Networks", ICML 2023, arXiv:2302.10911. See docs/algorithms.md, FedLAW section.
+
+Clients train as in FedAvg (plain SGD from the global model) and upload their whole models.
+The server then learns, on a small class-balanced proxy set that no client owns, the
+aggregation
+
+    θ_g = γ Σ_k λ_k θ_k,    λ = softmax(z),  γ = exp(s)                                (Sec. 5)
+
+where γ < 1 is the paper's *global weight shrinking* (Sec. 3, analogous to weight decay) and
+λ the relative client weights (Sec. 4). Both are found by back-propagating the proxy set's
+cross-entropy through the merged parameters (a functional forward of the model at θ_g,
+:func:`proxy_loss`), with z initialised at log(n_k / Σn) and s at 0 (γ = 1: FedAvg's
+aggregate is the starting point), re-initialised every round. Optimiser as the authors'
+code: Adam (lr 0.01 on CIFAR-10, 0.005 otherwise; betas (0.5, 0.999)), StepLR(20, 0.5),
+``server_epochs`` passes over the proxy set (100, as the FedAWA paper ran FedLAW, Sec. 5.2).
+
+Floating-point buffers (BatchNorm statistics) are mixed with λ and not shrunk; the proxy
+forward runs in evaluation mode on them. The proxy set is carved out of the pool before the
+partition (:mod:`rayfed.data.held_out`) and only the server sees it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from rayfed.algorithms.base import ClientHalf, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.contributions import ClientVectors
+from rayfed.algorithms.fedavg import GlobalModel, require_homogeneous, sole_architecture
+from rayfed.config_fields import documented, section
+from rayfed.data.held_out import HeldOutRequest
+from rayfed.data.transforms import model_inputs
+from rayfed.errors import ConfigError
+from rayfed.flat import FlatModel
+from rayfed.models import build_model
+from rayfed.problem import ProblemSpec
+from rayfed.training import ClientJob
+from rayfed.validation import check_int, check_real
+
+__all__ = [
+    "FedLAWParams", "FedLAWBroadcast", "FedLAWServer", "merge", "merged_forward", "proxy_loss", "learn_aggregation",
+]
+
+BETAS = (0.5, 0.999)
+"""Adam betas of the server optimisation (the authors' code)."""
+LR_STEP, LR_GAMMA = 20, 0.5
+"""StepLR(step_size=20, gamma=0.5) over server epochs (the authors' code)."""
+
+
+@section("algorithm.params")
+@dataclass(frozen=True)
+class FedLAWParams:
+    """Hyper-parameters of FedLAW (``algorithm.params.*``)."""
+
+    proxy_size: int = documented(
+        200, "Class-balanced proxy samples held out for the server: 200 = 2 % of a 10,000-image test set "
+        "(FedAWA paper, Sec. 5.2: 200 on CIFAR-10)."
+    )
+    server_lr: float = documented(
+        0.005, "Adam lr of z and s: 0.01 on CIFAR-10, 0.005 on other datasets (authors' code)."
+    )
+    server_epochs: int = documented(100, "Passes over the proxy set per round (100 as in the FedAWA paper's runs).")
+    proxy_batch_size: int = documented(64, "Proxy mini-batch size of the server optimisation.")
+
+    def __post_init__(self) -> None:
+        check_int("algorithm.params.proxy_size", self.proxy_size, low=1)
+        check_real("algorithm.params.server_lr", self.server_lr, low=0, low_open=True)
+        check_int("algorithm.params.server_epochs", self.server_epochs, low=0)
+        check_int("algorithm.params.proxy_batch_size", self.proxy_batch_size, low=1)
+
+
+# --- the equations, as pure functions -------------------------------------------------------------
+def merge(thetas: torch.Tensor, logits: torch.Tensor, shrink_logit: torch.Tensor, num_params: int) -> torch.Tensor:
+    """θ_g = γ Σ_k λ_k θ_k on the parameters, Σ_k λ_k b_k on the buffers; λ = softmax(z), γ = exp(s).
+
+    ``thetas`` (M, S): the clients' states (P parameters, then buffers), ``num_params`` = P.
+    """
+    lam = torch.softmax(logits, dim=0)
+    mixed = lam @ thetas
+    gamma = torch.exp(shrink_logit)
+    return torch.cat([gamma * mixed[:num_params], mixed[num_params:]])
+
+
+def merged_forward(flat: FlatModel, state: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The logits of ``flat``'s module at ``state`` (parameters then buffers), differentiable in ``state``:
+    a functional forward (``torch.func.functional_call``) through views of the flat vector, in evaluation
+    mode (BatchNorm reads the merged running statistics and never writes them). The statistics enter as
+    constants: BatchNorm is not differentiable in its running statistics, so λ is learnt through the
+    parameters only, as it is with any autograd implementation."""
+    flat.module.eval()
+    layout, buffers = flat.layout, flat.buffer_layout
+    p = layout.size
+    tensors = {name: layout.view(state[:p], i) for i, name in enumerate(layout.names)}
+    constants = state[p:].detach()
+    tensors.update({name: buffers.view(constants, i) for i, name in enumerate(buffers.names)})
+    return functional_call(flat.module, tensors, (x,))
+
+
+def proxy_loss(
+    flat: FlatModel, thetas: torch.Tensor, logits: torch.Tensor, shrink_logit: torch.Tensor,
+    x: torch.Tensor, y: torch.Tensor,
+) -> torch.Tensor:
+    """Cross-entropy of the merged model on a proxy batch: the objective of z and s."""
+    return F.cross_entropy(merged_forward(flat, merge(thetas, logits, shrink_logit, flat.layout.size), x), y)
+
+
+def learn_aggregation(
+    flat: FlatModel, thetas: torch.Tensor, sizes: np.ndarray, x: torch.Tensor, y: torch.Tensor,
+    params: FedLAWParams, generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(λ, γ, last epoch's mean proxy loss): z from log(n_k/Σn), s from 0, Adam + StepLR over
+    ``params.server_epochs`` shuffled passes of the proxy set (x, y)."""
+    weights = torch.as_tensor(sizes / sizes.sum(), dtype=torch.float32, device=thetas.device)
+    logits = torch.log(weights.clamp_min(1e-12)).requires_grad_(True)
+    shrink = torch.zeros((), device=thetas.device, requires_grad=True)
+    optimiser = torch.optim.Adam([logits, shrink], lr=params.server_lr, betas=BETAS)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimiser, step_size=LR_STEP, gamma=LR_GAMMA)
+    last = float("nan")
+    for _ in range(params.server_epochs):
+        order = torch.randperm(len(y), generator=generator).to(thetas.device)
+        total, count = 0.0, 0
+        for start in range(0, len(y), params.proxy_batch_size):
+            batch = order[start : start + params.proxy_batch_size]
+            optimiser.zero_grad()
+            loss = proxy_loss(flat, thetas, logits, shrink, x[batch], y[batch])
+            loss.backward()
+            optimiser.step()
+            total, count = total + float(loss.detach()) * len(batch), count + len(batch)
+        scheduler.step()
+        last = total / max(count, 1)
+    with torch.no_grad():
+        return torch.softmax(logits, dim=0), torch.exp(shrink), last
+
+
+# --- the halves -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FedLAWBroadcast(GlobalModel):
+    """The global model; each client uploads its whole trained model (one row of a ClientVectors)."""
+
+    def contribute(self, job: ClientJob) -> ClientVectors:  # type: ignore[override]
+        return ClientVectors.of(job.flat.state_numpy(), job.client_id, job.num_train)
+
+
+class FedLAWServer(ServerHalf[FedLAWParams, ClientVectors]):
+    """Keeps θ_g; learns (λ, γ) on the proxy set every round and aggregates with them."""
+
+    @classmethod
+    def validate(cls, params: FedLAWParams, spec: ProblemSpec) -> None:
+        require_homogeneous(spec)
+
+    @classmethod
+    def held_out(cls, params: FedLAWParams, spec: ProblemSpec) -> HeldOutRequest:
+        return HeldOutRequest(params.proxy_size, balanced=True, shared=False, field="algorithm.params.proxy_size")
+
+    def __init__(self, params: FedLAWParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
+        super().__init__(params, spec, initial)
+        if spec.held_out is None:
+            raise ConfigError(
+                "algorithm.name='fedlaw' needs its proxy set in spec.held_out; the engine carves it out of the pool "
+                "(rayfed.data.held_out); a server half built by hand needs spec=replace(spec, held_out=HeldOutSet...)"
+            )
+        architecture = sole_architecture(spec)
+        self.global_vector = np.array(initial[architecture], dtype=np.float32)
+        with torch.random.fork_rng(devices=[]):  # its values are never read: every forward is functional
+            self.flat = FlatModel(build_model(architecture, spec.input_shape, spec.num_classes))
+        self.proxy_x = model_inputs(spec.held_out.inputs, spec.mean, spec.std)
+        self.proxy_y = torch.from_numpy(np.asarray(spec.held_out.labels, dtype=np.int64))
+
+    def broadcast(self) -> FedLAWBroadcast:
+        return FedLAWBroadcast(self.global_vector)
+
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
+        if contribution is None:
+            return {"clients_aggregated": 0.0}
+        started = time.perf_counter()
+        thetas = torch.from_numpy(np.ascontiguousarray(contribution.matrix(), dtype=np.float32))
+        generator = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + ctx.round)
+        lam, gamma, loss = learn_aggregation(
+            self.flat, thetas, contribution.sizes, self.proxy_x, self.proxy_y, self.params, generator
+        )
+        with torch.no_grad():
+            merged = merge(thetas, torch.log(lam.clamp_min(1e-30)), torch.log(gamma), self.flat.layout.size)
+        self.global_vector = merged.numpy().astype(np.float32, copy=False)
+        return {
+            "clients_aggregated": float(contribution.count),
+            "fedlaw_gamma": float(gamma),
+            "fedlaw_lambda_max": float(lam.max()),
+            "fedlaw_proxy_loss": loss,
+            "fedlaw_seconds": time.perf_counter() - started,
+        }
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"global": self.global_vector}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        self.global_vector = np.array(state["global"], dtype=np.float32)
+
+
+register_algorithm(
+    "fedlaw",
+    params=FedLAWParams,
+    server=FedLAWServer,
+    client=ClientHalf,
+    summary="FedLAW (Li et al. 2023): shrink factor and softmax weights learnt by CE on a server proxy set",
+    label="FedLAW",
+)

@@ -1,0 +1,272 @@
+"""FedProto: clients exchange class prototypes (mean embeddings) instead of models.
+
+Tan, Long, Liu, Zhou, Lu, Jiang and Zhang, "FedProto: Federated Prototype Learning across
+Heterogeneous Clients", AAAI 2022, arXiv:2105.00243. See docs/algorithms.md, FedProto section.
+
+Client i keeps its own model (any architecture; only the width d of the features that feed
+the output layer must agree). An embedding f_i(x) is that penultimate feature vector.
+
+* Local prototypes: C_i^(j) = mean of f_i(x) over the client's training samples of
+  class j, computed with the trained model (eval mode) after local training.
+* Global prototypes: C̄^(j) = Σ_i |D_i,j| C_i^(j) / Σ_i |D_i,j| over the clients that
+  uploaded class j this round (weighted by the clients' class counts |D_i,j|, as the paper's
+  aggregation weights them; the authors' code takes the unweighted mean). A class nobody
+  uploaded keeps its last prototype.
+* Local objective: CE(F_i(x), y) + λ · MSE(f_i(x), C̄^(y)), the MSE taken, as in
+  the code, as the mean over the batch's B × d entries, with samples whose class has no
+  global prototype yet contributing 0 (the first round is plain CE). λ = 1 by default.
+
+Evaluation (``inference``): ``model`` (default) uses the client's own model and classifier;
+``prototype`` is the paper's inference, the class of the nearest global prototype,
+argmin_j ‖f_i(x) − C̄^(j)‖² = argmax_j (2 C̄^(j)·f_i(x) − ‖C̄^(j)‖²), which is a linear layer,
+so it is evaluated by loading W = 2C̄, b = −‖C̄‖² into the output layer (classes without a
+prototype are never predicted; the reported loss is the cross-entropy of these logits).
+
+Traffic: up, one prototype (d floats) and its count per class the client holds; down, the
+global prototypes (d floats per class that has one) and a presence byte per class. Models
+stay in the client state store (like local training); each starts from its own random
+initialisation drawn from (run seed, client id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, cast
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rayfed.algorithms.base import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.local import ClientInit, own_model_state, save_model_state
+from rayfed.config_fields import documented, section
+from rayfed.errors import ConfigError
+from rayfed.problem import ProblemSpec
+from rayfed.training import ClientJob, TrainStats, features_before_output, sgd_step
+from rayfed.validation import check_choice, check_real
+
+__all__ = [
+    "FedProtoParams",
+    "ClassSums",
+    "class_sums",
+    "prototype_loss",
+    "FedProtoMessage",
+    "FedProtoClient",
+    "FedProtoServer",
+    "feature_dim",
+]
+
+_TARGETS = "fedproto_targets"
+"""``job.scratch`` key: (global prototypes (K, d) tensor, presence (K,) bool tensor), set by personalise."""
+_SUMS = "fedproto_sums"
+"""``job.scratch`` key: the trained client's (feature sums (K, d), counts (K,)), set by train."""
+
+ABSENT_LOGIT = -1e9
+"""Bias of a class without a global prototype in prototype inference: never the argmax."""
+
+
+@section("algorithm.params")
+@dataclass(frozen=True)
+class FedProtoParams:
+    """Hyper-parameters of FedProto (``algorithm.params.*``)."""
+
+    lam: float = documented(1.0, "λ, weight of the prototype MSE in the local loss (1, the usual value).")
+    inference: Literal["model", "prototype"] = documented(
+        "model", "model: the client's own classifier (default); prototype: nearest global prototype (the paper)."
+    )
+
+    def __post_init__(self) -> None:
+        check_real("algorithm.params.lam", self.lam, low=0)
+        check_choice("algorithm.params.inference", self.inference, ("model", "prototype"))
+
+
+# --- the equations ----------------------------------------------------------------------------
+
+
+@dataclass
+class ClassSums(Contribution):
+    """Per-class sums of embeddings and their counts: Σ_i |D_i,j| C_i^(j) and Σ_i |D_i,j|."""
+
+    sums: np.ndarray
+    """(K, d) float32."""
+    counts: np.ndarray
+    """(K,) float64."""
+
+    def __add__(self, other: ClassSums) -> ClassSums:
+        return ClassSums(self.sums + other.sums, self.counts + other.counts)
+
+    def prototypes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(C̄ (K, d), present (K,)): the count-weighted mean prototype of each class seen."""
+        present = self.counts > 0
+        protos = np.zeros_like(self.sums)
+        protos[present] = self.sums[present] / self.counts[present, None].astype(np.float32)
+        return protos, present
+
+    @property
+    def nbytes(self) -> int:
+        present = int((self.counts > 0).sum())
+        return present * (self.sums.shape[1] * 4 + 8) + self.counts.shape[0]
+
+    def is_finite(self) -> bool:
+        return bool(np.isfinite(self.sums).all()) and bool(np.isfinite(self.counts).all())
+
+
+def class_sums(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Σ f(x) per class (K, d) and the class counts (K,) of a set of embeddings (a local prototype before dividing)."""
+    sums = torch.zeros(num_classes, features.shape[1], dtype=torch.float32, device=features.device)
+    sums.index_add_(0, labels, features.float())
+    counts = torch.bincount(labels, minlength=num_classes)
+    return sums.cpu().numpy(), counts.cpu().numpy().astype(np.float64)
+
+
+def prototype_loss(
+    features: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor, present: torch.Tensor
+) -> torch.Tensor:
+    """MSE(f(x), C̄^(y)) over the batch's B × d entries; a sample whose class has no prototype adds 0."""
+    mask = present[labels].to(features.dtype).unsqueeze(1)
+    return ((features - prototypes[labels]) ** 2 * mask).sum() / features.numel()
+
+
+# --- worker side ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FedProtoMessage(Broadcast):
+    """The global prototypes; each client loads its own model."""
+
+    prototypes: np.ndarray
+    present: np.ndarray
+    init: ClientInit
+    output_layers: Mapping[str, str]
+    inference: str = "model"
+
+    def personalise(self, job: ClientJob) -> None:
+        job.flat.load_state(own_model_state(job, self.init))
+        job.scratch[_TARGETS] = (
+            torch.from_numpy(np.array(self.prototypes, np.float32)).to(job.device),
+            torch.from_numpy(np.array(self.present, bool)).to(job.device),
+        )
+
+    def contribute(self, job: ClientJob) -> ClassSums:
+        save_model_state(job)
+        sums, counts = cast(tuple[np.ndarray, np.ndarray], job.scratch[_SUMS])
+        return ClassSums(sums, counts)
+
+    def prepare_eval(self, job: ClientJob) -> None:
+        job.flat.load_state(own_model_state(job, self.init))
+        if self.inference != "prototype" or not self.present.any():
+            return
+        protos = self.prototypes.astype(np.float32)
+        weight = np.where(self.present[:, None], 2 * protos, 0).astype(np.float32)
+        bias = np.where(self.present, -(protos * protos).sum(axis=1), ABSENT_LOGIT).astype(np.float32)
+        part = job.flat.slice_of(self.output_layers[job.architecture])
+        job.flat.load(np.concatenate([weight.reshape(-1), bias]), part)
+
+    def bytes_down(self, job: ClientJob) -> int:
+        return int(self.present.sum()) * self.prototypes.shape[1] * 4 + self.present.shape[0]
+
+
+class FedProtoClient(ClientHalf[FedProtoParams]):
+    """SGD on CE + λ·MSE(embedding, global prototype), then the client's class sums of embeddings."""
+
+    def train(self, job: ClientJob) -> TrainStats:
+        layer_name = self.spec.output_layer[job.architecture]
+        prototypes, present = cast(tuple[torch.Tensor, torch.Tensor], job.scratch[_TARGETS])
+        use_protos = self.params.lam > 0 and bool(present.any())
+        model, flat, train = job.model, job.flat, job.train
+        captured: list[torch.Tensor] = []
+        hook = model.get_submodule(layer_name).register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
+        n, batch = job.num_train, train.batch_size
+        stop = n - n % batch if train.drop_last else n
+        buffer = torch.zeros_like(flat.vector) if train.momentum else None
+        loss_sum, steps = torch.zeros((), device=job.device), 0
+        model.train()
+        try:
+            for _ in range(train.local_epochs):
+                order = torch.randperm(n, generator=job.generator).to(job.device)
+                for start in range(0, stop, batch):
+                    idx = order[start : start + batch]
+                    y = job.y_train[idx]
+                    flat.zero_grad()
+                    logits = model(job.x_train[idx])
+                    features = captured.pop()
+                    ce = F.cross_entropy(logits, y)
+                    loss = ce
+                    if use_protos:
+                        loss = ce + self.params.lam * prototype_loss(features, y, prototypes, present)
+                    loss.backward()
+                    sgd_step(flat, job.lr, momentum=train.momentum, weight_decay=train.weight_decay, buffer=buffer)
+                    loss_sum += ce.detach()
+                    steps += 1
+        finally:
+            hook.remove()
+        features = torch.cat([f for _, f in features_before_output(model, layer_name, job.x_train)])
+        job.scratch[_SUMS] = class_sums(features, job.y_train, self.spec.num_classes)
+        return TrainStats(loss=float(loss_sum) / steps if steps else float("nan"), steps=steps)
+
+
+# --- server side ----------------------------------------------------------------------------
+
+
+def feature_dim(spec: ProblemSpec) -> int:
+    """d, the input width of every architecture's output layer; ConfigError if they differ."""
+    dims: dict[str, int] = {}
+    for arch, layout in spec.layouts.items():
+        name = f"{spec.output_layer.get(arch)}.weight"
+        if name not in layout.names or len(layout.shapes[layout.names.index(name)]) != 2:
+            raise ConfigError(
+                f"algorithm.name='fedproto' needs models whose output layer is a linear layer, but model {arch!r} "
+                f"has output layer {spec.output_layer.get(arch)!r}"
+            )
+        dims[arch] = int(layout.shapes[layout.names.index(name)][1])
+    if len(set(dims.values())) > 1:
+        raise ConfigError(
+            f"algorithm.name='fedproto' averages embeddings, so every model must feed its output layer the same "
+            f"number of features, but got {dims}; choose models with one feature width"
+        )
+    return next(iter(dims.values()))
+
+
+class FedProtoServer(ServerHalf[FedProtoParams, ClassSums]):
+    """Keeps the global prototypes C̄ (K, d) and which classes have one."""
+
+    @classmethod
+    def validate(cls, params: FedProtoParams, spec: ProblemSpec) -> None:
+        feature_dim(spec)
+
+    def __init__(self, params: FedProtoParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
+        super().__init__(params, spec, initial)
+        self.prototypes = np.zeros((spec.num_classes, feature_dim(spec)), np.float32)
+        self.present = np.zeros(spec.num_classes, bool)
+        self.init = ClientInit.of(spec)
+        self.output_layers = dict(spec.output_layer)
+
+    def broadcast(self) -> FedProtoMessage:
+        return FedProtoMessage(self.prototypes, self.present, self.init, self.output_layers, self.params.inference)
+
+    def aggregate(self, ctx: RoundContext, contribution: ClassSums | None) -> dict[str, float]:
+        if contribution is None:
+            return {"classes_with_prototype": float(self.present.sum())}
+        new, seen = contribution.prototypes()
+        self.prototypes = np.where(seen[:, None], new, self.prototypes).astype(np.float32)
+        self.present = self.present | seen
+        return {"classes_with_prototype": float(self.present.sum()), "classes_uploaded": float(seen.sum())}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"prototypes": self.prototypes, "present": self.present.astype(np.uint8)}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        self.prototypes = np.array(state["prototypes"], dtype=np.float32)
+        self.present = np.array(state["present"]).astype(bool)
+
+
+register_algorithm(
+    "fedproto",
+    params=FedProtoParams,
+    server=FedProtoServer,
+    client=FedProtoClient,
+    summary="FedProto (Tan et al. 2022): exchange class prototypes; local CE + lambda MSE to the global prototype",
+    keeps_client_state=True,
+    label="FedProto",
+)

@@ -1,0 +1,81 @@
+"""FedRep: a shared representation learned by alternating head and body updates.
+
+Collins, Hassani, Mokhtari & Shakkottai, "Exploiting Shared Representations for
+Personalized Federated Learning", ICML 2021, arXiv:2102.07078. See docs/algorithms.md,
+FedRep section.
+
+The model is a representation φ (the body) and a head h_i (the last ``head_blocks``
+top-level blocks). Round t, client i (Algorithm 1):
+
+    h_i ← τ_h epochs of SGD on the head, body frozen at the server's φ^t        (Alg. 1, line 6)
+    φ_i ← τ_b epochs of SGD on the body, head frozen at the new h_i             (Alg. 1, line 7)
+    server:  φ^{t+1} ← Σ_i n_i φ_i / Σ_i n_i                                    (Alg. 1, line 10)
+
+The paper averages φ_i with equal weights over the sampled clients; here they are weighted
+by n_i, as FedAvg and PFLlib's FedRep do (equal when clients hold equal data). The head
+never leaves the client (client state store); a client that has not trained yet holds the
+common initialisation. Evaluation: φ with the client's own head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rayfed.algorithms.base import ClientHalf, register_algorithm
+from rayfed.algorithms.body_head import BodyHeadParams, PartialServer, merge_stats, split_body_head, train_part
+from rayfed.config_fields import documented, section
+from rayfed.problem import ProblemSpec
+from rayfed.training import ClientJob, TrainStats
+from rayfed.validation import check_int
+
+__all__ = ["FedRepParams", "FedRepClient", "FedRepServer"]
+
+
+@section("algorithm.params")
+@dataclass(frozen=True)
+class FedRepParams(BodyHeadParams):
+    """Hyper-parameters of FedRep (``algorithm.params.*``)."""
+
+    head_epochs: int = documented(
+        10, "τ_h: local epochs on the head per round, body frozen (10 in the paper's experiments)."
+    )
+    body_epochs: int = documented(
+        1, "τ_b: local epochs on the body per round, head frozen (1 in the paper's experiments)."
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("algorithm.params.head_epochs", self.head_epochs, low=0)
+        check_int("algorithm.params.body_epochs", self.body_epochs, low=0)
+
+
+class FedRepClient(ClientHalf[FedRepParams]):
+    """τ_h epochs on the head, then τ_b epochs on the body (train.local_epochs is not used)."""
+
+    def __init__(self, params: FedRepParams, spec: ProblemSpec) -> None:
+        super().__init__(params, spec)
+        self.splits = {arch: split_body_head(spec, arch, params.head_blocks) for arch in spec.layouts}
+
+    def train(self, job: ClientJob) -> TrainStats:
+        split = self.splits[job.architecture]
+        head = train_part(job, split.head_params, self.params.head_epochs)
+        body = train_part(job, split.body_params, self.params.body_epochs)
+        return merge_stats(head, body)
+
+
+class FedRepServer(PartialServer):
+    """Averages the body (the representation); heads stay with their clients."""
+
+    shared_part = "body"
+    keep_local = True
+
+
+register_algorithm(
+    "fedrep",
+    params=FedRepParams,
+    server=FedRepServer,
+    client=FedRepClient,
+    summary="FedRep (Collins et al. 2021): head trained tau_h epochs, then body tau_b epochs; body averaged",
+    keeps_client_state=True,
+    label="FedRep",
+)

@@ -1,0 +1,257 @@
+"""KT-pFL: personalised knowledge transfer through a learnt knowledge-coefficient matrix.
+
+Zhang, Guo, Ma, Wang, Xu and Wu, "Parameterized Knowledge Transfer for Personalized Federated
+Learning", NeurIPS 2021, arXiv:2111.02862. See docs/algorithms.md, KT-pFL section; the
+equations are in :mod:`rayfed.algorithms.ktpfl_equations`.
+
+Every client keeps its own model (any architecture: the clients exchange predictions, not
+weights) in the client state store. A round, for a sampled client n:
+
+1. distil towards its personalised soft target t_n = Σ_m c_nm s_m on the public set (Eq. 6),
+   when the server has one (from the second round on);
+2. train on its own data with cross-entropy (Eq. 5; ``train.*``);
+3. upload its soft predictions s_n = softmax(f(w_n; x_pub)/T) on the public set.
+
+The server stores the latest s_m of every client, takes ``coef_steps`` gradient steps on the
+knowledge-coefficient matrix c (Eq. 7-8), and broadcasts the new targets. The public set is
+carved out of the pool before the partition and seen by the server and every client
+(:mod:`rayfed.data.held_out`). Evaluated: each client's own model.
+
+**+weight** (``share_weights=True``, homogeneous models; FedClassAvg paper, Table 3): the
+clients also upload their weights, and a client starts the round from its personalised model
+Σ_m c_nm w_m instead of distilling on the public set (the weights carry the knowledge); c is
+still learnt from the soft predictions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rayfed.algorithms.base import Broadcast, ClientHalf, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.contributions import ClientVectors
+from rayfed.algorithms.fedavg import require_homogeneous
+from rayfed.algorithms.ktpfl_equations import (
+    distillation_loss,
+    mixing_weights,
+    personalised_targets,
+    soft_predictions,
+    update_coefficients,
+)
+from rayfed.algorithms.local import ClientInit, own_model_state, save_model_state
+from rayfed.config_fields import documented, section
+from rayfed.data.held_out import HeldOutRequest
+from rayfed.data.transforms import model_inputs
+from rayfed.errors import ConfigError
+from rayfed.problem import ProblemSpec
+from rayfed.training import EVAL_BATCH, ClientJob, TrainStats, sgd_step
+from rayfed.validation import check_int, check_real
+
+__all__ = ["KTpFLParams", "KTpFLBroadcast", "KTpFLClient", "KTpFLServer"]
+
+_TARGET, _PREDICTIONS = "ktpfl_target", "ktpfl_predictions"
+"""``job.scratch`` keys: the client's target (personalise -> train) and its predictions (train -> contribute)."""
+
+
+@section("algorithm.params")
+@dataclass(frozen=True)
+class KTpFLParams:
+    """Hyper-parameters of KT-pFL (``algorithm.params.*``)."""
+
+    public_size: int = documented(3000, "Public samples held out of the pool for server and clients (~3,000 in the "
+                                        "FedClassAvg paper, Table 5).")
+    public_balanced: bool = documented(False, "Draw the public set class-balanced instead of uniformly.")
+    temperature: float = documented(10.0, "Softmax temperature T of the soft predictions and of the distillation.")
+    coef_lr: float = documented(0.01, "η of the knowledge-coefficient update: 0.01 MNIST-family, 0.02 CIFAR "
+                                      "(FedClassAvg's runs).")
+    penalty: float = documented(0.6, "ρ of the penalty (ρ/2)||c - 1/M||²: 0.6 MNIST-family, 0.7 CIFAR.")
+    coef_steps: int = documented(1, "Gradient steps on c per round.")
+    distill_epochs: int = documented(1, "Passes over the public set per round distilling towards the target.")
+    share_weights: bool = documented(False, "'+weight' variant (homogeneous models): start each round from "
+                                            "Σ_m c_nm w_m instead of distilling.")
+
+    def __post_init__(self) -> None:
+        check_int("algorithm.params.public_size", self.public_size, low=1)
+        check_real("algorithm.params.temperature", self.temperature, low=0, low_open=True)
+        check_real("algorithm.params.coef_lr", self.coef_lr, low=0)
+        check_real("algorithm.params.penalty", self.penalty, low=0)
+        check_int("algorithm.params.coef_steps", self.coef_steps, low=0)
+        check_int("algorithm.params.distill_epochs", self.distill_epochs, low=0)
+
+    def label(self) -> str:
+        return "KT-pFL +weight" if self.share_weights else "KT-pFL"
+
+
+@dataclass(frozen=True)
+class KTpFLBroadcast(Broadcast):
+    """The round's personalised targets (M, P, K), or, with +weight, the mixing and the clients' models."""
+
+    init: ClientInit
+    targets: np.ndarray | None
+    """t_n for every client n; None before any client uploaded (or with +weight)."""
+    mixing: np.ndarray | None = None
+    """+weight: c̃ (M, M_seen), rows over the clients whose models the server holds."""
+    models: np.ndarray | None = None
+    """+weight: those clients' models (M_seen, S)."""
+    share_weights: bool = False
+
+    def personalise(self, job: ClientJob) -> None:
+        """Own model (or, +weight, Σ_m c̃_nm w_m); the client's target goes to ``job.scratch``."""
+        if self.mixing is not None and self.models is not None:
+            job.flat.load_state((self.mixing[job.client_id] @ self.models).astype(np.float32))
+        else:
+            job.flat.load_state(own_model_state(job, self.init))
+        if self.targets is not None:
+            job.scratch[_TARGET] = self.targets[job.client_id]
+
+    def contribute(self, job: ClientJob) -> ClientVectors:
+        """Keep the trained model; upload the public-set predictions (and, +weight, the model)."""
+        save_model_state(job)
+        predictions = np.asarray(job.scratch[_PREDICTIONS], dtype=np.float32).ravel()
+        row = np.concatenate([predictions, job.flat.state_numpy()]) if self.share_weights else predictions
+        return ClientVectors.of(row, job.client_id, job.num_train)
+
+    def prepare_eval(self, job: ClientJob) -> None:
+        job.flat.load_state(own_model_state(job, self.init))
+
+    def bytes_down(self, job: ClientJob) -> int:
+        """The client's own target (P x K floats), or its personalised model with +weight."""
+        if self.mixing is not None and self.models is not None:
+            return int(self.models.shape[1]) * 4
+        return 0 if self.targets is None else int(self.targets[job.client_id].nbytes)
+
+
+class KTpFLClient(ClientHalf[KTpFLParams]):
+    """Distil towards the target on the public set, train on local data, predict on the public set."""
+
+    def __init__(self, params: KTpFLParams, spec: ProblemSpec) -> None:
+        super().__init__(params, spec)
+        if spec.held_out is None:
+            raise ConfigError("algorithm.name='ktpfl' needs the public set in spec.held_out (the engine carves it "
+                              "out of the pool, rayfed.data.held_out)")
+        self._public = spec.held_out
+
+    def public_inputs(self, device: torch.device) -> torch.Tensor:
+        """The public set, normalised, on ``device``."""
+        return model_inputs(self._public.inputs, self.spec.mean, self.spec.std, device=device)
+
+    def train(self, job: ClientJob) -> TrainStats:
+        x_public = self.public_inputs(job.device)
+        target = job.scratch.pop(_TARGET, None)
+        if target is not None and not self.params.share_weights:
+            self.distil(job, x_public, torch.as_tensor(np.asarray(target), device=job.device))
+        stats = self.run_local_sgd(job)
+        job.scratch[_PREDICTIONS] = self.predict(job, x_public).cpu().numpy()
+        return stats
+
+    def distil(self, job: ClientJob, x_public: torch.Tensor, target: torch.Tensor) -> float:
+        """``distill_epochs`` passes of SGD (the round's lr, ``train.batch_size``) on T²·KL(t ‖ s) (Eq. 6);
+        returns the last pass's mean loss."""
+        model, flat, n, batch = job.model, job.flat, len(x_public), job.train.batch_size
+        model.train()
+        last = float("nan")
+        for _ in range(self.params.distill_epochs):
+            order = torch.randperm(n, generator=job.generator).to(job.device)
+            total = 0.0
+            for start in range(0, n, batch):
+                idx = order[start : start + batch]
+                flat.zero_grad()
+                loss = distillation_loss(model(x_public[idx]), target[idx], self.params.temperature)
+                loss.backward()
+                sgd_step(flat, job.lr)
+                total += float(loss.detach()) * len(idx)
+            last = total / n
+        return last
+
+    @torch.no_grad()
+    def predict(self, job: ClientJob, x_public: torch.Tensor) -> torch.Tensor:
+        """s_n = softmax(f(w_n; x)/T) on the public set, in evaluation mode (P, K)."""
+        job.model.eval()
+        chunks = [job.model(x_public[i : i + EVAL_BATCH]) for i in range(0, len(x_public), EVAL_BATCH)]
+        return soft_predictions(torch.cat(chunks), self.params.temperature)
+
+
+class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
+    """Holds c (M x M), every client's latest predictions and, with +weight, their models."""
+
+    @classmethod
+    def validate(cls, params: KTpFLParams, spec: ProblemSpec) -> None:
+        if params.share_weights:
+            require_homogeneous(spec)
+
+    @classmethod
+    def held_out(cls, params: KTpFLParams, spec: ProblemSpec) -> HeldOutRequest:
+        return HeldOutRequest(params.public_size, balanced=params.public_balanced, shared=True,
+                              field="algorithm.params.public_size")
+
+    def __init__(self, params: KTpFLParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
+        super().__init__(params, spec, initial)
+        if spec.held_out is None:
+            raise ConfigError("algorithm.name='ktpfl' needs the public set in spec.held_out (rayfed.data.held_out)")
+        m, p, k = spec.num_clients, len(spec.held_out), spec.num_classes
+        self.init = ClientInit.of(spec)
+        self.coefficients = np.full((m, m), 1.0 / m)
+        self.predictions = np.zeros((m, p, k), dtype=np.float32)
+        self.seen = np.zeros(m, dtype=bool)
+        self.common = np.array(next(iter(initial.values())), dtype=np.float32)
+        """+weight: the common initial model, every client's start before the server holds any model."""
+        size = self.common.size
+        self.models = np.zeros((m, size), dtype=np.float32) if params.share_weights else np.zeros((0, 0), np.float32)
+
+    def _targets(self) -> np.ndarray | None:
+        if not self.seen.any():
+            return None
+        c, preds, seen = (torch.as_tensor(a) for a in (self.coefficients, self.predictions, self.seen))
+        return personalised_targets(c.float(), preds, seen).numpy()
+
+    def broadcast(self) -> KTpFLBroadcast:
+        if not self.params.share_weights:
+            return KTpFLBroadcast(self.init, self._targets())
+        if not self.seen.any():  # everyone starts from the common initialisation, as FedAvg's clients do
+            first = np.ones((self.spec.num_clients, 1), dtype=np.float32)
+            return KTpFLBroadcast(self.init, None, first, self.common[None, :], share_weights=True)
+        mixing = mixing_weights(torch.as_tensor(self.coefficients), torch.as_tensor(self.seen)).numpy()
+        return KTpFLBroadcast(self.init, None, mixing.astype(np.float32), self.models[self.seen], share_weights=True)
+
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
+        if contribution is None:
+            return {"clients_aggregated": 0.0}
+        rows, ids = contribution.matrix(), contribution.client_ids
+        width = self.predictions[0].size
+        self.predictions[ids] = rows[:, :width].reshape(len(ids), *self.predictions.shape[1:])
+        if self.params.share_weights:
+            self.models[ids] = rows[:, width:]
+        self.seen[ids] = True
+        self.coefficients, loss = update_coefficients(
+            self.coefficients, self.predictions, self.seen,
+            lr=self.params.coef_lr, penalty=self.params.penalty, steps=self.params.coef_steps,
+        )
+        return {
+            "clients_aggregated": float(contribution.count),
+            "ktpfl_coef_loss": loss,
+            "ktpfl_coef_diagonal": float(np.diag(self.coefficients).mean()),
+        }
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"coefficients": self.coefficients, "predictions": self.predictions, "seen": self.seen,
+                "models": self.models}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        self.coefficients = np.array(state["coefficients"], dtype=np.float64)
+        self.predictions = np.array(state["predictions"], dtype=np.float32)
+        self.seen = np.array(state["seen"], dtype=bool)
+        self.models = np.array(state["models"], dtype=np.float32)
+
+
+register_algorithm(
+    "ktpfl",
+    params=KTpFLParams,
+    server=KTpFLServer,
+    client=KTpFLClient,
+    summary="KT-pFL (Zhang et al. 2021): soft predictions on a public set mixed by a learnt coefficient matrix",
+    keeps_client_state=True,
+    label=lambda params: params.label(),
+)

@@ -1,0 +1,118 @@
+"""L-DAWA: layer-wise divergence-aware weight aggregation.
+
+Rehman, Gao, de Gusmão, Alibeigi, Shen and Lane, "L-DAWA: Layer-wise Divergence Aware Weight
+Aggregation in Federated Self-Supervised Visual Representation Learning", ICCV 2023,
+arXiv:2307.07393. See docs/algorithms.md, L-DAWA section.
+
+Each layer l of each uploaded client model θ_k is scaled by its angular agreement with the
+global model's layer, and the scaled layers are averaged with equal weights:
+
+    δ_k^l = min(1, cos(θ_k^l, θ_g^l)),        θ_g^l ← (1/K) Σ_k δ_k^l θ_k^l
+
+over the K clients that uploaded this round. The weights are not renormalised (as in the
+authors' aggregation code), so a layer on which clients diverge from θ_g shrinks.
+
+A layer is one parameter tensor. Floating-point buffers (BatchNorm running statistics) are
+averaged with equal weights 1/K (δ = 1): they are statistics, not learnt weights. Where a
+layer of θ_g or θ_k is all zeros (BatchNorm's bias at initialisation) the angle is undefined
+and δ = 1, so the layer is averaged instead of being zeroed for ever.
+
+Clients train as in FedAvg and upload their whole model; the cosines are computed for all
+clients and layers at once, as segment sums over the layout (``np.add.reduceat``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from rayfed.algorithms.base import ClientHalf, NoParams, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.contributions import ClientVectors
+from rayfed.algorithms.fedavg import GlobalModel, require_homogeneous, sole_architecture
+from rayfed.flat import ParamLayout
+from rayfed.problem import ProblemSpec
+from rayfed.training import ClientJob
+
+__all__ = ["layer_cosines", "ldawa_aggregate", "WholeModels", "LDAWAServer"]
+
+
+def layer_cosines(models: np.ndarray, global_params: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """δ_k^l = min(1, cos(θ_k^l, θ_g^l)) for every client row of ``models`` (K, P) and every layer,
+    the layers being the segments that begin at ``starts`` (L,); (K, L). A zero layer gives δ = 1."""
+    g = global_params.astype(np.float32, copy=False)
+    dots = np.add.reduceat(models * g, starts, axis=1, dtype=np.float64)  # float32 products, float64 sums
+    client_norms = np.sqrt(np.add.reduceat(np.square(models), starts, axis=1, dtype=np.float64))
+    global_norms = np.sqrt(np.add.reduceat(np.square(g), starts, dtype=np.float64))
+    denominator = client_norms * global_norms
+    defined = denominator > 0
+    cosines = np.divide(dots, denominator, out=np.ones_like(dots), where=defined)
+    return np.minimum(cosines, 1.0)
+
+
+def ldawa_aggregate(models: np.ndarray, global_state: np.ndarray, layout: ParamLayout) -> tuple[np.ndarray, np.ndarray]:
+    """The new global state (parameters then buffers) from the K uploaded states ``models`` (K, S)
+    and the current ``global_state`` (S,); also returns δ (K, L). Parameters: (1/K) Σ_k δ_k^l θ_k^l;
+    buffers (the entries after ``layout.size``): the plain mean."""
+    p = layout.size
+    starts = np.asarray(layout.offsets[:-1], np.int64)
+    sizes = np.diff(np.asarray(layout.offsets, np.int64))
+    delta = layer_cosines(models[:, :p], global_state[:p], starts)
+    k = models.shape[0]
+    merged = np.empty_like(global_state, dtype=np.float32)
+    scale = np.repeat((delta / k).astype(np.float32), sizes, axis=1)  # (K, P): δ_k^l / K on layer l's entries
+    scale *= models[:, :p]
+    merged[:p] = scale.sum(axis=0)
+    if models.shape[1] > p:
+        merged[p:] = models[:, p:].mean(axis=0)
+    return merged, delta
+
+
+class WholeModels(GlobalModel):
+    """The global model; a trained client sends its whole state (one row)."""
+
+    def contribute(self, job: ClientJob) -> ClientVectors:  # type: ignore[override]
+        return ClientVectors.of(job.flat.state_numpy(), job.client_id, job.num_train)
+
+
+class LDAWAServer(ServerHalf[NoParams, ClientVectors]):
+    """Keeps θ_g; aggregates layer by layer with δ_k^l = min(1, cos(θ_k^l, θ_g^l)) and weight 1/K."""
+
+    @classmethod
+    def validate(cls, params: NoParams, spec: ProblemSpec) -> None:
+        require_homogeneous(spec)
+
+    def __init__(self, params: NoParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
+        super().__init__(params, spec, initial)
+        architecture = sole_architecture(spec)
+        self.layout = spec.layouts[architecture]
+        self.global_vector = np.array(initial[architecture], dtype=np.float32)
+
+    def broadcast(self) -> WholeModels:
+        return WholeModels(self.global_vector)
+
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
+        if contribution is None:
+            return {"clients_aggregated": 0.0}
+        self.global_vector, delta = ldawa_aggregate(contribution.matrix(), self.global_vector, self.layout)
+        return {
+            "clients_aggregated": float(contribution.count),
+            "ldawa_mean_cos": float(delta.mean()),
+            "ldawa_min_cos": float(delta.min()),
+        }
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"global": self.global_vector}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        self.global_vector = np.array(state["global"], dtype=np.float32)
+
+
+register_algorithm(
+    "ldawa",
+    params=NoParams,
+    server=LDAWAServer,
+    client=ClientHalf,
+    summary="L-DAWA (Rehman et al. 2023): each client layer scaled by min(1, cos(theta_k^l, theta_g^l)), mean 1/K",
+    label="L-DAWA",
+)

@@ -1,0 +1,140 @@
+"""``rayfed reproduce``: run what a table is missing, then write its Markdown and figures.
+
+    rayfed reproduce TABLE [--rounds N] [--seeds K | --seed-list 0,3] [--data-root DIR] [--methods a,b]
+                     [--columns x,y] [--parallel P] [--gpus-per-run G] [--at-rounds 1,5,10] [--out DIR]
+                     [--set field.path=value ...] [--report-only] [--no-figures]
+    rayfed reproduce --list                  the tables, with their rows and columns
+    rayfed reproduce --list-presets          the papers' protocols (rayfed run --preset NAME)
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import time
+from pathlib import Path
+
+from rayfed.config import parse_override
+from rayfed.errors import ConfigError
+
+__all__ = ["add_reproduce_parser", "reproduce"]
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _names(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def add_reproduce_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    """Add the ``reproduce`` subcommand to ``rayfed``'s parser (its handler is set with ``set_defaults``)."""
+    p = subparsers.add_parser("reproduce", help="run and report one of the papers' tables (resumable)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("table", nargs="?", metavar="TABLE", help="a table name (--list shows them)")
+    p.add_argument("--list", action="store_true", help="list the tables and exit")
+    p.add_argument("--list-presets", action="store_true", help="list the presets and exit")
+    p.add_argument("--rounds", type=int, default=20, help="rounds per run (papers: 300-1000; default 20)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..K-1 (default 3)")
+    p.add_argument("--seed-list", type=_ints, help="exact seeds, e.g. 0,3 (instead of --seeds)")
+    p.add_argument("--data-root", help="folder with the datasets (torchvision layout); default $RAYFED_DATA")
+    p.add_argument("--methods", type=_names, help="row keys, comma-separated (default: all)")
+    p.add_argument("--columns", type=_names, help="column keys, comma-separated (default: all)")
+    p.add_argument("--parallel", type=int, default=1, help="runs at once, as Ray tasks (default 1: in this process)")
+    p.add_argument("--gpus-per-run", type=float, default=0.0, help="GPU share of each run (default 0: CPU)")
+    p.add_argument("--at-rounds", type=_ints, default=[], help="also tabulate the metric at these rounds (0 = init)")
+    p.add_argument("--out", type=Path, default=Path("results/reproduce"), help="default results/reproduce")
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a config override for every run (repeatable), e.g. --set data.options.num_samples=3000")
+    p.add_argument("--report-only", action="store_true", help="run nothing, only rewrite the report")
+    p.add_argument("--no-figures", action="store_true", help="do not draw the figures")
+    p.set_defaults(handler=_handler)
+    return p
+
+
+def _handler(ns: argparse.Namespace) -> int:
+    return reproduce(ns, _command(ns))
+
+
+def _command(ns: argparse.Namespace) -> str:
+    """The command line that continues this reproduction (written into the report)."""
+    words = ["rayfed", "reproduce", str(ns.table), "--rounds", str(ns.rounds), "--out", str(ns.out)]
+    words += ["--seed-list", ",".join(map(str, ns.seed_list))] if ns.seed_list else ["--seeds", str(ns.seeds)]
+    for option in ("methods", "columns", "at_rounds"):
+        if getattr(ns, option):
+            words += [f"--{option.replace('_', '-')}", ",".join(map(str, getattr(ns, option)))]
+    if ns.data_root:
+        words += ["--data-root", ns.data_root]
+    if ns.parallel > 1:
+        words += ["--parallel", str(ns.parallel)]
+    if ns.gpus_per_run:
+        words += ["--gpus-per-run", str(ns.gpus_per_run)]
+    for setting in ns.settings:
+        words += ["--set", setting]
+    return shlex.join(words)
+
+
+def _listing(presets: bool) -> str:
+    if presets:
+        from rayfed.presets import PRESETS
+
+        return "\n".join(f"{name:22s} {p.summary}" for name, p in PRESETS.items())
+    from rayfed.reproduce import TABLES
+
+    lines = []
+    for t in TABLES.values():
+        lines += [f"{t.name}: {t.title} ({t.source})",
+                  f"    methods: {', '.join(r.key for r in t.rows)}",
+                  f"    columns: {', '.join(c.key for c in t.columns)}"]
+    return "\n".join(lines)
+
+
+def reproduce(ns: argparse.Namespace, command: str = "") -> int:
+    """Plan the table's cells, run what is missing (printing each outcome), write the report and figures."""
+    import os
+
+    from rayfed.registry import closest
+    from rayfed.reproduce import TABLES
+    from rayfed.reproduce.report import draw_figures, write_report
+    from rayfed.reproduce.runner import Cell, Outcome, execute, plan
+
+    if ns.list or ns.list_presets:
+        print(_listing(ns.list_presets))
+        return 0
+    if ns.table not in TABLES:
+        hint = closest(str(ns.table), list(TABLES)) if ns.table else ""
+        raise ConfigError(f"unknown table {ns.table!r}{hint}; tables: {', '.join(TABLES)} (rayfed reproduce --list)")
+    table = TABLES[ns.table]
+    for option, known in (("methods", [r.key for r in table.rows]), ("columns", [c.key for c in table.columns])):
+        unknown = [k for k in getattr(ns, option) or [] if k not in known]
+        if unknown:
+            raise ConfigError(f"--{option}: {', '.join(unknown)} not in table {table.name}; choose from "
+                              f"{', '.join(known)}")
+    if ns.rounds < 1 or ns.seeds < 1 or ns.parallel < 1:
+        raise ConfigError("--rounds, --seeds and --parallel must be >= 1")
+    seeds = ns.seed_list if ns.seed_list else list(range(ns.seeds))
+    settings = dict(parse_override(s) for s in ns.settings)
+    cells = plan(table, ns.out, rounds=ns.rounds, seeds=seeds, rows=ns.methods, columns=ns.columns,
+                 data_root=ns.data_root or os.environ.get("RAYFED_DATA"), settings=settings)
+    outcomes = {}
+    if not ns.report_only:
+        start, runnable = time.perf_counter(), sum(1 for c in cells if c.config is not None)
+        print(f"{table.name}: {len(cells)} cells ({runnable} runnable), {ns.rounds} rounds, seeds {seeds}", flush=True)
+
+        def done(cell: Cell, outcome: Outcome) -> None:
+            print(f"[{time.perf_counter() - start:7.0f} s] {cell.row.key} {cell.column.key} seed {cell.seed}: "
+                  f"{outcome.status} {outcome.message}".rstrip()[:400], flush=True)
+            write_report(table, cells, ns.out, rounds=ns.rounds, at_rounds=ns.at_rounds, command=command)
+
+        outcomes = execute(cells, parallel=ns.parallel, gpus_per_run=ns.gpus_per_run, on_done=done)
+    path = write_report(table, cells, ns.out, rounds=ns.rounds, at_rounds=ns.at_rounds, outcomes=outcomes,
+                        command=command)
+    print(path.read_text())
+    if not ns.no_figures:
+        for figure in draw_figures(table, cells, ns.out, rounds=ns.rounds):
+            print(figure)
+    return 0

@@ -1,0 +1,198 @@
+"""A table's report: Markdown (ours as mean ± std over seeds beside the papers' values) and one figure per column.
+
+Rounds count as in the papers' logs: round r is the model after r rounds of training
+(``rounds.parquet`` row ``round = r - 1``) and round 0 the initial model (the row
+``round = -1`` that ``engine.eval_initial`` writes). The score of a run is the best value of the
+table's metric over rounds 1..R (the papers' "best round"); the standard deviation is
+NumPy's (population) std over the seeds, as PFLlib prints it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from rayfed.io import atomic_write, write_json
+from rayfed.reproduce.runner import Cell, Outcome, fetch_command, rounds_done
+from rayfed.reproduce.spec import Table
+
+__all__ = ["Score", "score_run", "write_report", "draw_figures"]
+
+
+@dataclass(frozen=True)
+class Score:
+    """One run over its first R rounds: best value, where, the values at chosen rounds, and the curve."""
+
+    best: float
+    best_round: int
+    final: float
+    at: dict[int, float]
+    curve: list[tuple[int, float]]
+    """(round, value) with round 0 = the initial model, when it was evaluated."""
+
+
+def score_run(directory: Path, metric: str, rounds: int, scale: float, at_rounds: Sequence[int] = ()) -> Score | None:
+    """The score of the run in ``directory`` over rounds 1..``rounds``; None until it has that many."""
+    if rounds_done(directory) < rounds:
+        return None
+    rows = pq.read_table(directory / "rounds.parquet").to_pylist()
+    curve = [(int(r["round"]) + 1, scale * float(r[metric])) for r in rows
+             if r["round"] < rounds and r.get(metric) is not None and not math.isnan(r[metric])]
+    trained = [(x, v) for x, v in curve if x >= 1]
+    if not trained:
+        return None
+    best_round, best = max(trained, key=lambda point: point[1])  # the first of equal maxima
+    values = dict(curve)
+    return Score(best, best_round, trained[-1][1], {a: values.get(a, math.nan) for a in at_rounds}, curve)
+
+
+def _mean_std(values: Sequence[float], digits: int) -> str:
+    finite = np.array([v for v in values if not math.isnan(v)])
+    if len(finite) == 0:
+        return "–"
+    if len(finite) == 1:
+        return f"{finite[0]:.{digits}f}"
+    return f"{finite.mean():.{digits}f} ± {finite.std():.{digits}f}"
+
+
+def _scores(cells: Sequence[Cell], table: Table, rounds: int, at_rounds: Sequence[int]) -> dict[Cell, Score]:
+    found = {}
+    for cell in cells:
+        if cell.run_dir is not None and (cell.run_dir / "rounds.parquet").is_file():
+            score = score_run(cell.run_dir, table.metric, rounds, table.scale, at_rounds)
+            if score is not None:
+                found[cell] = score
+    return found
+
+
+def write_report(
+    table: Table,
+    cells: Sequence[Cell],
+    out: Path,
+    *,
+    rounds: int,
+    at_rounds: Sequence[int] = (),
+    outcomes: dict[Cell, Outcome] | None = None,
+    command: str = "",
+) -> Path:
+    """Write ``out/<table>.md`` and ``.json`` from the cells' run directories; returns the Markdown's path."""
+    digits = 2 if table.scale >= 10 else 4
+    scores = _scores(cells, table, rounds, at_rounds)
+    rows = list(dict.fromkeys(c.row.key for c in cells))
+    columns = list(dict.fromkeys(c.column.key for c in cells))
+    by = {(c.row.key, c.column.key): [x for x in cells if x.row.key == c.row.key and x.column.key == c.column.key]
+          for c in cells}
+    unit = "%" if table.scale == 100 else "fraction"
+    lines = [
+        f"# {table.name}: {table.title}", "",
+        f"Source: {table.source}. Ours: best `{table.metric}` ({unit}) over rounds 1..{rounds}, mean ± std over "
+        f"seeds [seeds finished; median best round]. Papers: {table.paper_rounds or 'unstated'} rounds."
+        + (f" {table.notes}" if table.notes else ""), "",
+    ]
+    header = [f"{table.column(k).label}: {kind}" for k in columns for kind in ("ours", "paper")]
+    lines += ["| method | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
+    blocked: dict[str, str] = {}
+    for row in rows:
+        cellsrow = []
+        for col in columns:
+            group = by[(row, col)]
+            reason = group[0].blocked
+            if reason:
+                blocked.setdefault(reason, table.row(row).label)
+                text = "not available in this version" if "not available" in reason else "config refused"
+            else:
+                found = [scores[c] for c in group if c in scores]
+                text = (f"{_mean_std([s.best for s in found], digits)} [{len(found)}/{len(group)}; "
+                        f"r{int(np.median([s.best_round for s in found]))}]") if found else "not run"
+            cellsrow += [text, table.row(row).paper.get(col, "–")]
+        lines.append(f"| {table.row(row).label} | " + " | ".join(cellsrow) + " |")
+    if blocked:
+        lines += ["", "Not run in this version:", ""] + [f"* {label}: {reason}" for reason, label in blocked.items()]
+    missing = {c.column.key: (c, o) for c, o in (outcomes or {}).items() if o.status == "data missing"}
+    if missing:
+        lines += ["", "Columns whose data are missing (fetch them, then run the same command again):", ""]
+        for key, (cell, outcome) in missing.items():
+            assert cell.config is not None
+            lines.append(f"* {table.column(key).label}: {outcome.message}\n  fetch: `{fetch_command(cell.config)}`")
+    failed = [(c, o) for c, o in (outcomes or {}).items() if o.status == "failed"]
+    if failed:
+        lines += ["", "Failed runs:", ""] + [f"* {c.row.label}, {c.column.label}, seed {c.seed}: {o.message}"
+                                             for c, o in failed]
+    if at_rounds:
+        lines += _at_rounds(table, rows, columns, by, scores, at_rounds, digits)
+    lines += ["", "Per run:", "", "| column | method | seed | best | best round | final | run directory |",
+              "|---|---|---|---|---|---|---|"]
+    for cell, s in scores.items():
+        lines.append(f"| {cell.column.label} | {cell.row.label} | {cell.seed} | {s.best:.{digits}f} | {s.best_round} "
+                     f"| {s.final:.{digits}f} | {cell.run_dir.name if cell.run_dir else ''} |")
+    if command:
+        lines += ["", f"Written by `{command}`."]
+    path = out / f"{table.name}.md"
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
+    write_json(out / f"{table.name}.json", {
+        "table": table.name, "metric": table.metric, "rounds": rounds,
+        "runs": [{"row": c.row.key, "column": c.column.key, "seed": c.seed, "run_dir": str(c.run_dir),
+                  **{k: v for k, v in asdict(s).items() if k != "curve"}} for c, s in scores.items()],
+    })
+    return path
+
+
+def _at_rounds(
+    table: Table, rows: list[str], columns: list[str], by: dict[tuple[str, str], list[Cell]],
+    scores: dict[Cell, Score], at_rounds: Sequence[int], digits: int,
+) -> list[str]:
+    """One table per column: mean ± std over seeds at each chosen round (0 = the initial model) and of the best."""
+    lines = []
+    for col in columns:
+        lines += ["", f"{table.column(col).label}: `{table.metric}` at chosen rounds (mean ± std over seeds)", "",
+                  "| method | " + " | ".join(f"round {a}" for a in at_rounds) + " | best |",
+                  "|---|" + "---|" * (len(at_rounds) + 1)]
+        for row in rows:
+            found = [scores[c] for c in by[(row, col)] if c in scores]
+            if not found:
+                continue
+            values = [_mean_std([s.at[a] for s in found], digits) for a in at_rounds]
+            values.append(_mean_std([s.best for s in found], digits))
+            lines.append(f"| {table.row(row).label} | " + " | ".join(values) + " |")
+    return lines
+
+
+def draw_figures(table: Table, cells: Sequence[Cell], out: Path, *, rounds: int) -> list[Path]:
+    """``out/figures/<table>-<column>.png``: per method, the mean curve over seeds with a band of ± 1 std."""
+    from matplotlib.figure import Figure
+
+    scores = _scores(cells, table, rounds, ())
+    paths = []
+    for col in dict.fromkeys(c.column.key for c in cells):
+        fig = Figure(figsize=(6.4, 4.2))
+        ax = fig.add_subplot()
+        drawn = 0
+        for i, row in enumerate(dict.fromkeys(c.row.key for c in cells)):
+            curves = [dict(scores[c].curve) for c in cells if c.row.key == row and c.column.key == col and c in scores]
+            if not curves:
+                continue
+            xs = sorted(set.intersection(*(set(c) for c in curves)))
+            values = np.array([[c[x] for x in xs] for c in curves])
+            mean, std = values.mean(axis=0), values.std(axis=0)
+            colour = f"C{i % 10}"
+            ax.plot(xs, mean, color=colour, label=f"{table.row(row).label} ({len(curves)} seeds)")
+            ax.fill_between(xs, mean - std, mean + std, color=colour, alpha=0.2, linewidth=0)
+            drawn += 1
+        if not drawn:
+            continue
+        ax.set_xlabel("round (0 = initial model)")
+        ax.set_ylabel(f"{table.metric} ({'%' if table.scale == 100 else 'fraction'})")
+        ax.set_title(f"{table.name}: {table.column(col).label}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+        path = out / "figures" / f"{table.name}-{col}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
+        paths.append(path)
+    return paths

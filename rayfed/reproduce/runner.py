@@ -1,0 +1,222 @@
+"""Run what a table is missing: one run directory per (row, column, seed), resumed, extended or skipped.
+
+A cell's run directory is named by its config (algorithm, dataset, seed and a digest of every
+field that changes results), so a cell shared by two tables, or asked for again, is found and
+never run twice: a run with the rounds asked for is skipped, a shorter finished one is extended
+(``train.rounds`` may change when a run continues), a stopped one resumes from its last
+checkpoint (one is written every round). Cells run one after the other in this process, or
+``parallel`` at a time as Ray tasks (one CPU each, plus ``gpus_per_run``), each run on the local
+backend in its task, so seeds and cells of a table share the cluster as resources allow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shlex
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rayfed.config import RunConfig
+from rayfed.errors import CheckpointError, CheckpointFormatError, ConfigError, DatasetError, RayfedError
+from rayfed.reproduce.spec import Column, Row, Table, cell_overrides, unavailable
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Cell", "Outcome", "plan", "rounds_done", "run_cell", "execute", "fetch_command"]
+
+_RESULTS_ONLY = ("train.rounds", "engine.", "run_dir", "data.root", "data.download")
+"""Config paths that do not change a run's numbers, left out of the digest naming its directory."""
+
+
+@dataclass(frozen=True, eq=False)
+class Cell:
+    """One (row, column, seed) of a table: its config, or why it cannot run."""
+
+    row: Row
+    column: Column
+    seed: int
+    config: RunConfig | None
+    """The config to run (rounds as asked); None when ``blocked``."""
+    blocked: str = ""
+    """Why the cell cannot run in this version ("" = it can)."""
+
+    @property
+    def run_dir(self) -> Path | None:
+        return None if self.config is None else Path(str(self.config.run_dir))
+
+
+@dataclass
+class Outcome:
+    """What running (or skipping) one cell did."""
+
+    status: str
+    """skipped, ran, resumed, extended, data missing, failed."""
+    message: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def run_dir_name(config: RunConfig) -> str:
+    """``<algorithm>-<dataset>-s<seed>-<digest>``: the same name for the same results-defining config."""
+    plain = {k: v for k, v in config.to_dict().items() if k not in ("engine", "run_dir")}
+    plain["train"] = {k: v for k, v in plain["train"].items() if k != "rounds"}
+    plain["data"] = {k: v for k, v in plain["data"].items() if k not in ("root", "download")}
+    digest = hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return f"{config.algorithm.name}-{config.data.dataset}-s{config.seed}-{digest}"
+
+
+def plan(
+    table: Table,
+    out: Path,
+    *,
+    rounds: int,
+    seeds: Sequence[int],
+    rows: Sequence[str] | None = None,
+    columns: Sequence[str] | None = None,
+    data_root: str | None = None,
+    settings: dict[str, Any] | None = None,
+) -> list[Cell]:
+    """Every cell of ``table`` (the rows and columns chosen, each seed) with its config under ``out/runs``.
+
+    ``settings`` (dotted paths) apply to every cell last, e.g. a smaller dataset in tests or
+    ``engine.num_gpus_per_worker``. A cell whose algorithm, dataset or model is not registered,
+    or whose config is refused, is kept with the reason in ``blocked``.
+    """
+    out = Path(out).absolute()  # Ray tasks may start in another folder
+    chosen_rows = [table.row(k) for k in rows] if rows else list(table.rows)
+    chosen_cols = [table.column(k) for k in columns] if columns else list(table.columns)
+    cells = []
+    for column in chosen_cols:
+        for row in chosen_rows:
+            base = {**cell_overrides(table, row, column), **(settings or {})}
+            reason = unavailable(base)
+            for seed in seeds:
+                if reason:
+                    cells.append(Cell(row, column, seed, None, reason))
+                    continue
+                values = {**base, "seed": seed, "train.rounds": rounds, "engine.backend": "local",
+                          "engine.progress": False, "engine.checkpoint_every": 1}
+                if data_root is not None:
+                    values["data.root"] = str(Path(data_root).expanduser().absolute())
+                try:
+                    config = RunConfig().override(values)
+                except ConfigError as error:
+                    cells.append(Cell(row, column, seed, None, f"config refused: {error}"))
+                    continue
+                config = config.override({"run_dir": str(out / "runs" / run_dir_name(config))})
+                cells.append(Cell(row, column, seed, config))
+    return cells
+
+
+def rounds_done(directory: Path) -> int:
+    """Rounds of a finished run (its ``summary.json``), else 0."""
+    summary = directory / "summary.json"
+    if not summary.is_file():
+        return 0
+    return int(json.loads(summary.read_text())["rounds_run"])
+
+
+def run_cell(config_dict: dict[str, Any]) -> Outcome:
+    """Bring one run to its ``train.rounds``: skip, run, resume or extend it (a plain function, for Ray tasks).
+
+    A missing dataset is an outcome ("data missing", the loader's message), not an exception,
+    so one missing column does not stop the others; so is any other refusal ("failed").
+    """
+    from rayfed.engine import run
+
+    config = RunConfig.from_dict(config_dict)
+    directory = Path(str(config.run_dir))
+    done = rounds_done(directory)
+    if done >= config.train.rounds:
+        return Outcome("skipped", f"has {done} rounds")
+    resume = (directory / "config.json").is_file()
+    try:
+        try:
+            result = run(config, resume=resume)
+        except CheckpointFormatError:  # written by another rayfed version: keep it, say so
+            raise
+        except CheckpointError:  # a checkpoint torn by a kill: this run starts again
+            shutil.rmtree(directory)
+            result = run(config)
+            resume = False
+    except DatasetError as error:
+        return Outcome("data missing", str(error))
+    except RayfedError as error:
+        return Outcome("failed", str(error))
+    status = "extended" if done else ("resumed" if resume else "ran")
+    return Outcome(status, f"{result.rounds_run} rounds, best {100 * result.best_accuracy:.2f}")
+
+
+def fetch_command(config: RunConfig) -> str:
+    """The command that downloads a cell's dataset into its ``data.root`` (torchvision), to print beside it."""
+    root = config.data.root or "<data folder>"
+    name = json.dumps(config.data.dataset)
+    code = f"from rayfed.data import load_dataset; load_dataset({name}, {json.dumps(root)}, download=True)"
+    return f"python -c {shlex.quote(code)}"
+
+
+def execute(
+    cells: Sequence[Cell],
+    *,
+    parallel: int = 1,
+    gpus_per_run: float = 0.0,
+    on_done: Callable[[Cell, Outcome], None] = lambda cell, outcome: None,
+) -> dict[Cell, Outcome]:
+    """Run every runnable cell; ``on_done`` sees each outcome as it comes (to rewrite the report).
+
+    Sequentially, a column whose data turned out missing is not tried again for its other cells.
+    """
+    runnable = [c for c in cells if c.config is not None]
+    outcomes: dict[Cell, Outcome] = {}
+    if parallel <= 1 or len(runnable) <= 1:
+        missing: dict[str, Outcome] = {}
+        for cell in runnable:
+            assert cell.config is not None
+            key = f"{cell.config.data.dataset}:{cell.config.data.root}"
+            outcome = missing.get(key) or run_cell(cell.config.to_dict())
+            if outcome.status == "data missing":
+                missing[key] = outcome
+            outcomes[cell] = outcome
+            on_done(cell, outcome)
+        return outcomes
+    return _execute_on_ray(runnable, parallel, gpus_per_run, on_done)
+
+
+def _execute_on_ray(
+    cells: list[Cell], parallel: int, gpus_per_run: float, on_done: Callable[[Cell, Outcome], None]
+) -> dict[Cell, Outcome]:
+    """At most ``parallel`` cells at a time as Ray tasks on the cluster of ``RAY_ADDRESS``, or a local Ray."""
+    import ray
+
+    started_here = not ray.is_initialized()
+    if started_here:
+        address = os.environ.get("RAY_ADDRESS")
+        ray.init(address=address or "local", num_cpus=None if address else parallel,
+                 include_dashboard=False, logging_level="WARNING")
+    task = ray.remote(num_cpus=1, num_gpus=gpus_per_run, max_retries=0)(run_cell)
+    outcomes: dict[Cell, Outcome] = {}
+    pending: dict[Any, Cell] = {}
+    queue = list(cells)
+    try:
+        while queue or pending:
+            while queue and len(pending) < parallel:
+                cell = queue.pop(0)
+                assert cell.config is not None
+                pending[task.remote(cell.config.to_dict())] = cell
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            cell = pending.pop(ready[0])
+            try:
+                outcome = ray.get(ready[0])
+            except Exception as error:  # noqa: BLE001  (a task that died: report it with the cell)
+                outcome = Outcome("failed", f"{type(error).__name__}: {error}")
+            outcomes[cell] = outcome
+            on_done(cell, outcome)
+    finally:
+        if started_here:
+            ray.shutdown()
+    return outcomes

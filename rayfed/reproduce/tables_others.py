@@ -1,0 +1,167 @@
+"""The FedAWA and FedClassAvg papers' tables as data: P-AWA (seed 004) Tables 1 and 5, P-FCA (seed 002) Tables 2-4.
+
+Shi et al., "FedAWA: Adaptive Optimization of Aggregation Weights in Federated Learning Using
+Client Vectors", CVPR 2025 (global-model top-1 accuracy, %); Jang et al., "FedClassAvg: Local
+Representation Learning for Personalized Federated Learning on Heterogeneous Neural Networks",
+ICPP 2022 (unweighted mean of the clients' accuracies, as fractions). Settings:
+docs/algorithms.md (FedAWA and FedClassAvg sections; baselines' settings in its baselines section).
+"""
+
+from __future__ import annotations
+
+from rayfed.reproduce.spec import Column, Row, Table
+
+__all__ = ["OTHER_TABLES"]
+
+
+def _paper(keys: tuple[str, ...], values: str) -> dict[str, str]:
+    return {k: v for k, v in zip(keys, values.split()) if v != "-"}
+
+
+def _awa(key: str, dataset: str, alpha: float) -> Column:
+    preset = {"cifar10": "fedawa-cifar10", "cifar100": "fedawa-cifar100", "tiny_imagenet": "fedawa-tiny"}[dataset]
+    name = {"cifar10": "C10", "cifar100": "C100", "tiny_imagenet": "Tiny"}[dataset]
+    return Column(key, f"{name} α{alpha:g}", preset, {"data.dataset": dataset, "data.alpha": alpha})
+
+
+_AWA_COLS = tuple(
+    _awa(f"{short}_a{str(a).replace('.', '')}", dataset, a)
+    for short, dataset in (("c10", "cifar10"), ("c100", "cifar100"), ("tiny", "tiny_imagenet"))
+    for a in (0.1, 0.5, 100.0)
+)
+_A = tuple(c.key for c in _AWA_COLS)
+_SGDM = {"algorithm.client": "sgdm"}
+"""FedAWA's code gives FedAvg the clients FedAWA has: momentum kept across rounds."""
+AWA_T1 = Table(
+    name="fedawa-t1",
+    title="FedAWA against aggregation-weight baselines, 20 clients, ResNet-20 (CIFAR) / ResNet-18 (Tiny)",
+    source="P-AWA Table 1 (seed 004)",
+    columns=_AWA_COLS,
+    rows=(
+        Row("fedlaw", "FedLAW (proxy data)", "fedlaw",
+            paper=_paper(_A, "64.76 75.27 81.30 34.59 37.56 41.05 29.13 33.49 37.20")),
+        Row("fedavg", "FedAvg", "fedavg", settings=_SGDM,
+            paper=_paper(_A, "61.04 74.47 76.01 36.71 41.08 41.46 29.44 34.43 36.31")),
+        Row("feddisco", "FedDisco", "feddisco",
+            paper=_paper(_A, "62.86 74.72 75.40 36.46 41.02 41.46 31.19 34.29 36.31")),
+        Row("ldawa", "L-DAWA", "ldawa", paper=_paper(_A, "62.87 75.61 76.10 36.31 39.81 42.39 32.02 31.43 36.25")),
+        Row("fedprox", "FedProx", "fedprox", {"mu": 0.001}, {"train.momentum": 0.0, "train.weight_decay": 0.0},
+            paper=_paper(_A, "60.62 73.27 73.96 34.60 39.35 38.15 29.37 34.32 35.03")),
+        Row("fedadam", "FedAdam", "fedadam",
+            paper=_paper(_A, "61.76 73.04 70.40 32.12 34.92 30.37 21.77 27.39 24.08")),
+        Row("feddyn", "FedDyn", "feddyn", paper=_paper(_A, "56.37 74.61 77.92 36.92 44.80 41.04 27.32 32.80 34.32")),
+        Row("fedawa", "FedAWA", "fedawa", paper=_paper(_A, "63.55 75.65 80.10 37.04 41.89 42.84 33.07 34.57 36.59")),
+        Row("fedawa_l", "FedAWA-L", "fedawa_l",
+            paper=_paper(_A, "65.13 75.99 79.70 36.85 42.52 45.27 33.42 34.86 36.04")),
+    ),
+    paper_rounds=300,
+    notes="P-AWA does not state its rounds (its code's default is 300) nor its seeds.",
+)
+
+_T5_COLS = tuple(c for c in _AWA_COLS if c.key in ("c10_a01", "c10_a05", "c100_a01", "c100_a05"))
+_B = tuple(c.key for c in _T5_COLS)
+AWA_T5 = Table(
+    name="fedawa-t5",
+    title="FedAWA's regulariser: none, Euclidean, cosine",
+    source="P-AWA Table 5 (seed 004)",
+    columns=_T5_COLS,
+    rows=(
+        Row("none", "no regulariser", "fedawa", {"distance": "none"}, paper=_paper(_B, "63.05 75.06 36.75 41.36")),
+        Row("euclidean", "Euclidean", "fedawa", {"distance": "euclidean"},
+            paper=_paper(_B, "63.53 75.35 37.20 41.55")),
+        Row("cos", "cosine", "fedawa", {"distance": "cos"}, paper=_paper(_B, "63.55 75.65 37.04 41.89")),
+    ),
+    paper_rounds=300,
+)
+
+
+def _fca(key: str, dataset: str, skewed: bool, **settings: object) -> Column:
+    preset = {"cifar10": "fedclassavg-cifar10", "fashion_mnist": "fedclassavg-fmnist",
+              "emnist_letters": "fedclassavg-emnist"}[dataset]
+    name = {"cifar10": "C10", "fashion_mnist": "FMNIST", "emnist_letters": "EMNIST"}[dataset]
+    partition = {"data.partition": "pathological", "data.classes_per_client": 2} if skewed else {}
+    label = f"{name} {'Skewed' if skewed else 'Dir(0.5)'}"
+    return Column(key, label, preset, {"data.dataset": dataset, **partition, **settings})
+
+
+_DATA = (("c10", "cifar10"), ("fm", "fashion_mnist"), ("em", "emnist_letters"))
+_F2 = tuple(_fca(f"{s}_{kind}", d, kind == "skew") for s, d in _DATA for kind in ("dir", "skew"))
+_C2 = tuple(c.key for c in _F2)
+FCA_T2 = Table(
+    name="fedclassavg-t2",
+    title="FedClassAvg on 20 heterogeneous clients (4 networks)",
+    source="P-FCA Table 2 (seed 002); ± there is the std across clients",
+    columns=_F2,
+    rows=(
+        Row("local", "local only", "local",
+            paper=_paper(_C2, ".6894±.0665 .8871±.0417 .8840±.0698 .9430±.0288 .9149±.0378 .9671±.1073")),
+        Row("fedproto", "FedProto", "fedproto", paper=_paper(_C2, ".4742 .8359 .6042 .6364 .2249 .2183")),
+        Row("ktpfl", "KT-pFL", "ktpfl",
+            paper=_paper(_C2, ".6228±.0783 .8721±.0717 .9039±.0435 .9737±.0434 .9055±.0500 .9921±.0076")),
+        Row("fedclassavg", "FedClassAvg", "fedclassavg",
+            paper=_paper(_C2, ".7670±.0532 .9202±.0562 .9303±.0308 .9800±.0281 .9305±.0178 .9957±.0040")),
+    ),
+    metric="acc_mean",
+    scale=1.0,
+    notes="Skewed = 2 classes per client by the pathological partitioner (P-FCA samples them with replacement).",
+)
+
+_HOMO = {"model.client_models": [], "model.name": "fca_resnet18"}
+_F3 = tuple(_fca(f"{s}_m{m}", d, False, **{"data.num_clients": m, **_HOMO}) for s, d in _DATA for m in (20, 100))
+_C3 = tuple(c.key for c in _F3)
+FCA_T3 = Table(
+    name="fedclassavg-t3",
+    title="Homogeneous clients (ResNet-18), Dir(0.5), 20 and 100 clients",
+    source="P-FCA Table 3 (seed 002)",
+    columns=_F3,
+    rows=(
+        Row("fedavg", "FedAvg", "fedavg", paper=_paper(_C3, ".7729 .6336 .8988 .7471 .9343 .8662")),
+        Row("fedprox", "FedProx", "fedprox", {"mu": 0.001}, paper=_paper(_C3, ".8123 .6505 .9025 .7477 .9462 .8677")),
+        Row("ktpfl", "KT-pFL", "ktpfl", paper=_paper(_C3, ".5433 .4777 .8954 .6114 .8505 .6589")),
+        Row("fedclassavg", "FedClassAvg", "fedclassavg", paper=_paper(_C3, ".7653 .5096 .9294 .6712 .9361 .7097")),
+        Row("fedclassavg_w", "FedClassAvg +weight", "fedclassavg", {"mode": "weight"},
+            paper=_paper(_C3, ".8546 .7817 .9361 .9057 .9464 .9166")),
+    ),
+    metric="acc_mean",
+    scale=1.0,
+)
+
+_F4 = tuple(_fca(s, d, False) for s, d in _DATA)
+_C4 = tuple(c.key for c in _F4)
+FCA_T4 = Table(
+    name="fedclassavg-t4",
+    title="FedClassAvg ablation: classifier averaging (CA), proximal term (PR), contrastive loss (CL)",
+    source="P-FCA Table 4 (seed 002)",
+    columns=_F4,
+    rows=(
+        Row("ca", "CA", "fedclassavg", {"rho": 0.0, "contrastive": False}, paper=_paper(_C4, ".615 .8578 .915")),
+        Row("ca_pr", "CA + PR", "fedclassavg", {"contrastive": False}, paper=_paper(_C4, ".6311 .8971 .8993")),
+        Row("ca_cl", "CA + CL", "fedclassavg", {"rho": 0.0}, paper=_paper(_C4, ".7509 .924 .9186")),
+        Row("ca_pr_cl", "CA + PR + CL", "fedclassavg", paper=_paper(_C4, ".7670 .9303 .9305")),
+    ),
+    metric="acc_mean",
+    scale=1.0,
+)
+
+_MNIST_AWA = (
+    Column("mnist01", "MNIST α=0.1", "fedawa-mnist", {"data.alpha": 0.1}),
+    Column("mnist05", "MNIST α=0.5", "fedawa-mnist", {"data.alpha": 0.5}),
+    Column("offline", "offline α=0.1", "fedawa-mnist", {"data.dataset": "synthetic", "data.alpha": 0.1}),
+)
+AWA_MNIST = Table(
+    name="fedawa-mnist",
+    title="FedAWA against FedAvg on MNIST and the offline dataset (cnn4, FedAWA's clients)",
+    source="P-AWA reports CIFAR and Tiny ImageNet only, so there are no papers' values",
+    columns=_MNIST_AWA,
+    rows=(
+        Row("fedavg_m", "FedAvg", "fedavg", settings=_SGDM),
+        Row("fedawa_code", "FedAWA, fidelity=code", "fedawa", {"fidelity": "code"}),
+        Row("fedawa_paper1", "FedAWA, fidelity=paper, 1 step", "fedawa", {"fidelity": "paper", "server_steps": 1}),
+        Row("fedawa_paper5", "FedAWA, fidelity=paper, 5 steps", "fedawa", {"fidelity": "paper", "server_steps": 5}),
+        Row("fedawa_l_code", "FedAWA-L, fidelity=code", "fedawa_l", {"fidelity": "code"}),
+        Row("fedawa_l_paper1", "FedAWA-L, fidelity=paper, 1 step", "fedawa_l",
+            {"fidelity": "paper", "server_steps": 1}),
+    ),
+)
+
+OTHER_TABLES = (AWA_T1, AWA_T5, AWA_MNIST, FCA_T2, FCA_T3, FCA_T4)

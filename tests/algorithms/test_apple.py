@@ -1,0 +1,136 @@
+"""APPLE: the DR-vector gradient, copies of every core model in the client state, and the size check."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from rayfed import ResourceError, RunConfig
+from rayfed.algorithms.apple import CORES_KEY, DR_KEY, anneal, dr_gradient, personal_model, tensor_mean_weights
+from rayfed.callbacks import Callback
+from rayfed.engine import Simulation
+from rayfed.flat import ParamLayout
+from rayfed.sizing import client_states_bytes
+from tests.conftest import tiny_overrides
+
+
+class ClientCopies(Callback):
+    """``rounds[t][cid]``: (copies, p_i) each client holds after round t, and the server's core models."""
+
+    def __init__(self) -> None:
+        self.rounds: list[dict[int, tuple[np.ndarray, np.ndarray]]] = []
+        self.server: list[np.ndarray] = []
+
+    def after_round(self, sim, record, clients) -> bool:
+        self.rounds.append({
+            cid: (np.array(sim.states.get(cid)[CORES_KEY]), np.array(sim.states.get(cid)[DR_KEY]))
+            for cid in sim.states.ids()
+        })
+        self.server.append(np.array(sim.executor.server_state()["cores"]))
+        return False
+
+
+def _config(tmp_path, **extra: object) -> RunConfig:
+    return RunConfig().override(tiny_overrides(tmp_path / "run", **{
+        "algorithm.name": "apple", "data.num_clients": 5, "data.partition": "dirichlet",
+        "data.options": {"num_samples": 750}, **extra,
+    }))
+
+
+def test_the_dr_gradient_is_the_chain_rule_through_the_personal_model() -> None:
+    # Arrange: φ = Σ_j p_j θ_j of 4 core models, a loss on φ, the proximal term (λμ/2)‖p − p0‖².
+    torch.manual_seed(0)
+    theta = torch.randn(4, 9, dtype=torch.float64)
+    p = torch.tensor([0.4, 0.1, 0.3, 0.2], dtype=torch.float64, requires_grad=True)
+    p0 = torch.full((4,), 0.25, dtype=torch.float64)
+    target, lam_mu = torch.randn(9, dtype=torch.float64), 0.07
+    # Act: autograd, and the step's formula from ∇_φ L.
+    phi = (p @ theta).detach().requires_grad_(True)
+    loss_phi = ((phi - target) ** 2).sum() + phi.sin().sum()
+    (grad_phi,) = torch.autograd.grad(loss_phi, phi)
+    full = ((p @ theta - target) ** 2).sum() + (p @ theta).sin().sum() + 0.5 * lam_mu * ((p - p0) ** 2).sum()
+    (expected,) = torch.autograd.grad(full, p)
+    got = dr_gradient(theta, grad_phi, p.detach(), p0, lam_mu)
+    # Assert
+    torch.testing.assert_close(got, expected)
+    # PFLlib's scaling: the mean over tensors of each tensor's mean of ∇_φ L ⊙ θ_j.
+    layout = ParamLayout.of([("a", torch.zeros(2, 3)), ("b", torch.zeros(3))])
+    c = torch.from_numpy(tensor_mean_weights(layout)).double()
+    direct = torch.stack([((grad_phi * t)[:6].mean() + (grad_phi * t)[6:].mean()) / 2 for t in theta])
+    torch.testing.assert_close(dr_gradient(theta, grad_phi, p.detach(), p0, 0.0, c), direct)
+
+
+def test_the_proximal_weight_is_cosine_annealed_until_round_l_r() -> None:
+    assert anneal(0, 100, 0.2) == 1.0
+    assert anneal(10, 100, 0.2) == pytest.approx(0.5)
+    assert anneal(5, 100, 0.2) == pytest.approx((1 + math.cos(math.pi / 4)) / 2)
+    assert anneal(20, 100, 0.2) == anneal(99, 100, 0.2) == 0.0
+
+
+@pytest.mark.parametrize("join_ratio", [1.0, 0.6])
+def test_clients_keep_copies_learn_p_and_download_only_newer_core_models(tmp_path, join_ratio) -> None:
+    # Arrange: 5 clients, 3 rounds; with join_ratio 0.6, 3 per round (stale copies).
+    copies = ClientCopies()
+    config = _config(tmp_path, **{"engine.join_ratio": join_ratio, "train.rounds": 3,
+                                  "algorithm.params": {"fidelity": "paper"}})
+    # Act
+    Simulation(config, callbacks=[copies]).run()
+    # Assert: a trained client's own copy is the core model it uploaded; p_i moved off 1/M.
+    clients = pq.read_table(tmp_path / "run" / "clients").to_pylist()
+    sampled = [c for c in clients if c["sampled"]]
+    size = copies.server[0].shape[1] * 4
+    for t, held in enumerate(copies.rounds):
+        for cid, (cores, p) in held.items():
+            assert cores.shape == (5, copies.server[0].shape[1])
+            if any(c["client_id"] == cid and c["round"] == t for c in sampled):
+                np.testing.assert_array_equal(cores[cid], copies.server[t][cid])
+                assert not np.allclose(p, 0.2)
+    # Bytes: one core model up; down, the other clients' core models newer than the client's copies,
+    # a copy being as new as the server's model when the client last trained (version = upload round + 1).
+    rounds_of = {cid: [c["round"] for c in sampled if c["client_id"] == cid] for cid in range(5)}
+
+    def version(j: int, t: int) -> int:
+        return max((r + 1 for r in rounds_of[j] if r < t), default=0)
+
+    for c in sampled:
+        cid, t = c["client_id"], c["round"]
+        before = [r for r in rounds_of[cid] if r < t]
+        newer = sum(1 for j in range(5) if j != cid and version(j, t) > (version(j, max(before)) if before else 0))
+        assert c["bytes_up"] == size + 16
+        assert c["bytes_down"] == newer * size, c
+    if join_ratio == 1.0:
+        assert [c["bytes_down"] for c in sampled if c["round"] == 2] == [4 * size] * 5
+
+
+def test_the_personal_model_mixes_parameters_and_keeps_its_own_buffers() -> None:
+    cores = np.arange(12, dtype=np.float32).reshape(3, 4)  # 3 parameters, then 1 buffer
+    p = np.array([0.5, 0.25, 0.25])
+    np.testing.assert_allclose(personal_model(cores, p, 1, 3), [3.0, 4.0, 5.0, 7.0])
+
+
+def test_a_run_whose_client_states_fit_neither_memory_nor_disk_is_refused_before_any_file(tmp_path, monkeypatch):
+    # Arrange: 300 clients each keeping 300 models; 1 MiB of state memory and 10 MiB of free disk.
+    config = _config(tmp_path, **{"data.num_clients": 300, "data.options": {"num_samples": 3000},
+                                  "engine.client_state_memory_mb": 1})
+    per_client, total = client_states_bytes(config)
+    monkeypatch.setattr("rayfed.sizing.free_disk", lambda path: 10 * 2**20)
+    # Act / Assert
+    with pytest.raises(ResourceError) as raised:
+        Simulation(config)
+    message = str(raised.value)
+    for fragment in ("algorithm.name='apple'", "data.num_clients=300", "engine.client_state_memory_mb=1",
+                     "lower data.num_clients", "run_dir"):
+        assert fragment in message
+    assert total == 300 * per_client and per_client > 300 * 4 * 1000
+    assert not (tmp_path / "run").exists()
+    # With room on the disk, the same config passes the check (and the memory estimate counts the cap).
+    monkeypatch.setattr("rayfed.sizing.free_disk", lambda path: 2 * total)
+    from rayfed.sizing import check_client_states, estimate_memory
+
+    check_client_states(config, tmp_path / "run")
+    parts = {part.name: part.bytes for part in estimate_memory(config).parts}
+    assert parts["client state store"] == 2**20

@@ -1,0 +1,108 @@
+"""FedFomo: the start model from validation-loss gains per distance, the 80/20 split, downloads counted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rayfed import RunConfig
+from rayfed.algorithms.fedfomo import (
+    AFFINITY_KEY,
+    FedFomoParams,
+    FomoModels,
+    choose_models,
+    fomo_weights,
+    validation_split,
+)
+from rayfed.algorithms.local import MODEL_KEY
+from rayfed.config import TrainConfig
+from rayfed.engine import Simulation
+from rayfed.flat import FlatModel
+from rayfed.training import ClientJob
+from tests.algorithms.client_states import StateSnapshots
+from tests.conftest import tiny_overrides
+
+
+def _job(flat: FlatModel, x: torch.Tensor, y: torch.Tensor, state: dict[str, np.ndarray]) -> ClientJob:
+    empty = torch.empty(0)
+    return ClientJob(
+        client_id=0, round=3, flat=flat, architecture="linear", x_train=x, y_train=y, x_test=empty,
+        y_test=empty.long(), label_counts=np.zeros(3), train_label_counts=np.zeros(3), train=TrainConfig(),
+        generator=torch.Generator().manual_seed(0), state=state,
+    )
+
+
+def test_the_start_model_weights_models_by_validation_loss_gain_per_distance() -> None:
+    # Arrange: a linear model; the client's own model and 3 others' (client 0 is the client itself).
+    torch.manual_seed(0)
+    flat = FlatModel(torch.nn.Linear(4, 3))
+    rng = np.random.default_rng(1)
+    models = rng.normal(size=(4, flat.size)).astype(np.float32)
+    own = (3 * rng.normal(size=flat.size)).astype(np.float32)
+    x, y = torch.randn(50, 4), torch.randint(0, 3, (50,))
+    message = FomoModels(models, np.ones(4, bool), FedFomoParams(), seed=7, num_params=flat.size)
+    job = _job(flat, x, y, {MODEL_KEY: own})
+    # Act
+    message.personalise(job)
+    # Assert: direct computation on the seeded 20 % validation split (Eq. 5 and 6).
+    val, train = validation_split(50, 0.2, 7, 0)
+    assert len(val) == 10 and len(np.intersect1d(val, train)) == 0 and len(train) == 40
+
+    def loss(vector: np.ndarray) -> float:
+        w = torch.from_numpy(vector[:12]).view(3, 4)
+        b = torch.from_numpy(vector[12:])
+        return float(F.cross_entropy(x[val] @ w.T + b, y[val]))
+
+    raw = np.array([(loss(own) - loss(models[n])) / np.linalg.norm(models[n] - own) for n in (1, 2, 3)])
+    assert (raw > 0).sum() >= 2  # the mix, not one model
+    weights = np.maximum(raw, 0) / np.maximum(raw, 0).sum()
+    expected = own + sum(weights[k] * (models[n] - own) for k, n in enumerate((1, 2, 3)))
+    np.testing.assert_allclose(flat.numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert job.num_train == 40 and torch.equal(job.y_train, y[train])
+    # The affinities grow by the raw weights once the client contributes.
+    message.contribute(job)
+    np.testing.assert_allclose(job.state[AFFINITY_KEY], np.r_[0.0, raw], rtol=1e-5)
+    assert message.bytes_down(job) == 3 * flat.size * 4
+
+
+def test_weights_are_clipped_and_normalised_and_the_choice_is_epsilon_greedy() -> None:
+    # Arrange / Act
+    raw, weights = fomo_weights(1.0, np.array([0.5, 1.5, 0.0, 0.2]), np.array([1.0, 1.0, 2.0, 0.0]))
+    # Assert: a model at distance 0 weighs 0; negative gains are clipped; weights sum to 1.
+    np.testing.assert_allclose(raw, [0.5, -0.5, 0.5, 0.0])
+    np.testing.assert_allclose(weights, [0.5, 0.0, 0.5, 0.0])
+    candidates, affinity = np.array([1, 2, 3, 4]), np.array([0.0, 0.1, 0.9, -1.0, 0.5])
+    assert choose_models(candidates, affinity, 2, 0.0, np.random.default_rng(0)).tolist() == [2, 4]
+    assert choose_models(candidates, affinity, 0, 0.0, np.random.default_rng(0)).tolist() == [1, 2, 3, 4]
+    draws = {tuple(choose_models(candidates, affinity, 2, 1.0, np.random.default_rng(s))) for s in range(20)}
+    assert len(draws) > 1
+
+
+@pytest.mark.parametrize("join_ratio", [1.0, 0.5])
+def test_clients_download_every_uploaded_model_and_train_on_the_rest(tmp_path, join_ratio) -> None:
+    # Arrange: 6 clients; with join_ratio 0.5, 3 per round (stale models offered).
+    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
+        "algorithm.name": "fedfomo", "data.num_clients": 6, "data.partition": "dirichlet",
+        "data.options": {"num_samples": 900}, "engine.join_ratio": join_ratio,
+    }))
+    states = StateSnapshots()
+    # Act
+    Simulation(config, callbacks=[states]).run()
+    # Assert: round 0 has nothing to download; round 1 downloads every other client that uploaded in round 0.
+    clients = pq.read_table(tmp_path / "run" / "clients").to_pylist()
+    sampled = [c for c in clients if c["sampled"]]
+    size = next(iter(states.rounds[0].values())).size * 4
+    uploaded_first = {c["client_id"] for c in sampled if c["round"] == 0}
+    for c in sampled:
+        assert c["bytes_up"] == size + 16
+        others = len(uploaded_first - {c["client_id"]}) if c["round"] == 1 else 0
+        assert c["bytes_down"] == others * size
+        assert c["steps"] == c["num_train"] // 10  # 80 % of its train split, batches of 10
+    # Clients kept their own models; they differ (personalised) after round 1.
+    last = states.rounds[-1]
+    assert len(last) == len({c["client_id"] for c in sampled})
+    ids = sorted(last)
+    assert not np.array_equal(last[ids[0]], last[ids[1]])

@@ -1,0 +1,288 @@
+"""FedNH: the prototype update and class means against direct computations, the cosine head,
+fixed prototypes in local training, and short end-to-end runs on the offline synthetic dataset."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rayfed import ConfigError, RunConfig
+from rayfed.algorithms import RoundContext, WeightedSum
+from rayfed.algorithms.fednh import (
+    FedNHClient,
+    FedNHParams,
+    FedNHServer,
+    PrototypeSum,
+    class_means,
+    cosine_head,
+    initial_prototypes,
+    smooth_prototypes,
+)
+from rayfed.callbacks import Callback
+from rayfed.client_runner import ClientRunner
+from rayfed.config import TrainConfig
+from rayfed.engine import Simulation
+from rayfed.flat import FlatModel
+from rayfed.problem import ProblemSpec
+from rayfed.training import ClientJob
+from tests.conftest import tiny_overrides
+
+torch.set_num_threads(1)
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+class _Tiny(nn.Module):
+    """``body`` (3 -> 4, ReLU) and the output layer ``fc`` (4 -> 3): K = 3 prototypes in h = 4."""
+
+    output_layer = "fc"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(3, 4)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.body(x)))
+
+
+def _tiny_problem(num_clients: int = 2) -> tuple[FlatModel, ProblemSpec]:
+    torch.manual_seed(0)
+    flat = FlatModel(_Tiny())
+    spec = ProblemSpec(num_clients, 3, (1, 1, 3), {"tiny": flat.layout}, {"tiny": ("body", "fc")}, {"tiny": "fc"},
+                       default_architecture="tiny", algorithm="fednh")
+    return flat, spec
+
+
+def _job(flat: FlatModel, cid: int, counts: list[int]) -> ClientJob:
+    gen = torch.Generator().manual_seed(cid)
+    x = torch.randn(sum(counts), 3, generator=gen)
+    y = torch.as_tensor(np.repeat(np.arange(len(counts)), counts))
+    return ClientJob(
+        client_id=cid, round=0, flat=flat, architecture="tiny", x_train=x, y_train=y, x_test=x, y_test=y,
+        label_counts=np.array(counts), train_label_counts=np.array(counts),
+        train=TrainConfig(lr=0.5, batch_size=4, momentum=0.9, weight_decay=1e-3), generator=gen,
+    )
+
+
+def _ctx(sampled: list[int], num_clients: int = 2) -> RoundContext:
+    return RoundContext(round=0, seed=0, lr=0.1, sampled=np.array(sampled), num_clients=num_clients)
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return v / np.linalg.norm(v)
+
+
+# --- the defining steps against direct computations ------------------------------------------------
+
+
+def test_prototype_update_equals_direct_computation() -> None:
+    # Prepare: 3 unit prototypes in 4-d; client A holds classes 0 and 1, client B classes 1 only;
+    # class 2 is held by nobody.
+    rng = np.random.default_rng(0)
+    prototypes = initial_prototypes(3, 4, seed=1)
+    feats_a, labels_a = rng.normal(size=(5, 4)), np.array([0, 0, 1, 1, 1])
+    feats_b, labels_b = rng.normal(size=(2, 4)), np.array([1, 1])
+    uploads = [class_means(torch.tensor(f), torch.tensor(y), 3) for f, y in ((feats_a, labels_a), (feats_b, labels_b))]
+    sums, counts = uploads[0][0] + uploads[1][0], uploads[0][1] + uploads[1][1]
+    # Execute
+    updated = smooth_prototypes(prototypes, sums, counts, rho=0.9)
+    # Assert: μ_c ← normalise(ρμ_c + (1−ρ) normalise(Σ_k n_kc μ̂_kc / Σ_k n_kc)), μ̂_kc the unit mean of
+    # client k's unit features of class c; the class without data keeps its prototype.
+    unit_a = feats_a / np.linalg.norm(feats_a, axis=1, keepdims=True)
+    unit_b = feats_b / np.linalg.norm(feats_b, axis=1, keepdims=True)
+    mean_a0, mean_a1 = _unit(unit_a[:2].mean(0)), _unit(unit_a[2:].mean(0))
+    mean_b1 = _unit(unit_b.mean(0))
+    target0 = _unit(mean_a0)
+    target1 = _unit((3 * mean_a1 + 2 * mean_b1) / 5)
+    np.testing.assert_allclose(updated[0], _unit(0.9 * prototypes[0] + 0.1 * target0), atol=1e-6)
+    np.testing.assert_allclose(updated[1], _unit(0.9 * prototypes[1] + 0.1 * target1), atol=1e-6)
+    np.testing.assert_array_equal(updated[2], prototypes[2])
+    np.testing.assert_allclose(counts, [2, 5, 0])
+    np.testing.assert_allclose(uploads[0][0][0], 2 * mean_a0, atol=1e-6)
+
+
+def test_initial_prototypes_are_unit_and_spread() -> None:
+    # K <= h: orthonormal rows; K > h: unit rows spread further apart than random ones.
+    few = initial_prototypes(5, 8, seed=0)
+    np.testing.assert_allclose(few @ few.T, np.eye(5), atol=1e-6)
+    many = initial_prototypes(12, 3, seed=0)
+    np.testing.assert_allclose(np.linalg.norm(many, axis=1), 1.0, atol=1e-6)
+    random = _unit_rows(np.random.default_rng(0).normal(size=(12, 3)))
+    off = ~np.eye(12, dtype=bool)
+    assert (many @ many.T)[off].max() < (random @ random.T)[off].max() - 0.05
+    np.testing.assert_array_equal(initial_prototypes(5, 8, seed=0), few)  # reproducible from the seed
+
+
+def _unit_rows(m: np.ndarray) -> np.ndarray:
+    return m / np.linalg.norm(m, axis=1, keepdims=True)
+
+
+def test_cosine_head_gives_scaled_cosine_logits() -> None:
+    # Prepare: output weight s·μ, zero bias.
+    flat, _ = _tiny_problem()
+    model = flat.module
+    prototypes, s = initial_prototypes(3, 4, seed=3), 7.0
+    with torch.no_grad():
+        model.fc.weight.copy_(torch.tensor(s * prototypes))
+        model.fc.bias.zero_()
+    x = torch.randn(6, 3)
+    # Execute
+    cosine_head(model, "fc")
+    cosine_head(model, "fc")  # idempotent: one hook
+    logits = model(x)
+    # Assert: ℓ_c = s·cos(f(x), μ_c).
+    features = torch.relu(model.body(x))
+    expected = s * F.normalize(features, dim=1) @ torch.tensor(prototypes).T
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_local_training_keeps_prototypes_fixed_and_learns_the_scale() -> None:
+    # Prepare
+    flat, spec = _tiny_problem()
+    params = FedNHParams(scale=2.0)
+    server = FedNHServer(params, spec, {"tiny": flat.state_numpy()})
+    job = _job(flat, 0, [6, 6, 0])
+    server.broadcast().personalise(job)
+    body_before = flat.vector[: flat.slice_of("body").stop].clone()
+    # Execute
+    FedNHClient(params, spec).train(job)
+    upload = server.broadcast().contribute(job)
+    # Assert: rows of the output weight are s'·μ (same directions), bias 0, body trained, s moved.
+    weight = flat.module.fc.weight.detach().numpy()
+    scale = np.linalg.norm(weight, axis=1)
+    np.testing.assert_allclose(scale, scale[0], rtol=1e-5)
+    np.testing.assert_allclose(weight / scale[:, None], server.prototypes, atol=1e-5)
+    assert scale[0] != pytest.approx(2.0) and float(upload.body.total[-1]) == pytest.approx(scale[0] * 12, rel=1e-5)
+    assert not flat.module.fc.bias.detach().any()
+    assert not torch.equal(flat.vector[: flat.slice_of("body").stop], body_before)
+    # With a fixed scale, s stays.
+    fixed = FedNHParams(scale=2.0, learn_scale=False)
+    job = _job(flat, 1, [3, 3, 3])
+    server.broadcast().personalise(job)
+    FedNHClient(fixed, spec).train(job)
+    np.testing.assert_allclose(np.linalg.norm(flat.module.fc.weight.detach().numpy(), axis=1), 2.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("weighting", ["size", "uniform"])
+def test_server_averages_body_and_scale_and_smooths_prototypes(weighting: str) -> None:
+    # Prepare: two uploads with bodies b_1, b_2 (last entry: s), sizes 1 and 3.
+    flat, spec = _tiny_problem()
+    params = FedNHParams(body_weighting=weighting, smoothing=0.5)
+    server = FedNHServer(params, spec, {"tiny": flat.state_numpy()})
+    size = int(server.head.body.sum()) + 1
+    b1, b2 = np.full(size, 1.0, np.float32), np.full(size, 5.0, np.float32)
+    w1, w2 = (1.0, 3.0) if weighting == "size" else (1.0, 1.0)
+    sums = np.zeros((3, 4), np.float32)
+    sums[0] = [2.0, 0, 0, 0]
+    upload = PrototypeSum(WeightedSum.of(b1, w1), sums, np.array([2.0, 0, 0])) + PrototypeSum(
+        WeightedSum.of(b2, w2), np.zeros((3, 4), np.float32), np.zeros(3))
+    before = server.prototypes.copy()
+    # Execute
+    metrics = server.aggregate(_ctx([0, 1]), upload)
+    # Assert
+    expected = (w1 * 1.0 + w2 * 5.0) / (w1 + w2)
+    np.testing.assert_allclose(server.vector[server.head.body], expected, rtol=1e-6)
+    assert server.scale == pytest.approx(expected)
+    np.testing.assert_allclose(server.prototypes[0], _unit(0.5 * before[0] + 0.5 * np.array([1.0, 0, 0, 0])), atol=1e-6)
+    np.testing.assert_array_equal(server.prototypes[1:], before[1:])
+    np.testing.assert_allclose(server.vector[server.head.weight].reshape(3, 4), expected * server.prototypes, rtol=1e-5)
+    assert metrics["classes_updated"] == 1.0 and metrics["clients_aggregated"] == 2.0
+    # No upload: nothing changes; the state round-trips.
+    state = {k: v.copy() for k, v in server.state_dict().items()}
+    server.aggregate(_ctx([]), None)
+    other = FedNHServer(params, spec, {"tiny": flat.state_numpy()})
+    other.load_state_dict(state)
+    np.testing.assert_array_equal(other.broadcast().vector, server.broadcast().vector)
+
+
+def test_invalid_params_and_output_layer_name_the_field() -> None:
+    with pytest.raises(ConfigError, match="algorithm.params.smoothing"):
+        FedNHParams(smoothing=1.5)
+    with pytest.raises(ConfigError, match="algorithm.params.body_weighting"):
+        FedNHParams(body_weighting="median")  # type: ignore[arg-type]
+    flat, spec = _tiny_problem()
+    wrong = ProblemSpec(2, 5, (1, 1, 3), spec.layouts, spec.blocks, spec.output_layer, default_architecture="tiny")
+    with pytest.raises(ConfigError, match="one prototype row per class"):
+        FedNHServer.validate(FedNHParams(), wrong)
+
+
+# --- with the real worker and end to end -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_simulation(tmp_path_factory):
+    config = RunConfig().override(tiny_overrides(tmp_path_factory.mktemp("sim") / "run", **{
+        "algorithm.name": "fednh", "data.options": {"num_samples": 800}, "data.num_clients": 5}))
+    return config, Simulation(config)
+
+
+def test_prototypes_move_towards_the_clients_class_means(tiny_simulation) -> None:
+    # Prepare: a worker trains every client from the server's first broadcast.
+    config, sim = tiny_simulation
+    server = FedNHServer(config.algorithm.params, sim.spec, sim.initial)
+    runner = ClientRunner(config, sim.spec, sim.dataset, sim.partition)
+    upload = runner.train(server.broadcast(), _ctx(list(range(5)), 5), list(range(5))).contribution
+    before = server.prototypes.copy()
+    # Execute
+    server.aggregate(_ctx(list(range(5)), 5), upload)
+    # Assert: unit norm kept; every held class closer (in cosine) to the clients' mean direction.
+    held = upload.counts > 0
+    target = _unit_rows(upload.sums[held] / upload.counts[held, None])
+    np.testing.assert_allclose(np.linalg.norm(server.prototypes, axis=1), 1.0, atol=1e-6)
+    closer = (server.prototypes[held] * target).sum(1) > (before[held] * target).sum(1) + 1e-4
+    assert held.sum() >= 8 and closer.all()
+
+
+class _Prototypes(Callback):
+    def __init__(self) -> None:
+        self.rounds: list[dict[str, np.ndarray]] = []
+
+    def after_round(self, sim, record, clients) -> bool:
+        self.rounds.append({k: np.array(v) for k, v in sim.executor.server_state().items()})
+        return False
+
+
+def _run(tmp_path, **extra: object) -> tuple[Simulation, _Prototypes]:
+    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
+        "algorithm.name": "fednh", "data.options": {"num_samples": 1200}, "train.rounds": 3,
+        "engine.checkpoint_every": 0, **extra}))
+    states = _Prototypes()
+    sim = Simulation(config, callbacks=[states])
+    sim.run()
+    return sim, states
+
+
+def test_fednh_learns_with_unit_prototypes_and_honest_bytes(tmp_path) -> None:
+    # Prepare / Execute: 10 clients with 2 of 10 classes, 3 rounds. Measured (PM, GM) per round:
+    # (0.60, 0.10), (0.71, 0.14), (0.79, 0.26).
+    sim, states = _run(tmp_path)
+    # Assert: prototypes stay unit vectors and move every round; both models beat chance (0.1).
+    for state in states.rounds:
+        np.testing.assert_allclose(np.linalg.norm(state["prototypes"], axis=1), 1.0, atol=1e-5)
+    for a, b in zip(states.rounds, states.rounds[1:]):
+        assert not np.allclose(a["prototypes"], b["prototypes"])
+    last = sim.history[-1]
+    assert last["accuracy"] > 0.3 and last["global_accuracy"] > 0.2
+    # Bytes: up = body + s + weight (8) + per held class h floats and a float64 count; down = body,
+    # K × h prototypes and s.
+    server = FedNHServer(sim.config.algorithm.params, sim.spec, sim.initial)
+    body, (k, h) = int(server.head.body.sum()), server.head.shape
+    clients = pq.read_table(tmp_path / "run" / "clients").to_pylist()
+    for row in clients:
+        held = int((sim.partition.train_label_counts[row["client_id"]] > 0).sum())
+        assert row["bytes_up"] == (body + 1) * 4 + 8 + held * (h * 4 + 8)
+        assert row["bytes_down"] == body * 4 + k * h * 4 + 4
+
+
+def test_partial_participation_trains_half_and_evaluates_all(tmp_path) -> None:
+    sim, states = _run(tmp_path, **{"engine.join_ratio": 0.5, "train.rounds": 2})
+    assert all(r["num_sampled"] == 5 and r["num_evaluated"] == 10 for r in sim.history)
+    assert sim.history[-1]["server_clients_aggregated"] == 5.0
+    assert sim.history[-1]["accuracy"] > 0.3  # measured 0.42 / 0.48 (PM); GM is still at chance after 2 rounds
+    np.testing.assert_allclose(np.linalg.norm(states.rounds[-1]["prototypes"], axis=1), 1.0, atol=1e-5)

@@ -1,0 +1,181 @@
+"""``rayfed reproduce``: a table declared as data runs end to end, resumes, and reports what it cannot run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import rayfed
+from rayfed.callbacks import Callback
+from rayfed.cli import main
+from rayfed.interrupts import RunInterrupted
+from rayfed.reproduce import TABLES, Column, Row, Table
+from rayfed.reproduce.runner import plan
+from rayfed.reproduce.spec import cell_overrides
+
+_SYNTHETIC = {"data.dataset": "synthetic", "data.options": {"num_samples": 1500}, "data.num_clients": 10,
+              "engine.eval_train_loss": False}
+TINY = Table(
+    name="tiny-test",
+    title="FedAvg against cwFedAvg on the offline dataset",
+    source="a test table",
+    columns=(
+        Column("path", "Path synthetic", "cwfedavg-mnist",
+               {**_SYNTHETIC, "data.partition": "pathological", "data.classes_per_client": 2}),
+    ),
+    rows=(
+        Row("fedavg", "FedAvg", "fedavg", paper={"path": "98.08"}),
+        Row("cwfedavg", "cwFedAvg (Output)", "cwfedavg", {"variant": "wdr", "classwise_blocks": 1}),
+        Row("missing", "Not yet written", "no_such_algorithm", paper={"path": "12.34"}),
+    ),
+)
+
+
+@pytest.fixture()
+def tiny_table(monkeypatch: pytest.MonkeyPatch) -> Table:
+    monkeypatch.setitem(TABLES, TINY.name, TINY)
+    return TINY
+
+
+def _reproduce(out: Path, *extra: str) -> int:
+    return main(["reproduce", TINY.name, "--rounds", "2", "--seeds", "2", "--out", str(out), *extra])
+
+
+def test_cell_config_takes_the_preset_then_column_then_row() -> None:
+    # Arrange
+    row, column = TINY.row("fedavg"), TINY.column("path")
+
+    # Act
+    values = cell_overrides(TINY, row, column)
+    cw = cell_overrides(TINY, TINY.row("cwfedavg"), column)
+
+    # Assert: the preset's protocol, the column's data, the row's algorithm without the preset's params
+    assert values["train.batch_size"] == 10 and values["train.lr"] == 0.005 and values["data.seed"] == 1
+    assert values["data.dataset"] == "synthetic" and values["engine.eval_initial"] is True
+    assert values["algorithm.name"] == "fedavg" and not any(k.startswith("algorithm.params") for k in values)
+    assert cw["algorithm.params.wdr_lambda"] == 10.0 and cw["algorithm.params.classwise_blocks"] == 1
+
+
+def test_a_table_declared_as_data_runs_end_to_end(tiny_table: Table, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # Arrange
+    out = tmp_path / "out"
+
+    # Act
+    code = _reproduce(out, "--at-rounds", "0,1,2")
+
+    # Assert: the Markdown, the JSON and the figure, with every runnable cell run once
+    assert code == 0
+    markdown = (out / "tiny-test.md").read_text()
+    assert "| FedAvg | " in markdown and " ± " in markdown and "[2/2; r" in markdown and "98.08" in markdown
+    assert "| Not yet written | not available in this version | 12.34 |" in markdown
+    assert "algorithm no_such_algorithm not available in this version" in markdown
+    assert "round 0 | round 1 | round 2 | best" in markdown
+    runs = json.loads((out / "tiny-test.json").read_text())["runs"]
+    assert sorted((r["row"], r["seed"]) for r in runs) == [("cwfedavg", 0), ("cwfedavg", 1), ("fedavg", 0),
+                                                          ("fedavg", 1)]
+    assert all(r["at"]["0"] == runs[0]["at"]["0"] for r in runs if r["seed"] == runs[0]["seed"])  # same init
+    assert (out / "figures" / "tiny-test-path.png").stat().st_size > 1000
+    assert len(list((out / "runs").iterdir())) == 4
+    assert capsys.readouterr().out.count(": ran ") == 4
+
+
+class _StopAfterFirstRound(Callback):
+    def after_round(self, sim: object, record: object, clients: object) -> bool:
+        raise KeyboardInterrupt
+
+
+def test_an_interrupted_reproduce_resumes_without_repeating_finished_runs(
+    tiny_table: Table, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Arrange: FedAvg finished; cwFedAvg seed 0 stopped by Ctrl-C after its first round
+    out = tmp_path / "out"
+    assert _reproduce(out, "--methods", "fedavg", "--no-figures") == 0
+    cells = {(c.row.key, c.seed): c for c in plan(TINY, out, rounds=2, seeds=[0, 1])}
+    assert "Written by `rayfed reproduce tiny-test --rounds 2" in (out / "tiny-test.md").read_text()
+    stopped = cells[("cwfedavg", 0)]
+    assert stopped.config is not None and stopped.run_dir is not None
+    with pytest.raises(RunInterrupted):
+        rayfed.run(stopped.config, callbacks=[_StopAfterFirstRound()])
+    finished = [cells[("fedavg", s)].run_dir / "summary.json" for s in (0, 1)]
+    kept = {p: p.stat().st_mtime_ns for p in [*finished, stopped.run_dir / "clients" / "round_000000.parquet"]}
+    capsys.readouterr()
+
+    # Act
+    assert _reproduce(out, "--no-figures") == 0
+
+    # Assert: finished runs skipped, the stopped one resumed after its first round, the last one ran
+    printed = capsys.readouterr().out
+    assert printed.count("skipped") == 2 and "cwfedavg path seed 0: resumed" in printed
+    assert "cwfedavg path seed 1: ran" in printed
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept
+    assert "[2/2; r" in (out / "tiny-test.md").read_text().split("| cwFedAvg (Output) |")[1]
+
+
+def test_more_rounds_extend_finished_runs(tiny_table: Table, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # Arrange
+    out = tmp_path / "out"
+    assert main(["reproduce", TINY.name, "--rounds", "1", "--seeds", "1", "--methods", "fedavg", "--out", str(out),
+                 "--no-figures"]) == 0
+    capsys.readouterr()
+
+    # Act
+    assert main(["reproduce", TINY.name, "--rounds", "2", "--seeds", "1", "--methods", "fedavg", "--out", str(out),
+                 "--no-figures"]) == 0
+
+    # Assert
+    assert "fedavg path seed 0: extended" in capsys.readouterr().out
+    assert len(list((out / "runs").iterdir())) == 1
+
+
+def test_unknown_table_and_columns_are_refused(tiny_table: Table, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # Act
+    bad_table = main(["reproduce", "tiny-tset", "--out", str(tmp_path)])
+    bad_column = main(["reproduce", TINY.name, "--columns", "prac", "--out", str(tmp_path)])
+
+    # Assert
+    err = capsys.readouterr().err
+    assert bad_table == 2 and "did you mean 'tiny-test'" in err
+    assert bad_column == 2 and "--columns: prac not in table tiny-test" in err
+
+
+def test_missing_data_is_listed_with_the_command_that_fetches_it(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # Arrange: MNIST in an empty data folder
+    empty = tmp_path / "data"
+    empty.mkdir()
+
+    # Act
+    code = main(["reproduce", "cwfedavg-mnist", "--rounds", "1", "--seeds", "1", "--methods", "fedavg",
+                 "--data-root", str(empty), "--out", str(tmp_path / "out"), "--no-figures"])
+
+    # Assert
+    markdown = (tmp_path / "out" / "cwfedavg-mnist.md").read_text()
+    assert code == 0 and "Columns whose data are missing" in markdown
+    assert "Path MNIST" in markdown and 'load_dataset("mnist"' in markdown and "download=True" in markdown
+
+
+def test_every_declared_table_plans_without_error() -> None:
+    # Act / Assert: every row and column composes into a config or a stated reason
+    for table in TABLES.values():
+        for cell in plan(table, Path("/nonexistent"), rounds=1, seeds=[0], data_root="/data"):
+            assert (cell.config is None) == bool(cell.blocked), (table.name, cell.row.key, cell.blocked)
+
+
+def test_presets_set_the_papers_protocol() -> None:
+    # Act
+    config = rayfed.RunConfig().override({"engine.backend": "local"})
+    from rayfed.cli_args import config_from_args
+
+    preset = config_from_args(["train.rounds=30", "algorithm.name=fedavg"], preset="cwfedavg-mnist")
+
+    # Assert
+    assert config.engine.eval_initial is False
+    assert (preset.data.dataset, preset.data.num_clients, preset.data.seed, preset.data.train_fraction) == (
+        "mnist", 20, 1, 0.75)
+    assert (preset.train.batch_size, preset.train.lr, preset.train.rounds) == (10, 0.005, 30)
+    assert preset.algorithm.name == "fedavg" and preset.engine.eval_initial is True
