@@ -128,14 +128,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rayfed: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # one line instead of a traceback (rayfed.interrupts)
-        print(_interrupted(e, shlex.join(["rayfed", *argv])))
+        print(_interrupted(e, ns.command, shlex.join(["rayfed", *argv])))
         return 130
 
 
-def _interrupted(error: KeyboardInterrupt, command: str) -> str:
+def _interrupted(error: KeyboardInterrupt, subcommand: str, command: str) -> str:
     """What a Ctrl-C left and the exact command that continues: a run's own line, or the same command again."""
     if isinstance(error, RunInterrupted):
         return str(error)
     if isinstance(error, StudyInterrupted):
         return f"{error}; resume it with: {command}"
+    if subcommand == "reproduce":
+        return f"interrupted; finished runs are kept and stopped ones resume from their last round: {command}"
     return f"interrupted before the first round finished; start again with: {command}"

@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # config imports the algorithms' params, which import this mo
 
 __all__ = [
     "EVAL_BATCH",
-    "ClientJob", "TrainStats", "EvalStats", "local_sgd", "sgd_step", "evaluate_model", "features_before_output"
+    "ClientJob", "TrainStats", "EvalStats", "minibatches", "local_sgd", "sgd_step", "evaluate_model",
+    "features_before_output",
 ]
 
 
@@ -118,6 +119,27 @@ def sgd_step(
     flat.vector.add_(grad, alpha=-lr)
 
 
+def minibatches(
+    job: ClientJob, *, epochs: int | None = None, size: int | None = None, drop_last: bool | None = None
+) -> Iterator[torch.Tensor]:
+    """The index tensors (on the job's device) of ``epochs`` shuffled passes over ``size`` samples.
+
+    Defaults: ``train.local_epochs`` passes over the client's training split, ``train.batch_size``
+    per batch, and ``train.drop_last`` (the papers' loaders: a last partial batch is skipped, so a
+    client with fewer samples than a batch takes no step, as in PFLlib). Each pass draws one
+    ``randperm`` from ``job.generator`` when it starts, so draws an algorithm makes from the same
+    generator between batches (FedClassAvg's augmentations) interleave as in a hand-written loop.
+    """
+    train = job.train
+    n = job.num_train if size is None else size
+    batch = train.batch_size
+    stop = n - n % batch if (train.drop_last if drop_last is None else drop_last) else n
+    for _ in range(train.local_epochs if epochs is None else epochs):
+        order = torch.randperm(n, generator=job.generator).to(job.device)
+        for start in range(0, stop, batch):
+            yield order[start : start + batch]
+
+
 def local_sgd(
     job: ClientJob,
     *,
@@ -135,25 +157,20 @@ def local_sgd(
     model, flat = job.model, job.flat
     model.train()
     train = job.train
-    n, batch = job.num_train, train.batch_size
-    stop = n - n % batch if train.drop_last else n
     if train.momentum and momentum_buffer is None:
         momentum_buffer = torch.zeros_like(flat.vector)
     lr = job.lr
     loss_sum = torch.zeros((), device=job.device)
     steps = 0
-    for _ in range(train.local_epochs):
-        order = torch.randperm(n, generator=job.generator).to(job.device)
-        for start in range(0, stop, batch):
-            idx = order[start : start + batch]
-            flat.zero_grad()
-            logits = model(job.x_train[idx])
-            loss = F.cross_entropy(logits, job.y_train[idx])
-            extra = extra_loss(job, logits) if extra_loss is not None else None
-            (loss if extra is None else loss + extra).backward()
-            sgd_step(flat, lr, momentum=train.momentum, weight_decay=train.weight_decay, buffer=momentum_buffer)
-            loss_sum += loss.detach()
-            steps += 1
+    for idx in minibatches(job):
+        flat.zero_grad()
+        logits = model(job.x_train[idx])
+        loss = F.cross_entropy(logits, job.y_train[idx])
+        extra = extra_loss(job, logits) if extra_loss is not None else None
+        (loss if extra is None else loss + extra).backward()
+        sgd_step(flat, lr, momentum=train.momentum, weight_decay=train.weight_decay, buffer=momentum_buffer)
+        loss_sum += loss.detach()
+        steps += 1
     return TrainStats(loss=float(loss_sum) / steps if steps else float("nan"), steps=steps)
 
 

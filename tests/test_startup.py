@@ -55,3 +55,18 @@ def test_auth_mode_is_set_only_for_the_private_cluster(monkeypatch: pytest.Monke
         pass
     assert seen == ["disabled", None, "token"]
     assert os.environ["RAY_AUTH_MODE"] == "token"
+
+
+def test_reproduce_starts_its_private_ray_the_same_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rayfed reproduce --parallel`` starts Ray through the same ``ray_started`` as a run."""
+    from rayfed.reproduce import runner
+
+    seen: list[tuple[str | None, dict]] = []
+    monkeypatch.setattr("ray.is_initialized", lambda: False)
+    monkeypatch.setattr("ray.init", lambda **kwargs: seen.append((os.environ.get("RAY_AUTH_MODE"), kwargs)))
+    monkeypatch.setattr("ray.shutdown", lambda: None)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    assert runner._execute_on_ray([], 2, 0.0, lambda cell, outcome: None) == {}
+    assert seen == [("disabled", {"address": "local", "logging_level": 30, "num_cpus": 2, "include_dashboard": False})]
+    assert "RAY_AUTH_MODE" not in os.environ

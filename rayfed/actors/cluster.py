@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "ray_session",
+    "ray_started",
     "local_node",
     "cluster_nodes",
     "workers_on",
@@ -63,25 +64,31 @@ _POLL_S = 1.0
 @contextmanager
 def ray_session(engine: EngineConfig) -> Iterator[None]:
     """Make sure Ray is initialised for the body; shut down only what was started here."""
+    address = _address(engine)
+    if address:
+        logger.info("joining the Ray cluster at %s", address)
+    options = {} if address else {"include_dashboard": engine.dashboard, "dashboard_host": engine.dashboard_host}
+    with ray_started(address, **options):
+        yield
+
+
+@contextmanager
+def ray_started(address: str | None, **options: object) -> Iterator[None]:
+    """Ray for the body: the one already initialised in this process, the cluster at ``address``, or a
+    private local Ray (``options`` go to ``ray.init``) without token authentication (module docstring).
+    Whatever is started here is shut down at the end."""
     if ray.is_initialized():
         yield
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    address = _address(engine)
     own_auth = not address and "RAY_AUTH_MODE" not in os.environ
-    if own_auth:  # for the cluster started here, while it runs (see the module docstring)
+    if own_auth:  # for the cluster started here, while it runs
         os.environ["RAY_AUTH_MODE"] = "disabled"
     try:
         if address:
-            logger.info("joining the Ray cluster at %s", address)
             ray.init(address=address, logging_level=logging.WARNING)
         else:
-            ray.init(
-                address="local",
-                include_dashboard=engine.dashboard,
-                dashboard_host=engine.dashboard_host,
-                logging_level=logging.WARNING,
-            )
+            ray.init(address="local", logging_level=logging.WARNING, **options)  # type: ignore[arg-type]
         yield
     finally:
         ray.shutdown()

@@ -40,8 +40,8 @@ from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
 from rayfed.config_fields import documented, section
 from rayfed.flat import ParamLayout
 from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob, TrainStats
-from rayfed.validation import check_choice, check_real
+from rayfed.training import ClientJob, TrainStats, minibatches
+from rayfed.validation import check_choice, check_int, check_real
 
 __all__ = [
     "AppleParams",
@@ -69,6 +69,11 @@ class AppleParams:
     anneal_fraction: float = documented(
         0.2, "L: λ(r) is cosine-annealed from 1 to 0 over the first L·R rounds (R = train.rounds), then 0."
     )
+    anneal_rounds: int = documented(
+        0,
+        "R of L·R when > 0, instead of train.rounds: the paper's schedule in a shorter run (e.g. 1000 for the "
+        "papers' 1000 rounds), and a run extended to more rounds keeps the schedule it started with.",
+    )
     fidelity: Literal["pfllib", "paper"] = documented(
         "pfllib",
         "pfllib: ∂/∂p_ij = the mean over parameter tensors of mean(∇_φ L ⊙ θ_j), core lr = train.lr · M "
@@ -80,6 +85,7 @@ class AppleParams:
         check_real(p + "dr_lr", self.dr_lr, low=0)
         check_real(p + "mu", self.mu, low=0)
         check_real(p + "anneal_fraction", self.anneal_fraction, low=0, high=1)
+        check_int(p + "anneal_rounds", self.anneal_rounds, low=0)
         check_choice(p + "fidelity", self.fidelity, ("pfllib", "paper"))
 
 
@@ -184,30 +190,28 @@ class AppleClient(ClientHalf[AppleParams]):
         theta = cores[:, :size]
         p = torch.from_numpy(p_np).to(job.device)
         p0 = torch.full_like(p, 1.0 / m)
-        lam_mu = anneal(job.round, job.train.rounds, params.anneal_fraction) * params.mu
+        horizon = params.anneal_rounds or job.train.rounds
+        lam_mu = anneal(job.round, horizon, params.anneal_fraction) * params.mu
         pfllib = params.fidelity == "pfllib"
         weights = torch.from_numpy(tensor_mean_weights(flat.layout)).to(job.device) if pfllib else None
         core_lr = job.lr * (m if pfllib else 1)
         model = job.model
         model.train()
-        n, batch = job.num_train, job.train.batch_size
-        stop = n - n % batch if job.train.drop_last else n
         loss_sum, steps = torch.zeros((), device=job.device), 0
-        for _ in range(job.train.local_epochs):
-            order = torch.randperm(n, generator=job.generator).to(job.device)
-            for start in range(0, stop, batch):
-                idx = order[start : start + batch]
-                with torch.no_grad():
-                    flat.vector.copy_(p.to(theta.dtype) @ theta)
-                flat.zero_grad()
-                loss = F.cross_entropy(model(job.x_train[idx]), job.y_train[idx])
-                loss.backward()
-                with torch.no_grad():
-                    grad_p = dr_gradient(theta, flat.grad, p, p0, lam_mu, weights)
-                    theta[own].add_(flat.grad, alpha=-core_lr * float(p[own]))
-                    p.sub_(params.dr_lr * grad_p)
-                loss_sum += loss.detach()
-                steps += 1
+        for idx in minibatches(job):
+            with torch.no_grad():
+                flat.vector.copy_(p.to(theta.dtype) @ theta)
+            flat.zero_grad()
+            loss = F.cross_entropy(model(job.x_train[idx]), job.y_train[idx])
+            loss.backward()
+            with torch.no_grad():
+                grad_p = dr_gradient(theta, flat.grad, p, p0, lam_mu, weights)
+                theta[own].add_(flat.grad, alpha=-core_lr * float(p[own]))
+                p.sub_(params.dr_lr * grad_p)
+            loss_sum += loss.detach()
+            steps += 1
+        with torch.no_grad():  # the personal model after the last step: what the engine's update norm measures
+            flat.vector.copy_(p.to(theta.dtype) @ theta)
         cores[own, size:] = flat.buffers  # the BatchNorm statistics the steps updated are its own
         job.scratch[_CORES] = (cores.cpu().numpy(), p.cpu().numpy(), versions)
         return TrainStats(loss=float(loss_sum) / steps if steps else float("nan"), steps=steps)

@@ -60,7 +60,7 @@ from rayfed.flat import FlatModel
 from rayfed.models.fedclassavg_nets import FedClassAvgNet
 from rayfed.problem import ProblemSpec
 from rayfed.seeding import init_seed
-from rayfed.training import ClientJob, TrainStats
+from rayfed.training import ClientJob, TrainStats, minibatches
 from rayfed.validation import check, check_choice, check_real
 
 __all__ = [
@@ -297,33 +297,28 @@ class FedClassAvgClient(ClientHalf[FedClassAvgParams]):
         optimiser = FlatAdam(flat, params.adam_betas, params.adam_eps)
         mean, std = self.spec.mean, self.spec.std
         model.train()
-        n, batch = job.num_train, job.train.batch_size
-        stop = n - n % batch if job.train.drop_last else n
         ce_sum = torch.zeros((), device=job.device)
         steps = 0
-        for _ in range(epochs):
-            order = torch.randperm(n, generator=job.generator).to(job.device)
-            for index, start in enumerate(range(0, stop, batch)):
-                idx = order[start : start + batch]
-                x, y = job.x_train[idx], job.y_train[idx]
-                views = [augment_batch(x, mean, std, job.generator)]
-                if params.contrastive:
-                    views.append(augment_batch(x, mean, std, job.generator))
-                flat.zero_grad()
-                z = model.features(torch.cat(views))
-                ce = F.cross_entropy(model.classifier(z[: y.shape[0]]), y)
-                loss = ce
-                if params.contrastive:
-                    zc = F.normalize(z, dim=1) if params.normalize_features else z
-                    loss = loss + supcon_loss(zc, y, params.temperature, params.base_temperature)
-                if index > 0 and params.rho > 0:  # zero at the first batch; the code skips it
-                    loss = loss + classifier_prox(
-                        layer.weight, layer.bias, anchor_weight, anchor_bias, params.rho, params.fidelity
-                    )
-                loss.backward()
-                optimiser.step(job.lr)
-                ce_sum += ce.detach()
-                steps += 1
+        for index, idx in enumerate(minibatches(job, epochs=epochs)):
+            x, y = job.x_train[idx], job.y_train[idx]
+            views = [augment_batch(x, mean, std, job.generator)]
+            if params.contrastive:
+                views.append(augment_batch(x, mean, std, job.generator))
+            flat.zero_grad()
+            z = model.features(torch.cat(views))
+            ce = F.cross_entropy(model.classifier(z[: y.shape[0]]), y)
+            loss = ce
+            if params.contrastive:
+                zc = F.normalize(z, dim=1) if params.normalize_features else z
+                loss = loss + supcon_loss(zc, y, params.temperature, params.base_temperature)
+            if index > 0 and params.rho > 0:  # zero at the first batch; the code skips it
+                loss = loss + classifier_prox(
+                    layer.weight, layer.bias, anchor_weight, anchor_bias, params.rho, params.fidelity
+                )
+            loss.backward()
+            optimiser.step(job.lr)
+            ce_sum += ce.detach()
+            steps += 1
         return TrainStats(loss=float(ce_sum) / steps if steps else float("nan"), steps=steps)
 
 

@@ -43,12 +43,16 @@ from rayfed.errors import ConfigError
 from rayfed.flat import FlatModel
 from rayfed.models import build_model
 from rayfed.problem import ProblemSpec
+from rayfed.seeding import init_seed
 from rayfed.training import ClientJob
 from rayfed.validation import check_int, check_real
 
 __all__ = [
     "FedLAWParams", "FedLAWBroadcast", "FedLAWServer", "merge", "merged_forward", "proxy_loss", "learn_aggregation",
 ]
+
+_PROXY_STREAM = 1 << 30
+"""Round t shuffles the proxy set with ``init_seed(seed, _PROXY_STREAM + t)``, a stream of its own."""
 
 BETAS = (0.5, 0.999)
 """Adam betas of the server optimisation (the authors' code)."""
@@ -183,7 +187,7 @@ class FedLAWServer(ServerHalf[FedLAWParams, ClientVectors]):
             return {"clients_aggregated": 0.0}
         started = time.perf_counter()
         thetas = torch.from_numpy(np.ascontiguousarray(contribution.matrix(), dtype=np.float32))
-        generator = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + ctx.round)
+        generator = torch.Generator().manual_seed(init_seed(self.spec.seed, _PROXY_STREAM + ctx.round))
         lam, gamma, loss = learn_aggregation(
             self.flat, thetas, contribution.sizes, self.proxy_x, self.proxy_y, self.params, generator
         )

@@ -49,7 +49,7 @@ from rayfed.config_fields import documented, section
 from rayfed.errors import ConfigError
 from rayfed.problem import ProblemSpec
 from rayfed.seeding import init_seed
-from rayfed.training import ClientJob, TrainStats, features_before_output, sgd_step
+from rayfed.training import ClientJob, TrainStats, features_before_output, minibatches, sgd_step
 from rayfed.validation import check, check_choice, check_real
 
 __all__ = [
@@ -298,31 +298,26 @@ class FedNHClient(ClientHalf[FedNHParams]):
         buffer = torch.zeros_like(flat.vector) if train.momentum else None
         s_buffer = torch.zeros((), device=job.device)
         model.train()
-        n, batch = job.num_train, train.batch_size
-        stop = n - n % batch if train.drop_last else n
         loss_sum = torch.zeros((), device=job.device)
         steps = 0
-        for _ in range(train.local_epochs):
-            order = torch.randperm(n, generator=job.generator).to(job.device)
-            for start in range(0, stop, batch):
-                idx = order[start : start + batch]
-                flat.zero_grad()
-                loss = F.cross_entropy(model(job.x_train[idx]), job.y_train[idx])
-                loss.backward()
-                s_grad = (flat.grad[head.weight] * prototypes).sum() if params.learn_scale else None
-                self._freeze_head(flat.grad, head, 0.0)
-                if params.max_grad_norm is not None:
-                    _clip(flat.grad, s_grad, params.max_grad_norm)
-                sgd_step(flat, job.lr, momentum=train.momentum, weight_decay=train.weight_decay, buffer=buffer)
-                if s_grad is not None:
-                    g = s_grad + train.weight_decay * s
-                    s_buffer = s_buffer * train.momentum + g if train.momentum else g
-                    s = s - job.lr * s_buffer
-                with torch.no_grad():
-                    flat.vector[head.weight] = s * prototypes
-                    self._freeze_head(flat.vector, head, None)
-                loss_sum += loss.detach()
-                steps += 1
+        for idx in minibatches(job):
+            flat.zero_grad()
+            loss = F.cross_entropy(model(job.x_train[idx]), job.y_train[idx])
+            loss.backward()
+            s_grad = (flat.grad[head.weight] * prototypes).sum() if params.learn_scale else None
+            self._freeze_head(flat.grad, head, 0.0)
+            if params.max_grad_norm is not None:
+                _clip(flat.grad, s_grad, params.max_grad_norm)
+            sgd_step(flat, job.lr, momentum=train.momentum, weight_decay=train.weight_decay, buffer=buffer)
+            if s_grad is not None:
+                g = s_grad + train.weight_decay * s
+                s_buffer = s_buffer * train.momentum + g if train.momentum else g
+                s = s - job.lr * s_buffer
+            with torch.no_grad():
+                flat.vector[head.weight] = s * prototypes
+                self._freeze_head(flat.vector, head, None)
+            loss_sum += loss.detach()
+            steps += 1
         job.scratch[_SCRATCH] = (prototypes.view(head.shape), float(s))
         return TrainStats(loss=float(loss_sum) / steps if steps else float("nan"), steps=steps)
 

@@ -43,7 +43,7 @@ from rayfed.algorithms.local import ClientInit, own_model_state, save_model_stat
 from rayfed.config_fields import documented, section
 from rayfed.errors import ConfigError
 from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob, TrainStats, features_before_output, sgd_step
+from rayfed.training import ClientJob, TrainStats, features_before_output, minibatches, sgd_step
 from rayfed.validation import check_choice, check_real
 
 __all__ = [
@@ -177,28 +177,23 @@ class FedProtoClient(ClientHalf[FedProtoParams]):
         model, flat, train = job.model, job.flat, job.train
         captured: list[torch.Tensor] = []
         hook = model.get_submodule(layer_name).register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
-        n, batch = job.num_train, train.batch_size
-        stop = n - n % batch if train.drop_last else n
         buffer = torch.zeros_like(flat.vector) if train.momentum else None
         loss_sum, steps = torch.zeros((), device=job.device), 0
         model.train()
         try:
-            for _ in range(train.local_epochs):
-                order = torch.randperm(n, generator=job.generator).to(job.device)
-                for start in range(0, stop, batch):
-                    idx = order[start : start + batch]
-                    y = job.y_train[idx]
-                    flat.zero_grad()
-                    logits = model(job.x_train[idx])
-                    features = captured.pop()
-                    ce = F.cross_entropy(logits, y)
-                    loss = ce
-                    if use_protos:
-                        loss = ce + self.params.lam * prototype_loss(features, y, prototypes, present)
-                    loss.backward()
-                    sgd_step(flat, job.lr, momentum=train.momentum, weight_decay=train.weight_decay, buffer=buffer)
-                    loss_sum += ce.detach()
-                    steps += 1
+            for idx in minibatches(job):
+                y = job.y_train[idx]
+                flat.zero_grad()
+                logits = model(job.x_train[idx])
+                features = captured.pop()
+                ce = F.cross_entropy(logits, y)
+                loss = ce
+                if use_protos:
+                    loss = ce + self.params.lam * prototype_loss(features, y, prototypes, present)
+                loss.backward()
+                sgd_step(flat, job.lr, momentum=train.momentum, weight_decay=train.weight_decay, buffer=buffer)
+                loss_sum += ce.detach()
+                steps += 1
         finally:
             hook.remove()
         features = torch.cat([f for _, f in features_before_output(model, layer_name, job.x_train)])

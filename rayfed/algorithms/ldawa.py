@@ -37,16 +37,23 @@ from rayfed.training import ClientJob
 __all__ = ["layer_cosines", "ldawa_aggregate", "WholeModels", "LDAWAServer"]
 
 
+def _layers(starts: np.ndarray, stop: int) -> list[slice]:
+    bounds = [*starts.tolist(), stop]
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 def layer_cosines(models: np.ndarray, global_params: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """δ_k^l = min(1, cos(θ_k^l, θ_g^l)) for every client row of ``models`` (K, P) and every layer,
-    the layers being the segments that begin at ``starts`` (L,); (K, L). A zero layer gives δ = 1."""
-    g = global_params.astype(np.float32, copy=False)
-    dots = np.add.reduceat(models * g, starts, axis=1, dtype=np.float64)  # float32 products, float64 sums
-    client_norms = np.sqrt(np.add.reduceat(np.square(models), starts, axis=1, dtype=np.float64))
-    global_norms = np.sqrt(np.add.reduceat(np.square(g), starts, dtype=np.float64))
-    denominator = client_norms * global_norms
-    defined = denominator > 0
-    cosines = np.divide(dots, denominator, out=np.ones_like(dots), where=defined)
+    """δ_k^l = cos(θ_k^l, θ_g^l), clipped at 1 against rounding, for every client row of ``models``
+    (K, P) and every layer, the layers being the segments that begin at ``starts`` (L,); (K, L).
+    A zero layer gives δ = 1. One layer at a time, in float64, so the temporaries stay K × (one layer)."""
+    layers = _layers(starts, global_params.shape[0])
+    cosines = np.ones((models.shape[0], len(layers)), dtype=np.float64)
+    for index, layer in enumerate(layers):
+        block = models[:, layer].astype(np.float64)
+        g = global_params[layer].astype(np.float64)
+        denominator = np.linalg.norm(block, axis=1) * np.linalg.norm(g)
+        defined = denominator > 0
+        cosines[defined, index] = (block[defined] @ g) / denominator[defined]
     return np.minimum(cosines, 1.0)
 
 
@@ -56,13 +63,11 @@ def ldawa_aggregate(models: np.ndarray, global_state: np.ndarray, layout: ParamL
     buffers (the entries after ``layout.size``): the plain mean."""
     p = layout.size
     starts = np.asarray(layout.offsets[:-1], np.int64)
-    sizes = np.diff(np.asarray(layout.offsets, np.int64))
     delta = layer_cosines(models[:, :p], global_state[:p], starts)
     k = models.shape[0]
     merged = np.empty_like(global_state, dtype=np.float32)
-    scale = np.repeat((delta / k).astype(np.float32), sizes, axis=1)  # (K, P): δ_k^l / K on layer l's entries
-    scale *= models[:, :p]
-    merged[:p] = scale.sum(axis=0)
+    for index, layer in enumerate(_layers(starts, p)):  # (1/K) Σ_k δ_k^l θ_k^l, one GEMV per layer
+        merged[layer] = (delta[:, index] / k).astype(np.float32) @ models[:, layer]
     if models.shape[1] > p:
         merged[p:] = models[:, p:].mean(axis=0)
     return merged, delta

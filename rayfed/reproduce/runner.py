@@ -30,10 +30,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Cell", "Outcome", "plan", "rounds_done", "run_cell", "execute", "fetch_command"]
 
-_RESULTS_ONLY = ("train.rounds", "engine.", "run_dir", "data.root", "data.download")
-"""Config paths that do not change a run's numbers, left out of the digest naming its directory."""
-
-
 @dataclass(frozen=True, eq=False)
 class Cell:
     """One (row, column, seed) of a table: its config, or why it cannot run."""
@@ -62,7 +58,11 @@ class Outcome:
 
 
 def run_dir_name(config: RunConfig) -> str:
-    """``<algorithm>-<dataset>-s<seed>-<digest>``: the same name for the same results-defining config."""
+    """``<algorithm>-<dataset>-s<seed>-<digest>``: the same name for the same results-defining config.
+
+    Left out of the digest: what does not change a run's numbers (``engine.*``, ``run_dir``, where the
+    data live) and ``train.rounds``, so a run asked for more rounds is the same run, extended.
+    """
     plain = {k: v for k, v in config.to_dict().items() if k not in ("engine", "run_dir")}
     plain["train"] = {k: v for k, v in plain["train"].items() if k != "rounds"}
     plain["data"] = {k: v for k, v in plain["data"].items() if k not in ("root", "download")}
@@ -190,19 +190,18 @@ def execute(
 def _execute_on_ray(
     cells: list[Cell], parallel: int, gpus_per_run: float, on_done: Callable[[Cell, Outcome], None]
 ) -> dict[Cell, Outcome]:
-    """At most ``parallel`` cells at a time as Ray tasks on the cluster of ``RAY_ADDRESS``, or a local Ray."""
+    """At most ``parallel`` cells at a time as Ray tasks on the cluster of ``RAY_ADDRESS``, or on a private
+    local Ray (:func:`rayfed.actors.cluster.ray_started`: without token authentication, shut down after)."""
     import ray
 
-    started_here = not ray.is_initialized()
-    if started_here:
-        address = os.environ.get("RAY_ADDRESS")
-        ray.init(address=address or "local", num_cpus=None if address else parallel,
-                 include_dashboard=False, logging_level="WARNING")
+    from rayfed.actors.cluster import ray_started
+
+    address = os.environ.get("RAY_ADDRESS")
     task = ray.remote(num_cpus=1, num_gpus=gpus_per_run, max_retries=0)(run_cell)
     outcomes: dict[Cell, Outcome] = {}
     pending: dict[Any, Cell] = {}
     queue = list(cells)
-    try:
+    with ray_started(address, **({} if address else {"num_cpus": parallel, "include_dashboard": False})):
         while queue or pending:
             while queue and len(pending) < parallel:
                 cell = queue.pop(0)
@@ -216,7 +215,4 @@ def _execute_on_ray(
                 outcome = Outcome("failed", f"{type(error).__name__}: {error}")
             outcomes[cell] = outcome
             on_done(cell, outcome)
-    finally:
-        if started_here:
-            ray.shutdown()
     return outcomes
