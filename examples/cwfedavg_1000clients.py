@@ -3,6 +3,17 @@
 Each client holds two classes (pathological non-IID), 52 training and 18 test images of
 the 70,000-image synthetic pool.
 
+How the defaults differ from the papers' protocol (20 clients, all of them every round,
+1 local epoch of SGD at lr 0.005, batch 10, 1,000 rounds) and why: here a client holds
+52 training images and is sampled about twice in the 20 default rounds, so with the
+papers' single epoch at lr 0.005 it takes some ten SGD steps in the whole run and the
+personalised models barely separate their two classes (pooled accuracy ~0.56 after 20
+rounds). The example therefore trains 5 local epochs at lr 0.02 (``--epochs``, ``--lr``):
+on this box (2 cores) that took the personalised models to 0.914 pooled accuracy after
+20 rounds, against 0.500 for the global model on the same clients, in 3 min 26 s from
+the command to the last line (7.6 min with other jobs on the box; same numbers). λ stays
+at the papers' 10 for MNIST-like data.
+
 On this machine (starts a private local Ray for the run)::
 
     python examples/cwfedavg_1000clients.py
@@ -51,6 +62,8 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         "data.classes_per_client": 2,
         "data.balance": True,
         "train.rounds": args.rounds,
+        "train.local_epochs": args.epochs,
+        "train.lr": args.lr,
         "engine.join_ratio": args.join_ratio,
         "engine.num_workers": args.workers,
         "engine.eval_every": args.eval_every,
@@ -75,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-root", default=None, help="folder holding the dataset files (torchvision layout)")
     parser.add_argument("--download", action="store_true", help="let torchvision download missing files")
     parser.add_argument("--wdr-lambda", type=float, default=10.0, help="λ of WDR (10 for MNIST/CIFAR-10)")
+    parser.add_argument("--epochs", type=int, default=5, help="local epochs per round (the papers: 1; see above)")
+    parser.add_argument("--lr", type=float, default=0.02, help="client SGD learning rate (the papers: 0.005)")
     parser.add_argument("--eval-every", type=int, default=1, help="evaluate every client's model every N rounds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-dir", default=None, help="where results go (default runs/<algorithm>-<dataset>-...)")

@@ -45,9 +45,12 @@ def test_auth_mode_is_set_only_for_the_private_cluster(monkeypatch: pytest.Monke
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv("RAY_preload_python_modules", raising=False)
     with ray_session(EngineConfig()):
         assert os.environ["RAY_AUTH_MODE"] == "disabled"
+        assert "rayfed.actors.client_worker" in os.environ["RAY_preload_python_modules"]
     assert "RAY_AUTH_MODE" not in os.environ  # restored after the run
+    assert "RAY_preload_python_modules" not in os.environ
     with ray_session(EngineConfig(ray_address="127.0.0.1:6379")):
         pass
     monkeypatch.setenv("RAY_AUTH_MODE", "token")

@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "ray_session",
     "ray_started",
+    "PRIVATE_CLUSTER_ENV",
     "local_node",
     "cluster_nodes",
     "workers_on",
@@ -72,18 +73,27 @@ def ray_session(engine: EngineConfig) -> Iterator[None]:
         yield
 
 
+PRIVATE_CLUSTER_ENV = {
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_preload_python_modules": "rayfed.actors.client_worker,rayfed.actors.server_actor",
+}
+"""The environment a private local Ray starts with, where the user has not set these variables: no
+token authentication (module docstring), and worker processes that import torch and rayfed as Ray
+starts them (it prestarts one per CPU while ``ray.init`` returns and the driver builds the run),
+not when the first actor is placed on them."""
+
+
 @contextmanager
 def ray_started(address: str | None, **options: object) -> Iterator[None]:
     """Ray for the body: the one already initialised in this process, the cluster at ``address``, or a
-    private local Ray (``options`` go to ``ray.init``) without token authentication (module docstring).
-    Whatever is started here is shut down at the end."""
+    private local Ray (``options`` go to ``ray.init``) with :data:`PRIVATE_CLUSTER_ENV`. Whatever is
+    started here is shut down at the end, and the environment is restored."""
     if ray.is_initialized():
         yield
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    own_auth = not address and "RAY_AUTH_MODE" not in os.environ
-    if own_auth:  # for the cluster started here, while it runs
-        os.environ["RAY_AUTH_MODE"] = "disabled"
+    own = {} if address else {k: v for k, v in PRIVATE_CLUSTER_ENV.items() if k not in os.environ}
+    os.environ.update(own)  # for the cluster started here, while it runs
     try:
         if address:
             ray.init(address=address, logging_level=logging.WARNING)
@@ -92,8 +102,8 @@ def ray_started(address: str | None, **options: object) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
-        if own_auth:
-            del os.environ["RAY_AUTH_MODE"]
+        for key in own:
+            del os.environ[key]
 
 
 def _address(engine: EngineConfig) -> str | None:

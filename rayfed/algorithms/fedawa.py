@@ -98,10 +98,10 @@ class FedAWAParams:
     fidelity: Literal["code", "paper", "exact"] = documented(
         "code", "code: the authors' code (default); paper: Alg. 1 with Adam on Eq. 3; exact: a diagnostic."
     )
-    distance: Literal["cos", "euclidean"] = documented(
+    distance: Literal["cos", "euclidean", "none"] = documented(
         "cos",
-        "d of Eq. 3: 1 − cosine similarity (the paper's choice) or Euclidean (Sec. 5.3, Tab. 5). paper, exact: "
-        "d = ‖Σλθ − θ_g‖₂; code: C_k = mean over coordinates of (θ_g − θ_k)².",
+        "d of Eq. 3: 1 − cosine similarity (the paper's choice), Euclidean, or none (no regulariser: Sec. 5.3, "
+        "Tab. 5). paper, exact: d = ‖Σλθ − θ_g‖₂; code: C_k = mean over coordinates of (θ_g − θ_k)².",
     )
     initial_weights: str = documented(
         "size",
@@ -125,7 +125,7 @@ class FedAWAParams:
     def __post_init__(self) -> None:
         p = "algorithm.params."
         check_choice(p + "fidelity", self.fidelity, FIDELITIES)
-        check_choice(p + "distance", self.distance, ("cos", "euclidean"))
+        check_choice(p + "distance", self.distance, ("cos", "euclidean", "none"))
         check_choice(p + "initial_weights", self.initial_weights, INITIAL_WEIGHTS.names())
         for name in ("server_steps", "max_steps"):
             check_int(p + name, getattr(self, name), low=1)

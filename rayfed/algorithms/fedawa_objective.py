@@ -231,7 +231,8 @@ def paper_objective(products: ClientVectorProducts, distance: str, *, smoothing:
     """Eq. 3 (Eq. 4 batched over layers) and its gradient in λ, for λ on the simplex.
 
     f(λ) = Σ_k λ_k D_k + d(λ), D_k = √(‖τ_k − τ_g(λ)‖² + ε²), d = 1 − cos(θ_g + τ_g, θ_g)
-    (``cos``) or √(‖τ_g‖² + ε²) (``euclidean``), with ε² = ``smoothing`` · mean_k ‖τ_k‖².
+    (``cos``), √(‖τ_g‖² + ε²) (``euclidean``) or 0 (``none``: Tab. 5's "no regulariser"), with
+    ε² = ``smoothing`` · mean_k ‖τ_k‖².
     ``smoothing = 0`` is Eq. 3 as written. The exact minimiser needs f differentiable at
     the vertices (where ‖τ_k − τ_g‖ = 0) and passes :data:`EXACT_SMOOTHING`, which changes
     f by at most ε = 10⁻³ · RMS_k ‖τ_k‖. The gradient is exact along the simplex (off it,
@@ -244,6 +245,8 @@ def paper_objective(products: ClientVectorProducts, distance: str, *, smoothing:
     def evaluate(lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         h, q, D = _distances(lam, products, eps2)
         value, grad = _dispersion(lam, products, h, D)
+        if distance == "none":
+            return value, grad
         if distance == "cos":
             beta = np.einsum("lk,lk->l", lam, b)
             reg = _cosine_distance(c, beta, q)
@@ -262,10 +265,12 @@ def paper_objective(products: ClientVectorProducts, distance: str, *, smoothing:
 def code_objective(products: ClientVectorProducts, distance: str, group_sizes: np.ndarray) -> Objective:
     """The code's loss Σ_k λ_k ‖τ_k − τ_g‖ + Σ_k λ_k C_k and its gradient in λ.
 
-    C_k = 1 − cos(θ_g, θ_k) (``cos``) or Σ(θ_g − θ_k)² / P_l (``euclidean``), constant in λ
-    (detached in the code). The norm is not smoothed: like torch, its gradient is 0 at 0.
+    C_k = 1 − cos(θ_g, θ_k) (``cos``), Σ(θ_g − θ_k)² / P_l (``euclidean``) or 0 (``none``),
+    constant in λ (detached in the code). The norm is not smoothed: like torch, its gradient is 0 at 0.
     """
-    if distance == "cos":
+    if distance == "none":
+        C = np.zeros_like(products.diag)
+    elif distance == "cos":
         C = _cosine_distance(products.c[:, None], products.b, products.diag)
     else:
         C = products.diag / group_sizes[:, None]

@@ -15,7 +15,16 @@ from typing import Any
 
 from rayfed.presets import preset_overrides
 
-__all__ = ["Row", "Column", "Table", "cell_overrides", "unavailable"]
+__all__ = ["Row", "Column", "Table", "cell_overrides", "paper_values", "unavailable"]
+
+
+def paper_values(keys: tuple[str, ...], values: str) -> dict[str, str]:
+    """Column key -> printed value, from a space-separated line of a paper's table ('-' = not reported).
+
+    >>> paper_values(("a", "b", "c"), "98.1 - 99.5±0.1")
+    {'a': '98.1', 'c': '99.5±0.1'}
+    """
+    return {k: v for k, v in zip(keys, values.split()) if v != "-"}
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ and evaluation"; each baseline's section); the papers ran 1000 rounds and
 from __future__ import annotations
 
 from rayfed.reproduce.spec import Column, Row, Table
+from rayfed.reproduce.spec import paper_values as _paper
 
 __all__ = ["CWFEDAVG_TABLES"]
 
@@ -48,11 +49,6 @@ C100_SCALE = (
 
 _IFCA_K = {"mnist": {"algorithm.params.num_clusters": 4}, "cifar10": {"algorithm.params.num_clusters": 2},
            "cifar100": {"algorithm.params.num_clusters": 8}, "ag_news": {"algorithm.params.num_clusters": 2}}
-
-
-def _paper(keys: tuple[str, ...], values: str) -> dict[str, str]:
-    """Column key -> printed value, from a space-separated line of the paper ('-' = not reported)."""
-    return {k: v for k, v in zip(keys, values.split()) if v != "-"}
 
 
 _T1 = ("path_c10", "path_c100", "prac_mnist", "prac_c10", "prac_c100", "prac_tiny", "prac_tiny_r18")

@@ -70,6 +70,8 @@ def _torch_objective(weights: torch.Tensor, vectors: np.ndarray, theta_g: np.nda
     tau_g = weights @ tau
     spread = (weights * torch.linalg.vector_norm(tau - tau_g, dim=1)).sum()
     models = g + tau  # θ_k
+    if distance == "none":  # Tab. 5's "no regulariser": the dispersion term alone
+        return spread
     if fidelity == "paper":
         merged = weights @ models  # Σ_k λ_k θ_k
         if distance == "cos":
@@ -94,7 +96,7 @@ def _direct(lam: np.ndarray, vectors: np.ndarray, theta_g: np.ndarray, distance:
 
 
 @pytest.mark.parametrize("fidelity", ["paper", "code"])
-@pytest.mark.parametrize("distance", ["cos", "euclidean"])
+@pytest.mark.parametrize("distance", ["cos", "euclidean", "none"])
 @pytest.mark.parametrize("layer_wise", [False, True])
 @pytest.mark.parametrize("matrix_free", [False, True])
 def test_objective_equals_direct_computation(fidelity: str, distance: str, layer_wise: bool,
@@ -360,7 +362,7 @@ def test_client_vectors_concatenate_associatively_and_state_round_trips() -> Non
     ("field", "value", "allowed"),
     [
         ("fidelity", "exactly", "one of 'code', 'paper', 'exact'"),
-        ("distance", "l1", "one of 'cos', 'euclidean'"),
+        ("distance", "l1", "one of 'cos', 'euclidean', 'none'"),
         ("initial_weights", "nearest", "one of 'feddisco', 'size', 'uniform'"),
         ("tolerance", 0.0, "a finite number > 0"),
         ("max_steps", 0, "an integer >= 1"),
