@@ -51,6 +51,20 @@ def score_run(directory: Path, metric: str, rounds: int, scale: float, at_rounds
     return Score(best, best_round, trained[-1][1], {a: values.get(a, math.nan) for a in at_rounds}, curve)
 
 
+def rounds_recorded(directory: Path | None) -> int:
+    """Training rounds in a run's ``rounds.parquet`` so far (a stopped or running run included)."""
+    path = None if directory is None else directory / "rounds.parquet"
+    if path is None or not path.is_file():
+        return 0
+    return sum(1 for r in pq.read_table(path, columns=["round"]).column("round").to_pylist() if r >= 0)
+
+
+def _progress(group: Sequence[Cell], rounds: int) -> str:
+    """What a cell without a score has: "not run", or the most rounds any of its seeds has recorded."""
+    done = max((rounds_recorded(cell.run_dir) for cell in group), default=0)
+    return f"{done} of {rounds} rounds so far" if done else "not run"
+
+
 def _mean_std(values: Sequence[float], digits: int) -> str:
     finite = np.array([v for v in values if not math.isnan(v)])
     if len(finite) == 0:
@@ -108,7 +122,7 @@ def write_report(
             else:
                 found = [scores[c] for c in group if c in scores]
                 text = (f"{_mean_std([s.best for s in found], digits)} [{len(found)}/{len(group)}; "
-                        f"r{int(np.median([s.best_round for s in found]))}]") if found else "not run"
+                        f"r{int(np.median([s.best_round for s in found]))}]") if found else _progress(group, rounds)
             cellsrow += [text, table.row(row).paper.get(col, "–")]
         lines.append(f"| {table.row(row).label} | " + " | ".join(cellsrow) + " |")
     if blocked:

@@ -179,3 +179,21 @@ def test_presets_set_the_papers_protocol() -> None:
         "mnist", 20, 1, 0.75)
     assert (preset.train.batch_size, preset.train.lr, preset.train.rounds) == (10, 0.005, 30)
     assert preset.algorithm.name == "fedavg" and preset.engine.eval_initial is True
+
+
+def test_a_cell_stopped_short_of_its_rounds_reports_its_progress(tmp_path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rayfed.reproduce.report import _progress, rounds_recorded
+
+    # Arrange: a run stopped after 3 training rounds (with the initial model's row -1), and one never started.
+    stopped, fresh = tmp_path / "stopped", tmp_path / "fresh"
+    stopped.mkdir()
+    pq.write_table(pa.table({"round": [-1, 0, 1, 2], "accuracy": [0.1, 0.5, 0.6, 0.7]}), stopped / "rounds.parquet")
+    cell = type("CellStub", (), {"run_dir": stopped})()
+    never = type("CellStub", (), {"run_dir": fresh})()
+    # Act / Assert
+    assert rounds_recorded(stopped) == 3 and rounds_recorded(fresh) == 0
+    assert _progress([never, cell], 20) == "3 of 20 rounds so far"
+    assert _progress([never], 20) == "not run"
