@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from rayfed.algorithms.base import Broadcast, ClientHalf, NoParams, RoundContext, ServerHalf, register_algorithm
-from rayfed.algorithms.contributions import WeightedSum
+from rayfed.algorithms.contributions import ClientVectors, WeightedSum
 from rayfed.errors import ConfigError
 from rayfed.problem import ProblemSpec
 from rayfed.training import ClientJob
 
-__all__ = ["GlobalModel", "FedAvgServer", "require_homogeneous", "sole_architecture"]
+__all__ = ["GlobalModel", "WholeModels", "FedAvgServer", "require_homogeneous", "sole_architecture"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,15 @@ class GlobalModel(Broadcast):
 
     def bytes_down(self, job: ClientJob) -> int:
         return int(self.vector.nbytes)
+
+
+@dataclass(frozen=True)
+class WholeModels(GlobalModel):
+    """The global model; a trained client sends its whole state as one row of a :class:`ClientVectors`
+    (server halves that weigh each client's model themselves: L-DAWA, FedLAW)."""
+
+    def contribute(self, job: ClientJob) -> ClientVectors:  # type: ignore[override]
+        return ClientVectors.of(job.flat.state_numpy(), job.client_id, job.num_train)
 
 
 def require_homogeneous(spec: ProblemSpec) -> str:

@@ -35,7 +35,7 @@ from torch.func import functional_call
 
 from rayfed.algorithms.base import ClientHalf, RoundContext, ServerHalf, register_algorithm
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.fedavg import GlobalModel, require_homogeneous, sole_architecture
+from rayfed.algorithms.fedavg import WholeModels, require_homogeneous, sole_architecture
 from rayfed.config_fields import documented, section
 from rayfed.data.held_out import HeldOutRequest
 from rayfed.data.transforms import model_inputs
@@ -44,11 +44,10 @@ from rayfed.flat import FlatModel
 from rayfed.models import build_model
 from rayfed.problem import ProblemSpec
 from rayfed.seeding import init_seed
-from rayfed.training import ClientJob
 from rayfed.validation import check_int, check_real
 
 __all__ = [
-    "FedLAWParams", "FedLAWBroadcast", "FedLAWServer", "merge", "merged_forward", "proxy_loss", "learn_aggregation",
+    "FedLAWParams", "FedLAWServer", "merge", "merged_forward", "proxy_loss", "learn_aggregation",
 ]
 
 _PROXY_STREAM = 1 << 30
@@ -146,14 +145,6 @@ def learn_aggregation(
 
 
 # --- the halves -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class FedLAWBroadcast(GlobalModel):
-    """The global model; each client uploads its whole trained model (one row of a ClientVectors)."""
-
-    def contribute(self, job: ClientJob) -> ClientVectors:  # type: ignore[override]
-        return ClientVectors.of(job.flat.state_numpy(), job.client_id, job.num_train)
-
-
 class FedLAWServer(ServerHalf[FedLAWParams, ClientVectors]):
     """Keeps θ_g; learns (λ, γ) on the proxy set every round and aggregates with them."""
 
@@ -179,8 +170,8 @@ class FedLAWServer(ServerHalf[FedLAWParams, ClientVectors]):
         self.proxy_x = model_inputs(spec.held_out.inputs, spec.mean, spec.std)
         self.proxy_y = torch.from_numpy(np.asarray(spec.held_out.labels, dtype=np.int64))
 
-    def broadcast(self) -> FedLAWBroadcast:
-        return FedLAWBroadcast(self.global_vector)
+    def broadcast(self) -> WholeModels:
+        return WholeModels(self.global_vector)
 
     def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
         if contribution is None:

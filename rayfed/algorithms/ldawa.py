@@ -29,12 +29,11 @@ import numpy as np
 
 from rayfed.algorithms.base import ClientHalf, NoParams, RoundContext, ServerHalf, register_algorithm
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.fedavg import GlobalModel, require_homogeneous, sole_architecture
+from rayfed.algorithms.fedavg import WholeModels, require_homogeneous, sole_architecture
 from rayfed.flat import ParamLayout
 from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob
 
-__all__ = ["layer_cosines", "ldawa_aggregate", "WholeModels", "LDAWAServer"]
+__all__ = ["layer_cosines", "ldawa_aggregate", "LDAWAServer"]
 
 
 def _layers(starts: np.ndarray, stop: int) -> list[slice]:
@@ -71,13 +70,6 @@ def ldawa_aggregate(models: np.ndarray, global_state: np.ndarray, layout: ParamL
     if models.shape[1] > p:
         merged[p:] = models[:, p:].mean(axis=0)
     return merged, delta
-
-
-class WholeModels(GlobalModel):
-    """The global model; a trained client sends its whole state (one row)."""
-
-    def contribute(self, job: ClientJob) -> ClientVectors:  # type: ignore[override]
-        return ClientVectors.of(job.flat.state_numpy(), job.client_id, job.num_train)
 
 
 class LDAWAServer(ServerHalf[NoParams, ClientVectors]):
