@@ -54,7 +54,7 @@ from rayfed import RunConfig, run  # noqa: E402
 from rayfed.algorithms import RoundContext  # noqa: E402
 from rayfed.client_runner import ClientRunner  # noqa: E402
 from rayfed.data import load_dataset, make_partition  # noqa: E402
-from rayfed.problem import build_problem  # noqa: E402
+from rayfed.problem_build import build_problem  # noqa: E402
 from rayfed.server import Server  # noqa: E402
 from rayfed.vectorized import can_stack  # noqa: E402
 

@@ -33,7 +33,7 @@ from rayfed.algorithms import RoundContext
 from rayfed.algorithms.cwfedavg import ClasswiseModels
 from rayfed.client_runner import ClientRunner
 from rayfed.data import load_dataset, make_partition
-from rayfed.problem import build_problem
+from rayfed.problem_build import build_problem
 from rayfed.server import Server
 
 

@@ -33,10 +33,11 @@ warm-up; the result is the median over the other rounds. Checkpoints are off
 (``engine.checkpoint_every=0``): the loops write none either.
 
 rayfed starts and afterwards stops a private local Ray, as ``rayfed.run`` does for users,
-with one ClientWorker per core (one torch thread each). During S2 a thread samples the
-proportional set size (PSS) of rayfed's processes every 0.5 s (driver, ClientWorkers,
-ServerActor and Ray's daemons; the driver less the plain loops' tensors it holds) and
-reports the peak. The last line::
+with one ClientWorker per core (one torch thread each). After the timed runs, S2 runs once
+more with rayfed alone, in a fresh driver process (``--pss-of s2``; the driver of the timed
+run also holds the plain loops), while a thread samples the proportional set size (PSS) of
+its processes every 0.5 s (driver, ClientWorkers, ServerActor and Ray's daemons); the peak
+is reported. The last line::
 
     throughput_ratio_s1=<x> throughput_ratio_s2=<y> limit_ratio_s1=<x> limit_ratio_s2=<y> rayfed_peak_pss_mb_s2=<m>
 
@@ -53,10 +54,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,7 +75,7 @@ from rayfed.algorithms.fedprox import flatten_logically  # noqa: E402
 from rayfed.data import load_dataset, make_partition, normalize_batch  # noqa: E402
 from rayfed.flat import FlatModel  # noqa: E402
 from rayfed.models import build_model  # noqa: E402
-from rayfed.problem import build_problem  # noqa: E402
+from rayfed.problem_build import build_problem  # noqa: E402
 from rayfed.seeding import client_seed, sample_clients  # noqa: E402
 
 SAMPLES_PER_CLIENT = 60
@@ -199,11 +200,6 @@ class PlainLoop:
                 count += len(y)
         return correct / count
 
-    def tensor_bytes(self) -> int:
-        """Bytes of the pre-loaded data and the model this loop holds in its process."""
-        tensors = [t for pair in (*self.train, *self.test) for t in pair] + self.params
-        return sum(t.numel() * t.element_size() for t in tensors)
-
     def _load(self, vector: torch.Tensor) -> None:
         if self.channels_last:  # copy into the channels-last parameters (a view would reset their layout)
             with torch.no_grad():
@@ -327,7 +323,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vectorize", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--scenarios", default="s1,s2", help="comma-separated: s1, s2")
     parser.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON here")
+    parser.add_argument("--pss-of", choices=sorted(SCENARIOS), default=None,
+                        help="only run rayfed on this scenario and print its processes' peak PSS as JSON")
     args = parser.parse_args(argv)
+    if args.pss_of:
+        with tempfile.TemporaryDirectory(prefix="rayfed-pss-") as tmp:
+            config = scenario_config(SCENARIOS[args.pss_of], args, Path(tmp) / args.pss_of)
+            with PssSampler() as memory:
+                run(config)
+        print(json.dumps({"peak": memory.peak, "samples": memory.samples}))
+        return 0
     scenarios = [SCENARIOS[name.strip()] for name in args.scenarios.split(",") if name.strip()]
     print(f"torch {torch.__version__}, default threads {torch.get_num_threads()}, "
           f"rounds {args.rounds} (first excluded)",
@@ -336,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, float | bool | dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="rayfed-throughput-") as tmp:
         for s in scenarios:
-            results[s.name] = measure(s, scenario_config(s, args, Path(tmp) / s.name))
+            results[s.name] = measure(s, scenario_config(s, args, Path(tmp) / s.name), args)
     for name, r in results.items():
         r["ratio"] = r["engine_updates_per_s"] / r["plain_updates_per_s"]
         r["limit_ratio"] = r["engine_updates_per_s"] / r["two_process_updates_per_s"]
@@ -352,20 +357,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure(s: Scenario, config: RunConfig) -> dict[str, float | bool | dict[str, float]]:
+def measure(s: Scenario, config: RunConfig, args: argparse.Namespace) -> dict[str, float | bool | dict[str, float]]:
     """Run rayfed and the three loops interleaved on one workload; print and return their numbers.
 
-    On S2 the PSS of rayfed's processes is sampled meanwhile (:class:`common.PssSampler`):
-    the driver's share less the bytes the driver's two plain loops hold (their data and models,
-    counted exactly), plus every Ray process of the session; the 2-process loop's processes
-    are not in it.
+    On S2, then, the peak PSS of rayfed's processes in a run of rayfed alone (:func:`rayfed_pss`).
     """
     plain, expert = PlainLoop(config), PlainLoop(config, channels_last=True)
     limit = TwoProcessLoop(config, evaluator=expert)
     probe = Interleaved(plain, expert, limit)
     try:
-        with PssSampler() if s.name == "s2" else nullcontext() as memory:
-            history = run(config, callbacks=[probe]).history
+        history = run(config, callbacks=[probe]).history
     finally:
         limit.close()
     rates = [s.sampled_per_round / median_after_warmup(loop.seconds) for loop in (probe, *probe.plain)]
@@ -385,15 +386,25 @@ def measure(s: Scenario, config: RunConfig) -> dict[str, float | bool | dict[str
         print(f"    accuracy per round, {label} / rayfed: {pairs}", flush=True)
     print(f"    rayfed / plain channels-last: {rates[0] / rates[2]:.3f}, rayfed / 2 processes: "
           f"{rates[0] / rates[3]:.3f}", flush=True)
-    if memory is not None:
-        held = (plain.tensor_bytes() + expert.tensor_bytes()) / 2**20
-        peak = dict(memory.peak, driver=memory.peak["driver"] - held)
+    if s.name == "s2":
+        peak, samples = rayfed_pss(s, args)
         result["rayfed_peak_pss_mb"] = sum(peak.values())
         result["rayfed_peak_pss_by_process_mb"] = peak
         parts = ", ".join(f"{name} {mb:.0f}" for name, mb in sorted(peak.items(), key=lambda kv: -kv[1]))
-        print(f"    rayfed peak PSS: {sum(peak.values()):.0f} MB over {memory.samples} samples (driver less "
-              f"{held:.0f} MB of the plain loops' tensors); per process name (MB): {parts}", flush=True)
+        print(f"    rayfed peak PSS (rayfed alone, a fresh driver): {sum(peak.values()):.0f} MB over {samples} "
+              f"samples; per process name (MB): {parts}", flush=True)
     return result
+
+
+def rayfed_pss(s: Scenario, args: argparse.Namespace) -> tuple[dict[str, float], int]:
+    """Peak PSS by process name of a run of rayfed alone on ``s``, in a fresh driver process
+    (``--pss-of``), so that no plain loop's memory is counted, and the number of samples."""
+    command = [sys.executable, __file__, "--pss-of", s.name, "--rounds", str(args.rounds),
+               "--workers", str(args.workers), "--clients-per-call", str(args.clients_per_call),
+               "--vectorize", args.vectorize]
+    lines = subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip().splitlines()
+    report = json.loads(lines[-1])
+    return report["peak"], report["samples"]
 
 
 if __name__ == "__main__":

@@ -29,7 +29,14 @@ from rayfed.models import build_model
 from rayfed.problem import ProblemSpec
 from rayfed.seeding import client_seed
 from rayfed.state_store import ClientState
-from rayfed.training import EVAL_BATCH, ClientJob, TrainStats, evaluate_model, features_before_output
+from rayfed.training import (
+    EVAL_BATCH,
+    ClientJob,
+    TrainStats,
+    evaluate_model,
+    features_before_output,
+    seed_global_generators,
+)
 from rayfed.vectorized import can_stack, resolve_vectorize, train_stacked
 
 logger = logging.getLogger(__name__)
@@ -79,8 +86,10 @@ class _Tally:
         self.correct.index_add_(0, rows, (logits.argmax(dim=1) == target).float())
         self.loss_sum.index_add_(0, rows, F.cross_entropy(logits, target, reduction="none"))
 
-    def results(self) -> list[tuple[int, float]]:
-        return [(int(c), float(loss)) for c, loss in zip(self.correct.tolist(), self.loss_sum.tolist())]
+    def results(self, sizes: torch.Tensor) -> list[tuple[int, int, float]]:
+        """(test samples, correct, summed loss) per client."""
+        return [(int(n), int(c), float(loss))
+                for n, c, loss in zip(sizes.tolist(), self.correct.tolist(), self.loss_sum.tolist())]
 
 
 @dataclass
@@ -187,7 +196,7 @@ class ClientRunner(_ClientData):
                 start_loss = train_loss_at_start(job, self.config.engine.eval_train_loss)
                 # Layers that draw from torch's global generator (dropout) get the client's seed too,
                 # so a client trains the same on any worker and in any run.
-                torch.manual_seed(job.generator.initial_seed())
+                seed_global_generators(job.generator.initial_seed(), job.device)
                 stats = self.client_half.train(job)
                 self._finish(result, broadcast, ctx, job, start, stats, time.perf_counter() - started, start_loss)
                 continue
@@ -284,7 +293,10 @@ class ClientRunner(_ClientData):
             )
             global_state = population.flat.state_numpy() if broadcast.prepare_global_eval(population) else None
             plan = broadcast.shared_body([self._job(cid, -1, states.get(cid), split=None) for cid in ids])
-            if plan is not None:
+            if plan is not None and plan.weight is None:  # one model for every client: one pooled forward
+                own = self._evaluate_pooled(ids, plan.state)
+                on_global = own if global_state is not None and np.array_equal(global_state, plan.state) else None
+            elif plan is not None:
                 own, on_global = self._evaluate_shared(ids, plan, global_state)
             else:
                 own = []
@@ -299,16 +311,16 @@ class ClientRunner(_ClientData):
             if global_state is not None and on_global is None:
                 on_global = self._evaluate_pooled(ids, global_state)
             for i, (cid, (count, correct, loss_sum)) in enumerate(zip(ids, own)):
-                g_correct, g_loss = (None, None) if on_global is None else on_global[i]
+                g_correct, g_loss = (None, None) if on_global is None else on_global[i][1:]
                 reports[cid] = EvalReport(cid, count, correct, loss_sum, g_correct, g_loss)
         return [reports[cid] for cid in client_ids]
 
     def _evaluate_shared(
         self, client_ids: list[int], plan: SharedBody, global_state: np.ndarray | None
-    ) -> tuple[list[tuple[int, int, float]], list[tuple[int, float]] | None]:
+    ) -> tuple[list[tuple[int, int, float]], list[tuple[int, int, float]] | None]:
         """Evaluate clients that share the body of ``plan``: features once, heads batched. The global
-        model rides along when its body is the plan's: (count, correct, loss) per client, and
-        (correct, loss) per client on the global model (None when it needs a forward of its own)."""
+        model rides along when its body is the plan's: (count, correct, loss) per client, on their own
+        models and on the global model (None when it needs a forward of its own)."""
         architecture = self.spec.architecture_of(client_ids[0])
         flat = self.model_for(architecture)
         output = self.spec.output_layer[architecture]
@@ -323,24 +335,20 @@ class ClientRunner(_ClientData):
             own.add(torch.bmm(weight[rows], features.unsqueeze(2)).squeeze(2) + bias[rows], target, rows)
             if global_head is not None:
                 on_global.add(F.linear(features, *global_head), target, rows)
-        counts = sizes.tolist()
-        return (
-            [(n, c, loss) for n, (c, loss) in zip(counts, own.results())],
-            on_global.results() if global_head is not None else None,
-        )
+        return own.results(sizes), on_global.results(sizes) if global_head is not None else None
 
     @torch.no_grad()
-    def _evaluate_pooled(self, client_ids: list[int], state: np.ndarray) -> list[tuple[int, float]]:
-        """(correct, loss) per client of one model (``state``) over all their test samples, in one forward."""
+    def _evaluate_pooled(self, client_ids: list[int], state: np.ndarray) -> list[tuple[int, int, float]]:
+        """(count, correct, loss) per client of one model (``state``) over all their test samples, in one forward."""
         flat = self.model_for(self.spec.architecture_of(client_ids[0]))
         flat.load_state(state)
         flat.module.eval()
-        _, x, y, owner = self._pooled_test(client_ids)
+        sizes, x, y, owner = self._pooled_test(client_ids)
         tally = _Tally(len(client_ids), self.device)
         for start in range(0, len(y), EVAL_BATCH):
             stop = start + EVAL_BATCH
             tally.add(flat.module(x[start:stop]), y[start:stop], owner[start:stop])
-        return tally.results()
+        return tally.results(sizes)
 
 def train_loss_at_start(job: ClientJob, enabled: bool) -> float:
     """``train_loss_eval`` of a personalised job: the mean cross-entropy of the model it starts the round

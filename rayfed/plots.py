@@ -211,7 +211,7 @@ def class_head_row_norms(run: RunData, input_shape: Sequence[int]) -> np.ndarray
     Rebuilds the model's parameter layout (no data needed) to find the output weight
     inside the class-wise part that ``server/heads`` holds.
     """
-    from rayfed.problem import build_problem
+    from rayfed.problem_build import build_problem
 
     heads = run.server["heads"]
     k = heads.shape[0]

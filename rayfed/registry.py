@@ -33,10 +33,21 @@ class Registry(Generic[T]):
     4
     """
 
-    def __init__(self, kind: str, *, field: str) -> None:
+    def __init__(self, kind: str, *, field: str, load: Callable[[str | None], None] | None = None) -> None:
+        """``load(name)``, if given, imports the module that should register ``name``, if there is
+        one, and ``load(None)`` every module. A missing name is first looked for with ``load(name)``,
+        then with ``load(None)``; a listing loads every module first. A process thus imports only
+        the components it uses (the server process of FedAvg, for one, no torch)."""
         self.kind = kind
         self.field = field
         self._items: dict[str, T] = {}
+        self._load = load
+        self._complete = load is None
+
+    def _load_all(self) -> None:
+        if not self._complete and self._load is not None:
+            self._load(None)
+            self._complete = True
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator that registers ``obj`` under ``name``; names are unique."""
@@ -51,6 +62,10 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         """Look ``name`` up; an unknown name raises ConfigError listing the known ones."""
+        if name not in self._items and self._load is not None:
+            self._load(name)
+            if name not in self._items:
+                self._load_all()
         try:
             return self._items[name]
         except KeyError:
@@ -60,9 +75,12 @@ class Registry(Generic[T]):
             ) from None
 
     def names(self) -> list[str]:
+        self._load_all()
         return sorted(self._items)
 
     def __contains__(self, name: object) -> bool:
+        if name not in self._items:
+            self._load_all()
         return name in self._items
 
     def __iter__(self) -> Iterator[str]:

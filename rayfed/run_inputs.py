@@ -34,7 +34,8 @@ from rayfed.data.held_out import (
     partition_without,
     save_held_out,
 )
-from rayfed.problem import ProblemSpec, build_problem
+from rayfed.problem import ProblemSpec
+from rayfed.problem_build import build_problem
 
 __all__ = ["RunInputs", "PARTITION_FILE"]
 

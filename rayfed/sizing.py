@@ -50,7 +50,7 @@ from rayfed.config import EngineConfig, RunConfig
 from rayfed.data.registry import check_dataset_options, dataset_options
 from rayfed.data.synthetic import check_synthetic
 from rayfed.errors import ResourceError
-from rayfed.flat import ParamLayout
+from rayfed.layout import ParamLayout
 from rayfed.models import block_names, build_model, output_layer_name
 from rayfed.problem import ProblemSpec
 

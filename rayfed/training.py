@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # config imports the algorithms' params, which import this mo
 __all__ = [
     "EVAL_BATCH",
     "ClientJob", "TrainStats", "EvalStats", "minibatches", "local_sgd", "sgd_step", "evaluate_model",
-    "features_before_output",
+    "features_before_output", "seed_global_generators",
 ]
 
 
@@ -98,6 +98,19 @@ class EvalStats:
 
 
 ExtraLoss = Callable[[ClientJob, torch.Tensor], "torch.Tensor | None"]
+
+
+def seed_global_generators(seed: int, device: torch.device) -> None:
+    """Seed the global generators that layers such as dropout draw from on ``device``: the CPU
+    one, and on a GPU the CUDA ones.
+
+    ``torch.manual_seed`` would also queue a seeding call for every accelerator backend not yet
+    initialised, formatting a stack trace for each: about 0.5 ms per client on a CUDA build
+    without a GPU. The CPU generator receives the same seed either way.
+    """
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed_all(seed)
 
 
 def sgd_step(

@@ -20,7 +20,7 @@ from rayfed.algorithms.cwfedavg_equations import empirical_distribution, persona
 from rayfed.client_runner import ClientRunner
 from rayfed.data import load_dataset, make_partition
 from rayfed.metrics import summarise_round
-from rayfed.problem import build_problem
+from rayfed.problem_build import build_problem
 from rayfed.server import Server
 from rayfed.training import evaluate_model
 from tests.conftest import tiny_overrides

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import ray
@@ -18,10 +19,10 @@ class ServerActor:
     stores once in the object store; every worker reads that same object by reference."""
 
     def __init__(self, *args: Any) -> None:
-        import torch
-
-        torch.set_num_threads(1)
         self.server = Server(*args)
+        torch = sys.modules.get("torch")  # imported only by server halves that compute with it
+        if torch is not None:
+            torch.set_num_threads(1)
 
     def broadcast(self) -> Any:
         return self.server.broadcast()

@@ -1,12 +1,12 @@
 """Federated algorithms, each one module registering a client half and a server half.
 
-Importing this package imports every module in it, and each algorithm module registers
-itself in :data:`ALGORITHMS` (``register_algorithm`` at its bottom): adding an algorithm
-is adding one module, with no list to edit.
+Each algorithm module registers itself in :data:`ALGORITHMS` (``register_algorithm`` at its
+bottom), and the registry finds the modules itself: adding an algorithm is adding one
+module, with no list to edit. A module is imported when its algorithm is first looked up
+(the module of that name, e.g. ``fedavg``, or, for a name registered beside another one,
+every module), and every module before the first listing; so a process that looks up one
+algorithm imports only its module (the server process of FedAvg imports no torch).
 """
-
-import importlib
-import pkgutil
 
 from rayfed.algorithms.base import (
     ALGORITHMS,
@@ -23,9 +23,6 @@ from rayfed.algorithms.base import (
     resolve,
 )
 from rayfed.algorithms.contributions import ClientVectors, WeightedSum, sum_contributions
-
-for _module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):  # registration
-    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "ALGORITHMS",

@@ -38,7 +38,7 @@ from rayfed.algorithms.base import Broadcast, ClientHalf, RoundContext, ServerHa
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
 from rayfed.config_fields import documented, section
-from rayfed.flat import ParamLayout
+from rayfed.layout import ParamLayout
 from rayfed.problem import ProblemSpec
 from rayfed.training import ClientJob, TrainStats, minibatches
 from rayfed.validation import check_choice, check_int, check_real

@@ -25,20 +25,23 @@ Round t, as the engine runs it (``rayfed.engine``)::
 from __future__ import annotations
 
 import abc
+import importlib
+import importlib.util
+import pkgutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import numpy as np
 
-from rayfed.flat import ParamLayout
+from rayfed.layout import ParamLayout
 from rayfed.problem import ProblemSpec
 from rayfed.registry import Registry
-from rayfed.training import ClientJob, TrainStats, local_sgd
 
-if TYPE_CHECKING:  # config validates params through this registry
+if TYPE_CHECKING:  # config validates params through this registry; the server never trains
     from rayfed.config import AlgorithmConfig
     from rayfed.data.held_out import HeldOutRequest
+    from rayfed.training import ClientJob, TrainStats
 
 __all__ = [
     "RoundContext",
@@ -139,16 +142,18 @@ class Broadcast(abc.ABC):
 
 @dataclass(frozen=True)
 class SharedBody:
-    """Evaluation models that differ only in the output layer (a linear map to the K classes).
+    """Evaluation models that differ at most in the output layer (a linear map to the K classes).
 
     ``state`` is the state vector every client's evaluation model shares outside the output
     layer (whatever it holds there is not read); ``weight`` (C, K, h) and ``bias`` (C, K) are
-    the output layers of the C clients, in the order of the jobs they were made for.
+    the output layers of the C clients, in the order of the jobs they were made for. Without
+    them (None), every client is evaluated with ``state`` itself, output layer included (FedAvg's
+    global model), and the worker runs that one model over all their test samples at once.
     """
 
     state: np.ndarray
-    weight: np.ndarray
-    bias: np.ndarray
+    weight: np.ndarray | None = None
+    bias: np.ndarray | None = None
 
 
 class ClientHalf(Generic[P]):
@@ -193,6 +198,8 @@ class ClientHalf(Generic[P]):
         ``momentum_buffer`` (P floats, updated in place) carries SGD momentum into the round;
         ``None`` starts from zero, as a new optimiser does.
         """
+        from rayfed.training import local_sgd  # torch: imported where clients train, not by the server
+
         job.scratch["loss_constants"] = self.loss_constants(job)
         return local_sgd(job, extra_loss=self.extra_loss, momentum_buffer=momentum_buffer)
 
@@ -279,7 +286,17 @@ class Algorithm:
         return self.describe(params) if self.describe is not None else self.name
 
 
-ALGORITHMS: Registry[Algorithm] = Registry("algorithm", field="algorithm.name")
+def _import_algorithms(name: str | None) -> None:
+    """Import the module named ``name`` of this package, if there is one, or (``None``) every module."""
+    package = importlib.import_module(__package__ or "rayfed.algorithms")
+    if name is None:
+        for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+            importlib.import_module(f"{package.__name__}.{module.name}")
+    elif name.isidentifier() and importlib.util.find_spec(f"{package.__name__}.{name}") is not None:
+        importlib.import_module(f"{package.__name__}.{name}")
+
+
+ALGORITHMS: Registry[Algorithm] = Registry("algorithm", field="algorithm.name", load=_import_algorithms)
 
 
 def register_algorithm(

@@ -32,7 +32,8 @@ from rayfed.algorithms.base import Broadcast, RoundContext, ServerHalf, SharedBo
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
 from rayfed.config_fields import documented
-from rayfed.flat import FlatModel, ParamLayout
+from rayfed.flat import FlatModel
+from rayfed.layout import ParamLayout
 from rayfed.problem import ProblemSpec
 from rayfed.training import ClientJob, ExtraLoss, TrainStats, local_sgd
 from rayfed.validation import check_int, fail

@@ -22,7 +22,7 @@ as in PFLlib. Evaluation: each client's v_k; the global model w^t is evaluated b
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -89,6 +89,10 @@ class DittoModels(GlobalModel):
         """The global model w^t."""
         job.flat.load_state(self.vector)
         return True
+
+    def shared_body(self, jobs: Sequence[ClientJob]) -> None:
+        """Every client is evaluated with its own personal model: one forward each."""
+        return None
 
 
 class DittoClient(ClientHalf[DittoParams]):

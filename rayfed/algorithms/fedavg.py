@@ -11,16 +11,27 @@ Floating-point buffers (BatchNorm running statistics) are averaged with the same
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rayfed.algorithms.base import Broadcast, ClientHalf, NoParams, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.base import (
+    Broadcast,
+    ClientHalf,
+    NoParams,
+    RoundContext,
+    ServerHalf,
+    SharedBody,
+    register_algorithm,
+)
 from rayfed.algorithms.contributions import ClientVectors, WeightedSum
 from rayfed.errors import ConfigError
 from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob
+
+if TYPE_CHECKING:
+    from rayfed.training import ClientJob
 
 __all__ = ["GlobalModel", "WholeModels", "FedAvgServer", "require_homogeneous", "sole_architecture"]
 
@@ -39,6 +50,11 @@ class GlobalModel(Broadcast):
 
     def bytes_down(self, job: ClientJob) -> int:
         return int(self.vector.nbytes)
+
+    def shared_body(self, jobs: Sequence[ClientJob]) -> SharedBody | None:
+        """Every client is evaluated with the global model itself (a subclass whose ``prepare_eval``
+        loads another model says so here)."""
+        return SharedBody(self.vector)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from rayfed.algorithms.base import ClientHalf, SharedBody, register_algorithm
 from rayfed.algorithms.body_head import BodyHeadParams, PartialModels, PartialServer, split_body_head, train_part
 from rayfed.config_fields import documented, section
 from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob, TrainStats
+from rayfed.training import ClientJob, TrainStats, seed_global_generators
 from rayfed.validation import check_int
 
 __all__ = ["FedBabuParams", "FedBabuClient", "FedBabuModels", "FedBabuServer"]
@@ -74,7 +74,7 @@ class FedBabuModels(PartialModels):
         tuning = dataclasses.replace(job, generator=torch.Generator().manual_seed(seed))  # job's stream untouched
         devices = [job.device] if job.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):  # dropout draws from the global generator
-            torch.manual_seed(seed)
+            seed_global_generators(seed, job.device)
             train_part(tuning, slice(0, job.flat.size), self.finetune_epochs)
 
     def prepare_global_eval(self, job: ClientJob) -> bool:

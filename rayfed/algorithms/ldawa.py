@@ -30,7 +30,7 @@ import numpy as np
 from rayfed.algorithms.base import ClientHalf, NoParams, RoundContext, ServerHalf, register_algorithm
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedavg import WholeModels, require_homogeneous, sole_architecture
-from rayfed.flat import ParamLayout
+from rayfed.layout import ParamLayout
 from rayfed.problem import ProblemSpec
 
 __all__ = ["layer_cosines", "ldawa_aggregate", "LDAWAServer"]

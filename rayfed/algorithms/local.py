@@ -46,7 +46,7 @@ MODEL_KEY = "model"
 
 CLIENT_INIT_STREAM = 1 << 20
 """Client c's initialisation uses ``init_seed(seed, CLIENT_INIT_STREAM + c)``; streams below
-are the per-architecture ones of ``rayfed.problem.build_problem``."""
+are the per-architecture ones of ``rayfed.problem_build.build_problem``."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from rayfed import ResourceError, RunConfig
 from rayfed.algorithms.apple import CORES_KEY, DR_KEY, anneal, dr_gradient, personal_model, tensor_mean_weights
 from rayfed.callbacks import Callback
 from rayfed.engine import Simulation
-from rayfed.flat import ParamLayout
+from rayfed.layout import ParamLayout
 from rayfed.sizing import client_states_bytes
 from tests.conftest import tiny_overrides
 

@@ -24,7 +24,7 @@ from rayfed.algorithms.body_head import (
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, model_parts
 from rayfed.client_runner import ClientRunner
 from rayfed.data import load_dataset, make_partition
-from rayfed.problem import build_problem
+from rayfed.problem_build import build_problem
 from rayfed.server import Server
 from rayfed.training import TrainStats
 from tests.algorithms.body_head_cases import job, tiny_problem

@@ -22,7 +22,7 @@ from rayfed.algorithms.cfl import (
 )
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.callbacks import Callback
-from rayfed.flat import ParamLayout
+from rayfed.layout import ParamLayout
 from rayfed.problem import ProblemSpec
 from tests.algorithms.two_groups import group_of, two_group_overrides
 from tests.conftest import tiny_overrides

@@ -32,7 +32,8 @@ from rayfed.config import TrainConfig
 from rayfed.data import load_dataset, make_partition
 from rayfed.engine import Simulation
 from rayfed.flat import FlatModel
-from rayfed.problem import ProblemSpec, build_problem
+from rayfed.problem import ProblemSpec
+from rayfed.problem_build import build_problem
 from rayfed.server import Server
 from rayfed.training import ClientJob
 from rayfed.vectorized import can_stack

@@ -10,7 +10,7 @@ from rayfed.algorithms import RoundContext, WeightedSum, sum_contributions
 from rayfed.algorithms.fedadam import FedAdamParams, FedAdamServer
 from rayfed.client_runner import ClientRunner
 from rayfed.engine import Simulation
-from rayfed.flat import ParamLayout
+from rayfed.layout import ParamLayout
 from rayfed.problem import ProblemSpec
 from tests.conftest import tiny_overrides
 

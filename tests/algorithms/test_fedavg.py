@@ -11,7 +11,7 @@ from rayfed.algorithms import ALGORITHMS, RoundContext, WeightedSum, sum_contrib
 from rayfed.algorithms.fedavg import FedAvgServer
 from rayfed.algorithms.fedprox import proximal_term
 from rayfed.callbacks import Callback
-from rayfed.flat import ParamLayout
+from rayfed.layout import ParamLayout
 from rayfed.problem import ProblemSpec
 from tests.conftest import tiny_overrides
 

@@ -28,8 +28,9 @@ from rayfed.algorithms.fedawa_objective import (
 from rayfed.algorithms.fedawa_weights import INITIAL_WEIGHTS
 from rayfed.algorithms.sgdm import MOMENTUM_KEY, PersistentMomentumClient
 from rayfed.config import TrainConfig
-from rayfed.flat import FlatModel, ParamLayout
+from rayfed.flat import FlatModel
 from rayfed.io import load_arrays
+from rayfed.layout import ParamLayout
 from rayfed.problem import ProblemSpec
 from rayfed.training import ClientJob
 from tests.conftest import tiny_overrides

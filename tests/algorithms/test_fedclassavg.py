@@ -22,10 +22,12 @@ from rayfed.algorithms.fedclassavg import (
 from rayfed.client_runner import ClientRunner
 from rayfed.data import load_dataset, make_partition
 from rayfed.engine import Simulation
-from rayfed.flat import FlatModel, ParamLayout
+from rayfed.flat import FlatModel
+from rayfed.layout import ParamLayout
 from rayfed.models import build_model
 from rayfed.models.fedclassavg_nets import FEDCLASSAVG_MODELS
-from rayfed.problem import ProblemSpec, build_problem
+from rayfed.problem import ProblemSpec
+from rayfed.problem_build import build_problem
 from rayfed.server import Server
 from tests.algorithms.client_states import StateSnapshots
 from tests.conftest import tiny_overrides

@@ -12,7 +12,7 @@ from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedawa import FedAWAParams, FedAWAServer
 from rayfed.algorithms.feddisco import FedDiscoParams, FedDiscoServer, disco_weights, discrepancy
 from rayfed.engine import Simulation
-from rayfed.flat import ParamLayout
+from rayfed.layout import ParamLayout
 from rayfed.problem import ProblemSpec
 from tests.conftest import tiny_overrides
 

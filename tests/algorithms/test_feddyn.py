@@ -12,7 +12,8 @@ from rayfed.algorithms.feddyn import GRAD_KEY, FedDynBroadcast, FedDynClient, Fe
 from rayfed.callbacks import Callback
 from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
-from rayfed.flat import FlatModel, ParamLayout
+from rayfed.flat import FlatModel
+from rayfed.layout import ParamLayout
 from rayfed.models import block_names, build_model, output_layer_name
 from rayfed.problem import ProblemSpec
 from rayfed.training import ClientJob

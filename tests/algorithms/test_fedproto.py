@@ -12,7 +12,7 @@ from rayfed.algorithms import RoundContext
 from rayfed.algorithms.fedproto import ClassSums, FedProtoParams, FedProtoServer, class_sums
 from rayfed.client_runner import ClientRunner
 from rayfed.engine import Simulation
-from rayfed.flat import ParamLayout
+from rayfed.layout import ParamLayout
 from rayfed.problem import ProblemSpec
 from rayfed.training import features_before_output
 from tests.conftest import tiny_overrides

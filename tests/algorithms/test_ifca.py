@@ -17,7 +17,7 @@ from rayfed.config import TrainConfig
 from rayfed.data import load_dataset, normalize_batch
 from rayfed.flat import FlatModel
 from rayfed.models import build_model
-from rayfed.problem import build_problem
+from rayfed.problem_build import build_problem
 from rayfed.training import ClientJob
 from tests.algorithms.two_groups import group_of, two_group_overrides
 from tests.conftest import tiny_overrides

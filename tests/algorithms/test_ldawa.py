@@ -10,7 +10,7 @@ from rayfed.algorithms import NoParams, RoundContext
 from rayfed.algorithms.ldawa import LDAWAServer, ldawa_aggregate
 from rayfed.client_runner import ClientRunner
 from rayfed.engine import Simulation
-from rayfed.flat import ParamLayout
+from rayfed.layout import ParamLayout
 from tests.conftest import tiny_overrides
 
 LAYOUT = ParamLayout(("a.weight", "a.bias", "bn.bias"), ((2, 3), (3,), (2,)), (0, 6, 9, 11))

@@ -1,0 +1,55 @@
+"""The server process imports only what its server half needs: FedAvg's never imports torch.
+
+Ray builds the ``ServerActor`` in a fresh worker process from pickled arguments (config, problem
+spec, initial state); ``import torch`` alone costs such a process about 300 MB. The subprocess
+below does what that worker does: it imports the actor's module, unpickles the arguments and
+runs the server through a round, then reports which heavy modules it imported.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rayfed import RunConfig
+from rayfed.algorithms import resolve
+from rayfed.run_inputs import RunInputs
+from tests.conftest import tiny_overrides
+
+_SERVER_PROCESS = """
+import json, pickle, sys
+import numpy as np
+import rayfed.actors.server_actor
+from rayfed.algorithms import RoundContext
+from rayfed.server import Server
+
+config, spec, initial = pickle.loads(open(sys.argv[1], "rb").read())
+server = Server(config, spec, initial)
+broadcast = server.broadcast()
+ctx = RoundContext(round=0, seed=0, lr=0.1, sampled=np.arange(2), num_clients=spec.num_clients)
+server.aggregate(ctx, None)
+print(json.dumps({"torch": "torch" in sys.modules, "broadcast": type(broadcast).__name__}))
+"""
+
+
+@pytest.mark.parametrize(("algorithm", "torch_expected"), [("fedavg", False), ("fedadam", False), ("fedprox", True)])
+def test_the_server_process_imports_torch_only_for_a_server_half_that_needs_it(
+    algorithm: str, torch_expected: bool, tmp_path: Path
+) -> None:
+    # Prepare: the server's arguments, pickled as Ray sends them.
+    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{"algorithm.name": algorithm}))
+    inputs = RunInputs.prepare(config, resolve(config.algorithm), tmp_path / "run", continues=False)
+    arguments = tmp_path / "server_arguments.pkl"
+    arguments.write_bytes(pickle.dumps((config, inputs.spec, inputs.initial)))
+    # Execute
+    done = subprocess.run([sys.executable, "-c", _SERVER_PROCESS, str(arguments)], capture_output=True, text=True,
+                          check=True)
+    # Assert: FedProx's module trains with torch at its top; FedAvg's and FedAdam's are numpy only.
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["torch"] is torch_expected
+    assert report["broadcast"]

@@ -1,0 +1,66 @@
+"""Every algorithm's evaluation plan (``Broadcast.shared_body``) gives what a forward per client gives.
+
+A broadcast that declares a shared body (or one shared model) lets the worker evaluate all its
+clients in pooled forwards; a wrong declaration (say, a subclass that evaluates personal models
+but inherits its parent's plan) would report the accuracy of a model the clients do not have.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rayfed import RunConfig
+from rayfed.algorithms import ALGORITHMS, Broadcast, RoundContext, resolve
+from rayfed.client_runner import ClientRunner
+from rayfed.run_inputs import RunInputs
+from rayfed.server import Server
+
+_NUM_CLIENTS = 6
+_OVERRIDES: dict[str, dict[str, Any]] = {  # what a method needs, or where a default would make the test slow
+    "apple": {"algorithm.params": {"anneal_rounds": 2}},
+    "fedlaw": {"algorithm.params": {"server_epochs": 2}},
+    "fedclassavg": {"model.client_models": ["fca_alexnet"], "algorithm.params": {"warmup": False}},
+    "ktpfl": {"algorithm.params": {"public_size": 60}},
+}
+
+
+class _OneByOne:
+    """A broadcast as it is, except that it declares no evaluation plan: one forward per client."""
+
+    def __init__(self, inner: Broadcast) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def shared_body(self, jobs: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_the_evaluation_plan_equals_a_forward_per_client(name: str, tmp_path: Path) -> None:
+    # Prepare: one round of every client on synthetic data, as the engine runs it.
+    config = RunConfig().override({
+        "data.dataset": "synthetic", "data.options": {"num_samples": 600}, "data.num_clients": _NUM_CLIENTS,
+        "algorithm.name": name, "engine.backend": "local", "train.batch_size": 16, **_OVERRIDES.get(name, {}),
+    })
+    inputs = RunInputs.prepare(config, resolve(config.algorithm), tmp_path, continues=False)
+    runner = ClientRunner(config, inputs.spec.for_clients(), inputs.dataset, inputs.partition)
+    server = Server(config, inputs.spec, inputs.initial)
+    ids = list(range(_NUM_CLIENTS))
+    ctx = RoundContext(round=0, seed=0, lr=config.train.lr, sampled=np.arange(_NUM_CLIENTS), num_clients=_NUM_CLIENTS)
+    trained = runner.train(server.broadcast(), ctx, ids)
+    server.aggregate(ctx, trained.contribution)
+    broadcast = server.broadcast()
+    # Execute
+    planned = runner.evaluate(broadcast, ids, trained.states)
+    one_by_one = runner.evaluate(_OneByOne(broadcast), ids, trained.states)  # type: ignore[arg-type]
+    # Assert: the same counts and correct predictions per client, the same losses to float tolerance.
+    assert [(r.num_test, r.correct, r.global_correct) for r in planned] == [
+        (r.num_test, r.correct, r.global_correct) for r in one_by_one
+    ]
+    np.testing.assert_allclose([r.loss_sum for r in planned], [r.loss_sum for r in one_by_one], rtol=1e-4)
