@@ -37,6 +37,7 @@ from rayfed.problem_build import build_problem
 from rayfed.server import Server
 from rayfed.training import ClientJob
 from rayfed.vectorized import can_stack
+from tests.algorithms.tiny_problem import TinyNet, tiny_job, tiny_problem
 from tests.conftest import tiny_overrides
 
 torch.set_num_threads(1)
@@ -45,38 +46,12 @@ torch.set_num_threads(1)
 # --- helpers ------------------------------------------------------------------------------------
 
 
-class _Tiny(nn.Module):
-    """Two blocks: ``body`` (3 -> 4, ReLU) and the output layer ``fc`` (4 -> 2)."""
-
-    output_layer = "fc"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Linear(3, 4)
-        self.fc = nn.Linear(4, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.relu(self.body(x)))
-
-
 def _tiny_problem(num_clients: int = 3) -> tuple[FlatModel, ProblemSpec]:
-    torch.manual_seed(0)
-    flat = FlatModel(_Tiny())
-    spec = ProblemSpec(num_clients, 2, (1, 1, 3), {"tiny": flat.layout}, {"tiny": ("body", "fc")}, {"tiny": "fc"},
-                       default_architecture="tiny")
-    return flat, spec
+    return tiny_problem(num_clients, 2)
 
 
 def _job(flat: FlatModel, cid: int, counts: list[int]) -> ClientJob:
-    """Client ``cid`` holding ``counts[j]`` random inputs of class j."""
-    gen = torch.Generator().manual_seed(cid)
-    x = torch.randn(sum(counts), 3, generator=gen)
-    y = torch.as_tensor(np.repeat(np.arange(len(counts)), counts))
-    return ClientJob(
-        client_id=cid, round=0, flat=flat, architecture="tiny", x_train=x, y_train=y, x_test=x, y_test=y,
-        label_counts=np.array(counts), train_label_counts=np.array(counts),
-        train=TrainConfig(lr=0.05, batch_size=5), generator=gen,
-    )
+    return tiny_job(flat, cid, counts, TrainConfig(lr=0.05, batch_size=5))
 
 
 def _ctx(sampled: list[int], num_clients: int = 3) -> RoundContext:
@@ -324,7 +299,7 @@ def test_wdr_term_and_its_gradient_vectorise_for_client_stacking() -> None:
 def test_batchnorm_statistics_stay_with_their_client() -> None:
     # Prepare: a model with BatchNorm statistics (never averaged, as in the authors' code).
     torch.manual_seed(0)
-    module = _Tiny()
+    module = TinyNet(2)
     module.body = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
     flat = FlatModel(module)
     spec = ProblemSpec(2, 2, (1, 1, 3), {"tiny": flat.layout}, {"tiny": ("body", "fc")}, {"tiny": "fc"},

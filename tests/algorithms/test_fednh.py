@@ -8,7 +8,6 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from rayfed import ConfigError, RunConfig
 from rayfed.algorithms import RoundContext, WeightedSum
@@ -29,6 +28,7 @@ from rayfed.engine import Simulation
 from rayfed.flat import FlatModel
 from rayfed.problem import ProblemSpec
 from rayfed.training import ClientJob
+from tests.algorithms.tiny_problem import tiny_job, tiny_problem
 from tests.conftest import tiny_overrides
 
 torch.set_num_threads(1)
@@ -37,37 +37,12 @@ torch.set_num_threads(1)
 # --- helpers ------------------------------------------------------------------------------------
 
 
-class _Tiny(nn.Module):
-    """``body`` (3 -> 4, ReLU) and the output layer ``fc`` (4 -> 3): K = 3 prototypes in h = 4."""
-
-    output_layer = "fc"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Linear(3, 4)
-        self.fc = nn.Linear(4, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.relu(self.body(x)))
-
-
 def _tiny_problem(num_clients: int = 2) -> tuple[FlatModel, ProblemSpec]:
-    torch.manual_seed(0)
-    flat = FlatModel(_Tiny())
-    spec = ProblemSpec(num_clients, 3, (1, 1, 3), {"tiny": flat.layout}, {"tiny": ("body", "fc")}, {"tiny": "fc"},
-                       default_architecture="tiny", algorithm="fednh")
-    return flat, spec
+    return tiny_problem(num_clients, 3, algorithm="fednh")
 
 
 def _job(flat: FlatModel, cid: int, counts: list[int]) -> ClientJob:
-    gen = torch.Generator().manual_seed(cid)
-    x = torch.randn(sum(counts), 3, generator=gen)
-    y = torch.as_tensor(np.repeat(np.arange(len(counts)), counts))
-    return ClientJob(
-        client_id=cid, round=0, flat=flat, architecture="tiny", x_train=x, y_train=y, x_test=x, y_test=y,
-        label_counts=np.array(counts), train_label_counts=np.array(counts),
-        train=TrainConfig(lr=0.5, batch_size=4, momentum=0.9, weight_decay=1e-3), generator=gen,
-    )
+    return tiny_job(flat, cid, counts, TrainConfig(lr=0.5, batch_size=4, momentum=0.9, weight_decay=1e-3))
 
 
 def _ctx(sampled: list[int], num_clients: int = 2) -> RoundContext:

@@ -10,16 +10,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from torch import nn
 
 from rayfed import ConfigError, RunConfig
 from rayfed.algorithms.feduv import FedUVClient, FedUVParams, uniformity_loss, variance_loss, variance_target
 from rayfed.callbacks import Callback
 from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
-from rayfed.flat import FlatModel
-from rayfed.problem import ProblemSpec
 from rayfed.training import ClientJob
+from tests.algorithms.tiny_problem import tiny_problem
 from tests.conftest import tiny_overrides
 
 torch.set_num_threads(1)
@@ -79,26 +77,11 @@ def test_uniformity_paper_form_equals_direct_computation() -> None:
     assert float(uniformity_loss(clustered, "paper")) > float(loss)
 
 
-class _Tiny(nn.Module):
-    output_layer = "fc"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Linear(3, 4)
-        self.fc = nn.Linear(4, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.relu(self.body(x)))
-
-
 def test_client_adds_both_terms_on_the_penultimate_features() -> None:
     # Prepare: one mini-batch of 6 samples holding the whole client; lr 0 (loss only).
-    torch.manual_seed(0)
-    flat = FlatModel(_Tiny())
-    spec = ProblemSpec(1, 3, (1, 1, 3), {"t": flat.layout}, {"t": ("body", "fc")}, {"t": "fc"},
-                       default_architecture="t")
+    flat, spec = tiny_problem(1, 3)
     x, y = torch.randn(6, 3), torch.tensor([0, 0, 1, 1, 2, 2])
-    job = ClientJob(client_id=0, round=0, flat=flat, architecture="t", x_train=x, y_train=y, x_test=x, y_test=y,
+    job = ClientJob(client_id=0, round=0, flat=flat, architecture="tiny", x_train=x, y_train=y, x_test=x, y_test=y,
                     label_counts=np.array([2, 2, 2]), train_label_counts=np.array([2, 2, 2]),
                     train=TrainConfig(lr=1e-9, batch_size=6), generator=torch.Generator().manual_seed(0))
     params = FedUVParams(variance_coeff=2.5, uniformity_coeff=0.5)
