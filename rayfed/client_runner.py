@@ -356,8 +356,7 @@ def train_loss_at_start(job: ClientJob, enabled: bool) -> float:
     the train loss); NaN unless ``engine.eval_train_loss`` asks for it (``enabled``), or without train data."""
     if not enabled or job.num_train == 0:
         return math.nan
-    stats = evaluate_model(job.model, job.x_train, job.y_train)
-    return stats.loss_sum / stats.count
+    return evaluate_model(job.model, job.x_train, job.y_train).mean_loss
 
 
 def rejection(contribution: Contribution, update_norm: float, bound: float | None) -> str:

@@ -5,14 +5,12 @@ drawn from the run seed, as in the papers' code).
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from rayfed.flat import FlatModel
-from rayfed.models import block_names, build_model, input_kind, output_layer_name
+from rayfed.models import block_names, build_model, input_kind, output_layer_name, seeded_init
 from rayfed.problem import ProblemSpec
 from rayfed.seeding import init_seed
 
@@ -21,8 +19,6 @@ if TYPE_CHECKING:
     from rayfed.data import ArrayDataset
 
 __all__ = ["build_problem"]
-
-_INIT_LOCK = threading.Lock()
 
 
 def build_problem(config: RunConfig, dataset: ArrayDataset) -> tuple[ProblemSpec, dict[str, np.ndarray]]:
@@ -33,8 +29,7 @@ def build_problem(config: RunConfig, dataset: ArrayDataset) -> tuple[ProblemSpec
     """
     layouts, blocks, outputs, initial, buffer_layouts = {}, {}, {}, {}, {}
     for index, name in enumerate(config.model.architectures()):
-        with _INIT_LOCK, torch.random.fork_rng(devices=[]):  # trials may build models in parallel threads
-            torch.manual_seed(init_seed(config.seed, index))
+        with seeded_init(init_seed(config.seed, index)):
             module = build_model(name, dataset.input_shape, dataset.num_classes)
         flat = FlatModel(module)
         layouts[name], initial[name] = flat.layout, flat.state_numpy()

@@ -12,6 +12,7 @@ SGD update is one fused operation on the flat parameter vector.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -95,6 +96,11 @@ class EvalStats:
     correct: int
     loss_sum: float
     count: int
+
+    @property
+    def mean_loss(self) -> float:
+        """The mean cross-entropy over the samples; NaN without samples."""
+        return self.loss_sum / self.count if self.count else math.nan
 
 
 ExtraLoss = Callable[[ClientJob, torch.Tensor], "torch.Tensor | None"]

@@ -57,6 +57,7 @@ from rayfed.config_fields import documented, section
 from rayfed.data.augment import augment_batch
 from rayfed.errors import ConfigError
 from rayfed.flat import FlatModel
+from rayfed.models import seeded_init
 from rayfed.models.fedclassavg_nets import FedClassAvgNet
 from rayfed.problem import ProblemSpec
 from rayfed.seeding import init_seed
@@ -361,8 +362,7 @@ class FedClassAvgServer(FedAvgServer):
 
 def initial_classifier(seed: int, feature_dim: int, num_classes: int) -> np.ndarray:
     """The server's first w_C: a fresh ``Linear(feature_dim -> K)`` (weight rows, then bias), its own seed."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(init_seed(seed, SERVER_INIT_STREAM))
+    with seeded_init(init_seed(seed, SERVER_INIT_STREAM)):
         layer = torch.nn.Linear(feature_dim, num_classes)
     return torch.cat([layer.weight.detach().reshape(-1), layer.bias.detach()]).numpy()
 

@@ -25,7 +25,6 @@ uploaded one (stale for those that sat out since).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -200,8 +199,7 @@ def _affinity(job: ClientJob, num_clients: int) -> np.ndarray:
 def _loss(job: ClientJob, state: np.ndarray, x: torch.Tensor, y: torch.Tensor) -> float:
     """Mean cross-entropy of the model ``state`` on (x, y)."""
     job.flat.load_state(state)
-    stats = evaluate_model(job.model, x, y)
-    return stats.loss_sum / stats.count if stats.count else math.nan
+    return evaluate_model(job.model, x, y).mean_loss
 
 
 # --- server side ----------------------------------------------------------------------------

@@ -32,14 +32,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from rayfed.algorithms.base import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf, register_algorithm
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
 from rayfed.config_fields import documented, section
 from rayfed.flat import FlatModel
-from rayfed.models import build_model
+from rayfed.models import build_model, seeded_init
 from rayfed.problem import ProblemSpec
 from rayfed.seeding import init_seed
 from rayfed.training import ClientJob, evaluate_model
@@ -78,8 +77,7 @@ def cluster_losses(job: ClientJob, models: np.ndarray) -> np.ndarray:
     losses = np.empty(len(models), dtype=np.float64)
     for j, model in enumerate(models):
         job.flat.load_state(model)
-        stats = evaluate_model(job.model, job.x_train, job.y_train)
-        losses[j] = stats.loss_sum / stats.count
+        losses[j] = evaluate_model(job.model, job.x_train, job.y_train).mean_loss
     return losses
 
 
@@ -172,8 +170,7 @@ class IFCAModels(Broadcast):
 def cluster_initialisation(spec: ProblemSpec, architecture: str, cluster: int) -> np.ndarray:
     """Cluster ``cluster``'s own random initial state, drawn from (run seed, cluster) with torch's
     global generator forked, so the caller's random stream is untouched."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(init_seed(spec.seed, CLUSTER_INIT_STREAM + cluster))
+    with seeded_init(init_seed(spec.seed, CLUSTER_INIT_STREAM + cluster)):
         module = build_model(architecture, spec.input_shape, spec.num_classes)
     return FlatModel(module).state_numpy()
 

@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from rayfed.algorithms.base import (
     Broadcast,
@@ -33,7 +32,7 @@ from rayfed.algorithms.base import (
     register_algorithm,
 )
 from rayfed.flat import FlatModel
-from rayfed.models import build_model
+from rayfed.models import build_model, seeded_init
 from rayfed.models._spec import InputShape
 from rayfed.problem import ProblemSpec
 from rayfed.seeding import init_seed
@@ -68,8 +67,7 @@ class ClientInit:
         the result depends only on (seed, architecture, client id) and the caller's
         random stream is untouched.
         """
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(init_seed(self.seed, CLIENT_INIT_STREAM + client_id))
+        with seeded_init(init_seed(self.seed, CLIENT_INIT_STREAM + client_id)):
             module = build_model(architecture, self.input_shape, self.num_classes)
         return FlatModel(module).state_numpy()
 

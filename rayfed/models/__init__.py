@@ -29,7 +29,11 @@ below.
 from __future__ import annotations
 
 import operator
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import torch
 from torch import nn
 
 from rayfed.errors import ConfigError
@@ -48,6 +52,7 @@ __all__ = [
     "register_model",
     "input_kind",
     "build_model",
+    "seeded_init",
     "output_layer_name",
     "block_names",
     "FedAvgCNN",
@@ -79,6 +84,20 @@ def _check_input_shape(input_shape: object) -> InputShape:
 
 
 _KIND_SHAPES = {"image": "images (C, H, W)", "tokens": "token sequences (L, V)"}
+_INIT_LOCK = threading.Lock()
+
+
+@contextmanager
+def seeded_init(seed: int) -> Iterator[None]:
+    """Draw the body's random initialisations from ``seed`` alone.
+
+    Torch's global CPU generator is forked and seeded for the body, so the models built in it
+    depend only on ``seed`` and the caller's random stream is untouched; a lock keeps threads
+    that build models at once (parallel tuning trials) from sharing the forked generator.
+    """
+    with _INIT_LOCK, torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        yield
 
 
 def build_model(name: str, input_shape: InputShape, num_classes: int) -> nn.Module:
