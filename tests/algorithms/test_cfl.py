@@ -21,9 +21,9 @@ from rayfed.algorithms.cfl import (
     update_norms,
 )
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.callbacks import Callback
 from rayfed.layout import ParamLayout
 from rayfed.problem import ProblemSpec
+from tests.algorithms.client_states import ServerStates
 from tests.algorithms.two_groups import group_of, two_group_overrides
 from tests.conftest import tiny_overrides
 
@@ -186,17 +186,6 @@ def test_defaults_are_the_papers_thresholds_and_bad_values_are_refused() -> None
 
 
 # --- end to end ---------------------------------------------------------------------------------
-
-
-class ServerStates(Callback):
-    """The server's state after each round."""
-
-    def __init__(self) -> None:
-        self.rounds: list[dict[str, np.ndarray]] = []
-
-    def after_round(self, sim, record, clients) -> bool:
-        self.rounds.append({k: np.array(v) for k, v in sim.executor.server_state().items()})
-        return False
 
 
 def test_two_label_swapped_groups_are_split_apart(tmp_path) -> None:

@@ -21,13 +21,13 @@ from rayfed.algorithms.fednh import (
     initial_prototypes,
     smooth_prototypes,
 )
-from rayfed.callbacks import Callback
 from rayfed.client_runner import ClientRunner
 from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
 from rayfed.flat import FlatModel
 from rayfed.problem import ProblemSpec
 from rayfed.training import ClientJob
+from tests.algorithms.client_states import ServerStates
 from tests.algorithms.tiny_problem import tiny_job, tiny_problem
 from tests.conftest import tiny_overrides
 
@@ -214,20 +214,11 @@ def test_prototypes_move_towards_the_clients_class_means(tiny_simulation) -> Non
     assert held.sum() >= 8 and closer.all()
 
 
-class _Prototypes(Callback):
-    def __init__(self) -> None:
-        self.rounds: list[dict[str, np.ndarray]] = []
-
-    def after_round(self, sim, record, clients) -> bool:
-        self.rounds.append({k: np.array(v) for k, v in sim.executor.server_state().items()})
-        return False
-
-
-def _run(tmp_path, **extra: object) -> tuple[Simulation, _Prototypes]:
+def _run(tmp_path, **extra: object) -> tuple[Simulation, ServerStates]:
     config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
         "algorithm.name": "fednh", "data.options": {"num_samples": 1200}, "train.rounds": 3,
         "engine.checkpoint_every": 0, **extra}))
-    states = _Prototypes()
+    states = ServerStates()
     sim = Simulation(config, callbacks=[states])
     sim.run()
     return sim, states

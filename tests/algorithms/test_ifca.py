@@ -19,6 +19,7 @@ from rayfed.flat import FlatModel
 from rayfed.models import build_model
 from rayfed.problem_build import build_problem
 from rayfed.training import ClientJob
+from tests.algorithms.client_states import ServerStates
 from tests.algorithms.two_groups import group_of, two_group_overrides
 from tests.conftest import tiny_overrides
 
@@ -118,17 +119,6 @@ def test_cluster_initialisations_are_distinct_seeded_and_state_round_trips(tmp_p
 
 
 # --- end to end ---------------------------------------------------------------------------------
-
-
-class ServerStates(Callback):
-    """The server's state after each round."""
-
-    def __init__(self) -> None:
-        self.rounds: list[dict[str, np.ndarray]] = []
-
-    def after_round(self, sim, record, clients) -> bool:
-        self.rounds.append({k: np.array(v) for k, v in sim.executor.server_state().items()})
-        return False
 
 
 class WarmStart(Callback):
