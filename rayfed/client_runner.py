@@ -119,6 +119,8 @@ class _ClientData:
         self._models: dict[str, FlatModel] = {}
         self._label_counts = partition.label_counts
         self._train_label_counts = partition.train_label_counts
+        self._no_samples = self._tensors(np.zeros(0, dtype=np.int64))
+        """The (inputs, labels) of a job without data of a split: no samples, the inputs' dtype and shape."""
 
     def model_for(self, architecture: str) -> FlatModel:
         """This worker's model of ``architecture``, built on first use (its values are always overwritten)."""
@@ -136,9 +138,8 @@ class _ClientData:
     def _job(self, cid: int, round_index: int, state: ClientState | None, *, split: str | None) -> ClientJob:
         """Client ``cid``'s job with the tensors of its ``split`` ("train", "test" or None: no data)."""
         architecture = self.spec.architecture_of(cid)
-        empty_x, empty_y = self._tensors(np.zeros(0, dtype=np.int64))  # no samples, the inputs' dtype and shape
-        x_train, y_train = self._tensors(self.partition.train(cid)) if split == "train" else (empty_x, empty_y)
-        x_test, y_test = self._tensors(self.partition.test(cid)) if split == "test" else (empty_x, empty_y)
+        x_train, y_train = self._tensors(self.partition.train(cid)) if split == "train" else self._no_samples
+        x_test, y_test = self._tensors(self.partition.test(cid)) if split == "test" else self._no_samples
         return ClientJob(
             client_id=cid,
             round=round_index,
