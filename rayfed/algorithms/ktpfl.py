@@ -47,7 +47,7 @@ from rayfed.data.held_out import HeldOutRequest
 from rayfed.data.transforms import model_inputs
 from rayfed.errors import ConfigError
 from rayfed.problem import ProblemSpec
-from rayfed.training import EVAL_BATCH, ClientJob, TrainStats, sgd_step
+from rayfed.training import EVAL_BATCH, ClientJob, TrainStats, minibatches, sgd_step
 from rayfed.validation import check_int, check_real
 
 __all__ = ["KTpFLParams", "KTpFLBroadcast", "KTpFLClient", "KTpFLServer"]
@@ -147,24 +147,14 @@ class KTpFLClient(ClientHalf[KTpFLParams]):
         job.scratch[_PREDICTIONS] = self.predict(job, x_public).cpu().numpy()
         return stats
 
-    def distil(self, job: ClientJob, x_public: torch.Tensor, target: torch.Tensor) -> float:
-        """``distill_epochs`` passes of SGD (the round's lr, ``train.batch_size``) on T²·KL(t ‖ s) (Eq. 6);
-        returns the last pass's mean loss."""
-        model, flat, n, batch = job.model, job.flat, len(x_public), job.train.batch_size
-        model.train()
-        last = float("nan")
-        for _ in range(self.params.distill_epochs):
-            order = torch.randperm(n, generator=job.generator).to(job.device)
-            total = 0.0
-            for start in range(0, n, batch):
-                idx = order[start : start + batch]
-                flat.zero_grad()
-                loss = distillation_loss(model(x_public[idx]), target[idx], self.params.temperature)
-                loss.backward()
-                sgd_step(flat, job.lr)
-                total += float(loss.detach()) * len(idx)
-            last = total / n
-        return last
+    def distil(self, job: ClientJob, x_public: torch.Tensor, target: torch.Tensor) -> None:
+        """``distill_epochs`` passes of SGD (the round's lr, ``train.batch_size``, no public sample
+        dropped) on T²·KL(t ‖ s) (Eq. 6)."""
+        job.model.train()
+        for idx in minibatches(job, epochs=self.params.distill_epochs, size=len(x_public), drop_last=False):
+            job.flat.zero_grad()
+            distillation_loss(job.model(x_public[idx]), target[idx], self.params.temperature).backward()
+            sgd_step(job.flat, job.lr)
 
     @torch.no_grad()
     def predict(self, job: ClientJob, x_public: torch.Tensor) -> torch.Tensor:

@@ -74,6 +74,12 @@ def _mean_std(values: Sequence[float], digits: int) -> str:
     return f"{finite.mean():.{digits}f} ± {finite.std():.{digits}f}"
 
 
+def _range(values: Sequence[float], digits: int) -> str:
+    """The seed spread as ``min – max`` (one seed, or none: "–")."""
+    finite = [v for v in values if not math.isnan(v)]
+    return f"{min(finite):.{digits}f} – {max(finite):.{digits}f}" if len(finite) > 1 else "–"
+
+
 def _scores(cells: Sequence[Cell], table: Table, rounds: int, at_rounds: Sequence[int]) -> dict[Cell, Score]:
     found = {}
     for cell in cells:
@@ -161,18 +167,19 @@ def _at_rounds(
     table: Table, rows: list[str], columns: list[str], by: dict[tuple[str, str], list[Cell]],
     scores: dict[Cell, Score], at_rounds: Sequence[int], digits: int,
 ) -> list[str]:
-    """One table per column: mean ± std over seeds at each chosen round (0 = the initial model) and of the best."""
+    """One table per column: mean ± std over seeds at each chosen round (0 = the initial model) and of the
+    best, then the best's spread over seeds (lowest – highest seed)."""
     lines = []
     for col in columns:
         lines += ["", f"{table.column(col).label}: `{table.metric}` at chosen rounds (mean ± std over seeds)", "",
-                  "| method | " + " | ".join(f"round {a}" for a in at_rounds) + " | best |",
-                  "|---|" + "---|" * (len(at_rounds) + 1)]
+                  "| method | " + " | ".join(f"round {a}" for a in at_rounds) + " | best | best: seed range |",
+                  "|---|" + "---|" * (len(at_rounds) + 2)]
         for row in rows:
             found = [scores[c] for c in by[(row, col)] if c in scores]
             if not found:
                 continue
             values = [_mean_std([s.at[a] for s in found], digits) for a in at_rounds]
-            values.append(_mean_std([s.best for s in found], digits))
+            values += [_mean_std([s.best for s in found], digits), _range([s.best for s in found], digits)]
             lines.append(f"| {table.row(row).label} | " + " | ".join(values) + " |")
     return lines
 

@@ -72,8 +72,10 @@ def test_a_table_declared_as_data_runs_end_to_end(tiny_table: Table, tmp_path: P
     assert "| FedAvg | " in markdown and " ± " in markdown and "[2/2; r" in markdown and "98.08" in markdown
     assert "| Not yet written | not available in this version | 12.34 |" in markdown
     assert "algorithm no_such_algorithm not available in this version" in markdown
-    assert "round 0 | round 1 | round 2 | best" in markdown
+    assert "round 0 | round 1 | round 2 | best | best: seed range" in markdown
     runs = json.loads((out / "tiny-test.json").read_text())["runs"]
+    fedavg_best = sorted(r["best"] for r in runs if r["row"] == "fedavg")
+    assert f"| {fedavg_best[0]:.2f} – {fedavg_best[1]:.2f} |" in markdown
     assert sorted((r["row"], r["seed"]) for r in runs) == [("cwfedavg", 0), ("cwfedavg", 1), ("fedavg", 0),
                                                           ("fedavg", 1)]
     assert all(r["at"]["0"] == runs[0]["at"]["0"] for r in runs if r["seed"] == runs[0]["seed"])  # same init
