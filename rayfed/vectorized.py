@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from rayfed.flat import FlatModel
-from rayfed.training import ClientJob, TrainStats
+from rayfed.training import ClientJob, TrainStats, minibatches
 
 __all__ = ["can_stack", "train_stacked", "resolve_vectorize"]
 
@@ -62,33 +62,22 @@ def _batch_plan(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Per client and step, global sample indices (C, S, B), sample weights (C, S, B) and activity (C, S).
 
-    Each client's order comes from ``torch.randperm(n, generator=job.generator)`` once per
-    epoch, exactly as in :func:`rayfed.training.local_sgd`.
+    Client c's steps are the batches of :func:`rayfed.training.minibatches`, the ones
+    :func:`rayfed.training.local_sgd` takes, offset into the stacked data; a short batch is
+    padded with weight-0 samples, and steps past the client's last are inactive.
     """
-    train = jobs[0].train
-    batch, drop_last, epochs = train.batch_size, train.drop_last, train.local_epochs
-    orders, offset = [], 0
+    batch = jobs[0].train.batch_size
+    plans, offset = [], 0
     for job in jobs:
-        n = job.num_train
-        per_epoch = []
-        for _ in range(epochs):
-            order = torch.randperm(n, generator=job.generator)
-            stop = n - n % batch if drop_last else n
-            steps = -(-stop // batch)
-            padded = torch.full((steps * batch,), -1, dtype=torch.long)
-            padded[:stop] = order[:stop]
-            per_epoch.append(padded.view(steps, batch))
-        orders.append((torch.cat(per_epoch) if per_epoch else torch.empty(0, batch, dtype=torch.long), offset))
-        offset += n
-    max_steps = max(o.shape[0] for o, _ in orders)
-    index = torch.zeros(len(jobs), max_steps, batch, dtype=torch.long)
-    weight = torch.zeros(len(jobs), max_steps, batch)
-    for c, (order, base) in enumerate(orders):
-        valid = order >= 0
-        index[c, : order.shape[0]] = torch.where(valid, order + base, 0)
-        weight[c, : order.shape[0]] = valid.float()
-    active = weight.sum(dim=2) > 0
-    return index.to(device), weight.to(device), active.to(device), max_steps
+        rows = [F.pad(idx.to(device) + offset, (0, batch - len(idx)), value=-1) for idx in minibatches(job)]
+        plans.append(torch.stack(rows) if rows else torch.empty(0, batch, dtype=torch.long, device=device))
+        offset += job.num_train
+    max_steps = max(len(p) for p in plans)
+    plan = torch.full((len(jobs), max_steps, batch), -1, dtype=torch.long, device=device)
+    for c, rows in enumerate(plans):
+        plan[c, : len(rows)] = rows
+    valid = plan >= 0
+    return plan.clamp_min(0), valid.float(), valid.any(dim=2), max_steps
 
 
 def train_stacked(
