@@ -32,13 +32,13 @@ import torch
 from rayfed.algorithms.base import ClientHalf, register_algorithm
 from rayfed.algorithms.fedavg import FedAvgServer, GlobalModel
 from rayfed.algorithms.fedprox import flatten_logically, proximal_term
-from rayfed.algorithms.local import MODEL_KEY
+from rayfed.algorithms.local import save_model_state, saved_model
 from rayfed.config_fields import documented, section
 from rayfed.problem import ProblemSpec
 from rayfed.training import ClientJob, TrainStats, local_sgd
 from rayfed.validation import check_int, check_real
 
-__all__ = ["DittoParams", "DittoModels", "DittoClient", "DittoServer", "personal_model"]
+__all__ = ["DittoParams", "DittoModels", "DittoClient", "DittoServer"]
 
 _PERSONAL = "ditto_personal"
 """``job.scratch`` key: the personal model v_k the broadcast hands to the client half."""
@@ -63,13 +63,6 @@ class DittoParams:
         check_int("algorithm.params.personal_epochs", self.personal_epochs, low=0)
 
 
-def personal_model(job: ClientJob, initial: np.ndarray) -> np.ndarray:
-    """The personal model v_k the client holds (parameters then buffers): its persisted one, else ``initial``."""
-    if job.state is not None and MODEL_KEY in job.state:
-        return job.state[MODEL_KEY]
-    return initial
-
-
 @dataclass(frozen=True)
 class DittoModels(GlobalModel):
     """The global model w^t, and the common initialisation for personal models not yet trained."""
@@ -79,11 +72,11 @@ class DittoModels(GlobalModel):
     def personalise(self, job: ClientJob) -> None:
         """w^t into the model (the start of the global update); v_k to the client half via scratch."""
         job.flat.load_state(self.vector)
-        job.scratch[_PERSONAL] = personal_model(job, self.initial)
+        job.scratch[_PERSONAL] = saved_model(job, self.initial)
 
     def prepare_eval(self, job: ClientJob) -> None:
         """The client's personal model v_k."""
-        job.flat.load_state(personal_model(job, self.initial))
+        job.flat.load_state(saved_model(job, self.initial))
 
     def prepare_global_eval(self, job: ClientJob) -> bool:
         """The global model w^t."""
@@ -114,11 +107,11 @@ class DittoClient(ClientHalf[DittoParams]):
 
         # v_k from the broadcast; with another server half (algorithm.client="ditto"): its own or w^t.
         start = cast("np.ndarray | None", job.scratch.pop(_PERSONAL, None))
-        flat.load_state(start if start is not None else personal_model(job, global_start))
+        flat.load_state(start if start is not None else saved_model(job, global_start))
         if self.params.personal_epochs:
             train = dataclasses.replace(job.train, local_epochs=self.params.personal_epochs)
             local_sgd(dataclasses.replace(job, train=train), extra_loss=prox)
-        job.state = {**(job.state or {}), MODEL_KEY: flat.state_numpy()}
+        save_model_state(job)
         flat.load_state(global_start)
         return local_sgd(job)  # the reported loss is the global update's, as FedAvg's
 

@@ -38,7 +38,7 @@ from rayfed.algorithms.base import Broadcast, ClientHalf, RoundContext, ServerHa
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
 from rayfed.algorithms.fedprox import flatten_logically, proximal_term
-from rayfed.algorithms.local import MODEL_KEY, save_model_state
+from rayfed.algorithms.local import save_model_state, saved_model
 from rayfed.config_fields import documented, section
 from rayfed.problem import ProblemSpec
 from rayfed.training import ClientJob
@@ -134,18 +134,12 @@ class CloudModels(Broadcast):
     """The common initial model, which a client holds until it first trains."""
     start: str
 
-    def own_model(self, job: ClientJob) -> np.ndarray:
-        """w_i, the client's last trained model (the initial one before its first round)."""
-        if job.state is not None and MODEL_KEY in job.state:
-            return job.state[MODEL_KEY]
-        return self.initial
-
     def personalise(self, job: ClientJob) -> None:
         """Receive u_i, the proximal term's centre (Eq. 8); start from w_i or from u_i."""
         job.flat.load_state(self.clouds[job.client_id])
         job.scratch[_CLOUD] = flatten_logically([p.detach() for p in job.flat.params])
         if self.start == "own":
-            job.flat.load_state(self.own_model(job))
+            job.flat.load_state(saved_model(job, self.initial))
 
     def contribute(self, job: ClientJob) -> ClientVectors:
         """Keep w_i for evaluation and upload it whole (parameters, then buffers)."""
@@ -154,7 +148,7 @@ class CloudModels(Broadcast):
 
     def prepare_eval(self, job: ClientJob) -> None:
         """The client's own w_i, its last trained model (the initial model if it never trained)."""
-        job.flat.load_state(self.own_model(job))
+        job.flat.load_state(saved_model(job, self.initial))
 
     def bytes_down(self, job: ClientJob) -> int:
         return int(self.clouds[job.client_id].nbytes)

@@ -52,7 +52,13 @@ import torch.nn.functional as F
 from rayfed.algorithms.base import Broadcast, ClientHalf, ServerHalf, register_algorithm
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.fedavg import FedAvgServer, sole_architecture
-from rayfed.algorithms.local import CLIENT_INIT_STREAM, MODEL_KEY, ClientInit, own_model_state, save_model_state
+from rayfed.algorithms.local import (
+    CLIENT_INIT_STREAM,
+    ClientInit,
+    has_saved_model,
+    own_model_state,
+    save_model_state,
+)
 from rayfed.config_fields import documented, section
 from rayfed.data.augment import augment_batch
 from rayfed.errors import ConfigError
@@ -245,7 +251,7 @@ class FedClassAvgMessage(Broadcast):
             return
         job.flat.load_state(own_model_state(job, self.init))
         part = job.flat.slice_of(CLASSIFIER_LAYER)
-        if self.warmup and not _has_trained(job):
+        if self.warmup and not has_saved_model(job):
             job.scratch[_OWN_CLASSIFIER] = job.flat.vector[part].detach().clone()
         job.flat.load(self.vector, part)
 
@@ -259,17 +265,13 @@ class FedClassAvgMessage(Broadcast):
 
     def prepare_eval(self, job: ClientJob) -> None:
         """The client's own model with its locally trained classifier (as the authors' code evaluates)."""
-        if self.mode == "weight" and not _has_trained(job):
+        if self.mode == "weight" and not has_saved_model(job):
             job.flat.load_state(self.vector)
         else:
             job.flat.load_state(own_model_state(job, self.init))
 
     def bytes_down(self, job: ClientJob) -> int:
         return int(self.vector.nbytes)
-
-
-def _has_trained(job: ClientJob) -> bool:
-    return job.state is not None and MODEL_KEY in job.state
 
 
 class FedClassAvgClient(ClientHalf[FedClassAvgParams]):

@@ -34,7 +34,7 @@ import torch
 from rayfed.algorithms.base import Broadcast, ClientHalf, RoundContext, ServerHalf, register_algorithm
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
-from rayfed.algorithms.local import MODEL_KEY, save_model_state
+from rayfed.algorithms.local import save_model_state, saved_model
 from rayfed.config_fields import documented, section
 from rayfed.problem import ProblemSpec
 from rayfed.seeding import init_seed
@@ -133,16 +133,10 @@ class FomoModels(Broadcast):
     seed: int
     num_params: int
 
-    def own_model(self, job: ClientJob) -> np.ndarray:
-        """θ_i: the model the client kept from its last round, or the common initial one."""
-        if job.state is not None and MODEL_KEY in job.state:
-            return job.state[MODEL_KEY]
-        return self.models[job.client_id]  # never uploaded: still the initial model
-
     def personalise(self, job: ClientJob) -> None:
         """Weight the downloaded models on the validation split (Eq. 6), start from Eq. 5, and leave
         only the training part of the data in the job."""
-        own = np.asarray(self.own_model(job), dtype=np.float32)
+        own = np.asarray(saved_model(job, self.models[job.client_id]), dtype=np.float32)
         val, train = validation_split(job.num_train, self.params.val_ratio, self.seed, job.client_id)
         val_index = torch.as_tensor(val, device=job.device)
         x_val, y_val = job.x_train[val_index], job.y_train[val_index]
@@ -179,7 +173,7 @@ class FomoModels(Broadcast):
 
     def prepare_eval(self, job: ClientJob) -> None:
         """The client's own model, the one it trained last (the initial model if it never trained)."""
-        job.flat.load_state(self.own_model(job))
+        job.flat.load_state(saved_model(job, self.models[job.client_id]))
 
     def bytes_down(self, job: ClientJob) -> int:
         """The M downloaded models (the client's own is never downloaded)."""

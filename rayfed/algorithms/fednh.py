@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from rayfed.algorithms.base import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf, register_algorithm
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
-from rayfed.algorithms.local import CLIENT_INIT_STREAM, MODEL_KEY, save_model_state
+from rayfed.algorithms.local import CLIENT_INIT_STREAM, save_model_state, saved_model
 from rayfed.config_fields import documented, section
 from rayfed.errors import ConfigError
 from rayfed.problem import ProblemSpec
@@ -260,8 +260,7 @@ class FedNHMessage(Broadcast):
 
     def prepare_eval(self, job: ClientJob) -> None:
         """PM: the client's model after its latest local training; the global model before it trained."""
-        has_own = job.state is not None and MODEL_KEY in job.state
-        job.flat.load_state(job.state[MODEL_KEY] if has_own else self.vector)  # type: ignore[index]
+        job.flat.load_state(saved_model(job, self.vector))
         cosine_head(job.model, self.head.output_layer)
 
     def prepare_global_eval(self, job: ClientJob) -> bool:

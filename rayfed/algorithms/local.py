@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -38,7 +39,16 @@ from rayfed.problem import ProblemSpec
 from rayfed.seeding import init_seed
 from rayfed.training import ClientJob
 
-__all__ = ["ClientInit", "NoUpload", "OwnModels", "LocalServer", "own_model_state", "save_model_state"]
+__all__ = [
+    "ClientInit",
+    "NoUpload",
+    "OwnModels",
+    "LocalServer",
+    "own_model_state",
+    "save_model_state",
+    "has_saved_model",
+    "saved_model",
+]
 
 MODEL_KEY = "model"
 """Key of the client's model (parameters then buffers, ``FlatModel.state_numpy``) in its state."""
@@ -72,11 +82,24 @@ class ClientInit:
         return FlatModel(module).state_numpy()
 
 
+def has_saved_model(job: ClientJob) -> bool:
+    """Whether the client has persisted a model with :func:`save_model_state` (it has trained)."""
+    return job.state is not None and MODEL_KEY in job.state
+
+
+def saved_model(job: ClientJob, default: np.ndarray) -> np.ndarray:
+    """The model the client persisted when it last trained, else ``default`` (e.g. the common initial model)."""
+    return _saved(job) if has_saved_model(job) else default
+
+
 def own_model_state(job: ClientJob, init: ClientInit) -> np.ndarray:
-    """The model client ``job.client_id`` holds: its persisted one, else its own initialisation."""
-    if job.state is not None and MODEL_KEY in job.state:
-        return job.state[MODEL_KEY]
-    return init.state(job.architecture, job.client_id)
+    """The model client ``job.client_id`` holds: its persisted one, else its own initialisation (built
+    only when needed)."""
+    return _saved(job) if has_saved_model(job) else init.state(job.architecture, job.client_id)
+
+
+def _saved(job: ClientJob) -> np.ndarray:
+    return cast("Mapping[str, np.ndarray]", job.state)[MODEL_KEY]
 
 
 def save_model_state(job: ClientJob) -> None:
