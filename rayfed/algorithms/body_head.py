@@ -13,7 +13,8 @@ blocks" means one thing in every algorithm. Floating-point buffers (BatchNorm
 statistics) follow the block they belong to.
 
 * :class:`BodyHead`: where body and head lie in the state vector (parameters, then buffers).
-* :func:`train_part`: local SGD on one part with the other frozen (FedRep, FedBABU).
+* :func:`train_part`: local SGD on one part with the other frozen (FedRep, FedBABU);
+  :func:`train_output_layer`, the same for the output layer alone, on features computed once.
 * :class:`PartialModels` / :class:`PartialServer`: the broadcast and server half of
   "average one part, keep the other".
 """
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
 import numpy as np
+import torch
+from torch import nn
 
 from rayfed.algorithms.base import Broadcast, RoundContext, ServerHalf, SharedBody
 from rayfed.algorithms.contributions import WeightedSum
@@ -35,7 +38,7 @@ from rayfed.config_fields import documented
 from rayfed.flat import FlatModel
 from rayfed.layout import ParamLayout
 from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob, ExtraLoss, TrainStats, local_sgd
+from rayfed.training import ClientJob, ExtraLoss, TrainStats, features_before_output, local_sgd
 from rayfed.validation import check_int, fail
 
 __all__ = [
@@ -44,6 +47,7 @@ __all__ = [
     "trailing_blocks",
     "split_body_head",
     "train_part",
+    "train_output_layer",
     "merge_stats",
     "PartialModels",
     "PartialServer",
@@ -171,9 +175,9 @@ class _PartView:
     """A :class:`FlatModel` seen through one slice of its parameters: the SGD step of
     :func:`~rayfed.training.local_sgd` (and its momentum and weight decay) touches only that slice."""
 
-    def __init__(self, flat: FlatModel, part: slice) -> None:
+    def __init__(self, flat: FlatModel, part: slice, module: nn.Module | None = None) -> None:
         self.flat = flat
-        self.module = flat.module
+        self.module = flat.module if module is None else module
         self.params = flat.params
         self.vector = flat.vector[part]
         self.grad = flat.grad[part]
@@ -210,6 +214,35 @@ def train_part(job: ClientJob, part: slice, epochs: int, *, extra_loss: ExtraLos
     partial = dataclasses.replace(job, flat=view, train=dataclasses.replace(job.train, local_epochs=epochs))
     with _only_trainable(job.flat, part):
         return local_sgd(partial, extra_loss=extra_loss)
+
+
+def train_output_layer(job: ClientJob, split: BodyHead, output_layer: str, epochs: int) -> TrainStats:
+    """:func:`train_part` on the output layer (``split.head_params`` when the head is that layer alone),
+    with the body's features computed once instead of at every step.
+
+    The frozen body maps each sample to the same features at every step when it holds no BatchNorm
+    and no active dropout, so the steps are those of :func:`train_part` (same batches, loss and SGD
+    step on the output layer; equal up to float rounding) at the cost of one forward of the body
+    instead of one per step and epoch: FedRep's 10 head epochs cost about one body forward.
+    Otherwise, or when the head holds more than the output layer, this is :func:`train_part`.
+    """
+    model = job.model
+    if split.head_params != split.output_params or job.num_train == 0 or epochs <= 0 or not _same_in_training(model):
+        return train_part(job, split.head_params, epochs)
+    features = torch.cat([f for _, f in features_before_output(model, output_layer, job.x_train)])
+    view = cast(FlatModel, _PartView(job.flat, split.head_params, module=model.get_submodule(output_layer)))
+    phase = dataclasses.replace(job, flat=view, x_train=features,
+                                train=dataclasses.replace(job.train, local_epochs=epochs))
+    return local_sgd(phase)
+
+
+def _same_in_training(model: nn.Module) -> bool:
+    """Whether ``model`` maps each sample alike in training mode whatever else is in its batch, at
+    every call: no BatchNorm (batch statistics, running buffers), no dropout with p > 0."""
+    return not any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) or (isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0)
+        for m in model.modules()
+    )
 
 
 def merge_stats(*stats: TrainStats) -> TrainStats:

@@ -22,7 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rayfed.algorithms.base import ClientHalf, register_algorithm
-from rayfed.algorithms.body_head import BodyHeadParams, PartialServer, merge_stats, split_body_head, train_part
+from rayfed.algorithms.body_head import (
+    BodyHeadParams,
+    PartialServer,
+    merge_stats,
+    split_body_head,
+    train_output_layer,
+    train_part,
+)
 from rayfed.config_fields import documented, section
 from rayfed.problem import ProblemSpec
 from rayfed.training import ClientJob, TrainStats
@@ -55,10 +62,11 @@ class FedRepClient(ClientHalf[FedRepParams]):
     def __init__(self, params: FedRepParams, spec: ProblemSpec) -> None:
         super().__init__(params, spec)
         self.splits = {arch: split_body_head(spec, arch, params.head_blocks) for arch in spec.layouts}
+        self.output_layers = spec.output_layer
 
     def train(self, job: ClientJob) -> TrainStats:
         split = self.splits[job.architecture]
-        head = train_part(job, split.head_params, self.params.head_epochs)
+        head = train_output_layer(job, split, self.output_layers[job.architecture], self.params.head_epochs)
         body = train_part(job, split.body_params, self.params.body_epochs)
         return merge_stats(head, body)
 

@@ -11,7 +11,14 @@ import torch
 import torch.nn.functional as F
 
 from rayfed import ConfigError, RunConfig
+from rayfed.algorithms import body_head
+from rayfed.algorithms.body_head import split_body_head, train_output_layer, train_part
 from rayfed.algorithms.fedrep import FedRepClient, FedRepParams
+from rayfed.config import TrainConfig
+from rayfed.flat import FlatModel
+from rayfed.models import build_model
+from rayfed.problem import ProblemSpec
+from rayfed.training import ClientJob
 from tests.algorithms.body_head_cases import assert_local_parts_kept, job, run_logged, sampled_rows, tiny_problem
 
 torch.set_num_threads(1)
@@ -52,6 +59,52 @@ def test_each_phase_moves_only_its_part(head_epochs: int, body_epochs: int, move
     np.testing.assert_array_equal(flat.numpy()[frozen], start[frozen])
     assert not np.array_equal(flat.numpy()[flat.layout.slice_of(moved)], start[flat.layout.slice_of(moved)])
     assert stats.steps == 4 * (head_epochs + body_epochs)
+
+
+def _cnn4_client(flat: FlatModel, n: int = 37) -> ClientJob:
+    """A cnn4 client with 37 samples: with batch 10 and drop_last off, 4 steps per epoch, the last of 7."""
+    data = torch.Generator().manual_seed(5)
+    return ClientJob(
+        client_id=0, round=0, flat=flat, architecture="cnn4", x_train=torch.randn(n, 1, 16, 16, generator=data),
+        y_train=torch.randint(0, 4, (n,), generator=data), x_test=torch.empty(0),
+        y_test=torch.empty(0, dtype=torch.long),
+        label_counts=np.ones(4), train_label_counts=np.ones(4), generator=torch.Generator().manual_seed(7),
+        train=TrainConfig(lr=0.05, batch_size=10, momentum=0.9, weight_decay=0.01, drop_last=False),
+    )
+
+
+def test_head_epochs_on_features_computed_once_equal_the_frozen_body_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: cnn4 (no BatchNorm, no dropout), 3 head epochs with momentum and weight decay.
+    torch.manual_seed(0)
+    flat = FlatModel(build_model("cnn4", (1, 16, 16), 4))
+    spec = ProblemSpec(1, 4, (1, 16, 16), {"cnn4": flat.layout}, {"cnn4": ("conv1", "conv2", "last_feat", "fc")},
+                       {"cnn4": "fc"}, default_architecture="cnn4")
+    split, start = split_body_head(spec, "cnn4", 1), flat.numpy()
+    # Execute: every step through the whole model with the body frozen, then on the features.
+    reference = train_part(_cnn4_client(flat), split.head_params, 3)
+    expected = flat.numpy()
+    flat.load(start)
+    monkeypatch.setattr(body_head, "train_part", None)  # the features path must not fall back
+    stats = train_output_layer(_cnn4_client(flat), split, "fc", 3)
+    # Assert: the same steps and loss; the body untouched; the head equal up to float rounding.
+    assert (stats.steps, stats.loss) == (reference.steps, pytest.approx(reference.loss, rel=1e-5))
+    np.testing.assert_array_equal(flat.numpy()[split.body_params], start[split.body_params])
+    np.testing.assert_allclose(flat.numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(flat.numpy()[split.head_params], start[split.head_params])
+
+
+def test_a_body_with_batchnorm_trains_its_head_through_the_whole_model() -> None:
+    # Prepare: BatchNorm uses batch statistics in training mode, so features depend on the batch.
+    flat, spec = tiny_problem(batchnorm=True)
+    split, start = split_body_head(spec, "tiny", 1), flat.state_numpy()
+    reference = train_part(job(flat, 2, n=20, batch_size=5), split.head_params, 2)
+    expected = flat.state_numpy()
+    flat.load_state(start)
+    # Execute
+    stats = train_output_layer(job(flat, 2, n=20, batch_size=5), split, "fc", 2)
+    # Assert: exactly train_part's steps, running statistics included.
+    np.testing.assert_array_equal(flat.state_numpy(), expected)
+    assert stats == reference
 
 
 def test_epochs_are_checked() -> None:
