@@ -60,8 +60,8 @@ def config_from_args(args: Sequence[str], resume: str | None = None, preset: str
         saved = Path(resume) / "config.json"
         if not saved.is_file():
             raise CheckpointError(f"cannot resume: {resume!r} holds no run (no config.json)")
-        base = RunConfig.from_dict(json.loads(saved.read_text()))
-        return base.override({**overrides, "run_dir": str(resume)})
+        resumed = RunConfig.from_dict(json.loads(saved.read_text()))
+        return resumed.override({**overrides, "run_dir": str(resume)})
     if files:
         return load_config(files[0], overrides)
     return RunConfig().override(overrides) if overrides else RunConfig()

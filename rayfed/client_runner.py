@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from rayfed.algorithms import Broadcast, ClientHalf, Contribution, RoundContext, SharedBody, resolve
 from rayfed.config import RunConfig
-from rayfed.data import ArrayDataset, Partition, model_inputs
+from rayfed.data import ArrayDataset, ClientPartition, model_inputs
 from rayfed.flat import FlatModel
 from rayfed.models import build_model
 from rayfed.problem import ProblemSpec
@@ -109,7 +109,7 @@ def pick_device(num_gpus: float) -> torch.device:
 class _ClientData:
     """A worker's view of the clients: their data (read zero-copy) and one model per architecture."""
 
-    def __init__(self, config: RunConfig, spec: ProblemSpec, dataset: ArrayDataset, partition: Partition) -> None:
+    def __init__(self, config: RunConfig, spec: ProblemSpec, dataset: ArrayDataset, partition: ClientPartition) -> None:
         torch.set_num_threads(config.engine.torch_threads)
         self.config = config
         self.spec = spec.for_clients()  # held-out server data reaches the workers only when shared
@@ -168,7 +168,7 @@ class _ClientData:
 class ClientRunner(_ClientData):
     """Trains and evaluates batches of virtual clients on one process."""
 
-    def __init__(self, config: RunConfig, spec: ProblemSpec, dataset: ArrayDataset, partition: Partition) -> None:
+    def __init__(self, config: RunConfig, spec: ProblemSpec, dataset: ArrayDataset, partition: ClientPartition) -> None:
         super().__init__(config, spec, dataset, partition)
         self.client_half: ClientHalf[object] = resolve(config.algorithm).make_client(self.spec)
 
@@ -381,5 +381,5 @@ def _global_head(
     if not np.array_equal(global_state[body], plan.state[body]):
         return None
     flat.load_state(global_state)
-    layer = flat.module.get_submodule(output)
-    return layer.weight.detach().clone(), layer.bias.detach().clone()
+    weight, bias = (flat.module.get_parameter(f"{output}.{name}") for name in ("weight", "bias"))
+    return weight.detach().clone(), bias.detach().clone()

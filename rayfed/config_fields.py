@@ -84,7 +84,7 @@ def reference(cls: type) -> str:
 
 
 def _entries(cls: type, prefix: str, *, recurse: bool) -> Iterator[str]:
-    nested = []
+    nested: list[tuple[type, str]] = []
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
         path = f"{prefix}.{field.name}" if prefix else field.name

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import types
 import typing
 from collections.abc import Mapping
@@ -183,7 +184,10 @@ def read_table_file(path: str | Path, kind: str = "config file") -> Any:
     suffix = path.suffix.lower()
     try:
         if suffix == ".toml":
-            import tomllib
+            if sys.version_info >= (3, 11):
+                import tomllib
+            else:  # the same parser, before it joined the standard library
+                import tomli as tomllib
 
             return tomllib.loads(text)
         if suffix in (".yaml", ".yml"):

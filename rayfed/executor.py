@@ -20,7 +20,7 @@ import numpy as np
 from rayfed.algorithms import RoundContext
 from rayfed.client_runner import ClientReport, ClientRunner, ClientState, EvalReport
 from rayfed.config import RunConfig
-from rayfed.data import ArrayDataset, Partition
+from rayfed.data import ArrayDataset, ClientPartition
 from rayfed.problem import ProblemSpec
 from rayfed.server import Server
 from rayfed.sizing import check_local_gpu
@@ -128,7 +128,7 @@ class LocalExecutor(Executor):
         config: RunConfig,
         spec: ProblemSpec,
         dataset: ArrayDataset,
-        partition: Partition,
+        partition: ClientPartition,
         initial: Mapping[str, np.ndarray],
     ) -> None:
         check_local_gpu(config.engine)

@@ -44,7 +44,7 @@ def create_temp_file(target: Path) -> tuple[int, str]:
             continue
 
 
-def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
+def atomic_write(path: str | os.PathLike[str], write: Callable[[str], object]) -> None:
     """Call ``write(tmp_path)`` and rename the temporary file onto ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -61,18 +61,18 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
         raise
 
 
-def write_json(path: str | Path, data: Any) -> None:
+def write_json(path: str | os.PathLike[str], data: Any) -> None:
     def write(tmp: str) -> None:
         Path(tmp).write_text(json.dumps(data, indent=2, sort_keys=True, default=float))
 
     atomic_write(path, write)
 
 
-def write_parquet(path: str | Path, table: pa.Table) -> None:
+def write_parquet(path: str | os.PathLike[str], table: pa.Table) -> None:
     atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
-def save_arrays(path: str | Path, arrays: Mapping[str, np.ndarray]) -> None:
+def save_arrays(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray]) -> None:
     """Write named arrays to ``path`` (.npz, uncompressed) atomically."""
 
     def write(tmp: str) -> None:
@@ -82,7 +82,7 @@ def save_arrays(path: str | Path, arrays: Mapping[str, np.ndarray]) -> None:
     atomic_write(path, write)
 
 
-def load_arrays(path: str | Path, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+def load_arrays(path: str | os.PathLike[str], names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
     """Read an ``.npz`` written by :func:`save_arrays` (``allow_pickle=False``): every
     array, or only those in ``names`` (the others are not read).
 

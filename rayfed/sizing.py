@@ -51,7 +51,7 @@ from rayfed.data.registry import check_dataset_options, dataset_options
 from rayfed.data.synthetic import check_synthetic
 from rayfed.errors import ResourceError
 from rayfed.layout import ParamLayout
-from rayfed.models import block_names, build_model, output_layer_name
+from rayfed.models import InputShape, block_names, build_model, output_layer_name
 from rayfed.problem import ProblemSpec
 
 logger = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ def format_bytes(count: float) -> str:
     return f"{count:.1f} TiB"
 
 
-def _dataset_size(config: RunConfig) -> tuple[int, tuple[int, int, int], int, int] | None:
+def _dataset_size(config: RunConfig) -> tuple[int, InputShape, int, int] | None:
     """(N, (C, H, W), K, the loader's working bytes) from the config alone; None for an unknown dataset.
 
     The options are checked as the loader checks them, so a bad option gets the loader's
@@ -146,8 +146,8 @@ def _dataset_size(config: RunConfig) -> tuple[int, tuple[int, int, int], int, in
         num_samples, num_classes, channels, size = args
         return num_samples, (channels, size, size), num_classes, working
     if data.dataset == "ag_news":  # (L, V) token sequences; V at most max_vocab, 4 classes
-        shape = (options["max_len"], options["max_vocab"])
-        return 120_000 + (7_600 if options["merge_splits"] else 0), shape, 4, 0  # type: ignore[return-value]
+        tokens: InputShape = (options["max_len"], options["max_vocab"])
+        return 120_000 + (7_600 if options["merge_splits"] else 0), tokens, 4, 0
     if data.dataset not in _KNOWN_DATASETS:
         return None
     train, test, shape, classes = _KNOWN_DATASETS[data.dataset]
@@ -156,7 +156,7 @@ def _dataset_size(config: RunConfig) -> tuple[int, tuple[int, int, int], int, in
     return train + (test if merged else 0), shape, classes, 0
 
 
-def _model_floats(config: RunConfig, shape: tuple[int, int, int], classes: int) -> tuple[int, int, int]:
+def _model_floats(config: RunConfig, shape: InputShape, classes: int) -> tuple[int, int, int]:
     """(parameters of the largest architecture, of its output layer, its block count), built on ``meta``."""
     best = (0, 0, 0)
     for name in config.model.architectures():
@@ -169,7 +169,7 @@ def _model_floats(config: RunConfig, shape: tuple[int, int, int], classes: int) 
     return best
 
 
-def _sizing_spec(config: RunConfig, shape: tuple[int, int, int], classes: int) -> ProblemSpec:
+def _sizing_spec(config: RunConfig, shape: InputShape, classes: int) -> ProblemSpec:
     """The run's :class:`ProblemSpec` as far as sizes go (layouts, blocks, output layers), from models built
     on ``meta``: what ``ServerHalf.client_state_bytes`` reads, without data or allocation."""
     layouts, buffers, blocks, outputs = {}, {}, {}, {}

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from rayfed.flat import FlatModel
+from rayfed.scratch import Scratch
 
 if TYPE_CHECKING:  # config imports the algorithms' params, which import this module
     from rayfed.config import TrainConfig
@@ -58,8 +59,8 @@ class ClientJob:
     """Seeded from (run seed, round, client id): the same client gets the same batches on any worker."""
     state: dict[str, np.ndarray] | None = None
     """Persistent per-client state (e.g. FedClassAvg's backbone); algorithms may replace it."""
-    scratch: dict[str, object] = field(default_factory=dict)
-    """Per-job values an algorithm passes between its hooks (e.g. FedProx's anchor)."""
+    scratch: Scratch = field(default_factory=Scratch)
+    """Per-job values an algorithm passes between its hooks, under typed keys (e.g. FedProx's anchor)."""
 
     @property
     def lr(self) -> float:

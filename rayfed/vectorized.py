@@ -74,8 +74,8 @@ def _batch_plan(
         offset += job.num_train
     max_steps = max(len(p) for p in plans)
     plan = torch.full((len(jobs), max_steps, batch), -1, dtype=torch.long, device=device)
-    for c, rows in enumerate(plans):
-        plan[c, : len(rows)] = rows
+    for c, steps in enumerate(plans):
+        plan[c, : len(steps)] = steps
     valid = plan >= 0
     return plan.clamp_min(0), valid.float(), valid.any(dim=2), max_steps
 

@@ -29,7 +29,7 @@ from rayfed.actors.worker_pool import ACTOR_FAILURES, WorkerPool, kill_actor
 from rayfed.algorithms import RoundContext
 from rayfed.client_runner import ClientReport, ClientState, EvalReport
 from rayfed.config import RunConfig
-from rayfed.data import ArrayDataset, Partition
+from rayfed.data import ArrayDataset, ClientPartition
 from rayfed.errors import ServerError
 from rayfed.executor import Chunk, Executor, no_progress, states_of
 from rayfed.problem import ProblemSpec
@@ -52,7 +52,7 @@ class RayExecutor(Executor):
         config: RunConfig,
         spec: ProblemSpec,
         dataset: ArrayDataset,
-        partition: Partition,
+        partition: ClientPartition,
         initial: Mapping[str, np.ndarray],
     ) -> None:
         engine = config.engine

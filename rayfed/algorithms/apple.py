@@ -40,6 +40,7 @@ from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
 from rayfed.config_fields import documented, section
 from rayfed.layout import ParamLayout
 from rayfed.problem import ProblemSpec
+from rayfed.scratch import ScratchKey
 from rayfed.training import ClientJob, TrainStats, minibatches
 from rayfed.validation import check_choice, check_int, check_real
 
@@ -56,7 +57,8 @@ __all__ = [
 CORES_KEY, DR_KEY, VERSIONS_KEY = "cores", "p", "versions"
 """Client state: the copies of every core model (M, S), the DR vector p_i (M,), each copy's version (M,)."""
 
-_CORES, _DOWNLOADED = "apple_cores", "apple_downloaded"
+_CORES = ScratchKey[tuple[np.ndarray, np.ndarray, np.ndarray]]("apple.cores")
+_DOWNLOADED = ScratchKey[int]("apple.downloaded")
 
 
 @section("algorithm.params")
@@ -152,7 +154,7 @@ class CoreModels(Broadcast):
 
     def contribute(self, job: ClientJob) -> ClientVectors:
         """Keep the copies (its own core updated) and p_i; upload the core model θ_i."""
-        cores, p, versions = job.scratch[_CORES]  # type: ignore[misc]
+        cores, p, versions = job.scratch[_CORES]
         job.state = {**(job.state or {}), CORES_KEY: cores, DR_KEY: p, VERSIONS_KEY: versions}
         return ClientVectors.of(cores[job.client_id].copy(), job.client_id, job.num_train)
 
@@ -184,7 +186,7 @@ class AppleClient(ClientHalf[AppleParams]):
 
     def train(self, job: ClientJob) -> TrainStats:
         params, flat, own = self.params, job.flat, job.client_id
-        cores_np, p_np, versions = job.scratch[_CORES]  # type: ignore[misc]
+        cores_np, p_np, versions = job.scratch[_CORES]
         m, size = cores_np.shape[0], flat.size
         cores = torch.from_numpy(cores_np).to(job.device)
         theta = cores[:, :size]

@@ -30,13 +30,14 @@ import importlib.util
 import pkgutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
 from rayfed.layout import ParamLayout
 from rayfed.problem import ProblemSpec
 from rayfed.registry import Registry
+from rayfed.scratch import ScratchKey
 
 if TYPE_CHECKING:  # config validates params through this registry; the server never trains
     from rayfed.config import AlgorithmConfig
@@ -61,6 +62,9 @@ __all__ = [
 
 P = TypeVar("P")
 C = TypeVar("C", bound="Contribution")
+
+_LOSS_CONSTANTS = ScratchKey[Mapping[str, Any]]("loss_constants")
+"""``job.scratch`` key: :meth:`ClientHalf.loss_constants` of the job being trained, set by run_local_sgd."""
 
 
 @dataclass(frozen=True)
@@ -185,8 +189,7 @@ class ClientHalf(Generic[P]):
 
     def extra_loss(self, job: ClientJob, logits: Any) -> Any:
         """The sequential loop's hook: the functional term on the model's live parameters."""
-        constants = cast(Mapping[str, Any], job.scratch["loss_constants"])  # set by run_local_sgd
-        return self.functional_extra_loss(job.flat.params, constants)
+        return self.functional_extra_loss(job.flat.params, job.scratch[_LOSS_CONSTANTS])  # set by run_local_sgd
 
     def train(self, job: ClientJob) -> TrainStats:
         """Train ``job.model`` in place; by default :meth:`run_local_sgd`."""
@@ -200,7 +203,7 @@ class ClientHalf(Generic[P]):
         """
         from rayfed.training import local_sgd  # torch: imported where clients train, not by the server
 
-        job.scratch["loss_constants"] = self.loss_constants(job)
+        job.scratch[_LOSS_CONSTANTS] = self.loss_constants(job)
         return local_sgd(job, extra_loss=self.extra_loss, momentum_buffer=momentum_buffer)
 
     def supports_stacking(self) -> bool:

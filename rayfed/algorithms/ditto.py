@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
 import torch
@@ -35,12 +34,13 @@ from rayfed.algorithms.fedprox import flatten_logically, proximal_term
 from rayfed.algorithms.local import save_model_state, saved_model
 from rayfed.config_fields import documented, section
 from rayfed.problem import ProblemSpec
+from rayfed.scratch import ScratchKey
 from rayfed.training import ClientJob, TrainStats, local_sgd
 from rayfed.validation import check_int, check_real
 
 __all__ = ["DittoParams", "DittoModels", "DittoClient", "DittoServer"]
 
-_PERSONAL = "ditto_personal"
+_PERSONAL = ScratchKey[np.ndarray]("ditto.personal")
 """``job.scratch`` key: the personal model v_k the broadcast hands to the client half."""
 
 
@@ -106,7 +106,7 @@ class DittoClient(ClientHalf[DittoParams]):
             return proximal_term(params, anchor, lam) if lam else None
 
         # v_k from the broadcast; with another server half (algorithm.client="ditto"): its own or w^t.
-        start = cast("np.ndarray | None", job.scratch.pop(_PERSONAL, None))
+        start = job.scratch.pop(_PERSONAL, None)
         flat.load_state(start if start is not None else saved_model(job, global_start))
         if self.params.personal_epochs:
             train = dataclasses.replace(job.train, local_epochs=self.params.personal_epochs)

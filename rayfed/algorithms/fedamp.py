@@ -41,6 +41,7 @@ from rayfed.algorithms.fedprox import flatten_logically, proximal_term
 from rayfed.algorithms.local import save_model_state, saved_model
 from rayfed.config_fields import documented, section
 from rayfed.problem import ProblemSpec
+from rayfed.scratch import ScratchKey
 from rayfed.training import ClientJob
 from rayfed.validation import check_choice, check_real
 
@@ -57,7 +58,7 @@ __all__ = [
 COLUMN_CHUNK = 1 << 16
 """Columns of the (M, S) model matrix per float64 product (bounds the temporary copies)."""
 
-_CLOUD = "fedamp_cloud"
+_CLOUD = ScratchKey[torch.Tensor]("fedamp.cloud")
 """``job.scratch`` key: u_i's parameters, flattened in logical order (the proximal term's centre)."""
 
 
@@ -158,7 +159,7 @@ class FedAMPClient(ClientHalf[FedAMPParams]):
     """Cross-entropy + (λ/(2α_K))‖w − u_i‖² (Eq. 8), u_i = the cloud model the client received."""
 
     def loss_constants(self, job: ClientJob) -> dict[str, torch.Tensor]:
-        return {"cloud": job.scratch[_CLOUD]}  # type: ignore[dict-item]  # set by CloudModels.personalise
+        return {"cloud": job.scratch[_CLOUD]}  # set by CloudModels.personalise
 
     def functional_extra_loss(
         self, params: list[torch.Tensor], constants: Mapping[str, torch.Tensor]

@@ -66,6 +66,7 @@ from rayfed.flat import FlatModel
 from rayfed.models import seeded_init
 from rayfed.models.fedclassavg_nets import FedClassAvgNet
 from rayfed.problem import ProblemSpec
+from rayfed.scratch import ScratchKey
 from rayfed.seeding import init_seed
 from rayfed.training import ClientJob, TrainStats, minibatches
 from rayfed.validation import check, check_choice, check_real
@@ -86,7 +87,7 @@ CLASSIFIER_LAYER = FedClassAvgNet.output_layer
 SERVER_INIT_STREAM = CLIENT_INIT_STREAM - 1
 """Initialisation stream of the server's first global classifier."""
 
-_OWN_CLASSIFIER = "fedclassavg_own_classifier"
+_OWN_CLASSIFIER = ScratchKey[torch.Tensor]("fedclassavg.own_classifier")
 """``job.scratch`` key: the client's own initial classifier, set when a warm-up is due."""
 
 
@@ -286,7 +287,7 @@ class FedClassAvgClient(ClientHalf[FedClassAvgParams]):
         part = job.flat.slice_of(CLASSIFIER_LAYER)
         received = job.flat.vector[part].detach().clone()
         own = job.scratch.pop(_OWN_CLASSIFIER, None)
-        if isinstance(own, torch.Tensor):  # the code's warm-up: one epoch with the client's own classifier
+        if own is not None:  # the code's warm-up: one epoch with the client's own classifier
             job.flat.load(own, part)
             self._train(job, own, epochs=1)
             job.flat.load(received, part)

@@ -37,6 +37,7 @@ from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
 from rayfed.algorithms.local import save_model_state, saved_model
 from rayfed.config_fields import documented, section
 from rayfed.problem import ProblemSpec
+from rayfed.scratch import ScratchKey
 from rayfed.seeding import init_seed
 from rayfed.training import ClientJob, evaluate_model
 from rayfed.validation import check_int, check_real
@@ -59,8 +60,10 @@ VAL_SPLIT_STREAM = 1 << 21
 CHOICE_STREAM = 1 << 22
 """Stream of the ε-greedy choice: ``init_seed(seed, CHOICE_STREAM + round * num_clients + client id)``."""
 
-_DOWNLOADED = "fedfomo_downloaded"
-_WEIGHTS = "fedfomo_weights"
+_DOWNLOADED = ScratchKey[int]("fedfomo.downloaded")
+"""``job.scratch`` key: how many models the client downloaded this round."""
+_WEIGHTS = ScratchKey[tuple[np.ndarray, np.ndarray]]("fedfomo.weights")
+"""``job.scratch`` key: (the downloaded models' client ids, their raw weights w_n), for the affinities."""
 
 
 @section("algorithm.params")

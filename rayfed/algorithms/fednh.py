@@ -48,6 +48,7 @@ from rayfed.algorithms.local import CLIENT_INIT_STREAM, save_model_state, saved_
 from rayfed.config_fields import documented, section
 from rayfed.errors import ConfigError
 from rayfed.problem import ProblemSpec
+from rayfed.scratch import ScratchKey
 from rayfed.seeding import init_seed
 from rayfed.training import ClientJob, TrainStats, features_before_output, minibatches, sgd_step
 from rayfed.validation import check, check_choice, check_real
@@ -67,7 +68,7 @@ __all__ = [
 PROTOTYPE_STREAM = CLIENT_INIT_STREAM - 2
 """Initialisation stream of the server's first prototypes (FedClassAvg's classifier uses ``- 1``)."""
 
-_SCRATCH = "fednh_head"
+_SCRATCH = ScratchKey[tuple[torch.Tensor, float]]("fednh.head")
 """``job.scratch`` key: (prototypes μ as a K × h tensor, scale s) the client received."""
 
 
@@ -290,7 +291,7 @@ class FedNHClient(ClientHalf[FedNHParams]):
         head = HeadLayout.of(self.spec, job.architecture)
         cosine_head(model, head.output_layer)
         prototypes, scale = job.scratch.get(_SCRATCH, (None, params.scale))
-        if not isinstance(prototypes, torch.Tensor):  # trained without the broadcast: read μ off the weight
+        if prototypes is None:  # trained without the broadcast: read μ off the weight
             prototypes = F.normalize(flat.vector[head.weight].detach().view(head.shape), dim=1)
         prototypes = prototypes.to(flat.vector.dtype).reshape(-1)
         s = torch.tensor(float(scale), device=job.device)

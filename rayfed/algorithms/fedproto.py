@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Literal
 
 import numpy as np
 import torch
@@ -43,6 +43,7 @@ from rayfed.algorithms.local import ClientInit, own_model_state, save_model_stat
 from rayfed.config_fields import documented, section
 from rayfed.errors import ConfigError
 from rayfed.problem import ProblemSpec
+from rayfed.scratch import ScratchKey
 from rayfed.training import ClientJob, TrainStats, features_before_output, minibatches, sgd_step
 from rayfed.validation import check_choice, check_real
 
@@ -57,9 +58,9 @@ __all__ = [
     "feature_dim",
 ]
 
-_TARGETS = "fedproto_targets"
+_TARGETS = ScratchKey[tuple[torch.Tensor, torch.Tensor]]("fedproto.targets")
 """``job.scratch`` key: (global prototypes (K, d) tensor, presence (K,) bool tensor), set by personalise."""
-_SUMS = "fedproto_sums"
+_SUMS = ScratchKey[tuple[np.ndarray, np.ndarray]]("fedproto.sums")
 """``job.scratch`` key: the trained client's (feature sums (K, d), counts (K,)), set by train."""
 
 ABSENT_LOGIT = -1e9
@@ -150,7 +151,7 @@ class FedProtoMessage(Broadcast):
 
     def contribute(self, job: ClientJob) -> ClassSums:
         save_model_state(job)
-        sums, counts = cast(tuple[np.ndarray, np.ndarray], job.scratch[_SUMS])
+        sums, counts = job.scratch[_SUMS]
         return ClassSums(sums, counts)
 
     def prepare_eval(self, job: ClientJob) -> None:
@@ -172,7 +173,7 @@ class FedProtoClient(ClientHalf[FedProtoParams]):
 
     def train(self, job: ClientJob) -> TrainStats:
         layer_name = self.spec.output_layer[job.architecture]
-        prototypes, present = cast(tuple[torch.Tensor, torch.Tensor], job.scratch[_TARGETS])
+        prototypes, present = job.scratch[_TARGETS]
         use_protos = self.params.lam > 0 and bool(present.any())
         model, flat, train = job.model, job.flat, job.train
         captured: list[torch.Tensor] = []

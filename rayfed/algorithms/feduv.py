@@ -39,12 +39,13 @@ from rayfed.algorithms.base import ClientHalf, register_algorithm
 from rayfed.algorithms.fedavg import FedAvgServer
 from rayfed.config_fields import documented, section
 from rayfed.problem import ProblemSpec
+from rayfed.scratch import ScratchKey
 from rayfed.training import ClientJob, TrainStats
 from rayfed.validation import check_choice, check_real
 
 __all__ = ["FedUVParams", "FedUVClient", "variance_target", "variance_loss", "uniformity_loss"]
 
-_FEATURES = "feduv_features"
+_FEATURES = ScratchKey[torch.Tensor]("feduv.features")
 """``job.scratch`` key: the penultimate features of the current mini-batch, set by the hook."""
 
 
@@ -144,7 +145,6 @@ class FedUVClient(ClientHalf[FedUVParams]):
         """λ·L_V + μ·L_U of the mini-batch whose logits these are."""
         params = self.params
         features = job.scratch.pop(_FEATURES)
-        assert isinstance(features, torch.Tensor)
         total = logits.new_zeros(())
         if params.variance_coeff:
             total = total + params.variance_coeff * variance_loss(logits, self.gamma)

@@ -40,6 +40,7 @@ from rayfed.config_fields import documented, section
 from rayfed.flat import FlatModel
 from rayfed.models import build_model, seeded_init
 from rayfed.problem import ProblemSpec
+from rayfed.scratch import ScratchKey
 from rayfed.seeding import init_seed
 from rayfed.training import ClientJob, evaluate_model
 from rayfed.validation import check_int
@@ -50,7 +51,7 @@ CLUSTER_INIT_STREAM = 1 << 40
 """Cluster j > 0 starts from ``init_seed(seed, CLUSTER_INIT_STREAM + j)``, a stream apart from
 the per-architecture and per-client ones (:mod:`rayfed.problem`, :mod:`rayfed.algorithms.local`)."""
 
-_CHOICE = "ifca_cluster"
+_CHOICE = ScratchKey[int]("ifca.cluster")
 """``job.scratch`` key of the cluster the client chose in :meth:`IFCAModels.personalise`."""
 
 
@@ -154,7 +155,7 @@ class IFCAModels(Broadcast):
         return known if known >= 0 else self.default_cluster
 
     def contribute(self, job: ClientJob) -> ClusterSums:
-        return ClusterSums.of(int(job.scratch[_CHOICE]), job.flat.state_numpy(), job.client_id, job.num_train)
+        return ClusterSums.of(job.scratch[_CHOICE], job.flat.state_numpy(), job.client_id, job.num_train)
 
     def prepare_eval(self, job: ClientJob) -> None:
         """The model of the client's cluster, chosen by training loss as in :meth:`personalise` (the

@@ -47,12 +47,14 @@ from rayfed.data.held_out import HeldOutRequest
 from rayfed.data.transforms import model_inputs
 from rayfed.errors import ConfigError
 from rayfed.problem import ProblemSpec
+from rayfed.scratch import ScratchKey
 from rayfed.training import EVAL_BATCH, ClientJob, TrainStats, minibatches, sgd_step
 from rayfed.validation import check_int, check_real
 
 __all__ = ["KTpFLParams", "KTpFLBroadcast", "KTpFLClient", "KTpFLServer"]
 
-_TARGET, _PREDICTIONS = "ktpfl_target", "ktpfl_predictions"
+_TARGET = ScratchKey[np.ndarray]("ktpfl.target")
+_PREDICTIONS = ScratchKey[np.ndarray]("ktpfl.predictions")
 """``job.scratch`` keys: the client's target (personalise -> train) and its predictions (train -> contribute)."""
 
 
@@ -110,7 +112,7 @@ class KTpFLBroadcast(Broadcast):
     def contribute(self, job: ClientJob) -> ClientVectors:
         """Keep the trained model; upload the public-set predictions (and, +weight, the model)."""
         save_model_state(job)
-        predictions = np.asarray(job.scratch[_PREDICTIONS], dtype=np.float32).ravel()
+        predictions = job.scratch[_PREDICTIONS].astype(np.float32, copy=False).ravel()
         row = np.concatenate([predictions, job.flat.state_numpy()]) if self.share_weights else predictions
         return ClientVectors.of(row, job.client_id, job.num_train)
 
@@ -142,7 +144,7 @@ class KTpFLClient(ClientHalf[KTpFLParams]):
         x_public = self.public_inputs(job.device)
         target = job.scratch.pop(_TARGET, None)
         if target is not None and not self.params.share_weights:
-            self.distil(job, x_public, torch.as_tensor(np.asarray(target), device=job.device))
+            self.distil(job, x_public, torch.as_tensor(target, device=job.device))
         stats = self.run_local_sgd(job)
         job.scratch[_PREDICTIONS] = self.predict(job, x_public).cpu().numpy()
         return stats

@@ -9,6 +9,7 @@ NumPy's (population) std over the seeds, as PFLlib prints it.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -214,6 +215,6 @@ def draw_figures(table: Table, cells: Sequence[Cell], out: Path, *, rounds: int)
         ax.legend(fontsize="small")
         path = out / "figures" / f"{table.name}-{col}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
+        atomic_write(path, functools.partial(fig.savefig, format="png", dpi=120, bbox_inches="tight"))
         paths.append(path)
     return paths

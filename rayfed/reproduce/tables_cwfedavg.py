@@ -20,7 +20,7 @@ _APPLE = {"anneal_rounds": 1000}
 _ALL = {"classwise_blocks": 0}
 
 
-def _col(key: str, label: str, dataset: str, partition: str = "dirichlet", **settings: object) -> Column:
+def _col(key: str, label: str, dataset: str, partition: str = "dirichlet", /, **settings: object) -> Column:
     preset = {"mnist": "cwfedavg-mnist", "cifar10": "cwfedavg-cifar10", "cifar100": "cwfedavg-cifar100",
               "tiny_imagenet": "cwfedavg-tiny", "ag_news": "cwfedavg-mnist"}[dataset]
     values: dict[str, object] = {"data.dataset": dataset, "data.partition": partition, **settings}

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rayfed import ConfigError, RunConfig
-from rayfed.algorithms.feduv import FedUVClient, FedUVParams, uniformity_loss, variance_loss, variance_target
+from rayfed.algorithms.feduv import _FEATURES, FedUVClient, FedUVParams, uniformity_loss, variance_loss, variance_target
 from rayfed.callbacks import Callback
 from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
@@ -90,7 +90,7 @@ def test_client_adds_both_terms_on_the_penultimate_features() -> None:
     original = client.extra_loss
 
     def spy(job: ClientJob, logits: torch.Tensor) -> torch.Tensor | None:
-        features = job.scratch["feduv_features"]
+        features = job.scratch[_FEATURES]  # the mini-batch's features, as the hook captured them
         term = original(job, logits)
         seen.append(term.detach())
         seen.append(2.5 * variance_loss(logits, variance_target(3)) + 0.5 * uniformity_loss(features, "code"))
