@@ -35,6 +35,8 @@ class Score:
     at: dict[int, float]
     curve: list[tuple[int, float]]
     """(round, value) with round 0 = the initial model, when it was evaluated."""
+    seconds_per_round: float
+    """Median wall time of rounds 1..R (``round_s``), NaN where the run did not record it."""
 
 
 def score_run(directory: Path, metric: str, rounds: int, scale: float, at_rounds: Sequence[int] = ()) -> Score | None:
@@ -49,7 +51,9 @@ def score_run(directory: Path, metric: str, rounds: int, scale: float, at_rounds
         return None
     best_round, best = max(trained, key=lambda point: point[1])  # the first of equal maxima
     values = dict(curve)
-    return Score(best, best_round, trained[-1][1], {a: values.get(a, math.nan) for a in at_rounds}, curve)
+    times = [float(r["round_s"]) for r in rows if 0 <= r["round"] < rounds and r.get("round_s") is not None]
+    seconds = float(np.median(times)) if times else math.nan
+    return Score(best, best_round, trained[-1][1], {a: values.get(a, math.nan) for a in at_rounds}, curve, seconds)
 
 
 def rounds_recorded(directory: Path | None) -> int:
@@ -146,11 +150,13 @@ def write_report(
                                              for c, o in failed]
     if at_rounds:
         lines += _at_rounds(table, rows, columns, by, scores, at_rounds, digits)
-    lines += ["", "Per run:", "", "| column | method | seed | best | best round | final | run directory |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "Per run (s/round: median wall time of a round):", "",
+              "| column | method | seed | best | best round | final | s/round | run directory |",
+              "|---|---|---|---|---|---|---|---|"]
     for cell, s in scores.items():
+        name = cell.run_dir.name if cell.run_dir else ""
         lines.append(f"| {cell.column.label} | {cell.row.label} | {cell.seed} | {s.best:.{digits}f} | {s.best_round} "
-                     f"| {s.final:.{digits}f} | {cell.run_dir.name if cell.run_dir else ''} |")
+                     f"| {s.final:.{digits}f} | {s.seconds_per_round:.1f} | {name} |")
     if command:
         lines += ["", f"Written by `{command}`."]
     path = out / f"{table.name}.md"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 import rayfed
@@ -79,6 +81,10 @@ def test_a_table_declared_as_data_runs_end_to_end(tiny_table: Table, tmp_path: P
     assert sorted((r["row"], r["seed"]) for r in runs) == [("cwfedavg", 0), ("cwfedavg", 1), ("fedavg", 0),
                                                           ("fedavg", 1)]
     assert all(r["at"]["0"] == runs[0]["at"]["0"] for r in runs if r["seed"] == runs[0]["seed"])  # same init
+    for r in runs:  # a round's median wall time, the initial evaluation (round -1) left out
+        recorded = pq.read_table(Path(r["run_dir"]) / "rounds.parquet").to_pylist()
+        assert r["seconds_per_round"] == np.median([x["round_s"] for x in recorded if x["round"] >= 0])
+        assert f"| {r['seconds_per_round']:.1f} | {Path(r['run_dir']).name} |" in markdown
     assert (out / "figures" / "tiny-test-path.png").stat().st_size > 1000
     assert len(list((out / "runs").iterdir())) == 4
     assert capsys.readouterr().out.count(": ran ") == 4
