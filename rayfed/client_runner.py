@@ -30,9 +30,9 @@ from rayfed.problem import ProblemSpec
 from rayfed.seeding import client_seed
 from rayfed.state_store import ClientState
 from rayfed.training import (
-    EVAL_BATCH,
     ClientJob,
     TrainStats,
+    eval_batch_size,
     evaluate_model,
     features_before_output,
     seed_global_generators,
@@ -346,8 +346,9 @@ class ClientRunner(_ClientData):
         flat.module.eval()
         sizes, x, y, owner = self._pooled_test(client_ids)
         tally = _Tally(len(client_ids), self.device)
-        for start in range(0, len(y), EVAL_BATCH):
-            stop = start + EVAL_BATCH
+        batch = eval_batch_size(self.device)
+        for start in range(0, len(y), batch):
+            stop = start + batch
             tally.add(flat.module(x[start:stop]), y[start:stop], owner[start:stop])
         return tally.results(sizes)
 

@@ -28,14 +28,18 @@ if TYPE_CHECKING:  # config imports the algorithms' params, which import this mo
     from rayfed.config import TrainConfig
 
 __all__ = [
-    "EVAL_BATCH",
+    "eval_batch_size",
     "ClientJob", "TrainStats", "EvalStats", "minibatches", "local_sgd", "sgd_step", "evaluate_model",
     "features_before_output", "seed_global_generators",
 ]
 
 
-EVAL_BATCH = 1024
-"""Test samples per forward when evaluating (no gradients are kept, so large batches are cheap)."""
+def eval_batch_size(device: torch.device) -> int:
+    """Samples per forward when evaluating (no gradients are kept): 1024 on a GPU, which wants large
+    batches; 128 on a CPU, where a larger batch's activations fall out of the caches and the same
+    forward passes take up to 2x longer (benchmarks/README.md, "Evaluation batch on CPU")."""
+    return 1024 if device.type == "cuda" else 128
+
 
 @dataclass
 class ClientJob:
@@ -196,10 +200,12 @@ def local_sgd(
 
 @torch.no_grad()
 def evaluate_model(
-    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = EVAL_BATCH
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int | None = None
 ) -> EvalStats:
-    """Correct predictions and summed cross-entropy of ``model`` on ``(x, y)``."""
+    """Correct predictions and summed cross-entropy of ``model`` on ``(x, y)``, ``batch_size`` samples
+    per forward (default :func:`eval_batch_size` of their device)."""
     model.eval()
+    batch_size = batch_size or eval_batch_size(x.device)
     correct = torch.zeros((), dtype=torch.long, device=x.device)
     loss_sum = torch.zeros((), device=x.device)
     for start in range(0, int(y.shape[0]), batch_size):
@@ -212,13 +218,14 @@ def evaluate_model(
 
 @torch.no_grad()
 def features_before_output(
-    model: torch.nn.Module, output_layer: str, x: torch.Tensor, batch_size: int = EVAL_BATCH
+    model: torch.nn.Module, output_layer: str, x: torch.Tensor
 ) -> Iterator[tuple[int, torch.Tensor]]:
     """``(start, features)`` per batch of ``x``: what ``model`` feeds its layer ``output_layer``
     (the penultimate features), read by a hook during an ordinary forward in eval mode."""
     model.eval()
     captured: list[torch.Tensor] = []
     hook = model.get_submodule(output_layer).register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
+    batch_size = eval_batch_size(x.device)
     try:
         for start in range(0, int(x.shape[0]), batch_size):
             model(x[start : start + batch_size])

@@ -48,7 +48,7 @@ from rayfed.data.transforms import model_inputs
 from rayfed.errors import ConfigError
 from rayfed.problem import ProblemSpec
 from rayfed.scratch import ScratchKey
-from rayfed.training import EVAL_BATCH, ClientJob, TrainStats, minibatches, sgd_step
+from rayfed.training import ClientJob, TrainStats, eval_batch_size, minibatches, sgd_step
 from rayfed.validation import check_int, check_real
 
 __all__ = ["KTpFLParams", "KTpFLBroadcast", "KTpFLClient", "KTpFLServer"]
@@ -162,7 +162,8 @@ class KTpFLClient(ClientHalf[KTpFLParams]):
     def predict(self, job: ClientJob, x_public: torch.Tensor) -> torch.Tensor:
         """s_n = softmax(f(w_n; x)/T) on the public set, in evaluation mode (P, K)."""
         job.model.eval()
-        chunks = [job.model(x_public[i : i + EVAL_BATCH]) for i in range(0, len(x_public), EVAL_BATCH)]
+        batch = eval_batch_size(x_public.device)
+        chunks = [job.model(x_public[i : i + batch]) for i in range(0, len(x_public), batch)]
         return soft_predictions(torch.cat(chunks), self.params.temperature)
 
 
