@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 from rayfed import RunConfig, run
+from rayfed.algorithms import Contribution, ServerHalf
 from rayfed.callbacks import Callback
 from rayfed.config import TrainConfig
 from rayfed.flat import FlatModel
@@ -55,6 +57,26 @@ def job(flat: FlatModel, cid: int, n: int = 12, **train: Any) -> ClientJob:
         client_id=cid, round=0, flat=flat, architecture="tiny", x_train=x, y_train=y, x_test=x, y_test=y,
         label_counts=counts, train_label_counts=counts, train=TrainConfig(**settings), generator=gen,
     )
+
+
+def upload_trained(
+    server: ServerHalf[Any, Any], flat: FlatModel, trained: np.ndarray, sizes: Sequence[int], *,
+    whole_state: bool = False,
+) -> tuple[list[Contribution], list[ClientJob]]:
+    """Clients 0, 1, ... with ``sizes`` samples: each is personalised by the server's broadcast, then row i of
+    ``trained`` (parameters, or the whole state with ``whole_state``) stands for its local training, and it
+    uploads. Returns the uploads and the jobs (whose ``state`` holds what each client kept)."""
+    uploads, jobs = [], []
+    for cid, (row, n) in enumerate(zip(trained, sizes)):
+        client = job(flat, cid, n)
+        server.broadcast().personalise(client)
+        if whole_state:
+            flat.load_state(row)
+        else:
+            flat.load(row)
+        uploads.append(server.broadcast().contribute(client))
+        jobs.append(client)
+    return uploads, jobs
 
 
 class RoundLog(Callback):

@@ -7,7 +7,14 @@ import torch
 
 from rayfed.algorithms import RoundContext, sum_contributions
 from rayfed.algorithms.fedper import FedPerParams, FedPerServer
-from tests.algorithms.body_head_cases import assert_local_parts_kept, job, run_logged, sampled_rows, tiny_problem
+from tests.algorithms.body_head_cases import (
+    assert_local_parts_kept,
+    job,
+    run_logged,
+    sampled_rows,
+    tiny_problem,
+    upload_trained,
+)
 
 torch.set_num_threads(1)
 
@@ -19,13 +26,7 @@ def test_server_averages_uploaded_bodies_and_clients_keep_their_heads() -> None:
     body, head = flat.layout.slice_of("body"), flat.layout.slice_of("fc")
     rng = np.random.default_rng(0)
     models = rng.normal(size=(2, flat.size)).astype(np.float32)
-    uploads, jobs = [], []
-    for cid, (model, n) in enumerate(zip(models, (12, 36))):
-        client = job(flat, cid, n)
-        server.broadcast().personalise(client)
-        flat.load(model)  # stands for local training
-        uploads.append(server.broadcast().contribute(client))
-        jobs.append(client)
+    uploads, jobs = upload_trained(server, flat, models, (12, 36))
     # Execute
     server.aggregate(RoundContext(0, 0, 0.1, np.array([0, 1]), 3), sum_contributions(uploads))
     # Assert: body ← Σ n_i body_i / Σ n_i; each client holds its own head; only the body travels.

@@ -7,7 +7,14 @@ import torch
 
 from rayfed.algorithms import RoundContext, sum_contributions
 from rayfed.algorithms.lgfedavg import LgFedAvgParams, LgFedAvgServer
-from tests.algorithms.body_head_cases import assert_local_parts_kept, job, run_logged, sampled_rows, tiny_problem
+from tests.algorithms.body_head_cases import (
+    assert_local_parts_kept,
+    job,
+    run_logged,
+    sampled_rows,
+    tiny_problem,
+    upload_trained,
+)
 
 torch.set_num_threads(1)
 
@@ -20,13 +27,7 @@ def test_server_averages_uploaded_heads_and_clients_keep_their_bodies() -> None:
     body, head = flat.layout.slice_of("body"), flat.layout.slice_of("fc")
     rng = np.random.default_rng(1)
     states = rng.normal(size=(2, flat.state_size)).astype(np.float32)
-    uploads, jobs = [], []
-    for cid, (state, n) in enumerate(zip(states, (30, 10))):
-        client = job(flat, cid, n)
-        server.broadcast().personalise(client)
-        flat.load_state(state)  # stands for local training
-        uploads.append(server.broadcast().contribute(client))
-        jobs.append(client)
+    uploads, jobs = upload_trained(server, flat, states, (30, 10), whole_state=True)
     # Execute
     server.aggregate(RoundContext(0, 0, 0.1, np.array([0, 1]), 3), sum_contributions(uploads))
     # Assert: head ← Σ n_i head_i / Σ n_i; each client keeps body parameters and buffers; the head travels.
