@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from rayfed.layout import ParamLayout
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from rayfed.data.held_out import HeldOutSet
     from rayfed.models import InputShape
 
@@ -58,12 +60,18 @@ class ProblemSpec:
     held_out: HeldOutSet | None = field(default=None, compare=False, repr=False)
     """Server data no client owns (FedLAW's proxy set, KT-pFL's public set), carved out of the
     pool by the engine when the server half asks for it (:mod:`rayfed.data.held_out`)."""
+    train_sizes: np.ndarray | None = field(default=None, compare=False, repr=False)
+    """n_i, every client's training-set size (M,), set by the engine from the partition: what a
+    server learns from the uploads, for a server half that needs every client's before they upload
+    (APPLE's p⁽⁰⁾). Workers do not get it (:meth:`for_clients`)."""
 
     def for_clients(self) -> ProblemSpec:
-        """The spec the workers get: without the held-out set unless the clients may see it."""
-        if self.held_out is None or self.held_out.shared:
+        """The spec the workers get: without the clients' sizes, and without the held-out set
+        unless the clients may see it."""
+        held_out = self.held_out if self.held_out is not None and self.held_out.shared else None
+        if held_out is self.held_out and self.train_sizes is None:
             return self
-        return replace(self, held_out=None)
+        return replace(self, held_out=held_out, train_sizes=None)
 
     def architecture_of(self, client_id: int) -> str:
         if self.client_architectures:

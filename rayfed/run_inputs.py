@@ -76,7 +76,7 @@ class RunInputs:
             partition = partition_without(dataset.labels, dataset.num_classes, data, spec.held_out.indices)
         else:
             partition = make_partition(dataset.labels, dataset.num_classes, data)
-        return cls(dataset, spec, initial, partition)
+        return cls(dataset, replace(spec, train_sizes=partition.num_train()), initial, partition)
 
     def write(self, run_dir: Path) -> None:
         """Record what a resume and ``rayfed plot`` read: the partition, the held-out indices, each

@@ -11,11 +11,12 @@ model is their mixture under its *directed-relationship* (DR) vector p_i:
 
 Each mini-batch step descends the client's loss
 
-    L_i(φ_i) + (λ(r) μ / 2) ‖p_i − p_i⁽⁰⁾‖²,   λ(r) = (1 + cos(π r / (L·R))) / 2 for r < L·R, else 0
+    L_i(φ_i) + (λ(r) μ / 2) ‖p_i − p⁽⁰⁾‖²,   λ(r) = (1 + cos(π r / (L·R))) / 2 for r < L·R, else 0
 
 in its own core model (∂/∂θ_i = p_ii ∇_φ L_i, learning rate η1 = ``train.lr``) and in p_i
-(∂/∂p_ij = ⟨∇_φ L_i, θ_j⟩, learning rate η2): the proximal term keeps p_i near its start
-early on and fades out by round L·R (R = ``train.rounds``). Only core models travel: the
+(∂/∂p_ij = ⟨∇_φ L_i, θ_j⟩, learning rate η2): the proximal term keeps p_i near
+p⁽⁰⁾_j = n_j / Σ n (the clients' shares of the training data, as in PFLlib and the authors'
+code) early on and fades out by round L·R (R = ``train.rounds``). Only core models travel: the
 client uploads θ_i, and downloads the core models that changed since its last copy.
 
 A client's state holds M models (M = clients), so all states together grow as M²; the
@@ -46,6 +47,7 @@ from rayfed.validation import check_choice, check_int, check_real
 
 __all__ = [
     "AppleParams",
+    "size_shares",
     "anneal",
     "tensor_mean_weights",
     "dr_gradient",
@@ -58,6 +60,9 @@ CORES_KEY, DR_KEY, VERSIONS_KEY = "cores", "p", "versions"
 """Client state: the copies of every core model (M, S), the DR vector p_i (M,), each copy's version (M,)."""
 
 _CORES = ScratchKey[tuple[np.ndarray, np.ndarray, np.ndarray]]("apple.cores")
+"""``job.scratch`` key: (the refreshed copies, p_i, the copies' versions), personalise -> train -> contribute."""
+_TARGET = ScratchKey[np.ndarray]("apple.p0")
+"""``job.scratch`` key: p⁽⁰⁾, the proximal term's target, from the broadcast."""
 _DOWNLOADED = ScratchKey[int]("apple.downloaded")
 
 
@@ -67,7 +72,7 @@ class AppleParams:
     """Hyper-parameters of APPLE (``algorithm.params.*``); defaults of the cwFedAvg papers' baseline."""
 
     dr_lr: float = documented(0.01, "η2, the learning rate of the DR vector p_i.")
-    mu: float = documented(0.1, "μ, the weight of the proximal term (μ/2)‖p_i − p_i⁽⁰⁾‖².")
+    mu: float = documented(0.1, "μ, the weight of the proximal term (μ/2)‖p_i − p⁽⁰⁾‖².")
     anneal_fraction: float = documented(
         0.2, "L: λ(r) is cosine-annealed from 1 to 0 over the first L·R rounds (R = train.rounds), then 0."
     )
@@ -78,8 +83,9 @@ class AppleParams:
     )
     fidelity: Literal["pfllib", "paper"] = documented(
         "pfllib",
-        "pfllib: ∂/∂p_ij = the mean over parameter tensors of mean(∇_φ L ⊙ θ_j), core lr = train.lr · M "
-        "(PFLlib, which the cwFedAvg papers ran); paper: ∂/∂p_ij = ⟨∇_φ L, θ_j⟩, core lr = train.lr.",
+        "pfllib: ∂/∂p_ij = the mean over parameter tensors of mean(∇_φ L ⊙ θ_j), core lr = train.lr · M, "
+        "p_i starts at 1/M (PFLlib, which the cwFedAvg papers ran); paper: ∂/∂p_ij = ⟨∇_φ L, θ_j⟩, "
+        "core lr = train.lr, p_i starts at p⁽⁰⁾ (the authors' code). Both: p⁽⁰⁾_j = n_j / Σ n.",
     )
 
     def __post_init__(self) -> None:
@@ -92,6 +98,12 @@ class AppleParams:
 
 
 # --- the equations ------------------------------------------------------------------------------
+
+
+def size_shares(train_sizes: np.ndarray) -> np.ndarray:
+    """p⁽⁰⁾_j = n_j / Σ_k n_k, the proximal term's target for every client (PFLlib and the authors' code)."""
+    sizes = np.asarray(train_sizes, dtype=np.float64)
+    return sizes / sizes.sum()
 
 
 def anneal(round_index: int, rounds: int, fraction: float) -> float:
@@ -132,14 +144,18 @@ class CoreModels(Broadcast):
     num_params: int
     initial: np.ndarray
     """The common initial model every copy starts as."""
+    p0: np.ndarray
+    """p⁽⁰⁾ (M,): the size shares, the proximal term's target."""
+    start: np.ndarray
+    """p_i before a client's first round (M,): 1/M (``fidelity="pfllib"``) or p⁽⁰⁾ (``"paper"``)."""
 
     def local_state(self, job: ClientJob) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(copies, p_i, their versions) the client holds; before its first round, the initial model
-        for every client, p_i = p_i⁽⁰⁾ = 1/M and versions 0."""
+        for every client, p_i = :attr:`start` and versions 0."""
         m = len(self.versions)
         if job.state is not None and CORES_KEY in job.state:
             return job.state[CORES_KEY], job.state[DR_KEY], job.state[VERSIONS_KEY]
-        return np.tile(self.initial, (m, 1)), np.full(m, 1.0 / m), np.zeros(m, np.int64)
+        return np.tile(self.initial, (m, 1)), self.start, np.zeros(m, np.int64)
 
     def personalise(self, job: ClientJob) -> None:
         """Refresh the copies that changed (a download each), then load φ_i = Σ_j p_ij θ_j."""
@@ -149,6 +165,7 @@ class CoreModels(Broadcast):
         cores = np.array(copies, dtype=np.float32)
         cores[stale] = self.cores[stale]
         job.scratch[_CORES] = (cores, np.array(p, dtype=np.float64), np.where(stale, self.versions, versions))
+        job.scratch[_TARGET] = self.p0
         job.scratch[_DOWNLOADED] = int(stale.sum())
         job.flat.load_state(personal_model(cores, p, job.client_id, self.num_params))
 
@@ -191,7 +208,7 @@ class AppleClient(ClientHalf[AppleParams]):
         cores = torch.from_numpy(cores_np).to(job.device)
         theta = cores[:, :size]
         p = torch.from_numpy(p_np).to(job.device)
-        p0 = torch.full_like(p, 1.0 / m)
+        p0 = torch.from_numpy(job.scratch[_TARGET]).to(p)
         horizon = params.anneal_rounds or job.train.rounds
         lam_mu = anneal(job.round, horizon, params.anneal_fraction) * params.mu
         pfllib = params.fidelity == "pfllib"
@@ -241,9 +258,14 @@ class AppleServer(ServerHalf[AppleParams, ClientVectors]):
         self.initial = np.asarray(initial[architecture], dtype=np.float32)
         self.cores = np.tile(self.initial, (spec.num_clients, 1))
         self.versions = np.zeros(spec.num_clients, dtype=np.int64)
+        if spec.train_sizes is None:
+            raise ValueError("APPLE's server needs every client's training-set size (ProblemSpec.train_sizes, "
+                             "which the engine sets from the partition)")
+        self.p0 = size_shares(spec.train_sizes)
+        self.start = np.full(spec.num_clients, 1.0 / spec.num_clients) if params.fidelity == "pfllib" else self.p0
 
     def broadcast(self) -> CoreModels:
-        return CoreModels(self.cores, self.versions, self.num_params, self.initial)
+        return CoreModels(self.cores, self.versions, self.num_params, self.initial, self.p0, self.start)
 
     def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
         if contribution is None:

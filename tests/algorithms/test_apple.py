@@ -10,7 +10,16 @@ import pytest
 import torch
 
 from rayfed import ResourceError, RunConfig
-from rayfed.algorithms.apple import CORES_KEY, DR_KEY, anneal, dr_gradient, personal_model, tensor_mean_weights
+from rayfed.algorithms.apple import (
+    CORES_KEY,
+    DR_KEY,
+    AppleParams,
+    AppleServer,
+    anneal,
+    dr_gradient,
+    personal_model,
+    tensor_mean_weights,
+)
 from rayfed.callbacks import Callback
 from rayfed.engine import Simulation
 from rayfed.layout import ParamLayout
@@ -62,6 +71,20 @@ def test_the_dr_gradient_is_the_chain_rule_through_the_personal_model() -> None:
     c = torch.from_numpy(tensor_mean_weights(layout)).double()
     direct = torch.stack([((grad_phi * t)[:6].mean() + (grad_phi * t)[6:].mean()) / 2 for t in theta])
     torch.testing.assert_close(dr_gradient(theta, grad_phi, p.detach(), p0, 0.0, c), direct)
+
+
+@pytest.mark.parametrize("fidelity", ["pfllib", "paper"])
+def test_p0_is_each_clients_share_of_the_training_data(tmp_path, fidelity: str) -> None:
+    # Arrange: a Dirichlet partition, so the clients' sizes differ and 1/M is not their share.
+    sim = Simulation(_config(tmp_path, **{"algorithm.params": {"fidelity": fidelity}}))
+    sizes = sim.partition.num_train()
+    assert len(set(sizes.tolist())) > 1
+    # Act
+    broadcast = AppleServer(AppleParams(fidelity=fidelity), sim.spec, sim.initial).broadcast()
+    # Assert: p⁽⁰⁾_j = n_j / Σ n; p_i starts at 1/M (PFLlib) or at p⁽⁰⁾ (the authors' code).
+    np.testing.assert_allclose(broadcast.p0, sizes / sizes.sum())
+    np.testing.assert_allclose(broadcast.start, np.full(5, 0.2) if fidelity == "pfllib" else sizes / sizes.sum())
+    assert sim.spec.for_clients().train_sizes is None  # the workers do not get every client's size
 
 
 def test_the_proximal_weight_is_cosine_annealed_until_round_l_r() -> None:
