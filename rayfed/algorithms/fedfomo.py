@@ -16,8 +16,9 @@ then starts from (Eq. 5)
 
 (its own model unchanged if no w_n is positive) and trains on the rest of its training data.
 With M below the number of available models, the M are chosen ε-greedily from the client's
-affinity vector P_i (P_in += w_n after every round it downloads n): with probability ε at
-random, else the M of highest affinity (§3.2).
+affinity vector P_i (P_in += w_n after every round it downloads n): with probability ε_t at
+random, else the M of highest affinity (§3.2), ε_t = max(0, ε − t·decay) in round t as in the
+authors' code (ε 0.3, decay 0.05: greedy from round 6 on).
 
 Partial participation works: the server offers the latest model of every client that has
 uploaded one (stale for those that sat out since).
@@ -46,6 +47,7 @@ __all__ = [
     "FedFomoParams",
     "fomo_weights",
     "validation_split",
+    "decayed_epsilon",
     "choose_models",
     "FomoModels",
     "FedFomoServer",
@@ -78,12 +80,16 @@ class FedFomoParams:
         0.2, "Share of each client's training data held out to weight the models (PFLlib: 0.2)."
     )
     epsilon: float = documented(0.3, "ε of the ε-greedy choice of the M models (only read when M < available).")
+    epsilon_decay: float = documented(
+        0.05, "ε falls by this much every round, to 0 (the authors' code: 0.05 per round)."
+    )
 
     def __post_init__(self) -> None:
         p = "algorithm.params."
         check_int(p + "num_models", self.num_models, low=0)
         check_real(p + "val_ratio", self.val_ratio, low=0, high=1, low_open=True, high_open=True)
         check_real(p + "epsilon", self.epsilon, low=0, high=1)
+        check_real(p + "epsilon_decay", self.epsilon_decay, low=0)
 
 
 # --- the equations ------------------------------------------------------------------------------
@@ -107,6 +113,11 @@ def validation_split(num_train: int, val_ratio: float, seed: int, client_id: int
     order = np.random.default_rng(init_seed(seed, VAL_SPLIT_STREAM + client_id)).permutation(num_train)
     n_val = min(max(1, round(val_ratio * num_train)), num_train - 1) if num_train >= 2 else 0
     return np.sort(order[:n_val]), np.sort(order[n_val:])
+
+
+def decayed_epsilon(epsilon: float, decay: float, round_index: int) -> float:
+    """ε_t = max(0, ε − t · decay): exploration fades as the affinities become informative."""
+    return max(0.0, epsilon - decay * round_index)
 
 
 def choose_models(
@@ -147,7 +158,8 @@ class FomoModels(Broadcast):
         affinity = _affinity(job, len(self.available))
         stream = CHOICE_STREAM + job.round * len(self.available) + job.client_id
         rng = np.random.default_rng(init_seed(self.seed, stream))
-        chosen = choose_models(candidates, affinity, self.params.num_models, self.params.epsilon, rng)
+        epsilon = decayed_epsilon(self.params.epsilon, self.params.epsilon_decay, job.round)
+        chosen = choose_models(candidates, affinity, self.params.num_models, epsilon, rng)
         start = own
         raw = np.zeros(len(chosen))
         if len(chosen) and len(val):

@@ -14,6 +14,7 @@ from rayfed.algorithms.fedfomo import (
     FedFomoParams,
     FomoModels,
     choose_models,
+    decayed_epsilon,
     fomo_weights,
     validation_split,
 )
@@ -79,6 +80,30 @@ def test_weights_are_clipped_and_normalised_and_the_choice_is_epsilon_greedy() -
     assert choose_models(candidates, affinity, 0, 0.0, np.random.default_rng(0)).tolist() == [1, 2, 3, 4]
     draws = {tuple(choose_models(candidates, affinity, 2, 1.0, np.random.default_rng(s))) for s in range(20)}
     assert len(draws) > 1
+    # ε decays by 0.05 a round from 0.3 (the authors' code): exploring until round 5, greedy from round 6.
+    assert [decayed_epsilon(0.3, 0.05, t) for t in (0, 1, 5)] == pytest.approx([0.3, 0.25, 0.05])
+    assert decayed_epsilon(0.3, 0.05, 6) == pytest.approx(0.0, abs=1e-12) and decayed_epsilon(0.3, 0.05, 50) == 0.0
+
+
+def test_exploration_fades_with_the_rounds() -> None:
+    # Arrange: M = 1 of 3 models, the affinity favouring client 2's; the job is in round 3.
+    torch.manual_seed(0)
+    flat = FlatModel(torch.nn.Linear(4, 3))
+    models = np.random.default_rng(1).normal(size=(4, flat.size)).astype(np.float32)
+    x, y = torch.randn(50, 4), torch.randint(0, 3, (50,))
+    affinity = np.array([0.0, 0.0, 5.0, 0.0])
+
+    def downloaded(decay: float, seed: int) -> list[int]:
+        params = FedFomoParams(num_models=1, epsilon=1.0, epsilon_decay=decay)
+        message = FomoModels(models, np.ones(4, bool), params, seed=seed, num_params=flat.size)
+        job = _job(flat, x, y, {MODEL_KEY: models[0].copy(), AFFINITY_KEY: affinity.copy()})
+        message.personalise(job)
+        message.contribute(job)
+        return np.flatnonzero(job.state[AFFINITY_KEY] != affinity).tolist()  # P_in += w_n for the n downloaded
+
+    # Act / Assert: ε = 1 explores (some seeds download another model); ε_3 = max(0, 1 − 3·0.5) = 0 is greedy.
+    assert any(downloaded(0.0, seed) != [2] for seed in range(10))
+    assert all(downloaded(0.5, seed) == [2] for seed in range(10))
 
 
 @pytest.mark.parametrize("join_ratio", [1.0, 0.5])
