@@ -208,8 +208,8 @@ def draw_figures(table: Table, cells: Sequence[Cell], out: Path, *, rounds: int)
             xs = sorted(set.intersection(*(set(c) for c in curves)))
             values = np.array([[c[x] for x in xs] for c in curves])
             mean, std = values.mean(axis=0), values.std(axis=0)
-            colour = f"C{i % 10}"
-            ax.plot(xs, mean, color=colour, label=f"{table.row(row).label} ({len(curves)} seeds)")
+            colour, style = f"C{i % 10}", ("-", "--", ":")[i // 10 % 3]  # past 10 rows, colours repeat dashed
+            ax.plot(xs, mean, color=colour, linestyle=style, label=f"{table.row(row).label} ({len(curves)} seeds)")
             ax.fill_between(xs, mean - std, mean + std, color=colour, alpha=0.2, linewidth=0)
             drawn += 1
         if not drawn:
