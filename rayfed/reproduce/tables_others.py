@@ -164,6 +164,7 @@ _MNIST_AWA = (
     Column("mnist01", "MNIST α=0.1", "fedawa-mnist", {"data.alpha": 0.1}),
     Column("mnist05", "MNIST α=0.5", "fedawa-mnist", {"data.alpha": 0.5}),
     Column("offline", "offline α=0.1", "fedawa-mnist", {"data.dataset": "synthetic", "data.alpha": 0.1}),
+    Column("offline05", "offline α=0.5", "fedawa-mnist", {"data.dataset": "synthetic", "data.alpha": 0.5}),
 )
 AWA_MNIST = Table(
     name="fedawa-mnist",
