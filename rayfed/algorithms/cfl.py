@@ -41,6 +41,7 @@ from typing import Literal
 import numpy as np
 
 from rayfed.algorithms.base import Broadcast, ClientHalf, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.cluster_state import ClusterModelState
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
 from rayfed.config_fields import documented, section
@@ -216,7 +217,7 @@ class ClusterModels(Broadcast):
         return int(self.models.shape[1]) * 4
 
 
-class CFLServer(ServerHalf[CFLParams, ClientVectors]):
+class CFLServer(ClusterModelState, ServerHalf[CFLParams, ClientVectors]):
     """Keeps the cluster models (C, S) and the assignment of clients to clusters (M,); C grows by splits."""
 
     @classmethod
@@ -276,13 +277,6 @@ class CFLServer(ServerHalf[CFLParams, ClientVectors]):
         if ctx.round < p.warmup_rounds or uploaded < p.min_cluster_clients:
             return False
         return split_criterion(mean_norm, max_norm, p.eps1, p.eps2)
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return {"models": self.models, "assignment": self.assignment}
-
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        self.models = np.array(state["models"], dtype=np.float32)
-        self.assignment = np.array(state["assignment"], dtype=np.int64)
 
 
 register_algorithm(

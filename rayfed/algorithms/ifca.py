@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rayfed.algorithms.base import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.cluster_state import ClusterModelState
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
 from rayfed.config_fields import documented, section
@@ -176,7 +177,7 @@ def cluster_initialisation(spec: ProblemSpec, architecture: str, cluster: int) -
     return FlatModel(module).state_numpy()
 
 
-class IFCAServer(ServerHalf[IFCAParams, ClusterSums]):
+class IFCAServer(ClusterModelState, ServerHalf[IFCAParams, ClusterSums]):
     """Keeps the k cluster models and the cluster each client last chose."""
 
     @classmethod
@@ -213,13 +214,6 @@ class IFCAServer(ServerHalf[IFCAParams, ClusterSums]):
             "ifca_clusters_chosen": float((counts > 0).sum()),
             "ifca_largest_cluster_share": float(counts.max() / counts.sum()),
         }
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return {"models": self.models, "assignment": self.assignment}
-
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        self.models = np.array(state["models"], dtype=np.float32)
-        self.assignment = np.array(state["assignment"], dtype=np.int64)
 
 
 register_algorithm(
