@@ -74,12 +74,17 @@ AWA_T5 = Table(
 )
 
 
+_FCA_PRESETS = {  # dataset -> (preset, label); MNIST and the offline dataset take Fashion-MNIST's settings
+    "cifar10": ("fedclassavg-cifar10", "C10"),
+    "fashion_mnist": ("fedclassavg-fmnist", "FMNIST"),
+    "emnist_letters": ("fedclassavg-emnist", "EMNIST"),
+    "mnist": ("fedclassavg-fmnist", "MNIST"),
+    "synthetic": ("fedclassavg-fmnist", "offline"),
+}
+
+
 def _fca(key: str, dataset: str, skewed: bool, **settings: object) -> Column:
-    preset = {"cifar10": "fedclassavg-cifar10", "fashion_mnist": "fedclassavg-fmnist",
-              "emnist_letters": "fedclassavg-emnist", "mnist": "fedclassavg-fmnist",
-              "synthetic": "fedclassavg-fmnist"}[dataset]
-    name = {"cifar10": "C10", "fashion_mnist": "FMNIST", "emnist_letters": "EMNIST", "mnist": "MNIST",
-            "synthetic": "offline"}[dataset]
+    preset, name = _FCA_PRESETS[dataset]
     partition = {"data.partition": "pathological", "data.classes_per_client": 2} if skewed else {}
     label = f"{name} {'Skewed' if skewed else 'Dir(0.5)'}"
     return Column(key, label, preset, {"data.dataset": dataset, **partition, **settings})
