@@ -16,18 +16,27 @@ The server, with P_t the round's clients and m the number of all clients, update
     h^t = h^{t−1} − α (1/m) Σ_{k∈P_t} (θ_k^t − θ^{t−1}),
     θ^t = (1/|P_t|) Σ_{k∈P_t} θ_k^t − (1/α) h^t.
 
+That is ``fidelity="paper"``. ``fidelity="code"`` (default) is the FedAWA paper's baseline code
+(``ZexiLee/ICML-2023-FedLAW``: ``client_funct.client_feddyn``, ``server_funct.feddyn``): the
+quadratic term is (α/2)‖θ − θ^{t−1}‖ (not squared), the server averages with the size weights
+w_k = n_k / Σ_{j∈P_t} n_j in both lines (h^t = h^{t−1} − α Σ w_k (θ_k^t − θ^{t−1}),
+θ^t = Σ w_k θ_k^t − h^t/α), and the clients' SGD momentum persists across rounds (the node's
+optimiser is created once), as FedAWA's clients.
+
 The gradient state (P floats, starting at 0) is kept in the client state store under
 ``"feddyn_grad"`` (flat-vector order), so only sampled clients update it. The two loss terms
-are one functional term (:meth:`FedDynClient.functional_extra_loss`), so clients can be
-trained stacked. h and the correction act on the parameters; floating-point buffers
-(BatchNorm statistics) take the clients' plain mean. Clients upload θ_k (a :class:`WeightedSum`
-of weight 1); the server's |P_t| is the sum's count.
+are one functional term (:meth:`FedDynClient.functional_extra_loss`); under ``paper`` clients can
+be trained stacked, under ``code`` the momentum buffer (state key ``"momentum"``) makes them train
+one by one. h and the correction act on the parameters; floating-point buffers (BatchNorm
+statistics) take the clients' average. Clients upload θ_k as a :class:`WeightedSum` of weight n_k
+(``code``) or 1 (``paper``); the server's |P_t| is the sum's count.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -36,10 +45,11 @@ from rayfed.algorithms.base import ClientHalf, RoundContext, ServerHalf, registe
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.fedavg import GlobalModel, require_homogeneous, sole_architecture
 from rayfed.algorithms.fedprox import flatten_logically, proximal_term
+from rayfed.algorithms.sgdm import PersistentMomentumClient
 from rayfed.config_fields import documented, section
 from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob
-from rayfed.validation import check_real
+from rayfed.training import ClientJob, TrainStats
+from rayfed.validation import check_choice, check_real
 
 __all__ = ["GRAD_KEY", "FedDynParams", "FedDynBroadcast", "FedDynClient", "FedDynServer", "feddyn_server_step"]
 
@@ -56,18 +66,26 @@ class FedDynParams:
         0.001, "α of the regulariser and the server correction; 0.001 as the FedAWA paper's baseline code "
         "(the FedDyn paper uses 0.1, 0.01 or 0.001 by task)."
     )
+    fidelity: Literal["code", "paper"] = documented(
+        "code", "code: the FedAWA paper's baseline code (unsquared norm, size-weighted server, persistent "
+        "momentum); paper: Algorithm 1 (squared norm, unweighted mean, 1/m in h)."
+    )
 
     def __post_init__(self) -> None:
         check_real("algorithm.params.alpha", self.alpha, low=0, low_open=True)
+        check_choice("algorithm.params.fidelity", self.fidelity, ("code", "paper"))
 
 
 def feddyn_server_step(
-    theta: np.ndarray, h: np.ndarray, mean_model: np.ndarray, count: int, num_clients: int, alpha: float
+    theta: np.ndarray, h: np.ndarray, mean_model: np.ndarray, count: int, num_clients: int, alpha: float,
+    fidelity: str = "paper",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(θ^t, h^t) from θ^{t−1}, h^{t−1}, the mean (1/|P_t|) Σ θ_k^t of the round's models and |P_t|
-    (Algorithm 1, server step); every array holds parameters only."""
-    summed_change = count * (mean_model.astype(np.float64) - theta)
-    h = h - alpha * summed_change / num_clients
+    """(θ^t, h^t) from θ^{t−1}, h^{t−1}, the mean of the round's models and |P_t| (Algorithm 1, server
+    step: unweighted mean, h scaled by |P_t|/m); ``code``: the size-weighted mean, h moved by α times
+    its change (the baseline code); every array holds parameters only."""
+    change = mean_model.astype(np.float64) - theta
+    summed_change = change if fidelity == "code" else count * change / num_clients
+    h = h - alpha * summed_change
     return (mean_model - h / alpha).astype(np.float32), h.astype(np.float32)
 
 
@@ -80,20 +98,34 @@ def _grad_state(job: ClientJob) -> np.ndarray:
 
 @dataclass(frozen=True)
 class FedDynBroadcast(GlobalModel):
-    """θ^{t−1}; a trained client updates its gradient state and sends θ_k^t with weight 1."""
+    """θ^{t−1}; a trained client updates its gradient state and sends θ_k^t with weight n_k
+    (``size_weighted``, the ``code`` fidelity) or 1 (``paper``)."""
 
     alpha: float = 0.001
+    size_weighted: bool = False
 
     def contribute(self, job: ClientJob) -> WeightedSum:
         state = job.flat.state_numpy()
         p = job.flat.size
         change = state[:p] - self.vector[:p]
         job.state = {**(job.state or {}), GRAD_KEY: _grad_state(job) - np.float32(self.alpha) * change}
-        return WeightedSum.of(state, 1.0)
+        return WeightedSum.of(state, float(job.num_train) if self.size_weighted else 1.0)
 
 
-class FedDynClient(ClientHalf[FedDynParams]):
-    """Adds −⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)‖θ − θ^{t−1}‖² to each mini-batch's loss."""
+class FedDynClient(PersistentMomentumClient):
+    """Adds −⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)‖θ − θ^{t−1}‖² (``code``: ‖·‖ unsquared) to each mini-batch's loss;
+    ``code`` keeps the SGD momentum buffer across the client's rounds."""
+
+    params: FedDynParams
+
+    def train(self, job: ClientJob) -> TrainStats:
+        if self.params.fidelity == "paper":  # a fresh momentum buffer every round
+            return ClientHalf.train(self, job)
+        return super().train(job)
+
+    def supports_stacking(self) -> bool:
+        """``paper`` trains with the default loop (stackable); ``code`` carries a momentum buffer, one by one."""
+        return self.params.fidelity == "paper"
 
     def loss_constants(self, job: ClientJob) -> dict[str, torch.Tensor]:
         grad = torch.from_numpy(_grad_state(job)).to(job.device)
@@ -108,6 +140,9 @@ class FedDynClient(ClientHalf[FedDynParams]):
         self, params: list[torch.Tensor], constants: Mapping[str, torch.Tensor]
     ) -> torch.Tensor:
         linear = torch.dot(flatten_logically(params), constants["grad"])
+        if self.params.fidelity == "code":
+            drift = torch.linalg.vector_norm(flatten_logically(params) - constants["anchor"])
+            return 0.5 * self.params.alpha * drift - linear
         return proximal_term(params, constants["anchor"], self.params.alpha) - linear
 
 
@@ -126,7 +161,7 @@ class FedDynServer(ServerHalf[FedDynParams, WeightedSum]):
         self.h = np.zeros(self.num_params, np.float32)
 
     def broadcast(self) -> FedDynBroadcast:
-        return FedDynBroadcast(self.global_vector, self.params.alpha)
+        return FedDynBroadcast(self.global_vector, self.params.alpha, self.params.fidelity == "code")
 
     def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
         if contribution is None:
@@ -134,7 +169,8 @@ class FedDynServer(ServerHalf[FedDynParams, WeightedSum]):
         mean = contribution.average()
         p = self.num_params
         theta, self.h = feddyn_server_step(
-            self.global_vector[:p], self.h, mean[:p], contribution.count, self.spec.num_clients, self.params.alpha
+            self.global_vector[:p], self.h, mean[:p], contribution.count, self.spec.num_clients, self.params.alpha,
+            self.params.fidelity,
         )
         self.global_vector = np.concatenate([theta, mean[p:]]).astype(np.float32, copy=False)
         return {"clients_aggregated": float(contribution.count), "feddyn_h_norm": float(np.linalg.norm(self.h))}

@@ -17,8 +17,13 @@ aggregate is the starting point), re-initialised every round. Optimiser as the a
 code: Adam (lr 0.01 on CIFAR-10, 0.005 otherwise; betas (0.5, 0.999)), StepLR(20, 0.5),
 ``server_epochs`` passes over the proxy set (100, as the FedAWA paper ran FedLAW, Sec. 5.2).
 
-Floating-point buffers (BatchNorm statistics) are mixed with λ and not shrunk; the proxy
-forward runs in evaluation mode on them. The proxy set is carved out of the pool before the
+BatchNorm (``batchnorm``): ``code`` (default) does what the authors' code does
+(``server_funct.fedlaw_optimization`` sets ``central_node.model.train()``, and
+``load_param`` replaces only the flat parameter vector): the proxy forward runs in training
+mode, so BatchNorm normalises with each proxy batch's statistics and updates the server's own
+running statistics (kept across rounds), and those statistics, never the clients', are the
+global model's buffers. ``mixed`` mixes the clients' buffers with λ (not shrunk) and runs the
+proxy forward in evaluation mode on them. The proxy set is carved out of the pool before the
 partition (:mod:`rayfed.data.held_out`) and only the server sees it.
 """
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -44,7 +50,7 @@ from rayfed.flat import FlatModel
 from rayfed.models import build_model
 from rayfed.problem import ProblemSpec
 from rayfed.seeding import init_seed
-from rayfed.validation import check_int, check_real
+from rayfed.validation import check_choice, check_int, check_real
 
 __all__ = [
     "FedLAWParams", "FedLAWServer", "merge", "merged_forward", "proxy_loss", "learn_aggregation",
@@ -72,13 +78,20 @@ class FedLAWParams:
         0.005, "Adam lr of z and s: 0.01 on CIFAR-10, 0.005 on other datasets (authors' code)."
     )
     server_epochs: int = documented(100, "Passes over the proxy set per round (100 as in the FedAWA paper's runs).")
-    proxy_batch_size: int = documented(64, "Proxy mini-batch size of the server optimisation.")
+    proxy_batch_size: int = documented(
+        128, "Proxy mini-batch size of the server optimisation (the authors' --validate_batchsize, 128)."
+    )
+    batchnorm: Literal["code", "mixed"] = documented(
+        "code", "code: proxy forward in training mode, the server's own running statistics are the global "
+        "buffers (authors' code); mixed: λ-mixed client buffers, evaluation-mode forward."
+    )
 
     def __post_init__(self) -> None:
         check_int("algorithm.params.proxy_size", self.proxy_size, low=1)
         check_real("algorithm.params.server_lr", self.server_lr, low=0, low_open=True)
         check_int("algorithm.params.server_epochs", self.server_epochs, low=0)
         check_int("algorithm.params.proxy_batch_size", self.proxy_batch_size, low=1)
+        check_choice("algorithm.params.batchnorm", self.batchnorm, ("code", "mixed"))
 
 
 # --- the equations, as pure functions -------------------------------------------------------------
@@ -93,32 +106,42 @@ def merge(thetas: torch.Tensor, logits: torch.Tensor, shrink_logit: torch.Tensor
     return torch.cat([gamma * mixed[:num_params], mixed[num_params:]])
 
 
-def merged_forward(flat: FlatModel, state: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def merged_forward(
+    flat: FlatModel, state: torch.Tensor, x: torch.Tensor, server_buffers: torch.Tensor | None = None
+) -> torch.Tensor:
     """The logits of ``flat``'s module at ``state`` (parameters then buffers), differentiable in ``state``:
     a functional forward (``torch.func.functional_call``) through views of the flat vector, in evaluation
     mode (BatchNorm reads the merged running statistics and never writes them). The statistics enter as
     constants: BatchNorm is not differentiable in its running statistics, so λ is learnt through the
-    parameters only, as it is with any autograd implementation."""
-    flat.module.eval()
+    parameters only, as it is with any autograd implementation.
+
+    With ``server_buffers`` (the ``code`` BatchNorm mode) the forward runs in training mode instead:
+    BatchNorm normalises with the batch's statistics and updates ``server_buffers`` in place."""
     layout, buffers = flat.layout, flat.buffer_layout
     p = layout.size
     tensors = {name: layout.view(state[:p], i) for i, name in enumerate(layout.names)}
-    constants = state[p:].detach()
+    if server_buffers is not None:
+        flat.module.train()
+        constants = server_buffers
+    else:
+        flat.module.eval()
+        constants = state[p:].detach()
     tensors.update({name: buffers.view(constants, i) for i, name in enumerate(buffers.names)})
     return functional_call(flat.module, tensors, (x,))
 
 
 def proxy_loss(
     flat: FlatModel, thetas: torch.Tensor, logits: torch.Tensor, shrink_logit: torch.Tensor,
-    x: torch.Tensor, y: torch.Tensor,
+    x: torch.Tensor, y: torch.Tensor, server_buffers: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Cross-entropy of the merged model on a proxy batch: the objective of z and s."""
-    return F.cross_entropy(merged_forward(flat, merge(thetas, logits, shrink_logit, flat.layout.size), x), y)
+    merged = merge(thetas, logits, shrink_logit, flat.layout.size)
+    return F.cross_entropy(merged_forward(flat, merged, x, server_buffers), y)
 
 
 def learn_aggregation(
     flat: FlatModel, thetas: torch.Tensor, sizes: np.ndarray, x: torch.Tensor, y: torch.Tensor,
-    params: FedLAWParams, generator: torch.Generator,
+    params: FedLAWParams, generator: torch.Generator, server_buffers: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(λ, γ, last epoch's mean proxy loss): z from log(n_k/Σn), s from 0, Adam + StepLR over
     ``params.server_epochs`` shuffled passes of the proxy set (x, y)."""
@@ -134,7 +157,7 @@ def learn_aggregation(
         for start in range(0, len(y), params.proxy_batch_size):
             batch = order[start : start + params.proxy_batch_size]
             optimiser.zero_grad()
-            loss = proxy_loss(flat, thetas, logits, shrink, x[batch], y[batch])
+            loss = proxy_loss(flat, thetas, logits, shrink, x[batch], y[batch], server_buffers)
             loss.backward()
             optimiser.step()
             total, count = total + float(loss.detach()) * len(batch), count + len(batch)
@@ -169,6 +192,9 @@ class FedLAWServer(ServerHalf[FedLAWParams, ClientVectors]):
             self.flat = FlatModel(build_model(architecture, spec.input_shape, spec.num_classes))
         self.proxy_x = model_inputs(spec.held_out.inputs, spec.mean, spec.std)
         self.proxy_y = torch.from_numpy(np.asarray(spec.held_out.labels, dtype=np.int64))
+        p = self.flat.layout.size
+        code_bn = params.batchnorm == "code" and len(self.global_vector) > p
+        self.server_buffers = torch.from_numpy(self.global_vector[p:].copy()) if code_bn else None
 
     def broadcast(self) -> WholeModels:
         return WholeModels(self.global_vector)
@@ -180,10 +206,13 @@ class FedLAWServer(ServerHalf[FedLAWParams, ClientVectors]):
         thetas = torch.from_numpy(np.ascontiguousarray(contribution.matrix(), dtype=np.float32))
         generator = torch.Generator().manual_seed(init_seed(self.spec.seed, _PROXY_STREAM + ctx.round))
         lam, gamma, loss = learn_aggregation(
-            self.flat, thetas, contribution.sizes, self.proxy_x, self.proxy_y, self.params, generator
+            self.flat, thetas, contribution.sizes, self.proxy_x, self.proxy_y, self.params, generator,
+            self.server_buffers,
         )
         with torch.no_grad():
             merged = merge(thetas, torch.log(lam.clamp_min(1e-30)), torch.log(gamma), self.flat.layout.size)
+            if self.server_buffers is not None:  # the server's own running statistics, as the code's central model
+                merged[self.flat.layout.size :] = self.server_buffers
         self.global_vector = merged.numpy().astype(np.float32, copy=False)
         return {
             "clients_aggregated": float(contribution.count),
@@ -198,6 +227,8 @@ class FedLAWServer(ServerHalf[FedLAWParams, ClientVectors]):
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         self.global_vector = np.array(state["global"], dtype=np.float32)
+        if self.server_buffers is not None:  # the global buffers are the server's statistics
+            self.server_buffers = torch.from_numpy(self.global_vector[self.flat.layout.size :].copy())
 
 
 register_algorithm(

@@ -17,6 +17,10 @@ averaged with equal weights 1/K (δ = 1): they are statistics, not learnt weight
 layer of θ_g or θ_k is all zeros (BatchNorm's bias at initialisation) the angle is undefined
 and δ = 1, so the layer is averaged instead of being zeroed for ever.
 
+The authors' training script (``FL_Pretraining/main_CIFAR10_LDAWA.py``) aggregates the first
+rounds with FedAvg's size-weighted average and switches to the rule above only after that
+warm-up (``if int(GLB_RND) > 2``: three rounds); ``warmup_rounds`` (default 3) does the same.
+
 Clients train as in FedAvg and upload their whole model; the cosines are computed for all
 clients and layers at once, as segment sums over the layout (``np.add.reduceat``).
 """
@@ -24,16 +28,33 @@ clients and layers at once, as segment sums over the layout (``np.add.reduceat``
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
-from rayfed.algorithms.base import ClientHalf, NoParams, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.base import ClientHalf, RoundContext, ServerHalf, register_algorithm
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedavg import WholeModels, require_homogeneous, sole_architecture
+from rayfed.config_fields import documented, section
 from rayfed.layout import ParamLayout
 from rayfed.problem import ProblemSpec
+from rayfed.validation import check_int
 
-__all__ = ["layer_cosines", "ldawa_aggregate", "LDAWAServer"]
+__all__ = ["LDAWAParams", "layer_cosines", "ldawa_aggregate", "LDAWAServer"]
+
+
+@section("algorithm.params")
+@dataclass(frozen=True)
+class LDAWAParams:
+    """Hyper-parameters of L-DAWA (``algorithm.params.*``)."""
+
+    warmup_rounds: int = documented(
+        3, "Rounds aggregated with FedAvg's size-weighted average before L-DAWA starts (the authors' "
+        "training script: 3; 0 = L-DAWA from the first round)."
+    )
+
+    def __post_init__(self) -> None:
+        check_int("algorithm.params.warmup_rounds", self.warmup_rounds, low=0)
 
 
 def _layers(starts: np.ndarray, stop: int) -> list[slice]:
@@ -72,14 +93,14 @@ def ldawa_aggregate(models: np.ndarray, global_state: np.ndarray, layout: ParamL
     return merged, delta
 
 
-class LDAWAServer(ServerHalf[NoParams, ClientVectors]):
+class LDAWAServer(ServerHalf[LDAWAParams, ClientVectors]):
     """Keeps θ_g; aggregates layer by layer with δ_k^l = min(1, cos(θ_k^l, θ_g^l)) and weight 1/K."""
 
     @classmethod
-    def validate(cls, params: NoParams, spec: ProblemSpec) -> None:
+    def validate(cls, params: LDAWAParams, spec: ProblemSpec) -> None:
         require_homogeneous(spec)
 
-    def __init__(self, params: NoParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, params: LDAWAParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)
         architecture = sole_architecture(spec)
         self.layout = spec.layouts[architecture]
@@ -91,6 +112,10 @@ class LDAWAServer(ServerHalf[NoParams, ClientVectors]):
     def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
         if contribution is None:
             return {"clients_aggregated": 0.0}
+        if ctx.round < self.params.warmup_rounds:  # the authors' FedAvg warm-up
+            sizes = np.asarray(contribution.sizes, np.float64)
+            self.global_vector = ((sizes / sizes.sum()).astype(np.float32) @ contribution.matrix()).astype(np.float32)
+            return {"clients_aggregated": float(contribution.count)}
         self.global_vector, delta = ldawa_aggregate(contribution.matrix(), self.global_vector, self.layout)
         return {
             "clients_aggregated": float(contribution.count),
@@ -107,7 +132,7 @@ class LDAWAServer(ServerHalf[NoParams, ClientVectors]):
 
 register_algorithm(
     "ldawa",
-    params=NoParams,
+    params=LDAWAParams,
     server=LDAWAServer,
     client=ClientHalf,
     summary="L-DAWA (Rehman et al. 2023): each client layer scaled by min(1, cos(theta_k^l, theta_g^l)), mean 1/K",

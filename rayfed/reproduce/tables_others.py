@@ -29,7 +29,8 @@ _AWA_COLS = tuple(
 _A = tuple(c.key for c in _AWA_COLS)
 _SGDM = {"algorithm.client": "sgdm"}
 """FedAWA's code gives FedAvg and the other server-side baselines the clients FedAWA has: momentum kept
-across rounds (FedProx and FedDyn have clients of their own)."""
+across rounds. FedProx and FedDyn have clients of their own: FedProx's plain SGD (the code's
+PerturbedGradientDescent), FedDyn's regulariser with the same persistent momentum (its ``fidelity=code``)."""
 AWA_T1 = Table(
     name="fedawa-t1",
     title="FedAWA against aggregation-weight baselines, 20 clients, ResNet-20 (CIFAR) / ResNet-18 (Tiny)",
@@ -37,6 +38,7 @@ AWA_T1 = Table(
     columns=_AWA_COLS,
     rows=(
         Row("fedlaw", "FedLAW (proxy data)", "fedlaw", settings=_SGDM,
+            per_dataset={"cifar10": {"algorithm.params.server_lr": 0.01}},  # C-LAW: 0.01 on CIFAR-10 only
             paper=_paper(_A, "64.76 75.27 81.30 34.59 37.56 41.05 29.13 33.49 37.20")),
         Row("fedavg", "FedAvg", "fedavg", settings=_SGDM,
             paper=_paper(_A, "61.04 74.47 76.01 36.71 41.08 41.46 29.44 34.43 36.31")),
@@ -188,6 +190,7 @@ AWA_MNIST = Table(
         Row("ldawa", "L-DAWA", "ldawa", settings=_SGDM),
         Row("fedlaw", "FedLAW (proxy data)", "fedlaw", settings=_SGDM),
         Row("feddyn", "FedDyn", "feddyn"),
+        Row("fedprox", "FedProx", "fedprox", {"mu": 0.001}, {"train.momentum": 0.0, "train.weight_decay": 0.0}),
         Row("fedadam", "FedAdam", "fedadam", settings=_SGDM),
         Row("fedawa_disco", "FedDisco + FedAWA", "fedawa", {"initial_weights": "feddisco"}),
     ),

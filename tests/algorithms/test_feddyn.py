@@ -33,7 +33,7 @@ def test_server_step_matches_algorithm_1_with_m_all_clients() -> None:
     rng = np.random.default_rng(0)
     theta = rng.normal(size=8).astype(np.float32)
     alpha = 0.1
-    server = FedDynServer(FedDynParams(alpha=alpha), _spec(10), {"m": theta})
+    server = FedDynServer(FedDynParams(alpha=alpha, fidelity="paper"), _spec(10), {"m": theta})
     h, expected = np.zeros(6), theta.astype(np.float64)
     for _ in range(2):
         models = rng.normal(size=(3, 8))
@@ -67,7 +67,7 @@ def test_client_term_gradient_is_alpha_times_drift_minus_the_stored_gradient() -
     # Prepare: a stored gradient state in flat-vector order, and the model moved away from its start.
     g = np.random.default_rng(2).normal(size=FlatModel(build_model("cnn4", (1, 28, 28), 10)).size).astype(np.float32)
     job, spec = _conv_job({GRAD_KEY: g})
-    half = FedDynClient(FedDynParams(alpha=0.3), spec)
+    half = FedDynClient(FedDynParams(alpha=0.3, fidelity="paper"), spec)
     constants = half.loss_constants(job)
     start = job.flat.vector.detach().clone()
     with torch.no_grad():
@@ -84,7 +84,7 @@ def test_the_gradient_state_pulls_local_training_along_it_and_is_updated() -> No
     # Prepare: the same client and start, with a zero and a nonzero gradient state.
     job, spec = _conv_job(None)
     g = 1e-3 * np.random.default_rng(5).normal(size=job.flat.size).astype(np.float32)
-    half, start = FedDynClient(FedDynParams(alpha=0.01), spec), job.flat.state_numpy().copy()
+    half, start = FedDynClient(FedDynParams(alpha=0.01, fidelity="paper"), spec), job.flat.state_numpy().copy()
     trained = []
     for state in (None, {GRAD_KEY: g}):
         job, _ = _conv_job(state)
@@ -128,3 +128,39 @@ def test_partial_participation_only_sampled_clients_keep_a_gradient_state(tmp_pa
     first = {c["client_id"] for c in sampled if c["round"] == 0}
     assert len(first) == 3 and ids.ids[0] == first and all(np.isfinite(result.accuracies))
     assert all(c["bytes_up"] == 4 * size + 8 and c["bytes_down"] == 4 * size for c in sampled)
+
+
+def test_code_fidelity_server_step_is_the_baseline_codes_size_weighted_one() -> None:
+    # Prepare: 10 clients in all, 3 upload with sizes 10, 30, 60 (ZexiLee/ICML-2023-FedLAW server_funct.feddyn).
+    rng = np.random.default_rng(0)
+    theta = rng.normal(size=8).astype(np.float32)
+    alpha, sizes = 0.1, np.array([10.0, 30.0, 60.0])
+    server = FedDynServer(FedDynParams(alpha=alpha), _spec(10), {"m": theta})
+    h, expected = np.zeros(6), theta.astype(np.float64)
+    for _ in range(2):
+        models = rng.normal(size=(3, 8))
+        w = sizes / sizes.sum()
+        h = h - alpha * (w @ (models[:, :6] - expected[:6]))
+        expected = np.concatenate([w @ models[:, :6] - h / alpha, w @ models[:, 6:]])
+        # Execute
+        upload = sum_contributions(WeightedSum.of(x.astype(np.float32), n) for x, n in zip(models, sizes))
+        server.aggregate(RoundContext(0, 0, 0.1, np.array([1, 4, 7]), 10), upload)
+        # Assert
+        np.testing.assert_allclose(server.global_vector, expected, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(server.h, h, rtol=1e-4, atol=1e-6)
+
+
+def test_code_fidelity_client_term_is_half_alpha_times_the_unsquared_norm() -> None:
+    g = np.random.default_rng(2).normal(size=FlatModel(build_model("cnn4", (1, 28, 28), 10)).size).astype(np.float32)
+    job, spec = _conv_job({GRAD_KEY: g})
+    half = FedDynClient(FedDynParams(alpha=0.3), spec)
+    constants = half.loss_constants(job)
+    start = job.flat.vector.detach().clone()
+    with torch.no_grad():
+        job.flat.vector.add_(torch.randn(job.flat.size, generator=torch.Generator().manual_seed(4)))
+    job.flat.zero_grad()
+    half.functional_extra_loss(job.flat.params, constants).backward()
+    drift = job.flat.vector.detach() - start
+    expected = -torch.from_numpy(g) + 0.15 * drift / torch.linalg.vector_norm(drift)
+    torch.testing.assert_close(job.flat.grad, expected, rtol=1e-4, atol=1e-5)
+    assert not half.supports_stacking()

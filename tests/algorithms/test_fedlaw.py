@@ -107,3 +107,23 @@ def test_learning_runs_through_batchnorm_statistics_as_constants() -> None:
     proxy_loss(flat, thetas, z, s, torch.randn(4, 1, 6, 6), torch.tensor([0, 1, 2, 3])).backward()
     # Assert
     assert s.grad is not None and torch.isfinite(s.grad) and z.grad is not None
+
+
+def test_code_batchnorm_mode_trains_on_batch_statistics_and_keeps_the_servers_own() -> None:
+    # Prepare: two client states of a conv net with BatchNorm; the server's running statistics start
+    # at the initial model's (mean 0, variance 1), as the authors' central model.
+    flat = _small_cnn()
+    p = flat.layout.size
+    state = torch.from_numpy(flat.state_numpy())
+    thetas = torch.stack([state, state + 0.01])
+    server_buffers = state[p:].clone()
+    x, y = torch.randn(20, 1, 6, 6) * 3 + 2, torch.randint(0, 4, (20,))
+    params = FedLAWParams(server_lr=0.01, server_epochs=2, proxy_batch_size=10)
+    # Execute
+    lam, gamma, loss = learn_aggregation(flat, thetas, np.array([1.0, 1.0]), x, y, params,
+                                         torch.Generator().manual_seed(0), server_buffers)
+    # Assert: the forward ran in training mode (the server's statistics moved towards the proxy data's)
+    # and the learnt weights are finite.
+    assert not torch.allclose(server_buffers, state[p:]) and torch.isfinite(server_buffers).all()
+    assert torch.isfinite(lam).all() and float(gamma) > 0 and np.isfinite(loss)
+    assert FedLAWParams().proxy_batch_size == 128 and FedLAWParams().batchnorm == "code"

@@ -6,11 +6,12 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from rayfed import RunConfig
-from rayfed.algorithms import NoParams, RoundContext
-from rayfed.algorithms.ldawa import LDAWAServer, ldawa_aggregate
+from rayfed.algorithms import ClientVectors, RoundContext, sum_contributions
+from rayfed.algorithms.ldawa import LDAWAParams, LDAWAServer, ldawa_aggregate
 from rayfed.client_runner import ClientRunner
 from rayfed.engine import Simulation
 from rayfed.layout import ParamLayout
+from rayfed.problem import ProblemSpec
 from tests.conftest import tiny_overrides
 
 LAYOUT = ParamLayout(("a.weight", "a.bias", "bn.bias"), ((2, 3), (3,), (2,)), (0, 6, 9, 11))
@@ -56,7 +57,7 @@ def test_identical_clients_reproduce_the_global_model_and_diverging_ones_shrink_
         "algorithm.name": "ldawa", "data.num_clients": 4, "data.partition": "dirichlet",
         "data.options": {"num_samples": 600}, "train.lr": 0.1}))
     sim = Simulation(config)
-    server = LDAWAServer(NoParams(), sim.spec, sim.initial)
+    server = LDAWAServer(LDAWAParams(warmup_rounds=0), sim.spec, sim.initial)
     before = server.global_vector.copy()
     ctx = RoundContext(0, 0, 0.1, np.arange(4), 4)
     upload = ClientRunner(config, sim.spec, sim.dataset, sim.partition).train(
@@ -88,3 +89,22 @@ def test_partial_participation_runs_and_uploads_whole_models(tmp_path) -> None:
     sampled = [c for c in pq.read_table(tmp_path / "run" / "clients").to_pylist() if c["sampled"]]
     assert len(sampled) == 6 and all(np.isfinite(result.accuracies))
     assert all(c["bytes_up"] == 4 * size + 16 and c["bytes_down"] == 4 * size for c in sampled)
+
+
+def test_warmup_rounds_aggregate_with_fedavg_then_ldawa_starts() -> None:
+    # Prepare: the authors' script averages with FedAvg while its global round is <= 2.
+    layout = ParamLayout(("w", "b"), ((2, 2), (2,)), (0, 4, 6))
+    spec = ProblemSpec(3, 2, (1, 1, 2), {"m": layout}, {"m": ("w",)}, {"m": "w"}, default_architecture="m")
+    rng = np.random.default_rng(0)
+    server = LDAWAServer(LDAWAParams(), spec, {"m": rng.normal(size=6).astype(np.float32)})
+    models, sizes = rng.normal(size=(3, 6)).astype(np.float32), np.array([10.0, 30.0, 60.0])
+    upload = sum_contributions(ClientVectors.of(models[i], i, sizes[i]) for i in range(3))
+    # Execute and assert: rounds 0-2 give the size-weighted mean; round 3 applies δ.
+    for r in range(3):
+        server.aggregate(RoundContext(r, 0, 0.1, np.arange(3), 3), upload)
+        np.testing.assert_allclose(server.global_vector, sizes / sizes.sum() @ models, rtol=1e-5, atol=1e-6)
+    before = server.global_vector.copy()
+    metrics = server.aggregate(RoundContext(3, 0, 0.1, np.arange(3), 3), upload)
+    expected, _ = ldawa_aggregate(models, before, layout)
+    np.testing.assert_allclose(server.global_vector, expected, rtol=1e-5, atol=1e-6)
+    assert "ldawa_min_cos" in metrics
