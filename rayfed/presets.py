@@ -150,7 +150,8 @@ PRESETS: dict[str, Preset] = {
     ),
     "fedclassavg-emnist": Preset(
         "FedClassAvg paper on EMNIST-Letters: as fedclassavg-cifar10 with lr 5e-4, rho 0.1",
-        {**_FEDCLASSAVG, "data.dataset": "emnist_letters", "train.lr": 5e-4, "algorithm.params.rho": 0.1},
+        {**_FEDCLASSAVG, "data.dataset": "emnist_letters", "train.lr": 5e-4, "algorithm.params.rho": 0.1,
+         "data.options": {"merge_splits": False, "na_class": True}},
     ),
 }
 

@@ -144,19 +144,25 @@ def sgd_step(
 
 
 def minibatches(
-    job: ClientJob, *, epochs: int | None = None, size: int | None = None, drop_last: bool | None = None
+    job: ClientJob,
+    *,
+    epochs: int | None = None,
+    size: int | None = None,
+    drop_last: bool | None = None,
+    batch_size: int | None = None,
 ) -> Iterator[torch.Tensor]:
     """The index tensors (on the job's device) of ``epochs`` shuffled passes over ``size`` samples.
 
     Defaults: ``train.local_epochs`` passes over the client's training split, ``train.batch_size``
-    per batch, and ``train.drop_last`` (the papers' loaders: a last partial batch is skipped, so a
-    client with fewer samples than a batch takes no step, as in PFLlib). Each pass draws one
+    samples per batch (``batch_size``), and ``train.drop_last`` (the papers' loaders: a last
+    partial batch is skipped, so a client with fewer samples than a batch takes no step, as in
+    PFLlib). Each pass draws one
     ``randperm`` from ``job.generator`` when it starts, so draws an algorithm makes from the same
     generator between batches (FedClassAvg's augmentations) interleave as in a hand-written loop.
     """
     train = job.train
     n = job.num_train if size is None else size
-    batch = train.batch_size
+    batch = train.batch_size if batch_size is None else batch_size
     stop = n - n % batch if (train.drop_last if drop_last is None else drop_last) else n
     for _ in range(train.local_epochs if epochs is None else epochs):
         order = torch.randperm(n, generator=job.generator).to(job.device)

@@ -8,10 +8,11 @@ the output layer must agree). An embedding f_i(x) is that penultimate feature ve
 
 * Local prototypes: C_i^(j) = mean of f_i(x) over the client's training samples of
   class j, computed with the trained model (eval mode) after local training.
-* Global prototypes: C̄^(j) = Σ_i |D_i,j| C_i^(j) / Σ_i |D_i,j| over the clients that
-  uploaded class j this round (weighted by the clients' class counts |D_i,j|, as the paper's
-  aggregation weights them; the authors' code takes the unweighted mean). A class nobody
-  uploaded keeps its last prototype.
+* Global prototypes, over the clients that uploaded class j this round (``aggregation``):
+  ``client_mean`` (default, the authors' code ``lib/utils.py::proto_aggregation``):
+  C̄^(j) = (1/|N_j|) Σ_{i∈N_j} C_i^(j), every client's class mean counting once;
+  ``count``: C̄^(j) = Σ_i |D_i,j| C_i^(j) / Σ_i |D_i,j|, weighted by the class counts.
+  A class nobody uploaded keeps its last prototype.
 * Local objective: CE(F_i(x), y) + λ · MSE(f_i(x), C̄^(y)), the MSE taken, as in
   the code, as the mean over the batch's B × d entries, with samples whose class has no
   global prototype yet contributing 0 (the first round is plain CE). λ = 1 by default.
@@ -19,8 +20,10 @@ the output layer must agree). An embedding f_i(x) is that penultimate feature ve
 Evaluation (``inference``): ``model`` (default) uses the client's own model and classifier;
 ``prototype`` is the paper's inference, the class of the nearest global prototype,
 argmin_j ‖f_i(x) − C̄^(j)‖² = argmax_j (2 C̄^(j)·f_i(x) − ‖C̄^(j)‖²), which is a linear layer,
-so it is evaluated by loading W = 2C̄, b = −‖C̄‖² into the output layer (classes without a
-prototype are never predicted; the reported loss is the cross-entropy of these logits).
+so it is evaluated by loading W = 2C̄, b = −‖C̄‖² into the output layer. As in the authors'
+``test_inference_new_het_lt``, only the classes the client holds (in its training split) and
+that have a global prototype are candidates; the others are never predicted. The reported
+loss is the cross-entropy of these logits.
 
 Traffic: up, one prototype (d floats) and its count per class the client holds; down, the
 global prototypes (d floats per class that has one) and a presence byte per class. Models
@@ -76,10 +79,15 @@ class FedProtoParams:
     inference: Literal["model", "prototype"] = documented(
         "model", "model: the client's own classifier (default); prototype: nearest global prototype (the paper)."
     )
+    aggregation: Literal["client_mean", "count"] = documented(
+        "client_mean", "client_mean: plain mean of the clients' class means (authors' code); count: weighted by "
+                       "the clients' class counts."
+    )
 
     def __post_init__(self) -> None:
         check_real("algorithm.params.lam", self.lam, low=0)
         check_choice("algorithm.params.inference", self.inference, ("model", "prototype"))
+        check_choice("algorithm.params.aggregation", self.aggregation, ("client_mean", "count"))
 
 
 # --- the equations ----------------------------------------------------------------------------
@@ -87,21 +95,40 @@ class FedProtoParams:
 
 @dataclass
 class ClassSums(Contribution):
-    """Per-class sums of embeddings and their counts: Σ_i |D_i,j| C_i^(j) and Σ_i |D_i,j|."""
+    """Per class j, over the uploading clients i: the sums Σ_i |D_i,j| C_i^(j) and Σ_i |D_i,j| (for
+    ``aggregation=count``) and Σ_i C_i^(j) and |N_j| (for ``client_mean``); one client's upload
+    (:meth:`of_client`) derives the last two from its own sums, so the bytes sent do not change."""
 
     sums: np.ndarray
-    """(K, d) float32."""
+    """(K, d) float32: Σ_i Σ_{x ∈ D_i,j} f_i(x)."""
     counts: np.ndarray
-    """(K,) float64."""
+    """(K,) float64: Σ_i |D_i,j|."""
+    mean_sums: np.ndarray
+    """(K, d) float32: Σ_i C_i^(j), the sum of the clients' own class means."""
+    clients: np.ndarray
+    """(K,) float64: |N_j|, how many of the clients hold class j."""
+
+    @classmethod
+    def of_client(cls, sums: np.ndarray, counts: np.ndarray) -> ClassSums:
+        """One client's upload from its class sums and counts (:func:`class_sums`)."""
+        held = counts > 0
+        means = np.zeros_like(sums)
+        means[held] = sums[held] / counts[held, None].astype(np.float32)
+        return cls(sums, counts, means, held.astype(np.float64))
 
     def __add__(self, other: ClassSums) -> ClassSums:
-        return ClassSums(self.sums + other.sums, self.counts + other.counts)
+        return ClassSums(self.sums + other.sums, self.counts + other.counts,
+                         self.mean_sums + other.mean_sums, self.clients + other.clients)
 
-    def prototypes(self) -> tuple[np.ndarray, np.ndarray]:
-        """(C̄ (K, d), present (K,)): the count-weighted mean prototype of each class seen."""
+    def prototypes(self, aggregation: str = "client_mean") -> tuple[np.ndarray, np.ndarray]:
+        """(C̄ (K, d), present (K,)): each seen class's mean of the clients' class means (``client_mean``)
+        or its count-weighted mean embedding (``count``)."""
         present = self.counts > 0
         protos = np.zeros_like(self.sums)
-        protos[present] = self.sums[present] / self.counts[present, None].astype(np.float32)
+        if aggregation == "count":
+            protos[present] = self.sums[present] / self.counts[present, None].astype(np.float32)
+        else:
+            protos[present] = self.mean_sums[present] / self.clients[present, None].astype(np.float32)
         return protos, present
 
     @property
@@ -110,7 +137,7 @@ class ClassSums(Contribution):
         return present * (self.sums.shape[1] * 4 + 8) + self.counts.shape[0]
 
     def is_finite(self) -> bool:
-        return bool(np.isfinite(self.sums).all()) and bool(np.isfinite(self.counts).all())
+        return all(bool(np.isfinite(a).all()) for a in (self.sums, self.counts, self.mean_sums, self.clients))
 
 
 def class_sums(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -152,15 +179,18 @@ class FedProtoMessage(Broadcast):
     def contribute(self, job: ClientJob) -> ClassSums:
         save_model_state(job)
         sums, counts = job.scratch[_SUMS]
-        return ClassSums(sums, counts)
+        return ClassSums.of_client(sums, counts)
 
     def prepare_eval(self, job: ClientJob) -> None:
         job.flat.load_state(own_model_state(job, self.init))
         if self.inference != "prototype" or not self.present.any():
             return
         protos = self.prototypes.astype(np.float32)
-        weight = np.where(self.present[:, None], 2 * protos, 0).astype(np.float32)
-        bias = np.where(self.present, -(protos * protos).sum(axis=1), ABSENT_LOGIT).astype(np.float32)
+        candidates = self.present & (np.asarray(job.train_label_counts) > 0)  # the authors' classes_list[idx]
+        if not candidates.any():
+            candidates = self.present
+        weight = np.where(candidates[:, None], 2 * protos, 0).astype(np.float32)
+        bias = np.where(candidates, -(protos * protos).sum(axis=1), ABSENT_LOGIT).astype(np.float32)
         part = job.flat.slice_of(self.output_layers[job.architecture])
         job.flat.load(np.concatenate([weight.reshape(-1), bias]), part)
 
@@ -244,7 +274,7 @@ class FedProtoServer(ServerHalf[FedProtoParams, ClassSums]):
     def aggregate(self, ctx: RoundContext, contribution: ClassSums | None) -> dict[str, float]:
         if contribution is None:
             return {"classes_with_prototype": float(self.present.sum())}
-        new, seen = contribution.prototypes()
+        new, seen = contribution.prototypes(self.params.aggregation)
         self.prototypes = np.where(seen[:, None], new, self.prototypes).astype(np.float32)
         self.present = self.present | seen
         return {"classes_with_prototype": float(self.present.sum()), "classes_uploaded": float(seen.sum())}

@@ -14,19 +14,27 @@ weights) in the client state store. A round, for a sampled client n:
 
 The server stores the latest s_m of every client, takes ``coef_steps`` gradient steps on the
 knowledge-coefficient matrix c (Eq. 7-8), and broadcasts the new targets. The public set is
-carved out of the pool before the partition and seen by the server and every client
-(:mod:`rayfed.data.held_out`). Evaluated: each client's own model.
+carved out of the pool before the partition, or drawn from another dataset
+(``public_dataset``), and seen by the server and every client (:mod:`rayfed.data.held_out`).
+Evaluated: each client's own model.
 
 **+weight** (``share_weights=True``, homogeneous models; FedClassAvg paper, Table 3): the
 clients also upload their weights, and a client starts the round from its personalised model
 Σ_m c_nm w_m instead of distilling on the public set (the weights carry the knowledge); c is
 still learnt from the soft predictions.
+
+``fidelity`` (default ``code``) chooses between the code behind the FedClassAvg paper's KT-pFL
+numbers and our reading of the KT-pFL paper; the two rules are in
+:mod:`rayfed.algorithms.ktpfl_equations`. ``max_local_epochs`` grows the local epochs by one a
+round, as that code does ("KT-pFL requires 20 epochs of local updates").
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -35,6 +43,7 @@ from rayfed.algorithms.base import Broadcast, ClientHalf, RoundContext, ServerHa
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedavg import require_homogeneous
 from rayfed.algorithms.ktpfl_equations import (
+    code_distillation_loss,
     distillation_loss,
     mixing_weights,
     personalised_targets,
@@ -49,7 +58,7 @@ from rayfed.errors import ConfigError
 from rayfed.problem import ProblemSpec
 from rayfed.scratch import ScratchKey
 from rayfed.training import ClientJob, TrainStats, eval_batch_size, minibatches, sgd_step
-from rayfed.validation import check_int, check_real
+from rayfed.validation import check_choice, check_int, check_real
 
 __all__ = ["KTpFLParams", "KTpFLBroadcast", "KTpFLClient", "KTpFLServer"]
 
@@ -63,9 +72,15 @@ _PREDICTIONS = ScratchKey[np.ndarray]("ktpfl.predictions")
 class KTpFLParams:
     """Hyper-parameters of KT-pFL (``algorithm.params.*``)."""
 
-    public_size: int = documented(3000, "Public samples held out of the pool for server and clients (~3,000 in the "
-                                        "FedClassAvg paper, Table 5).")
+    public_size: int = documented(3000, "Public samples seen by server and clients (~3,000 in the FedClassAvg "
+                                        "paper, Table 5).")
     public_balanced: bool = documented(False, "Draw the public set class-balanced instead of uniformly.")
+    public_dataset: str = documented(
+        "", "Where the public set comes from: '' holds it out of the clients' pool; a dataset name (e.g. 'mnist', "
+            "'cifar100') draws it from that dataset under data.root, as the FedClassAvg paper's runs do (MNIST for "
+            "Fashion-MNIST and EMNIST, six CIFAR-100 classes for CIFAR-10).")
+    public_classes: tuple[int, ...] = documented(
+        (), "The classes of public_dataset to draw from, e.g. [0, 2, 20, 63, 71, 82]; empty: all.")
     temperature: float = documented(10.0, "Softmax temperature T of the soft predictions and of the distillation.")
     coef_lr: float = documented(0.01, "η of the knowledge-coefficient update: 0.01 MNIST-family, 0.02 CIFAR "
                                       "(FedClassAvg's runs).")
@@ -74,9 +89,24 @@ class KTpFLParams:
     distill_epochs: int = documented(1, "Passes over the public set per round distilling towards the target.")
     share_weights: bool = documented(False, "'+weight' variant (homogeneous models): start each round from "
                                             "Σ_m c_nm w_m instead of distilling.")
+    fidelity: Literal["code", "paper"] = documented(
+        "code", "code: c-loss MSE + ρ·mean penalty, no clipping or renormalising, distillation MSE(softmax(z), t) "
+                "(hukla/FedClassAvg KTpFL.py, behind P-FCA's numbers); paper: KL c-loss, T²·KL distillation.")
+    distill_batch_size: int = documented(256, "Batch of the distillation pass (256 in both authors' codes).")
+    max_local_epochs: int = documented(
+        0, "Local epochs grow by one a round up to this (20 in hukla/FedClassAvg, 'KT-pFL requires 20 epochs'); "
+           "0: train.local_epochs every round.")
 
     def __post_init__(self) -> None:
+        check_choice("algorithm.params.fidelity", self.fidelity, ("code", "paper"))
+        check_int("algorithm.params.distill_batch_size", self.distill_batch_size, low=1)
+        check_int("algorithm.params.max_local_epochs", self.max_local_epochs, low=0)
         check_int("algorithm.params.public_size", self.public_size, low=1)
+        for label in self.public_classes:
+            check_int("algorithm.params.public_classes", label, low=0)
+        if self.public_classes and not self.public_dataset:
+            raise ConfigError("algorithm.params.public_classes needs algorithm.params.public_dataset (the dataset "
+                              "whose classes they are); the pool's public set is drawn from all its classes")
         check_real("algorithm.params.temperature", self.temperature, low=0, low_open=True)
         check_real("algorithm.params.coef_lr", self.coef_lr, low=0)
         check_real("algorithm.params.penalty", self.penalty, low=0)
@@ -145,17 +175,27 @@ class KTpFLClient(ClientHalf[KTpFLParams]):
         target = job.scratch.pop(_TARGET, None)
         if target is not None and not self.params.share_weights:
             self.distil(job, x_public, torch.as_tensor(target, device=job.device))
+        if self.params.max_local_epochs:  # round 0 is the codes' 1-epoch init; round t >= 1: min(t, max) epochs
+            epochs = min(max(job.round, 1), self.params.max_local_epochs)
+            job.train = dataclasses.replace(job.train, local_epochs=epochs)
         stats = self.run_local_sgd(job)
         job.scratch[_PREDICTIONS] = self.predict(job, x_public).cpu().numpy()
         return stats
 
     def distil(self, job: ClientJob, x_public: torch.Tensor, target: torch.Tensor) -> None:
-        """``distill_epochs`` passes of SGD (the round's lr, ``train.batch_size``, no public sample
-        dropped) on T²·KL(t ‖ s) (Eq. 6)."""
+        """``distill_epochs`` passes of SGD at the round's lr, ``distill_batch_size`` public samples a batch,
+        towards t: ``code``, MSE(softmax(z), t) with the last partial batch dropped (the authors' code);
+        ``paper``, T²·KL(t ‖ softmax(z/T)) over every public sample (Eq. 6)."""
         job.model.train()
-        for idx in minibatches(job, epochs=self.params.distill_epochs, size=len(x_public), drop_last=False):
+        code = self.params.fidelity == "code"
+        batches = minibatches(job, epochs=self.params.distill_epochs, size=len(x_public), drop_last=code,
+                              batch_size=self.params.distill_batch_size)
+        for idx in batches:
             job.flat.zero_grad()
-            distillation_loss(job.model(x_public[idx]), target[idx], self.params.temperature).backward()
+            logits = job.model(x_public[idx])
+            loss = (code_distillation_loss(logits, target[idx]) if code
+                    else distillation_loss(logits, target[idx], self.params.temperature))
+            loss.backward()
             sgd_step(job.flat, job.lr)
 
     @torch.no_grad()
@@ -178,7 +218,8 @@ class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
     @classmethod
     def held_out(cls, params: KTpFLParams, spec: ProblemSpec) -> HeldOutRequest:
         return HeldOutRequest(params.public_size, balanced=params.public_balanced, shared=True,
-                              field="algorithm.params.public_size")
+                              field="algorithm.params.public_size", dataset=params.public_dataset,
+                              classes=tuple(params.public_classes), source_field="algorithm.params.public_dataset")
 
     def __init__(self, params: KTpFLParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)
@@ -198,7 +239,7 @@ class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
         if not self.seen.any():
             return None
         c, preds, seen = (torch.as_tensor(a) for a in (self.coefficients, self.predictions, self.seen))
-        return personalised_targets(c.float(), preds, seen).numpy()
+        return personalised_targets(c.float(), preds, seen, normalise=self.params.fidelity != "code").numpy()
 
     def broadcast(self) -> KTpFLBroadcast:
         if not self.params.share_weights:
@@ -206,7 +247,8 @@ class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
         if not self.seen.any():  # everyone starts from the common initialisation, as FedAvg's clients do
             first = np.ones((self.spec.num_clients, 1), dtype=np.float32)
             return KTpFLBroadcast(self.init, None, first, self.common[None, :], share_weights=True)
-        mixing = mixing_weights(torch.as_tensor(self.coefficients), torch.as_tensor(self.seen)).numpy()
+        mixing = mixing_weights(torch.as_tensor(self.coefficients), torch.as_tensor(self.seen),
+                                normalise=self.params.fidelity != "code").numpy()
         return KTpFLBroadcast(self.init, None, mixing.astype(np.float32), self.models[self.seen], share_weights=True)
 
     def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
@@ -221,6 +263,7 @@ class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
         self.coefficients, loss = update_coefficients(
             self.coefficients, self.predictions, self.seen,
             lr=self.params.coef_lr, penalty=self.params.penalty, steps=self.params.coef_steps,
+            rule=self.params.fidelity,
         )
         return {
             "clients_aggregated": float(contribution.count),

@@ -20,6 +20,13 @@ as in Hinton et al.'s distillation) besides cross-entropy on its own data (Eq. 5
 Only clients that have uploaded predictions take part (``seen``): t_n mixes their rows of
 ``c``, renormalised to sum to 1, so partial participation mixes the predictions the server
 holds. After each step c is clipped at 0, so that every t_n stays a distribution.
+
+``rule="code"`` is what the code behind the FedClassAvg paper's KT-pFL numbers does
+(``hukla/FedClassAvg`` ``src/KTpFL.py::get_models_logits`` and ``distill_one_model``; the same
+c-loss as ``cugzj/KT-pFL`` ``src/engine_kt_pfl.py::get_models_logits``): per row n,
+L_n(c) = MSE(s_n, Σ_m c_nm s_m) + ρ·mean_m (c_nm − 1/M)² (element-wise means), one plain
+gradient step c_n ← c_n − η ∇L_n, no clipping, and t_n = Σ_m c_nm s_m without renormalising;
+the student is distilled with MSE(softmax(z), t_n) (temperature 1 on the student, no T²).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["soft_predictions", "mixing_weights", "personalised_targets", "coefficient_loss", "update_coefficients",
-           "distillation_loss"]
+           "distillation_loss", "code_coefficient_loss", "code_distillation_loss"]
 
 EPS = 1e-12
 
@@ -39,15 +46,18 @@ def soft_predictions(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits / temperature, dim=-1)
 
 
-def mixing_weights(c: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
-    """c restricted to the columns of the clients with predictions, each row renormalised to sum 1 (M, M_seen)."""
+def mixing_weights(c: torch.Tensor, seen: torch.Tensor, *, normalise: bool = True) -> torch.Tensor:
+    """c restricted to the columns of the clients with predictions (M, M_seen), each row renormalised to sum 1
+    unless ``normalise`` is false (the authors' codes mix with c as it is)."""
     sub = c[:, seen]
-    return sub / sub.sum(dim=1, keepdim=True).clamp_min(EPS)
+    return sub / sub.sum(dim=1, keepdim=True).clamp_min(EPS) if normalise else sub
 
 
-def personalised_targets(c: torch.Tensor, predictions: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+def personalised_targets(
+    c: torch.Tensor, predictions: torch.Tensor, seen: torch.Tensor, *, normalise: bool = True
+) -> torch.Tensor:
     """t_n = Σ_m c̃_nm s_m for every client n (Eq. 4): (M, P, K) from c (M, M) and predictions (M, P, K)."""
-    return torch.einsum("nm,mpk->npk", mixing_weights(c, seen), predictions[seen])
+    return torch.einsum("nm,mpk->npk", mixing_weights(c, seen, normalise=normalise), predictions[seen])
 
 
 def coefficient_loss(c: torch.Tensor, predictions: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -59,19 +69,38 @@ def coefficient_loss(c: torch.Tensor, predictions: torch.Tensor, seen: torch.Ten
     return kl.mean(dim=1).sum() + 0.5 * penalty * (c - uniform).pow(2).sum()
 
 
+def code_coefficient_loss(
+    c: torch.Tensor, predictions: torch.Tensor, seen: torch.Tensor, penalty: float
+) -> torch.Tensor:
+    """Σ_{n seen} [MSE(s_n, Σ_m c_nm s_m) + ρ·mean_m (c_nm − 1/M)²] (authors' codes; rows are independent,
+    so one gradient step on the sum is the codes' row-by-row step)."""
+    targets = personalised_targets(c, predictions, seen, normalise=False)[seen]
+    students = predictions[seen]
+    mse = ((students - targets) ** 2).mean(dim=(1, 2))
+    penalty_rows = ((c[seen] - 1.0 / c.shape[0]) ** 2).mean(dim=1)
+    return (mse + penalty * penalty_rows).sum()
+
+
 def update_coefficients(
-    c: np.ndarray, predictions: np.ndarray, seen: np.ndarray, *, lr: float, penalty: float, steps: int
+    c: np.ndarray, predictions: np.ndarray, seen: np.ndarray, *, lr: float, penalty: float, steps: int,
+    rule: str = "paper",
 ) -> tuple[np.ndarray, float]:
-    """``steps`` gradient steps c ← max(c − η ∇L(c), 0) (Eq. 8); returns the new c and the last loss."""
+    """``steps`` gradient steps on c (Eq. 8); returns the new c and the last loss.
+
+    ``paper``: c ← max(c − η ∇L(c), 0) with :func:`coefficient_loss`; ``code``: c ← c − η ∇L(c) with
+    :func:`code_coefficient_loss`, no clipping (``hukla/FedClassAvg`` ``KTpFL.py``)."""
     coefficients = torch.tensor(c, dtype=torch.float64, requires_grad=True)
     preds = torch.as_tensor(predictions, dtype=torch.float64)
     mask = torch.as_tensor(seen, dtype=torch.bool)
     loss = torch.zeros((), dtype=torch.float64)
+    loss_fn = code_coefficient_loss if rule == "code" else coefficient_loss
     for _ in range(steps):
-        loss = coefficient_loss(coefficients, preds, mask, penalty)
+        loss = loss_fn(coefficients, preds, mask, penalty)
         (grad,) = torch.autograd.grad(loss, coefficients)
         with torch.no_grad():
-            coefficients.sub_(lr * grad).clamp_(min=0.0)
+            coefficients.sub_(lr * grad)
+            if rule != "code":
+                coefficients.clamp_(min=0.0)
     return coefficients.detach().numpy(), float(loss.detach())
 
 
@@ -79,3 +108,9 @@ def distillation_loss(logits: torch.Tensor, target: torch.Tensor, temperature: f
     """T² · KL(t ‖ softmax(logits/T)), averaged over the batch (Eq. 6)."""
     log_student = F.log_softmax(logits / temperature, dim=-1)
     return F.kl_div(log_student, target, reduction="batchmean") * temperature**2
+
+
+def code_distillation_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """MSE(softmax(logits), t), the element-wise mean (``hukla/FedClassAvg`` ``KTpFL.py::distill_one_model``:
+    the student at temperature 1, the target at T, no T²)."""
+    return F.mse_loss(torch.softmax(logits, dim=-1), target)

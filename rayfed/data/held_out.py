@@ -15,7 +15,12 @@ The contract (docs/algorithms.md, "Held-out server data" section):
    stream of its own, writes them to ``held_out.parquet`` in the run directory (read back
    when the run resumes), and partitions only the rest of the pool
    (:func:`partition_without`), so no client trains or tests on a held-out sample;
-3. the :class:`HeldOutSet` (indices, uint8 images, labels) rides in the
+3. a request may name another dataset (``HeldOutRequest.dataset``, KT-pFL's public set from a
+   dataset the clients do not own, as the FedClassAvg paper's runs of KT-pFL take MNIST for
+   Fashion-MNIST and EMNIST and six CIFAR-100 classes for CIFAR-10): it is loaded from
+   ``data.root`` with its default options, drawn from (restricted to ``classes``, when given),
+   and the whole pool is partitioned; ``held_out.parquet`` then names that dataset;
+4. the :class:`HeldOutSet` (indices, uint8 images, labels) rides in the
    :class:`~rayfed.problem.ProblemSpec` (``spec.held_out``): the server half reads it there,
    and the workers' copy of the spec keeps it only when the request says ``shared``
    (:meth:`~rayfed.problem.ProblemSpec.for_clients`), so a server-only proxy set never
@@ -47,6 +52,7 @@ __all__ = [
     "HeldOutRequest",
     "HeldOutSet",
     "choose_held_out",
+    "choose_from_source",
     "load_held_out",
     "partition_without",
     "save_held_out",
@@ -67,16 +73,23 @@ class HeldOutRequest:
     ``size`` samples of the pool; ``balanced``: size // K per class (the remainder spread
     over randomly drawn classes), else a uniform draw; ``shared``: the clients see it too
     (KT-pFL's public set), else only the server (FedLAW's proxy set); ``field``: the
-    config field that set ``size``, named in errors.
+    config field that set ``size``, named in errors. ``dataset`` ("" = the pool) names another
+    registered dataset to draw from instead, ``classes`` the labels of it to draw from (empty:
+    all), and ``source_field`` the config field that chose them, named in errors.
     """
 
     size: int
     balanced: bool = True
     shared: bool = False
     field: str = "algorithm.params"
+    dataset: str = ""
+    classes: tuple[int, ...] = ()
+    source_field: str = "algorithm.params"
 
     def __post_init__(self) -> None:
         check_int(self.field, self.size, low=1)
+        if self.classes and not self.dataset:
+            raise ConfigError(f"{self.source_field}: classes {list(self.classes)} need a dataset to draw from")
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,12 +102,15 @@ class HeldOutSet:
     labels: np.ndarray
     shared: bool = False
     """Whether the clients see it (see :class:`HeldOutRequest`)."""
+    source: str = ""
+    """The dataset the indices refer to: "" for the pool, else the name of another dataset."""
 
     @classmethod
-    def of(cls, dataset: ArrayDataset, indices: np.ndarray, *, shared: bool = False) -> HeldOutSet:
+    def of(cls, dataset: ArrayDataset, indices: np.ndarray, *, shared: bool = False, source: str = "") -> HeldOutSet:
         """The samples of ``dataset`` at ``indices`` (copied, so the set travels without the pool)."""
         indices = np.asarray(indices, dtype=np.int64)
-        return cls(indices, np.ascontiguousarray(dataset.inputs[indices]), dataset.labels[indices].copy(), shared)
+        inputs, labels = np.ascontiguousarray(dataset.inputs[indices]), dataset.labels[indices].copy()
+        return cls(indices, inputs, labels, shared, source)
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
@@ -122,12 +138,44 @@ def choose_held_out(labels: np.ndarray, num_classes: int, request: HeldOutReques
     [2, 2, 2, 2]
     """
     labels = np.asarray(labels)
-    rng = np.random.default_rng([seed, HELD_OUT_STREAM])
     if request.size >= len(labels):
         raise ConfigError(
             f"{request.field}={request.size} held-out samples leave nothing to partition: the pool has "
             f"{len(labels)} samples; use fewer"
         )
+    return _draw(labels, num_classes, request, seed)
+
+
+def choose_from_source(labels: np.ndarray, num_classes: int, request: HeldOutRequest, seed: int) -> np.ndarray:
+    """The sorted indices into another dataset (``request.dataset``) of the held-out set: drawn as
+    :func:`choose_held_out` draws, among the samples whose label is in ``request.classes`` (all when
+    empty), balanced over those classes. Nothing is left to partition there, so all may be taken.
+
+    >>> labels = np.repeat(np.arange(5), 4)
+    >>> chosen = choose_from_source(labels, 5, HeldOutRequest(4, dataset="d", classes=(1, 3)), seed=0)
+    >>> sorted(set(labels[chosen].tolist()))
+    [1, 3]
+    """
+    labels = np.asarray(labels)
+    classes = np.array(sorted(set(request.classes)) if request.classes else range(num_classes), dtype=np.int64)
+    outside = classes[(classes < 0) | (classes >= num_classes)]
+    if len(outside):
+        raise ConfigError(
+            f"{request.source_field}: {request.dataset!r} has classes 0..{num_classes - 1}, but classes "
+            f"{outside.tolist()} were asked for; choose among those"
+        )
+    candidates = np.flatnonzero(np.isin(labels, classes))
+    if request.size > len(candidates):
+        raise ConfigError(
+            f"{request.field}={request.size} samples asked of {request.dataset!r}, which has {len(candidates)} "
+            "of the chosen classes; use fewer"
+        )
+    relabelled = np.searchsorted(classes, labels[candidates])
+    return np.sort(candidates[_draw(relabelled, len(classes), request, seed)])
+
+
+def _draw(labels: np.ndarray, num_classes: int, request: HeldOutRequest, seed: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, HELD_OUT_STREAM])
     if not request.balanced:
         return np.sort(rng.choice(len(labels), size=request.size, replace=False)).astype(np.int64)
     per_class = np.full(num_classes, request.size // num_classes, dtype=np.int64)
@@ -138,7 +186,7 @@ def choose_held_out(labels: np.ndarray, num_classes: int, request: HeldOutReques
         if per_class[k] > len(members):
             raise ConfigError(
                 f"{request.field}={request.size} asks a class-balanced set of {per_class[k]} samples of class {k}, "
-                f"but the pool has {len(members)}; use a smaller size"
+                f"but there are {len(members)}; use a smaller size"
             )
         chosen.append(rng.choice(members, size=int(per_class[k]), replace=False))
     return np.sort(np.concatenate(chosen)).astype(np.int64)
@@ -174,18 +222,32 @@ def partition_without(
     )
 
 
-def save_held_out(path: str | os.PathLike[str], indices: np.ndarray) -> None:
-    """Write the held-out indices (one ``index`` column), atomically."""
-    write_parquet(path, pa.table({"index": pa.array(np.asarray(indices, dtype=np.int64))}))
+def save_held_out(path: str | os.PathLike[str], held_out: HeldOutSet) -> None:
+    """Write the held-out indices (an ``index`` column) and the dataset they refer to (a ``dataset``
+    column: "" for the pool), atomically."""
+    n = len(held_out)
+    write_parquet(path, pa.table({
+        "index": pa.array(np.asarray(held_out.indices, dtype=np.int64)),
+        "dataset": pa.array([held_out.source] * n, pa.string()),
+    }))
 
 
-def load_held_out(path: str | os.PathLike[str], pool_size: int) -> np.ndarray:
-    """Read indices written by :func:`save_held_out`, checked against the pool's size."""
+def load_held_out(path: str | os.PathLike[str], pool_size: int, source: str = "") -> np.ndarray:
+    """Read indices written by :func:`save_held_out`, checked against the dataset they must refer to
+    (``source``: "" for the pool) and its size."""
     path = Path(path)
     try:
-        indices = pq.read_table(path).column("index").to_numpy().astype(np.int64)
+        table = pq.read_table(path)
+        indices = table.column("index").to_numpy().astype(np.int64)
+        written = set(table.column("dataset").to_pylist()) if "dataset" in table.column_names else {""}
     except (OSError, KeyError, pa.ArrowException) as error:
         raise DatasetError(f"held-out file {str(path)!r} is missing or damaged ({error})") from error
+    if written - {source}:
+        names = ", ".join(repr(w or "the pool") for w in sorted(written))
+        raise DatasetError(
+            f"held-out file {str(path)!r} was drawn from {names}, but this run draws it from "
+            f"{source or 'the pool'!r}; resume with the config that wrote it"
+        )
     if len(indices) and (indices.min() < 0 or indices.max() >= pool_size):
         raise DatasetError(
             f"held-out file {str(path)!r} refers to sample {indices.max()}, but the dataset has {pool_size}; "

@@ -10,6 +10,7 @@ config value of ``model.name``:
 ``resnet18_imagenet``     torchvision ResNet-18 (ImageNet stem; cwFedAvg)
 ``resnet20``              CIFAR ResNet-20 (FedAWA)
 ``fca_*``                 FedClassAvg's four client networks
+``fedproto_cnn{18,20,22}`` FedProto's two-layer CNNs of three widths
 ``fasttext``              fastText-style text classifier (token sequences)
 ========================  =====================================================
 
@@ -37,7 +38,10 @@ import torch
 from torch import nn
 
 from rayfed.errors import ConfigError
-from rayfed.models import fedclassavg_nets  # noqa: F401  (registers the fca_* models)
+from rayfed.models import (
+    fedclassavg_nets,  # noqa: F401  (registers the fca_* models)
+    fedproto_nets,  # noqa: F401  (registers the fedproto_cnn* models)
+)
 from rayfed.models._spec import MODELS, InputShape, ModelSpec, input_kind, register_model
 
 # Importing a model module registers its models.

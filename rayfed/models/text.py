@@ -52,10 +52,15 @@ class FastText(nn.Module):
 
     output_layer: str = "fc"
 
-    def __init__(self, input_shape: InputShape, num_classes: int, embedding_dim: int = EMBEDDING_DIM) -> None:
+    def __init__(
+        self, input_shape: InputShape, num_classes: int, embedding_dim: int = EMBEDDING_DIM, *, pool_all: bool = False
+    ) -> None:
         super().__init__()
         ensure_supported("FastText", _fasttext_supports, input_shape)
         _, vocabulary = input_shape
+        self.pool_all = pool_all
+        """True: the mean over all L positions, padding (a zero embedding) included, as PFLlib's
+        ``fastText.forward`` (``embedded_sent.mean(1)``); False: over the text's own tokens."""
         self.embedding = nn.Embedding(vocabulary, embedding_dim, padding_idx=PAD_ID)
         self.hidden = nn.Linear(embedding_dim, embedding_dim)
         self.fc = nn.Linear(embedding_dim, num_classes)
@@ -64,7 +69,8 @@ class FastText(nn.Module):
         """Logits (B, K) for token ids (B, L)."""
         mask = (ids != PAD_ID).unsqueeze(-1).to(self.hidden.weight.dtype)  # (B, L, 1)
         summed = (self.embedding(ids) * mask).sum(dim=1)
-        mean = summed / mask.sum(dim=1).clamp(min=1.0)  # an all-padding text averages to 0
+        count = torch.full_like(summed[:, :1], ids.shape[1]) if self.pool_all else mask.sum(dim=1).clamp(min=1.0)
+        mean = summed / count  # an all-padding text averages to 0
         return self.fc(self.hidden(mean))
 
 
@@ -74,6 +80,15 @@ register_model(
         factory=FastText,
         supports=_fasttext_supports,
         description=f"fastText-style text classifier: mean embedding (D={EMBEDDING_DIM}) + linear + output",
+        input_kind="tokens",
+    )
+)
+register_model(
+    ModelSpec(
+        name="fasttext_pfllib",
+        factory=lambda input_shape, num_classes: FastText(input_shape, num_classes, pool_all=True),
+        supports=_fasttext_supports,
+        description="fasttext as PFLlib's fastText: the mean runs over all L positions, padding included",
         input_kind="tokens",
     )
 )

@@ -9,6 +9,8 @@ docs/algorithms.md (FedAWA and FedClassAvg sections; each baseline's section).
 
 from __future__ import annotations
 
+from typing import Any
+
 from rayfed.reproduce.spec import Column, Row, Table
 from rayfed.reproduce.spec import paper_values as _paper
 
@@ -95,9 +97,34 @@ def _fca(key: str, dataset: str, skewed: bool, **settings: object) -> Column:
 _DATA = (("c10", "cifar10"), ("fm", "fashion_mnist"), ("em", "emnist_letters"))
 _SGD = {"train.lr": 0.01, "train.momentum": 0.5}
 """The SGD baselines of P-FCA's tables: the presets' learning rates are FedClassAvg's Adam rates (1e-4 to 6e-4),
-far too small for SGD; P-FCA ran each baseline with its authors' code, whose defaults are SGD lr 0.01 with
-momentum 0.5 (FedProto, KT-pFL; KT-pFL 0.02 on CIFAR-10)."""
-_KT_CIFAR = {"cifar10": {"train.lr": 0.02}}
+far too small for SGD; P-FCA ran each baseline with its authors' code. Local training and the FedAvg/FedProx rows
+take FedProto's defaults, SGD lr 0.01 with momentum 0.5; FedProto and KT-pFL have their own settings below."""
+_KT = {"train.lr": 0.01, "train.momentum": 0.0, "train.batch_size": 128, "train.drop_last": True}
+"""KT-pFL as hukla/FedClassAvg src/KTpFL.py runs it: plain SGD (no momentum) at lr 0.01, batch 128, drop_last."""
+_KT_PARAMS = {"max_local_epochs": 20}
+_MNIST_PUBLIC = {"algorithm.params.public_dataset": "mnist"}
+_KT_PER_DATASET: dict[str, dict[str, Any]] = {
+    "cifar10": {"train.lr": 0.02, "algorithm.params.coef_lr": 0.02, "algorithm.params.penalty": 0.7,
+                "algorithm.params.public_dataset": "cifar100",
+                "algorithm.params.public_classes": [0, 2, 20, 63, 71, 82]},
+    "fashion_mnist": _MNIST_PUBLIC,
+    "emnist_letters": _MNIST_PUBLIC,
+    "synthetic": _MNIST_PUBLIC,
+}
+"""KTpFL.py main(): 'mnist' in the dataset name -> lr 0.01, penalty 0.6; otherwise lr 0.02, penalty 0.7 (the same
+learning rate for the models and for c). Its public set is another dataset (load_public_dataset): six CIFAR-100
+classes for CIFAR-10, MNIST for Fashion-MNIST and EMNIST (and here for the offline dataset in Fashion-MNIST's shape);
+the MNIST column holds it out of its own pool."""
+_PROTO_NETS = {"model.name": "fedproto_cnn18",
+               "model.client_models": ["fedproto_cnn18", "fedproto_cnn20", "fedproto_cnn22"]}
+_PROTO_PER_DATASET: dict[str, dict[str, Any]] = {
+    dataset: _PROTO_NETS for dataset in ("fashion_mnist", "emnist_letters", "mnist", "synthetic")
+}
+"""P-FCA Sec. 4.2: FedProto ran with its own model heterogeneity (FedProto paper Sec. 5.1): two-layer CNNs with 18, 20
+or 22 channels on the 1x28x28 datasets, with the authors' defaults, SGD lr 0.01 momentum 0.5, batch 4 (drop_last).
+On CIFAR-10 its ResNet-18s with two strides start from ImageNet weights, which this version cannot load: that cell
+runs the four FedClassAvg networks."""
+_PROTO = {"train.lr": 0.01, "train.momentum": 0.5, "train.batch_size": 4, "train.drop_last": True}
 _FMNIST_SHAPED = {"num_samples": 8000, "num_classes": 10, "channels": 1, "image_size": 28}
 """The offline dataset in Fashion-MNIST's shape, 400 samples a client: P-FCA's four networks train at
 2-16 ms a sample on one CPU core, so Fashion-MNIST's 3000 training samples a client cost minutes a round."""
@@ -116,9 +143,9 @@ FCA_T2 = Table(
     rows=(
         Row("local", "local only", "local", settings=_SGD,
             paper=_paper(_C2, ".6894±.0665 .8871±.0417 .8840±.0698 .9430±.0288 .9149±.0378 .9671±.1073")),
-        Row("fedproto", "FedProto", "fedproto", settings=_SGD,
+        Row("fedproto", "FedProto", "fedproto", settings=_PROTO, per_dataset=_PROTO_PER_DATASET,
             paper=_paper(_C2, ".4742 .8359 .6042 .6364 .2249 .2183")),
-        Row("ktpfl", "KT-pFL", "ktpfl", settings=_SGD, per_dataset=_KT_CIFAR,
+        Row("ktpfl", "KT-pFL", "ktpfl", _KT_PARAMS, _KT, per_dataset=_KT_PER_DATASET,
             paper=_paper(_C2, ".6228±.0783 .8721±.0717 .9039±.0435 .9737±.0434 .9055±.0500 .9921±.0076")),
         Row("fedclassavg", "FedClassAvg", "fedclassavg",
             paper=_paper(_C2, ".7670±.0532 .9202±.0562 .9303±.0308 .9800±.0281 .9305±.0178 .9957±.0040")),
@@ -129,7 +156,12 @@ FCA_T2 = Table(
 )
 
 _HOMO = {"model.client_models": [], "model.name": "fca_resnet18"}
-_F3 = tuple(_fca(f"{s}_m{m}", d, False, **{"data.num_clients": m, **_HOMO}) for s, d in _DATA for m in (20, 100))
+_FEDAVG_CNN = {"model.name": "cnn4", "model.client_models": []}
+"""P-FCA Table 3: "FedAvg and KT-pFL measured on the same convolutional architecture as FedAvg paper"."""
+_F3 = tuple(
+    _fca(f"{s}_m{m}", d, False, **{"data.num_clients": m, "engine.join_ratio": 1.0 if m == 20 else 0.1, **_HOMO})
+    for s, d in _DATA for m in (20, 100)
+)
 _C3 = tuple(c.key for c in _F3)
 FCA_T3 = Table(
     name="fedclassavg-t3",
@@ -137,11 +169,14 @@ FCA_T3 = Table(
     source="P-FCA Table 3 (seed 002)",
     columns=_F3,
     rows=(
-        Row("fedavg", "FedAvg", "fedavg", settings=_SGD, paper=_paper(_C3, ".7729 .6336 .8988 .7471 .9343 .8662")),
-        Row("fedprox", "FedProx", "fedprox", {"mu": 0.001}, _SGD,
+        Row("fedavg", "FedAvg", "fedavg", settings={**_SGD, **_FEDAVG_CNN},
+            paper=_paper(_C3, ".7729 .6336 .8988 .7471 .9343 .8662")),
+        Row("fedprox", "FedProx", "fedprox", {"mu": 0.001}, {**_SGD, **_FEDAVG_CNN},
             paper=_paper(_C3, ".8123 .6505 .9025 .7477 .9462 .8677")),
-        Row("ktpfl", "KT-pFL", "ktpfl", settings=_SGD, per_dataset=_KT_CIFAR,
+        Row("ktpfl", "KT-pFL", "ktpfl", _KT_PARAMS, {**_KT, **_FEDAVG_CNN}, per_dataset=_KT_PER_DATASET,
             paper=_paper(_C3, ".5433 .4777 .8954 .6114 .8505 .6589")),
+        Row("ktpfl_w", "KT-pFL +weight", "ktpfl", {**_KT_PARAMS, "share_weights": True}, {**_KT, **_FEDAVG_CNN},
+            per_dataset=_KT_PER_DATASET, paper=_paper(_C3, ".6809 .5624 .9113 .8647 .6774 .8441")),
         Row("fedclassavg", "FedClassAvg", "fedclassavg", paper=_paper(_C3, ".7653 .5096 .9294 .6712 .9361 .7097")),
         Row("fedclassavg_w", "FedClassAvg +weight", "fedclassavg", {"mode": "weight"},
             paper=_paper(_C3, ".8546 .7817 .9361 .9057 .9464 .9166")),

@@ -26,21 +26,23 @@ def _spec(widths: dict[str, int], k: int = 3) -> ProblemSpec:
                        client_architectures=tuple(widths), default_architecture=next(iter(widths)))
 
 
-def test_server_prototypes_are_count_weighted_class_means_and_absent_classes_keep_theirs() -> None:
+@pytest.mark.parametrize("aggregation", ["client_mean", "count"])
+def test_server_prototypes_are_class_means_and_absent_classes_keep_theirs(aggregation: str) -> None:
     # Prepare: two clients' embeddings (d = 2) of classes {0, 1} and {1}; class 2 had a prototype before.
     gen = torch.Generator().manual_seed(0)
     f1, y1 = torch.randn(5, 2, generator=gen), torch.tensor([0, 0, 1, 1, 1])
     f2, y2 = torch.randn(2, 2, generator=gen), torch.tensor([1, 1])
-    server = FedProtoServer(FedProtoParams(), _spec({"m": 2}), {})
+    server = FedProtoServer(FedProtoParams(aggregation=aggregation), _spec({"m": 2}), {})
     server.prototypes[2], server.present[2] = [7.0, 7.0], True
     # Execute
-    upload = ClassSums(*class_sums(f1, y1, 3)) + ClassSums(*class_sums(f2, y2, 3))
+    upload = ClassSums.of_client(*class_sums(f1, y1, 3)) + ClassSums.of_client(*class_sums(f2, y2, 3))
     server.aggregate(RoundContext(0, 0, 0.1, np.arange(2), 4), upload)
-    # Assert: C̄(j) = Σ_i n_ij C_i(j) / Σ_i n_ij, written from the clients' own means.
+    # Assert: client_mean (authors' code): C̄(j) = mean_i C_i(j); count: Σ_i n_ij C_i(j) / Σ_i n_ij.
     c1 = [f1[y1 == j].mean(0).numpy() for j in (0, 1)]
     c2 = f2.mean(0).numpy()
     np.testing.assert_allclose(server.prototypes[0], c1[0], rtol=1e-6)
-    np.testing.assert_allclose(server.prototypes[1], (3 * c1[1] + 2 * c2) / 5, rtol=1e-5)
+    expected = (c1[1] + c2) / 2 if aggregation == "client_mean" else (3 * c1[1] + 2 * c2) / 5
+    np.testing.assert_allclose(server.prototypes[1], expected, rtol=1e-5)
     np.testing.assert_array_equal(server.prototypes[2], [7.0, 7.0])
     assert server.present.all()
 

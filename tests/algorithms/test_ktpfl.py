@@ -46,11 +46,14 @@ def test_coefficients_grow_between_clients_that_predict_alike() -> None:
     preds = np.stack([np.repeat(group[g][None], 5, axis=0) for g in (0, 0, 1, 1)])
     # Execute
     c, _ = update_coefficients(np.full((4, 4), 0.25), preds, np.ones(4, bool), lr=0.05, penalty=0.6, steps=20)
+    c_code, _ = update_coefficients(np.full((4, 4), 0.25), preds, np.ones(4, bool), lr=0.5, penalty=0.6, steps=20,
+                                    rule="code")
     same = np.full((4, 4), 0.25)
     c_same, loss_same = update_coefficients(same, np.repeat(preds[:1], 4, axis=0), np.ones(4, bool), lr=0.05,
                                             penalty=0.6, steps=5)
     # Assert: knowledge flows within the groups; with identical predictions nothing moves c off 1/M.
     assert c[0, 1] > c[0, 2] and c[2, 3] > c[2, 0]
+    assert c_code[0, 1] > c_code[0, 2] and c_code[2, 3] > c_code[2, 0]
     np.testing.assert_allclose(c_same, same, atol=1e-12)
     assert loss_same == pytest.approx(0.0, abs=1e-9)
 
@@ -58,7 +61,7 @@ def test_coefficients_grow_between_clients_that_predict_alike() -> None:
 def test_distillation_moves_a_clients_public_predictions_towards_its_target(tmp_path) -> None:
     # Prepare: client 0 gets the target "class k*" on every public sample, for a class it does not hold.
     config = RunConfig().override(_overrides(tmp_path / "run", **{
-        "algorithm.params": {"public_size": 100, "distill_epochs": 3}, "train.local_epochs": 1}))
+        "algorithm.params": {"public_size": 100, "distill_epochs": 3, "fidelity": "paper"}, "train.local_epochs": 1}))
     sim = Simulation(config)
     runner = ClientRunner(config, sim.spec, sim.dataset, sim.partition)
     k_star = int(np.flatnonzero(sim.partition.label_counts[0] == 0)[0])

@@ -51,8 +51,10 @@ def _build(name: str, shape: tuple[int, int, int], k: int = 10, seed: int = 0) -
 
 def test_registry_lists_every_model() -> None:
     from rayfed.models.fedclassavg_nets import FEDCLASSAVG_MODELS  # tested in test_fedclassavg_nets.py
+    from rayfed.models.fedproto_nets import FEDPROTO_MODELS  # tested in test_fedproto_nets.py
 
-    assert MODELS.names() == sorted([*ALL_MODELS, *FEDCLASSAVG_MODELS, "fasttext"])  # text: tests/data/test_agnews.py
+    text = ["fasttext", "fasttext_pfllib"]  # tested in tests/data/test_agnews.py
+    assert MODELS.names() == sorted([*ALL_MODELS, *FEDCLASSAVG_MODELS, *FEDPROTO_MODELS, *text])
 
 
 @pytest.mark.parametrize("shape", [MNIST, CIFAR, TINY], ids=["1x28x28", "3x32x32", "3x64x64"])
