@@ -135,6 +135,14 @@ _F2 = tuple(_fca(f"{s}_{kind}", d, kind == "skew") for s, d in _DATA for kind in
 """P-FCA's six columns, then two not in the paper with Fashion-MNIST's settings (same 1x28x28 shape): MNIST,
 the real data at hand, and the offline dataset, small enough for a CPU."""
 _C2 = tuple(c.key for c in _F2)
+
+
+def _fmnist_reference(values: str) -> dict[str, str]:
+    """P-FCA Table 2's values (its six columns), plus its Fashion-MNIST Dir(0.5) value, tagged [FMNIST], beside
+    the MNIST and offline columns, which have Fashion-MNIST's shape and settings: for the methods' order only."""
+    paper = _paper(_C2, values)
+    return {**paper, **{key: f"{paper['fm_dir']} [FMNIST]" for key in ("mnist_dir", "offline_dir")}}
+
 FCA_T2 = Table(
     name="fedclassavg-t2",
     title="FedClassAvg on 20 heterogeneous clients (4 networks)",
@@ -142,13 +150,13 @@ FCA_T2 = Table(
     columns=_F2,
     rows=(
         Row("local", "local only", "local", settings=_SGD,
-            paper=_paper(_C2, ".6894±.0665 .8871±.0417 .8840±.0698 .9430±.0288 .9149±.0378 .9671±.1073")),
+            paper=_fmnist_reference(".6894±.0665 .8871±.0417 .8840±.0698 .9430±.0288 .9149±.0378 .9671±.1073")),
         Row("fedproto", "FedProto", "fedproto", settings=_PROTO, per_dataset=_PROTO_PER_DATASET,
-            paper=_paper(_C2, ".4742 .8359 .6042 .6364 .2249 .2183")),
+            paper=_fmnist_reference(".4742 .8359 .6042 .6364 .2249 .2183")),
         Row("ktpfl", "KT-pFL", "ktpfl", _KT_PARAMS, _KT, per_dataset=_KT_PER_DATASET,
-            paper=_paper(_C2, ".6228±.0783 .8721±.0717 .9039±.0435 .9737±.0434 .9055±.0500 .9921±.0076")),
+            paper=_fmnist_reference(".6228±.0783 .8721±.0717 .9039±.0435 .9737±.0434 .9055±.0500 .9921±.0076")),
         Row("fedclassavg", "FedClassAvg", "fedclassavg",
-            paper=_paper(_C2, ".7670±.0532 .9202±.0562 .9303±.0308 .9800±.0281 .9305±.0178 .9957±.0040")),
+            paper=_fmnist_reference(".7670±.0532 .9202±.0562 .9303±.0308 .9800±.0281 .9305±.0178 .9957±.0040")),
     ),
     metric="acc_mean",
     scale=1.0,
@@ -208,25 +216,38 @@ _MNIST_AWA = (
     Column("offline", "offline α=0.1", "fedawa-mnist", {"data.dataset": "synthetic", "data.alpha": 0.1}),
     Column("offline05", "offline α=0.5", "fedawa-mnist", {"data.dataset": "synthetic", "data.alpha": 0.5}),
 )
+
+
+def _c10_reference(t1_row: str) -> dict[str, str]:
+    """P-AWA Table 1's CIFAR-10 value of a method at each column's α, tagged [C10]: another dataset and model,
+    shown for the methods' order only."""
+    paper = AWA_T1.row(t1_row).paper
+    by_alpha = {"mnist01": "c10_a01", "offline": "c10_a01", "mnist05": "c10_a05", "offline05": "c10_a05"}
+    return {column: f"{paper[c10]} [C10]" for column, c10 in by_alpha.items()}
+
+
 AWA_MNIST = Table(
     name="fedawa-mnist",
     title="FedAWA against FedAvg on MNIST and the offline dataset (cnn4, FedAWA's clients)",
-    source="P-AWA reports CIFAR and Tiny ImageNet only, so there are no papers' values",
+    source="P-AWA reports CIFAR and Tiny ImageNet only; beside ours, [C10] is its Table 1 value on CIFAR-10 at the "
+    "same α (ResNet-20, 300 rounds), for the order of the methods only",
     columns=_MNIST_AWA,
     rows=(
-        Row("fedavg_m", "FedAvg", "fedavg", settings=_SGDM),
-        Row("fedawa_code", "FedAWA, fidelity=code", "fedawa", {"fidelity": "code"}),
+        Row("fedavg_m", "FedAvg", "fedavg", settings=_SGDM, paper=_c10_reference("fedavg")),
+        Row("fedawa_code", "FedAWA, fidelity=code", "fedawa", {"fidelity": "code"}, paper=_c10_reference("fedawa")),
         Row("fedawa_paper1", "FedAWA, fidelity=paper, 1 step", "fedawa", {"fidelity": "paper", "server_steps": 1}),
         Row("fedawa_paper5", "FedAWA, fidelity=paper, 5 steps", "fedawa", {"fidelity": "paper", "server_steps": 5}),
-        Row("fedawa_l_code", "FedAWA-L, fidelity=code", "fedawa_l", {"fidelity": "code"}),
+        Row("fedawa_l_code", "FedAWA-L, fidelity=code", "fedawa_l", {"fidelity": "code"},
+            paper=_c10_reference("fedawa_l")),
         Row("fedawa_l_paper1", "FedAWA-L, fidelity=paper, 1 step", "fedawa_l",
             {"fidelity": "paper", "server_steps": 1}),
-        Row("feddisco", "FedDisco", "feddisco", settings=_SGDM),
-        Row("ldawa", "L-DAWA", "ldawa", settings=_SGDM),
-        Row("fedlaw", "FedLAW (proxy data)", "fedlaw", settings=_SGDM),
-        Row("feddyn", "FedDyn", "feddyn"),
-        Row("fedprox", "FedProx", "fedprox", {"mu": 0.001}, {"train.momentum": 0.0, "train.weight_decay": 0.0}),
-        Row("fedadam", "FedAdam", "fedadam", settings=_SGDM),
+        Row("feddisco", "FedDisco", "feddisco", settings=_SGDM, paper=_c10_reference("feddisco")),
+        Row("ldawa", "L-DAWA", "ldawa", settings=_SGDM, paper=_c10_reference("ldawa")),
+        Row("fedlaw", "FedLAW (proxy data)", "fedlaw", settings=_SGDM, paper=_c10_reference("fedlaw")),
+        Row("feddyn", "FedDyn", "feddyn", paper=_c10_reference("feddyn")),
+        Row("fedprox", "FedProx", "fedprox", {"mu": 0.001}, {"train.momentum": 0.0, "train.weight_decay": 0.0},
+            paper=_c10_reference("fedprox")),
+        Row("fedadam", "FedAdam", "fedadam", settings=_SGDM, paper=_c10_reference("fedadam")),
         Row("fedawa_disco", "FedDisco + FedAWA", "fedawa", {"initial_weights": "feddisco"}),
     ),
     notes="The measurement of issue 15: --rounds 20 --seeds 2 (every row, every column).",
