@@ -247,8 +247,9 @@ class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
         if not self.seen.any():  # everyone starts from the common initialisation, as FedAvg's clients do
             first = np.ones((self.spec.num_clients, 1), dtype=np.float32)
             return KTpFLBroadcast(self.init, None, first, self.common[None, :], share_weights=True)
-        mixing = mixing_weights(torch.as_tensor(self.coefficients), torch.as_tensor(self.seen),
-                                normalise=self.params.fidelity != "code").numpy()
+        # A mix of models, always with rows renormalised over the clients seen: the +weight variant has no published
+        # code, and an unnormalised row would scale the whole model under partial participation.
+        mixing = mixing_weights(torch.as_tensor(self.coefficients), torch.as_tensor(self.seen)).numpy()
         return KTpFLBroadcast(self.init, None, mixing.astype(np.float32), self.models[self.seen], share_weights=True)
 
     def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
