@@ -41,7 +41,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from rayfed.algorithms.base import ClientHalf, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.base import ClientHalf, RoundContext, ServerHalf, model_state_bytes, register_algorithm
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.fedavg import GlobalModel, require_homogeneous, sole_architecture
 from rayfed.algorithms.fedprox import flatten_logically, proximal_term
@@ -152,6 +152,11 @@ class FedDynServer(ServerHalf[FedDynParams, WeightedSum]):
     @classmethod
     def validate(cls, params: FedDynParams, spec: ProblemSpec) -> None:
         require_homogeneous(spec)
+
+    @classmethod
+    def client_state_bytes(cls, params: FedDynParams, spec: ProblemSpec) -> int:
+        """The gradient state, plus the momentum buffer under ``code``: one or two models per client."""
+        return (2 if params.fidelity == "code" else 1) * model_state_bytes(spec)
 
     def __init__(self, params: FedDynParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)

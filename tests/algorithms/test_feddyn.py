@@ -8,6 +8,7 @@ import torch
 
 from rayfed import RunConfig
 from rayfed.algorithms import RoundContext, WeightedSum, sum_contributions
+from rayfed.algorithms.base import model_state_bytes
 from rayfed.algorithms.feddyn import GRAD_KEY, FedDynBroadcast, FedDynClient, FedDynParams, FedDynServer
 from rayfed.callbacks import Callback
 from rayfed.config import TrainConfig
@@ -164,3 +165,10 @@ def test_code_fidelity_client_term_is_half_alpha_times_the_unsquared_norm() -> N
     expected = -torch.from_numpy(g) + 0.15 * drift / torch.linalg.vector_norm(drift)
     torch.testing.assert_close(job.flat.grad, expected, rtol=1e-4, atol=1e-5)
     assert not half.supports_stacking()
+
+
+def test_client_state_counts_the_momentum_buffer_under_code() -> None:
+    spec = _spec(10)
+    one = model_state_bytes(spec)
+    assert FedDynServer.client_state_bytes(FedDynParams(), spec) == 2 * one
+    assert FedDynServer.client_state_bytes(FedDynParams(fidelity="paper"), spec) == one
