@@ -84,7 +84,8 @@ class KTpFLParams:
     temperature: float = documented(10.0, "Softmax temperature T of the soft predictions and of the distillation.")
     coef_lr: float = documented(0.01, "η of the knowledge-coefficient update: 0.01 MNIST-family, 0.02 CIFAR "
                                       "(FedClassAvg's runs).")
-    penalty: float = documented(0.6, "ρ of the penalty (ρ/2)||c - 1/M||²: 0.6 MNIST-family, 0.7 CIFAR.")
+    penalty: float = documented(0.6, "ρ of the penalty on c - 1/M (code: ρ·mean_m (c_nm - 1/M)² per row; paper: "
+                                      "(ρ/2)||c - 1/M||²): 0.6 MNIST-family, 0.7 CIFAR.")
     coef_steps: int = documented(1, "Gradient steps on c per round.")
     distill_epochs: int = documented(1, "Passes over the public set per round distilling towards the target.")
     share_weights: bool = documented(False, "'+weight' variant (homogeneous models): start each round from "
