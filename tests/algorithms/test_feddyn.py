@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 import torch
 
 from rayfed import RunConfig
@@ -64,11 +65,12 @@ def _conv_job(state: dict[str, np.ndarray] | None) -> tuple[ClientJob, ProblemSp
     return job, spec
 
 
-def test_client_term_gradient_is_alpha_times_drift_minus_the_stored_gradient() -> None:
+@pytest.mark.parametrize("fidelity", ["paper", "code"])
+def test_client_term_gradient_is_the_drift_term_minus_the_stored_gradient(fidelity: str) -> None:
     # Prepare: a stored gradient state in flat-vector order, and the model moved away from its start.
     g = np.random.default_rng(2).normal(size=FlatModel(build_model("cnn4", (1, 28, 28), 10)).size).astype(np.float32)
     job, spec = _conv_job({GRAD_KEY: g})
-    half = FedDynClient(FedDynParams(alpha=0.3, fidelity="paper"), spec)
+    half = FedDynClient(FedDynParams(alpha=0.3, fidelity=fidelity), spec)
     constants = half.loss_constants(job)
     start = job.flat.vector.detach().clone()
     with torch.no_grad():
@@ -76,9 +78,13 @@ def test_client_term_gradient_is_alpha_times_drift_minus_the_stored_gradient() -
     # Execute
     job.flat.zero_grad()
     half.functional_extra_loss(job.flat.params, constants).backward()
-    # Assert: ∂/∂θ [−⟨g, θ⟩ + (α/2)‖θ − θ_start‖²] = −g + α(θ − θ_start), in the flat vector's own order.
-    expected = -torch.from_numpy(g) + 0.3 * (job.flat.vector.detach() - start)
-    torch.testing.assert_close(job.flat.grad, expected, rtol=1e-4, atol=1e-5)
+    # Assert, in the flat vector's own order: paper, ∂/∂θ [−⟨g, θ⟩ + (α/2)‖θ − θ_start‖²] = −g + α(θ − θ_start);
+    # code (the baseline code's unsquared norm), ∂/∂θ [−⟨g, θ⟩ + (α/2)‖θ − θ_start‖] = −g + (α/2) u,
+    # u = (θ − θ_start)/‖θ − θ_start‖.
+    drift = job.flat.vector.detach() - start
+    pull = 0.3 * drift if fidelity == "paper" else 0.15 * drift / torch.linalg.vector_norm(drift)
+    torch.testing.assert_close(job.flat.grad, -torch.from_numpy(g) + pull, rtol=1e-4, atol=1e-5)
+    assert half.supports_stacking() == (fidelity == "paper")  # code keeps a momentum buffer: one by one
 
 
 def test_the_gradient_state_pulls_local_training_along_it_and_is_updated() -> None:
@@ -149,22 +155,6 @@ def test_code_fidelity_server_step_is_the_baseline_codes_size_weighted_one() -> 
         # Assert
         np.testing.assert_allclose(server.global_vector, expected, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(server.h, h, rtol=1e-4, atol=1e-6)
-
-
-def test_code_fidelity_client_term_is_half_alpha_times_the_unsquared_norm() -> None:
-    g = np.random.default_rng(2).normal(size=FlatModel(build_model("cnn4", (1, 28, 28), 10)).size).astype(np.float32)
-    job, spec = _conv_job({GRAD_KEY: g})
-    half = FedDynClient(FedDynParams(alpha=0.3), spec)
-    constants = half.loss_constants(job)
-    start = job.flat.vector.detach().clone()
-    with torch.no_grad():
-        job.flat.vector.add_(torch.randn(job.flat.size, generator=torch.Generator().manual_seed(4)))
-    job.flat.zero_grad()
-    half.functional_extra_loss(job.flat.params, constants).backward()
-    drift = job.flat.vector.detach() - start
-    expected = -torch.from_numpy(g) + 0.15 * drift / torch.linalg.vector_norm(drift)
-    torch.testing.assert_close(job.flat.grad, expected, rtol=1e-4, atol=1e-5)
-    assert not half.supports_stacking()
 
 
 def test_client_state_counts_the_momentum_buffer_under_code() -> None:
