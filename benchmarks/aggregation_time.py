@@ -147,7 +147,8 @@ def _timers(name: str, shape: tuple[int, int, int], clients: int, seed: int) -> 
     labels = np.random.default_rng(seed + 1).multinomial(1000, np.full(NUM_CLASSES, 0.1), size=clients)
     whole = ClientVectors((models,), ids, sizes)
     ldawa = ALGORITHMS.get("ldawa")
-    timers["ldawa"] = _fresh(ldawa.server_half(ldawa.params_type(), spec, initial), ctx, whole)
+    # warmup_rounds=0: the layer-wise rule itself (its default first rounds are FedAvg's average)
+    timers["ldawa"] = _fresh(ldawa.server_half(ldawa.params_type(warmup_rounds=0), spec, initial), ctx, whole)
     disco = ALGORITHMS.get("feddisco")
     timers["feddisco"] = _fresh(
         disco.server_half(disco.params_type(), spec, initial), ctx, ClientVectors((models,), ids, sizes, labels)
