@@ -9,7 +9,7 @@ from rayfed import RunConfig
 from rayfed.algorithms import RoundContext, WeightedSum, sum_contributions
 from rayfed.algorithms.fedadam import FedAdamParams, FedAdamServer
 from rayfed.client_runner import ClientRunner
-from rayfed.engine import Simulation
+from rayfed.engine import Simulation, run
 from rayfed.layout import ParamLayout
 from rayfed.problem import ProblemSpec
 from tests.conftest import tiny_overrides
@@ -51,10 +51,10 @@ def test_two_server_steps_match_adam_written_out() -> None:
 
 
 def test_first_round_moves_every_trained_parameter_by_about_the_server_lr(tmp_path) -> None:
-    # Prepare: real uploads of 4 trained clients.
+    # Prepare: real uploads of 4 trained clients; η = 1, the baseline code's flag default.
     config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
         "algorithm.name": "fedadam", "data.num_clients": 4, "data.partition": "dirichlet",
-        "data.options": {"num_samples": 600}, "train.lr": 0.05}))
+        "data.options": {"num_samples": 600}, "train.lr": 0.05, "algorithm.params.server_lr": 1.0}))
     sim = Simulation(config)
     server = FedAdamServer(config.algorithm.params, sim.spec, sim.initial)
     before = server.global_vector.copy()
@@ -87,3 +87,17 @@ def test_partial_participation_runs_and_bytes_are_whole_models(tmp_path) -> None
     sampled = [c for c in clients if c["sampled"]]
     assert len(sampled) == 6 and all(np.isfinite(result.accuracies))
     assert all(c["bytes_up"] == 4 * size + 8 and c["bytes_down"] == 4 * size for c in sampled)
+
+
+def test_the_default_server_lr_learns_where_the_flag_default_of_one_collapses(tmp_path) -> None:
+    # Prepare: the same 10 clients, 3 rounds, with the default η = 0.01 and with η = 1.
+    def final_accuracy(name: str, **params: float) -> float:
+        config = RunConfig().override(tiny_overrides(tmp_path / name, **{
+            "algorithm.name": "fedadam", "data.partition": "dirichlet", "data.alpha": 0.5, "train.rounds": 3,
+            "train.lr": 0.05, "algorithm.params": params}))
+        return run(config).accuracies[-1]
+
+    # Execute
+    default, one = final_accuracy("default"), final_accuracy("one", server_lr=1.0)
+    # Assert: η = 1 moves every weight by about ±1 a round and ends at chance (10 classes); the default learns.
+    assert one < 0.2 < default and default > 2 * one
