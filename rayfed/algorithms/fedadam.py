@@ -16,9 +16,9 @@ with m_0 = v_0 = 0. Defaults as in the FedAWA paper's baseline code: β1 = 0.9, 
 τ = 1e-5; η = 0.01, the value that code's own comment gives as the FedAdam paper's CIFAR-10 choice
 (``# lr_g = 0.01``). Its flag's default, η = 1.0, moves every parameter by about ±1 in the first
 round (m/√v = ±1 when |Δ| ≫ τ), which leaves a network at chance level (11 % and 20 % on MNIST after
-20 rounds in this repository's runs), while the FedAWA paper reports FedAdam at FedAvg's level. Adam acts on the parameters;
-floating-point buffers (BatchNorm running statistics) take the clients' average, since they
-are statistics, not something the pseudo-gradient should step.
+20 rounds in this repository's runs), while the FedAWA paper reports FedAdam at FedAvg's level.
+Adam acts on the parameters; floating-point buffers (BatchNorm running statistics) take the
+clients' average, since they are statistics, not something the pseudo-gradient should step.
 """
 
 from __future__ import annotations
