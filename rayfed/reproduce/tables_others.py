@@ -104,7 +104,7 @@ _KT = {"train.lr": 0.01, "train.momentum": 0.0, "train.batch_size": 128, "train.
 _KT_PARAMS = {"max_local_epochs": 20}
 _KT_E1_PARAMS = {"max_local_epochs": 0}
 """KT-pFL at the one local epoch a round of the other rows: at 20 rounds the authors' ramp (``_KT_PARAMS``) trains
-10.5x as many epochs, which on one CPU core costs hours a seed on the offline column."""
+10.5x as many epochs (docs/algorithms.md, KT-pFL, gives the measured cost of a round)."""
 _MNIST_PUBLIC = {"algorithm.params.public_dataset": "mnist"}
 _KT_PER_DATASET: dict[str, dict[str, Any]] = {
     "cifar10": {"train.lr": 0.02, "algorithm.params.coef_lr": 0.02, "algorithm.params.penalty": 0.7,
