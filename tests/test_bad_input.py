@@ -182,6 +182,7 @@ def test_clients_smaller_than_a_batch_are_named_once_and_left_out_of_the_round_l
     assert len(warnings) == 1
     assert warnings[0].startswith(f"4 of 10 clients ({', '.join(map(str, stuck))}) hold fewer than "
                                   f"train.batch_size={batch} training samples and train.drop_last=true")
+    assert f"use train.batch_size<={int(sizes.min())}, train.drop_last=false" in warnings[0]  # lets every client step
     clients = pq.read_table(tmp_path / "run" / "clients" / "round_000000.parquet").to_pylist()
     idle = [r for r in clients if r["steps"] == 0]
     assert sorted(r["client_id"] for r in idle) == stuck and all(math.isnan(r["train_loss"]) for r in idle)
@@ -191,7 +192,10 @@ def test_clients_smaller_than_a_batch_are_named_once_and_left_out_of_the_round_l
 def test_warning_lists_the_first_clients_and_counts_the_rest(caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="rayfed.trainability"):
         check_trainable(np.array([5, 40, 3, 100, 2, 1, 0, 9, 70]), TrainConfig(batch_size=10))
-    assert caplog.records[0].getMessage().startswith("6 of 9 clients (0, 2, 4, 5, 6 and 1 more) hold fewer than")
+    message = caplog.records[0].getMessage()
+    assert message.startswith("6 of 9 clients (0, 2, 4, 5, 6 and 1 more) hold fewer than")
+    assert message.endswith("give every client data: raise data.min_samples or data.train_fraction, or use fewer "
+                            "clients")  # client 6 holds nothing: no batch size lets it step
 
 
 def test_clients_without_training_data_are_refused_even_without_drop_last() -> None:
