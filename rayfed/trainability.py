@@ -42,9 +42,10 @@ def check_trainable(num_train: np.ndarray, train: TrainConfig) -> None:
     stuck = np.flatnonzero(steps_per_epoch(num_train, train) == 0)
     if stuck.size == 0:
         return
-    largest, smallest = int(np.max(num_train)), int(np.min(num_train))
-    # Refused, the bound that lets one client step; warned, the bound that lets every client step.
-    bound = largest if stuck.size == len(num_train) else smallest
+    refused = stuck.size == len(num_train)
+    largest = int(np.max(num_train))
+    # Refused: the batch that lets one client step; warned: the batch that lets every client step.
+    bound = largest if refused else int(np.min(num_train))
     if train.drop_last and bound > 0:
         fixes = (
             f"use train.batch_size<={bound}, train.drop_last=false, or fewer clients (data.num_clients) "
@@ -52,11 +53,12 @@ def check_trainable(num_train: np.ndarray, train: TrainConfig) -> None:
         )
     else:
         fixes = "give every client data: raise data.min_samples or data.train_fraction, or use fewer clients"
-    if train.drop_last:
-        why = f"hold fewer than train.batch_size={train.batch_size} training samples and train.drop_last=true"
-    else:
-        why = "hold no training sample"
-    if stuck.size == len(num_train):
+    why = (
+        f"hold fewer than train.batch_size={train.batch_size} training samples and train.drop_last=true"
+        if train.drop_last
+        else "hold no training sample"
+    )
+    if refused:
         raise ConfigError(
             f"no client can take a local step: all {stuck.size} clients {why} (the largest client trains on "
             f"{largest} samples), so the run would train nothing; {fixes}"
