@@ -86,10 +86,10 @@ from rayfed.algorithms import (  # noqa: E402
 from rayfed.algorithms.contributions import ClientVectors  # noqa: E402
 from rayfed.algorithms.fedawa import FIDELITIES, FedAWAParams  # noqa: E402
 from rayfed.config import TrainConfig  # noqa: E402
-from rayfed.flat import FlatModel  # noqa: E402
 from rayfed.models import block_names, build_model, output_layer_name  # noqa: E402
-from rayfed.problem import ProblemSpec  # noqa: E402
-from rayfed.training import ClientJob  # noqa: E402
+from rayfed.train.flat import FlatModel  # noqa: E402
+from rayfed.train.job import ClientJob  # noqa: E402
+from rayfed.train.problem import ProblemSpec  # noqa: E402
 
 MODELS = (("resnet20", (3, 32, 32)), ("cnn4", (1, 28, 28)))
 GRAM = "gram T Tᵀ alone"

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rayfed.callbacks import Callback
+from rayfed.engine.callbacks import Callback
 
 __all__ = ["RoundTimer", "PssSampler", "private_ray", "median_after_warmup", "process_tree_pss"]
 

@@ -1,9 +1,9 @@
 """Evaluation on CPU: forward passes at the default evaluation batch against batches of 1024, side by side.
 
 Evaluation runs every round on every client (and, for IFCA, FedFomo or KT-pFL, inside training
-too), in batches of :func:`rayfed.training.eval_batch_size` samples. Per case (a model and an
+too), in batches of :func:`rayfed.train.evaluate.eval_batch_size` samples. Per case (a model and an
 input shape from the papers' protocols, random inputs, one torch thread as in a ClientWorker),
-this times :func:`~rayfed.training.evaluate_model` over the same samples at batch 1024 (the
+this times :func:`~rayfed.train.evaluate.evaluate_model` over the same samples at batch 1024 (the
 GPU's choice) and at the CPU default, alternating so both see the same machine load, and checks
 that both give the same predictions and loss.
 
@@ -22,7 +22,7 @@ import time
 import torch
 
 from rayfed.models import build_model
-from rayfed.training import eval_batch_size, evaluate_model
+from rayfed.train.evaluate import eval_batch_size, evaluate_model
 
 CASES = {  # name: (model, input shape, samples: about one client's split in the protocols)
     "cnn4_mnist": ("cnn4", (1, 28, 28), 2625),

@@ -3,13 +3,13 @@
 Three measurements, each on the first CUDA device:
 
 * **Stacked against sequential client training.** One
-  :class:`~rayfed.client_runner.ClientRunner` per mode (``engine.vectorize=on`` / ``off``,
+  :class:`~rayfed.execution.client_runner.ClientRunner` per mode (``engine.vectorize=on`` / ``off``,
   ``engine.stack_size`` = the call's clients, so a call is one stack) trains the same
   clients from the same broadcast (FedAvg, 50 training samples per client, batch 10, one
   epoch, lr 0.005), the modes alternating so both see the same machine; for cnn4 on
   1x28x28 and resnet20 on 3x32x32 synthetic images and 20, 50, 100 and 200 clients per
   worker call. Reports seconds per client of each mode and their ratio. resnet20 has
-  BatchNorm buffers, which ``rayfed.vectorized`` trains sequentially
+  BatchNorm buffers, which ``rayfed.train.stacked`` trains sequentially
   (``can_stack``), so its "stacked" figure measures the sequential path (recorded as
   ``stacked: false``).
 * **Fractional GPUs.** Whole runs (``rayfed.run``, Ray backend, FedAvg, cnn4, 100 clients
@@ -52,11 +52,11 @@ from common import RoundTimer, median_after_warmup  # noqa: E402
 
 from rayfed import RunConfig, run  # noqa: E402
 from rayfed.algorithms import RoundContext  # noqa: E402
-from rayfed.client_runner import ClientRunner  # noqa: E402
 from rayfed.data import load_dataset, make_partition  # noqa: E402
-from rayfed.problem_build import build_problem  # noqa: E402
-from rayfed.server import Server  # noqa: E402
-from rayfed.vectorized import can_stack  # noqa: E402
+from rayfed.execution.client_runner import ClientRunner  # noqa: E402
+from rayfed.execution.server import Server  # noqa: E402
+from rayfed.train.problem_build import build_problem  # noqa: E402
+from rayfed.train.stacked import can_stack  # noqa: E402
 
 NO_GPU = "gpu.py: found no CUDA GPU (torch.cuda.is_available() is False); nothing measured"
 MODELS = {"cnn4": (1, 28), "resnet20": (3, 32)}

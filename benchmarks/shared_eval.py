@@ -31,10 +31,10 @@ import torch
 from rayfed import RunConfig
 from rayfed.algorithms import RoundContext
 from rayfed.algorithms.cwfedavg import ClasswiseModels
-from rayfed.client_runner import ClientRunner
 from rayfed.data import load_dataset, make_partition
-from rayfed.problem_build import build_problem
-from rayfed.server import Server
+from rayfed.execution.client_runner import ClientRunner
+from rayfed.execution.server import Server
+from rayfed.train.problem_build import build_problem
 
 
 @dataclasses.dataclass(frozen=True)

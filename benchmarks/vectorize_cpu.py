@@ -1,6 +1,6 @@
 """Stacked (``engine.vectorize="on"``) against sequential client training, side by side, on this machine.
 
-One :class:`~rayfed.client_runner.ClientRunner` per mode trains the same batch of clients
+One :class:`~rayfed.execution.client_runner.ClientRunner` per mode trains the same batch of clients
 (FedAvg, the 4-layer CNN on 1x28x28 synthetic images, 50 training samples per client,
 batch 10, one epoch, lr 0.005) from the same broadcast, alternating between the modes so
 both see the same machine load. One torch thread, as in a ClientWorker. Reports the
@@ -24,10 +24,10 @@ import torch
 
 from rayfed import RunConfig
 from rayfed.algorithms import RoundContext
-from rayfed.client_runner import ClientRunner
 from rayfed.data import load_dataset, make_partition
-from rayfed.problem_build import build_problem
-from rayfed.server import Server
+from rayfed.execution.client_runner import ClientRunner
+from rayfed.execution.server import Server
+from rayfed.train.problem_build import build_problem
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -121,7 +121,7 @@ def write_accuracy_figure(run_dir: Path) -> None:
     except ImportError:
         logging.getLogger(__name__).info("matplotlib is not installed: no accuracy.png (pip install 'rayfed[plots]')")
         return
-    from rayfed.plots import load_run, plot_accuracy_curves
+    from rayfed.results.plots import load_run, plot_accuracy_curves
 
     print(f"figure: {plot_accuracy_curves([load_run(run_dir)], run_dir / 'accuracy.png')}", flush=True)
 

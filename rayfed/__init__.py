@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rayfed.lazy import lazy_exports
+from rayfed.util.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ imports them
     from rayfed.config import (  # noqa: F401
@@ -25,8 +25,8 @@ if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ i
         TrainConfig,
         load_config,
     )
-    from rayfed.engine import RunResult, Simulation, run  # noqa: F401
-    from rayfed.errors import (  # noqa: F401
+    from rayfed.engine.simulation import RunResult, Simulation, run  # noqa: F401
+    from rayfed.util.errors import (  # noqa: F401
         CheckpointError,
         ConfigError,
         DatasetError,
@@ -43,8 +43,8 @@ __all__, __getattr__, __dir__ = lazy_exports(
         "rayfed.config": (
             "AlgorithmConfig", "DataConfig", "EngineConfig", "ModelConfig", "RunConfig", "TrainConfig", "load_config"
         ),
-        "rayfed.engine": ("run", "RunResult", "Simulation"),
-        "rayfed.errors": (
+        "rayfed.engine.simulation": ("run", "RunResult", "Simulation"),
+        "rayfed.util.errors": (
             "RayfedError", "ConfigError", "DatasetError", "CheckpointError", "ResourceError", "WorkerError"
         ),
     },

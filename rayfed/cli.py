@@ -5,7 +5,7 @@
     rayfed list [ALGORITHM]                        registered algorithms, datasets and models, or
                                                    one algorithm's params (default, allowed values, meaning)
     rayfed plot RUN_DIR [RUN_DIR ...] --out DIR    figures (PNG) from finished runs
-    rayfed run --preset NAME [field=value ...]     start from a paper's protocol (rayfed.presets)
+    rayfed run --preset NAME [field=value ...]     start from a paper's protocol (rayfed.config.presets)
     rayfed reproduce TABLE [--rounds N ...]        run and report one of the papers' tables (rayfed.reproduce)
 
 Examples::
@@ -22,10 +22,10 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from rayfed.cli_args import config_from_args
 from rayfed.config import field_reference
-from rayfed.errors import RayfedError
-from rayfed.interrupts import RunInterrupted, StudyInterrupted
+from rayfed.config.args import config_from_args
+from rayfed.engine.interrupts import RunInterrupted, StudyInterrupted
+from rayfed.util.errors import RayfedError
 
 __all__ = ["main", "build_parser"]
 
@@ -69,9 +69,9 @@ def _add_tune_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
 def _list(algorithm: str | None) -> None:
     """The registries; with ``algorithm``, that algorithm's params (an unknown name: ConfigError, did you mean).
 
-    Read through :mod:`rayfed.catalogue`, which imports torch only when the package changed.
+    Read through :mod:`rayfed.config.catalogue`, which imports torch only when the package changed.
     """
-    from rayfed.catalogue import catalogue
+    from rayfed.config.catalogue import catalogue
 
     listing = catalogue()
     if algorithm is not None:
@@ -89,7 +89,7 @@ def _list(algorithm: str | None) -> None:
 
 
 def _plot(ns: argparse.Namespace) -> int:
-    from rayfed.plots import write_figures
+    from rayfed.results.plots import write_figures
 
     paths, notes = write_figures(ns.run_dirs, ns.out)
     for note in notes:
@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RayfedError as e:
         print(f"rayfed: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as e:  # one line instead of a traceback (rayfed.interrupts)
+    except KeyboardInterrupt as e:  # one line instead of a traceback (rayfed.engine.interrupts)
         print(_interrupted(e, ns.command, shlex.join(["rayfed", *argv])))
         return 130
 

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from rayfed import CheckpointError, ConfigError, DatasetError, ResourceError, RunConfig, TrainConfig, run
-from rayfed.client_runner import ClientReport
 from rayfed.data import load_dataset, make_partition
 from rayfed.data.torchvision_data import _gunzip_if_needed
-from rayfed.errors import CheckpointFormatError
-from rayfed.io import load_arrays, save_arrays
-from rayfed.metrics import summarise_round
-from rayfed.trainability import check_trainable
+from rayfed.engine.metrics import summarise_round
+from rayfed.engine.trainability import check_trainable
+from rayfed.execution.client_runner import ClientReport
+from rayfed.util.errors import CheckpointFormatError
+from rayfed.util.files import load_arrays, save_arrays
 from tests.conftest import tiny_overrides
 
 
@@ -178,7 +178,7 @@ def test_clients_smaller_than_a_batch_are_named_once_and_left_out_of_the_round_l
     stuck = sorted(int(c) for c in np.flatnonzero(sizes < batch))
     with caplog.at_level(logging.WARNING, logger="rayfed"):
         result = _run(tmp_path, **{"train.batch_size": batch})
-    warnings = [r.getMessage() for r in caplog.records if r.name == "rayfed.trainability"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "rayfed.engine.trainability"]
     assert len(warnings) == 1
     assert warnings[0].startswith(f"4 of 10 clients ({', '.join(map(str, stuck))}) hold fewer than "
                                   f"train.batch_size={batch} training samples and train.drop_last=true")
@@ -190,7 +190,7 @@ def test_clients_smaller_than_a_batch_are_named_once_and_left_out_of_the_round_l
 
 
 def test_warning_lists_the_first_clients_and_counts_the_rest(caplog) -> None:
-    with caplog.at_level(logging.WARNING, logger="rayfed.trainability"):
+    with caplog.at_level(logging.WARNING, logger="rayfed.engine.trainability"):
         check_trainable(np.array([5, 40, 3, 100, 2, 1, 0, 9, 70]), TrainConfig(batch_size=10))
     message = caplog.records[0].getMessage()
     assert message.startswith("6 of 9 clients (0, 2, 4, 5, 6 and 1 more) hold fewer than")
@@ -210,7 +210,7 @@ def test_round_in_which_no_client_stepped_warns_and_its_loss_is_not_an_average_o
 
     mixed = summarise_round(0, [report(0, 0, math.nan), report(1, 2, 0.5), report(2, 2, 1.5)], [], {}, {})
     assert mixed.train_loss == 1.0
-    with caplog.at_level(logging.WARNING, logger="rayfed.metrics"):
+    with caplog.at_level(logging.WARNING, logger="rayfed.engine.metrics"):
         idle = summarise_round(3, [report(0, 0, math.nan), report(1, 0, math.nan)], [], {}, {})
     assert math.isnan(idle.train_loss)
     assert "round 3: none of the 2 sampled clients took a local step" in caplog.text

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rayfed import catalogue as catalogue_module
 from rayfed.algorithms import ALGORITHMS
-from rayfed.catalogue import catalogue, params_reference
+from rayfed.config import catalogue as catalogue_module
+from rayfed.config.catalogue import catalogue, params_reference
 from rayfed.data import DATASETS
 from rayfed.models import MODELS
 

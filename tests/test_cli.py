@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from rayfed.cli import main
-from rayfed.seeding import sample_clients
+from rayfed.util.seeding import sample_clients
 
 HEAVY = ("torch", "ray", "optuna", "matplotlib")
 
@@ -30,7 +30,7 @@ def test_building_the_command_line_imports_neither_torch_nor_ray():
 def test_package_names_are_imported_on_first_use():
     import rayfed
 
-    assert rayfed.run.__module__ == "rayfed.engine"
+    assert rayfed.run.__module__ == "rayfed.engine.simulation"
     assert {"run", "RunConfig", "ConfigError"} <= set(rayfed.__all__) <= set(dir(rayfed))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         rayfed.nope
@@ -68,7 +68,7 @@ def test_list_unknown_algorithm_suggests_the_closest(capsys):
 
 def test_every_algorithm_param_has_a_meaning():
     from rayfed.algorithms import ALGORITHMS
-    from rayfed.config_fields import meaning
+    from rayfed.util.documented import meaning
 
     for name in ALGORITHMS:
         for field in dataclasses.fields(ALGORITHMS.get(name).params_type):
@@ -102,7 +102,7 @@ def test_tune_pruner_help_names_every_pruner(capsys):
 
 
 def test_a_rounded_join_ratio_warns_once(caplog):
-    with caplog.at_level(logging.WARNING, logger="rayfed.seeding"):
+    with caplog.at_level(logging.WARNING, logger="rayfed.util.seeding"):
         for round_index in range(3):
             assert len(sample_clients(0, round_index, 4, 0.01)) == 1
         sample_clients(0, 0, 20, 0.5)  # exactly 10 clients: no warning

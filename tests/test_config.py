@@ -20,8 +20,8 @@ from rayfed import (
     load_config,
 )
 from rayfed.cli import build_parser
-from rayfed.cli_args import config_from_args
-from rayfed.config_fields import meaning, section
+from rayfed.config.args import config_from_args
+from rayfed.util.documented import meaning, section
 
 
 @pytest.mark.parametrize(

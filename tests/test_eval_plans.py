@@ -15,9 +15,9 @@ import pytest
 
 from rayfed import RunConfig
 from rayfed.algorithms import ALGORITHMS, Broadcast, RoundContext, resolve
-from rayfed.client_runner import ClientRunner
-from rayfed.run_inputs import RunInputs
-from rayfed.server import Server
+from rayfed.engine.inputs import RunInputs
+from rayfed.execution.client_runner import ClientRunner
+from rayfed.execution.server import Server
 
 _NUM_CLIENTS = 6
 _OVERRIDES: dict[str, dict[str, Any]] = {  # what a method needs, or where a default would make the test slow

@@ -6,8 +6,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from rayfed.flat import FlatModel
-from rayfed.training import sgd_step
+from rayfed.train.flat import FlatModel
+from rayfed.train.sgd import sgd_step
 
 
 def _net() -> nn.Module:

@@ -17,12 +17,12 @@ import torch
 from rayfed import RunConfig, run
 from rayfed.algorithms import RoundContext
 from rayfed.algorithms.cwfedavg_equations import empirical_distribution, personalise
-from rayfed.client_runner import ClientRunner
 from rayfed.data import load_dataset, make_partition
-from rayfed.metrics import summarise_round
-from rayfed.problem_build import build_problem
-from rayfed.server import Server
-from rayfed.training import eval_batch_size, evaluate_model
+from rayfed.engine.metrics import summarise_round
+from rayfed.execution.client_runner import ClientRunner
+from rayfed.execution.server import Server
+from rayfed.train.evaluate import eval_batch_size, evaluate_model
+from rayfed.train.problem_build import build_problem
 from tests.conftest import tiny_overrides
 
 NUM_CLIENTS = 10

@@ -14,11 +14,7 @@ pytest.importorskip("matplotlib")
 from rayfed import RunConfig, run  # noqa: E402
 from rayfed.cli import main  # noqa: E402
 from rayfed.data import LABEL_COUNTS_FILE, read_label_counts  # noqa: E402
-from rayfed.plots import (  # noqa: E402
-    class_head_row_norms,
-    load_run,
-    method_label,
-)
+from rayfed.results.plots import class_head_row_norms, load_run, method_label  # noqa: E402
 from tests.conftest import tiny_overrides  # noqa: E402
 
 CW_FIGURES = ("p_vs_p_tilde", "norms_local", "norms_global")
@@ -110,7 +106,7 @@ def test_method_labels_name_fedawa_fidelity() -> None:
 
 
 def _run(name: str, accuracies: list[float], **overrides: object):
-    from rayfed.plots import RunData
+    from rayfed.results.plots import RunData
 
     config = RunConfig().override({"algorithm.name": "cwfedavg", "run_dir": f"runs/{name}", **overrides})
     rounds = [{"round": t, "accuracy": a} for t, a in enumerate(accuracies)]
@@ -118,7 +114,7 @@ def _run(name: str, accuracies: list[float], **overrides: object):
 
 
 def test_only_runs_that_differ_in_the_seed_alone_are_grouped():
-    from rayfed.plots import curve_groups
+    from rayfed.results.plots import curve_groups
 
     runs = [
         _run("s0", [0.1]),
@@ -137,7 +133,7 @@ def test_only_runs_that_differ_in_the_seed_alone_are_grouped():
 
 
 def test_a_run_that_differs_in_more_than_the_seed_gets_its_own_line():
-    from rayfed.plots import curve_groups
+    from rayfed.results.plots import curve_groups
 
     groups = curve_groups([_run("a", [0.1]), _run("b", [0.1], seed=3, **{"data.partition": "pathological"})])
     assert [g.legend for g in groups] == [
@@ -147,7 +143,7 @@ def test_a_run_that_differs_in_more_than_the_seed_gets_its_own_line():
 
 
 def test_round_axis_is_the_stored_round(runs, tmp_path):
-    from rayfed.plots import accuracy_points, plot_accuracy_curves
+    from rayfed.results.plots import accuracy_points, plot_accuracy_curves
 
     data = load_run(runs["cw"])
     stored = pq.read_table(runs["cw"] / "rounds.parquet").column("round").to_pylist()
@@ -156,7 +152,7 @@ def test_round_axis_is_the_stored_round(runs, tmp_path):
 
 
 def test_accuracy_figure_draws_the_global_model_dashed_where_the_run_has_one(runs, tmp_path):
-    from rayfed.plots import accuracy_points, plot_accuracy_curves
+    from rayfed.results.plots import accuracy_points, plot_accuracy_curves
 
     # Arrange: cwFedAvg records its global model's accuracy (Eq. 7 with the overall distribution); FedAvg has none.
     cw, fedavg = load_run(runs["cw"]), load_run(runs["fedavg"])

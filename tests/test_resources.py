@@ -12,7 +12,7 @@ import torch
 from rayfed import ResourceError, RunConfig, Simulation, run
 from rayfed.actors.cluster import check_fit, local_node, workers_on
 from rayfed.config import EngineConfig
-from rayfed.sizing import check_memory, estimate_memory
+from rayfed.engine.sizing import check_memory, estimate_memory
 from tests.conftest import tiny_overrides
 
 
@@ -99,7 +99,7 @@ def test_ten_million_clients_are_refused_or_warned_about_naming_the_clients(tmp_
     config = _config(tmp_path, **{"data.num_clients": 10**7, "data.options": {"num_samples": 10**7}})
     estimate = estimate_memory(config)
     assert {p.name: p.field for p in estimate.parts}["round records"] == "data.num_clients"
-    monkeypatch.setattr("rayfed.sizing.available_memory", lambda: (estimate.total // 2, 2 * estimate.total))
+    monkeypatch.setattr("rayfed.engine.sizing.available_memory", lambda: (estimate.total // 2, 2 * estimate.total))
     with pytest.raises(ResourceError, match=r"data.num_clients.*partition .*\(data.num_clients\)"):
         check_memory(config)
 
@@ -107,8 +107,8 @@ def test_ten_million_clients_are_refused_or_warned_about_naming_the_clients(tmp_
 def test_a_run_using_more_than_half_the_memory_warns_with_the_estimate(tmp_path, monkeypatch, caplog) -> None:
     config = _config(tmp_path)
     total = estimate_memory(config).total
-    monkeypatch.setattr("rayfed.sizing.available_memory", lambda: (int(total / 0.6), 2 * total))
-    with caplog.at_level(logging.WARNING, logger="rayfed.sizing"):
+    monkeypatch.setattr("rayfed.engine.sizing.available_memory", lambda: (int(total / 0.6), 2 * total))
+    with caplog.at_level(logging.WARNING, logger="rayfed.engine.sizing"):
         check_memory(config)
     assert "this run needs about" in caplog.text and "the largest part is the dataset" in caplog.text
 
@@ -133,9 +133,9 @@ def test_the_estimate_is_within_a_factor_two_of_the_measured_peak(tmp_path) -> N
 def test_long_rounds_show_a_bar_over_their_client_batches(tmp_path, monkeypatch, capsys, shown) -> None:
     """Inside a round, a bar counts the finished client batches of training and of evaluation (here with no
     delay, so even a short round shows it); engine.progress=false shows none."""
-    import rayfed.progress
+    import rayfed.util.progress
 
-    monkeypatch.setattr(rayfed.progress, "DELAY_S", 0.0)
+    monkeypatch.setattr(rayfed.util.progress, "DELAY_S", 0.0)
     run(RunConfig().override(tiny_overrides(tmp_path / "run", **{"train.rounds": 1, "engine.progress": shown})))
     err = capsys.readouterr().err
     assert ("round 0 training" in err and "round 0 evaluation" in err and "batch" in err) == shown

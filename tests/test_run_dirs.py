@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from rayfed import CheckpointError, ConfigError, DatasetError, ResourceError, RunConfig, run
-from rayfed.callbacks import Callback, MetricsWriter
 from rayfed.cli import main
 from rayfed.engine import Simulation
-from rayfed.executor import LocalExecutor
-from rayfed.interrupts import RunInterrupted, StudyInterrupted
+from rayfed.engine.callbacks import Callback, MetricsWriter
+from rayfed.engine.interrupts import RunInterrupted, StudyInterrupted
+from rayfed.execution.executor import LocalExecutor
 from rayfed.tuning import FloatParam, tune
 from tests.conftest import tiny_overrides
 

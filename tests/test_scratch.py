@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rayfed.scratch import Scratch, ScratchKey
+from rayfed.train.scratch import Scratch, ScratchKey
 
 CLUSTER = ScratchKey[int]("ifca.cluster")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rayfed.state_store import ClientStateStore
+from rayfed.engine.state_store import ClientStateStore
 
 
 def _state(cid: int) -> dict[str, np.ndarray]:

@@ -1,10 +1,10 @@
 """Ray actors: ``ClientWorker`` (trains batches of virtual clients) and ``ServerActor`` (owns the global state).
 
-Both are thin shells over plain classes (:class:`rayfed.client_runner.ClientRunner`,
-:class:`rayfed.server.Server`), so the logic is tested without a cluster.
+Both are thin shells over plain classes (:class:`rayfed.execution.client_runner.ClientRunner`,
+:class:`rayfed.execution.server.Server`), so the logic is tested without a cluster.
 :class:`WorkerPool` feeds the workers from the driver, :class:`RayExecutor` puts it all together.
 
-The names are imported on first use (:mod:`rayfed.lazy`): the process that hosts the
+The names are imported on first use (:mod:`rayfed.util.lazy`): the process that hosts the
 ``ServerActor`` imports this package to find the actor's class, and must not import torch
 through the ``ClientWorker`` when its server half does not need it.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rayfed.lazy import lazy_exports
+from rayfed.util.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ imports them
     from rayfed.actors.client_worker import ClientWorker  # noqa: F401

@@ -1,6 +1,6 @@
 """``ClientWorker``: the Ray actor that trains and evaluates batches of virtual clients.
 
-It is a thin shell over :class:`rayfed.client_runner.ClientRunner`; the driver feeds it
+It is a thin shell over :class:`rayfed.execution.client_runner.ClientRunner`; the driver feeds it
 through :class:`rayfed.actors.worker_pool.WorkerPool`.
 """
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import ray
 
-from rayfed.client_runner import ClientRunner, EvalReport
+from rayfed.execution.client_runner import ClientRunner, EvalReport
 
 __all__ = ["ClientWorker"]
 
@@ -39,7 +39,7 @@ def keep_freed_memory() -> bool:
 
 @ray.remote
 class ClientWorker:
-    """Ray actor running a :class:`~rayfed.client_runner.ClientRunner`."""
+    """Ray actor running a :class:`~rayfed.execution.client_runner.ClientRunner`."""
 
     def __init__(self, *args: Any) -> None:
         keep_freed_memory()

@@ -39,7 +39,7 @@ from contextlib import contextmanager
 import ray
 
 from rayfed.config import EngineConfig
-from rayfed.errors import ResourceError
+from rayfed.util.errors import ResourceError
 
 logger = logging.getLogger(__name__)
 

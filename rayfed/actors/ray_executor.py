@@ -9,7 +9,7 @@ keeps its reference, the start state of the coming round. When the ``ServerActor
 re-run on the same partial sums, which are still in the object store; aggregation is
 deterministic, so the round ends with the same result as an unfaulted one. A step is
 re-run at most ``engine.max_retries`` times; its next failure, or a server that died
-before its state was copied, stops the run with a :class:`~rayfed.errors.ServerError`,
+before its state was copied, stops the run with a :class:`~rayfed.util.errors.ServerError`,
 and the run resumes from its last checkpoint.
 """
 
@@ -27,12 +27,13 @@ from rayfed.actors.cluster import check_resources, default_num_workers
 from rayfed.actors.server_actor import ServerActor
 from rayfed.actors.worker_pool import ACTOR_FAILURES, WorkerPool, kill_actor
 from rayfed.algorithms import RoundContext
-from rayfed.client_runner import ClientReport, ClientState, EvalReport
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
-from rayfed.errors import ServerError
-from rayfed.executor import Chunk, Executor, no_progress, states_of
-from rayfed.problem import ProblemSpec
+from rayfed.execution.client_runner import ClientReport, EvalReport
+from rayfed.execution.executor import Chunk, Executor, no_progress, states_of
+from rayfed.train.job import ClientState
+from rayfed.train.problem import ProblemSpec
+from rayfed.util.errors import ServerError
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""``ServerActor``: the Ray actor that owns the global state (a shell over :class:`rayfed.server.Server`)."""
+"""``ServerActor``: the Ray actor that owns the global state (a shell over :class:`rayfed.execution.server.Server`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import ray
 
-from rayfed.server import Server
+from rayfed.execution.server import Server
 
 __all__ = ["ServerActor"]
 

@@ -5,7 +5,7 @@ failures on purpose (after Ray's ``ActorPool`` and Ray Train's ``WorkerGroup``):
 worker that dies, or a call that exceeds ``engine.round_timeout_s``, is replaced by a
 fresh actor and its batch is re-run, so the round completes with the same result as an
 unfaulted one. A batch is re-run at most ``engine.max_retries`` times; its next failure
-stops the run with a :class:`~rayfed.errors.WorkerError` (a batch that kills every
+stops the run with a :class:`~rayfed.util.errors.WorkerError` (a batch that kills every
 worker it meets is a bug or a resource problem, not bad luck), and the run directory
 keeps its last checkpoint, from which the run resumes.
 
@@ -25,8 +25,8 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, WorkerCrashedError
 
 from rayfed.actors.client_worker import ClientWorker
-from rayfed.errors import WorkerError
-from rayfed.executor import no_progress
+from rayfed.execution.executor import no_progress
+from rayfed.util.errors import WorkerError
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class WorkerPool:
         return value and ``extra_refs`` the unfetched other return refs (the
         contribution of ``train``, which goes to the server by reference).
 
-        Raises :class:`~rayfed.errors.WorkerError` when a chunk fails once more after
+        Raises :class:`~rayfed.util.errors.WorkerError` when a chunk fails once more after
         ``max_retries`` re-runs.
         """
         results: list[tuple[list[Any], Any] | None] = [None] * len(chunks)

@@ -8,21 +8,17 @@ every module), and every module before the first listing; so a process that look
 algorithm imports only its module (the server process of FedAvg imports no torch).
 """
 
-from rayfed.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
+from rayfed.algorithms.contributions import ClientVectors, WeightedSum, sum_contributions
+from rayfed.algorithms.hooks import (
     Broadcast,
     ClientHalf,
     Contribution,
     NoParams,
-    ResolvedAlgorithm,
     RoundContext,
     ServerHalf,
     SharedBody,
-    register_algorithm,
-    resolve,
 )
-from rayfed.algorithms.contributions import ClientVectors, WeightedSum, sum_contributions
+from rayfed.algorithms.registry import ALGORITHMS, Algorithm, ResolvedAlgorithm, register_algorithm, resolve
 
 __all__ = [
     "ALGORITHMS",

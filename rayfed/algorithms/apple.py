@@ -21,7 +21,7 @@ client uploads θ_i, and downloads the core models that changed since its last c
 
 A client's state holds M models (M = clients), so all states together grow as M²; the
 engine refuses a run whose states would fit neither ``engine.client_state_memory_mb`` nor
-the run directory's free disk (``FedAppleServer.client_state_bytes``, :mod:`rayfed.sizing`).
+the run directory's free disk (``FedAppleServer.client_state_bytes``, :mod:`rayfed.engine.sizing`).
 """
 
 from __future__ import annotations
@@ -35,15 +35,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rayfed.algorithms.base import Broadcast, ClientHalf, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
-from rayfed.config_fields import documented, section
-from rayfed.layout import ParamLayout
-from rayfed.problem import ProblemSpec
-from rayfed.scratch import ScratchKey
-from rayfed.training import ClientJob, TrainStats, minibatches
-from rayfed.validation import check_choice, check_int, check_real
+from rayfed.algorithms.hooks import Broadcast, ClientHalf, RoundContext, ServerHalf
+from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.layout import ParamLayout
+from rayfed.train.problem import ProblemSpec
+from rayfed.train.scratch import ScratchKey
+from rayfed.train.sgd import minibatches
+from rayfed.util.documented import documented, section
+from rayfed.util.validation import check_choice, check_int, check_real
 
 __all__ = [
     "AppleParams",

@@ -40,14 +40,15 @@ from typing import Literal
 
 import numpy as np
 
-from rayfed.algorithms.base import Broadcast, ClientHalf, RoundContext, ServerHalf, register_algorithm
-from rayfed.algorithms.cluster_state import ClusterModelState
+from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
+from rayfed.algorithms.common.cluster_state import ClusterModelState
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
-from rayfed.config_fields import documented, section
-from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob
-from rayfed.validation import check_choice, check_int, check_real
+from rayfed.algorithms.hooks import Broadcast, ClientHalf, RoundContext, ServerHalf
+from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.job import ClientJob
+from rayfed.train.problem import ProblemSpec
+from rayfed.util.documented import documented, section
+from rayfed.util.validation import check_choice, check_int, check_real
 
 __all__ = [
     "CFLParams",

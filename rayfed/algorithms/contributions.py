@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from rayfed.algorithms.base import Contribution
+from rayfed.algorithms.hooks import Contribution
 
 __all__ = ["WeightedSum", "ClientVectors", "sum_contributions"]
 
@@ -107,6 +107,11 @@ class ClientVectors(Contribution):
         if len(self.blocks) == 1:
             return self.blocks[0]
         return np.concatenate(self.blocks, axis=0)
+
+    def size_weighted_mean(self) -> np.ndarray:
+        """Σ_k n_k x_k / Σ_k n_k over the rows (FedAvg's rule on stacked uploads), in float32."""
+        sizes = np.asarray(self.sizes, np.float64)
+        return ((sizes / sizes.sum()).astype(np.float32) @ self.matrix()).astype(np.float32)
 
     @property
     def nbytes(self) -> int:

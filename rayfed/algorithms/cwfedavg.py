@@ -43,15 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rayfed.algorithms.base import (
-    Broadcast,
-    ClientHalf,
-    Contribution,
-    RoundContext,
-    ServerHalf,
-    SharedBody,
-    register_algorithm,
-)
+from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.cwfedavg_equations import (
     classwise_average,
@@ -63,10 +55,11 @@ from rayfed.algorithms.cwfedavg_equations import (
     wdr_penalty,
 )
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, ModelParts, model_parts
-from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
-from rayfed.errors import ConfigError
-from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob
+from rayfed.algorithms.hooks import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf, SharedBody
+from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.job import ClientJob
+from rayfed.train.problem import ProblemSpec
+from rayfed.util.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -282,7 +275,7 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams]):
     """Plain SGD on CE + c·‖p_i − p̃_i(W)‖₂, recomputed from the live output weight each mini-batch.
 
     The term is stated functionally (:meth:`functional_extra_loss`), so the sequential loop and
-    the stacked one (:mod:`rayfed.vectorized`) share it; the per-client constant is p_i.
+    the stacked one (:mod:`rayfed.train.stacked`) share it; the per-client constant is p_i.
     """
 
     def __init__(self, params: CwFedAvgParams, spec: ProblemSpec) -> None:

@@ -8,7 +8,7 @@ See docs/algorithms.md, cwFedAvg section.
 Which layers are class-wise (``classwise_blocks``, P-ICCV §4.3, Table 3): the last m
 top-level blocks of the model; 0 means the whole model (P-arXiv's all-layer method).
 The rest goes through FedAvg. :func:`model_parts` turns that choice into slices of the
-flat parameter vector (:mod:`rayfed.flat`).
+flat parameter vector (:mod:`rayfed.train.flat`).
 
 >>> CwFedAvgParams(variant="dist", classwise_blocks=0).label()
 'cwFedAvg w/ Dist. (all layers)'
@@ -21,12 +21,12 @@ from typing import Literal
 
 import numpy as np
 
-from rayfed.algorithms.body_head import trailing_blocks
-from rayfed.config_fields import documented, section
-from rayfed.errors import ConfigError
-from rayfed.problem import ProblemSpec
-from rayfed.registry import closest
-from rayfed.validation import check_choice, check_int, check_real, fail
+from rayfed.algorithms.common.architecture import trailing_blocks
+from rayfed.train.problem import ProblemSpec
+from rayfed.util.documented import documented, section
+from rayfed.util.errors import ConfigError
+from rayfed.util.registry import closest
+from rayfed.util.validation import check_choice, check_int, check_real, fail
 
 __all__ = ["CwFedAvgParams", "ModelParts", "model_parts"]
 

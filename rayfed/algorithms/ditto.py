@@ -28,15 +28,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rayfed.algorithms.base import ClientHalf, register_algorithm
-from rayfed.algorithms.fedavg import FedAvgServer, GlobalModel
-from rayfed.algorithms.fedprox import flatten_logically, proximal_term
-from rayfed.algorithms.local import save_model_state, saved_model
-from rayfed.config_fields import documented, section
-from rayfed.problem import ProblemSpec
-from rayfed.scratch import ScratchKey
-from rayfed.training import ClientJob, TrainStats, local_sgd
-from rayfed.validation import check_int, check_real
+from rayfed.algorithms.common.global_model import GlobalModel
+from rayfed.algorithms.common.own_models import save_model_state, saved_model
+from rayfed.algorithms.common.proximal import flatten_logically, proximal_term
+from rayfed.algorithms.fedavg import FedAvgServer
+from rayfed.algorithms.hooks import ClientHalf
+from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.problem import ProblemSpec
+from rayfed.train.scratch import ScratchKey
+from rayfed.train.sgd import local_sgd
+from rayfed.util.documented import documented, section
+from rayfed.util.validation import check_int, check_real
 
 __all__ = ["DittoParams", "DittoModels", "DittoClient", "DittoServer"]
 

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rayfed.algorithms.base import ClientHalf, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.common.global_model import GlobalModelServer
 from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.fedavg import GlobalModel, require_homogeneous, sole_architecture
-from rayfed.config_fields import documented, section
-from rayfed.problem import ProblemSpec
-from rayfed.validation import check_real
+from rayfed.algorithms.hooks import ClientHalf, RoundContext
+from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.problem import ProblemSpec
+from rayfed.util.documented import documented, section
+from rayfed.util.validation import check_real
 
 __all__ = ["FedAdamParams", "adam_server_step", "FedAdamServer"]
 
@@ -69,23 +70,14 @@ def adam_server_step(
     return theta.astype(np.float32), m.astype(np.float32), v.astype(np.float32)
 
 
-class FedAdamServer(ServerHalf[FedAdamParams, WeightedSum]):
+class FedAdamServer(GlobalModelServer[FedAdamParams, WeightedSum]):
     """Keeps θ_g and Adam's moments m, v (parameters only)."""
-
-    @classmethod
-    def validate(cls, params: FedAdamParams, spec: ProblemSpec) -> None:
-        require_homogeneous(spec)
 
     def __init__(self, params: FedAdamParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)
-        architecture = sole_architecture(spec)
-        self.num_params = spec.layouts[architecture].size
-        self.global_vector = np.array(initial[architecture], dtype=np.float32)
+        self.num_params = spec.layouts[self.architecture].size
         self.m = np.zeros(self.num_params, np.float32)
         self.v = np.zeros(self.num_params, np.float32)
-
-    def broadcast(self) -> GlobalModel:
-        return GlobalModel(self.global_vector)
 
     def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
         if contribution is None:
@@ -97,11 +89,10 @@ class FedAdamServer(ServerHalf[FedAdamParams, WeightedSum]):
         self.global_vector = np.concatenate([theta, average[p:]]).astype(np.float32, copy=False)
         return {"clients_aggregated": float(contribution.count), "fedadam_delta_norm": float(np.linalg.norm(delta))}
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return {"global": self.global_vector, "m": self.m, "v": self.v}
+    def extra_state(self) -> dict[str, np.ndarray]:
+        return {"m": self.m, "v": self.v}
 
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        self.global_vector = np.array(state["global"], dtype=np.float32)
+    def load_extra_state(self, state: Mapping[str, np.ndarray]) -> None:
         self.m = np.array(state["m"], dtype=np.float32)
         self.v = np.array(state["v"], dtype=np.float32)
 

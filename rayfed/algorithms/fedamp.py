@@ -34,16 +34,17 @@ from typing import Literal
 import numpy as np
 import torch
 
-from rayfed.algorithms.base import Broadcast, ClientHalf, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
+from rayfed.algorithms.common.own_models import save_model_state, saved_model
+from rayfed.algorithms.common.proximal import flatten_logically, proximal_term
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
-from rayfed.algorithms.fedprox import flatten_logically, proximal_term
-from rayfed.algorithms.local import save_model_state, saved_model
-from rayfed.config_fields import documented, section
-from rayfed.problem import ProblemSpec
-from rayfed.scratch import ScratchKey
-from rayfed.training import ClientJob
-from rayfed.validation import check_choice, check_real
+from rayfed.algorithms.hooks import Broadcast, ClientHalf, RoundContext, ServerHalf
+from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.job import ClientJob
+from rayfed.train.problem import ProblemSpec
+from rayfed.train.scratch import ScratchKey
+from rayfed.util.documented import documented, section
+from rayfed.util.validation import check_choice, check_real
 
 __all__ = [
     "FedAMPParams",

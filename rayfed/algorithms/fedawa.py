@@ -57,9 +57,8 @@ from typing import Literal
 
 import numpy as np
 
-from rayfed.algorithms.base import RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelServer
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.fedavg import GlobalModel, require_homogeneous
 from rayfed.algorithms.fedawa_objective import (
     EXACT_SMOOTHING,
     ClientVectorProducts,
@@ -74,11 +73,13 @@ from rayfed.algorithms.fedawa_objective import (
     softmax,
 )
 from rayfed.algorithms.fedawa_weights import INITIAL_WEIGHTS, needs_label_counts
+from rayfed.algorithms.hooks import RoundContext
+from rayfed.algorithms.registry import register_algorithm
 from rayfed.algorithms.sgdm import PersistentMomentumClient
-from rayfed.config_fields import documented, section
-from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob
-from rayfed.validation import check_choice, check_int, check_real
+from rayfed.train.job import ClientJob
+from rayfed.train.problem import ProblemSpec
+from rayfed.util.documented import documented, section
+from rayfed.util.validation import check_choice, check_int, check_real
 
 logger = logging.getLogger(__name__)
 
@@ -158,21 +159,15 @@ class ClientVectorBroadcast(GlobalModel):
 # --- the server half ----------------------------------------------------------------------------
 
 
-class FedAWAServer(ServerHalf[FedAWAParams, ClientVectors]):
+class FedAWAServer(GlobalModelServer[FedAWAParams, ClientVectors]):
     """Keeps θ_g and, per client id, its logit (``code``, ``paper``) or weight (``exact``); one group of λ."""
 
     layer_wise = False
 
-    @classmethod
-    def validate(cls, params: FedAWAParams, spec: ProblemSpec) -> None:
-        require_homogeneous(spec)
-
     def __init__(self, params: FedAWAParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)
-        architecture = next(iter(spec.layouts))  # the only one (validate)
-        self.global_vector = np.array(initial[architecture], dtype=np.float32)
         self.groups = layer_groups(
-            spec.layouts[architecture], spec.buffer_layouts.get(architecture), layer_wise=self.layer_wise
+            spec.layouts[self.architecture], spec.buffer_layouts.get(self.architecture), layer_wise=self.layer_wise
         )
         covered = max(s.stop for s, _ in self.groups.segments)
         if covered != self.global_vector.size:
@@ -265,11 +260,10 @@ class FedAWAServer(ServerHalf[FedAWAParams, ClientVectors]):
             empty = self.client_state[:, ids].sum(axis=1) <= 0
             self.client_state[np.ix_(empty, ids)] = 1.0 / self.spec.num_clients
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return {"global": self.global_vector, "client_state": self.client_state}
+    def extra_state(self) -> dict[str, np.ndarray]:
+        return {"client_state": self.client_state}
 
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        self.global_vector = np.array(state["global"], dtype=np.float32)
+    def load_extra_state(self, state: Mapping[str, np.ndarray]) -> None:
         self.client_state = np.array(state["client_state"], dtype=np.float64)
 
 

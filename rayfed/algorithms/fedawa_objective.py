@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rayfed.layout import ParamLayout
+from rayfed.train.layout import ParamLayout
 
 __all__ = [
     "LayerGroups",

@@ -23,8 +23,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rayfed.problem import ProblemSpec
-from rayfed.registry import Registry
+from rayfed.train.problem import ProblemSpec
+from rayfed.util.registry import Registry
 
 __all__ = [
     "InitialWeights",

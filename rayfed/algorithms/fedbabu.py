@@ -26,12 +26,13 @@ from dataclasses import dataclass
 
 import torch
 
-from rayfed.algorithms.base import ClientHalf, SharedBody, register_algorithm
-from rayfed.algorithms.body_head import BodyHeadParams, PartialModels, PartialServer, split_body_head, train_part
-from rayfed.config_fields import documented, section
-from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob, TrainStats, seed_global_generators
-from rayfed.validation import check_int
+from rayfed.algorithms.common.body_head import BodyHeadParams, PartialModels, PartialServer, split_body_head, train_part
+from rayfed.algorithms.hooks import ClientHalf, SharedBody
+from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.job import ClientJob, TrainStats, seed_global_generators
+from rayfed.train.problem import ProblemSpec
+from rayfed.util.documented import documented, section
+from rayfed.util.validation import check_int
 
 __all__ = ["FedBabuParams", "FedBabuClient", "FedBabuModels", "FedBabuServer"]
 

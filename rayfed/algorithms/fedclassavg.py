@@ -49,27 +49,30 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rayfed.algorithms.base import Broadcast, ClientHalf, ServerHalf, register_algorithm
-from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.fedavg import FedAvgServer, sole_architecture
-from rayfed.algorithms.local import (
+from rayfed.algorithms.common.architecture import sole_architecture
+from rayfed.algorithms.common.own_models import (
     CLIENT_INIT_STREAM,
     ClientInit,
     has_saved_model,
     own_model_state,
     save_model_state,
 )
-from rayfed.config_fields import documented, section
+from rayfed.algorithms.contributions import WeightedSum
+from rayfed.algorithms.fedavg import FedAvgServer
+from rayfed.algorithms.hooks import Broadcast, ClientHalf, ServerHalf
+from rayfed.algorithms.registry import register_algorithm
 from rayfed.data.augment import augment_batch
-from rayfed.errors import ConfigError
-from rayfed.flat import FlatModel
 from rayfed.models import seeded_init
 from rayfed.models.fedclassavg_nets import FedClassAvgNet
-from rayfed.problem import ProblemSpec
-from rayfed.scratch import ScratchKey
-from rayfed.seeding import init_seed
-from rayfed.training import ClientJob, TrainStats, minibatches
-from rayfed.validation import check, check_choice, check_real
+from rayfed.train.flat import FlatModel
+from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.problem import ProblemSpec
+from rayfed.train.scratch import ScratchKey
+from rayfed.train.sgd import minibatches
+from rayfed.util.documented import documented, section
+from rayfed.util.errors import ConfigError
+from rayfed.util.seeding import init_seed
+from rayfed.util.validation import check, check_choice, check_real
 
 __all__ = [
     "FedClassAvgParams",

@@ -23,20 +23,20 @@ the FedAWA paper's modularity experiment): :func:`feddisco_initial_weights`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from rayfed.algorithms.base import ClientHalf, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelServer
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.fedavg import GlobalModel, require_homogeneous, sole_architecture
 from rayfed.algorithms.fedawa_weights import register_initial_weights
-from rayfed.config_fields import documented, section
-from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob
-from rayfed.validation import check_choice, check_real
+from rayfed.algorithms.hooks import ClientHalf, RoundContext
+from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.job import ClientJob
+from rayfed.train.problem import ProblemSpec
+from rayfed.util.documented import documented, section
+from rayfed.util.validation import check_choice, check_real
 
 __all__ = [
     "METRICS",
@@ -139,16 +139,8 @@ class ModelAndHistogram(GlobalModel):
 # --- server side ----------------------------------------------------------------------------------
 
 
-class FedDiscoServer(ServerHalf[FedDiscoParams, ClientVectors]):
+class FedDiscoServer(GlobalModelServer[FedDiscoParams, ClientVectors]):
     """Keeps θ_g; aggregates the round's models with the discrepancy-aware weights (every state entry)."""
-
-    @classmethod
-    def validate(cls, params: FedDiscoParams, spec: ProblemSpec) -> None:
-        require_homogeneous(spec)
-
-    def __init__(self, params: FedDiscoParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
-        super().__init__(params, spec, initial)
-        self.global_vector = np.array(initial[sole_architecture(spec)], dtype=np.float32)
 
     def broadcast(self) -> ModelAndHistogram:
         return ModelAndHistogram(self.global_vector)
@@ -166,12 +158,6 @@ class FedDiscoServer(ServerHalf[FedDiscoParams, ClientVectors]):
             "feddisco_max_weight": float(weights.max()),
             "feddisco_min_weight": float(weights.min()),
         }
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return {"global": self.global_vector}
-
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        self.global_vector = np.array(state["global"], dtype=np.float32)
 
 
 register_algorithm(

@@ -41,15 +41,16 @@ from typing import Literal
 import numpy as np
 import torch
 
-from rayfed.algorithms.base import ClientHalf, RoundContext, ServerHalf, model_state_bytes, register_algorithm
+from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelServer
+from rayfed.algorithms.common.proximal import flatten_logically, proximal_term
 from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.fedavg import GlobalModel, require_homogeneous, sole_architecture
-from rayfed.algorithms.fedprox import flatten_logically, proximal_term
+from rayfed.algorithms.hooks import ClientHalf, RoundContext, model_state_bytes
+from rayfed.algorithms.registry import register_algorithm
 from rayfed.algorithms.sgdm import PersistentMomentumClient
-from rayfed.config_fields import documented, section
-from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob, TrainStats
-from rayfed.validation import check_choice, check_real
+from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.problem import ProblemSpec
+from rayfed.util.documented import documented, section
+from rayfed.util.validation import check_choice, check_real
 
 __all__ = ["GRAD_KEY", "FedDynParams", "FedDynBroadcast", "FedDynClient", "FedDynServer", "feddyn_server_step"]
 
@@ -146,12 +147,8 @@ class FedDynClient(PersistentMomentumClient):
         return proximal_term(params, constants["anchor"], self.params.alpha) - linear
 
 
-class FedDynServer(ServerHalf[FedDynParams, WeightedSum]):
+class FedDynServer(GlobalModelServer[FedDynParams, WeightedSum]):
     """Keeps θ and the server state h (parameters)."""
-
-    @classmethod
-    def validate(cls, params: FedDynParams, spec: ProblemSpec) -> None:
-        require_homogeneous(spec)
 
     @classmethod
     def client_state_bytes(cls, params: FedDynParams, spec: ProblemSpec) -> int:
@@ -160,9 +157,7 @@ class FedDynServer(ServerHalf[FedDynParams, WeightedSum]):
 
     def __init__(self, params: FedDynParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)
-        architecture = sole_architecture(spec)
-        self.num_params = spec.layouts[architecture].size
-        self.global_vector = np.array(initial[architecture], dtype=np.float32)
+        self.num_params = spec.layouts[self.architecture].size
         self.h = np.zeros(self.num_params, np.float32)
 
     def broadcast(self) -> FedDynBroadcast:
@@ -180,11 +175,10 @@ class FedDynServer(ServerHalf[FedDynParams, WeightedSum]):
         self.global_vector = np.concatenate([theta, mean[p:]]).astype(np.float32, copy=False)
         return {"clients_aggregated": float(contribution.count), "feddyn_h_norm": float(np.linalg.norm(self.h))}
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return {"global": self.global_vector, "h": self.h}
+    def extra_state(self) -> dict[str, np.ndarray]:
+        return {"h": self.h}
 
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        self.global_vector = np.array(state["global"], dtype=np.float32)
+    def load_extra_state(self, state: Mapping[str, np.ndarray]) -> None:
         self.h = np.array(state["h"], dtype=np.float32)
 
 

@@ -32,16 +32,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rayfed.algorithms.base import Broadcast, ClientHalf, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
+from rayfed.algorithms.common.own_models import save_model_state, saved_model
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
-from rayfed.algorithms.local import save_model_state, saved_model
-from rayfed.config_fields import documented, section
-from rayfed.problem import ProblemSpec
-from rayfed.scratch import ScratchKey
-from rayfed.seeding import init_seed
-from rayfed.training import ClientJob, evaluate_model
-from rayfed.validation import check_int, check_real
+from rayfed.algorithms.hooks import Broadcast, ClientHalf, RoundContext, ServerHalf
+from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.evaluate import evaluate_model
+from rayfed.train.job import ClientJob
+from rayfed.train.problem import ProblemSpec
+from rayfed.train.scratch import ScratchKey
+from rayfed.util.documented import documented, section
+from rayfed.util.seeding import init_seed
+from rayfed.util.validation import check_int, check_real
 
 __all__ = [
     "FedFomoParams",

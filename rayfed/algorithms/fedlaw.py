@@ -39,18 +39,19 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from rayfed.algorithms.base import ClientHalf, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.common.global_model import GlobalModelServer, WholeModels
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.fedavg import WholeModels, require_homogeneous, sole_architecture
-from rayfed.config_fields import documented, section
+from rayfed.algorithms.hooks import ClientHalf, RoundContext
+from rayfed.algorithms.registry import register_algorithm
 from rayfed.data.held_out import HeldOutRequest
 from rayfed.data.transforms import model_inputs
-from rayfed.errors import ConfigError
-from rayfed.flat import FlatModel
 from rayfed.models import build_model
-from rayfed.problem import ProblemSpec
-from rayfed.seeding import init_seed
-from rayfed.validation import check_choice, check_int, check_real
+from rayfed.train.flat import FlatModel
+from rayfed.train.problem import ProblemSpec
+from rayfed.util.documented import documented, section
+from rayfed.util.errors import ConfigError
+from rayfed.util.seeding import init_seed
+from rayfed.util.validation import check_choice, check_int, check_real
 
 __all__ = [
     "FedLAWParams", "FedLAWServer", "merge", "merged_forward", "proxy_loss", "learn_aggregation",
@@ -168,12 +169,8 @@ def learn_aggregation(
 
 
 # --- the halves -----------------------------------------------------------------------------------
-class FedLAWServer(ServerHalf[FedLAWParams, ClientVectors]):
+class FedLAWServer(GlobalModelServer[FedLAWParams, ClientVectors]):
     """Keeps θ_g; learns (λ, γ) on the proxy set every round and aggregates with them."""
-
-    @classmethod
-    def validate(cls, params: FedLAWParams, spec: ProblemSpec) -> None:
-        require_homogeneous(spec)
 
     @classmethod
     def held_out(cls, params: FedLAWParams, spec: ProblemSpec) -> HeldOutRequest:
@@ -186,10 +183,8 @@ class FedLAWServer(ServerHalf[FedLAWParams, ClientVectors]):
                 "algorithm.name='fedlaw' needs its proxy set in spec.held_out; the engine carves it out of the pool "
                 "(rayfed.data.held_out); a server half built by hand needs spec=replace(spec, held_out=HeldOutSet...)"
             )
-        architecture = sole_architecture(spec)
-        self.global_vector = np.array(initial[architecture], dtype=np.float32)
         with torch.random.fork_rng(devices=[]):  # its values are never read: every forward is functional
-            self.flat = FlatModel(build_model(architecture, spec.input_shape, spec.num_classes))
+            self.flat = FlatModel(build_model(self.architecture, spec.input_shape, spec.num_classes))
         self.proxy_x = model_inputs(spec.held_out.inputs, spec.mean, spec.std)
         self.proxy_y = torch.from_numpy(np.asarray(spec.held_out.labels, dtype=np.int64))
         p = self.flat.layout.size
@@ -222,11 +217,7 @@ class FedLAWServer(ServerHalf[FedLAWParams, ClientVectors]):
             "fedlaw_seconds": time.perf_counter() - started,
         }
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return {"global": self.global_vector}
-
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        self.global_vector = np.array(state["global"], dtype=np.float32)
+    def load_extra_state(self, state: Mapping[str, np.ndarray]) -> None:
         if self.server_buffers is not None:  # the global buffers are the server's statistics
             self.server_buffers = torch.from_numpy(self.global_vector[self.flat.layout.size :].copy())
 

@@ -41,17 +41,21 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rayfed.algorithms.base import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.common.architecture import sole_architecture
+from rayfed.algorithms.common.global_model import GlobalModelServer
+from rayfed.algorithms.common.own_models import CLIENT_INIT_STREAM, save_model_state, saved_model
 from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
-from rayfed.algorithms.local import CLIENT_INIT_STREAM, save_model_state, saved_model
-from rayfed.config_fields import documented, section
-from rayfed.errors import ConfigError
-from rayfed.problem import ProblemSpec
-from rayfed.scratch import ScratchKey
-from rayfed.seeding import init_seed
-from rayfed.training import ClientJob, TrainStats, features_before_output, minibatches, sgd_step
-from rayfed.validation import check, check_choice, check_real
+from rayfed.algorithms.hooks import Broadcast, ClientHalf, Contribution, RoundContext
+from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.evaluate import features_before_output
+from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.problem import ProblemSpec
+from rayfed.train.scratch import ScratchKey
+from rayfed.train.sgd import minibatches, sgd_step
+from rayfed.util.documented import documented, section
+from rayfed.util.errors import ConfigError
+from rayfed.util.seeding import init_seed
+from rayfed.util.validation import check, check_choice, check_real
 
 __all__ = [
     "FedNHParams",
@@ -340,19 +344,18 @@ def _clip(grad: torch.Tensor, s_grad: torch.Tensor | None, max_norm: float) -> N
         s_grad.mul_(factor)
 
 
-class FedNHServer(ServerHalf[FedNHParams, PrototypeSum]):
+class FedNHServer(GlobalModelServer[FedNHParams, PrototypeSum]):
     """Keeps the global state vector (output layer = s·μ, zero bias), the prototypes μ and s."""
 
     @classmethod
     def validate(cls, params: FedNHParams, spec: ProblemSpec) -> None:
         """One architecture (the body is averaged) whose output layer has one row per class."""
-        HeadLayout.of(spec, require_homogeneous(spec))
+        super().validate(params, spec)
+        HeadLayout.of(spec, sole_architecture(spec))
 
     def __init__(self, params: FedNHParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)  # validates
-        architecture = sole_architecture(spec)
-        self.vector = np.array(initial[architecture], dtype=np.float32)
-        self.head = HeadLayout.of(spec, architecture, len(self.vector))
+        self.head = HeadLayout.of(spec, self.architecture, len(self.global_vector))
         k, h = self.head.shape
         self.prototypes = initial_prototypes(k, h, init_seed(spec.seed, PROTOTYPE_STREAM))
         self.scale = float(params.scale)
@@ -360,22 +363,22 @@ class FedNHServer(ServerHalf[FedNHParams, PrototypeSum]):
 
     def _write_head(self) -> None:
         """The output layer of the global state: weight s·μ, bias 0 (a new array: broadcasts stay valid)."""
-        vector = self.vector.copy()
+        vector = self.global_vector.copy()
         vector[self.head.weight] = (self.scale * self.prototypes).reshape(-1)
         if self.head.bias is not None:
             vector[self.head.bias] = 0.0
-        self.vector = vector
+        self.global_vector = vector
 
     def broadcast(self) -> FedNHMessage:
-        return FedNHMessage(self.vector, self.prototypes, self.scale, self.head, self.params.body_weighting)
+        return FedNHMessage(self.global_vector, self.prototypes, self.scale, self.head, self.params.body_weighting)
 
     def aggregate(self, ctx: RoundContext, contribution: PrototypeSum | None) -> dict[str, float]:
         if contribution is None:
             return {"clients_aggregated": 0.0}
         average = contribution.body.average()
-        vector = self.vector.copy()
+        vector = self.global_vector.copy()
         vector[self.head.body] = average[:-1]
-        self.vector = vector
+        self.global_vector = vector
         if self.params.learn_scale:
             self.scale = float(average[-1])
         before = self.prototypes
@@ -389,11 +392,10 @@ class FedNHServer(ServerHalf[FedNHParams, PrototypeSum]):
             "scale": self.scale,
         }
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return {"global": self.vector, "prototypes": self.prototypes, "scale": np.array([self.scale])}
+    def extra_state(self) -> dict[str, np.ndarray]:
+        return {"prototypes": self.prototypes, "scale": np.array([self.scale])}
 
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        self.vector = np.array(state["global"], dtype=np.float32)
+    def load_extra_state(self, state: Mapping[str, np.ndarray]) -> None:
         self.prototypes = np.array(state["prototypes"], dtype=np.float32)
         self.scale = float(np.asarray(state["scale"]).reshape(-1)[0])
 

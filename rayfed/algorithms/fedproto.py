@@ -41,14 +41,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rayfed.algorithms.base import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf, register_algorithm
-from rayfed.algorithms.local import ClientInit, own_model_state, save_model_state
-from rayfed.config_fields import documented, section
-from rayfed.errors import ConfigError
-from rayfed.problem import ProblemSpec
-from rayfed.scratch import ScratchKey
-from rayfed.training import ClientJob, TrainStats, features_before_output, minibatches, sgd_step
-from rayfed.validation import check_choice, check_real
+from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
+from rayfed.algorithms.hooks import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf
+from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.evaluate import features_before_output
+from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.problem import ProblemSpec
+from rayfed.train.scratch import ScratchKey
+from rayfed.train.sgd import minibatches, sgd_step
+from rayfed.util.documented import documented, section
+from rayfed.util.errors import ConfigError
+from rayfed.util.validation import check_choice, check_real
 
 __all__ = [
     "FedProtoParams",

@@ -16,13 +16,15 @@ from dataclasses import dataclass
 
 import torch
 
-from rayfed.algorithms.base import ClientHalf, register_algorithm
+from rayfed.algorithms.common.proximal import flatten_logically, proximal_term
 from rayfed.algorithms.fedavg import FedAvgServer
-from rayfed.config_fields import documented, section
-from rayfed.training import ClientJob
-from rayfed.validation import check_real
+from rayfed.algorithms.hooks import ClientHalf
+from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.job import ClientJob
+from rayfed.util.documented import documented, section
+from rayfed.util.validation import check_real
 
-__all__ = ["FedProxParams", "FedProxClient", "proximal_term", "flatten_logically"]
+__all__ = ["FedProxParams", "FedProxClient"]
 
 
 @section("algorithm.params")
@@ -36,21 +38,6 @@ class FedProxParams:
 
     def __post_init__(self) -> None:
         check_real("algorithm.params.mu", self.mu, low=0)
-
-
-def flatten_logically(params: list[torch.Tensor]) -> torch.Tensor:
-    """The parameter tensors, each in its logical (row-major) order, concatenated.
-
-    Not the flat vector's order: that one stores convolution kernels channels-last
-    (:mod:`rayfed.flat`). Both sides of :func:`proximal_term` use this one.
-    """
-    return torch.cat([p.reshape(-1) for p in params])
-
-
-def proximal_term(params: list[torch.Tensor], anchor: torch.Tensor, mu: float) -> torch.Tensor:
-    """(μ/2) ‖w − w_g‖² (FedProx Eq. 2): w = the parameter tensors in layout order, w_g =
-    :func:`flatten_logically` of the starting parameters."""
-    return 0.5 * mu * (flatten_logically(params) - anchor).pow(2).sum()
 
 
 class FedProxClient(ClientHalf[FedProxParams]):

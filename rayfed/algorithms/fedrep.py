@@ -21,8 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rayfed.algorithms.base import ClientHalf, register_algorithm
-from rayfed.algorithms.body_head import (
+from rayfed.algorithms.common.body_head import (
     BodyHeadParams,
     PartialServer,
     merge_stats,
@@ -30,10 +29,12 @@ from rayfed.algorithms.body_head import (
     train_output_layer,
     train_part,
 )
-from rayfed.config_fields import documented, section
-from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob, TrainStats
-from rayfed.validation import check_int
+from rayfed.algorithms.hooks import ClientHalf
+from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.problem import ProblemSpec
+from rayfed.util.documented import documented, section
+from rayfed.util.validation import check_int
 
 __all__ = ["FedRepParams", "FedRepClient", "FedRepServer"]
 

@@ -35,13 +35,14 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from rayfed.algorithms.base import ClientHalf, register_algorithm
 from rayfed.algorithms.fedavg import FedAvgServer
-from rayfed.config_fields import documented, section
-from rayfed.problem import ProblemSpec
-from rayfed.scratch import ScratchKey
-from rayfed.training import ClientJob, TrainStats
-from rayfed.validation import check_choice, check_real
+from rayfed.algorithms.hooks import ClientHalf
+from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.problem import ProblemSpec
+from rayfed.train.scratch import ScratchKey
+from rayfed.util.documented import documented, section
+from rayfed.util.validation import check_choice, check_real
 
 __all__ = ["FedUVParams", "FedUVClient", "variance_target", "variance_loss", "uniformity_loss"]
 

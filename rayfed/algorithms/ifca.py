@@ -33,24 +33,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rayfed.algorithms.base import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf, register_algorithm
-from rayfed.algorithms.cluster_state import ClusterModelState
+from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
+from rayfed.algorithms.common.cluster_state import ClusterModelState
 from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.fedavg import require_homogeneous, sole_architecture
-from rayfed.config_fields import documented, section
-from rayfed.flat import FlatModel
+from rayfed.algorithms.hooks import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf
+from rayfed.algorithms.registry import register_algorithm
 from rayfed.models import build_model, seeded_init
-from rayfed.problem import ProblemSpec
-from rayfed.scratch import ScratchKey
-from rayfed.seeding import init_seed
-from rayfed.training import ClientJob, evaluate_model
-from rayfed.validation import check_int
+from rayfed.train.evaluate import evaluate_model
+from rayfed.train.flat import FlatModel
+from rayfed.train.job import ClientJob
+from rayfed.train.problem import ProblemSpec
+from rayfed.train.scratch import ScratchKey
+from rayfed.util.documented import documented, section
+from rayfed.util.seeding import init_seed
+from rayfed.util.validation import check_int
 
 __all__ = ["IFCAParams", "ClusterSums", "IFCAModels", "IFCAServer", "cluster_losses", "choose_cluster"]
 
 CLUSTER_INIT_STREAM = 1 << 40
 """Cluster j > 0 starts from ``init_seed(seed, CLUSTER_INIT_STREAM + j)``, a stream apart from
-the per-architecture and per-client ones (:mod:`rayfed.problem`, :mod:`rayfed.algorithms.local`)."""
+the per-architecture and per-client ones (:mod:`rayfed.train.problem`, :mod:`rayfed.algorithms.local`)."""
 
 _CHOICE = ScratchKey[int]("ifca.cluster")
 """``job.scratch`` key of the cluster the client chose in :meth:`IFCAModels.personalise`."""

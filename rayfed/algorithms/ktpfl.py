@@ -39,9 +39,10 @@ from typing import Literal
 import numpy as np
 import torch
 
-from rayfed.algorithms.base import Broadcast, ClientHalf, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.common.architecture import require_homogeneous
+from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.fedavg import require_homogeneous
+from rayfed.algorithms.hooks import Broadcast, ClientHalf, RoundContext, ServerHalf
 from rayfed.algorithms.ktpfl_equations import (
     code_distillation_loss,
     distillation_loss,
@@ -50,15 +51,17 @@ from rayfed.algorithms.ktpfl_equations import (
     soft_predictions,
     update_coefficients,
 )
-from rayfed.algorithms.local import ClientInit, own_model_state, save_model_state
-from rayfed.config_fields import documented, section
+from rayfed.algorithms.registry import register_algorithm
 from rayfed.data.held_out import HeldOutRequest
 from rayfed.data.transforms import model_inputs
-from rayfed.errors import ConfigError
-from rayfed.problem import ProblemSpec
-from rayfed.scratch import ScratchKey
-from rayfed.training import ClientJob, TrainStats, eval_batch_size, minibatches, sgd_step
-from rayfed.validation import check_choice, check_int, check_real
+from rayfed.train.evaluate import eval_batch_size
+from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.problem import ProblemSpec
+from rayfed.train.scratch import ScratchKey
+from rayfed.train.sgd import minibatches, sgd_step
+from rayfed.util.documented import documented, section
+from rayfed.util.errors import ConfigError
+from rayfed.util.validation import check_choice, check_int, check_real
 
 __all__ = ["KTpFLParams", "KTpFLBroadcast", "KTpFLClient", "KTpFLServer"]
 

@@ -32,13 +32,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rayfed.algorithms.base import ClientHalf, RoundContext, ServerHalf, register_algorithm
+from rayfed.algorithms.common.global_model import GlobalModelServer, WholeModels
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.fedavg import WholeModels, require_homogeneous, sole_architecture
-from rayfed.config_fields import documented, section
-from rayfed.layout import ParamLayout
-from rayfed.problem import ProblemSpec
-from rayfed.validation import check_int
+from rayfed.algorithms.hooks import ClientHalf, RoundContext
+from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.layout import ParamLayout
+from rayfed.train.problem import ProblemSpec
+from rayfed.util.documented import documented, section
+from rayfed.util.validation import check_int
 
 __all__ = ["LDAWAParams", "layer_cosines", "ldawa_aggregate", "LDAWAServer"]
 
@@ -93,18 +94,12 @@ def ldawa_aggregate(models: np.ndarray, global_state: np.ndarray, layout: ParamL
     return merged, delta
 
 
-class LDAWAServer(ServerHalf[LDAWAParams, ClientVectors]):
+class LDAWAServer(GlobalModelServer[LDAWAParams, ClientVectors]):
     """Keeps θ_g; aggregates layer by layer with δ_k^l = min(1, cos(θ_k^l, θ_g^l)) and weight 1/K."""
-
-    @classmethod
-    def validate(cls, params: LDAWAParams, spec: ProblemSpec) -> None:
-        require_homogeneous(spec)
 
     def __init__(self, params: LDAWAParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)
-        architecture = sole_architecture(spec)
-        self.layout = spec.layouts[architecture]
-        self.global_vector = np.array(initial[architecture], dtype=np.float32)
+        self.layout = spec.layouts[self.architecture]
 
     def broadcast(self) -> WholeModels:
         return WholeModels(self.global_vector)
@@ -113,8 +108,7 @@ class LDAWAServer(ServerHalf[LDAWAParams, ClientVectors]):
         if contribution is None:
             return {"clients_aggregated": 0.0}
         if ctx.round < self.params.warmup_rounds:  # the authors' FedAvg warm-up
-            sizes = np.asarray(contribution.sizes, np.float64)
-            self.global_vector = ((sizes / sizes.sum()).astype(np.float32) @ contribution.matrix()).astype(np.float32)
+            self.global_vector = contribution.size_weighted_mean()
             return {"clients_aggregated": float(contribution.count)}
         self.global_vector, delta = ldawa_aggregate(contribution.matrix(), self.global_vector, self.layout)
         return {
@@ -122,12 +116,6 @@ class LDAWAServer(ServerHalf[LDAWAParams, ClientVectors]):
             "ldawa_mean_cos": float(delta.mean()),
             "ldawa_min_cos": float(delta.min()),
         }
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return {"global": self.global_vector}
-
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        self.global_vector = np.array(state["global"], dtype=np.float32)
 
 
 register_algorithm(

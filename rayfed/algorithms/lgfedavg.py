@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rayfed.algorithms.base import ClientHalf, register_algorithm
-from rayfed.algorithms.body_head import BodyHeadParams, PartialServer
-from rayfed.config_fields import section
+from rayfed.algorithms.common.body_head import BodyHeadParams, PartialServer
+from rayfed.algorithms.hooks import ClientHalf
+from rayfed.algorithms.registry import register_algorithm
+from rayfed.util.documented import section
 
 __all__ = ["LgFedAvgParams", "LgFedAvgServer"]
 

@@ -23,9 +23,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rayfed.algorithms.base import ClientHalf, NoParams, register_algorithm
 from rayfed.algorithms.fedavg import FedAvgServer
-from rayfed.training import ClientJob, TrainStats
+from rayfed.algorithms.hooks import ClientHalf, NoParams
+from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.job import ClientJob, TrainStats
 
 __all__ = ["PersistentMomentumClient", "MOMENTUM_KEY"]
 

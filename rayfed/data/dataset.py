@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rayfed.errors import DatasetError
+from rayfed.util.errors import DatasetError
 
 __all__ = ["IMAGE", "TOKENS", "ArrayDataset"]
 

@@ -21,9 +21,9 @@ The contract (docs/algorithms.md, "Held-out server data" section):
    ``data.root`` with its default options, drawn from (restricted to ``classes``, when given),
    and the whole pool is partitioned; ``held_out.parquet`` then names that dataset;
 4. the :class:`HeldOutSet` (indices, uint8 images, labels) rides in the
-   :class:`~rayfed.problem.ProblemSpec` (``spec.held_out``): the server half reads it there,
+   :class:`~rayfed.train.problem.ProblemSpec` (``spec.held_out``): the server half reads it there,
    and the workers' copy of the spec keeps it only when the request says ``shared``
-   (:meth:`~rayfed.problem.ProblemSpec.for_clients`), so a server-only proxy set never
+   (:meth:`~rayfed.train.problem.ProblemSpec.for_clients`), so a server-only proxy set never
    reaches a client. A worker receives the spec once, when it starts, not every round.
 """
 
@@ -39,9 +39,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rayfed.data.partition import ClientPartition, Partition
-from rayfed.errors import ConfigError, DatasetError
-from rayfed.io import write_parquet
-from rayfed.validation import check_int
+from rayfed.util.errors import ConfigError, DatasetError
+from rayfed.util.files import write_parquet
+from rayfed.util.validation import check_int
 
 if TYPE_CHECKING:
     from rayfed.config import DataConfig

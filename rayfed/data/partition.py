@@ -35,8 +35,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rayfed.data.csr import count_labels, group_by_client
-from rayfed.errors import DatasetError
-from rayfed.io import write_parquet
+from rayfed.util.errors import DatasetError
+from rayfed.util.files import write_parquet
 
 __all__ = [
     "LABEL_COUNTS_FILE",
@@ -283,7 +283,7 @@ class Partition(ClientPartition):
         return table.replace_schema_metadata(partition_metadata("csr", m, self.num_classes))
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write :meth:`to_table` as Parquet, atomically (:func:`rayfed.io.write_parquet`),
+        """Write :meth:`to_table` as Parquet, atomically (:func:`rayfed.util.files.write_parquet`),
         so a crash never leaves a half-written partition."""
         write_parquet(path, self.to_table())
 

@@ -39,10 +39,10 @@ import numpy as np
 from rayfed.data.csr import group_by_client, offsets_from_sizes
 from rayfed.data.partition import ClientPartition
 from rayfed.data.split import split_csr
-from rayfed.errors import ConfigError, DatasetError
-from rayfed.progress import progress_bar
-from rayfed.registry import Registry
-from rayfed.validation import check, check_int
+from rayfed.util.errors import ConfigError, DatasetError
+from rayfed.util.progress import progress_bar
+from rayfed.util.registry import Registry
+from rayfed.util.validation import check, check_int
 
 if TYPE_CHECKING:
     from rayfed.config import DataConfig

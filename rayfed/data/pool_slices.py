@@ -43,9 +43,9 @@ import pyarrow as pa
 
 from rayfed.data.partition import ClientPartition, partition_metadata, register_partition_format
 from rayfed.data.partitioners import PARTITIONERS
-from rayfed.errors import DatasetError
-from rayfed.io import write_parquet
-from rayfed.validation import check
+from rayfed.util.errors import DatasetError
+from rayfed.util.files import write_parquet
+from rayfed.util.validation import check
 
 if TYPE_CHECKING:
     from rayfed.config import DataConfig

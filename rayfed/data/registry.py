@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rayfed.data.dataset import ArrayDataset
-from rayfed.errors import ConfigError
-from rayfed.registry import Registry
+from rayfed.util.errors import ConfigError
+from rayfed.util.registry import Registry
 
 logger = logging.getLogger(__name__)
 

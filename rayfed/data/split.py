@@ -15,7 +15,7 @@ import numpy as np
 
 from rayfed.data.csr import offsets_from_sizes
 from rayfed.data.partition import Partition
-from rayfed.progress import progress_bar
+from rayfed.util.progress import progress_bar
 
 __all__ = ["split_csr", "split_train_test"]
 

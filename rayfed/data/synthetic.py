@@ -23,7 +23,7 @@ Rendering is vectorised over chunks of samples (one ``exp`` over a
 because numpy releases the GIL inside ufuncs. Every chunk has its own seed from
 ``numpy.random.SeedSequence(seed).spawn``, so the bytes depend only on the seed and the
 options, not on the number of threads. A progress bar over the samples appears when the
-generation takes more than a few seconds (:mod:`rayfed.progress`).
+generation takes more than a few seconds (:mod:`rayfed.util.progress`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import numpy as np
 
 from rayfed.data.dataset import ArrayDataset
 from rayfed.data.registry import DATASETS
-from rayfed.progress import progress_bar
-from rayfed.validation import check, check_int, is_int
+from rayfed.util.progress import progress_bar
+from rayfed.util.validation import check, check_int, is_int
 
 __all__ = ["check_synthetic", "load_synthetic", "make_synthetic"]
 
@@ -157,7 +157,7 @@ def check_synthetic(num_samples: int, num_classes: int, channels: int, image_siz
 
     Those are the labels' temporaries and, per rendering thread, the (chunk, strokes,
     pixels) float32 arrays of one chunk; the engine's memory estimate
-    (:mod:`rayfed.sizing`) counts them without generating anything.
+    (:mod:`rayfed.engine.sizing`) counts them without generating anything.
     """
     check_int(f"{_OPTIONS}.num_samples", num_samples, low=1)
     check_int(f"{_OPTIONS}.num_classes", num_classes, low=2, high=_MAX_CLASSES)

@@ -12,7 +12,7 @@ articles in 4 classes (World, Sports, Business, Sci/Tech). Its files, as distrib
 ``"class index","title","description"`` with class index 1-4 and no header line; a text is
 its title and description joined by a space, and its label the class index minus 1. Nothing
 is downloaded: rayfed cannot fetch AG News, and a missing file raises
-:class:`~rayfed.errors.DatasetError` naming it.
+:class:`~rayfed.util.errors.DatasetError` naming it.
 
 Text to token ids, deterministically (same files and options, same arrays):
 
@@ -46,9 +46,9 @@ import numpy as np
 from rayfed.data.dataset import ArrayDataset
 from rayfed.data.registry import DATASETS
 from rayfed.data.torchvision_data import require_root
-from rayfed.errors import DatasetError
-from rayfed.io import atomic_write
-from rayfed.validation import check_int
+from rayfed.util.errors import DatasetError
+from rayfed.util.files import atomic_write
+from rayfed.util.validation import check_int
 
 __all__ = [
     "AG_NEWS_CLASSES",

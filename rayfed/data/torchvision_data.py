@@ -37,8 +37,8 @@ import numpy as np
 
 from rayfed.data.dataset import ArrayDataset
 from rayfed.data.registry import DATASETS
-from rayfed.errors import ConfigError, DatasetError
-from rayfed.io import create_temp_file
+from rayfed.util.errors import ConfigError, DatasetError
+from rayfed.util.files import create_temp_file
 
 __all__ = [
     "EMNIST_LETTERS_FILES",

@@ -37,7 +37,6 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from rayfed.errors import ConfigError
 from rayfed.models import (
     fedclassavg_nets,  # noqa: F401  (registers the fca_* models)
     fedproto_nets,  # noqa: F401  (registers the fedproto_cnn* models)
@@ -48,6 +47,7 @@ from rayfed.models._spec import MODELS, InputShape, ModelSpec, input_kind, regis
 from rayfed.models.cnn import FedAvgCNN, FedAWACNN
 from rayfed.models.resnet import ResNet, resnet18, resnet18_imagenet, resnet20
 from rayfed.models.text import FastText
+from rayfed.util.errors import ConfigError
 
 __all__ = [
     "MODELS",

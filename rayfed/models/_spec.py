@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from rayfed.errors import ConfigError
-from rayfed.registry import Registry
+from rayfed.util.errors import ConfigError
+from rayfed.util.registry import Registry
 
 __all__ = [
     "InputShape",

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from rayfed.config import parse_override
-from rayfed.errors import ConfigError
+from rayfed.util.errors import ConfigError
 
 __all__ = ["add_reproduce_parser", "reproduce"]
 
@@ -80,7 +80,7 @@ def _command(ns: argparse.Namespace) -> str:
 
 def _listing(presets: bool) -> str:
     if presets:
-        from rayfed.presets import PRESETS
+        from rayfed.config.presets import PRESETS
 
         return "\n".join(f"{name:22s} {p.summary}" for name, p in PRESETS.items())
     from rayfed.reproduce import TABLES
@@ -97,10 +97,10 @@ def reproduce(ns: argparse.Namespace, command: str = "") -> int:
     """Plan the table's cells, run what is missing (printing each outcome), write the report and figures."""
     import os
 
-    from rayfed.registry import closest
     from rayfed.reproduce import TABLES
     from rayfed.reproduce.report import draw_figures, write_report
     from rayfed.reproduce.runner import Cell, Outcome, execute, plan
+    from rayfed.util.registry import closest
 
     if ns.list or ns.list_presets:
         print(_listing(ns.list_presets))

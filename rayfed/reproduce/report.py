@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from rayfed.io import atomic_write, write_json
 from rayfed.reproduce.runner import Cell, Outcome, fetch_command, rounds_done
 from rayfed.reproduce.spec import Table
+from rayfed.util.files import atomic_write, write_json
 
 __all__ = ["Score", "score_run", "write_report", "draw_figures"]
 

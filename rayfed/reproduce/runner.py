@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from rayfed.config import RunConfig
-from rayfed.errors import CheckpointError, CheckpointFormatError, ConfigError, DatasetError, RayfedError
 from rayfed.reproduce.spec import Column, Row, Table, cell_overrides, unavailable
+from rayfed.util.errors import CheckpointError, CheckpointFormatError, ConfigError, DatasetError, RayfedError
 
 logger = logging.getLogger(__name__)
 

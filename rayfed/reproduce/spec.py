@@ -1,7 +1,7 @@
 """A paper's table as data: rows (methods with their params), columns (data, partition, model), values.
 
 A :class:`Table` holds no code: each cell's config is the column's preset
-(:mod:`rayfed.presets`) without its algorithm, then the table's and the column's settings,
+(:mod:`rayfed.config.presets`) without its algorithm, then the table's and the column's settings,
 then the row's algorithm, params and settings (and those it takes on the column's dataset
 only, e.g. a number of clusters per dataset). :func:`cell_overrides` is the one place that
 composes them, so every table is run the same way.
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayfed.presets import preset_overrides
+from rayfed.config.presets import preset_overrides
 
 __all__ = ["Row", "Column", "Table", "cell_overrides", "paper_values", "unavailable"]
 

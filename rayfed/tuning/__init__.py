@@ -7,7 +7,7 @@
 
 See ``docs/tuning.md`` for the space file format, resuming and optuna-dashboard.
 
-The names are imported on first use (:mod:`rayfed.lazy`), so building the ``rayfed tune``
+The names are imported on first use (:mod:`rayfed.util.lazy`), so building the ``rayfed tune``
 command line does not import the engine (torch, Ray).
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rayfed.lazy import lazy_exports
+from rayfed.util.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ imports them
     from rayfed.tuning.pruning import PRUNERS, PruningCallback, make_pruner  # noqa: F401

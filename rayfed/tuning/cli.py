@@ -47,7 +47,7 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def _tune(ns: argparse.Namespace) -> int:
-    from rayfed.cli_args import config_from_args
+    from rayfed.config.args import config_from_args
     from rayfed.tuning.report import best_trials_table, write_plots
     from rayfed.tuning.storage import default_storage_url
     from rayfed.tuning.study import tune

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import optuna
 import pyarrow as pa
 
-from rayfed.callbacks import Callback
-from rayfed.errors import ConfigError
-from rayfed.metrics import RoundRecord
-from rayfed.registry import Registry
+from rayfed.engine.callbacks import Callback
+from rayfed.engine.metrics import RoundRecord
+from rayfed.util.errors import ConfigError
+from rayfed.util.registry import Registry
 
 if TYPE_CHECKING:  # pragma: no cover
     from rayfed.engine import Simulation

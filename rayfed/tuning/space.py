@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
 from rayfed.config import RunConfig, read_table_file
-from rayfed.errors import ConfigError
-from rayfed.registry import closest
+from rayfed.util.errors import ConfigError
+from rayfed.util.registry import closest
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna

@@ -17,7 +17,7 @@ import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
-from rayfed.errors import ConfigError
+from rayfed.util.errors import ConfigError
 
 __all__ = ["open_storage", "default_storage_url"]
 

@@ -37,16 +37,16 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial
 
 import rayfed.tuning.attrs as attrs
-from rayfed.callbacks import Callback
 from rayfed.config import EngineConfig, RunConfig
 from rayfed.engine import RunResult, Simulation, run
-from rayfed.errors import ConfigError, ResourceError
-from rayfed.interrupts import StudyInterrupted
-from rayfed.metrics import RoundRecord
+from rayfed.engine.callbacks import Callback
+from rayfed.engine.interrupts import StudyInterrupted
+from rayfed.engine.metrics import RoundRecord
 from rayfed.tuning.pruning import PruningCallback, make_pruner
 from rayfed.tuning.resume import driver_id, finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
 from rayfed.tuning.storage import open_storage
+from rayfed.util.errors import ConfigError, ResourceError
 
 __all__ = ["tune", "OBJECTIVES"]
 

@@ -12,11 +12,11 @@ from torch import nn
 
 from rayfed import RunConfig, run
 from rayfed.algorithms import Contribution, ServerHalf
-from rayfed.callbacks import Callback
 from rayfed.config import TrainConfig
-from rayfed.flat import FlatModel
-from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob
+from rayfed.engine.callbacks import Callback
+from rayfed.train.flat import FlatModel
+from rayfed.train.job import ClientJob
+from rayfed.train.problem import ProblemSpec
 from tests.conftest import tiny_overrides
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rayfed.callbacks import Callback
+from rayfed.engine.callbacks import Callback
 
 
 class StateSnapshots(Callback):

@@ -20,10 +20,10 @@ from rayfed.algorithms.apple import (
     personal_model,
     tensor_mean_weights,
 )
-from rayfed.callbacks import Callback
 from rayfed.engine import Simulation
-from rayfed.layout import ParamLayout
-from rayfed.sizing import client_states_bytes
+from rayfed.engine.callbacks import Callback
+from rayfed.engine.sizing import client_states_bytes
+from rayfed.train.layout import ParamLayout
 from tests.conftest import tiny_overrides
 
 
@@ -140,7 +140,7 @@ def test_a_run_whose_client_states_fit_neither_memory_nor_disk_is_refused_before
     config = _config(tmp_path, **{"data.num_clients": 300, "data.options": {"num_samples": 3000},
                                   "engine.client_state_memory_mb": 1})
     per_client, total = client_states_bytes(config)
-    monkeypatch.setattr("rayfed.sizing.free_disk", lambda path: 10 * 2**20)
+    monkeypatch.setattr("rayfed.engine.sizing.free_disk", lambda path: 10 * 2**20)
     # Act / Assert
     with pytest.raises(ResourceError) as raised:
         Simulation(config)
@@ -151,8 +151,8 @@ def test_a_run_whose_client_states_fit_neither_memory_nor_disk_is_refused_before
     assert total == 300 * per_client and per_client > 300 * 4 * 1000
     assert not (tmp_path / "run").exists()
     # With room on the disk, the same config passes the check (and the memory estimate counts the cap).
-    monkeypatch.setattr("rayfed.sizing.free_disk", lambda path: 2 * total)
-    from rayfed.sizing import check_client_states, estimate_memory
+    monkeypatch.setattr("rayfed.engine.sizing.free_disk", lambda path: 2 * total)
+    from rayfed.engine.sizing import check_client_states, estimate_memory
 
     check_client_states(config, tmp_path / "run")
     parts = {part.name: part.bytes for part in estimate_memory(config).parts}

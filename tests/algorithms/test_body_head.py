@@ -13,20 +13,14 @@ import torch.nn.functional as F
 
 from rayfed import ConfigError, RunConfig
 from rayfed.algorithms import RoundContext
-from rayfed.algorithms.body_head import (
-    BodyHeadParams,
-    PartialModels,
-    merge_stats,
-    split_body_head,
-    trailing_blocks,
-    train_part,
-)
+from rayfed.algorithms.common.architecture import trailing_blocks
+from rayfed.algorithms.common.body_head import BodyHeadParams, PartialModels, merge_stats, split_body_head, train_part
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, model_parts
-from rayfed.client_runner import ClientRunner
 from rayfed.data import load_dataset, make_partition
-from rayfed.problem_build import build_problem
-from rayfed.server import Server
-from rayfed.training import TrainStats
+from rayfed.execution.client_runner import ClientRunner
+from rayfed.execution.server import Server
+from rayfed.train.job import TrainStats
+from rayfed.train.problem_build import build_problem
 from tests.algorithms.body_head_cases import job, tiny_problem
 
 torch.set_num_threads(1)

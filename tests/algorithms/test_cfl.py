@@ -21,8 +21,8 @@ from rayfed.algorithms.cfl import (
     update_norms,
 )
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.layout import ParamLayout
-from rayfed.problem import ProblemSpec
+from rayfed.train.layout import ParamLayout
+from rayfed.train.problem import ProblemSpec
 from tests.algorithms.client_states import ServerStates
 from tests.algorithms.two_groups import group_of, two_group_overrides
 from tests.conftest import tiny_overrides

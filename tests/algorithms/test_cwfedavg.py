@@ -26,17 +26,17 @@ from rayfed.algorithms.cwfedavg_equations import (
     wdr_penalty,
 )
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, model_parts
-from rayfed.callbacks import Callback
-from rayfed.client_runner import ClientRunner
 from rayfed.config import TrainConfig
 from rayfed.data import load_dataset, make_partition
 from rayfed.engine import Simulation
-from rayfed.flat import FlatModel
-from rayfed.problem import ProblemSpec
-from rayfed.problem_build import build_problem
-from rayfed.server import Server
-from rayfed.training import ClientJob
-from rayfed.vectorized import can_stack
+from rayfed.engine.callbacks import Callback
+from rayfed.execution.client_runner import ClientRunner
+from rayfed.execution.server import Server
+from rayfed.train.flat import FlatModel
+from rayfed.train.job import ClientJob
+from rayfed.train.problem import ProblemSpec
+from rayfed.train.problem_build import build_problem
+from rayfed.train.stacked import can_stack
 from tests.algorithms.tiny_problem import TinyNet, tiny_job, tiny_problem
 from tests.conftest import tiny_overrides
 
@@ -283,7 +283,7 @@ def test_wdr_term_and_its_gradient_vectorise_for_client_stacking() -> None:
     def term(weight: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         return half.functional_extra_loss([others[0], others[1], weight, others[3]], {"p": p})
 
-    # Execute: torch.func over the stack, as rayfed.vectorized does.
+    # Execute: torch.func over the stack, as rayfed.train.stacked does.
     values = torch.func.vmap(term)(weights, dists)
     grads = torch.func.vmap(torch.func.grad(term))(weights, dists)
     # Assert: the same as client by client.

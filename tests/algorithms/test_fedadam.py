@@ -8,10 +8,10 @@ import pyarrow.parquet as pq
 from rayfed import RunConfig
 from rayfed.algorithms import RoundContext, WeightedSum, sum_contributions
 from rayfed.algorithms.fedadam import FedAdamParams, FedAdamServer
-from rayfed.client_runner import ClientRunner
 from rayfed.engine import Simulation, run
-from rayfed.layout import ParamLayout
-from rayfed.problem import ProblemSpec
+from rayfed.execution.client_runner import ClientRunner
+from rayfed.train.layout import ParamLayout
+from rayfed.train.problem import ProblemSpec
 from tests.conftest import tiny_overrides
 
 LAYOUT = ParamLayout(("w", "b"), ((2, 2), (2,)), (0, 4, 6))

@@ -8,9 +8,9 @@ import pytest
 
 from rayfed import RunConfig
 from rayfed.algorithms.fedamp import FedAMPParams, attention_weights, cloud_models, pairwise_sq_distances
-from rayfed.callbacks import Callback
 from rayfed.engine import Simulation
-from rayfed.errors import ConfigError
+from rayfed.engine.callbacks import Callback
+from rayfed.util.errors import ConfigError
 from tests.conftest import tiny_overrides
 
 

@@ -8,11 +8,11 @@ import torch
 
 from rayfed import RunConfig, run
 from rayfed.algorithms import ALGORITHMS, RoundContext, WeightedSum, sum_contributions
+from rayfed.algorithms.common.proximal import proximal_term
 from rayfed.algorithms.fedavg import FedAvgServer
-from rayfed.algorithms.fedprox import proximal_term
-from rayfed.callbacks import Callback
-from rayfed.layout import ParamLayout
-from rayfed.problem import ProblemSpec
+from rayfed.engine.callbacks import Callback
+from rayfed.train.layout import ParamLayout
+from rayfed.train.problem import ProblemSpec
 from tests.conftest import tiny_overrides
 
 
@@ -70,7 +70,7 @@ def test_proximal_term_of_a_cnn_matches_the_flat_vectors() -> None:
     from types import SimpleNamespace
 
     from rayfed.algorithms.fedprox import FedProxClient, FedProxParams
-    from rayfed.flat import FlatModel
+    from rayfed.train.flat import FlatModel
 
     torch.manual_seed(0)
     flat = FlatModel(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(16, 2)))

@@ -28,11 +28,11 @@ from rayfed.algorithms.fedawa_objective import (
 from rayfed.algorithms.fedawa_weights import INITIAL_WEIGHTS
 from rayfed.algorithms.sgdm import MOMENTUM_KEY, PersistentMomentumClient
 from rayfed.config import TrainConfig
-from rayfed.flat import FlatModel
-from rayfed.io import load_arrays
-from rayfed.layout import ParamLayout
-from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob
+from rayfed.train.flat import FlatModel
+from rayfed.train.job import ClientJob
+from rayfed.train.layout import ParamLayout
+from rayfed.train.problem import ProblemSpec
+from rayfed.util.files import load_arrays
 from tests.conftest import tiny_overrides
 
 # A model of two "modules": a (weight 6, bias 2) and bn (weight 2, bias 2, running mean 2 and var 2).

@@ -19,16 +19,16 @@ from rayfed.algorithms.fedclassavg import (
     classifier_prox,
     supcon_loss,
 )
-from rayfed.client_runner import ClientRunner
 from rayfed.data import load_dataset, make_partition
 from rayfed.engine import Simulation
-from rayfed.flat import FlatModel
-from rayfed.layout import ParamLayout
+from rayfed.execution.client_runner import ClientRunner
+from rayfed.execution.server import Server
 from rayfed.models import build_model
 from rayfed.models.fedclassavg_nets import FEDCLASSAVG_MODELS
-from rayfed.problem import ProblemSpec
-from rayfed.problem_build import build_problem
-from rayfed.server import Server
+from rayfed.train.flat import FlatModel
+from rayfed.train.layout import ParamLayout
+from rayfed.train.problem import ProblemSpec
+from rayfed.train.problem_build import build_problem
 from tests.algorithms.client_states import StateSnapshots
 from tests.conftest import tiny_overrides
 

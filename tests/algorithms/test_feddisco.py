@@ -12,8 +12,8 @@ from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedawa import FedAWAParams, FedAWAServer
 from rayfed.algorithms.feddisco import FedDiscoParams, FedDiscoServer, disco_weights, discrepancy
 from rayfed.engine import Simulation
-from rayfed.layout import ParamLayout
-from rayfed.problem import ProblemSpec
+from rayfed.train.layout import ParamLayout
+from rayfed.train.problem import ProblemSpec
 from tests.conftest import tiny_overrides
 
 LAYOUT = ParamLayout(("w",), ((4,),), (0, 4))

@@ -9,16 +9,16 @@ import torch
 
 from rayfed import RunConfig
 from rayfed.algorithms import RoundContext, WeightedSum, sum_contributions
-from rayfed.algorithms.base import model_state_bytes
 from rayfed.algorithms.feddyn import GRAD_KEY, FedDynBroadcast, FedDynClient, FedDynParams, FedDynServer
-from rayfed.callbacks import Callback
+from rayfed.algorithms.hooks import model_state_bytes
 from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
-from rayfed.flat import FlatModel
-from rayfed.layout import ParamLayout
+from rayfed.engine.callbacks import Callback
 from rayfed.models import block_names, build_model, output_layer_name
-from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob
+from rayfed.train.flat import FlatModel
+from rayfed.train.job import ClientJob
+from rayfed.train.layout import ParamLayout
+from rayfed.train.problem import ProblemSpec
 from tests.conftest import tiny_overrides
 
 LAYOUT = ParamLayout(("w", "b"), ((2, 2), (2,)), (0, 4, 6))

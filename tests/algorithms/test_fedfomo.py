@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from rayfed import RunConfig
+from rayfed.algorithms.common.own_models import MODEL_KEY
 from rayfed.algorithms.fedfomo import (
     AFFINITY_KEY,
     FedFomoParams,
@@ -18,11 +19,10 @@ from rayfed.algorithms.fedfomo import (
     fomo_weights,
     validation_split,
 )
-from rayfed.algorithms.local import MODEL_KEY
 from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
-from rayfed.flat import FlatModel
-from rayfed.training import ClientJob
+from rayfed.train.flat import FlatModel
+from rayfed.train.job import ClientJob
 from tests.algorithms.client_states import StateSnapshots
 from tests.conftest import tiny_overrides
 

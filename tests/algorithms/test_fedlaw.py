@@ -11,7 +11,7 @@ from rayfed import RunConfig
 from rayfed.algorithms import ClientVectors, RoundContext
 from rayfed.algorithms.fedlaw import FedLAWParams, learn_aggregation, merge, merged_forward, proxy_loss
 from rayfed.engine import Simulation, run
-from rayfed.flat import FlatModel
+from rayfed.train.flat import FlatModel
 from tests.conftest import tiny_overrides
 
 

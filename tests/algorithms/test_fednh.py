@@ -21,12 +21,12 @@ from rayfed.algorithms.fednh import (
     initial_prototypes,
     smooth_prototypes,
 )
-from rayfed.client_runner import ClientRunner
 from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
-from rayfed.flat import FlatModel
-from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob
+from rayfed.execution.client_runner import ClientRunner
+from rayfed.train.flat import FlatModel
+from rayfed.train.job import ClientJob
+from rayfed.train.problem import ProblemSpec
 from tests.algorithms.client_states import ServerStates
 from tests.algorithms.tiny_problem import tiny_job, tiny_problem
 from tests.conftest import tiny_overrides
@@ -162,11 +162,12 @@ def test_server_averages_body_and_scale_and_smooths_prototypes(weighting: str) -
     metrics = server.aggregate(_ctx([0, 1]), upload)
     # Assert
     expected = (w1 * 1.0 + w2 * 5.0) / (w1 + w2)
-    np.testing.assert_allclose(server.vector[server.head.body], expected, rtol=1e-6)
+    np.testing.assert_allclose(server.global_vector[server.head.body], expected, rtol=1e-6)
     assert server.scale == pytest.approx(expected)
     np.testing.assert_allclose(server.prototypes[0], _unit(0.5 * before[0] + 0.5 * np.array([1.0, 0, 0, 0])), atol=1e-6)
     np.testing.assert_array_equal(server.prototypes[1:], before[1:])
-    np.testing.assert_allclose(server.vector[server.head.weight].reshape(3, 4), expected * server.prototypes, rtol=1e-5)
+    head = server.global_vector[server.head.weight].reshape(3, 4)
+    np.testing.assert_allclose(head, expected * server.prototypes, rtol=1e-5)
     assert metrics["classes_updated"] == 1.0 and metrics["clients_aggregated"] == 2.0
     # No upload: nothing changes; the state round-trips.
     state = {k: v.copy() for k, v in server.state_dict().items()}

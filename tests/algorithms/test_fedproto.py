@@ -10,11 +10,11 @@ import torch
 from rayfed import ConfigError, RunConfig
 from rayfed.algorithms import RoundContext
 from rayfed.algorithms.fedproto import ClassSums, FedProtoParams, FedProtoServer, class_sums
-from rayfed.client_runner import ClientRunner
 from rayfed.engine import Simulation
-from rayfed.layout import ParamLayout
-from rayfed.problem import ProblemSpec
-from rayfed.training import features_before_output
+from rayfed.execution.client_runner import ClientRunner
+from rayfed.train.evaluate import features_before_output
+from rayfed.train.layout import ParamLayout
+from rayfed.train.problem import ProblemSpec
 from tests.conftest import tiny_overrides
 
 

@@ -11,14 +11,14 @@ import torch
 import torch.nn.functional as F
 
 from rayfed import ConfigError, RunConfig
-from rayfed.algorithms import body_head
-from rayfed.algorithms.body_head import split_body_head, train_output_layer, train_part
+from rayfed.algorithms.common import body_head
+from rayfed.algorithms.common.body_head import split_body_head, train_output_layer, train_part
 from rayfed.algorithms.fedrep import FedRepClient, FedRepParams
 from rayfed.config import TrainConfig
-from rayfed.flat import FlatModel
 from rayfed.models import build_model
-from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob
+from rayfed.train.flat import FlatModel
+from rayfed.train.job import ClientJob
+from rayfed.train.problem import ProblemSpec
 from tests.algorithms.body_head_cases import assert_local_parts_kept, job, run_logged, sampled_rows, tiny_problem
 
 torch.set_num_threads(1)

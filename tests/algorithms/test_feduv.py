@@ -13,10 +13,10 @@ import torch
 
 from rayfed import ConfigError, RunConfig
 from rayfed.algorithms.feduv import _FEATURES, FedUVClient, FedUVParams, uniformity_loss, variance_loss, variance_target
-from rayfed.callbacks import Callback
 from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
-from rayfed.training import ClientJob
+from rayfed.engine.callbacks import Callback
+from rayfed.train.job import ClientJob
 from tests.algorithms.tiny_problem import tiny_problem
 from tests.conftest import tiny_overrides
 

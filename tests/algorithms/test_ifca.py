@@ -12,13 +12,13 @@ import torch.nn.functional as F
 from rayfed import ConfigError, RunConfig, run
 from rayfed.algorithms import RoundContext, sum_contributions
 from rayfed.algorithms.ifca import ClusterSums, IFCAModels, IFCAParams, IFCAServer
-from rayfed.callbacks import Callback
 from rayfed.config import TrainConfig
 from rayfed.data import load_dataset, normalize_batch
-from rayfed.flat import FlatModel
+from rayfed.engine.callbacks import Callback
 from rayfed.models import build_model
-from rayfed.problem_build import build_problem
-from rayfed.training import ClientJob
+from rayfed.train.flat import FlatModel
+from rayfed.train.job import ClientJob
+from rayfed.train.problem_build import build_problem
 from tests.algorithms.client_states import ServerStates
 from tests.algorithms.two_groups import group_of, two_group_overrides
 from tests.conftest import tiny_overrides

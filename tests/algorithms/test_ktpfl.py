@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from rayfed import RunConfig
-from rayfed.algorithms.base import RoundContext
+from rayfed.algorithms.common.own_models import ClientInit
+from rayfed.algorithms.hooks import RoundContext
 from rayfed.algorithms.ktpfl import KTpFLBroadcast, KTpFLParams, KTpFLServer
 from rayfed.algorithms.ktpfl_equations import personalised_targets, update_coefficients
-from rayfed.algorithms.local import ClientInit
-from rayfed.client_runner import ClientRunner
 from rayfed.engine import Simulation
-from rayfed.errors import ConfigError
+from rayfed.execution.client_runner import ClientRunner
+from rayfed.util.errors import ConfigError
 from tests.conftest import tiny_overrides
 
 

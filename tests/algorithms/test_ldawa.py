@@ -8,10 +8,10 @@ import pyarrow.parquet as pq
 from rayfed import RunConfig
 from rayfed.algorithms import ClientVectors, RoundContext, sum_contributions
 from rayfed.algorithms.ldawa import LDAWAParams, LDAWAServer, ldawa_aggregate
-from rayfed.client_runner import ClientRunner
 from rayfed.engine import Simulation
-from rayfed.layout import ParamLayout
-from rayfed.problem import ProblemSpec
+from rayfed.execution.client_runner import ClientRunner
+from rayfed.train.layout import ParamLayout
+from rayfed.train.problem import ProblemSpec
 from tests.conftest import tiny_overrides
 
 LAYOUT = ParamLayout(("a.weight", "a.bias", "bn.bias"), ((2, 3), (3,), (2,)), (0, 6, 9, 11))

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from rayfed.config import TrainConfig
-from rayfed.flat import FlatModel
-from rayfed.problem import ProblemSpec
-from rayfed.training import ClientJob
+from rayfed.train.flat import FlatModel
+from rayfed.train.job import ClientJob
+from rayfed.train.problem import ProblemSpec
 
 __all__ = ["TinyNet", "tiny_problem", "tiny_job"]
 

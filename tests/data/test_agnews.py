@@ -16,9 +16,9 @@ from rayfed import RunConfig
 from rayfed.data import ArrayDataset, load_dataset, model_inputs, save_vocabulary
 from rayfed.data.text import VOCABULARY_FILE, build_vocabulary, encode, tokenize
 from rayfed.engine import Simulation
-from rayfed.errors import ConfigError, DatasetError
+from rayfed.engine.sizing import estimate_memory
 from rayfed.models import build_model
-from rayfed.sizing import estimate_memory
+from rayfed.util.errors import ConfigError, DatasetError
 from tests.conftest import tiny_overrides
 
 _TOPICS = {

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from rayfed.data import ArrayDataset, load_dataset, make_synthetic, normalize_batch
-from rayfed.errors import ConfigError, DatasetError
+from rayfed.util.errors import ConfigError, DatasetError
 
 SHARED_DATA = (Path(__file__).resolve().parents[2] / ".." / "shared" / "data").resolve()
 MNIST_FILES = [

@@ -14,8 +14,8 @@ from rayfed import RunConfig
 from rayfed.config import DataConfig
 from rayfed.data import load_dataset, make_partition
 from rayfed.data.torchvision_data import EMNIST_LETTERS_FILES
-from rayfed.errors import DatasetError
-from rayfed.sizing import estimate_memory
+from rayfed.engine.sizing import estimate_memory
+from rayfed.util.errors import DatasetError
 from tests.conftest import tiny_overrides
 
 

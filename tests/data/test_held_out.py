@@ -7,7 +7,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from rayfed import RunConfig
-from rayfed.client_runner import ClientRunner
 from rayfed.config import DataConfig
 from rayfed.data import load_dataset, load_partition
 from rayfed.data.held_out import (
@@ -20,7 +19,8 @@ from rayfed.data.held_out import (
     partition_without,
 )
 from rayfed.engine import Simulation
-from rayfed.errors import ConfigError, DatasetError
+from rayfed.execution.client_runner import ClientRunner
+from rayfed.util.errors import ConfigError, DatasetError
 from tests.conftest import tiny_overrides
 
 

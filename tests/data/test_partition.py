@@ -19,7 +19,7 @@ from rayfed.data import (
     split_train_test,
 )
 from rayfed.data.csr import to_lists
-from rayfed.errors import ConfigError, DatasetError
+from rayfed.util.errors import ConfigError, DatasetError
 
 K = 10
 

@@ -13,7 +13,7 @@ from rayfed import RunConfig, run
 from rayfed.config import DataConfig
 from rayfed.data import Partition, PoolSlices, load_partition, make_partition
 from rayfed.data.pool_slices import slice_stride
-from rayfed.errors import ConfigError, DatasetError
+from rayfed.util.errors import ConfigError, DatasetError
 from tests.conftest import tiny_overrides
 
 K = 10

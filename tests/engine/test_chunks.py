@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rayfed.executor import make_chunks
-from rayfed.seeding import client_seed, sample_clients
+from rayfed.execution.executor import make_chunks
+from rayfed.util.seeding import client_seed, sample_clients
 
 
 def test_chunks_cover_each_client_once_and_balance_sizes() -> None:

@@ -18,10 +18,10 @@ import ray
 
 from rayfed import RunConfig, WorkerError, run
 from rayfed.actors import ray_executor, worker_pool
-from rayfed.callbacks import Callback
 from rayfed.cli import main
-from rayfed.errors import ServerError
-from rayfed.io import load_arrays
+from rayfed.engine.callbacks import Callback
+from rayfed.util.errors import ServerError
+from rayfed.util.files import load_arrays
 from tests.conftest import tiny_overrides
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from rayfed import RunConfig, Simulation, run
-from rayfed.client_runner import ClientRunner
-from rayfed.server import Server
+from rayfed.execution.client_runner import ClientRunner
+from rayfed.execution.server import Server
 from tests.conftest import tiny_overrides
 
 CALLS = 2

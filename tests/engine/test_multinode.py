@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rayfed.callbacks import Callback
+from rayfed.engine.callbacks import Callback
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,7 +104,7 @@ def test_workers_run_on_both_nodes_of_a_two_node_cluster(tmp_path) -> None:
 def test_pick_device_uses_cuda_only_when_given_a_gpu(monkeypatch) -> None:
     import torch
 
-    from rayfed.client_runner import pick_device
+    from rayfed.execution.client_runner import pick_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert pick_device(0.25) == torch.device("cpu")  # a GPU share, but no CUDA: train on the CPU

@@ -18,7 +18,7 @@ import pytest
 
 from rayfed import RunConfig
 from rayfed.algorithms import resolve
-from rayfed.run_inputs import RunInputs
+from rayfed.engine.inputs import RunInputs
 from tests.conftest import tiny_overrides
 
 _SERVER_PROCESS = """
@@ -26,7 +26,7 @@ import json, pickle, sys
 import numpy as np
 import rayfed.actors.server_actor
 from rayfed.algorithms import RoundContext
-from rayfed.server import Server
+from rayfed.execution.server import Server
 
 config, spec, initial = pickle.loads(open(sys.argv[1], "rb").read())
 server = Server(config, spec, initial)

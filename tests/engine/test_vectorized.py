@@ -9,10 +9,10 @@ import torch
 from rayfed import RunConfig, run
 from rayfed.algorithms import resolve
 from rayfed.config import TrainConfig
-from rayfed.flat import FlatModel
 from rayfed.models import build_model
-from rayfed.training import ClientJob
-from rayfed.vectorized import can_stack, resolve_vectorize, train_stacked
+from rayfed.train.flat import FlatModel
+from rayfed.train.job import ClientJob
+from rayfed.train.stacked import can_stack, resolve_vectorize, train_stacked
 from tests.conftest import tiny_overrides
 
 SIZES = (13, 25, 7, 40)  # 7 < batch: with drop_last that client takes no step

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rayfed.flat import FlatModel
 from rayfed.models import build_model, output_layer_name
 from rayfed.models.fedclassavg_nets import FEDCLASSAVG_MODELS
+from rayfed.train.flat import FlatModel
 
 
 @pytest.mark.parametrize("name", FEDCLASSAVG_MODELS)

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rayfed.errors import ConfigError
 from rayfed.models import build_model, output_layer_name
 from rayfed.models.fedproto_nets import EMBEDDING_DIM, FEDPROTO_MODELS
+from rayfed.util.errors import ConfigError
 
 
 @pytest.mark.parametrize("name,width", list(zip(FEDPROTO_MODELS, (18, 20, 22))))

@@ -17,7 +17,6 @@ import rayfed.models
 import rayfed.models._spec
 import rayfed.models.cnn
 import rayfed.models.resnet
-from rayfed.errors import ConfigError
 from rayfed.models import (
     MODELS,
     FedAvgCNN,
@@ -26,6 +25,7 @@ from rayfed.models import (
     build_model,
     output_layer_name,
 )
+from rayfed.util.errors import ConfigError
 
 MNIST = (1, 28, 28)
 CIFAR = (3, 32, 32)

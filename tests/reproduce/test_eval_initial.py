@@ -14,8 +14,8 @@ import torch.nn.functional as F
 import rayfed
 from rayfed.data import normalize_batch
 from rayfed.engine import Simulation
-from rayfed.flat import FlatModel
 from rayfed.models import build_model
+from rayfed.train.flat import FlatModel
 from tests.conftest import tiny_overrides
 
 _EVAL = {"engine.eval_initial": True, "engine.eval_train_loss": True, "data.options": {"num_samples": 1500}}

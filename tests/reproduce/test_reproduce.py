@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import rayfed
-from rayfed.callbacks import Callback
 from rayfed.cli import main
-from rayfed.interrupts import RunInterrupted
+from rayfed.engine.callbacks import Callback
+from rayfed.engine.interrupts import RunInterrupted
 from rayfed.reproduce import TABLES, Column, Row, Table
 from rayfed.reproduce.runner import plan
 from rayfed.reproduce.spec import cell_overrides
@@ -177,7 +177,7 @@ def test_every_declared_table_plans_without_error() -> None:
 def test_presets_set_the_papers_protocol() -> None:
     # Act
     config = rayfed.RunConfig().override({"engine.backend": "local"})
-    from rayfed.cli_args import config_from_args
+    from rayfed.config.args import config_from_args
 
     preset = config_from_args(["train.rounds=30", "algorithm.name=fedavg"], preset="cwfedavg-mnist")
 

@@ -1,0 +1,348 @@
+"""Body/head splits: the shared machinery of FedPer, FedRep, FedBABU and LG-FedAvg.
+
+These methods cut a model into a *body* (the feature extractor, its first top-level
+blocks) and a *head* (its last ``head_blocks`` top-level blocks; 1 = the output layer)
+and treat the two parts differently: one part is averaged by the server as FedAvg
+averages whole models, the other stays with the client (FedPer, FedRep: the head;
+LG-FedAvg: the body) or stays fixed at the common initialisation (FedBABU: the head).
+See docs/algorithms.md, FedPer, FedRep, FedBABU and LG-FedAvg sections.
+
+The cut goes through :func:`trailing_blocks`, the same block slicing that selects
+cwFedAvg's class-wise blocks (:mod:`rayfed.algorithms.cwfedavg_params`), so "the last m
+blocks" means one thing in every algorithm. Floating-point buffers (BatchNorm
+statistics) follow the block they belong to.
+
+* :class:`BodyHead`: where body and head lie in the state vector (parameters, then buffers).
+* :func:`train_part`: local SGD on one part with the other frozen (FedRep, FedBABU);
+  :func:`train_output_layer`, the same for the output layer alone, on features computed once.
+* :class:`PartialModels` / :class:`PartialServer`: the broadcast and server half of
+  "average one part, keep the other".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
+
+import numpy as np
+import torch
+from torch import nn
+
+from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture, trailing_blocks
+from rayfed.algorithms.contributions import WeightedSum
+from rayfed.algorithms.hooks import Broadcast, RoundContext, ServerHalf, SharedBody
+from rayfed.train.evaluate import features_before_output
+from rayfed.train.flat import FlatModel
+from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.layout import ParamLayout
+from rayfed.train.problem import ProblemSpec
+from rayfed.train.sgd import ExtraLoss, local_sgd
+from rayfed.util.documented import documented
+from rayfed.util.validation import check_int, fail
+
+__all__ = [
+    "BodyHeadParams",
+    "BodyHead",
+    "split_body_head",
+    "train_part",
+    "train_output_layer",
+    "merge_stats",
+    "PartialModels",
+    "PartialServer",
+]
+
+HEAD_BLOCKS = "algorithm.params.head_blocks"
+LOCAL_KEY = "local"
+"""Key of a client's own part (its head, or its body for LG-FedAvg) in its state."""
+
+
+def _trailing_buffers(layout: ParamLayout, head: Sequence[str]) -> slice:
+    """The buffers of the ``head`` blocks, which follow every body buffer (empty when none)."""
+    owned = [i for i, n in enumerate(layout.names) if any(n.startswith(b + ".") for b in head)]
+    start = layout.offsets[owned[0]] if owned else layout.size
+    return slice(start, layout.size)
+
+
+@dataclass(frozen=True)
+class BodyHeadParams:
+    """The split every body/head method shares: how many trailing blocks form the head."""
+
+    head_blocks: int = documented(
+        1,
+        "How many of the model's last top-level blocks form the head (1 = the output layer, the split FedRep "
+        "and FedBABU use and PFLlib uses for all four methods); the other blocks form the body. Both must be "
+        "non-empty.",
+    )
+
+    def __post_init__(self) -> None:
+        check_int(HEAD_BLOCKS, self.head_blocks, low=1)
+
+
+@dataclass(frozen=True)
+class BodyHead:
+    """Body and head of one architecture as slices of its state vector (parameters, then buffers)."""
+
+    body: tuple[slice, ...]
+    head: tuple[slice, ...]
+    head_params: slice
+    """The head's parameters, in parameter-vector coordinates (for freezing)."""
+    body_params: slice
+    output_params: slice
+    """The output layer's weight and bias, in parameter-vector coordinates."""
+    output_shape: tuple[int, int]
+    state_size: int
+
+    def part(self, name: str) -> tuple[slice, ...]:
+        """``"body"`` or ``"head"``."""
+        return self.body if name == "body" else self.head
+
+    @staticmethod
+    def size(part: tuple[slice, ...]) -> int:
+        return sum(s.stop - s.start for s in part)
+
+    @staticmethod
+    def gather(state: np.ndarray, part: tuple[slice, ...]) -> np.ndarray:
+        """The values of ``part`` in ``state``, concatenated (float32)."""
+        return np.concatenate([np.asarray(state[s], dtype=np.float32) for s in part])
+
+    @staticmethod
+    def scatter(state: np.ndarray, part: tuple[slice, ...], values: np.ndarray) -> None:
+        """Write ``values`` (as :meth:`gather` returns them) into ``part`` of ``state``, in place."""
+        offset = 0
+        for s in part:
+            size = s.stop - s.start
+            state[s] = values[offset : offset + size]
+            offset += size
+
+    @property
+    def head_is_output_layer(self) -> bool:
+        """True if the head holds exactly the output layer's weight and bias and no buffers."""
+        return self.head == (self.output_params,)
+
+
+def split_body_head(spec: ProblemSpec, architecture: str, head_blocks: int) -> BodyHead:
+    """Cut ``architecture`` into body and the last ``head_blocks`` blocks; ConfigError naming
+    ``algorithm.params.head_blocks`` if that leaves the body or the head empty."""
+    layout, blocks = spec.layouts[architecture], tuple(spec.blocks[architecture])
+    if not 1 <= head_blocks < len(blocks):
+        fail(
+            HEAD_BLOCKS,
+            head_blocks,
+            f"between 1 and {len(blocks) - 1} for {spec.algorithm or 'this algorithm'}, so that body and head are "
+            f"both non-empty: model {architecture!r} has {len(blocks)} top-level blocks ({', '.join(blocks)})",
+        )
+    head_params = trailing_blocks(layout, blocks, head_blocks)
+    buffers = spec.buffer_layouts.get(architecture, ParamLayout((), (), (0,)))
+    head_buffers = _trailing_buffers(buffers, blocks[-head_blocks:])
+    p = layout.size
+
+    def shifted(s: slice) -> slice:
+        return slice(p + s.start, p + s.stop)
+
+    def nonempty(*parts: slice) -> tuple[slice, ...]:
+        return tuple(s for s in parts if s.stop > s.start)
+
+    body_params = slice(0, head_params.start)
+    output = spec.output_layer[architecture]
+    weight, bias = layout.index(f"{output}.weight"), layout.index(f"{output}.bias")
+    shape = layout.shapes[layout.names.index(f"{output}.weight")]
+    return BodyHead(
+        body=nonempty(body_params, shifted(slice(0, head_buffers.start))),
+        head=nonempty(head_params, shifted(head_buffers)),
+        head_params=head_params,
+        body_params=body_params,
+        output_params=slice(weight.start, bias.stop),
+        output_shape=(int(shape[0]), int(shape[-1])),
+        state_size=p + buffers.size,
+    )
+
+
+# --- training one part with the other frozen ---------------------------------------------------
+
+
+class _PartView:
+    """A :class:`FlatModel` seen through one slice of its parameters: the SGD step of
+    :func:`~rayfed.train.sgd.local_sgd` (and its momentum and weight decay) touches only that slice."""
+
+    def __init__(self, flat: FlatModel, part: slice, module: nn.Module | None = None) -> None:
+        self.flat = flat
+        self.module = flat.module if module is None else module
+        self.params = flat.params
+        self.vector = flat.vector[part]
+        self.grad = flat.grad[part]
+
+    def zero_grad(self) -> None:
+        self.flat.grad.zero_()
+
+
+@contextmanager
+def _only_trainable(flat: FlatModel, part: slice) -> Iterator[None]:
+    """Parameters outside ``part`` stop requiring gradients, so backward skips them (and the layers
+    below them when nothing there trains): the head epochs of FedRep cost a forward, not a backward."""
+    layout = flat.layout
+    frozen = [
+        p for i, p in enumerate(flat.params)
+        if p.requires_grad and (layout.offsets[i + 1] <= part.start or layout.offsets[i] >= part.stop)
+    ]
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+
+
+def train_part(job: ClientJob, part: slice, epochs: int, *, extra_loss: ExtraLoss | None = None) -> TrainStats:
+    """``epochs`` epochs of the run's local SGD on the parameters in ``part`` only; the rest stays
+    exactly as it is (no gradient step, no weight decay). Batches come from ``job.generator``,
+    so consecutive calls continue one random stream. A fresh momentum buffer, as a new optimiser."""
+    if epochs <= 0:
+        return TrainStats(loss=float("nan"), steps=0)
+    view = cast(FlatModel, _PartView(job.flat, part))
+    partial = dataclasses.replace(job, flat=view, train=dataclasses.replace(job.train, local_epochs=epochs))
+    with _only_trainable(job.flat, part):
+        return local_sgd(partial, extra_loss=extra_loss)
+
+
+def train_output_layer(job: ClientJob, split: BodyHead, output_layer: str, epochs: int) -> TrainStats:
+    """:func:`train_part` on the output layer (``split.head_params`` when the head is that layer alone),
+    with the body's features computed once instead of at every step.
+
+    The frozen body maps each sample to the same features at every step when it holds no BatchNorm
+    and no active dropout, so the steps are those of :func:`train_part` (same batches, loss and SGD
+    step on the output layer; equal up to float rounding) at the cost of one forward of the body
+    instead of one per step and epoch: FedRep's 10 head epochs cost about one body forward.
+    Otherwise, or when the head holds more than the output layer, this is :func:`train_part`.
+    """
+    model = job.model
+    if split.head_params != split.output_params or job.num_train == 0 or epochs <= 0 or not _same_in_training(model):
+        return train_part(job, split.head_params, epochs)
+    features = torch.cat([f for _, f in features_before_output(model, output_layer, job.x_train)])
+    view = cast(FlatModel, _PartView(job.flat, split.head_params, module=model.get_submodule(output_layer)))
+    phase = dataclasses.replace(job, flat=view, x_train=features,
+                                train=dataclasses.replace(job.train, local_epochs=epochs))
+    return local_sgd(phase)
+
+
+def _same_in_training(model: nn.Module) -> bool:
+    """Whether ``model`` maps each sample alike in training mode whatever else is in its batch, at
+    every call: no BatchNorm (batch statistics, running buffers), no dropout with p > 0."""
+    return not any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) or (isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0)
+        for m in model.modules()
+    )
+
+
+def merge_stats(*stats: TrainStats) -> TrainStats:
+    """The step-weighted mean loss of consecutive training phases and their total steps."""
+    steps = sum(s.steps for s in stats)
+    if not steps:
+        return TrainStats(loss=float("nan"), steps=0)
+    return TrainStats(loss=sum(s.loss * s.steps for s in stats if s.steps) / steps, steps=steps)
+
+
+# --- "average one part, keep the other": broadcast and server ------------------------------------
+
+
+@dataclass(frozen=True)
+class PartialModels(Broadcast):
+    """The averaged part (``shared``), the common initialisation of the other part, and the split.
+
+    A client's model is ``shared`` in the averaged part and its own values in the other part
+    (its persisted ones when ``keep_local``, else the initial ones: FedBABU's fixed head).
+    """
+
+    shared: np.ndarray
+    initial_local: np.ndarray
+    split: BodyHead
+    shared_part: str
+    """``"body"`` (FedPer, FedRep, FedBABU) or ``"head"`` (LG-FedAvg)."""
+    keep_local: bool
+
+    @property
+    def local_part(self) -> str:
+        return "head" if self.shared_part == "body" else "body"
+
+    def local_values(self, job: ClientJob) -> np.ndarray:
+        """The client's own part: persisted, or the common initialisation for a client that has not trained."""
+        if self.keep_local and job.state is not None and LOCAL_KEY in job.state:
+            return job.state[LOCAL_KEY]
+        return self.initial_local
+
+    def model_state(self, local: np.ndarray) -> np.ndarray:
+        """The full state vector: ``shared`` in the averaged part, ``local`` in the other."""
+        state = np.empty(self.split.state_size, dtype=np.float32)
+        self.split.scatter(state, self.split.part(self.shared_part), self.shared)
+        self.split.scatter(state, self.split.part(self.local_part), local)
+        return state
+
+    def personalise(self, job: ClientJob) -> None:
+        """The global part from the server, the client's own part from its state."""
+        job.flat.load_state(self.model_state(self.local_values(job)))
+
+    def contribute(self, job: ClientJob) -> WeightedSum:
+        """The trained averaged part, weighted by n_i; the other part is kept (or dropped: FedBABU)."""
+        state = job.flat.state_numpy()
+        if self.keep_local:
+            job.state = {LOCAL_KEY: self.split.gather(state, self.split.part(self.local_part))}
+        return WeightedSum.of(self.split.gather(state, self.split.part(self.shared_part)), job.num_train)
+
+    def bytes_down(self, job: ClientJob) -> int:
+        """Only the averaged part travels."""
+        return int(self.shared.nbytes)
+
+    def shared_body(self, jobs: Sequence[ClientJob]) -> SharedBody | None:
+        """When the body is averaged and each client's own part is just the output layer, every
+        evaluation model is one body with a client's output layer: evaluate the body once."""
+        split = self.split
+        if self.shared_part != "body" or not split.head_is_output_layer:
+            return None
+        k, h = split.output_shape
+        state = self.model_state(self.initial_local)
+        heads = np.stack([self.local_values(job) for job in jobs])
+        return SharedBody(state, heads[:, : k * h].reshape(len(jobs), k, h), heads[:, k * h :])
+
+
+class PartialServer(ServerHalf[Any, WeightedSum]):
+    """Keeps the averaged part of the one architecture; averages the uploads as FedAvg does.
+
+    Subclasses set :attr:`shared_part` and :attr:`keep_local`, and may set :attr:`message`
+    to their own broadcast class.
+    """
+
+    shared_part: ClassVar[str] = "body"
+    keep_local: ClassVar[bool] = True
+    message: ClassVar[type[PartialModels]] = PartialModels
+
+    @classmethod
+    def validate(cls, params: Any, spec: ProblemSpec) -> None:
+        """One architecture, with more top-level blocks than ``head_blocks``."""
+        split_body_head(spec, require_homogeneous(spec), params.head_blocks)
+
+    def __init__(self, params: Any, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
+        super().__init__(params, spec, initial)  # validates
+        self.split = split_body_head(spec, sole_architecture(spec), params.head_blocks)
+        state = np.asarray(initial[sole_architecture(spec)], dtype=np.float32)
+        local_part = "head" if self.shared_part == "body" else "body"
+        self.shared = self.split.gather(state, self.split.part(self.shared_part))
+        self.initial_local = self.split.gather(state, self.split.part(local_part))
+
+    def broadcast(self) -> PartialModels:
+        return self.message(self.shared, self.initial_local, self.split, self.shared_part, self.keep_local)
+
+    def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
+        """The averaged part ← Σ_i n_i θ_i^part / Σ_i n_i over the clients that uploaded."""
+        if contribution is None:
+            return {"clients_aggregated": 0.0}
+        self.shared = contribution.average()
+        return {"clients_aggregated": float(contribution.count)}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"shared": self.shared}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        self.shared = np.array(state["shared"], dtype=np.float32)

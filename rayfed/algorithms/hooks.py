@@ -1,0 +1,271 @@
+"""The contract every algorithm fulfils: a client half and a server half.
+
+Round t, as the engine runs it (``rayfed.engine``)::
+
+    broadcast = server_half.broadcast()                     # on the server, ray.put once
+    for each sampled client i (on a worker):
+        broadcast.personalise(job_i)                        # starting point, e.g. Eq. 7 of cwFedAvg
+        client_half.train(job_i)                            # local objective, e.g. CE + WDR
+        c_i = broadcast.contribute(job_i)                   # what the client sends
+    contribution = c_1 + c_2 + ...                          # partly on workers, the rest on the server
+    server_half.aggregate(ctx, contribution)                # e.g. Eq. 6 of cwFedAvg
+    for each evaluated client: broadcast'.prepare_eval(job) # then accuracy on its own test split
+    broadcast'.prepare_global_eval(all_clients)             # the global model, if any, on the same splits
+
+* :class:`ClientHalf`: what local training adds (a loss term, or its own loop).
+* :class:`ServerHalf`: the server's state and how it aggregates.
+* :class:`Broadcast`: the round's message from the server. It carries the data every
+  worker reads (``ray.put`` once per round) *and* the worker-side half of the server's
+  logic: how a client's starting model is formed from it, and what a trained client
+  contributes. Personalisation thus runs on the workers, close to the clients.
+* :class:`Contribution`: an upload with an associative, commutative ``+``, so workers
+  sum their clients before returning (local aggregation) and the server sums the rest.
+"""
+
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import numpy as np
+
+from rayfed.train.layout import ParamLayout
+from rayfed.train.problem import ProblemSpec
+from rayfed.train.scratch import ScratchKey
+
+if TYPE_CHECKING:  # the server never trains: torch is imported where clients train
+    from rayfed.data.held_out import HeldOutRequest
+    from rayfed.train.job import ClientJob, TrainStats
+
+__all__ = [
+    "RoundContext",
+    "Contribution",
+    "Broadcast",
+    "SharedBody",
+    "ClientHalf",
+    "ServerHalf",
+    "NoParams",
+    "model_state_bytes",
+]
+
+P = TypeVar("P")
+C = TypeVar("C", bound="Contribution")
+
+_LOSS_CONSTANTS = ScratchKey[Mapping[str, Any]]("loss_constants")
+"""``job.scratch`` key: :meth:`ClientHalf.loss_constants` of the job being trained, set by run_local_sgd."""
+
+
+@dataclass(frozen=True)
+class NoParams:
+    """Hyper-parameters of an algorithm that has none (FedAvg)."""
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """The frozen facts of one round, read by both halves."""
+
+    round: int
+    seed: int
+    lr: float
+    sampled: np.ndarray
+    """Ids of the clients that train this round, sorted."""
+    num_clients: int
+
+
+class Contribution(abc.ABC):
+    """An upload that adds: ``(a + b) + c == a + (b + c)`` and ``a + b == b + a`` up to float rounding."""
+
+    @abc.abstractmethod
+    def __add__(self, other: Any) -> Contribution: ...
+
+    @property
+    @abc.abstractmethod
+    def nbytes(self) -> int:
+        """Bytes this contribution would take on the wire."""
+
+    @abc.abstractmethod
+    def is_finite(self) -> bool:
+        """False if any value is NaN or infinite (such an update is rejected, never aggregated)."""
+
+
+class Broadcast(abc.ABC):
+    """The server's message for one round, with the worker-side half of its logic.
+
+    It must be picklable and cheap to share: Ray stores it once and every worker
+    reads the same object, zero-copy for its numpy arrays.
+    """
+
+    eval_needs_train: bool = False
+    """True if :meth:`prepare_eval` reads the client's training split (FedBABU fine-tunes on it, IFCA picks
+    its cluster by training loss), so evaluation jobs carry the train split too."""
+
+    @abc.abstractmethod
+    def personalise(self, job: ClientJob) -> None:
+        """Load the client's starting model for this round into ``job.flat``."""
+
+    @abc.abstractmethod
+    def contribute(self, job: ClientJob) -> Contribution:
+        """What the trained client sends to the server."""
+
+    def prepare_eval(self, job: ClientJob) -> None:
+        """Load the model the client is evaluated with; by default its personalised model."""
+        self.personalise(job)
+
+    def prepare_global_eval(self, job: ClientJob) -> bool:
+        """Load the run's global model into ``job.flat`` and return True, if the algorithm has one
+        besides the models it evaluates; by default it has none (False): FedAvg's evaluated model is
+        its global model. ``job`` stands for all clients together: no client id (-1), no state, and
+        label counts summed over every client, so a model personalised by class distribution (Eq. 7
+        of cwFedAvg) is formed for the clients' overall distribution. The worker evaluates it on each
+        evaluated client's test split beside the client's own model."""
+        return False
+
+    def bytes_down(self, job: ClientJob) -> int:
+        """Bytes the client receives this round; by default its whole model."""
+        return job.flat.size * 4
+
+    def shared_body(self, jobs: Sequence[ClientJob]) -> SharedBody | None:
+        """The evaluation models of ``jobs`` (clients of one architecture, without data), when they
+        share everything but the output layer; ``None`` (the default) when each client needs its own
+        full model. Then the worker runs the shared body once over all their test samples and applies
+        each client's output layer as a batched matrix product, instead of a forward per client."""
+        return None
+
+
+@dataclass(frozen=True)
+class SharedBody:
+    """Evaluation models that differ at most in the output layer (a linear map to the K classes).
+
+    ``state`` is the state vector every client's evaluation model shares outside the output
+    layer (whatever it holds there is not read); ``weight`` (C, K, h) and ``bias`` (C, K) are
+    the output layers of the C clients, in the order of the jobs they were made for. Without
+    them (None), every client is evaluated with ``state`` itself, output layer included (FedAvg's
+    global model), and the worker runs that one model over all their test samples at once.
+    """
+
+    state: np.ndarray
+    weight: np.ndarray | None = None
+    bias: np.ndarray | None = None
+
+
+class ClientHalf(Generic[P]):
+    """What local training adds. By default: plain SGD on cross-entropy (FedAvg's client).
+
+    A loss term is written once, functionally, so that the sequential loop and the
+    vectorised one (:mod:`rayfed.train.stacked`) share one formula:
+
+    * :meth:`loss_constants` returns the per-client tensors the term reads (FedProx's
+      anchor, WDR's p_i), computed after personalisation;
+    * :meth:`functional_extra_loss` maps (parameter tensors in layout order, constants)
+      to the term added to every mini-batch's loss, or ``None``.
+
+    A client half with a loop of its own (FedClassAvg's two-view loss) overrides
+    :meth:`train` instead and is then always trained sequentially.
+    """
+
+    def __init__(self, params: P, spec: ProblemSpec) -> None:
+        self.params = params
+        self.spec = spec
+
+    def loss_constants(self, job: ClientJob) -> dict[str, Any]:
+        """Per-client tensors for :meth:`functional_extra_loss`; none by default."""
+        return {}
+
+    def functional_extra_loss(self, params: list[Any], constants: Mapping[str, Any]) -> Any:
+        """The term added to each mini-batch's loss; ``None`` (the default) adds nothing."""
+        return None
+
+    def extra_loss(self, job: ClientJob, logits: Any) -> Any:
+        """The sequential loop's hook: the functional term on the model's live parameters."""
+        return self.functional_extra_loss(job.flat.params, job.scratch[_LOSS_CONSTANTS])  # set by run_local_sgd
+
+    def train(self, job: ClientJob) -> TrainStats:
+        """Train ``job.model`` in place; by default :meth:`run_local_sgd`."""
+        return self.run_local_sgd(job)
+
+    def run_local_sgd(self, job: ClientJob, *, momentum_buffer: Any = None) -> TrainStats:
+        """The default loop: :func:`~rayfed.train.sgd.local_sgd` with this half's extra loss.
+
+        ``momentum_buffer`` (P floats, updated in place) carries SGD momentum into the round;
+        ``None`` starts from zero, as a new optimiser does.
+        """
+        from rayfed.train.sgd import local_sgd  # torch: imported where clients train, not by the server
+
+        job.scratch[_LOSS_CONSTANTS] = self.loss_constants(job)
+        return local_sgd(job, extra_loss=self.extra_loss, momentum_buffer=momentum_buffer)
+
+    def supports_stacking(self) -> bool:
+        """True if this half trains with the default loop, so clients can be trained stacked."""
+        cls = type(self)
+        return all(getattr(cls, hook) is getattr(ClientHalf, hook) for hook in ("train", "extra_loss"))
+
+
+class ServerHalf(abc.ABC, Generic[P, C]):
+    """The server's state and aggregation rule. Lives in the ``ServerActor``.
+
+    ``initial`` maps each architecture to its common initial parameter vector (all
+    clients of an architecture start from it, as in the papers' code).
+    """
+
+    def __init__(self, params: P, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
+        type(self).validate(params, spec)
+        self.params = params
+        self.spec = spec
+
+    @classmethod
+    def validate(cls, params: P, spec: ProblemSpec) -> None:
+        """The one check of ``params`` against the problem; raise ConfigError naming the field.
+
+        The engine calls it before anything is written, and the constructor calls it again,
+        so a server half built directly is checked the same way. Nothing to check by default.
+        """
+
+    @classmethod
+    def held_out(cls, params: P, spec: ProblemSpec) -> HeldOutRequest | None:
+        """The server data no client may own that this half needs (FedLAW's proxy set, KT-pFL's
+        public set), or ``None`` (the default). The engine carves it out of the pool before the
+        partition and hands it over as ``spec.held_out`` (:mod:`rayfed.data.held_out`)."""
+        return None
+
+    @classmethod
+    def client_state_bytes(cls, params: P, spec: ProblemSpec) -> int:
+        """Bytes of state one client keeps between rounds (the client state store), for an algorithm
+        registered with ``keeps_client_state``; by default one model, parameters and floating-point
+        buffers in float32, of the run's largest architecture. An algorithm whose clients keep more
+        (APPLE's copies of every client's model) says so here: before anything is written, the engine
+        refuses a run whose clients' states fit neither ``engine.client_state_memory_mb`` nor the free
+        disk of the run directory (:func:`rayfed.engine.sizing.check_client_states`)."""
+        return model_state_bytes(spec)
+
+    @abc.abstractmethod
+    def broadcast(self) -> Broadcast:
+        """The message of the next round (a function of the server's state only)."""
+
+    @abc.abstractmethod
+    def aggregate(self, ctx: RoundContext, contribution: C | None) -> dict[str, float]:
+        """Fold the round's summed contribution into the state; ``None`` means no client
+        uploaded an acceptable update, and the state must stay as it is. Returns metrics."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Everything needed to resume, as named numpy arrays (saved without pickle)."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None: ...
+
+    def memory_bytes(self) -> int:
+        """Bytes of state the server holds (for the scaling benchmark)."""
+        return sum(int(v.nbytes) for v in self.state_dict().values())
+
+
+def model_state_bytes(spec: ProblemSpec) -> int:
+    """Bytes of one float32 model state (parameters, then floating-point buffers) of the largest architecture."""
+    empty = ParamLayout((), (), (0,))
+    return 4 * max(
+        (layout.size + spec.buffer_layouts.get(arch, empty).size for arch, layout in spec.layouts.items()), default=0
+    )
+
+

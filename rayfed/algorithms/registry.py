@@ -1,0 +1,139 @@
+"""The algorithm registry: each algorithm module registers its two halves by name, and a run's
+``algorithm.*`` config is resolved here, once, into the halves every process builds.
+
+Each algorithm module calls :func:`register_algorithm` at its bottom; the registry finds the
+modules itself (:func:`_import_algorithms`), so adding an algorithm is adding one module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rayfed.algorithms.hooks import ClientHalf, ServerHalf, model_state_bytes
+from rayfed.train.problem import ProblemSpec
+from rayfed.util.registry import Registry
+
+if TYPE_CHECKING:  # the config validates params through this registry
+    from rayfed.config import AlgorithmConfig
+    from rayfed.data.held_out import HeldOutRequest
+
+__all__ = ["Algorithm", "ALGORITHMS", "register_algorithm", "ResolvedAlgorithm", "resolve"]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A registered algorithm: its hyper-parameter dataclass and its two halves."""
+
+    name: str
+    params_type: type
+    server_half: type[ServerHalf[Any, Any]]
+    client_half: type[ClientHalf[Any]] | None
+    summary: str
+    keeps_client_state: bool = False
+    """True if clients keep state between rounds (stored in the client state store)."""
+    describe: Callable[[Any], str] | None = None
+    """The method's display name for given params (figures, tables); None = :attr:`name`."""
+
+    def label(self, params: Any) -> str:
+        """How figures and tables name this algorithm run with ``params``."""
+        return self.describe(params) if self.describe is not None else self.name
+
+
+def _import_algorithms(name: str | None) -> None:
+    """Import the module named ``name`` of this package, if there is one, or (``None``) every module."""
+    package = importlib.import_module(__package__ or "rayfed.algorithms")
+    if name is None:
+        for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+            importlib.import_module(f"{package.__name__}.{module.name}")
+    elif name.isidentifier() and importlib.util.find_spec(f"{package.__name__}.{name}") is not None:
+        importlib.import_module(f"{package.__name__}.{name}")
+
+
+ALGORITHMS: Registry[Algorithm] = Registry("algorithm", field="algorithm.name", load=_import_algorithms)
+
+
+def register_algorithm(
+    name: str,
+    *,
+    params: type,
+    server: type[ServerHalf[Any, Any]],
+    client: type[ClientHalf[Any]] | None = ClientHalf,
+    summary: str,
+    keeps_client_state: bool = False,
+    label: str | Callable[[Any], str] | None = None,
+) -> Algorithm:
+    """Register an algorithm under ``name``; one call at the bottom of its module.
+
+    ``label`` is its display name, or a function of its params giving one (a variant's name).
+    """
+    describe = (lambda _params, text=label: text) if isinstance(label, str) else label
+    algorithm = Algorithm(name, params, server, client, summary, keeps_client_state, describe)
+    ALGORITHMS.register(name)(algorithm)
+    return algorithm
+
+
+@dataclass(frozen=True)
+class ResolvedAlgorithm:
+    """What an ``AlgorithmConfig`` names, resolved once: both halves, their params, client state.
+
+    The engine, the workers and the server all build their halves from this one object.
+    """
+
+    algorithm: Algorithm
+    server_params: Any
+    client_half: type[ClientHalf[Any]]
+    client_params: Any
+    keeps_client_state: bool
+    """True if the run's clients keep state between rounds (either half's algorithm keeps it)."""
+
+    @property
+    def name(self) -> str:
+        return self.algorithm.name
+
+    def validate(self, spec: ProblemSpec) -> None:
+        """The server half's check of its params against the problem (before anything is written)."""
+        self.algorithm.server_half.validate(self.server_params, spec)
+
+    def held_out(self, spec: ProblemSpec) -> HeldOutRequest | None:
+        """The server half's request for held-out data (:meth:`ServerHalf.held_out`), if any."""
+        return self.algorithm.server_half.held_out(self.server_params, spec)
+
+    def client_state_bytes(self, spec: ProblemSpec) -> int:
+        """Bytes one client keeps between rounds: 0 without client state; the server half's
+        :meth:`ServerHalf.client_state_bytes` if its algorithm keeps the state, else (a borrowed
+        client half keeps it) one model."""
+        if not self.keeps_client_state:
+            return 0
+        if self.algorithm.keeps_client_state:
+            return self.algorithm.server_half.client_state_bytes(self.server_params, spec)
+        return model_state_bytes(spec)
+
+    def make_server(self, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> ServerHalf[Any, Any]:
+        return self.algorithm.server_half(self.server_params, spec, initial)
+
+    def make_client(self, spec: ProblemSpec) -> ClientHalf[Any]:
+        return self.client_half(self.client_params, spec)
+
+
+def resolve(config: AlgorithmConfig) -> ResolvedAlgorithm:
+    """Turn ``algorithm.*`` into the run's halves; ``algorithm.client`` borrows another's client half."""
+    algorithm = ALGORITHMS.get(config.name)
+    if config.client is None:
+        client_algorithm, client_params = algorithm, config.params
+    else:
+        client_algorithm, client_params = ALGORITHMS.get(config.client), config.client_params
+    return ResolvedAlgorithm(
+        algorithm=algorithm,
+        server_params=config.params,
+        client_half=client_algorithm.client_half or ClientHalf,
+        client_params=client_params,
+        keeps_client_state=algorithm.keeps_client_state or client_algorithm.keeps_client_state,
+    )
+

@@ -1,0 +1,67 @@
+"""The config a command line names: an optional config file plus ``field.path=value`` overrides.
+
+Shared by ``rayfed run`` (:mod:`rayfed.cli`) and ``rayfed tune`` (:mod:`rayfed.tuning.cli`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from rayfed.config import RunConfig, load_config, parse_override
+from rayfed.util.errors import CheckpointError, ConfigError
+
+__all__ = ["config_from_args"]
+
+
+def config_from_args(args: Sequence[str], resume: str | None = None, preset: str | None = None) -> RunConfig:
+    """A config file (an argument without ``=`` that names a file) plus dotted overrides.
+
+    With ``preset`` (:mod:`rayfed.config.presets`) the base is that paper protocol instead of a
+    config file; the overrides still apply on top of it.
+
+    With ``resume`` (a run directory) the base is that run's saved ``config.json``, and only
+    overrides are taken. Any other argument without ``=`` is a mistake (a forgotten ``=``,
+    a misspelt file name) and raises ConfigError saying so.
+
+    >>> config_from_args(["train.rounds=7", "train.lr=0.02"]).train.rounds
+    7
+    >>> config_from_args(["train.rounds=7"], preset="cwfedavg-mnist").train.batch_size
+    10
+    >>> config_from_args(["train.rounds", "7"])
+    Traceback (most recent call last):
+    ...
+    rayfed.util.errors.ConfigError: 'train.rounds' is neither a config file nor a field.path=value override
+    """
+    files = [a for a in args if "=" not in a]
+    for arg in files:
+        if not Path(arg).is_file():
+            raise ConfigError(f"{arg!r} is neither a config file nor a field.path=value override")
+    if len(files) > 1:
+        raise ConfigError(f"give at most one config file, but got {files}")
+    overrides = dict(parse_override(a) for a in args if "=" in a)
+    if preset is not None:
+        from rayfed.config.presets import preset_overrides
+
+        if files or resume is not None:
+            what = f"the config file {files[0]!r}" if files else f"--resume {resume!r}"
+            raise ConfigError(f"--preset {preset!r} cannot be combined with {what}: give one base config")
+        base = preset_overrides(preset)
+        if overrides.get("algorithm.name", base.get("algorithm.name")) != base.get("algorithm.name"):
+            base = {k: v for k, v in base.items() if not k.startswith("algorithm.")}  # the preset algorithm's own
+        return RunConfig().override({**base, **overrides})
+    if resume is not None:
+        if files:
+            raise ConfigError(
+                f"--resume takes field.path=value overrides only, but got the config file {files[0]!r}: "
+                f"a resumed run keeps the config saved in {str(Path(resume) / 'config.json')!r}"
+            )
+        saved = Path(resume) / "config.json"
+        if not saved.is_file():
+            raise CheckpointError(f"cannot resume: {resume!r} holds no run (no config.json)")
+        resumed = RunConfig.from_dict(json.loads(saved.read_text()))
+        return resumed.override({**overrides, "run_dir": str(resume)})
+    if files:
+        return load_config(files[0], overrides)
+    return RunConfig().override(overrides) if overrides else RunConfig()

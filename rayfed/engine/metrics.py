@@ -1,0 +1,175 @@
+"""Per-round and per-client metrics, computed the way the papers' code reports them.
+
+* ``accuracy``: Σ_i correct_i / Σ_i n_i^test over the evaluated clients, the pooled
+  (test-sample weighted) accuracy that PFLlib and the cwFedAvg code report;
+* ``global_accuracy``: the same pooled accuracy of the algorithm's global model on the same
+  clients' test splits (``Broadcast.prepare_global_eval``; for cwFedAvg Eq. 7 with the clients'
+  overall class distribution), beside the personalised ``accuracy`` to show what personalisation
+  adds. NaN when the algorithm has no global model besides the evaluated one (FedAvg, FedProx:
+  there ``accuracy`` is the global model's);
+* ``acc_mean`` / ``acc_std``: the unweighted mean and standard deviation of the
+  per-client accuracies (FedClassAvg reports these; PFLlib prints the std);
+* ``train_loss``: the mean local cross-entropy, weighted by training samples, over the
+  clients that took a step and whose update was accepted. A client that took no step
+  (fewer training samples than a batch with ``train.drop_last``) has no loss: NaN in its
+  row of ``clients/round_*.parquet``, left out of the round's mean; a round in which no
+  client stepped has a NaN ``train_loss`` and logs a warning saying why;
+* ``train_loss_eval`` (only with ``engine.eval_train_loss``, else NaN): the cross-entropy of
+  each sampled client's *starting* model for the round over its own train split, weighted by
+  training samples, without regulariser terms: the "train loss" of the papers' logs, which
+  belongs to the model of the previous row (the previous round's result).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from rayfed.execution.client_runner import ClientReport, EvalReport
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RoundRecord", "summarise_round", "client_table"]
+
+
+@dataclass
+class RoundRecord:
+    """One row of ``rounds.parquet``. Accuracy fields are NaN in rounds without evaluation."""
+
+    round: int
+    accuracy: float
+    global_accuracy: float
+    acc_mean: float
+    acc_std: float
+    test_loss: float
+    train_loss: float
+    num_sampled: int
+    num_rejected: int
+    num_evaluated: int
+    bytes_up: int
+    bytes_down: int
+    train_s: float
+    aggregate_s: float
+    evaluate_s: float
+    round_s: float
+    train_loss_eval: float = math.nan
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def as_row(self) -> dict[str, float]:
+        row = asdict(self)
+        row.update({f"server_{k}" if not k.startswith("server_") else k: v for k, v in row.pop("extra").items()})
+        return row
+
+
+def summarise_round(
+    round_index: int,
+    reports: Sequence[ClientReport],
+    evals: Sequence[EvalReport],
+    timings: dict[str, float],
+    extra: dict[str, float],
+) -> RoundRecord:
+    """Fold the round's client reports and evaluations into one :class:`RoundRecord`."""
+    if reports and not any(r.steps > 0 for r in reports):
+        logger.warning(
+            "round %d: none of the %d sampled clients took a local step (too few training samples for one "
+            "mini-batch: see train.batch_size and train.drop_last), so nothing was trained and train_loss is NaN",
+            round_index,
+            len(reports),
+        )
+    accepted = [r for r in reports if not r.rejected and r.steps > 0]
+    n_train = sum(r.num_train for r in accepted)
+    train_loss = sum(r.train_loss * r.num_train for r in accepted) / n_train if n_train else math.nan
+    evaluated = [e for e in evals if e.num_test > 0]
+    if evaluated:
+        correct = np.array([e.correct for e in evaluated], dtype=np.float64)
+        counts = np.array([e.num_test for e in evaluated], dtype=np.float64)
+        per_client = correct / counts
+        accuracy = float(correct.sum() / counts.sum())
+        acc_mean, acc_std = float(per_client.mean()), float(per_client.std())
+        test_loss = float(sum(e.loss_sum for e in evaluated) / counts.sum())
+    else:
+        accuracy = acc_mean = acc_std = test_loss = math.nan
+    on_global = [e for e in evaluated if e.global_correct is not None]
+    global_accuracy = (
+        sum(e.global_correct or 0 for e in on_global) / sum(e.num_test for e in on_global) if on_global else math.nan
+    )
+    return RoundRecord(
+        round=round_index,
+        accuracy=accuracy,
+        global_accuracy=global_accuracy,
+        acc_mean=acc_mean,
+        acc_std=acc_std,
+        test_loss=test_loss,
+        train_loss=train_loss,
+        num_sampled=len(reports),
+        num_rejected=sum(1 for r in reports if r.rejected),
+        num_evaluated=len(evaluated),
+        bytes_up=sum(r.bytes_up for r in reports),
+        bytes_down=sum(r.bytes_down for r in reports),
+        train_s=timings.get("train", 0.0),
+        aggregate_s=timings.get("aggregate", 0.0),
+        evaluate_s=timings.get("evaluate", 0.0),
+        round_s=timings.get("round", 0.0),
+        train_loss_eval=_start_loss(reports),
+        extra=extra,
+    )
+
+
+def _start_loss(reports: Sequence[ClientReport]) -> float:
+    """Sample-weighted mean of the clients' ``train_loss_eval`` (NaN when none was measured)."""
+    measured = [r for r in reports if not math.isnan(r.train_loss_eval) and r.num_train > 0]
+    n_train = sum(r.num_train for r in measured)
+    return sum(r.train_loss_eval * r.num_train for r in measured) / n_train if n_train else math.nan
+
+
+def client_table(round_index: int, reports: Sequence[ClientReport], evals: Sequence[EvalReport]) -> pa.Table:
+    """One row per client that trained or was evaluated this round (``clients/round_XXXXXX.parquet``)."""
+    by_id: dict[int, dict[str, object]] = {}
+    for r in reports:
+        by_id[r.client_id] = {
+            "sampled": True,
+            "num_train": r.num_train,
+            "train_loss": r.train_loss,
+            "steps": r.steps,
+            "update_norm": r.update_norm,
+            "rejected": r.rejected,
+            "bytes_up": r.bytes_up,
+            "bytes_down": r.bytes_down,
+            "train_s": r.seconds,
+            "train_loss_eval": r.train_loss_eval,
+        }
+    for e in evals:
+        row = by_id.setdefault(e.client_id, {"sampled": False})
+        row.update(
+            num_test=e.num_test,
+            test_acc=e.correct / e.num_test if e.num_test else math.nan,
+            test_loss=e.loss_sum / e.num_test if e.num_test else math.nan,
+        )
+    ids = sorted(by_id)
+    schema = pa.schema(
+        [
+            ("round", pa.int32()),
+            ("client_id", pa.int32()),
+            ("sampled", pa.bool_()),
+            ("num_train", pa.int32()),
+            ("train_loss", pa.float64()),
+            ("steps", pa.int32()),
+            ("update_norm", pa.float64()),
+            ("rejected", pa.string()),
+            ("bytes_up", pa.int64()),
+            ("bytes_down", pa.int64()),
+            ("train_s", pa.float64()),
+            ("num_test", pa.int32()),
+            ("test_acc", pa.float64()),
+            ("test_loss", pa.float64()),
+            ("train_loss_eval", pa.float64()),
+        ]
+    )
+    columns = {name: [by_id[i].get(name) for i in ids] for name in schema.names[3:]}
+    columns["sampled"] = [bool(by_id[i].get("sampled")) for i in ids]
+    return pa.table({"round": [round_index] * len(ids), "client_id": ids, **columns}, schema=schema)

@@ -1,0 +1,1 @@
+"""What finished runs show: figures drawn from run directories (``rayfed plot``)."""

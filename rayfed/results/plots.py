@@ -1,0 +1,392 @@
+"""Figures from finished runs: accuracy curves, p against p̃, output-layer row norms.
+
+    rayfed plot RUN_DIR [RUN_DIR ...] --out DIR
+
+writes, into ``DIR``:
+
+* ``accuracy.png``: pooled test accuracy against the round (``round`` as ``rounds.parquet``
+  stores it, 0 = the first round), one line per run. Runs whose configs differ in the seed
+  alone (:meth:`~rayfed.config.RunConfig.diff`, ignoring ``seed`` and ``run_dir``) are seeds
+  of one method and share a colour and a legend entry; the legend names the method
+  (``Algorithm.label``) and, where lines share that name, the fields that tell them apart
+  (``cwFedAvg (Output), train.lr=0.01``);
+* for each cwFedAvg run with a checkpoint (``<run>`` is the run directory's name), the
+  figures of Lee & Choi, "Class-Wise Federated Averaging for Efficient Personalization",
+  ICCV 2025 ("P-ICCV"; docs/algorithms.md, cwFedAvg section):
+
+  - ``<run>-p_vs_p_tilde.png``: each client's true class distribution p_i next to the
+    estimate p̃_i read from its output layer (P-ICCV Eq. 4; Fig. 2c), as paired bars for a
+    few clients and a scatter of every (p_ij, p̃_ij);
+  - ``<run>-norms_local.png``: heatmap of the row norms ‖W_i[j,:]‖₂ of every client's
+    output-layer weight, clients × classes (P-ICCV Fig. 3);
+  - ``<run>-norms_global.png``: the same for the K class-specific global models G_j,
+    model × class (P-ICCV Fig. 6).
+
+Runs of other algorithms get only their accuracy curve. p̃_i is recomputed from the
+row norms the server keeps (``server/norms`` of the last checkpoint), so it is the
+norm-based estimate in every variant, also in "w/ Dist." where the server aggregates
+with p_i itself. p_i comes from ``label_counts.parquet``, the per-client label counts
+the engine writes next to the partition; older runs without it fall back to reloading
+the dataset named in ``config.json``.
+
+matplotlib is imported lazily (``pip install 'rayfed[plots]'``); figures are drawn on
+``matplotlib.figure.Figure`` objects, so no pyplot state or GUI backend is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from rayfed.algorithms import ALGORITHMS
+from rayfed.algorithms.cwfedavg_equations import distribution_from_norms, empirical_distribution, output_row_norms
+from rayfed.algorithms.cwfedavg_params import model_parts
+from rayfed.data import LABEL_COUNTS_FILE, read_label_counts
+from rayfed.engine.checkpoint import load_checkpoint, newest_checkpoint
+from rayfed.util.errors import CheckpointError, RayfedError
+from rayfed.util.files import atomic_write
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "RunData",
+    "CurveGroup",
+    "load_run",
+    "method_label",
+    "curve_groups",
+    "accuracy_points",
+    "class_head_row_norms",
+    "plot_accuracy_curves",
+    "plot_p_vs_p_tilde",
+    "plot_row_norms",
+    "plot_run_figures",
+    "write_figures",
+]
+
+_BARS_SHOWN = 4
+_SEED_ONLY = ("seed", "run_dir")
+"""Config paths in which the seeds of one method may differ (``RunConfig.diff``'s ``ignore``)."""
+
+
+# --- reading a run directory ------------------------------------------------------------------
+
+
+@dataclass
+class RunData:
+    """What the figures need from one run directory."""
+
+    run_dir: Path
+    config: Any
+    """The run's :class:`~rayfed.config.RunConfig`."""
+    rounds: list[dict[str, Any]]
+    server: dict[str, np.ndarray] = field(default_factory=dict)
+    """``server/*`` arrays of the newest checkpoint, without the prefix (empty if none)."""
+    checkpoint_round: int | None = None
+    """The round (0-based) after which that checkpoint was taken."""
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    @property
+    def algorithm(self) -> str:
+        return self.config.algorithm.name
+
+    @property
+    def is_cwfedavg(self) -> bool:
+        return self.algorithm == "cwfedavg"
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Read ``config.json``, ``rounds.parquet`` and the newest checkpoint's server state."""
+    from rayfed.config import RunConfig
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise CheckpointError(f"{str(run_dir)!r} is not a run directory (no config.json)")
+    config = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+    rounds_file = run_dir / "rounds.parquet"
+    rounds = pq.read_table(rounds_file).to_pylist() if rounds_file.is_file() else []
+    newest = newest_checkpoint(run_dir)
+    if newest is None:
+        return RunData(run_dir, config, rounds)
+    checkpoint = load_checkpoint(newest)
+    return RunData(run_dir, config, rounds, checkpoint.server, checkpoint.round)
+
+
+def method_label(config: Any) -> str:
+    """The run's method as its algorithm labels it (``FedAvg``, ``FedAWA (code)``, ``cwFedAvg w/ Dist. (Output)``)."""
+    return ALGORITHMS.get(config.algorithm.name).label(config.algorithm.params)
+
+
+@dataclass
+class CurveGroup:
+    """Runs drawn in one colour under one legend entry: the seeds of one method."""
+
+    legend: str
+    runs: list[RunData]
+
+
+def curve_groups(runs: Sequence[RunData]) -> list[CurveGroup]:
+    """Group ``runs`` as seeds of one method when their configs differ in ``seed`` (and ``run_dir``) alone.
+
+    Each group's legend is its method label, followed by ``path=value`` for every field in
+    which it differs from another group of the same label, so no two entries read alike;
+    ``(N seeds)`` is added to a group of several runs.
+    """
+    grouped: list[list[RunData]] = []
+    for run in runs:
+        same = next((g for g in grouped if not run.config.diff(g[0].config, ignore=_SEED_ONLY)), None)
+        if same is None:
+            grouped.append([run])
+        else:
+            same.append(run)
+    labels = [method_label(g[0].config) for g in grouped]
+    result = []
+    for group, label in zip(grouped, labels):
+        config = group[0].config
+        paths = sorted({
+            line.split(": ", 1)[0]
+            for other, other_label in zip(grouped, labels)
+            if other is not group and other_label == label
+            for line in config.diff(other[0].config, ignore=_SEED_ONLY)
+        })
+        tree = config.to_dict()
+        legend = ", ".join([label, *(f"{path}={_override_text(_value_at(tree, path))}" for path in paths)])
+        result.append(CurveGroup(legend + (f" ({len(group)} seeds)" if len(group) > 1 else ""), group))
+    return result
+
+
+def _value_at(tree: Any, path: str) -> Any:
+    for key in path.split("."):
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
+
+
+def _override_text(value: Any) -> str:
+    """A value as ``field.path=value`` writes it on the command line."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def accuracy_points(run: RunData, column: str = "accuracy") -> tuple[list[int], list[float]]:
+    """(round, pooled accuracy in %) of the run's evaluated rounds; ``round`` as ``rounds.parquet`` stores it.
+
+    ``column="global_accuracy"`` gives the global model's curve on the same clients (none for an
+    algorithm without a global model besides the evaluated ones, or a run written before it existed).
+    """
+    values = [(int(r["round"]), r.get(column)) for r in run.rounds]
+    points = [(x, 100 * y) for x, y in values if y is not None and not math.isnan(y)]
+    return [x for x, _ in points], [y for _, y in points]
+
+
+def _class_distributions(run: RunData) -> tuple[np.ndarray, tuple[int, ...]]:
+    """p_i per client (as the run's ``p_source`` defines it) and the dataset's input shape."""
+    train_only = run.config.algorithm.params.p_source == "train"
+    path = run.run_dir / LABEL_COUNTS_FILE
+    if path.is_file():
+        counts, train_counts, shape = read_label_counts(path)
+    else:  # a run from before label_counts.parquet: rebuild the counts from the dataset
+        from rayfed.data import Partition, load_dataset
+
+        data = run.config.data
+        logger.info("%s has no %s; loading dataset %r for the labels", run.run_dir, LABEL_COUNTS_FILE, data.dataset)
+        dataset = load_dataset(data.dataset, data.root, download=False, seed=data.seed, options=data.options)
+        partition = Partition.load(run.run_dir / "partition.parquet", dataset.labels, dataset.num_classes)
+        counts, train_counts, shape = partition.label_counts, partition.train_label_counts, dataset.input_shape
+    return empirical_distribution(train_counts if train_only else counts), shape
+
+
+def class_head_row_norms(run: RunData, input_shape: Sequence[int]) -> np.ndarray:
+    """(K, K): row norms of the output-layer weight of each class-specific global model G_j.
+
+    Rebuilds the model's parameter layout (no data needed) to find the output weight
+    inside the class-wise part that ``server/heads`` holds.
+    """
+    from rayfed.train.problem_build import build_problem
+
+    heads = run.server["heads"]
+    k = heads.shape[0]
+    stand_in = SimpleNamespace(input_shape=tuple(input_shape), num_classes=k, mean=(0.0,), std=(1.0,))
+    spec, _ = build_problem(run.config, stand_in)  # type: ignore[arg-type]
+    parts = model_parts(spec, run.config.model.name, run.config.algorithm.params)
+    start, stop = parts.output_weight.start - parts.classwise.start, parts.output_weight.stop - parts.classwise.start
+    return output_row_norms(heads[:, start:stop].reshape(k, *parts.output_shape))
+
+
+# --- drawing ------------------------------------------------------------------------------------
+
+
+def _figure_class() -> type:
+    """matplotlib's ``Figure``, or an error that says how to install it."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise RayfedError(
+            f"figures need matplotlib, which cannot be imported ({e}); install it with: pip install 'rayfed[plots]'"
+        ) from e
+    return Figure
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    return path
+
+
+def plot_accuracy_curves(runs: Sequence[RunData], path: str | Path) -> Path:
+    """Pooled accuracy against the round, one line per run, one colour per method (:func:`curve_groups`)."""
+    from matplotlib import rcParams
+    from matplotlib.ticker import MaxNLocator
+
+    fig = _figure_class()(figsize=(7.5, 4.5))
+    ax = fig.add_subplot()
+    cycle = [c["color"] for c in rcParams["axes.prop_cycle"]]
+    for n, group in enumerate(curve_groups(runs)):
+        legend: str | None = group.legend
+        for run in group.runs:
+            x, y = accuracy_points(run)
+            if not x:
+                continue
+            colour = cycle[n % len(cycle)]
+            ax.plot(x, y, color=colour, marker="." if len(x) < 30 else None, linewidth=1.2, alpha=0.85, label=legend)
+            gx, gy = accuracy_points(run, "global_accuracy")
+            if gx:  # the global model on the same clients: what personalisation adds is the gap
+                ax.plot(gx, gy, color=colour, linestyle="--", linewidth=1.0, alpha=0.7,
+                        label=f"{legend}: global model" if legend is not None else None)
+            legend = None  # one legend entry per group
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round (as in rounds.parquet; 0 = the first)")
+    ax.set_ylabel("pooled test accuracy (%)")
+    data = {(run.config.data.dataset, run.config.data.partition) for run in runs}
+    on = f"\n{' '.join(data.pop())}" if len(data) == 1 else ""
+    ax.set_title(f"Accuracy of the clients' models (pooled over test samples; dashed: global model){on}"
+                 if any(accuracy_points(run, "global_accuracy")[0] for run in runs)
+                 else f"Accuracy of the clients' models (pooled over test samples){on}", fontsize="medium")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(fontsize="small")
+    return _save(fig, Path(path))
+
+
+def _clients_to_show(p: np.ndarray, count: int) -> list[int]:
+    """Up to ``count`` clients spread over the range, preferring ones with different dominant classes."""
+    spread = list(dict.fromkeys(int(i) for i in np.linspace(0, len(p) - 1, num=min(len(p), 4 * count)).round()))
+    distinct: dict[int, int] = {}  # dominant class -> first client with it
+    for i in spread:
+        distinct.setdefault(int(p[i].argmax()), i)
+    chosen = list(distinct.values())[:count]
+    chosen += [i for i in spread if i not in chosen][: count - len(chosen)]
+    return sorted(chosen)
+
+
+def plot_p_vs_p_tilde(p: np.ndarray, p_tilde: np.ndarray, path: str | Path, title: str = "",
+                      client_ids: Sequence[int] | None = None) -> Path:
+    """Paired bars of p_i and p̃_i for a few clients, and a scatter of every (p_ij, p̃_ij) (P-ICCV Fig. 2c).
+
+    ``p`` and ``p_tilde`` are (M, K); ``client_ids`` names their rows (default 0..M-1).
+    """
+    p, p_tilde = np.asarray(p, dtype=np.float64), np.asarray(p_tilde, dtype=np.float64)
+    ids = list(range(len(p))) if client_ids is None else [int(i) for i in client_ids]
+    shown = _clients_to_show(p, _BARS_SHOWN)
+    k = p.shape[1]
+    fig = _figure_class()(figsize=(4 + 2.6 * len(shown), 3.8))
+    grid = fig.add_gridspec(1, len(shown) + 2)
+    classes = np.arange(k)
+    width = 0.42
+    for n, i in enumerate(shown):
+        ax = fig.add_subplot(grid[0, n])
+        ax.bar(classes - width / 2, p[i], width, label="p (true)", color="tab:blue")
+        ax.bar(classes + width / 2, p_tilde[i], width, label="p̃ (output layer)", color="tab:orange")
+        ax.set_title(f"client {ids[i]}", fontsize="medium")
+        ax.set_xlabel("class")
+        ax.set_ylim(0, 1)
+        if k <= 20:
+            ax.set_xticks(classes)
+        if n == 0:
+            ax.set_ylabel("share of the client's data")
+            ax.legend(fontsize="small")
+    ax = fig.add_subplot(grid[0, len(shown):])
+    ax.scatter(p.ravel(), p_tilde.ravel(), s=8, alpha=0.5, color="tab:purple")
+    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1)
+    error = np.abs(p - p_tilde).sum(axis=1).mean()
+    ax.set_title(f"all {len(p)} clients × {k} classes\nmean ‖p_i − p̃_i‖₁ = {error:.3f}", fontsize="medium")
+    ax.set_xlabel("p_ij (true)")
+    ax.set_ylabel("p̃_ij (estimated)")
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.02, max(1.02, float(p_tilde.max()) + 0.02))
+    if title:
+        fig.suptitle(title, fontsize="medium")
+    return _save(fig, Path(path))
+
+
+def plot_row_norms(norms: np.ndarray, path: str | Path, *, rows: str, title: str) -> Path:
+    """Heatmap of output-layer row norms: ``rows`` (clients or class models) × classes (P-ICCV Figs. 3, 6)."""
+    norms = np.asarray(norms, dtype=np.float64)
+    m, k = norms.shape
+    fig = _figure_class()(figsize=(min(3 + 0.5 * k, 12), min(2.5 + 0.28 * m, 12)))
+    ax = fig.add_subplot()
+    image = ax.imshow(norms, aspect="auto", cmap="viridis", interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="‖W[j,:]‖₂")
+    ax.set_xlabel("class j (output neuron)")
+    ax.set_ylabel(rows)
+    if k <= 20:
+        ax.set_xticks(range(k))
+    if m <= 40:
+        ax.set_yticks(range(m))
+    ax.set_title(title, fontsize="medium")
+    return _save(fig, Path(path))
+
+
+# --- everything for a set of runs ---------------------------------------------------------------
+
+
+def plot_run_figures(run: RunData, out: str | Path, stem: str | None = None) -> list[Path]:
+    """p vs p̃ and the two row-norm heatmaps of one cwFedAvg run, as ``out/<stem>-*.png`` (stem: the run's name)."""
+    out, stem = Path(out), stem or run.name
+    p, input_shape = _class_distributions(run)
+    norms = np.asarray(run.server["norms"], dtype=np.float64)
+    label, rounds = method_label(run.config), (run.checkpoint_round or 0) + 1
+    trained = norms.sum(axis=1) > 0  # a client that never uploaded has no norms yet
+    paths = [
+        plot_p_vs_p_tilde(p[trained], distribution_from_norms(norms[trained]), out / f"{stem}-p_vs_p_tilde.png",
+                          title=f"{run.name}: {label}, true p vs p̃ from the output layer after {rounds} rounds",
+                          client_ids=np.flatnonzero(trained).tolist()),
+        plot_row_norms(norms, out / f"{stem}-norms_local.png", rows="client i",
+                       title=f"{label}: output-layer row norms of the local models ({rounds} rounds)"),
+    ]
+    if "heads" in run.server:
+        heads = class_head_row_norms(run, input_shape)
+        paths.append(plot_row_norms(heads, out / f"{stem}-norms_global.png", rows="class-specific model G_j",
+                                    title=f"{label}: output-layer row norms of the class-specific global models"))
+    return paths
+
+
+def write_figures(run_dirs: Sequence[str | Path], out: str | Path) -> tuple[list[Path], list[str]]:
+    """Draw every figure for ``run_dirs`` into ``out``; returns (files written, notes on what was skipped)."""
+    _figure_class()  # fail before reading anything if matplotlib is missing
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [load_run(d) for d in run_dirs]
+    paths, notes = [plot_accuracy_curves(runs, out / "accuracy.png")], []
+    stems: dict[str, int] = {}
+    for run in runs:
+        stem = run.name if run.name not in stems else f"{run.name}-{stems[run.name]}"
+        stems[run.name] = stems.get(run.name, 0) + 1
+        if not run.is_cwfedavg:
+            notes.append(f"{run.run_dir}: {run.algorithm} run, accuracy curve only "
+                         "(p vs p̃ and row-norm figures are for cwfedavg runs)")
+        elif "norms" not in run.server:
+            notes.append(f"{run.run_dir}: no checkpoint with cwFedAvg's server state (engine.checkpoint_every=0?), "
+                         "accuracy curve only")
+        else:
+            paths.extend(plot_run_figures(run, out, stem))
+    return paths, notes

@@ -1,0 +1,69 @@
+"""Evaluating a model on a client's test split, and reading its penultimate features."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["EvalStats", "eval_batch_size", "evaluate_model", "features_before_output"]
+
+
+def eval_batch_size(device: torch.device) -> int:
+    """Samples per forward when evaluating (no gradients are kept): 1024 on a GPU, which wants large
+    batches; 128 on a CPU, where a larger batch's activations fall out of the caches and the same
+    forward passes take up to 2x longer (benchmarks/README.md, "Evaluation batch on CPU")."""
+    return 1024 if device.type == "cuda" else 128
+
+
+
+@dataclass(frozen=True)
+class EvalStats:
+    correct: int
+    loss_sum: float
+    count: int
+
+    @property
+    def mean_loss(self) -> float:
+        """The mean cross-entropy over the samples; NaN without samples."""
+        return self.loss_sum / self.count if self.count else math.nan
+
+
+
+@torch.no_grad()
+def evaluate_model(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int | None = None
+) -> EvalStats:
+    """Correct predictions and summed cross-entropy of ``model`` on ``(x, y)``, ``batch_size`` samples
+    per forward (default :func:`eval_batch_size` of their device)."""
+    model.eval()
+    batch_size = batch_size or eval_batch_size(x.device)
+    correct = torch.zeros((), dtype=torch.long, device=x.device)
+    loss_sum = torch.zeros((), device=x.device)
+    for start in range(0, int(y.shape[0]), batch_size):
+        logits = model(x[start : start + batch_size])
+        target = y[start : start + batch_size]
+        correct += (logits.argmax(dim=1) == target).sum()
+        loss_sum += F.cross_entropy(logits, target, reduction="sum")
+    return EvalStats(correct=int(correct), loss_sum=float(loss_sum), count=int(y.shape[0]))
+
+
+@torch.no_grad()
+def features_before_output(
+    model: torch.nn.Module, output_layer: str, x: torch.Tensor
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(start, features)`` per batch of ``x``: what ``model`` feeds its layer ``output_layer``
+    (the penultimate features), read by a hook during an ordinary forward in eval mode."""
+    model.eval()
+    captured: list[torch.Tensor] = []
+    hook = model.get_submodule(output_layer).register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
+    batch_size = eval_batch_size(x.device)
+    try:
+        for start in range(0, int(x.shape[0]), batch_size):
+            model(x[start : start + batch_size])
+            yield start, captured.pop()
+    finally:
+        hook.remove()
