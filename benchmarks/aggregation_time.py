@@ -118,7 +118,7 @@ def _job(flat: FlatModel, cid: int, size: int, labels: np.ndarray) -> ClientJob:
     return ClientJob(
         client_id=cid, round=0, flat=flat, architecture="", x_train=empty, y_train=torch.zeros(size), x_test=empty,
         y_test=empty, label_counts=labels, train_label_counts=labels, train=TrainConfig(batch_size=1, drop_last=False),
-        generator=torch.Generator(),
+        lr=TrainConfig().lr, generator=torch.Generator(),
     )
 
 
@@ -126,7 +126,7 @@ def _timers(name: str, shape: tuple[int, int, int], clients: int, seed: int) -> 
     """Name -> a function that runs one aggregation from the same 20 uploads."""
     flat, spec, theta_g, taus, sizes = _problem(name, shape, clients, seed)
     ids = np.arange(clients, dtype=np.int64)
-    ctx = RoundContext(round=0, seed=seed, lr=0.0, sampled=ids, num_clients=clients)
+    ctx = RoundContext(round=0, seed=seed, lr=0.0, sampled=ids)
     initial = {name: theta_g}
     models = theta_g + taus  # θ_k, what FedAvg's clients send
     fractions = (sizes / sizes.sum()).astype(np.float32)
@@ -202,7 +202,7 @@ def fedlaw_seconds(
     algorithm = ALGORITHMS.get("fedlaw")
     server = algorithm.server_half(algorithm.params_type(server_epochs=epochs), spec, {name: theta_g})
     ids = np.arange(clients, dtype=np.int64)
-    ctx = RoundContext(round=0, seed=seed, lr=0.0, sampled=ids, num_clients=clients)
+    ctx = RoundContext(round=0, seed=seed, lr=0.0, sampled=ids)
     timer = _fresh(server, ctx, ClientVectors((theta_g + taus,), ids, sizes))
     samples = []
     for _ in range(repeats):

@@ -33,10 +33,10 @@ class RoundTimer(Callback):
         self.seconds: list[float] = []
         self._last = 0.0
 
-    def on_run_start(self, sim) -> None:
+    def on_run_start(self, run) -> None:
         self._last = self.clock()
 
-    def after_round(self, sim, record, clients) -> bool:
+    def after_round(self, run, record, clients) -> bool:
         now = self.clock()
         self.seconds.append(now - self._last)
         self._last = now

@@ -88,7 +88,7 @@ def stacked_against_sequential(model: str, clients: int, repeats: int) -> dict[s
                for mode in ("off", "on")}
     seconds: dict[str, list[float]] = {mode: [] for mode in runners}
     for repeat in range(repeats + 1):  # the first pass builds the models and the CUDA kernels
-        ctx = RoundContext(round=repeat, seed=0, lr=0.005, sampled=np.array(ids), num_clients=clients)
+        ctx = RoundContext(round=repeat, seed=0, lr=0.005, sampled=np.array(ids))
         for mode, runner in runners.items():
             torch.cuda.synchronize()
             started = time.perf_counter()

@@ -68,19 +68,22 @@ def reset_peak_rss() -> None:
 
 
 class ServerMemory(RoundTimer):
-    """Round times, plus the ServerActor's resident memory at the start and its peak at the end."""
+    """Round times, plus the ServerActor's resident memory at the start and its peak at the end (of the
+    run of ``simulation``, whose executor it reads)."""
 
-    def on_run_start(self, sim) -> None:
+    simulation: Simulation
+
+    def on_run_start(self, run) -> None:
         import ray
 
-        pid = ray.get(sim.executor.server.pid.remote())
+        pid = ray.get(self.simulation.executor.server.pid.remote())
         self.start_bytes = rss_bytes(pid)
-        super().on_run_start(sim)
+        super().on_run_start(run)
 
-    def on_run_end(self, sim) -> None:
+    def on_run_end(self, run, result) -> None:
         import ray
 
-        server = sim.executor.server
+        server = self.simulation.executor.server
         self.peak_bytes = ray.get(server.peak_rss_bytes.remote())
         self.state_bytes = ray.get(server.memory_bytes.remote())
 
@@ -121,7 +124,7 @@ def measure(clients: int, args: argparse.Namespace, tmp: Path) -> dict[str, floa
     probe = ServerMemory()
     reset_peak_rss()
     started = time.perf_counter()
-    sim = Simulation(population_config(clients, args, tmp / f"m{clients}"), callbacks=[probe])
+    sim = probe.simulation = Simulation(population_config(clients, args, tmp / f"m{clients}"), callbacks=[probe])
     setup_s = time.perf_counter() - started
     result = sim.run()
     return {

@@ -59,7 +59,7 @@ def main() -> None:
     spec, initial = build_problem(config, dataset)
     runner, server = ClientRunner(config, spec, dataset, partition), Server(config, spec, initial)
     trained = list(range(min(100, args.clients)))
-    ctx = RoundContext(round=0, seed=0, lr=config.train.lr, sampled=np.array(trained), num_clients=args.clients)
+    ctx = RoundContext(round=0, seed=0, lr=config.train.lr, sampled=np.array(trained))
     server.aggregate(ctx, runner.train(server.broadcast(), ctx, trained).contribution)
     shared = server.broadcast()
     per_client = PerClientModels(**{f.name: getattr(shared, f.name) for f in dataclasses.fields(ClasswiseModels)})
@@ -75,12 +75,12 @@ def main() -> None:
 
     seconds: dict[str, list[float]] = {"per_client": [], "shared_body": [], "forward_only": []}
     for _ in range(args.repeats):
-        for name, work in (("per_client", lambda: runner.evaluate(per_client, ids)),
-                           ("shared_body", lambda: runner.evaluate(shared, ids)), ("forward_only", forward_only)):
+        for name, work in (("per_client", lambda: runner.evaluate(per_client, ctx, ids)),
+                           ("shared_body", lambda: runner.evaluate(shared, ctx, ids)), ("forward_only", forward_only)):
             started = time.perf_counter()
             work()
             seconds[name].append(time.perf_counter() - started)
-    reports = runner.evaluate(shared, ids), runner.evaluate(per_client, ids)
+    reports = runner.evaluate(shared, ctx, ids), runner.evaluate(per_client, ctx, ids)
     same = [r.correct for r in reports[0]] == [r.correct for r in reports[1]]
     median = {name: statistics.median(values) for name, values in seconds.items()}
     print(f"{args.clients} clients, {len(x)} test images, medians over {args.repeats}: "

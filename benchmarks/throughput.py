@@ -294,8 +294,8 @@ class Interleaved(RoundTimer):
         super().__init__()
         self.plain = plain
 
-    def after_round(self, sim, record, clients) -> bool:
-        super().after_round(sim, record, clients)
+    def after_round(self, run, record, clients) -> bool:
+        super().after_round(run, record, clients)
         for loop in self.plain:
             loop.round(record.round)
         self._last = time.perf_counter()

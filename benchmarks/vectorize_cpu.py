@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu: dict[str, list[float]] = {mode: [] for mode in runners}
     totals = {}
     for repeat in range(args.repeats + 1):
-        ctx = RoundContext(round=repeat, seed=0, lr=0.005, sampled=np.array(ids), num_clients=args.clients)
+        ctx = RoundContext(round=repeat, seed=0, lr=0.005, sampled=np.array(ids))
         for mode, runner in runners.items():
             w, c = time.perf_counter(), time.process_time()
             result = runner.train(broadcast, ctx, ids)

@@ -52,13 +52,13 @@ def test_the_evaluation_plan_equals_a_forward_per_client(name: str, tmp_path: Pa
     runner = ClientRunner(config, inputs.spec.for_clients(), inputs.dataset, inputs.partition)
     server = Server(config, inputs.spec, inputs.initial)
     ids = list(range(_NUM_CLIENTS))
-    ctx = RoundContext(round=0, seed=0, lr=config.train.lr, sampled=np.arange(_NUM_CLIENTS), num_clients=_NUM_CLIENTS)
+    ctx = RoundContext(round=0, seed=0, lr=config.train.lr, sampled=np.arange(_NUM_CLIENTS))
     trained = runner.train(server.broadcast(), ctx, ids)
     server.aggregate(ctx, trained.contribution)
     broadcast = server.broadcast()
     # Execute
-    planned = runner.evaluate(broadcast, ids, trained.states)
-    one_by_one = runner.evaluate(_OneByOne(broadcast), ids, trained.states)  # type: ignore[arg-type]
+    planned = runner.evaluate(broadcast, ctx, ids, trained.states)
+    one_by_one = runner.evaluate(_OneByOne(broadcast), ctx, ids, trained.states)  # type: ignore[arg-type]
     # Assert: the same counts and correct predictions per client, the same losses to float tolerance.
     assert [(r.num_test, r.correct, r.global_correct) for r in planned] == [
         (r.num_test, r.correct, r.global_correct) for r in one_by_one

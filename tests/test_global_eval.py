@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from rayfed import RunConfig, run
+from rayfed import RunConfig, TrainConfig, run
 from rayfed.algorithms import RoundContext
 from rayfed.algorithms.cwfedavg_equations import empirical_distribution, personalise
 from rayfed.data import load_dataset, make_partition
@@ -26,6 +26,8 @@ from rayfed.train.problem_build import build_problem
 from tests.conftest import tiny_overrides
 
 NUM_CLIENTS = 10
+CTX = RoundContext(round=0, seed=0, lr=TrainConfig().lr, sampled=np.arange(NUM_CLIENTS))
+"""One round in which every client trains, at the default learning rate."""
 
 
 def _trained(params: dict[str, object]) -> tuple[ClientRunner, Server]:
@@ -39,8 +41,7 @@ def _trained(params: dict[str, object]) -> tuple[ClientRunner, Server]:
     partition = make_partition(dataset.labels, dataset.num_classes, config.data)
     spec, initial = build_problem(config, dataset)
     runner, server = ClientRunner(config, spec, dataset, partition), Server(config, spec, initial)
-    ctx = RoundContext(round=0, seed=0, lr=config.train.lr, sampled=np.arange(NUM_CLIENTS), num_clients=NUM_CLIENTS)
-    server.aggregate(ctx, runner.train(server.broadcast(), ctx, list(range(NUM_CLIENTS))).contribution)
+    server.aggregate(CTX, runner.train(server.broadcast(), CTX, list(range(NUM_CLIENTS))).contribution)
     return runner, server
 
 
@@ -51,7 +52,7 @@ def _trained(params: dict[str, object]) -> tuple[ClientRunner, Server]:
 def test_cwfedavg_global_accuracy_is_eq7_with_the_overall_distribution(params) -> None:
     runner, server = _trained(params)
     broadcast = server.broadcast()
-    reports = runner.evaluate(broadcast, list(range(NUM_CLIENTS)))
+    reports = runner.evaluate(broadcast, CTX, list(range(NUM_CLIENTS)))
 
     # The model by hand: head Σ_j p_j G_j with p the clients' overall class distribution, G_avg elsewhere.
     counts = runner.partition.label_counts.sum(axis=0)
@@ -88,7 +89,7 @@ def test_global_accuracy_in_rounds_parquet(tmp_path) -> None:
 
 def test_no_global_model_leaves_the_reports_empty() -> None:
     runner, _ = _trained({})
-    fedavg_like = runner.evaluate(_NoGlobal(), [0, 1])
+    fedavg_like = runner.evaluate(_NoGlobal(), CTX, [0, 1])
     assert all(r.global_correct is None and r.global_loss_sum is None for r in fedavg_like)
     assert math.isnan(summarise_round(0, [], fedavg_like, {}, {}).global_accuracy)
 

@@ -53,7 +53,7 @@ class _StopAfter(Callback):
     def __init__(self, last: int, error: type[BaseException] = KeyboardInterrupt) -> None:
         self.last, self.error = last, error
 
-    def after_round(self, sim, record, clients) -> bool:
+    def after_round(self, run, record, clients) -> bool:
         if record.round == self.last:
             raise self.error
         return False
@@ -62,8 +62,8 @@ class _StopAfter(Callback):
 def _interrupting_after(after_round, last: int):
     """``MetricsWriter.after_round`` that raises KeyboardInterrupt once round ``last`` is written (for the CLI)."""
 
-    def interrupted(self, sim, record, clients) -> bool:
-        after_round(self, sim, record, clients)
+    def interrupted(self, run, record, clients) -> bool:
+        after_round(self, run, record, clients)
         if record.round == last:
             raise KeyboardInterrupt
         return False

@@ -10,6 +10,7 @@ from typing import Any
 
 import ray
 
+from rayfed.algorithms import RoundContext
 from rayfed.execution.client_runner import ClientRunner, EvalReport
 
 __all__ = ["ClientWorker"]
@@ -46,13 +47,13 @@ class ClientWorker:
         self.runner = ClientRunner(*args)
 
     @ray.method(num_returns=2)
-    def train(self, broadcast: Any, ctx: Any, client_ids: list[int], states: dict) -> tuple[Any, Any]:
+    def train(self, broadcast: Any, ctx: RoundContext, client_ids: list[int], states: dict) -> tuple[Any, Any]:
         """Returns (summed contribution, (reports, new states)) as two objects: the first goes to the server."""
         result = self.runner.train(broadcast, ctx, client_ids, states)
         return result.contribution, (result.reports, result.states)
 
-    def evaluate(self, broadcast: Any, client_ids: list[int], states: dict) -> list[EvalReport]:
-        return self.runner.evaluate(broadcast, client_ids, states)
+    def evaluate(self, broadcast: Any, ctx: RoundContext, client_ids: list[int], states: dict) -> list[EvalReport]:
+        return self.runner.evaluate(broadcast, ctx, client_ids, states)
 
     def node_and_pid(self) -> tuple[str, int]:
         import os

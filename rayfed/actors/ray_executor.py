@@ -149,7 +149,7 @@ class RayExecutor(Executor):
         on_chunk_done: Callable[[], object] = no_progress,
     ) -> list[EvalReport]:
         results = self.pool.map(
-            "evaluate", chunks, lambda i: (broadcast, chunks[i], states_of(states, chunks[i])),
+            "evaluate", chunks, lambda i: (broadcast, ctx, chunks[i], states_of(states, chunks[i])),
             round_index=ctx.round, on_chunk_done=on_chunk_done,
         )
         return [report for _, chunk_reports in results for report in chunk_reports]

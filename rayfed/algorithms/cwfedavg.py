@@ -54,7 +54,9 @@ from rayfed.algorithms.cwfedavg_equations import (
     personalise,
     wdr_penalty,
 )
+from rayfed.algorithms.cwfedavg_figures import cwfedavg_figures
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, ModelParts, model_parts
+from rayfed.algorithms.figures import Figure, FinishedRun
 from rayfed.algorithms.hooks import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf, SharedBody
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.job import ClientJob
@@ -310,6 +312,21 @@ class CwFedAvgServer(ServerHalf[CwFedAvgParams, ClasswiseSum]):
     def validate(cls, params: CwFedAvgParams, spec: ProblemSpec) -> None:
         """One architecture, whose blocks and output layer fit ``classwise_blocks`` / ``classwise_layers``."""
         model_parts(spec, require_homogeneous(spec), params)
+
+    @classmethod
+    def server_state_bytes(cls, params: CwFedAvgParams, spec: ProblemSpec) -> int:
+        """G_1..G_K and G_avg with the sums they are aggregated from, the M × K tables p̃ and norms,
+        the initial buffers: no client model, and no whole global model."""
+        architecture = sole_architecture(spec)
+        parts = model_parts(spec, architecture, params)
+        classwise = parts.classwise.stop - parts.classwise.start
+        k, m = spec.num_classes, spec.num_clients
+        buffers = spec.buffer_layouts[architecture].size if architecture in spec.buffer_layouts else 0
+        return 4 * (2 * (k * classwise + parts.shared_size) + 2 * m * k + buffers)
+
+    @classmethod
+    def figures(cls, params: CwFedAvgParams, run: FinishedRun) -> list[Figure]:
+        return cwfedavg_figures(params, run)
 
     def __init__(self, params: CwFedAvgParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)  # validates

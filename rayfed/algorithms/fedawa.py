@@ -57,6 +57,7 @@ from typing import Literal
 
 import numpy as np
 
+from rayfed.algorithms.common.architecture import sole_architecture
 from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelServer
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedawa_objective import (
@@ -163,6 +164,14 @@ class FedAWAServer(GlobalModelServer[FedAWAParams, ClientVectors]):
     """Keeps θ_g and, per client id, its logit (``code``, ``paper``) or weight (``exact``); one group of λ."""
 
     layer_wise = False
+
+    @classmethod
+    def server_state_bytes(cls, params: FedAWAParams, spec: ProblemSpec) -> int:
+        """θ_g and the sum of the round's updates, and one float64 weight per group of λ and client id."""
+        architecture = sole_architecture(spec)
+        groups = layer_groups(spec.layouts[architecture], spec.buffer_layouts.get(architecture),
+                              layer_wise=cls.layer_wise)
+        return super().server_state_bytes(params, spec) + 8 * groups.num_groups * spec.num_clients
 
     def __init__(self, params: FedAWAParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)

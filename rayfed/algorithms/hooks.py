@@ -37,6 +37,7 @@ from rayfed.train.problem import ProblemSpec
 from rayfed.train.scratch import ScratchKey
 
 if TYPE_CHECKING:  # the server never trains: torch is imported where clients train
+    from rayfed.algorithms.figures import Figure, FinishedRun
     from rayfed.data.held_out import HeldOutRequest
     from rayfed.train.job import ClientJob, TrainStats
 
@@ -65,14 +66,17 @@ class NoParams:
 
 @dataclass(frozen=True)
 class RoundContext:
-    """The frozen facts of one round, read by both halves."""
+    """The facts of one round, decided once by the engine: the workers build every client's job from
+    them (:class:`~rayfed.train.job.ClientJob`), the server half reads the round."""
 
     round: int
+    """0-based; -1 for the evaluation of the initial model (``engine.eval_initial``)."""
     seed: int
+    """The run's seed (``RunConfig.seed``): with the round and a client's id, it seeds the client's batches."""
     lr: float
+    """The round's learning rate of local SGD (``train.lr_at(round)``)."""
     sampled: np.ndarray
     """Ids of the clients that train this round, sorted."""
-    num_clients: int
 
 
 class Contribution(abc.ABC):
@@ -239,6 +243,19 @@ class ServerHalf(abc.ABC, Generic[P, C]):
         refuses a run whose clients' states fit neither ``engine.client_state_memory_mb`` nor the free
         disk of the run directory (:func:`rayfed.engine.sizing.check_client_states`)."""
         return model_state_bytes(spec)
+
+    @classmethod
+    def server_state_bytes(cls, params: P, spec: ProblemSpec) -> int:
+        """Bytes the server half holds while it aggregates, for the memory estimate made before a run starts
+        (:func:`rayfed.engine.sizing.estimate_memory`); by default two models of the largest architecture,
+        the global model and the sum it is aggregated from. A half that keeps more (per-client tables,
+        K class models) says so here."""
+        return 2 * model_state_bytes(spec)
+
+    @classmethod
+    def figures(cls, params: P, run: FinishedRun) -> list[Figure]:
+        """The figures this method draws from a finished run (``rayfed plot``), as data; none by default."""
+        return []
 
     @abc.abstractmethod
     def broadcast(self) -> Broadcast:

@@ -115,6 +115,10 @@ class ResolvedAlgorithm:
             return self.algorithm.server_half.client_state_bytes(self.server_params, spec)
         return model_state_bytes(spec)
 
+    def server_state_bytes(self, spec: ProblemSpec) -> int:
+        """Bytes the server half holds (:meth:`ServerHalf.server_state_bytes`)."""
+        return self.algorithm.server_half.server_state_bytes(self.server_params, spec)
+
     def make_server(self, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> ServerHalf[Any, Any]:
         return self.algorithm.server_half(self.server_params, spec, initial)
 

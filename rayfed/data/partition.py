@@ -102,18 +102,6 @@ class ClientPartition(abc.ABC):
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write what :func:`load_partition` needs to rebuild this partition, atomically."""
 
-    def class_distribution(self, *, train_only: bool = False) -> np.ndarray:
-        """p_i, each client's class distribution, shape (M, K), rows summing to 1.
-
-        By default over the whole partition (train + test), as PFLlib/cwFedAvg compute
-        it; ``train_only=True`` uses the training split. A client without samples gets
-        the uniform row 1/K, so downstream matrix products stay well defined.
-        """
-        counts = (self.train_label_counts if train_only else self.label_counts).astype(np.float64)
-        totals = counts.sum(axis=1, keepdims=True)
-        uniform = np.full_like(counts, 1.0 / max(self.num_classes, 1))
-        return np.divide(counts, totals, out=uniform, where=totals > 0)
-
 
 PartitionReader = Callable[[pa.Table, Path, np.ndarray, int], ClientPartition]
 """``reader(table, path, labels, num_classes)``: the partition a file's table describes (``path`` for errors)."""

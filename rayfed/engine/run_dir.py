@@ -28,7 +28,9 @@ import pyarrow.parquet as pq
 
 from rayfed.config import RunConfig
 from rayfed.engine.checkpoint import Checkpoint, checkpoint_round, load_checkpoint, newest_checkpoint
+from rayfed.engine.inputs import RunInputs
 from rayfed.util.errors import CheckpointError, ConfigError
+from rayfed.util.files import write_json
 
 __all__ = [
     "CONTINUABLE",
@@ -38,7 +40,8 @@ __all__ = [
     "make_run_dir",
     "read_resume_point",
     "resume_command",
-    "stale_client_tables",
+    "drop_client_tables_from",
+    "open_run_dir",
 ]
 
 CONTINUABLE = ("train.rounds", "engine.", "run_dir")
@@ -70,6 +73,14 @@ def check_creatable(run_dir: Path) -> None:
         _refuse(run_dir, f"{what} is on the {kind} filesystem, which holds no user files")
     if not os.access(existing, os.W_OK | os.X_OK):
         _refuse(run_dir, f"{what} is not writable (read-only folder or filesystem)")
+
+
+def open_run_dir(run_dir: Path, config: RunConfig, inputs: RunInputs) -> None:
+    """Create ``run_dir`` and record the run in it: ``config.json`` and its inputs (partition, held-out
+    indices, label counts, vocabulary: :meth:`RunInputs.write`, which keeps the files already there)."""
+    make_run_dir(run_dir)
+    write_json(run_dir / "config.json", config.to_dict())
+    inputs.write(run_dir)
 
 
 def make_run_dir(run_dir: Path) -> None:
@@ -186,9 +197,11 @@ def read_resume_point(run_dir: Path) -> ResumePoint:
     return ResumePoint(checkpoint, [row for row in history if row["round"] <= checkpoint.round])
 
 
-def stale_client_tables(run_dir: Path, next_round: int) -> list[Path]:
-    """The per-client tables of rounds a continued run will write again (from ``next_round`` on)."""
-    return [p for p in (run_dir / _CLIENTS).glob("round_*.parquet") if _round_of(p) >= next_round]
+def drop_client_tables_from(run_dir: Path, next_round: int) -> None:
+    """Delete the per-client tables of the rounds a continued run will write again (from ``next_round`` on)."""
+    for path in (run_dir / _CLIENTS).glob("round_*.parquet"):
+        if _round_of(path) >= next_round:
+            path.unlink()
 
 
 def _table(path: Path, fix: str) -> list[dict[str, Any]]:

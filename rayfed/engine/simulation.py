@@ -23,35 +23,23 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rayfed.algorithms import RoundContext, resolve
+from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
-from rayfed.engine.callbacks import Callback, Checkpointer, MetricsWriter, ProgressBar
-from rayfed.engine.checkpoint import checkpoint_round, newest_checkpoint, save_checkpoint
-from rayfed.engine.inputs import RunInputs
+from rayfed.engine.callbacks import Callback, Checkpointer, MetricsWriter, ProgressBar, RunView
 from rayfed.engine.interrupts import RunInterrupted, interrupts_deferred
 from rayfed.engine.metrics import client_table, summarise_round
-from rayfed.engine.run_dir import (
-    ResumePoint,
-    check_creatable,
-    check_same_run,
-    make_run_dir,
-    read_resume_point,
-    resume_command,
-    stale_client_tables,
-)
-from rayfed.engine.sizing import check_client_states, check_fits
+from rayfed.engine.plan import plan_run
+from rayfed.engine.run_dir import drop_client_tables_from, open_run_dir, resume_command
 from rayfed.engine.state_store import ClientStateStore
-from rayfed.engine.trainability import check_trainable
 from rayfed.execution.executor import Executor, LocalExecutor, make_chunks, num_calls
-from rayfed.util.files import write_json, write_parquet
+from rayfed.train.job import ClientState
 from rayfed.util.progress import progress_bar, progress_shown
 from rayfed.util.seeding import sample_clients
 
@@ -92,55 +80,42 @@ class Simulation:
     """One run: its directory, data, executor and round loop."""
 
     def __init__(self, config: RunConfig, *, callbacks: Sequence[Callback] = (), resume: bool = False) -> None:
-        self.config = config
-        self.algorithm = resolve(config.algorithm)
-        self.run_dir = Path(config.run_dir or _default_run_dir(config))
+        plan = plan_run(config, resume=resume)  # every check, before anything is written
+        self.config, self.algorithm, self.run_dir = config, plan.algorithm, plan.run_dir
         self.run_name = self.run_dir.name
-        self.stopped_early = False
-        builtin: list[Callback] = [MetricsWriter(), Checkpointer()]
-        if config.engine.progress:
-            builtin.append(ProgressBar())
-        self.callbacks = [*builtin, *callbacks]
-        # Everything that can be wrong with the input is checked before anything is written: the run
-        # directory and, when a run continues in it, every file it reads (rayfed.engine.run_dir); then whether
-        # the run fits (workers, memory) before any data is made.
-        check_creatable(self.run_dir)
-        self.continues = check_same_run(self.run_dir, config, resume=resume)
+        self.continues = plan.continues
         """Whether the run directory holds this run already (resumed, or started again: no round saved)."""
-        point = read_resume_point(self.run_dir) if self.continues else ResumePoint(None)
-        self._checkpoint = point.checkpoint
-        self.history: list[dict[str, Any]] = list(point.history)
-        self.start_round = point.next_round
-        check_fits(config)
-        check_client_states(config, self.run_dir)  # APPLE's states grow as clients squared
-        with progress_shown(config.engine.progress):
-            inputs = RunInputs.prepare(config, self.algorithm, self.run_dir, continues=self.continues)
+        self._checkpoint = plan.resume.checkpoint
+        self.history: list[dict[str, Any]] = list(plan.resume.history)
+        self.start_round = plan.resume.next_round
+        inputs = plan.inputs
         self.dataset, self.spec, self.initial, self.partition = (
             inputs.dataset, inputs.spec, inputs.initial, inputs.partition
         )
         self.num_train = self.partition.num_train()
-        check_trainable(self.num_train, config.train)
-        make_run_dir(self.run_dir)
-        write_json(self.run_dir / "config.json", config.to_dict())
-        inputs.write(self.run_dir)
+        builtin: list[Callback] = [MetricsWriter(), Checkpointer()]
+        if config.engine.progress:
+            builtin.append(ProgressBar())
+        self.callbacks = [*builtin, *callbacks]
+        open_run_dir(self.run_dir, config, inputs)
         self.states = ClientStateStore(
             self.run_dir / "client_state", int(config.engine.client_state_memory_mb * 2**20)
         )
         self.executor: Executor | None = None
+        self.view = RunView(self.run_dir, config, self.spec, self.start_round, lambda: tuple(self.history),
+                            self._state)
+        """What the callbacks see of this run."""
 
-    # --- run directory ---------------------------------------------------------------------
-    # --- checkpoints -----------------------------------------------------------------------
-    def save_checkpoint(self, round_index: int) -> Path:
-        """Server state, client states and the round (:mod:`rayfed.engine.checkpoint`)."""
+    def _state(self) -> tuple[dict[str, np.ndarray], Iterator[tuple[int, ClientState]]]:
+        """The server state and the client states, as a checkpoint saves them."""
         assert self.executor is not None
         clients = ((cid, self.states.get(cid) or {}) for cid in self.states.ids())
-        return save_checkpoint(self.run_dir, round_index, self.executor.server_state(), clients)
+        return self.executor.server_state(), clients
 
     def _restore(self) -> None:
-        """Load the checkpoint read (and checked) in ``__init__``; drop the per-client tables of rounds to run again."""
+        """Load the checkpoint read (and checked) by the plan; drop the per-client tables of rounds to run again."""
         assert self.executor is not None
-        for stale in stale_client_tables(self.run_dir, self.start_round):
-            stale.unlink()
+        drop_client_tables_from(self.run_dir, self.start_round)
         if self._checkpoint is None:
             if self.continues:
                 logger.info("%s holds no completed round; starting it again from round 0", self.run_dir)
@@ -151,18 +126,6 @@ class Simulation:
             self.states.put(cid, state)
         self._checkpoint = None  # its arrays now live in the executor and the store
         logger.info("resumed %s after round %d", self.run_dir, self.start_round - 1)
-
-    def _interrupted(self) -> RunInterrupted:
-        """Ctrl-C: checkpoint the last recorded round, unless the newest checkpoint holds it already.
-
-        The states belong to that round: a round changes them only inside ``interrupts_deferred``.
-        """
-        done = self.history[-1]["round"] if self.history else None
-        newest = newest_checkpoint(self.run_dir)
-        if done is not None and (newest is None or checkpoint_round(newest) < done):
-            MetricsWriter.write_rounds(self)  # a resume needs every round up to the checkpoint's
-            self.save_checkpoint(done)
-        return RunInterrupted(self.run_dir, done, self.config.train.rounds, resume_command(self.run_dir))
 
     # --- the loop ----------------------------------------------------------------------------
     def _make_executor(self) -> Executor:
@@ -177,35 +140,41 @@ class Simulation:
         """The clients' batches, one per worker call: the same on every backend and number of workers."""
         return make_chunks(client_ids, self.num_train, num_calls(len(client_ids), self.config.engine.clients_per_call))
 
+    def _context(self, round_index: int) -> RoundContext:
+        """The round's facts, decided here once: its sampled clients and learning rate. The initial
+        model's evaluation (round -1) samples as round 0 and has round 0's learning rate."""
+        config, t = self.config, max(round_index, 0)
+        sampled = sample_clients(config.seed, t, config.data.num_clients, config.engine.join_ratio)
+        return RoundContext(round=round_index, seed=config.seed, lr=config.train.lr_at(t), sampled=sampled)
+
     def run(self) -> RunResult:
         """Run the remaining rounds; the executor is released however the loop ends."""
         config = self.config
         self.executor = self._make_executor()
+        result: RunResult | None = None
         try:
             self._restore()
             for callback in self.callbacks:
-                callback.on_run_start(self)
+                callback.on_run_start(self.view)
             broadcast = self.executor.broadcast()
             all_clients = np.arange(config.data.num_clients, dtype=np.int64)
             if config.engine.eval_initial and self.start_round == 0 and not any(r["round"] < 0 for r in self.history):
                 self._evaluate_initial(broadcast, all_clients)
+            stopped_early = False
             for t in range(self.start_round, config.train.rounds):
-                broadcast, stop = self._round(t, broadcast, all_clients)
-                if stop:
-                    self.stopped_early = True
+                broadcast, stopped_early = self._round(t, broadcast, all_clients)
+                if stopped_early:
                     break
-            result = RunResult(self.run_dir, config, self.history, self.stopped_early)
-            write_json(
-                self.run_dir / "summary.json",
-                {"best_accuracy": result.best_accuracy, "final_accuracy": result.final_accuracy,
-                 "rounds_run": result.rounds_run, "stopped_early": self.stopped_early},
-            )
+            result = RunResult(self.run_dir, config, self.history, stopped_early)
             return result
         except KeyboardInterrupt:
-            raise self._interrupted() from None
+            for callback in self.callbacks:
+                callback.on_interrupt(self.view)
+            done = next((r["round"] for r in reversed(self.history) if r["round"] >= 0), None)
+            raise RunInterrupted(self.run_dir, done, config.train.rounds, resume_command(self.run_dir)) from None
         finally:
             for callback in self.callbacks:
-                callback.on_run_end(self)
+                callback.on_run_end(self.view, result)
             self.executor.close()
 
     def _round_progress(self, batches: int, desc: str) -> Any:
@@ -215,14 +184,11 @@ class Simulation:
 
     def _evaluate_initial(self, broadcast: Any, all_clients: np.ndarray) -> None:
         """``engine.eval_initial``: evaluate the initial model as the papers' code does before its first
-        round, recorded as round -1 (rounds.parquet, clients/initial.parquet); no callback sees it, so it
-        is neither checkpointed nor counted as a round."""
+        round, recorded as round -1 (rounds.parquet, clients/initial.parquet); it is neither checkpointed
+        nor counted as a round."""
         assert self.executor is not None
-        config, started = self.config, time.perf_counter()
-        sampled = sample_clients(config.seed, 0, config.data.num_clients, config.engine.join_ratio)
-        targets = all_clients if config.engine.eval_clients == "all" else sampled
-        ctx = RoundContext(round=-1, seed=config.seed, lr=config.train.lr_at(0), sampled=sampled,
-                           num_clients=config.data.num_clients)
+        started, ctx = time.perf_counter(), self._context(-1)
+        targets = all_clients if self.config.engine.eval_clients == "all" else ctx.sampled
         chunks = self._chunks(targets)
         keeps_state = self.algorithm.keeps_client_state
         with self._round_progress(len(chunks), "initial evaluation") as bar:
@@ -233,16 +199,15 @@ class Simulation:
         record = summarise_round(-1, [], evals, {"evaluate": seconds, "round": seconds}, {})
         self.history.insert(0, record.as_row())
         _same_columns(self.history)
-        write_parquet(self.run_dir / "clients" / "initial.parquet", client_table(-1, [], evals))
-        MetricsWriter.write_rounds(self)
+        clients = client_table(-1, [], evals)
+        for callback in self.callbacks:
+            callback.on_initial_evaluation(self.view, record, clients)
 
     def _round(self, t: int, broadcast: Any, all_clients: np.ndarray) -> tuple[Any, bool]:
         assert self.executor is not None
         config, executor = self.config, self.executor
-        started = time.perf_counter()
-        sampled = sample_clients(config.seed, t, config.data.num_clients, config.engine.join_ratio)
-        ctx = RoundContext(round=t, seed=config.seed, lr=config.train.lr_at(t), sampled=sampled,
-                           num_clients=config.data.num_clients)
+        started, ctx = time.perf_counter(), self._context(t)
+        sampled = ctx.sampled
         keeps_state = self.algorithm.keeps_client_state
         chunks = self._chunks(sampled)
         with self._round_progress(len(chunks), f"round {t} training") as bar:
@@ -273,7 +238,7 @@ class Simulation:
             clients = client_table(t, reports, evals)
             stop = False
             for callback in self.callbacks:  # the metrics files and checkpoints of the round
-                stop = callback.after_round(self, record, clients) or stop
+                stop = callback.after_round(self.view, record, clients) or stop
         return broadcast, stop
 
 
@@ -285,11 +250,6 @@ def _same_columns(rows: list[dict[str, Any]]) -> None:
         if len(row) != len(keys):
             for key in keys:
                 row.setdefault(key, math.nan)
-
-
-def _default_run_dir(config: RunConfig) -> str:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    return f"runs/{config.algorithm.name}-{config.data.dataset}-s{config.seed}-{stamp}"
 
 
 def run(config: RunConfig, *, callbacks: Sequence[Callback] = (), resume: bool = False) -> RunResult:

@@ -39,19 +39,18 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from rayfed.algorithms import resolve
-from rayfed.config import EngineConfig, RunConfig
+from rayfed.algorithms.hooks import model_state_bytes
+from rayfed.config import RunConfig
 from rayfed.data.registry import check_dataset_options, dataset_options
 from rayfed.data.synthetic import check_synthetic
-from rayfed.models import InputShape, block_names, build_model, output_layer_name
-from rayfed.train.layout import ParamLayout
+from rayfed.execution.devices import check_local_gpu
+from rayfed.models import InputShape
 from rayfed.train.problem import ProblemSpec
+from rayfed.train.problem_build import ShapeOnly, build_problem
 from rayfed.util.errors import ResourceError
 
 logger = logging.getLogger(__name__)
@@ -66,7 +65,6 @@ __all__ = [
     "check_client_states",
     "client_states_bytes",
     "free_disk",
-    "check_local_gpu",
     "format_bytes",
 ]
 
@@ -156,59 +154,29 @@ def _dataset_size(config: RunConfig) -> tuple[int, InputShape, int, int] | None:
     return train + (test if merged else 0), shape, classes, 0
 
 
-def _model_floats(config: RunConfig, shape: InputShape, classes: int) -> tuple[int, int, int]:
-    """(parameters of the largest architecture, of its output layer, its block count), built on ``meta``."""
-    best = (0, 0, 0)
-    for name in config.model.architectures():
-        with torch.device("meta"):
-            model = build_model(name, shape, classes)
-        head = model.get_submodule(output_layer_name(model))
-        size = (sum(p.numel() for p in model.parameters()), sum(p.numel() for p in head.parameters()),
-                len(block_names(model)))
-        best = max(best, size)
-    return best
+def _dataset_shape(config: RunConfig) -> tuple[int, InputShape, int, int]:
+    """:func:`_dataset_size`, with a 1×28×28, 10-class stand-in of no samples for a dataset rayfed does
+    not know the size of."""
+    return _dataset_size(config) or (0, (1, 28, 28), 10, 0)
 
 
-def _sizing_spec(config: RunConfig, shape: InputShape, classes: int) -> ProblemSpec:
-    """The run's :class:`ProblemSpec` as far as sizes go (layouts, blocks, output layers), from models built
-    on ``meta``: what ``ServerHalf.client_state_bytes`` reads, without data or allocation."""
-    layouts, buffers, blocks, outputs = {}, {}, {}, {}
-    for name in config.model.architectures():
-        with torch.device("meta"):
-            model = build_model(name, shape, classes)
-        layouts[name] = ParamLayout.of(
-            [(n, p) for n, p in model.named_parameters() if p.requires_grad], channels_last=True
-        )
-        buffers[name] = ParamLayout.of([(n, b) for n, b in model.named_buffers() if b.is_floating_point()])
-        blocks[name], outputs[name] = tuple(block_names(model)), output_layer_name(model)
-    return ProblemSpec(
-        num_clients=config.data.num_clients, num_classes=classes, input_shape=shape, layouts=layouts,
-        blocks=blocks, output_layer=outputs, client_architectures=config.model.client_models,
-        default_architecture=config.model.name, algorithm=config.algorithm.name, seed=config.seed,
-        buffer_layouts=buffers, join_ratio=config.engine.join_ratio,
-    )
+def _problem(config: RunConfig, shape: InputShape, classes: int) -> ProblemSpec:
+    """The run's :class:`ProblemSpec` from the config alone: the one problem builder on the ``meta``
+    device, so nothing is allocated."""
+    return build_problem(config, ShapeOnly(shape, classes), device="meta")[0]
 
 
-def client_states_bytes(config: RunConfig) -> tuple[int, int]:
+def client_states_bytes(config: RunConfig, spec: ProblemSpec | None = None) -> tuple[int, int]:
     """(bytes one client keeps between rounds, bytes all clients keep) for ``config``'s algorithm
     (``ServerHalf.client_state_bytes``); (0, 0) if its clients keep no state."""
     algorithm = resolve(config.algorithm)
     if not algorithm.keeps_client_state:
         return 0, 0
-    size = _dataset_size(config)
-    _, shape, classes, _ = size if size is not None else (0, (1, 28, 28), 10, 0)
-    per_client = algorithm.client_state_bytes(_sizing_spec(config, shape, classes))
+    if spec is None:
+        _, shape, classes, _ = _dataset_shape(config)
+        spec = _problem(config, shape, classes)
+    per_client = algorithm.client_state_bytes(spec)
     return per_client, per_client * config.data.num_clients
-
-
-_SERVER_EXTRA: dict[str, Callable[[int, int, int, int, int], int]] = {
-    # (model floats, head floats, blocks, clients M, classes K) -> bytes beyond model + buffer
-    "cwfedavg": lambda p, head, blocks, m, k: 4 * (k * head + 2 * m * k),
-    "fedawa": lambda p, head, blocks, m, k: 8 * blocks * m,
-    "fedawa_l": lambda p, head, blocks, m, k: 8 * blocks * m,
-}
-"""Server state each algorithm keeps beyond the global model (float32 heads and p-tilde/norm
-tables for cwFedAvg; float64 weights per block and client for FedAWA)."""
 
 
 def _local_workers(config: RunConfig) -> int:
@@ -223,8 +191,7 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     """Estimate the memory ``config`` needs on this machine, without allocating it (see the module docstring)."""
     data, engine = config.data, config.engine
     copies = 1 if engine.backend == "local" else 2  # driver + object store
-    size = _dataset_size(config)
-    num_samples, shape, classes, working = size if size is not None else (0, (1, 28, 28), 10, 0)
+    num_samples, shape, classes, working = _dataset_shape(config)
     m = data.num_clients
     dataset_field = "data.options.num_samples" if data.dataset == "synthetic" else "data.dataset"
     sample = 4 * shape[0] if len(shape) == 2 else shape[0] * shape[1] * shape[2]  # int32 ids or uint8 pixels
@@ -232,16 +199,17 @@ def estimate_memory(config: RunConfig) -> MemoryEstimate:
     kept = 8 * num_samples + m * (16 + 2 * 8 * classes)  # what stays: indices, offsets, label counts
     per_client = m * (PARTITION_BYTES_PER_CLIENT + PARTITION_BYTES_PER_CLIENT_CLASS * classes)
     partition = PARTITION_BYTES_PER_SAMPLE * num_samples + per_client + (copies - 1) * kept
-    floats, head, blocks = _model_floats(config, shape, classes)
-    extra = _SERVER_EXTRA.get(config.algorithm.name)
-    server = 2 * 4 * floats + (extra(floats, head, blocks, m, classes) if extra else 0)
-    states = min(int(engine.client_state_memory_mb * 2**20), client_states_bytes(config)[1])
+    spec = _problem(config, shape, classes)
+    floats = max(layout.size for layout in spec.layouts.values())
+    server = resolve(config.algorithm).server_state_bytes(spec)
+    grows_with_clients = server > 2 * model_state_bytes(spec)
+    states = min(int(engine.client_state_memory_mb * 2**20), client_states_bytes(config, spec)[1])
     records = int(m * engine.join_ratio) * DRIVER_BYTES_PER_CLIENT
     workers = _local_workers(config) * (WORKER_PROCESS_BYTES + 4 * 4 * floats)
     parts = [
         MemoryPart("dataset", dataset, dataset_field),
         MemoryPart("partition", partition, "data.num_clients" if 2 * per_client > partition else dataset_field),
-        MemoryPart("server state", server, "data.num_clients" if extra else "model.name"),
+        MemoryPart("server state", server, "data.num_clients" if grows_with_clients else "model.name"),
         MemoryPart("client state store", states, "engine.client_state_memory_mb"),
         MemoryPart("round records", records, "data.num_clients"),
         MemoryPart("worker processes", workers, "engine.num_workers"),
@@ -295,11 +263,12 @@ def check_memory(config: RunConfig) -> MemoryEstimate:
     return estimate
 
 
-def check_fits(config: RunConfig) -> MemoryEstimate:
-    """Refuse a run whose workers or memory cannot fit, before any data is made or file written.
+def check_fits(config: RunConfig, run_dir: str | Path) -> MemoryEstimate:
+    """Refuse a run whose workers, memory or client states cannot fit, before any data is made or file written.
 
     The workers are checked against the Ray cluster (:func:`rayfed.actors.cluster.check_resources`)
-    or, in-process, the GPU against this machine; then the memory (:func:`check_memory`).
+    or, in-process, the GPU against this machine; then the memory (:func:`check_memory`) and the
+    clients' states (:func:`check_client_states`: APPLE's grow as clients squared).
     """
     engine = config.engine
     if engine.backend == "ray":
@@ -308,7 +277,9 @@ def check_fits(config: RunConfig) -> MemoryEstimate:
         check_resources(engine)
     else:
         check_local_gpu(engine)
-    return check_memory(config)
+    estimate = check_memory(config)
+    check_client_states(config, run_dir)
+    return estimate
 
 
 def free_disk(path: str | Path) -> int:
@@ -343,12 +314,3 @@ def check_client_states(config: RunConfig, run_dir: str | Path) -> None:
         f"directory {str(run_dir)!r} has {format_bytes(disk)} free; lower data.num_clients, raise "
         "engine.client_state_memory_mb, or set run_dir on a disk with more room"
     )
-
-
-def check_local_gpu(engine: EngineConfig) -> None:
-    """``engine.backend=local`` trains in this process: GPUs per worker > 0 needs CUDA here."""
-    if engine.num_gpus_per_worker > 0 and not torch.cuda.is_available():
-        raise ResourceError(
-            f"engine.num_gpus_per_worker={engine.num_gpus_per_worker:g} but this machine has no CUDA GPU; "
-            "set engine.num_gpus_per_worker=0 to train on CPUs"
-        )

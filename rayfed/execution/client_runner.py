@@ -24,17 +24,18 @@ import torch.nn.functional as F
 from rayfed.algorithms import Broadcast, ClientHalf, Contribution, RoundContext, SharedBody, resolve
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition, model_inputs
+from rayfed.execution.devices import pick_device
 from rayfed.models import build_model
 from rayfed.train.evaluate import eval_batch_size, evaluate_model, features_before_output
 from rayfed.train.flat import FlatModel
-from rayfed.train.job import ClientJob, ClientState, TrainStats, seed_global_generators
+from rayfed.train.job import EVALUATION_ROUND, ClientJob, ClientState, TrainStats, seed_global_generators
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.stacked import can_stack, resolve_vectorize, train_stacked
 from rayfed.util.seeding import client_seed
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ClientReport", "EvalReport", "TrainResult", "ClientRunner", "pick_device"]
+__all__ = ["ClientReport", "EvalReport", "TrainResult", "ClientRunner"]
 
 
 @dataclass(frozen=True)
@@ -92,13 +93,6 @@ class TrainResult:
     states: dict[int, ClientState] = field(default_factory=dict)
 
 
-def pick_device(num_gpus: float) -> torch.device:
-    """CUDA when the worker was given a (fraction of a) GPU, else CPU."""
-    if num_gpus > 0 and torch.cuda.is_available():
-        return torch.device("cuda")
-    return torch.device("cpu")
-
-
 class _ClientData:
     """A worker's view of the clients: their data (read zero-copy) and one model per architecture."""
 
@@ -128,8 +122,12 @@ class _ClientData:
         y = torch.from_numpy(self.dataset.labels[indices])
         return x, y.to(self.device, non_blocking=True)
 
-    def _job(self, cid: int, round_index: int, state: ClientState | None, *, split: str | None) -> ClientJob:
-        """Client ``cid``'s job with the tensors of its ``split`` ("train", "test" or None: no data)."""
+    def _job(
+        self, cid: int, ctx: RoundContext, state: ClientState | None, *, split: str | None, evaluation: bool = False
+    ) -> ClientJob:
+        """Client ``cid``'s job in the round ``ctx`` with the tensors of its ``split`` ("train", "test" or None:
+        no data); an ``evaluation`` job draws from :data:`EVALUATION_ROUND`."""
+        round_index = EVALUATION_ROUND if evaluation else ctx.round
         architecture = self.spec.architecture_of(cid)
         x_train, y_train = self._tensors(self.partition.train(cid)) if split == "train" else self._no_samples
         x_test, y_test = self._tensors(self.partition.test(cid)) if split == "test" else self._no_samples
@@ -145,7 +143,8 @@ class _ClientData:
             label_counts=self._label_counts[cid],
             train_label_counts=self._train_label_counts[cid],
             train=self.config.train,
-            generator=torch.Generator().manual_seed(client_seed(self.config.seed, round_index, cid)),
+            lr=ctx.lr,
+            generator=torch.Generator().manual_seed(client_seed(ctx.seed, round_index, cid)),
             state=state,
         )
 
@@ -180,7 +179,7 @@ class ClientRunner(_ClientData):
         """
         states = states or {}
         result = TrainResult(None, [])
-        jobs = [self._job(cid, ctx.round, states.get(cid), split="train") for cid in client_ids]
+        jobs = [self._job(cid, ctx, states.get(cid), split="train") for cid in client_ids]
         for group in self._stacks(jobs):
             started = time.perf_counter()
             if len(group) == 1:
@@ -263,7 +262,11 @@ class ClientRunner(_ClientData):
         )
 
     def evaluate(
-        self, broadcast: Broadcast, client_ids: list[int], states: dict[int, ClientState] | None = None
+        self,
+        broadcast: Broadcast,
+        ctx: RoundContext,
+        client_ids: list[int],
+        states: dict[int, ClientState] | None = None,
     ) -> list[EvalReport]:
         """Accuracy of each client's evaluation model (``broadcast.prepare_eval``) on its own test split,
         and of the global model (``broadcast.prepare_global_eval``), if the algorithm has one, on the same split.
@@ -281,12 +284,14 @@ class ClientRunner(_ClientData):
         reports: dict[int, EvalReport] = {}
         for ids in by_architecture.values():
             population = replace(
-                self._job(ids[0], -1, None, split=None),
+                self._job(ids[0], ctx, None, split=None, evaluation=True),
                 client_id=-1, label_counts=self._label_counts.sum(axis=0),
                 train_label_counts=self._train_label_counts.sum(axis=0),
             )
             global_state = population.flat.state_numpy() if broadcast.prepare_global_eval(population) else None
-            plan = broadcast.shared_body([self._job(cid, -1, states.get(cid), split=None) for cid in ids])
+            plan = broadcast.shared_body(
+                [self._job(cid, ctx, states.get(cid), split=None, evaluation=True) for cid in ids]
+            )
             if plan is not None and plan.weight is None:  # one model for every client: one pooled forward
                 own = self._evaluate_pooled(ids, plan.state)
                 on_global = own if global_state is not None and np.array_equal(global_state, plan.state) else None
@@ -295,7 +300,7 @@ class ClientRunner(_ClientData):
             else:
                 own = []
                 for cid in ids:
-                    job = self._job(cid, -1, states.get(cid), split="test")
+                    job = self._job(cid, ctx, states.get(cid), split="test", evaluation=True)
                     if broadcast.eval_needs_train:  # prepare_eval reads the train split (FedBABU, IFCA)
                         job.x_train, job.y_train = self._tensors(self.partition.train(cid))
                     broadcast.prepare_eval(job)

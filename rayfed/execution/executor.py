@@ -20,8 +20,8 @@ import numpy as np
 from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
-from rayfed.engine.sizing import check_local_gpu
 from rayfed.execution.client_runner import ClientReport, ClientRunner, EvalReport
+from rayfed.execution.devices import check_local_gpu
 from rayfed.execution.server import Server
 from rayfed.train.job import ClientState
 from rayfed.train.problem import ProblemSpec
@@ -161,7 +161,7 @@ class LocalExecutor(Executor):
     ) -> list[EvalReport]:
         reports = []
         for chunk in chunks:
-            reports.extend(self.runner.evaluate(broadcast, chunk, states_of(states, chunk)))
+            reports.extend(self.runner.evaluate(broadcast, ctx, chunk, states_of(states, chunk)))
             on_chunk_done()
         return reports
 

@@ -10,24 +10,15 @@ writes, into ``DIR``:
   of one method and share a colour and a legend entry; the legend names the method
   (``Algorithm.label``) and, where lines share that name, the fields that tell them apart
   (``cwFedAvg (Output), train.lr=0.01``);
-* for each cwFedAvg run with a checkpoint (``<run>`` is the run directory's name), the
-  figures of Lee & Choi, "Class-Wise Federated Averaging for Efficient Personalization",
-  ICCV 2025 ("P-ICCV"; docs/algorithms.md, cwFedAvg section):
+* the figures a run's method draws of itself from its newest checkpoint, as its server half
+  says (``ServerHalf.figures``), as ``<run>-<figure>.png`` (``<run>`` is the run directory's
+  name). cwFedAvg draws those of Lee & Choi, "Class-Wise Federated Averaging for Efficient
+  Personalization", ICCV 2025 (:mod:`rayfed.algorithms.cwfedavg_figures`): ``p_vs_p_tilde``
+  (Fig. 2c), ``norms_local`` (Fig. 3) and ``norms_global`` (Fig. 6). Methods that draw none get
+  only their accuracy curve.
 
-  - ``<run>-p_vs_p_tilde.png``: each client's true class distribution p_i next to the
-    estimate p̃_i read from its output layer (P-ICCV Eq. 4; Fig. 2c), as paired bars for a
-    few clients and a scatter of every (p_ij, p̃_ij);
-  - ``<run>-norms_local.png``: heatmap of the row norms ‖W_i[j,:]‖₂ of every client's
-    output-layer weight, clients × classes (P-ICCV Fig. 3);
-  - ``<run>-norms_global.png``: the same for the K class-specific global models G_j,
-    model × class (P-ICCV Fig. 6).
-
-Runs of other algorithms get only their accuracy curve. p̃_i is recomputed from the
-row norms the server keeps (``server/norms`` of the last checkpoint), so it is the
-norm-based estimate in every variant, also in "w/ Dist." where the server aggregates
-with p_i itself. p_i comes from ``label_counts.parquet``, the per-client label counts
-the engine writes next to the partition; older runs without it fall back to reloading
-the dataset named in ``config.json``.
+The clients' class counts come from ``label_counts.parquet``, which the engine writes next to
+the partition; older runs without it fall back to reloading the dataset named in ``config.json``.
 
 matplotlib is imported lazily (``pip install 'rayfed[plots]'``); figures are drawn on
 ``matplotlib.figure.Figure`` objects, so no pyplot state or GUI backend is touched.
@@ -41,15 +32,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from rayfed.algorithms import ALGORITHMS
-from rayfed.algorithms.cwfedavg_equations import distribution_from_norms, empirical_distribution, output_row_norms
-from rayfed.algorithms.cwfedavg_params import model_parts
+from rayfed.algorithms.figures import DistributionPairs, Figure, FinishedRun, Heatmap
 from rayfed.data import LABEL_COUNTS_FILE, read_label_counts
 from rayfed.engine.checkpoint import load_checkpoint, newest_checkpoint
 from rayfed.util.errors import CheckpointError, RayfedError
@@ -64,7 +53,7 @@ __all__ = [
     "method_label",
     "curve_groups",
     "accuracy_points",
-    "class_head_row_norms",
+    "finished_run",
     "plot_accuracy_curves",
     "plot_p_vs_p_tilde",
     "plot_row_norms",
@@ -100,10 +89,6 @@ class RunData:
     @property
     def algorithm(self) -> str:
         return self.config.algorithm.name
-
-    @property
-    def is_cwfedavg(self) -> bool:
-        return self.algorithm == "cwfedavg"
 
 
 def load_run(run_dir: str | Path) -> RunData:
@@ -188,9 +173,11 @@ def accuracy_points(run: RunData, column: str = "accuracy") -> tuple[list[int], 
     return [x for x, _ in points], [y for _, y in points]
 
 
-def _class_distributions(run: RunData) -> tuple[np.ndarray, tuple[int, ...]]:
-    """p_i per client (as the run's ``p_source`` defines it) and the dataset's input shape."""
-    train_only = run.config.algorithm.params.p_source == "train"
+def finished_run(run: RunData) -> FinishedRun:
+    """What a method's figures read: the server state, the clients' class counts and the problem
+    rebuilt without data (the one problem builder, on the ``meta`` device)."""
+    from rayfed.train.problem_build import ShapeOnly, build_problem
+
     path = run.run_dir / LABEL_COUNTS_FILE
     if path.is_file():
         counts, train_counts, shape = read_label_counts(path)
@@ -202,24 +189,8 @@ def _class_distributions(run: RunData) -> tuple[np.ndarray, tuple[int, ...]]:
         dataset = load_dataset(data.dataset, data.root, download=False, seed=data.seed, options=data.options)
         partition = Partition.load(run.run_dir / "partition.parquet", dataset.labels, dataset.num_classes)
         counts, train_counts, shape = partition.label_counts, partition.train_label_counts, dataset.input_shape
-    return empirical_distribution(train_counts if train_only else counts), shape
-
-
-def class_head_row_norms(run: RunData, input_shape: Sequence[int]) -> np.ndarray:
-    """(K, K): row norms of the output-layer weight of each class-specific global model G_j.
-
-    Rebuilds the model's parameter layout (no data needed) to find the output weight
-    inside the class-wise part that ``server/heads`` holds.
-    """
-    from rayfed.train.problem_build import build_problem
-
-    heads = run.server["heads"]
-    k = heads.shape[0]
-    stand_in = SimpleNamespace(input_shape=tuple(input_shape), num_classes=k, mean=(0.0,), std=(1.0,))
-    spec, _ = build_problem(run.config, stand_in)  # type: ignore[arg-type]
-    parts = model_parts(spec, run.config.model.name, run.config.algorithm.params)
-    start, stop = parts.output_weight.start - parts.classwise.start, parts.output_weight.stop - parts.classwise.start
-    return output_row_norms(heads[:, start:stop].reshape(k, *parts.output_shape))
+    spec, _ = build_problem(run.config, ShapeOnly(tuple(shape), counts.shape[1]), device="meta")
+    return FinishedRun(run.server, counts, train_counts, spec)
 
 
 # --- drawing ------------------------------------------------------------------------------------
@@ -289,8 +260,9 @@ def _clients_to_show(p: np.ndarray, count: int) -> list[int]:
 
 
 def plot_p_vs_p_tilde(p: np.ndarray, p_tilde: np.ndarray, path: str | Path, title: str = "",
-                      client_ids: Sequence[int] | None = None) -> Path:
-    """Paired bars of p_i and p̃_i for a few clients, and a scatter of every (p_ij, p̃_ij) (P-ICCV Fig. 2c).
+                      client_ids: Sequence[int] | None = None, estimate_label: str = "p̃ (output layer)") -> Path:
+    """Paired bars of p_i and its estimate p̃_i for a few clients, and a scatter of every (p_ij, p̃_ij)
+    (P-ICCV Fig. 2c).
 
     ``p`` and ``p_tilde`` are (M, K); ``client_ids`` names their rows (default 0..M-1).
     """
@@ -305,7 +277,7 @@ def plot_p_vs_p_tilde(p: np.ndarray, p_tilde: np.ndarray, path: str | Path, titl
     for n, i in enumerate(shown):
         ax = fig.add_subplot(grid[0, n])
         ax.bar(classes - width / 2, p[i], width, label="p (true)", color="tab:blue")
-        ax.bar(classes + width / 2, p_tilde[i], width, label="p̃ (output layer)", color="tab:orange")
+        ax.bar(classes + width / 2, p_tilde[i], width, label=estimate_label, color="tab:orange")
         ax.set_title(f"client {ids[i]}", fontsize="medium")
         ax.set_xlabel("class")
         ax.set_ylim(0, 1)
@@ -350,24 +322,27 @@ def plot_row_norms(norms: np.ndarray, path: str | Path, *, rows: str, title: str
 
 
 def plot_run_figures(run: RunData, out: str | Path, stem: str | None = None) -> list[Path]:
-    """p vs p̃ and the two row-norm heatmaps of one cwFedAvg run, as ``out/<stem>-*.png`` (stem: the run's name)."""
+    """The figures the run's method draws of itself (``ServerHalf.figures``), as ``out/<stem>-<name>.png``
+    (stem: the run's name); none for a method that draws none, or a run without a checkpoint."""
+    if not run.server:
+        return []
     out, stem = Path(out), stem or run.name
-    p, input_shape = _class_distributions(run)
-    norms = np.asarray(run.server["norms"], dtype=np.float64)
-    label, rounds = method_label(run.config), (run.checkpoint_round or 0) + 1
-    trained = norms.sum(axis=1) > 0  # a client that never uploaded has no norms yet
-    paths = [
-        plot_p_vs_p_tilde(p[trained], distribution_from_norms(norms[trained]), out / f"{stem}-p_vs_p_tilde.png",
-                          title=f"{run.name}: {label}, true p vs p̃ from the output layer after {rounds} rounds",
-                          client_ids=np.flatnonzero(trained).tolist()),
-        plot_row_norms(norms, out / f"{stem}-norms_local.png", rows="client i",
-                       title=f"{label}: output-layer row norms of the local models ({rounds} rounds)"),
-    ]
-    if "heads" in run.server:
-        heads = class_head_row_norms(run, input_shape)
-        paths.append(plot_row_norms(heads, out / f"{stem}-norms_global.png", rows="class-specific model G_j",
-                                    title=f"{label}: output-layer row norms of the class-specific global models"))
-    return paths
+    config = run.config
+    figures = ALGORITHMS.get(config.algorithm.name).server_half.figures(config.algorithm.params, finished_run(run))
+    label, rounds = method_label(config), (run.checkpoint_round or 0) + 1
+    return [_draw(figure, out / f"{stem}-{figure.name}.png", f"{run.name}: {label} after {rounds} rounds")
+            for figure in figures]
+
+
+def _draw(figure: Figure, path: Path, context: str) -> Path:
+    """One figure a method described, drawn as its kind is."""
+    title = f"{context}: {figure.title}"
+    if isinstance(figure, DistributionPairs):
+        return plot_p_vs_p_tilde(figure.p, figure.estimate, path, title=title, client_ids=figure.client_ids,
+                                 estimate_label=figure.estimate_label)
+    if isinstance(figure, Heatmap):
+        return plot_row_norms(figure.values, path, rows=figure.rows, title=title)
+    raise TypeError(f"no drawing for a figure of type {type(figure).__name__}")
 
 
 def write_figures(run_dirs: Sequence[str | Path], out: str | Path) -> tuple[list[Path], list[str]]:
@@ -381,12 +356,12 @@ def write_figures(run_dirs: Sequence[str | Path], out: str | Path) -> tuple[list
     for run in runs:
         stem = run.name if run.name not in stems else f"{run.name}-{stems[run.name]}"
         stems[run.name] = stems.get(run.name, 0) + 1
-        if not run.is_cwfedavg:
-            notes.append(f"{run.run_dir}: {run.algorithm} run, accuracy curve only "
-                         "(p vs p̃ and row-norm figures are for cwfedavg runs)")
-        elif "norms" not in run.server:
-            notes.append(f"{run.run_dir}: no checkpoint with cwFedAvg's server state (engine.checkpoint_every=0?), "
-                         "accuracy curve only")
-        else:
-            paths.extend(plot_run_figures(run, out, stem))
+        drawn = plot_run_figures(run, out, stem)
+        paths.extend(drawn)
+        if not run.server:
+            notes.append(f"{run.run_dir}: no checkpoint (engine.checkpoint_every=0?), so no figures of the "
+                         f"{run.algorithm} run's own: accuracy curve only")
+        elif not drawn:
+            notes.append(f"{run.run_dir}: {run.algorithm} run, accuracy curve only ({run.algorithm} draws no "
+                         "figures of its own)")
     return paths, notes

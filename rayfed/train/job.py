@@ -20,7 +20,10 @@ from rayfed.train.scratch import Scratch
 if TYPE_CHECKING:  # the config sits above the training code (docs/architecture.md)
     from rayfed.config import TrainConfig
 
-__all__ = ["ClientJob", "ClientState", "TrainStats", "seed_global_generators"]
+__all__ = ["EVALUATION_ROUND", "ClientJob", "ClientState", "TrainStats", "seed_global_generators"]
+
+EVALUATION_ROUND = -1
+"""The ``round`` of a job built to evaluate a client (its generator's stream, not a training round)."""
 
 ClientState = dict[str, np.ndarray]
 """What a client keeps between rounds (the client state store's values): named arrays."""
@@ -44,17 +47,15 @@ class ClientJob:
     """(K,) class counts over the client's training split."""
     train: TrainConfig
     """The run's local-training settings (epochs, batch size, momentum, ...), passed whole."""
+    lr: float
+    """This round's learning rate (``RoundContext.lr``: ``train.lr`` after ``train.lr_decay``)."""
     generator: torch.Generator
-    """Seeded from (run seed, round, client id): the same client gets the same batches on any worker."""
+    """Seeded from (run seed, round, client id): the same client gets the same batches on any worker.
+    Evaluation jobs draw from round :data:`EVALUATION_ROUND`, so they never replay a training round's."""
     state: ClientState | None = None
     """Persistent per-client state (e.g. FedClassAvg's backbone); algorithms may replace it."""
     scratch: Scratch = field(default_factory=Scratch)
     """Per-job values an algorithm passes between its hooks, under typed keys (e.g. FedProx's anchor)."""
-
-    @property
-    def lr(self) -> float:
-        """This round's learning rate, after ``train.lr_decay``."""
-        return self.train.lr_at(max(self.round, 0))
 
     @property
     def model(self) -> torch.nn.Module:

@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import optuna
 import pyarrow as pa
 
-from rayfed.engine.callbacks import Callback
+from rayfed.engine.callbacks import Callback, RunView
 from rayfed.engine.metrics import RoundRecord
 from rayfed.util.errors import ConfigError
 from rayfed.util.registry import Registry
-
-if TYPE_CHECKING:  # pragma: no cover
-    from rayfed.engine import Simulation
 
 __all__ = ["PruningCallback", "make_pruner", "PRUNERS"]
 
@@ -62,7 +58,7 @@ class PruningCallback(Callback):
         self.trial = trial
         self.pruned_round: int | None = None
 
-    def after_round(self, sim: Simulation, record: RoundRecord, clients: pa.Table) -> bool:
+    def after_round(self, run: RunView, record: RoundRecord, clients: pa.Table) -> bool:
         if math.isnan(record.accuracy):
             return False
         self.trial.report(record.accuracy, step=record.round)

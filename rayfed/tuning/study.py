@@ -38,8 +38,8 @@ from optuna.trial import FrozenTrial
 
 import rayfed.tuning.attrs as attrs
 from rayfed.config import EngineConfig, RunConfig
-from rayfed.engine import RunResult, Simulation, run
-from rayfed.engine.callbacks import Callback
+from rayfed.engine import RunResult, run
+from rayfed.engine.callbacks import Callback, RunView
 from rayfed.engine.interrupts import StudyInterrupted
 from rayfed.engine.metrics import RoundRecord
 from rayfed.tuning.pruning import PruningCallback, make_pruner
@@ -233,7 +233,7 @@ class _StopWhenSet(Callback):
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
 
-    def after_round(self, sim: Simulation, record: RoundRecord, clients: pa.Table) -> bool:
+    def after_round(self, run: RunView, record: RoundRecord, clients: pa.Table) -> bool:
         if self.stop.is_set():
             raise KeyboardInterrupt
         return False

@@ -51,11 +51,11 @@ def job(flat: FlatModel, cid: int, n: int = 12, **train: Any) -> ClientJob:
     gen = torch.Generator().manual_seed(cid)
     x = torch.randn(n, 3, generator=gen)
     y = torch.arange(n) % 2
-    settings = {"lr": 0.1, "batch_size": n, **train}
+    settings = TrainConfig(**{"lr": 0.1, "batch_size": n, **train})
     counts = np.bincount(y.numpy(), minlength=2)
     return ClientJob(
         client_id=cid, round=0, flat=flat, architecture="tiny", x_train=x, y_train=y, x_test=x, y_test=y,
-        label_counts=counts, train_label_counts=counts, train=TrainConfig(**settings), generator=gen,
+        label_counts=counts, train_label_counts=counts, train=settings, lr=settings.lr, generator=gen,
     )
 
 
@@ -88,12 +88,10 @@ class RoundLog(Callback):
         self.clients: list[dict[str, list[Any]]] = []
         self.spec: ProblemSpec | None = None
 
-    def after_round(self, sim, record, clients) -> bool:  # noqa: ANN001
-        self.spec = sim.spec
-        self.server.append({k: np.array(v) for k, v in sim.executor.server_state().items()})
-        self.states.append({
-            cid: {k: np.array(v) for k, v in (sim.states.get(cid) or {}).items()} for cid in sim.states.ids()
-        })
+    def after_round(self, run, record, clients) -> bool:  # noqa: ANN001
+        self.spec = run.spec
+        self.server.append({k: np.array(v) for k, v in run.server_state().items()})
+        self.states.append({cid: {k: np.array(v) for k, v in state.items()} for cid, state in run.client_states()})
         self.clients.append(clients.to_pydict())
         return False
 

@@ -13,8 +13,8 @@ class StateSnapshots(Callback):
     def __init__(self) -> None:
         self.rounds: list[dict[int, np.ndarray]] = []
 
-    def after_round(self, sim, record, clients) -> bool:
-        self.rounds.append({cid: np.array(sim.states.get(cid)["model"]) for cid in sim.states.ids()})
+    def after_round(self, run, record, clients) -> bool:
+        self.rounds.append({cid: np.array(state["model"]) for cid, state in run.client_states()})
         return False
 
 
@@ -24,6 +24,6 @@ class ServerStates(Callback):
     def __init__(self) -> None:
         self.rounds: list[dict[str, np.ndarray]] = []
 
-    def after_round(self, sim, record, clients) -> bool:
-        self.rounds.append({k: np.array(v) for k, v in sim.executor.server_state().items()})
+    def after_round(self, run, record, clients) -> bool:
+        self.rounds.append({k: np.array(v) for k, v in run.server_state().items()})
         return False

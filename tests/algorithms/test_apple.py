@@ -34,12 +34,11 @@ class ClientCopies(Callback):
         self.rounds: list[dict[int, tuple[np.ndarray, np.ndarray]]] = []
         self.server: list[np.ndarray] = []
 
-    def after_round(self, sim, record, clients) -> bool:
+    def after_round(self, run, record, clients) -> bool:
         self.rounds.append({
-            cid: (np.array(sim.states.get(cid)[CORES_KEY]), np.array(sim.states.get(cid)[DR_KEY]))
-            for cid in sim.states.ids()
+            cid: (np.array(state[CORES_KEY]), np.array(state[DR_KEY])) for cid, state in run.client_states()
         })
-        self.server.append(np.array(sim.executor.server_state()["cores"]))
+        self.server.append(np.array(run.server_state()["cores"]))
         return False
 
 

@@ -137,15 +137,16 @@ def test_shared_body_evaluation_equals_a_forward_per_client(algorithm, params, s
     config, dataset, partition, spec, initial = _synthetic(algorithm, params)
     runner, server = ClientRunner(config, spec, dataset, partition), Server(config, spec, initial)
     ids = list(range(8))
-    ctx = RoundContext(round=0, seed=0, lr=config.train.lr, sampled=np.arange(6), num_clients=8)
+    ctx = RoundContext(round=0, seed=0, lr=config.train.lr, sampled=np.arange(6))
     trained = runner.train(server.broadcast(), ctx, ids[:6])
     server.aggregate(ctx, trained.contribution)
     broadcast = server.broadcast()
     # Execute
-    plan = broadcast.shared_body([runner._job(cid, -1, trained.states.get(cid), split=None) for cid in ids])
+    jobs = [runner._job(cid, ctx, trained.states.get(cid), split=None, evaluation=True) for cid in ids]
+    plan = broadcast.shared_body(jobs)
     plain = _OneByOne(**{f.name: getattr(broadcast, f.name) for f in dataclasses.fields(PartialModels)})
-    batched = runner.evaluate(broadcast, ids, trained.states)
-    one_by_one = runner.evaluate(plain, ids, trained.states)
+    batched = runner.evaluate(broadcast, ctx, ids, trained.states)
+    one_by_one = runner.evaluate(plain, ctx, ids, trained.states)
     # Assert: clients 6 and 7 never trained and use the initial head.
     assert (plan is not None) == shared
     assert [(r.client_id, r.num_test, r.correct) for r in batched] == [

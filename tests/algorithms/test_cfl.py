@@ -41,7 +41,7 @@ def _spec(num_clients: int) -> ProblemSpec:
 
 
 def _ctx(round_index: int, ids: np.ndarray, num_clients: int) -> RoundContext:
-    return RoundContext(round=round_index, seed=0, lr=0.1, sampled=np.sort(ids), num_clients=num_clients)
+    return RoundContext(round=round_index, seed=0, lr=0.1, sampled=np.sort(ids))
 
 
 def _upload(updates: np.ndarray, ids: list[int], sizes: list[float]) -> ClientVectors:

@@ -27,7 +27,7 @@ from rayfed.algorithms.cwfedavg_equations import (
 )
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, model_parts
 from rayfed.config import TrainConfig
-from rayfed.data import load_dataset, make_partition
+from rayfed.data import LABEL_COUNTS_FILE, load_dataset, make_partition, read_label_counts
 from rayfed.engine import Simulation
 from rayfed.engine.callbacks import Callback
 from rayfed.execution.client_runner import ClientRunner
@@ -55,7 +55,7 @@ def _job(flat: FlatModel, cid: int, counts: list[int]) -> ClientJob:
 
 
 def _ctx(sampled: list[int], num_clients: int = 3) -> RoundContext:
-    return RoundContext(round=0, seed=0, lr=0.1, sampled=np.array(sampled), num_clients=num_clients)
+    return RoundContext(round=0, seed=0, lr=0.1, sampled=np.array(sampled))
 
 
 def _client_sum(theta: np.ndarray, n: int, row: np.ndarray, cid: int, shared: np.ndarray | None = None) -> ClasswiseSum:
@@ -399,13 +399,13 @@ def test_class_wise_blocks_run_end_to_end(tmp_path, params: dict[str, object]) -
 class _RoundOne(Callback):
     """After round 1: the server's rows p̃ and row norms, each client's upload size and CE loss, p_i."""
 
-    def after_round(self, sim, record, clients) -> bool:
-        state = sim.executor.server_state()
+    def after_round(self, run, record, clients) -> bool:
+        state = run.server_state()
         self.p_tilde, self.norms = np.array(state["p_tilde"]), np.array(state["norms"])
         table = clients.to_pydict()
         self.bytes_up = dict(zip(table["client_id"], table["bytes_up"]))
         self.train_loss = dict(zip(table["client_id"], table["train_loss"]))
-        self.p = empirical_distribution(sim.partition.label_counts)
+        self.p = empirical_distribution(read_label_counts(run.run_dir / LABEL_COUNTS_FILE)[0])
         self.accuracy = record.accuracy
         return False
 
@@ -495,13 +495,13 @@ def test_shared_body_evaluation_equals_a_forward_per_client(params, shared) -> N
     partition = make_partition(dataset.labels, dataset.num_classes, config.data)
     spec, initial = build_problem(config, dataset)
     runner, server = ClientRunner(config, spec, dataset, partition), Server(config, spec, initial)
-    ctx = RoundContext(round=0, seed=0, lr=config.train.lr, sampled=np.arange(12), num_clients=12)
+    ctx = RoundContext(round=0, seed=0, lr=config.train.lr, sampled=np.arange(12))
     server.aggregate(ctx, runner.train(server.broadcast(), ctx, list(range(12))).contribution)
     broadcast = server.broadcast()
-    jobs = [runner._job(cid, -1, None, split=None) for cid in range(12)]
+    jobs = [runner._job(cid, ctx, None, split=None, evaluation=True) for cid in range(12)]
     assert (broadcast.shared_body(jobs) is not None) == shared
     full = _FullModels(**{f.name: getattr(broadcast, f.name) for f in dataclasses.fields(ClasswiseModels)})
-    batched, one_by_one = runner.evaluate(broadcast, list(range(12))), runner.evaluate(full, list(range(12)))
+    batched, one_by_one = runner.evaluate(broadcast, ctx, list(range(12))), runner.evaluate(full, ctx, list(range(12)))
     assert [(r.client_id, r.num_test, r.correct) for r in batched] == [
         (r.client_id, r.num_test, r.correct) for r in one_by_one
     ]

@@ -21,9 +21,9 @@ class ServerModels(Callback):
         self.rounds: list[dict[str, np.ndarray]] = []
         self.own: list[dict[int, np.ndarray]] = []
 
-    def after_round(self, sim, record, clients) -> bool:
-        self.rounds.append({k: np.array(v) for k, v in sim.executor.server_state().items()})
-        self.own.append({cid: np.array(sim.states.get(cid)["model"]) for cid in sim.states.ids()})
+    def after_round(self, run, record, clients) -> bool:
+        self.rounds.append({k: np.array(v) for k, v in run.server_state().items()})
+        self.own.append({cid: np.array(state["model"]) for cid, state in run.client_states()})
         return False
 
 

@@ -22,7 +22,7 @@ def _spec(size: int) -> ProblemSpec:
 
 
 def _ctx() -> RoundContext:
-    return RoundContext(round=0, seed=0, lr=0.1, sampled=np.arange(3), num_clients=3)
+    return RoundContext(round=0, seed=0, lr=0.1, sampled=np.arange(3))
 
 
 def test_fedavg_aggregate_equals_hand_computed_weighted_mean() -> None:
@@ -92,7 +92,7 @@ class _UpdateNorms(Callback):
     def __init__(self) -> None:
         self.rounds: list[dict[int, float]] = []
 
-    def after_round(self, sim, record, clients) -> bool:
+    def after_round(self, run, record, clients) -> bool:
         table = clients.to_pydict()
         self.rounds.append({c: n for c, n, s in zip(table["client_id"], table["update_norm"], table["sampled"]) if s})
         return False

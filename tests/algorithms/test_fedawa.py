@@ -49,7 +49,7 @@ def _spec(num_clients: int = 6) -> ProblemSpec:
 
 
 def _ctx(ids: np.ndarray) -> RoundContext:
-    return RoundContext(round=0, seed=0, lr=0.1, sampled=np.sort(ids), num_clients=6)
+    return RoundContext(round=0, seed=0, lr=0.1, sampled=np.sort(ids))
 
 
 def _upload(vectors: np.ndarray, ids: list[int] | np.ndarray, sizes: list[float] | np.ndarray) -> ClientVectors:
@@ -396,7 +396,7 @@ def _job(flat: FlatModel, state: dict[str, np.ndarray] | None) -> ClientJob:
     return ClientJob(
         client_id=0, round=0, flat=flat, architecture="tiny", x_train=x, y_train=y, x_test=x, y_test=y,
         label_counts=np.array([6, 6]), train_label_counts=np.array([6, 6]),
-        train=TrainConfig(lr=0.1, batch_size=4, momentum=0.9, weight_decay=5e-4),
+        train=TrainConfig(lr=0.1, batch_size=4, momentum=0.9, weight_decay=5e-4), lr=0.1,
         generator=torch.Generator().manual_seed(1), state=state,
     )
 

@@ -182,7 +182,7 @@ def test_only_the_classifier_leaves_a_client(tmp_path) -> None:
     config = RunConfig().override(_overrides(tmp_path / "run", **{"model.client_models": ["fca_shufflenet"]}))
     runner, server = _runner_and_server(config)
     broadcast = server.broadcast()
-    ctx = RoundContext(round=0, seed=0, lr=5e-4, sampled=np.array([0, 1]), num_clients=4)
+    ctx = RoundContext(round=0, seed=0, lr=5e-4, sampled=np.array([0, 1]))
     # Execute
     result = runner.train(broadcast, ctx, [0, 1])
     # Assert: the upload is Σ n_k w_Ck over the two classifiers and nothing else: K·512 + K floats.
@@ -210,7 +210,7 @@ def test_clients_start_from_their_own_initialisation(tmp_path) -> None:
     part = runner.model_for("fca_shufflenet").slice_of(CLASSIFIER_LAYER)
 
     def loaded(cid: int, hook: str) -> np.ndarray:
-        job = runner._job(cid, 0, None, split="test")
+        job = runner._job(cid, RoundContext(round=0, seed=0, lr=5e-4, sampled=np.array([cid])), None, split="test")
         getattr(broadcast, hook)(job)
         return job.flat.numpy()
 

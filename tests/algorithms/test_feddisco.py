@@ -66,7 +66,7 @@ def test_server_downweights_the_client_whose_labels_diverge() -> None:
     models = rng.normal(size=(4, 4)).astype(np.float32)
     server = FedDiscoServer(FedDiscoParams(), _spec(), {"m": np.zeros(4, np.float32)})
     # Execute
-    server.aggregate(RoundContext(0, 0, 0.1, np.arange(4), 4), _uploads(models))
+    server.aggregate(RoundContext(0, 0, 0.1, np.arange(4)), _uploads(models))
     # Assert: the aggregate uses the rule's weights; the one-class client gets less than its size share
     # (100/340) and less than the balanced client of the same size.
     weights = _direct_weights(COUNTS, 0.5, 0.1)
@@ -80,7 +80,7 @@ def test_feddisco_weights_start_fedawa(tmp_path) -> None:
     server = FedAWAServer(params, _spec(), {"m": np.zeros(4, np.float32)})
     rng = np.random.default_rng(1)
     # Execute
-    server.aggregate(RoundContext(0, 0, 0.1, np.arange(4), 4), _uploads(rng.normal(size=(4, 4)).astype(np.float32)))
+    server.aggregate(RoundContext(0, 0, 0.1, np.arange(4)), _uploads(rng.normal(size=(4, 4)).astype(np.float32)))
     # Assert: every client's logit is its FedDisco weight (all 4 clients at hand: scale M/N = 1).
     np.testing.assert_allclose(server.client_state[0], _direct_weights(COUNTS, 0.5, 0.1), rtol=1e-6)
     assert server.broadcast().send_label_counts and not FedAWAServer(FedAWAParams(), _spec(), {

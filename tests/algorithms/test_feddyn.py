@@ -43,7 +43,7 @@ def test_server_step_matches_algorithm_1_with_m_all_clients() -> None:
         expected = np.concatenate([models[:, :6].mean(axis=0) - h / alpha, models[:, 6:].mean(axis=0)])
         # Execute: unweighted uploads (weight 1 each, whatever the clients' sizes).
         upload = sum_contributions(WeightedSum.of(x.astype(np.float32), 1.0) for x in models)
-        server.aggregate(RoundContext(0, 0, 0.1, np.array([1, 4, 7]), 10), upload)
+        server.aggregate(RoundContext(0, 0, 0.1, np.array([1, 4, 7])), upload)
         # Assert
         np.testing.assert_allclose(server.global_vector, expected, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(server.h, h, rtol=1e-4, atol=1e-6)
@@ -61,7 +61,7 @@ def _conv_job(state: dict[str, np.ndarray] | None) -> tuple[ClientJob, ProblemSp
     counts = np.bincount(y.numpy(), minlength=10)
     job = ClientJob(client_id=0, round=0, flat=flat, architecture="cnn4", x_train=x, y_train=y, x_test=x, y_test=y,
                     label_counts=counts, train_label_counts=counts, train=TrainConfig(lr=0.05, batch_size=10),
-                    generator=gen, state=state)
+                    lr=0.05, generator=gen, state=state)
     return job, spec
 
 
@@ -116,8 +116,8 @@ class _StateIds(Callback):
     def __init__(self) -> None:
         self.ids: list[set[int]] = []
 
-    def after_round(self, sim, record, clients) -> bool:
-        self.ids.append(set(sim.states.ids()))
+    def after_round(self, run, record, clients) -> bool:
+        self.ids.append({cid for cid, _ in run.client_states()})
         return False
 
 
@@ -151,7 +151,7 @@ def test_code_fidelity_server_step_is_the_baseline_codes_size_weighted_one() -> 
         expected = np.concatenate([w @ models[:, :6] - h / alpha, w @ models[:, 6:]])
         # Execute
         upload = sum_contributions(WeightedSum.of(x.astype(np.float32), n) for x, n in zip(models, sizes))
-        server.aggregate(RoundContext(0, 0, 0.1, np.array([1, 4, 7]), 10), upload)
+        server.aggregate(RoundContext(0, 0, 0.1, np.array([1, 4, 7])), upload)
         # Assert
         np.testing.assert_allclose(server.global_vector, expected, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(server.h, h, rtol=1e-4, atol=1e-6)

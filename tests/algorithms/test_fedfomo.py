@@ -32,7 +32,7 @@ def _job(flat: FlatModel, x: torch.Tensor, y: torch.Tensor, state: dict[str, np.
     return ClientJob(
         client_id=0, round=3, flat=flat, architecture="linear", x_train=x, y_train=y, x_test=empty,
         y_test=empty.long(), label_counts=np.zeros(3), train_label_counts=np.zeros(3), train=TrainConfig(),
-        generator=torch.Generator().manual_seed(0), state=state,
+        lr=TrainConfig().lr, generator=torch.Generator().manual_seed(0), state=state,
     )
 
 

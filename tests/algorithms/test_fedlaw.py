@@ -69,7 +69,7 @@ def test_fedlaw_starts_from_fedavg_and_moves_away_with_server_epochs(tmp_path) -
     server = sim.algorithm.make_server(sim.spec, sim.initial)
     rng = np.random.default_rng(0)
     v1, v2 = (rng.standard_normal(len(server.global_vector)).astype(np.float32) for _ in range(2))
-    ctx = RoundContext(round=0, seed=0, lr=0.1, sampled=np.arange(2), num_clients=2)
+    ctx = RoundContext(round=0, seed=0, lr=0.1, sampled=np.arange(2))
     # Execute
     metrics = server.aggregate(ctx, ClientVectors.of(v1, 0, 10) + ClientVectors.of(v2, 1, 30))
     learnt = run(RunConfig().override(tiny_overrides(tmp_path / "learnt", **{

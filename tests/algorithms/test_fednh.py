@@ -46,7 +46,7 @@ def _job(flat: FlatModel, cid: int, counts: list[int]) -> ClientJob:
 
 
 def _ctx(sampled: list[int], num_clients: int = 2) -> RoundContext:
-    return RoundContext(round=0, seed=0, lr=0.1, sampled=np.array(sampled), num_clients=num_clients)
+    return RoundContext(round=0, seed=0, lr=0.1, sampled=np.array(sampled))
 
 
 def _unit(v: np.ndarray) -> np.ndarray:

@@ -28,7 +28,7 @@ def test_server_averages_uploaded_bodies_and_clients_keep_their_heads() -> None:
     models = rng.normal(size=(2, flat.size)).astype(np.float32)
     uploads, jobs = upload_trained(server, flat, models, (12, 36))
     # Execute
-    server.aggregate(RoundContext(0, 0, 0.1, np.array([0, 1]), 3), sum_contributions(uploads))
+    server.aggregate(RoundContext(0, 0, 0.1, np.array([0, 1])), sum_contributions(uploads))
     # Assert: body ← Σ n_i body_i / Σ n_i; each client holds its own head; only the body travels.
     np.testing.assert_allclose(server.shared, (12 * models[0, body] + 36 * models[1, body]) / 48, rtol=1e-6)
     for client, model in zip(jobs, models):

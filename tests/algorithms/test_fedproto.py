@@ -36,7 +36,7 @@ def test_server_prototypes_are_class_means_and_absent_classes_keep_theirs(aggreg
     server.prototypes[2], server.present[2] = [7.0, 7.0], True
     # Execute
     upload = ClassSums.of_client(*class_sums(f1, y1, 3)) + ClassSums.of_client(*class_sums(f2, y2, 3))
-    server.aggregate(RoundContext(0, 0, 0.1, np.arange(2), 4), upload)
+    server.aggregate(RoundContext(0, 0, 0.1, np.arange(2)), upload)
     # Assert: client_mean (authors' code): C̄(j) = mean_i C_i(j); count: Σ_i n_ij C_i(j) / Σ_i n_ij.
     c1 = [f1[y1 == j].mean(0).numpy() for j in (0, 1)]
     c2 = f2.mean(0).numpy()
@@ -76,14 +76,14 @@ def test_the_prototype_term_pulls_embeddings_towards_their_class_prototype(tmp_p
     runner = ClientRunner(config, sim.spec, sim.dataset, sim.partition)
     ids = [0, 1, 2, 3]
     server = FedProtoServer(FedProtoParams(), sim.spec, sim.initial)
-    first = runner.train(server.broadcast(), RoundContext(0, 0, 0.01, np.arange(4), 4), ids)
-    server.aggregate(RoundContext(0, 0, 0.01, np.arange(4), 4), first.contribution)
+    first = runner.train(server.broadcast(), RoundContext(0, 0, 0.01, np.arange(4)), ids)
+    server.aggregate(RoundContext(0, 0, 0.01, np.arange(4)), first.contribution)
     assert server.present.any()
     distances = {}
     for lam in (0.0, 1.0):
         # Execute: round 1 from the same models and prototypes, with and without the prototype term.
         runner.client_half.params = FedProtoParams(lam=lam)
-        result = runner.train(server.broadcast(), RoundContext(1, 0, 0.01, np.arange(4), 4), ids, first.states)
+        result = runner.train(server.broadcast(), RoundContext(1, 0, 0.01, np.arange(4)), ids, first.states)
         distances[lam] = _distance_to_prototypes(runner, result, server, ids)
     # Assert: with λ = 1 the embeddings end closer to their class prototypes than with λ = 0.
     assert distances[1.0] < 0.9 * distances[0.0]

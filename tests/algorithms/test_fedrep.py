@@ -69,7 +69,7 @@ def _cnn4_client(flat: FlatModel, n: int = 37) -> ClientJob:
         y_train=torch.randint(0, 4, (n,), generator=data), x_test=torch.empty(0),
         y_test=torch.empty(0, dtype=torch.long),
         label_counts=np.ones(4), train_label_counts=np.ones(4), generator=torch.Generator().manual_seed(7),
-        train=TrainConfig(lr=0.05, batch_size=10, momentum=0.9, weight_decay=0.01, drop_last=False),
+        train=TrainConfig(lr=0.05, batch_size=10, momentum=0.9, weight_decay=0.01, drop_last=False), lr=0.05,
     )
 
 

@@ -83,7 +83,7 @@ def test_client_adds_both_terms_on_the_penultimate_features() -> None:
     x, y = torch.randn(6, 3), torch.tensor([0, 0, 1, 1, 2, 2])
     job = ClientJob(client_id=0, round=0, flat=flat, architecture="tiny", x_train=x, y_train=y, x_test=x, y_test=y,
                     label_counts=np.array([2, 2, 2]), train_label_counts=np.array([2, 2, 2]),
-                    train=TrainConfig(lr=1e-9, batch_size=6), generator=torch.Generator().manual_seed(0))
+                    train=TrainConfig(lr=1e-9, batch_size=6), lr=1e-9, generator=torch.Generator().manual_seed(0))
     params = FedUVParams(variance_coeff=2.5, uniformity_coeff=0.5)
     seen: list[torch.Tensor] = []
     client = FedUVClient(params, spec)
@@ -124,8 +124,8 @@ class _Global(Callback):
     def __init__(self) -> None:
         self.rounds: list[np.ndarray] = []
 
-    def after_round(self, sim, record, clients) -> bool:
-        self.rounds.append(np.array(sim.executor.server_state()["global"]))
+    def after_round(self, run, record, clients) -> bool:
+        self.rounds.append(np.array(run.server_state()["global"]))
         return False
 
 

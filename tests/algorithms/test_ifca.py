@@ -14,7 +14,7 @@ from rayfed.algorithms import RoundContext, sum_contributions
 from rayfed.algorithms.ifca import ClusterSums, IFCAModels, IFCAParams, IFCAServer
 from rayfed.config import TrainConfig
 from rayfed.data import load_dataset, normalize_batch
-from rayfed.engine.callbacks import Callback
+from rayfed.engine import Simulation
 from rayfed.models import build_model
 from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
@@ -28,7 +28,7 @@ def _job(flat: FlatModel, x: torch.Tensor, y: torch.Tensor, client_id: int = 0) 
     return ClientJob(
         client_id=client_id, round=0, flat=flat, architecture="tiny", x_train=x, y_train=y, x_test=x, y_test=y,
         label_counts=np.bincount(y.numpy(), minlength=3), train_label_counts=np.bincount(y.numpy(), minlength=3),
-        train=TrainConfig(), generator=torch.Generator().manual_seed(1),
+        train=TrainConfig(), lr=TrainConfig().lr, generator=torch.Generator().manual_seed(1),
     )
 
 
@@ -90,7 +90,7 @@ def test_cluster_sums_add_per_cluster_and_the_server_averages_each_chosen_cluste
     upload = sum_contributions(ClusterSums.of(j, v, cid, n) for cid, (j, v, n) in enumerate(zip(chosen, trained,
                                                                                                    sizes)))
     # Execute
-    metrics = server.aggregate(RoundContext(0, 0, 0.1, np.arange(3), 4), upload)
+    metrics = server.aggregate(RoundContext(0, 0, 0.1, np.arange(3)), upload)
     # Assert: θ_j = Σ n_i θ̃_i / Σ n_i over its choosers; an unchosen cluster keeps its model.
     np.testing.assert_allclose(server.models[1], (10 * trained[0] + 30 * trained[2]) / 40, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(server.models[0], trained[1], rtol=1e-6)
@@ -120,12 +120,15 @@ def test_cluster_initialisations_are_distinct_seeded_and_state_round_trips(tmp_p
 # --- end to end ---------------------------------------------------------------------------------
 
 
-class WarmStart(Callback):
+class WarmStart(Simulation):
     """IFCA's "good initialisation" regime: cluster 1 − g starts from the run's initial model after a
     few SGD steps on group g's training data (random initialisations of this tiny problem all look
     alike to every client, and IFCA would train one cluster only; the paper restarts then)."""
 
-    def on_run_start(self, sim) -> None:
+    def _restore(self) -> None:
+        super()._restore()
+        sim = self
+        assert sim.executor is not None
         state = sim.executor.server_state()
         architecture = next(iter(sim.spec.layouts))
         flat = FlatModel(build_model(architecture, sim.spec.input_shape, sim.spec.num_classes))
@@ -153,7 +156,7 @@ def test_two_label_swapped_groups_choose_and_keep_their_own_clusters(tmp_path) -
         "train.lr": 0.05,
     })))
     # Execute
-    result = run(config, callbacks=[WarmStart(), states])
+    result = WarmStart(config, callbacks=[states]).run()
     # Assert: every round each group picks the cluster warmed on its own labels, both clusters
     # train, and the clients' evaluation models improve on their own groups.
     for state in states.rounds:

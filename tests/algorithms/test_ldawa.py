@@ -59,7 +59,7 @@ def test_identical_clients_reproduce_the_global_model_and_diverging_ones_shrink_
     sim = Simulation(config)
     server = LDAWAServer(LDAWAParams(warmup_rounds=0), sim.spec, sim.initial)
     before = server.global_vector.copy()
-    ctx = RoundContext(0, 0, 0.1, np.arange(4), 4)
+    ctx = RoundContext(0, 0, 0.1, np.arange(4))
     upload = ClientRunner(config, sim.spec, sim.dataset, sim.partition).train(
         server.broadcast(), ctx, [0, 1, 2, 3]).contribution
     # Execute
@@ -101,10 +101,10 @@ def test_warmup_rounds_aggregate_with_fedavg_then_ldawa_starts() -> None:
     upload = sum_contributions(ClientVectors.of(models[i], i, sizes[i]) for i in range(3))
     # Execute and assert: rounds 0-2 give the size-weighted mean; round 3 applies δ.
     for r in range(3):
-        server.aggregate(RoundContext(r, 0, 0.1, np.arange(3), 3), upload)
+        server.aggregate(RoundContext(r, 0, 0.1, np.arange(3)), upload)
         np.testing.assert_allclose(server.global_vector, sizes / sizes.sum() @ models, rtol=1e-5, atol=1e-6)
     before = server.global_vector.copy()
-    metrics = server.aggregate(RoundContext(3, 0, 0.1, np.arange(3), 3), upload)
+    metrics = server.aggregate(RoundContext(3, 0, 0.1, np.arange(3)), upload)
     expected, _ = ldawa_aggregate(models, before, layout)
     np.testing.assert_allclose(server.global_vector, expected, rtol=1e-5, atol=1e-6)
     assert "ldawa_min_cos" in metrics

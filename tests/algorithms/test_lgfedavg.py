@@ -29,7 +29,7 @@ def test_server_averages_uploaded_heads_and_clients_keep_their_bodies() -> None:
     states = rng.normal(size=(2, flat.state_size)).astype(np.float32)
     uploads, jobs = upload_trained(server, flat, states, (30, 10), whole_state=True)
     # Execute
-    server.aggregate(RoundContext(0, 0, 0.1, np.array([0, 1]), 3), sum_contributions(uploads))
+    server.aggregate(RoundContext(0, 0, 0.1, np.array([0, 1])), sum_contributions(uploads))
     # Assert: head ← Σ n_i head_i / Σ n_i; each client keeps body parameters and buffers; the head travels.
     np.testing.assert_allclose(server.shared, (30 * states[0, head] + 10 * states[1, head]) / 40, rtol=1e-6)
     for client, state in zip(jobs, states):

@@ -49,5 +49,5 @@ def tiny_job(flat: FlatModel, cid: int, counts: list[int], train: TrainConfig) -
     y = torch.as_tensor(np.repeat(np.arange(len(counts)), counts))
     return ClientJob(
         client_id=cid, round=0, flat=flat, architecture="tiny", x_train=x, y_train=y, x_test=x, y_test=y,
-        label_counts=np.array(counts), train_label_counts=np.array(counts), train=train, generator=gen,
+        label_counts=np.array(counts), train_label_counts=np.array(counts), train=train, lr=train.lr, generator=gen,
     )

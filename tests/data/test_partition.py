@@ -281,23 +281,6 @@ def test_label_counts_cover_the_whole_partition_and_train_counts_only_the_traini
         np.testing.assert_array_equal(part.train_label_counts[i], np.bincount(labels[part.train(i)], minlength=K))
 
 
-def test_class_distribution_rows_sum_to_one_and_an_empty_client_is_uniform():
-    # Prepare
-    labels = np.array([0, 0, 1, 2, 2, 2], dtype=np.int64)
-    clients = [np.array([0, 1, 2]), np.array([], dtype=np.int64), np.array([3, 4, 5])]
-
-    # Execute
-    part = split_train_test(clients, labels, 3, 0.75, np.random.RandomState(0))
-    p = part.class_distribution()
-    p_train = part.class_distribution(train_only=True)
-
-    # Assert
-    np.testing.assert_allclose(p.sum(axis=1), 1.0)
-    np.testing.assert_allclose(p_train.sum(axis=1), 1.0)
-    np.testing.assert_allclose(p[0], [2 / 3, 1 / 3, 0.0])
-    np.testing.assert_allclose(p[1], [1 / 3] * 3)
-
-
 def test_partition_arrays_are_read_only():
     # Prepare
     part = make(shuffled_labels(500), K, partition="iid", num_clients=5, seed=0)

@@ -19,7 +19,7 @@ import ray
 from rayfed import RunConfig, WorkerError, run
 from rayfed.actors import ray_executor, worker_pool
 from rayfed.cli import main
-from rayfed.engine.callbacks import Callback
+from rayfed.engine import Simulation
 from rayfed.util.errors import ServerError
 from rayfed.util.files import load_arrays
 from tests.conftest import tiny_overrides
@@ -27,13 +27,25 @@ from tests.conftest import tiny_overrides
 REPO = Path(__file__).resolve().parents[2]
 
 
-class _Capture(Callback):
-    """Keeps a handle on the simulation so a test can reach its workers."""
+class _Capture:
+    """A handle on the running simulation, so a test can reach its workers and server (callbacks see only
+    a narrow view of a run)."""
 
-    sim = None
+    sim: Simulation | None = None
 
-    def on_run_start(self, sim) -> None:
+
+@pytest.fixture(autouse=True)
+def _capture_simulations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Record each simulation in :class:`_Capture` once its executor exists."""
+    make = Simulation._make_executor
+
+    def make_and_capture(sim: Simulation):
+        executor = make(sim)
         _Capture.sim = sim
+        return executor
+
+    _Capture.sim = None
+    monkeypatch.setattr(Simulation, "_make_executor", make_and_capture)
 
 
 def _ray_overrides(run_dir: Path, **extra: object) -> dict[str, object]:
@@ -62,7 +74,7 @@ def test_killed_worker_is_replaced_and_round_result_is_unchanged(tmp_path, ray_c
     done = _inject_once(monkeypatch, lambda pool: ray.kill(pool.workers[0], no_restart=True) or "killed")
     # Execute
     with caplog.at_level("WARNING", logger="rayfed"):
-        faulted = run(RunConfig().override(_ray_overrides(tmp_path / "faulted")), callbacks=[_Capture()])
+        faulted = run(RunConfig().override(_ray_overrides(tmp_path / "faulted")))
     # Assert
     assert done == ["killed"]
     assert _Capture.sim.executor.pool.replacements >= 1
@@ -82,7 +94,7 @@ def test_hung_worker_times_out_and_is_replaced(tmp_path, ray_cluster, monkeypatc
     done = _inject_once(monkeypatch, freeze)
     overrides = _ray_overrides(tmp_path / "hung", **{"engine.round_timeout_s": 8.0})
     with caplog.at_level("WARNING", logger="rayfed"):
-        hung = run(RunConfig().override(overrides), callbacks=[_Capture()])
+        hung = run(RunConfig().override(overrides))
     assert done == ["frozen"]
     assert "no answer within engine.round_timeout_s=8" in caplog.text
     assert hung.accuracies == reference.accuracies
@@ -109,7 +121,7 @@ def test_worker_that_always_dies_stops_the_run_after_max_retries_and_it_resumes(
     monkeypatch.setattr(worker_pool.ray, "wait", kill_every_worker)
     # Execute
     with pytest.raises(WorkerError) as raised:
-        run(RunConfig().override(overrides), callbacks=[_Capture()])
+        run(RunConfig().override(overrides))
     # Assert: the error names the worker, the clients and the round, after max_retries replacements.
     message = str(raised.value)
     assert "ClientWorker 0 failed" in message and "in round 1" in message
@@ -149,8 +161,7 @@ def test_killed_server_is_restarted_and_the_run_ends_with_identical_metrics(
     killed = _kill_server_while_round_1_trains(monkeypatch)
     # Execute
     with caplog.at_level("WARNING", logger="rayfed"):
-        faulted = run(RunConfig().override(_ray_overrides(tmp_path / "faulted", **{"train.rounds": 3})),
-                      callbacks=[_Capture()])
+        faulted = run(RunConfig().override(_ray_overrides(tmp_path / "faulted", **{"train.rounds": 3})))
     # Assert: one restart, and every round's numbers as if nothing had happened.
     assert len(killed) == 1 and _Capture.sim.executor.server_restarts == 1
     assert "ServerActor died (ActorDiedError) in round 1" in caplog.text
@@ -178,7 +189,7 @@ def test_server_that_always_dies_stops_the_run_after_max_retries_with_one_line(
     overrides = _ray_overrides(run_dir, **{"engine.max_retries": 1, "engine.checkpoint_every": 1})
     # Execute
     with pytest.raises(ServerError) as raised:
-        run(RunConfig().override(overrides), callbacks=[_Capture()])
+        run(RunConfig().override(overrides))
     # Assert: the error names the round, the bound and the resume command; round 0 and its checkpoint are kept.
     message = str(raised.value)
     assert "\n" not in message and "in round 1, 2 times" in message and "engine.max_retries=1" in message

@@ -128,7 +128,7 @@ def test_ray_job_submit_runs_the_example_on_the_cluster() -> None:
         assert json.loads((run_dir / "config.json").read_text())["algorithm"]["name"] == "cwfedavg"
         # The uploaded working dir holds the code, not the venv, git history or earlier runs.
         job_dir = run_dir.parents[1]
-        assert (job_dir / "rayfed" / "engine.py").is_file() and (job_dir / "examples").is_dir()
+        assert (job_dir / "rayfed" / "engine" / "simulation.py").is_file() and (job_dir / "examples").is_dir()
         assert not (job_dir / ".venv").exists() and not (job_dir / ".git").exists()
         assert [p.name for p in (job_dir / "runs").iterdir()] == [run_dir.name]
     finally:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from rayfed.engine import Simulation
 from rayfed.engine.callbacks import Callback
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,24 +34,25 @@ def _placement(actor) -> tuple[list[str], str]:
 
 
 class NodeRecorder(Callback):
-    """A callback that asks every ClientWorker where it runs, at the start and after each round."""
+    """A callback that asks every ClientWorker of ``simulation`` where it runs, at the start and after each round."""
 
     def __init__(self) -> None:
+        self.simulation: Simulation | None = None
         self.nodes: set[str] = set()
         self.placements: list[tuple[list[str], str]] = []
 
-    def _record(self, sim) -> None:
+    def _record(self) -> None:
         import ray
 
-        workers = sim.executor.pool.workers
+        workers = self.simulation.executor.pool.workers  # type: ignore[union-attr]
         self.nodes.update(node for node, _ in ray.get([w.node_and_pid.remote() for w in workers]))
         self.placements.extend(ray.get([w.__ray_call__.remote(_placement) for w in workers]))
 
-    def on_run_start(self, sim) -> None:
-        self._record(sim)
+    def on_run_start(self, run) -> None:
+        self._record()
 
-    def after_round(self, sim, record, clients) -> bool:
-        self._record(sim)
+    def after_round(self, run, record, clients) -> bool:
+        self._record()
         return False
 
 
@@ -60,7 +62,7 @@ def two_node_run(run_dir: str) -> dict:
     import torch
     from ray.cluster_utils import Cluster
 
-    from rayfed import RunConfig, run
+    from rayfed import RunConfig
     from tests.conftest import tiny_overrides
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1, "include_dashboard": False})
@@ -68,11 +70,12 @@ def two_node_run(run_dir: str) -> dict:
         cluster.add_node(num_cpus=1, num_gpus=1)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, logging_level="WARNING")
-        recorder = NodeRecorder()
         config = RunConfig().override(tiny_overrides(Path(run_dir), **{
             "engine.backend": "ray", "engine.num_gpus_per_worker": 0.5,  # 2 workers: min(2 CPUs / 1, 2 GPUs / 0.5)
         }))
-        result = run(config, callbacks=[recorder])
+        recorder = NodeRecorder()
+        simulation = recorder.simulation = Simulation(config, callbacks=[recorder])  # Ray is up: no session of its own
+        result = simulation.run()
         cluster_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
         return {"worker_nodes": sorted(recorder.nodes), "cluster_nodes": sorted(cluster_nodes),
                 "rounds": result.rounds_run, "accuracy": result.final_accuracy, "placements": recorder.placements,
@@ -104,7 +107,7 @@ def test_workers_run_on_both_nodes_of_a_two_node_cluster(tmp_path) -> None:
 def test_pick_device_uses_cuda_only_when_given_a_gpu(monkeypatch) -> None:
     import torch
 
-    from rayfed.execution.client_runner import pick_device
+    from rayfed.execution.devices import pick_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert pick_device(0.25) == torch.device("cpu")  # a GPU share, but no CUDA: train on the CPU

@@ -31,7 +31,7 @@ from rayfed.execution.server import Server
 config, spec, initial = pickle.loads(open(sys.argv[1], "rb").read())
 server = Server(config, spec, initial)
 broadcast = server.broadcast()
-ctx = RoundContext(round=0, seed=0, lr=0.1, sampled=np.arange(2), num_clients=spec.num_clients)
+ctx = RoundContext(round=0, seed=0, lr=0.1, sampled=np.arange(2))
 server.aggregate(ctx, None)
 print(json.dumps({"torch": "torch" in sys.modules, "broadcast": type(broadcast).__name__}))
 """

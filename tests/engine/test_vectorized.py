@@ -30,7 +30,7 @@ def _jobs(flat: FlatModel, *, lr=0.05, momentum=0.0, weight_decay=0.0, drop_last
                 label_counts=np.ones(4), train_label_counts=np.ones(4),
                 train=TrainConfig(lr=lr, local_epochs=epochs, batch_size=10, momentum=momentum,
                                   weight_decay=weight_decay, drop_last=drop_last),
-                generator=torch.Generator().manual_seed(100 + cid),
+                lr=lr, generator=torch.Generator().manual_seed(100 + cid),
             )
         )
     return jobs

@@ -91,7 +91,7 @@ def test_a_table_declared_as_data_runs_end_to_end(tiny_table: Table, tmp_path: P
 
 
 class _StopAfterFirstRound(Callback):
-    def after_round(self, sim: object, record: object, clients: object) -> bool:
+    def after_round(self, run: object, record: object, clients: object) -> bool:
         raise KeyboardInterrupt
 
 

@@ -1,0 +1,66 @@
+"""Everything a run is checked against before anything is written, decided once: :func:`plan_run`.
+
+A run that cannot be carried out is refused here, with every file of its directory as it was
+(README.md, "Faults and bad input"):
+
+* its run directory: can it be made, may this run start or continue in it, and where does a
+  continued run resume (:mod:`rayfed.engine.run_dir`, which reads every file a resume needs);
+* its resources: workers, memory and client states (:func:`rayfed.engine.sizing.check_fits`);
+* its inputs: the dataset, the problem (the algorithm checks its params against it), the held-out
+  server data and the partition (:class:`~rayfed.engine.inputs.RunInputs`);
+* whether any client can take a local step (:func:`rayfed.engine.trainability.check_trainable`).
+
+The :class:`RunPlan` carries what those checks found, so the round loop reads each fact once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from rayfed.algorithms import ResolvedAlgorithm, resolve
+from rayfed.config import RunConfig
+from rayfed.engine.inputs import RunInputs
+from rayfed.engine.run_dir import ResumePoint, check_creatable, check_same_run, read_resume_point
+from rayfed.engine.sizing import MemoryEstimate, check_fits
+from rayfed.engine.trainability import check_trainable
+from rayfed.util.progress import progress_shown
+
+__all__ = ["RunPlan", "plan_run", "default_run_dir"]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run that passed every check: where it writes, what it continues from, what it trains on."""
+
+    config: RunConfig
+    algorithm: ResolvedAlgorithm
+    run_dir: Path
+    continues: bool
+    """Whether the run directory holds this run already (resumed, or started again: no round saved)."""
+    resume: ResumePoint
+    """The checkpoint and rounds it continues from (none for a new run)."""
+    memory: MemoryEstimate
+    inputs: RunInputs
+
+
+def default_run_dir(config: RunConfig) -> Path:
+    """``runs/<algorithm>-<dataset>-s<seed>-<time>``: a new directory for a run that names none."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    return Path(f"runs/{config.algorithm.name}-{config.data.dataset}-s{config.seed}-{stamp}")
+
+
+def plan_run(config: RunConfig, *, resume: bool = False) -> RunPlan:
+    """Check ``config``'s run in the order that writes nothing and fails cheapest first; raises a
+    :class:`~rayfed.util.errors.RayfedError` naming the field or file and its fix."""
+    algorithm = resolve(config.algorithm)
+    run_dir = Path(config.run_dir) if config.run_dir else default_run_dir(config)
+    check_creatable(run_dir)
+    continues = check_same_run(run_dir, config, resume=resume)
+    point = read_resume_point(run_dir) if continues else ResumePoint(None)
+    memory = check_fits(config, run_dir)
+    with progress_shown(config.engine.progress):
+        inputs = RunInputs.prepare(config, algorithm, run_dir, continues=continues)
+    check_trainable(inputs.partition.num_train(), config.train)
+    return RunPlan(config, algorithm, run_dir, continues, point, memory, inputs)
