@@ -60,7 +60,7 @@ def test_an_unwritable_cache_only_costs_time(tmp_path: Path) -> None:
 
 
 def test_rayfed_list_answers_quickly_once_cached(tmp_path: Path) -> None:
-    """The issue's target: under 1.5 s on the 2-core box (torch is not imported)."""
+    """Under 1.5 s on the 2-core box (torch is not imported)."""
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     command = [sys.executable, "-m", "rayfed", "list"]
     subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)  # builds the cache

@@ -95,7 +95,7 @@ def test_a_dataset_larger_than_memory_is_refused_in_seconds_with_the_estimate(tm
 
 
 def test_ten_million_clients_are_refused_or_warned_about_naming_the_clients(tmp_path, monkeypatch, caplog) -> None:
-    # The config: 10,000,000 clients over 10,000,000 synthetic samples.
+    # A config far beyond any machine: 10,000,000 clients over 10,000,000 synthetic samples.
     config = _config(tmp_path, **{"data.num_clients": 10**7, "data.options": {"num_samples": 10**7}})
     estimate = estimate_memory(config)
     assert {p.name: p.field for p in estimate.parts}["round records"] == "data.num_clients"

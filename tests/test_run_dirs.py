@@ -1,6 +1,6 @@
 """Run directories a user can trust: no dead ends, Ctrl-C that says how to continue, clear errors.
 
-Every case of issue 18 items 1-3: a run that saved no round can be resumed or rerun; input checks
+Every case: a run that saved no round can be resumed or rerun; input checks
 write nothing; Ctrl-C checkpoints the last completed round and prints one line; a run_dir that
 cannot be created, a damaged file found on resume and a data.root that is a file are named with
 the fix, and a refused resume changes nothing in the run directory.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -135,8 +136,17 @@ def test_ctrl_c_checkpoints_the_last_round_and_resume_matches_an_uninterrupted_r
     assert _results(run_dir) == uninterrupted
 
 
+@pytest.fixture
+def ctrl_c_handled() -> Iterator[None]:
+    """Python's own Ctrl-C handler, as an interactive run has it: a suite started in the background (``&``)
+    inherits SIGINT ignored, and a SIGINT would then never reach the run."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def test_sigint_while_a_round_changes_state_takes_effect_once_the_round_is_recorded(
-    tmp_path, monkeypatch, uninterrupted
+    tmp_path, monkeypatch, uninterrupted, ctrl_c_handled
 ) -> None:
     aggregate = LocalExecutor.aggregate
 

@@ -190,7 +190,7 @@ CWFEDAVG_MNIST = Table(
             paper={"path_mnist": "99.87 [A]", "prac_mnist": "99.47 [A]"}),
     ),
     paper_rounds=1000,
-    notes="[A] = P-arXiv Table 1; others P-ICCV Table 1. The measurement of issue 16: "
+    notes="[A] = P-arXiv Table 1; others P-ICCV Table 1. Measured with "
     "--methods fedavg,cwfedavg --rounds 30 --seeds 5 --at-rounds 1,5,10,20,30.",
 )
 
@@ -217,7 +217,7 @@ PFL_BASELINES_MNIST = Table(
         Row("lgfedavg", "LG-FedAvg", "lgfedavg"),
     ),
     paper_rounds=1000,
-    notes="The measurement of issue 14: --rounds 20 --seeds 2 (papers: 1000 rounds, 3 seeds). FedBABU is "
+    notes="Measured with --rounds 20 --seeds 2 (papers: 1000 rounds, 3 seeds). FedBABU is "
     "evaluated every 5 rounds (and at round 0), its best over those rounds.",
 )
 

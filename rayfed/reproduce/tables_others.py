@@ -258,7 +258,7 @@ AWA_MNIST = Table(
         Row("fedadam", "FedAdam", "fedadam", settings=_SGDM, paper=_c10_reference("fedadam")),
         Row("fedawa_disco", "FedDisco + FedAWA", "fedawa", {"initial_weights": "feddisco"}),
     ),
-    notes="The measurement of issue 15: --rounds 20 --seeds 2 (every row, every column). FedProx trains with "
+    notes="Measured with --rounds 20 --seeds 2 (every row, every column). FedProx trains with "
     "plain SGD as the authors' code does, where the other rows keep momentum 0.9 across rounds (about 10x the step "
     "at the same lr 0.01), so at 20 rounds it trails them by its slower start.",
 )

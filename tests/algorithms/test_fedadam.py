@@ -59,9 +59,9 @@ def test_first_round_moves_every_trained_parameter_by_about_the_server_lr(tmp_pa
     server = FedAdamServer(config.algorithm.params, sim.spec, sim.initial)
     before = server.global_vector.copy()
     upload = ClientRunner(config, sim.spec, sim.dataset, sim.partition).train(
-        server.broadcast(), RoundContext(0, 0, 0.01, np.arange(4)), [0, 1, 2, 3]).contribution
+        server.broadcast(), RoundContext(0, 0, config.train.lr, np.arange(4)), [0, 1, 2, 3]).contribution
     # Execute
-    server.aggregate(RoundContext(0, 0, 0.01, np.arange(4)), upload)
+    server.aggregate(RoundContext(0, 0, config.train.lr, np.arange(4)), upload)
     # Assert: m/√v = 0.1Δ/(√0.01·|Δ|) = ±1 where |Δ| ≫ τ: a sign step of size η = 1, FedAdam's hallmark
     # (the FedAvg average would move them by |Δ|, orders of magnitude less).
     p = server.num_params

@@ -56,8 +56,9 @@ def test_models_with_different_feature_widths_are_refused() -> None:
 def _distance_to_prototypes(runner: ClientRunner, result, server: FedProtoServer, ids: list[int]) -> float:
     """Mean squared distance of every training embedding to its class's global prototype."""
     total, count = 0.0, 0
+    ctx = RoundContext(1, 0, runner.config.train.lr, np.arange(4))
     for cid in ids:
-        job = runner._job(cid, 1, result.states[cid], split="train")
+        job = runner._job(cid, ctx, result.states[cid], split="train")
         server.broadcast().prepare_eval(job)
         layer = runner.spec.output_layer[job.architecture]
         features = torch.cat([f for _, f in features_before_output(job.model, layer, job.x_train)])
@@ -76,14 +77,14 @@ def test_the_prototype_term_pulls_embeddings_towards_their_class_prototype(tmp_p
     runner = ClientRunner(config, sim.spec, sim.dataset, sim.partition)
     ids = [0, 1, 2, 3]
     server = FedProtoServer(FedProtoParams(), sim.spec, sim.initial)
-    first = runner.train(server.broadcast(), RoundContext(0, 0, 0.01, np.arange(4)), ids)
-    server.aggregate(RoundContext(0, 0, 0.01, np.arange(4)), first.contribution)
+    first = runner.train(server.broadcast(), RoundContext(0, 0, config.train.lr, np.arange(4)), ids)
+    server.aggregate(RoundContext(0, 0, config.train.lr, np.arange(4)), first.contribution)
     assert server.present.any()
     distances = {}
     for lam in (0.0, 1.0):
         # Execute: round 1 from the same models and prototypes, with and without the prototype term.
         runner.client_half.params = FedProtoParams(lam=lam)
-        result = runner.train(server.broadcast(), RoundContext(1, 0, 0.01, np.arange(4)), ids, first.states)
+        result = runner.train(server.broadcast(), RoundContext(1, 0, config.train.lr, np.arange(4)), ids, first.states)
         distances[lam] = _distance_to_prototypes(runner, result, server, ids)
     # Assert: with λ = 1 the embeddings end closer to their class prototypes than with λ = 0.
     assert distances[1.0] < 0.9 * distances[0.0]

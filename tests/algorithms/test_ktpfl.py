@@ -68,7 +68,7 @@ def test_distillation_moves_a_clients_public_predictions_towards_its_target(tmp_
     m, p, k = sim.spec.num_clients, len(sim.spec.held_out), sim.spec.num_classes
     targets = np.zeros((m, p, k), dtype=np.float32)
     targets[:, :, k_star] = 1.0
-    ctx = RoundContext(round=1, seed=0, lr=0.1, sampled=np.arange(m))
+    ctx = RoundContext(round=1, seed=0, lr=config.train.lr, sampled=np.arange(m))
     # Execute: the same client, from the same model and batches, with and without the target.
     with_target = runner.train(KTpFLBroadcast(ClientInit.of(sim.spec), targets), ctx, [0]).contribution
     without = runner.train(KTpFLBroadcast(ClientInit.of(sim.spec), None), ctx, [0]).contribution

@@ -1,14 +1,17 @@
 """Dataset loaders (synthetic, torchvision-backed, Tiny ImageNet), the registry and transforms.
 
-Real files exist only for MNIST (/work/shared/data); the other loaders are tested on
-small stand-ins written here in each dataset's on-disk format, read by torchvision's
-own loading code. Every test that touches files runs with the network disabled.
+Real files are read only for MNIST, from the data root named by the environment variable
+``RAYFED_TEST_DATA`` (a folder holding ``MNIST/raw/*.gz``; that test is skipped without it);
+the other loaders are tested on small stand-ins written here in each dataset's on-disk
+format, read by torchvision's own loading code. Every test that touches files runs with the
+network disabled.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 import pickle
 import shutil
 import socket
@@ -23,7 +26,8 @@ import torch
 from rayfed.data import ArrayDataset, load_dataset, make_synthetic, normalize_batch
 from rayfed.util.errors import ConfigError, DatasetError
 
-SHARED_DATA = (Path(__file__).resolve().parents[2] / ".." / "shared" / "data").resolve()
+TEST_DATA = Path(os.environ["RAYFED_TEST_DATA"]).expanduser() if os.environ.get("RAYFED_TEST_DATA") else None
+"""A data root with the real MNIST files (``RAYFED_TEST_DATA``), or None."""
 MNIST_FILES = [
     "train-images-idx3-ubyte.gz",
     "train-labels-idx1-ubyte.gz",
@@ -161,11 +165,13 @@ def test_torchvision_dataset_without_root_raises_config_error():
 # --------------------------------------------------------------------------- MNIST / Fashion-MNIST
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "MNIST").is_dir(), reason=f"real MNIST not found at {SHARED_DATA}")
+@pytest.mark.skipif(TEST_DATA is None or not (TEST_DATA / "MNIST").is_dir(),
+                    reason="no real MNIST: set RAYFED_TEST_DATA to a data root holding MNIST/raw/*.gz")
 def test_mnist_loads_the_merged_70k_pool_from_gzip_files_offline(tmp_path: Path, no_network: None):
     # Prepare: only the original .gz files, in a writable copy
     root = tmp_path / "data"
-    shutil.copytree(SHARED_DATA / "MNIST", root / "MNIST")
+    assert TEST_DATA is not None
+    shutil.copytree(TEST_DATA / "MNIST", root / "MNIST")
     (root / "MNIST").chmod(0o755)
     for path in (root / "MNIST").rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)

@@ -1,0 +1,120 @@
+"""The package's layers, as docs/architecture.md draws them, hold in the code.
+
+Every ``import`` of a rayfed module that runs (at module level or inside a function; not the
+ones under ``if TYPE_CHECKING:``, which only type checkers follow) must point to the importing
+module's own layer or one below it; the root holds only the package's face; and an algorithm
+module imports another algorithm's module only to build on one of its classes.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "rayfed"
+
+LAYERS = (
+    ("util",),
+    ("models", "data"),
+    ("train",),
+    ("algorithms",),
+    ("config",),
+    ("execution",),
+    ("actors",),
+    ("engine",),
+    ("results",),
+    ("reproduce", "tuning"),
+    ("",),  # the root: __init__, __main__, cli
+)
+"""Sub-packages from the bottom up; a module may import its own layer and the layers below it."""
+
+EXTENDS = {
+    ("fedprox", "fedavg"), ("feduv", "fedavg"), ("sgdm", "fedavg"), ("ditto", "fedavg"), ("fedclassavg", "fedavg"),
+    ("fedawa", "sgdm"), ("feddyn", "sgdm"),
+    ("feddisco", "fedawa_weights"),
+}
+"""(algorithm, algorithm it builds on): FedAvg's server under other clients, the persistent-momentum client
+of FedAWA and FedDyn, FedAWA's registry of initial weights that FedDisco registers into."""
+
+FAMILY_SUFFIXES = ("_equations", "_params", "_objective", "_figures", "_weights")
+"""A method's own modules beside its main one (``cwfedavg_equations`` belongs to ``cwfedavg``)."""
+SHARED = {"hooks", "registry", "contributions", "figures", "common"}
+"""Modules of rayfed.algorithms that are not an algorithm: the contract and what algorithms share."""
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    package = parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) else ""
+    for index, names in enumerate(LAYERS):
+        if package in names:
+            return index
+    raise AssertionError(f"{module} is in no layer: add its package to LAYERS and to docs/architecture.md")
+
+
+def _module_name(path: Path) -> str:
+    relative = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = relative.parts[:-1] if relative.name == "__init__" else relative.parts
+    return ".".join(parts)
+
+
+def _runtime_imports(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, module) of every rayfed import that runs, skipping ``if TYPE_CHECKING:`` blocks."""
+    found: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rayfed"):
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names if alias.name.startswith("rayfed"))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {_module_name(path): ast.parse(path.read_text(), str(path)) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    upward = [
+        f"{module}:{line} imports {target} (layer {_layer(target)} above {_layer(module)})"
+        for module, tree in _modules().items()
+        for line, target in _runtime_imports(tree)
+        if _layer(target) > _layer(module)
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_root_holds_only_the_face_of_the_package() -> None:
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py", "cli.py"]
+
+
+def _owner(name: str) -> str:
+    """The algorithm a module of rayfed.algorithms belongs to (``cwfedavg_params`` -> ``cwfedavg``)."""
+    for suffix in FAMILY_SUFFIXES:
+        if name.endswith(suffix):
+            return name.removesuffix(suffix)
+    return name
+
+
+def test_no_algorithm_imports_another_for_a_helper() -> None:
+    helpers = []
+    for module, tree in _modules().items():
+        parts = module.split(".")
+        if parts[:2] != ["rayfed", "algorithms"] or len(parts) != 3 or parts[2] in SHARED:
+            continue
+        for line, target in _runtime_imports(tree):
+            target_parts = target.split(".")
+            if target_parts[:2] != ["rayfed", "algorithms"] or len(target_parts) < 3 or target_parts[2] in SHARED:
+                continue
+            importer, imported = parts[2], target_parts[2]
+            if _owner(importer) == _owner(imported) or (importer, imported) in EXTENDS:
+                continue
+            helpers.append(f"{module}:{line} imports {target}")
+    assert not helpers, "move what they share into rayfed.algorithms.common:\n" + "\n".join(helpers)
