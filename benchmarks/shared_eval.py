@@ -65,7 +65,7 @@ def main() -> None:
     per_client = PerClientModels(**{f.name: getattr(shared, f.name) for f in dataclasses.fields(ClasswiseModels)})
     ids = list(range(args.clients))
     model = runner.model_for(config.model.name).module
-    x, _ = runner._tensors(np.concatenate([partition.test(cid) for cid in ids]))
+    x, _ = runner.gather(np.concatenate([partition.test(cid) for cid in ids]))
 
     def forward_only() -> None:
         with torch.no_grad():

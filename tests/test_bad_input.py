@@ -19,7 +19,7 @@ from rayfed.data import load_dataset, make_partition
 from rayfed.data.torchvision_data import _gunzip_if_needed
 from rayfed.engine.metrics import summarise_round
 from rayfed.engine.trainability import check_trainable
-from rayfed.execution.client_runner import ClientReport
+from rayfed.execution.reports import ClientReport
 from rayfed.util.errors import CheckpointFormatError
 from rayfed.util.files import load_arrays, save_arrays
 from tests.conftest import tiny_overrides

@@ -64,7 +64,7 @@ def test_cwfedavg_global_accuracy_is_eq7_with_the_overall_distribution(params) -
         offset += part.stop - part.start
     correct, loss = [], []
     for cid in range(NUM_CLIENTS):
-        x, y = runner._tensors(runner.partition.test(cid))
+        x, y = runner.gather(runner.partition.test(cid))
         stats = evaluate_model(flat.module, x, y)
         correct.append(stats.correct)
         loss.append(stats.loss_sum)

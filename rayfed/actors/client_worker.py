@@ -11,7 +11,8 @@ from typing import Any
 import ray
 
 from rayfed.algorithms import RoundContext
-from rayfed.execution.client_runner import ClientRunner, EvalReport
+from rayfed.execution.client_runner import ClientRunner
+from rayfed.execution.reports import EvalReport
 
 __all__ = ["ClientWorker"]
 

@@ -29,8 +29,8 @@ from rayfed.actors.worker_pool import ACTOR_FAILURES, WorkerPool, kill_actor
 from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
-from rayfed.execution.client_runner import ClientReport, EvalReport
 from rayfed.execution.executor import Chunk, Executor, no_progress, states_of
+from rayfed.execution.reports import ClientReport, EvalReport
 from rayfed.train.job import ClientState
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.errors import ServerError

@@ -8,9 +8,9 @@ fixed order (by batch), so a run is bit-for-bit reproducible whatever worker ran
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -23,22 +23,28 @@ C = TypeVar("C", bound=Contribution)
 
 @dataclass
 class WeightedSum(Contribution):
-    """Σ_i w_i x_i and Σ_i w_i: FedAvg's sufficient statistics (Flower/pfl ``WeightedStatistics``)."""
+    """Σ_i w_i x_i and Σ_i w_i: FedAvg's sufficient statistics (Flower/pfl ``WeightedStatistics``).
 
-    total: np.ndarray
+    On a worker the sum may be a tensor on its device; :meth:`with_host_arrays` turns it into the
+    numpy array the server aggregates.
+    """
+
+    total: Any
+    """Σ_i w_i x_i: a float32 numpy array, or a tensor on a worker's device."""
     weight: float
     count: int = 1
 
     @classmethod
-    def of(cls, vector: np.ndarray, weight: float) -> WeightedSum:
-        """The contribution of one client: its vector scaled by its weight (n_i for FedAvg)."""
-        return cls(vector * np.float32(weight), float(weight), 1)
+    def of(cls, vector: Any, weight: float) -> WeightedSum:
+        """The contribution of one client: its vector (numpy, or a tensor) scaled by its weight (n_i for FedAvg)."""
+        return cls(vector * np.float32(weight) if isinstance(vector, np.ndarray) else vector * float(weight),
+                   float(weight), 1)
 
     def __add__(self, other: WeightedSum) -> WeightedSum:
         return WeightedSum(self.total + other.total, self.weight + other.weight, self.count + other.count)
 
     def __iadd__(self, other: WeightedSum) -> WeightedSum:
-        if not self.total.flags.writeable:  # arrays read zero-copy from Ray's object store
+        if isinstance(self.total, np.ndarray) and not self.total.flags.writeable:  # read zero-copy from Ray's store
             return self + other
         self.total += other.total
         self.weight += other.weight
@@ -53,8 +59,18 @@ class WeightedSum(Contribution):
     def nbytes(self) -> int:
         return int(self.total.nbytes) + 8
 
-    def is_finite(self) -> bool:
-        return bool(np.isfinite(self.total).all()) and np.isfinite(self.weight)
+    def is_finite(self) -> Any:
+        if isinstance(self.total, np.ndarray):
+            return bool(np.isfinite(self.total).all()) and np.isfinite(self.weight)
+        import torch  # a tensor sum exists only where torch is loaded
+
+        return torch.isfinite(self.total).all()  # a client's weight n_i is a finite number
+
+    def device_tensors(self) -> list[Any]:
+        return [] if isinstance(self.total, np.ndarray) else [self.total]
+
+    def with_host_arrays(self, arrays: Sequence[np.ndarray]) -> WeightedSum:
+        return WeightedSum(np.asarray(arrays[0], dtype=np.float32), self.weight, self.count) if arrays else self
 
 
 @dataclass

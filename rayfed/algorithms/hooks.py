@@ -80,7 +80,13 @@ class RoundContext:
 
 
 class Contribution(abc.ABC):
-    """An upload that adds: ``(a + b) + c == a + (b + c)`` and ``a + b == b + a`` up to float rounding."""
+    """An upload that adds: ``(a + b) + c == a + (b + c)`` and ``a + b == b + a`` up to float rounding.
+
+    A worker may build contributions that still live on its device (a GPU): it sums a call's
+    contributions there and brings the sum to the host once (:meth:`device_tensors`,
+    :meth:`with_host_arrays`). A sum must be finite only when every part is (sums and
+    concatenations are): the worker checks the call's sum, and the parts only when it is not.
+    """
 
     @abc.abstractmethod
     def __add__(self, other: Any) -> Contribution: ...
@@ -91,8 +97,18 @@ class Contribution(abc.ABC):
         """Bytes this contribution would take on the wire."""
 
     @abc.abstractmethod
-    def is_finite(self) -> bool:
-        """False if any value is NaN or infinite (such an update is rejected, never aggregated)."""
+    def is_finite(self) -> Any:
+        """False if any value is NaN or infinite (such an update is rejected, never aggregated): a bool, or a
+        0-d bool tensor while the contribution lives on a device."""
+
+    def device_tensors(self) -> list[Any]:
+        """The tensors of this contribution that live on a worker's device; none (the default) for one
+        held in host memory."""
+        return []
+
+    def with_host_arrays(self, arrays: Sequence[np.ndarray]) -> Contribution:
+        """This contribution with :meth:`device_tensors` replaced by ``arrays``, their host copies in order."""
+        return self
 
 
 class Broadcast(abc.ABC):
@@ -130,6 +146,20 @@ class Broadcast(abc.ABC):
     def bytes_down(self, job: ClientJob) -> int:
         """Bytes the client receives this round; by default its whole model."""
         return job.flat.size * 4
+
+    def personalise_stacked(self, jobs: Sequence[ClientJob]) -> Any:
+        """The starting states (parameters, then floating-point buffers) of ``jobs``, clients of one
+        architecture trained stacked, as one (C, S) tensor on their device, when this broadcast forms
+        them all at once (a global model they all start from); ``None`` (the default) to
+        :meth:`personalise` them one by one."""
+        return None
+
+    def contribute_stacked(self, jobs: Sequence[ClientJob], states: Any) -> Contribution | None:
+        """What the stacked clients ``jobs`` send, summed in one operation, from their trained states
+        (C, S) on the device; ``None`` (the default) to :meth:`contribute` them one by one. It must
+        equal the sum of their :meth:`contribute` up to float rounding, and weigh on the wire what
+        each client's own contribution weighs (a weighted sum does)."""
+        return None
 
     def shared_body(self, jobs: Sequence[ClientJob]) -> SharedBody | None:
         """The evaluation models of ``jobs`` (clients of one architecture, without data), when they
@@ -205,6 +235,11 @@ class ClientHalf(Generic[P]):
         """True if this half trains with the default loop, so clients can be trained stacked."""
         cls = type(self)
         return all(getattr(cls, hook) is getattr(ClientHalf, hook) for hook in ("train", "extra_loss"))
+
+    def has_extra_loss(self) -> bool:
+        """True if :meth:`functional_extra_loss` may add a term (it is overridden; it may still return
+        ``None``, as FedProx's does for μ = 0): stacked training evaluates it only then."""
+        return type(self).functional_extra_loss is not ClientHalf.functional_extra_loss
 
 
 class ServerHalf(abc.ABC, Generic[P, C]):

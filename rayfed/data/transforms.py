@@ -19,13 +19,14 @@ __all__ = ["model_inputs", "normalize_batch"]
 
 
 def model_inputs(
-    batch: np.ndarray,
+    batch: np.ndarray | torch.Tensor,
     mean: Sequence[float] = (),
     std: Sequence[float] = (),
     *,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """The model's input tensor for ``batch``, rows of an :class:`~rayfed.data.ArrayDataset`'s inputs.
+    """The model's input tensor for ``batch``, rows of an :class:`~rayfed.data.ArrayDataset`'s inputs (an
+    array, or a tensor of them already gathered, e.g. on a GPU).
 
     Images, uint8 (B, C, H, W): float32 ``(x / 255 - mean) / std`` (:func:`normalize_batch`).
     Token sequences, int32/int64 (B, L): int64 ids, moved as they are stored (int32: half
@@ -36,6 +37,8 @@ def model_inputs(
     >>> model_inputs(np.full((1, 1, 2, 2), 255, np.uint8), (0.5,), (0.5,)).unique().tolist()
     [1.0]
     """
+    if isinstance(batch, torch.Tensor) and batch.ndim == 2 and batch.dtype in (torch.int32, torch.int64):
+        return (batch if device is None else batch.to(device, non_blocking=True)).long()
     if isinstance(batch, np.ndarray) and batch.ndim == 2 and batch.dtype in (np.int32, np.int64):
         ids = torch.from_numpy(np.require(batch, requirements=["C", "W"]))  # copied only if read-only (Ray's store)
         if device is not None:

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from rayfed.execution.client_runner import ClientReport, EvalReport
+from rayfed.execution.reports import ClientReport, EvalReport
 
 logger = logging.getLogger(__name__)
 

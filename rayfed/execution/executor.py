@@ -20,8 +20,9 @@ import numpy as np
 from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
-from rayfed.execution.client_runner import ClientReport, ClientRunner, EvalReport
+from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.devices import check_local_gpu
+from rayfed.execution.reports import ClientReport, EvalReport
 from rayfed.execution.server import Server
 from rayfed.train.job import ClientState
 from rayfed.train.problem import ProblemSpec

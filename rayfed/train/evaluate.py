@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["EvalStats", "eval_batch_size", "evaluate_model", "features_before_output"]
+__all__ = ["EvalStats", "eval_batch_size", "evaluate_model", "mean_cross_entropy", "features_before_output"]
 
 
 def eval_batch_size(device: torch.device) -> int:
@@ -49,6 +49,19 @@ def evaluate_model(
         correct += (logits.argmax(dim=1) == target).sum()
         loss_sum += F.cross_entropy(logits, target, reduction="sum")
     return EvalStats(correct=int(correct), loss_sum=float(loss_sum), count=int(y.shape[0]))
+
+
+@torch.no_grad()
+def mean_cross_entropy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy of ``model`` (in eval mode) on ``(x, y)``, as a 0-d tensor on their device:
+    nothing is read back, so a worker can read a whole call's values at once."""
+    model.eval()
+    batch_size = eval_batch_size(x.device)
+    loss_sum = torch.zeros((), device=x.device)
+    for start in range(0, int(y.shape[0]), batch_size):
+        stop = start + batch_size
+        loss_sum += F.cross_entropy(model(x[start:stop]), y[start:stop], reduction="sum")
+    return loss_sum / max(int(y.shape[0]), 1)
 
 
 @torch.no_grad()

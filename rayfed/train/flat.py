@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rayfed.train.host import host_copy
 from rayfed.train.layout import ParamLayout
 
 __all__ = ["FlatModel", "read_only_tensor"]
@@ -90,8 +91,7 @@ class FlatModel:
 
     def numpy(self, part: slice | None = None) -> np.ndarray:
         """A float32 numpy copy of the parameters (or of the slice ``part``)."""
-        view = self.vector if part is None else self.vector[part]
-        return view.detach().to("cpu", copy=True).numpy()
+        return host_copy(self.vector if part is None else self.vector[part])
 
     def slice_of(self, prefixes: str | Sequence[str]) -> slice:
         return self.layout.slice_of(prefixes)
@@ -104,11 +104,17 @@ class FlatModel:
     def state_size(self) -> int:
         return self.layout.size + self.buffer_layout.size
 
+    def state(self, *, copy: bool = True) -> torch.Tensor:
+        """Parameters and floating-point buffers, concatenated, on the model's device: a new tensor, or
+        (``copy=False``, for a caller that only reads it at once) the live parameter vector when there
+        are no buffers."""
+        if self.buffer_layout.size:
+            return torch.cat([self.vector.detach(), self.buffers])
+        return self.vector.detach().clone() if copy else self.vector.detach()
+
     def state_numpy(self) -> np.ndarray:
         """Parameters and floating-point buffers, concatenated, as one float32 numpy copy."""
-        if not self.buffer_layout.size:
-            return self.numpy()
-        return torch.cat([self.vector.detach(), self.buffers]).cpu().numpy()
+        return host_copy(self.state(copy=False))
 
     def load_state(self, values: np.ndarray | torch.Tensor) -> None:
         """Load a vector produced by :meth:`state_numpy`."""

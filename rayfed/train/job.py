@@ -76,9 +76,13 @@ class ClientJob:
 
 @dataclass(frozen=True)
 class TrainStats:
-    """What local training reports: mean cross-entropy over the steps taken and their number."""
+    """What local training reports: mean cross-entropy over the steps taken and their number.
 
-    loss: float
+    ``loss`` may be a 0-d tensor on the job's device: the worker reads the call's losses in one
+    transfer, after every client of the call trained, so the step loop never waits for the host.
+    """
+
+    loss: float | torch.Tensor
     steps: int
 
 

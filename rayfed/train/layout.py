@@ -50,7 +50,24 @@ class ParamLayout:
         >>> layout.view(torch.arange(6.0), 0)[:, :, 0, 0].tolist()
         [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
         """
-        piece = vector[..., self.offsets[i] : self.offsets[i + 1]]
+        return self._shaped(vector[..., self.offsets[i] : self.offsets[i + 1]], i)
+
+    def views(self, vector: torch.Tensor) -> list[torch.Tensor]:
+        """Every parameter as a view into ``vector`` (its flat vector, or a stack of them along the leading
+        dimensions), in layout order: :meth:`view` of each, cut from the vector in one ``split``."""
+        sizes = [stop - start for start, stop in zip(self.offsets[:-1], self.offsets[1:])]
+        whole = vector if vector.shape[-1] == self.size else vector[..., : self.size]
+        return [self._shaped(piece, i) for i, piece in enumerate(whole.split(sizes, dim=-1))]
+
+    def stacked_views(self, stack: torch.Tensor, width: int) -> list[torch.Tensor]:
+        """Every parameter of ``width`` models as a contiguous (width, *shape) view into ``stack``, a
+        parameter-major stack: parameter 0 of every model, then parameter 1 of every model, ..., each
+        in its logical order (so a convolution's ``width`` kernels view as one grouped kernel)."""
+        sizes = [width * (stop - start) for start, stop in zip(self.offsets[:-1], self.offsets[1:])]
+        return [piece.view(width, *shape) for piece, shape in zip(stack.split(sizes), self.shapes)]
+
+    def _shaped(self, piece: torch.Tensor, i: int) -> torch.Tensor:
+        """Parameter ``i``'s values ``piece`` (its part of the vector, behind any leading dimensions) in its shape."""
         lead, shape = piece.shape[:-1], self.shapes[i]
         if self.channels_last and self.channels_last[i]:
             o, c, h, w = shape

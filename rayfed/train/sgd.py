@@ -1,12 +1,16 @@
 """Local SGD, the loop the whole simulator spends its time in.
 
-No DataLoader: batches are index slices of tensors already on the device, and the SGD
-update is one fused operation on the flat parameter vector (:mod:`rayfed.train.flat`).
+No DataLoader: a client's batches are drawn once (:func:`step_batches`: one permutation per
+epoch, moved to the device in one transfer) and gathered from its data, which is already on the
+device, one block of steps at a time; the SGD update is one fused operation on the flat parameter
+vector (:mod:`rayfed.train.flat`). Nothing in the step loop reads a value back to the host: the
+losses stay on the device and the worker reads them once per call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +18,13 @@ import torch.nn.functional as F
 from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob, TrainStats
 
-__all__ = ["ExtraLoss", "minibatches", "local_sgd", "sgd_step"]
+if TYPE_CHECKING:
+    from rayfed.config import TrainConfig
+
+__all__ = [
+    "ExtraLoss", "minibatches", "epoch_orders", "epoch_steps", "step_batches", "local_sgd", "sgd_step", "mean_loss",
+    "unit",
+]
 
 ExtraLoss = Callable[[ClientJob, torch.Tensor], "torch.Tensor | None"]
 
@@ -65,36 +75,83 @@ def minibatches(
             yield order[start : start + batch]
 
 
+def epoch_orders(job: ClientJob) -> list[torch.Tensor]:
+    """One permutation of the client's training samples per local epoch, drawn from ``job.generator`` on the
+    CPU whatever the device, so a client trains on the same batches everywhere."""
+    return [torch.randperm(job.num_train, generator=job.generator) for _ in range(job.train.local_epochs)]
+
+
+def epoch_steps(train: TrainConfig, num_train: int) -> tuple[int, int]:
+    """(samples in an epoch's full batches, samples in its short last batch: 0 with ``drop_last``)."""
+    stop = num_train - num_train % train.batch_size if train.drop_last else num_train
+    return stop - stop % train.batch_size, stop % train.batch_size
+
+
+def step_batches(job: ClientJob) -> list[torch.Tensor]:
+    """Every step's sample indices, as :func:`minibatches` draws them, in blocks of equal-size batches:
+    each block is a (steps, batch) index tensor on the job's device, reached in one transfer.
+
+    With ``drop_last`` (or sizes that divide evenly) all epochs form one block; otherwise each epoch
+    ends with a block of its one short batch.
+    """
+    orders, batch = epoch_orders(job), job.train.batch_size
+    full, short = epoch_steps(job.train, job.num_train)
+    if not short:
+        steps = torch.cat([order[:full] for order in orders]) if len(orders) > 1 else orders[0][:full]
+        return [steps.to(job.device).view(-1, batch)] if full else []
+    pieces = [part for order in orders for part in (order[:full], order[full : full + short])]
+    shapes = [(-1, batch), (1, short)] * len(orders)
+    on_device = torch.cat(pieces).to(job.device).split([len(piece) for piece in pieces])
+    return [block.view(shape) for block, shape in zip(on_device, shapes) if block.numel()]
+
+
+_UNITS: dict[torch.device, torch.Tensor] = {}
+
+
+def unit(device: torch.device) -> torch.Tensor:
+    """The scalar 1 on ``device``, made once: the gradient a loss's backward starts from (``backward()``
+    would make a new one every step)."""
+    if device not in _UNITS:
+        _UNITS[device] = torch.ones((), device=device)
+    return _UNITS[device]
+
+
+def mean_loss(losses: list[torch.Tensor]) -> torch.Tensor | float:
+    """The mean of the steps' losses, as a tensor on their device (NaN without a step: a float)."""
+    if not losses:
+        return float("nan")
+    with torch.no_grad():
+        return torch.stack(losses).mean()
+
+
 def local_sgd(
     job: ClientJob,
     *,
     extra_loss: ExtraLoss | None = None,
     momentum_buffer: torch.Tensor | None = None,
 ) -> TrainStats:
-    """Train ``job.model`` in place for ``job.epochs`` epochs of mini-batch SGD on cross-entropy.
+    """Train ``job.model`` in place for ``train.local_epochs`` epochs of mini-batch SGD on cross-entropy.
 
     ``extra_loss(job, logits)`` adds an algorithm's term (WDR, a proximal term) to every
     mini-batch's loss. ``momentum_buffer`` (P floats) carries SGD momentum; pass a
     persistent one to keep momentum across rounds (FedAWA's clients do).
     With ``drop_last`` (the papers' loaders), a client with fewer samples than a batch
-    takes no step, as in PFLlib.
+    takes no step, as in PFLlib. The reported loss is a tensor on the job's device.
     """
     model, flat = job.model, job.flat
     model.train()
     train = job.train
     if train.momentum and momentum_buffer is None:
         momentum_buffer = torch.zeros_like(flat.vector)
-    lr = job.lr
-    loss_sum = torch.zeros((), device=job.device)
-    steps = 0
-    for idx in minibatches(job):
-        flat.zero_grad()
-        logits = model(job.x_train[idx])
-        loss = F.cross_entropy(logits, job.y_train[idx])
-        extra = extra_loss(job, logits) if extra_loss is not None else None
-        (loss if extra is None else loss + extra).backward()
-        sgd_step(flat, lr, momentum=train.momentum, weight_decay=train.weight_decay, buffer=momentum_buffer)
-        loss_sum += loss.detach()
-        steps += 1
-    return TrainStats(loss=float(loss_sum) / steps if steps else float("nan"), steps=steps)
-
+    lr, one = job.lr, unit(job.device)
+    losses: list[torch.Tensor] = []
+    for block in step_batches(job):
+        for x, y in zip(job.x_train[block], job.y_train[block]):  # one gather per block of steps
+            flat.zero_grad()
+            logits = model(x)
+            loss = F.cross_entropy(logits, y)
+            extra = extra_loss(job, logits) if extra_loss is not None else None
+            (loss if extra is None else loss + extra).backward(one)
+            sgd_step(flat, lr, momentum=train.momentum, weight_decay=train.weight_decay, buffer=momentum_buffer)
+            losses.append(loss)
+    return TrainStats(loss=mean_loss(losses), steps=len(losses))

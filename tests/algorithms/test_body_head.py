@@ -142,7 +142,7 @@ def test_shared_body_evaluation_equals_a_forward_per_client(algorithm, params, s
     server.aggregate(ctx, trained.contribution)
     broadcast = server.broadcast()
     # Execute
-    jobs = [runner._job(cid, ctx, trained.states.get(cid), split=None, evaluation=True) for cid in ids]
+    jobs = [runner.job(cid, ctx, trained.states.get(cid), evaluation=True) for cid in ids]
     plan = broadcast.shared_body(jobs)
     plain = _OneByOne(**{f.name: getattr(broadcast, f.name) for f in dataclasses.fields(PartialModels)})
     batched = runner.evaluate(broadcast, ctx, ids, trained.states)

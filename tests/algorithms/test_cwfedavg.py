@@ -283,11 +283,11 @@ def test_wdr_term_and_its_gradient_vectorise_for_client_stacking() -> None:
     def term(weight: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         return half.functional_extra_loss([others[0], others[1], weight, others[3]], {"p": p})
 
-    # Execute: torch.func over the stack, as rayfed.train.stacked does.
+    # Execute: torch.func over the stack, as rayfed.train.stacked adds the term.
     values = torch.func.vmap(term)(weights, dists)
     grads = torch.func.vmap(torch.func.grad(term))(weights, dists)
     # Assert: the same as client by client.
-    assert can_stack(flat, half)
+    assert can_stack(flat, half, TrainConfig())
     for w, p, value, g in zip(weights, dists, values, grads):
         w = w.clone().requires_grad_(True)
         expected = wdr_penalty(p, w, 10.0)
@@ -498,7 +498,7 @@ def test_shared_body_evaluation_equals_a_forward_per_client(params, shared) -> N
     ctx = RoundContext(round=0, seed=0, lr=config.train.lr, sampled=np.arange(12))
     server.aggregate(ctx, runner.train(server.broadcast(), ctx, list(range(12))).contribution)
     broadcast = server.broadcast()
-    jobs = [runner._job(cid, ctx, None, split=None, evaluation=True) for cid in range(12)]
+    jobs = [runner.job(cid, ctx, None, evaluation=True) for cid in range(12)]
     assert (broadcast.shared_body(jobs) is not None) == shared
     full = _FullModels(**{f.name: getattr(broadcast, f.name) for f in dataclasses.fields(ClasswiseModels)})
     batched, one_by_one = runner.evaluate(broadcast, ctx, list(range(12))), runner.evaluate(full, ctx, list(range(12)))

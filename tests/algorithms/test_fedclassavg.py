@@ -210,7 +210,8 @@ def test_clients_start_from_their_own_initialisation(tmp_path) -> None:
     part = runner.model_for("fca_shufflenet").slice_of(CLASSIFIER_LAYER)
 
     def loaded(cid: int, hook: str) -> np.ndarray:
-        job = runner._job(cid, RoundContext(round=0, seed=0, lr=5e-4, sampled=np.array([cid])), None, split="test")
+        ctx = RoundContext(round=0, seed=0, lr=5e-4, sampled=np.array([cid]))
+        job = runner.job(cid, ctx, None, test=runner.gather(runner.partition.test(cid)))
         getattr(broadcast, hook)(job)
         return job.flat.numpy()
 

@@ -58,7 +58,7 @@ def _distance_to_prototypes(runner: ClientRunner, result, server: FedProtoServer
     total, count = 0.0, 0
     ctx = RoundContext(1, 0, runner.config.train.lr, np.arange(4))
     for cid in ids:
-        job = runner._job(cid, ctx, result.states[cid], split="train")
+        job = runner.job(cid, ctx, result.states[cid], train=runner.gather(runner.partition.train(cid)))
         server.broadcast().prepare_eval(job)
         layer = runner.spec.output_layer[job.architecture]
         features = torch.cat([f for _, f in features_before_output(job.model, layer, job.x_train)])

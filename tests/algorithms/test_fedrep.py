@@ -87,7 +87,7 @@ def test_head_epochs_on_features_computed_once_equal_the_frozen_body_steps(monke
     monkeypatch.setattr(body_head, "train_part", None)  # the features path must not fall back
     stats = train_output_layer(_cnn4_client(flat), split, "fc", 3)
     # Assert: the same steps and loss; the body untouched; the head equal up to float rounding.
-    assert (stats.steps, stats.loss) == (reference.steps, pytest.approx(reference.loss, rel=1e-5))
+    assert (stats.steps, float(stats.loss)) == (reference.steps, pytest.approx(float(reference.loss), rel=1e-5))
     np.testing.assert_array_equal(flat.numpy()[split.body_params], start[split.body_params])
     np.testing.assert_allclose(flat.numpy(), expected, rtol=1e-5, atol=1e-6)
     assert not np.array_equal(flat.numpy()[split.head_params], start[split.head_params])

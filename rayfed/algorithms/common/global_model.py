@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -41,7 +41,7 @@ class GlobalModel(Broadcast):
         job.flat.load_state(self.vector)
 
     def contribute(self, job: ClientJob) -> WeightedSum:
-        return WeightedSum.of(job.flat.state_numpy(), job.num_train)
+        return WeightedSum.of(job.flat.state(copy=False), job.num_train)
 
     def bytes_down(self, job: ClientJob) -> int:
         return int(self.vector.nbytes)
@@ -50,6 +50,23 @@ class GlobalModel(Broadcast):
         """Every client is evaluated with the global model itself (a subclass whose ``prepare_eval``
         loads another model says so here)."""
         return SharedBody(self.vector)
+
+    def personalise_stacked(self, jobs: Sequence[ClientJob]) -> Any:
+        """Every client starts from θ_g: one copy to the device, seen C times (not for a subclass that
+        personalises otherwise)."""
+        if type(self).personalise is not GlobalModel.personalise:
+            return None
+        from rayfed.train.flat import read_only_tensor  # workers only: the server stays free of torch
+
+        return read_only_tensor(self.vector).to(jobs[0].device).expand(len(jobs), -1)
+
+    def contribute_stacked(self, jobs: Sequence[ClientJob], states: Any) -> WeightedSum | None:
+        """Σ_i n_i θ_i as one matrix-vector product (not for a subclass that contributes otherwise)."""
+        if type(self).contribute is not GlobalModel.contribute:
+            return None
+        sizes = [job.num_train for job in jobs]
+        weights = states.new_tensor(sizes)
+        return WeightedSum(weights @ states, float(sum(sizes)), len(jobs))
 
 
 @dataclass(frozen=True)
