@@ -242,10 +242,13 @@ class EngineConfig:
     )
     vectorize: str = documented(
         "auto",
-        "Train clients of one architecture stacked with torch.func: on, off, or auto (stacked on CUDA, "
-        "sequential on CPU, where stacking is slower: benchmarks/README.md).",
+        "Train clients of one architecture stacked, as one model as many times as wide (grouped convolutions, "
+        "batched products): on, off, or auto (stacked on CUDA, sequential on CPU: benchmarks/README.md).",
     )
     stack_size: int = documented(64, "Most clients trained in one stack (bounds the memory of a vectorised step).")
+    cuda_graphs: bool = documented(
+        True, "On a GPU, capture each training step once per shape as a CUDA graph and replay it (off: run eagerly)."
+    )
     join_ratio: float = documented(1.0, "Fraction of clients sampled each round (partial participation when < 1).")
     eval_every: int = documented(1, "Evaluate every this many rounds (and always after the last).")
     eval_clients: str = documented("all", "Evaluate all clients (as the papers do) or only the sampled ones.")

@@ -26,9 +26,12 @@ from rayfed.execution.evaluation import evaluate_clients
 from rayfed.execution.reports import EvalReport, TrainResult
 from rayfed.execution.settlement import Settlement
 from rayfed.train.evaluate import mean_cross_entropy
+from rayfed.train.graphs import StepGraphs
 from rayfed.train.job import ClientJob, ClientState, seed_global_generators
 from rayfed.train.problem import ProblemSpec
+from rayfed.train.replayed import ReplayedSGD
 from rayfed.train.stacked import StackedTraining, can_stack, resolve_vectorize
+from rayfed.train.stacked_layers import has_dropout
 
 __all__ = ["ClientRunner"]
 
@@ -39,7 +42,9 @@ class ClientRunner(ClientData):
     def __init__(self, config: RunConfig, spec: ProblemSpec, dataset: ArrayDataset, partition: ClientPartition) -> None:
         super().__init__(config, spec, dataset, partition)
         self.client_half: ClientHalf[object] = resolve(config.algorithm).make_client(self.spec)
+        self.graphs = StepGraphs(self.device, enabled=config.engine.cuda_graphs)
         self._stacked: dict[str, StackedTraining] = {}
+        self._replayed = ReplayedSGD(self.graphs)
 
     # --- public calls (one per actor method) ---------------------------------------------
     def train(
@@ -85,8 +90,16 @@ class ClientRunner(ClientData):
         # Layers that draw from torch's global generator (dropout) get the client's seed too,
         # so a client trains the same on any worker and in any run.
         seed_global_generators(job.generator.initial_seed(), job.device)
-        stats = self.client_half.train(job)
+        stats = self._replayed.train(job) if self._replays(job) else self.client_half.train(job)
         settlement.add(broadcast, job, start, stats, time.perf_counter() - started, start_loss)
+
+    def _replays(self, job: ClientJob) -> bool:
+        """Whether the client's steps are replayed from CUDA graphs (:mod:`rayfed.train.replayed`): on a GPU
+        that captures, for a client half that trains with the default loop and adds no loss term, on a
+        model without dropout (a replayed step would not draw the client's own masks)."""
+        half = self.client_half
+        return (self.graphs.enabled and half.supports_stacking() and not half.has_extra_loss()
+                and not has_dropout(job.flat.module))
 
     def _train_stacked(self, broadcast: Broadcast, group: list[ClientJob], settlement: Settlement) -> None:
         started = time.perf_counter()
@@ -101,7 +114,7 @@ class ClientRunner(ClientData):
             starts = torch.stack(rows)
         else:
             constants, start_losses = [{}] * len(group), [math.nan] * len(group)
-        stacked = self._stacked.setdefault(group[0].architecture, StackedTraining(group[0].flat))
+        stacked = self._stacked.setdefault(group[0].architecture, StackedTraining(group[0].flat, self.graphs))
         trained, losses, steps = stacked.train(group, starts, self.client_half, constants)
         seconds = (time.perf_counter() - started) / len(group)
         settlement.add_stack(broadcast, group, starts, trained, losses, steps, seconds, start_losses)

@@ -45,7 +45,9 @@ def add_reproduce_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--methods", type=_names, help="row keys, comma-separated (default: all)")
     p.add_argument("--columns", type=_names, help="column keys, comma-separated (default: all)")
     p.add_argument("--parallel", type=int, default=1, help="runs at once, as Ray tasks (default 1: in this process)")
-    p.add_argument("--gpus-per-run", type=float, default=0.0, help="GPU share of each run (default 0: CPU)")
+    p.add_argument("--gpus-per-run", type=float, default=0.0,
+                   help="GPU share each run trains on (engine.num_gpus_per_worker; 0.125: eight runs per GPU; "
+                        "default 0: CPU)")
     p.add_argument("--at-rounds", type=_ints, default=[], help="also tabulate the metric at these rounds (0 = init)")
     p.add_argument("--out", type=Path, default=Path("results/reproduce"), help="default results/reproduce")
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="FIELD=VALUE",
@@ -118,6 +120,8 @@ def reproduce(ns: argparse.Namespace, command: str = "") -> int:
         raise ConfigError("--rounds, --seeds and --parallel must be >= 1")
     seeds = ns.seed_list if ns.seed_list else list(range(ns.seeds))
     settings = dict(parse_override(s) for s in ns.settings)
+    if ns.gpus_per_run:  # each run trains on its share, and its Ray task asks for it
+        settings = {"engine.num_gpus_per_worker": ns.gpus_per_run, **settings}
     cells = plan(table, ns.out, rounds=ns.rounds, seeds=seeds, rows=ns.methods, columns=ns.columns,
                  data_root=ns.data_root or os.environ.get("RAYFED_DATA"), settings=settings)
     outcomes = {}
@@ -130,7 +134,7 @@ def reproduce(ns: argparse.Namespace, command: str = "") -> int:
                   f"{outcome.status} {outcome.message}".rstrip()[:400], flush=True)
             write_report(table, cells, ns.out, rounds=ns.rounds, at_rounds=ns.at_rounds, command=command)
 
-        outcomes = execute(cells, parallel=ns.parallel, gpus_per_run=ns.gpus_per_run, on_done=done)
+        outcomes = execute(cells, parallel=ns.parallel, on_done=done)
     path = write_report(table, cells, ns.out, rounds=ns.rounds, at_rounds=ns.at_rounds, outcomes=outcomes,
                         command=command)
     print(path.read_text())

@@ -5,8 +5,9 @@ field that changes results), so a cell shared by two tables, or asked for again,
 never run twice: a run with the rounds asked for is skipped, a shorter finished one is extended
 (``train.rounds`` may change when a run continues), a stopped one resumes from its last
 checkpoint (one is written every round). Cells run one after the other in this process, or
-``parallel`` at a time as Ray tasks (one CPU each, plus ``gpus_per_run``), each run on the local
-backend in its task, so seeds and cells of a table share the cluster as resources allow.
+``parallel`` at a time as Ray tasks (one CPU each, plus the run's ``engine.num_gpus_per_worker``:
+``--gpus-per-run``), each run on the local backend in its task, so seeds and cells of a table share
+the cluster as resources allow: eight runs at 0.125 GPU share one GPU.
 """
 
 from __future__ import annotations
@@ -84,8 +85,9 @@ def plan(
     """Every cell of ``table`` (the rows and columns chosen, each seed) with its config under ``out/runs``.
 
     ``settings`` (dotted paths) apply to every cell last, e.g. a smaller dataset in tests or
-    ``engine.num_gpus_per_worker``. A cell whose algorithm, dataset or model is not registered,
-    or whose config is refused, is kept with the reason in ``blocked``.
+    ``engine.num_gpus_per_worker`` (the GPU share each run trains on, and asks its task for). A cell
+    whose algorithm, dataset or model is not registered, or whose config is refused, is kept with
+    the reason in ``blocked``.
     """
     out = Path(out).absolute()  # Ray tasks may start in another folder
     chosen_rows = [table.row(k) for k in rows] if rows else list(table.rows)
@@ -164,7 +166,6 @@ def execute(
     cells: Sequence[Cell],
     *,
     parallel: int = 1,
-    gpus_per_run: float = 0.0,
     on_done: Callable[[Cell, Outcome], None] = lambda cell, outcome: None,
 ) -> dict[Cell, Outcome]:
     """Run every runnable cell; ``on_done`` sees each outcome as it comes (to rewrite the report).
@@ -184,20 +185,21 @@ def execute(
             outcomes[cell] = outcome
             on_done(cell, outcome)
         return outcomes
-    return _execute_on_ray(runnable, parallel, gpus_per_run, on_done)
+    return _execute_on_ray(runnable, parallel, on_done)
 
 
 def _execute_on_ray(
-    cells: list[Cell], parallel: int, gpus_per_run: float, on_done: Callable[[Cell, Outcome], None]
+    cells: list[Cell], parallel: int, on_done: Callable[[Cell, Outcome], None]
 ) -> dict[Cell, Outcome]:
     """At most ``parallel`` cells at a time as Ray tasks on the cluster of ``RAY_ADDRESS``, or on a private
-    local Ray (:func:`rayfed.actors.cluster.ray_started`: without token authentication, shut down after)."""
+    local Ray (:func:`rayfed.actors.cluster.ray_started`: without token authentication, shut down after).
+    Each task asks for one CPU and its run's GPU share (``engine.num_gpus_per_worker``)."""
     import ray
 
     from rayfed.actors.cluster import ray_started
 
     address = os.environ.get("RAY_ADDRESS")
-    task = ray.remote(num_cpus=1, num_gpus=gpus_per_run, max_retries=0)(run_cell)
+    task = ray.remote(num_cpus=1, max_retries=0)(run_cell)
     outcomes: dict[Cell, Outcome] = {}
     pending: dict[Any, Cell] = {}
     queue = list(cells)
@@ -206,7 +208,8 @@ def _execute_on_ray(
             while queue and len(pending) < parallel:
                 cell = queue.pop(0)
                 assert cell.config is not None
-                pending[task.remote(cell.config.to_dict())] = cell
+                share = cell.config.engine.num_gpus_per_worker
+                pending[task.options(num_gpus=share).remote(cell.config.to_dict())] = cell
             ready, _ = ray.wait(list(pending), num_returns=1)
             cell = pending.pop(ready[0])
             try:

@@ -7,6 +7,7 @@ a worker call brings its numbers over once (:func:`to_host`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,12 +35,14 @@ def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     arrays, offset = [], 0
     for tensor, piece in zip(tensors, pieces):
         size = piece.numel() * piece.element_size()
-        dtype = np.dtype(np.bool_) if tensor.dtype == torch.bool else _NUMPY[tensor.dtype]
+        dtype: np.dtype[Any] = np.dtype(np.bool_) if tensor.dtype == torch.bool else _NUMPY[tensor.dtype]
         arrays.append(buffer[offset : offset + size].view(dtype).reshape(tuple(tensor.shape)))
         offset += size
     return arrays
 
 
-_NUMPY = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64), torch.int64: np.dtype(np.int64),
-          torch.int32: np.dtype(np.int32), torch.uint8: np.dtype(np.uint8), torch.float16: np.dtype(np.float16)}
+_NUMPY: dict[torch.dtype, np.dtype[Any]] = {
+    torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64), torch.float16: np.dtype(np.float16),
+    torch.int64: np.dtype(np.int64), torch.int32: np.dtype(np.int32), torch.uint8: np.dtype(np.uint8),
+}
 """The numpy dtype of each tensor dtype a worker brings to the host."""

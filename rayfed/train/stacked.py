@@ -1,9 +1,9 @@
 """Stacked client training: C clients of one architecture trained as one model C times as wide.
 
-The clients' parameters form a (C, P) stack. A stacked step runs the architecture's own
-``forward`` on B "samples" that each hold one sample of every client: activations are
-(B, C·channels, ...), client c's channels at c·channels, so a client is a group of channels.
-Every layer that holds parameters is driven by its stacked form:
+The clients' parameters form a stack. A stacked step runs the architecture's own ``forward`` on B
+"samples" that each hold one sample of every client: activations are (B, C·channels, ...), client
+c's channels at c·channels, so a client is a group of channels. Every layer that holds parameters
+is driven by its stacked form (:mod:`rayfed.train.stacked_layers`):
 
 * a convolution becomes one grouped convolution (C groups of the layer's own groups);
 * a linear layer one batched matrix product over the C clients;
@@ -14,38 +14,41 @@ Every other layer (ReLU, pooling, flattening, residual additions) acts on each c
 sample's features in order, and runs as it is. So a stacked step issues about as many operations
 as one client's step, whatever C.
 
-Clients take different numbers of steps (their data sizes differ). They are ordered by their
-step count, longest first, and at step s only the clients that still have a step train: a prefix
-of the stack, so no step is spent on a client that has finished. Each client draws its batches
-as the sequential loop does (:func:`~rayfed.train.sgd.step_batches`); a short last batch
+Clients take different numbers of steps (their data sizes differ). They are ordered by their step
+count, longest first, and at step s only the clients that still have a step train: a prefix of the
+stack, so no step is spent on a client that has finished (:class:`~rayfed.train.stack_plan.StackPlan`).
+Each client draws its batches as the sequential loop does; a short last batch
 (``train.drop_last=False``) is padded with samples of weight 0. The result equals the sequential
 path within float tolerance (tests/engine/test_vectorized.py).
 
-What cannot be stacked trains sequentially (:func:`can_stack`): dropout (each client draws its
-own masks from its own seed), layers without a stacked form, BatchNorm with short batches (the
-padding would enter the batch statistics), and client halves with a loop of their own.
+A step of ``width`` clients reads and writes only its workspace (:class:`Workspace`), so on a GPU it
+is captured once per width as a CUDA graph and replayed (:mod:`rayfed.train.graphs`); workspaces
+stay allocated from call to call while they fit :data:`WORKSPACE_FRACTION` of the GPU's free memory.
+What cannot be stacked trains sequentially (:func:`~rayfed.train.stacked_layers.can_stack`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from rayfed.train.flat import FlatModel
+from rayfed.train.graphs import StepGraphs
 from rayfed.train.job import ClientJob
-from rayfed.train.layout import ParamLayout
-from rayfed.train.sgd import epoch_orders, epoch_steps, unit
+from rayfed.train.sgd import epoch_orders, unit
+from rayfed.train.stack_plan import StackPlan, client_major, first_models, parameter_major
+from rayfed.train.stacked_layers import can_stack, stacked_layers
 
-__all__ = ["can_stack", "resolve_vectorize", "StackedTraining"]
+__all__ = ["can_stack", "resolve_vectorize", "StackedTraining", "Workspace", "WORKSPACE_FRACTION"]
 
-_DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+WORKSPACE_FRACTION = 0.1
+"""Workspaces stay allocated between calls (so their captured steps can be replayed) while they take at
+most this share of the GPU's free memory; beyond it a call allocates its own and runs eagerly."""
 
 
 def resolve_vectorize(setting: str, device: torch.device) -> bool:
@@ -60,37 +63,41 @@ def resolve_vectorize(setting: str, device: torch.device) -> bool:
     return setting == "on"
 
 
-def can_stack(flat: FlatModel, client_half: Any, train: Any) -> bool:
-    """Whether clients of this model can train stacked: every layer holding parameters or floating-point
-    buffers has a stacked form (a zero-padded ``Conv2d``, a ``Linear``, a ``BatchNorm2d`` that tracks
-    running statistics with a momentum, and with ``train.drop_last`` when there is one), no dropout
-    is active, and the client half trains with the default loop and states its extra loss functionally."""
-    batch_norm = False
-    for layer in flat.module.modules():
-        if isinstance(layer, _DROPOUT) and layer.p > 0:
-            return False
-        holds = any(True for _ in layer.parameters(recurse=False)) or any(
-            b.is_floating_point() for b in layer.buffers(recurse=False))
-        zero_padded_conv = isinstance(layer, nn.Conv2d) and layer.padding_mode == "zeros"
-        if not holds or isinstance(layer, nn.Linear) or zero_padded_conv:
-            continue
-        if isinstance(layer, nn.BatchNorm2d) and layer.track_running_stats and layer.momentum is not None:
-            batch_norm = True
-            continue
-        return False
-    if batch_norm and not train.drop_last:
-        return False
-    return bool(getattr(client_half, "supports_stacking", lambda: False)())
+@dataclass
+class Workspace:
+    """Everything one stacked step of ``width`` clients reads and writes; its storage never moves."""
+
+    width: int
+    stack: torch.Tensor
+    """The clients' parameters, parameter-major (:func:`~rayfed.train.stack_plan.parameter_major`)."""
+    momentum: torch.Tensor | None
+    running: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    """Each BatchNorm layer's running mean and variance of every client, (width, channels)."""
+    constants: dict[str, torch.Tensor]
+    """The client half's loss constants, stacked (width, ...)."""
+    loss_sums: torch.Tensor
+    inputs: torch.Tensor
+    """(batch·width, *sample): the step's batch, a sample of every client, then the next."""
+    labels: torch.Tensor
+    weight: torch.Tensor | None
+    """(batch, width): 1 for a sample, 0 for padding; None when every batch is full."""
+    lr: torch.Tensor
+
+    def mutable(self) -> list[torch.Tensor]:
+        """The tensors a step changes."""
+        stats = [t for pair in self.running.values() for t in pair]
+        return [self.stack, self.loss_sums, *stats, *([] if self.momentum is None else [self.momentum])]
 
 
 class StackedTraining:
     """Stacked steps on a worker's model of one architecture (:meth:`train`)."""
 
-    def __init__(self, flat: FlatModel) -> None:
+    def __init__(self, flat: FlatModel, graphs: StepGraphs | None = None) -> None:
         self.flat = flat
-        self.names = flat.layout.names
-        self.layers = [(name, layer) for name, layer in flat.module.named_modules()
-                       if isinstance(layer, (nn.Conv2d, nn.Linear, nn.BatchNorm2d))]
+        self.graphs = graphs or StepGraphs(flat.vector.device, enabled=False)
+        self.batch_norms = [name for name, layer in flat.module.named_modules() if isinstance(layer, nn.BatchNorm2d)]
+        self._kept: dict[Hashable, Workspace] = {}
+        self._kept_bytes = 0
 
     def train(
         self,
@@ -106,182 +113,146 @@ class StackedTraining:
         states (C, S) and mean losses (C,), both on the device, and their step counts, in the order
         of ``jobs``.
         """
-        device, train, count, layout = starts.device, jobs[0].train, len(jobs), self.flat.layout
-        plan = _StackPlan.of(jobs, [epoch_orders(job) for job in jobs], device)
-        rank = torch.tensor(plan.order, device=device)
-        ordered = starts[rank]
-        trained = ordered.clone()  # rows of finished clients are written as they finish
-        stack = _parameter_major(ordered[:, : layout.size], layout)
-        momentum = torch.zeros_like(stack) if train.momentum else None
-        ordered_constants = _stack_constants([constants[c] for c in plan.order])
-        extra = bool(getattr(client_half, "has_extra_loss", lambda: False)())
-        stats_running = self._running_stacks(trained[:, layout.size :])
+        device, count = starts.device, len(jobs)
+        plan = StackPlan.of(jobs, [epoch_orders(job) for job in jobs], device)
+        ordered = starts[torch.tensor(plan.order, device=device)]
+        trained = ordered.clone()  # the rows of finished clients are written as they finish
+        losses = torch.zeros(count, device=device)
         x = torch.cat([jobs[c].x_train for c in plan.order])
         y = torch.cat([jobs[c].y_train for c in plan.order])
-        loss_sums = torch.zeros(count, device=device)
-        one, width = unit(device), count
+        stacked = _stack_constants([constants[c] for c in plan.order])
+        extra = bool(getattr(client_half, "has_extra_loss", lambda: False)())
+        space: Workspace | None = None
         self.flat.module.train()
-        with self._stacked_layers() as current:
-            for s, active in enumerate(plan.active):
-                if active < width:  # clients active..width-1 took their last step: keep them, train the rest
-                    trained[active:width, : layout.size] = _client_major(stack, layout, width)[active:]
-                    stack = _first(stack, layout, width, active)
-                    momentum = None if momentum is None else _first(momentum, layout, width, active)
-                    width = active
-                params = stack.detach().requires_grad_(True)
-                current["width"] = width
-                current.update(zip(self.names, layout.stacked_views(params, width)))
-                for name, (mean, var) in stats_running.items():
-                    current[f"{name}#running"] = (mean[:width].view(-1), var[:width].view(-1))
-                per_client = self._client_losses(plan, s, width, x, y)
-                loss = per_client.sum()
-                if extra:
-                    views = [current[name] for name in self.names]
-                    loss = loss + _extra_loss(client_half, views, ordered_constants, width)
-                loss.backward(one)
-                with torch.no_grad():
-                    _sgd_update(stack, params.grad, jobs[0].lr, train.momentum, train.weight_decay, momentum)
-                    loss_sums[:width] += per_client.detach()
-        trained[:width, : layout.size] = _client_major(stack, layout, width)
-        self._write_running(trained[:, layout.size :], stats_running)
+        with stacked_layers(self.flat.module) as current:
+            for s, width in enumerate(plan.active):
+                if space is None or width < space.width:
+                    space = self._enter(space, width, plan, x, trained, losses, ordered, stacked, jobs[0])
+                rows = plan.index[s, :, :width].reshape(-1)
+                torch.index_select(x, 0, rows, out=space.inputs)
+                torch.index_select(y, 0, rows, out=space.labels)
+                if space.weight is not None and plan.weight is not None:
+                    space.weight.copy_(plan.weight[s, :, :width])
+                step = self._step(space, current, client_half if extra else None, plan.batch, jobs[0])
+                self.graphs.run(self._key(space, extra), step, space.mutable())
+        if space is not None:
+            self._leave(space, 0, trained, losses)
         back = plan.back.to(device)
-        means = loss_sums[back] / plan.step_counts(device)
+        means = losses[back] / plan.step_counts(device)
         return trained[back], means, plan.steps
 
-    # --- layers ------------------------------------------------------------------------------
-    @contextmanager
-    def _stacked_layers(self) -> Iterator[dict[str, Any]]:
-        """Drive the model's parameterised layers by their stacked forms while the block runs; the
-        mapping yielded holds the current step's stacked parameters and statistics."""
-        current: dict[str, Any] = {}
-        for name, layer in self.layers:
-            layer.forward = _stacked_forward(name, layer, current)  # type: ignore[method-assign]
-        try:
-            yield current
-        finally:
-            for _, layer in self.layers:
-                del layer.forward
+    # --- workspaces ------------------------------------------------------------------------------
+    def _enter(self, previous: Workspace | None, width: int, plan: StackPlan, x: torch.Tensor, trained: torch.Tensor,
+               losses: torch.Tensor, ordered: torch.Tensor, constants: dict[str, torch.Tensor], job: ClientJob
+               ) -> Workspace:
+        """The workspace of the first ``width`` clients, filled from ``previous`` (the clients from ``width`` on
+        finished: their rows are kept) or, at the first step, from the starting states."""
+        layout, size = self.flat.layout, self.flat.layout.size
+        space = self._workspace(width, plan, x, ordered.shape[1] - size, constants, job)
+        with torch.no_grad():
+            if previous is None:
+                space.stack.copy_(parameter_major(ordered[:width, :size], layout))
+                if space.momentum is not None:
+                    space.momentum.zero_()
+                space.loss_sums.zero_()
+                for name, (mean, var) in space.running.items():
+                    mean.copy_(ordered[:width, self._buffer(name, "running_mean")])
+                    var.copy_(ordered[:width, self._buffer(name, "running_var")])
+                for key, value in constants.items():
+                    space.constants[key].copy_(value[:width])
+            else:
+                self._leave(previous, width, trained, losses)
+                space.stack.copy_(first_models(previous.stack, layout, previous.width, width))
+                if space.momentum is not None and previous.momentum is not None:
+                    space.momentum.copy_(first_models(previous.momentum, layout, previous.width, width))
+                space.loss_sums.copy_(previous.loss_sums[:width])
+                for name, (mean, var) in space.running.items():
+                    mean.copy_(previous.running[name][0][:width])
+                    var.copy_(previous.running[name][1][:width])
+                for key, value in previous.constants.items():
+                    space.constants[key].copy_(value[:width])
+            space.lr.fill_(job.lr)
+        return space
 
-    def _running_stacks(self, running: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """Each BatchNorm layer's running mean and variance for every client, (C, channels) and contiguous,
-        so the first clients' statistics are one contiguous block."""
-        layout, out = self.flat.buffer_layout, {}
-        for name, layer in self.layers:
-            if isinstance(layer, nn.BatchNorm2d):
-                out[name] = tuple(running[:, layout.index(f"{name}.{stat}")].contiguous()
-                                  for stat in ("running_mean", "running_var"))
-        return out  # type: ignore[return-value]
+    def _leave(self, space: Workspace, keep: int, trained: torch.Tensor, losses: torch.Tensor) -> None:
+        """Write the clients from ``keep`` on, whose training ended, from ``space`` into the results."""
+        size = self.flat.layout.size
+        with torch.no_grad():
+            trained[keep : space.width, :size] = client_major(space.stack, self.flat.layout, space.width)[keep:]
+            losses[keep : space.width] = space.loss_sums[keep:]
+            for name, (mean, var) in space.running.items():
+                trained[keep : space.width, self._buffer(name, "running_mean")] = mean[keep:]
+                trained[keep : space.width, self._buffer(name, "running_var")] = var[keep:]
 
-    def _write_running(self, running: torch.Tensor, stacks: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        layout = self.flat.buffer_layout
-        for name, (mean, var) in stacks.items():
-            running[:, layout.index(f"{name}.running_mean")] = mean
-            running[:, layout.index(f"{name}.running_var")] = var
+    def _buffer(self, layer: str, stat: str) -> slice:
+        """Where a BatchNorm layer's running statistic lies in a state (parameters, then buffers)."""
+        within = self.flat.buffer_layout.index(f"{layer}.{stat}")
+        return slice(self.flat.layout.size + within.start, self.flat.layout.size + within.stop)
 
-    def _client_losses(self, plan: _StackPlan, s: int, width: int, x: torch.Tensor, y: torch.Tensor
-                       ) -> torch.Tensor:
-        """Each of the first ``width`` clients' mean cross-entropy on its batch of step ``s`` (padding weighs 0)."""
-        rows = plan.index[s, :, :width].reshape(-1)  # (batch, width): a sample of every client, then the next
-        inputs = x.index_select(0, rows)
-        logits = self.flat.module(inputs.view(plan.batch, width * inputs.shape[1], *inputs.shape[2:]))
-        losses = F.cross_entropy(logits.view(plan.batch * width, -1), y.index_select(0, rows), reduction="none")
-        losses = losses.view(plan.batch, width)
-        if plan.weight is None:
-            return losses.mean(dim=0)
-        weight = plan.weight[s, :, :width]
-        return (losses * weight).sum(dim=0) / weight.sum(dim=0).clamp_min(1.0)
+    def _workspace(self, width: int, plan: StackPlan, x: torch.Tensor, buffers: int,
+                   constants: dict[str, torch.Tensor], job: ClientJob) -> Workspace:
+        """A workspace for ``width`` clients: the one kept for this shape, else a new one (kept while they fit)."""
+        key = (width, plan.batch, plan.weight is not None, tuple(x.shape[1:]), x.dtype, bool(job.train.momentum),
+               tuple((k, tuple(v.shape[1:]), v.dtype) for k, v in constants.items()))
+        if key in self._kept:
+            return self._kept[key]
+        device, size = x.device, self.flat.layout.size
+        stack = torch.empty(width * size, device=device)
+        channels = {name: self.flat.buffer_layout.index(f"{name}.running_mean") for name in self.batch_norms}
+        space = Workspace(
+            width, stack, torch.empty_like(stack) if job.train.momentum else None,
+            {name: (torch.empty(width, s.stop - s.start, device=device), torch.empty(width, s.stop - s.start,
+                                                                                   device=device))
+             for name, s in channels.items()},
+            {k: torch.empty(width, *v.shape[1:], dtype=v.dtype, device=device) for k, v in constants.items()},
+            torch.empty(width, device=device), torch.empty(plan.batch * width, *x.shape[1:], dtype=x.dtype,
+                                                           device=device),
+            torch.empty(plan.batch * width, dtype=torch.long, device=device),
+            torch.empty(plan.batch, width, device=device) if plan.weight is not None else None,
+            torch.empty((), device=device),
+        )
+        nbytes = sum(t.numel() * t.element_size() for t in space.mutable()) + space.inputs.nbytes
+        if self.graphs.enabled and self._kept_bytes + nbytes <= WORKSPACE_FRACTION * torch.cuda.mem_get_info(device)[0]:
+            self._kept[key] = space
+            self._kept_bytes += nbytes
+        return space
 
+    def _key(self, space: Workspace, extra: bool) -> Hashable | None:
+        """What a captured step is specific to: its workspace, and whether it adds the client half's term; None
+        for a workspace made for this call alone (its step runs eagerly)."""
+        return (id(space), extra) if any(kept is space for kept in self._kept.values()) else None
 
-@dataclass(frozen=True)
-class _StackPlan:
-    """Which samples every client of a stack trains on at every step, the clients ordered longest first."""
+    # --- the step ------------------------------------------------------------------------------
+    def _step(self, space: Workspace, current: dict[str, Any], client_half: Any, batch: int,
+              job: ClientJob) -> Callable[[], None]:
+        """One stacked SGD step on ``space`` (its inputs already gathered); ``client_half`` adds its term when given."""
+        module, layout, names, width = self.flat.module, self.flat.layout, self.flat.layout.names, space.width
+        train = job.train
+        one = unit(space.stack.device)
 
-    order: list[int]
-    """The jobs' positions, by their step counts, longest first: the clients still training are a prefix."""
-    back: torch.Tensor
-    """For each job, its row in the stack."""
-    steps: list[int]
-    """Each job's step count."""
-    active: list[int]
-    """At every stacked step, how many clients (a prefix of the stack) take a step."""
-    index: torch.Tensor
-    """(steps, batch, clients) sample indices into the clients' data laid end to end, in stack order."""
-    weight: torch.Tensor | None
-    """(steps, batch, clients) 1 for a sample, 0 for padding; None when every batch is full."""
-    batch: int
+        def step() -> None:
+            params = space.stack.detach().requires_grad_(True)
+            current["width"] = width
+            current.update(zip(names, layout.stacked_views(params, width)))
+            for name, (mean, var) in space.running.items():
+                current[f"{name}#running"] = (mean.view(-1), var.view(-1))
+            channels = space.inputs.shape[1]
+            logits = module(space.inputs.view(batch, width * channels, *space.inputs.shape[2:]))
+            losses = F.cross_entropy(logits.view(batch * width, -1), space.labels, reduction="none").view(batch, width)
+            if space.weight is None:
+                per_client = losses.mean(dim=0)
+            else:
+                per_client = (losses * space.weight).sum(dim=0) / space.weight.sum(dim=0).clamp_min(1.0)
+            loss = per_client.sum()
+            if client_half is not None:
+                loss = loss + _extra_loss(client_half, [current[n] for n in names], space.constants)
+            loss.backward(one)
+            assert params.grad is not None
+            with torch.no_grad():
+                _sgd_update(space.stack, params.grad, space.lr, train.momentum, train.weight_decay, space.momentum)
+                space.loss_sums.add_(per_client.detach())
 
-    @classmethod
-    def of(cls, jobs: Sequence[ClientJob], orders: Sequence[list[torch.Tensor]], device: torch.device) -> _StackPlan:
-        """The plan of ``jobs`` from their epoch permutations, built on the host, moved in one transfer."""
-        train = jobs[0].train
-        batch = train.batch_size
-        host = torch.cat([order for client in orders for order in client]).numpy()  # every permutation, read once
-        per_epoch, steps, cursor = [], [], 0
-        for job, client_orders in zip(jobs, orders):
-            full, short = epoch_steps(train, job.num_train)
-            epochs = []
-            for _ in client_orders:
-                epochs.append((host[cursor : cursor + full], host[cursor + full : cursor + full + short]))
-                cursor += job.num_train
-            per_epoch.append(epochs)
-            steps.append(len(client_orders) * (full // batch + (1 if short else 0)))
-        order = sorted(range(len(jobs)), key=lambda c: -steps[c])
-        longest = steps[order[0]] if order else 0
-        index = np.zeros((longest, batch, len(jobs)), dtype=np.int64)
-        weight = np.zeros((longest, batch, len(jobs)), dtype=np.float32)
-        offset = 0
-        sizes = {c: jobs[c].num_train for c in order}
-        for column, c in enumerate(order):
-            s = 0
-            for full, short in per_epoch[c]:
-                rows = len(full) // batch
-                index[s : s + rows, :, column] = full.reshape(rows, batch) + offset
-                weight[s : s + rows, :, column] = 1.0
-                s += rows
-                if len(short):
-                    index[s, : len(short), column] = short + offset
-                    weight[s, : len(short), column] = 1.0
-                    s += 1
-            offset += sizes[c]
-        padded = any(len(short) for epochs in per_epoch for _, short in epochs)
-        back = np.empty(len(jobs), dtype=np.int64)
-        back[order] = np.arange(len(jobs))
-        active = [sum(1 for c in order if steps[c] > s) for s in range(longest)]
-        return cls(order, torch.from_numpy(back), steps, active, torch.from_numpy(index).to(device),
-                   torch.from_numpy(weight).to(device) if padded else None, batch)
-
-    def step_counts(self, device: torch.device) -> torch.Tensor:
-        """Each job's step count (at least 1, to divide by), on ``device``."""
-        return torch.tensor([max(n, 1) for n in self.steps], dtype=torch.float32, device=device)
-
-
-def _stacked_forward(name: str, layer: nn.Module, current: Mapping[str, Any]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The stacked form of one layer, on activations whose dimension 1 holds the clients' channels (or
-    features) one client after the other; it reads its stacked parameters from ``current`` at every call."""
-    if isinstance(layer, nn.Conv2d):
-        def conv(x: torch.Tensor) -> torch.Tensor:
-            weight, bias = current[f"{name}.weight"], current.get(f"{name}.bias")
-            return F.conv2d(x, weight.flatten(0, 1), None if bias is None else bias.flatten(),
-                            layer.stride, layer.padding, layer.dilation, layer.groups * current["width"])
-        return conv
-    if isinstance(layer, nn.Linear):
-        def linear(x: torch.Tensor) -> torch.Tensor:
-            width, weight, bias = current["width"], current[f"{name}.weight"], current.get(f"{name}.bias")
-            if x.dim() != 2:
-                raise ValueError(f"stacked training needs 2-D inputs to linear layers, but {name} got {tuple(x.shape)}")
-            rows = x.view(x.shape[0], width, -1).transpose(0, 1)  # (width, batch, in)
-            out = torch.bmm(rows, weight.transpose(1, 2)) if bias is None else torch.baddbmm(
-                bias.unsqueeze(1), rows, weight.transpose(1, 2))
-            return out.transpose(0, 1).reshape(x.shape[0], -1)
-        return linear
-    assert isinstance(layer, nn.BatchNorm2d)
-
-    def batch_norm(x: torch.Tensor) -> torch.Tensor:
-        weight, bias = current.get(f"{name}.weight"), current.get(f"{name}.bias")
-        mean, var = current[f"{name}#running"]
-        return F.batch_norm(x, mean, var, None if weight is None else weight.flatten(),
-                            None if bias is None else bias.flatten(), True, layer.momentum, layer.eps)
-    return batch_norm
+        return step
 
 
 def _stack_constants(per_client: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -290,48 +261,24 @@ def _stack_constants(per_client: Sequence[Mapping[str, torch.Tensor]]) -> dict[s
     return {key: torch.stack([c[key] for c in per_client]) for key in per_client[0]}
 
 
-def _parameter_major(stack: torch.Tensor, layout: ParamLayout) -> torch.Tensor:
-    """The (C, P) client-major ``stack`` of flat vectors as one parameter-major vector
-    (:meth:`ParamLayout.stacked_views`)."""
-    out = stack.new_empty(stack.numel())
-    for target, values in zip(layout.stacked_views(out, len(stack)), layout.views(stack)):
-        target.copy_(values)
-    return out
-
-
-def _client_major(stack: torch.Tensor, layout: ParamLayout, width: int) -> torch.Tensor:
-    """The inverse of :func:`_parameter_major` for ``width`` models: their (width, P) flat vectors."""
-    out = stack.new_empty(width, layout.size)
-    for target, values in zip(layout.views(out), layout.stacked_views(stack, width)):
-        target.copy_(values)
-    return out
-
-
-def _first(stack: torch.Tensor, layout: ParamLayout, width: int, keep: int) -> torch.Tensor:
-    """The parameter-major stack of the first ``keep`` of its ``width`` models."""
-    return torch.cat([view[:keep].reshape(-1) for view in layout.stacked_views(stack, width)])
-
-
-def _extra_loss(client_half: Any, params: list[torch.Tensor], constants: Mapping[str, torch.Tensor], width: int
-                ) -> torch.Tensor:
-    """The client half's term (``functional_extra_loss``, 0 where it adds none), summed over the first
-    ``width`` clients."""
+def _extra_loss(client_half: Any, params: list[torch.Tensor], constants: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The client half's term (``functional_extra_loss``, 0 where it adds none), summed over the clients."""
     def term(own: list[torch.Tensor], consts: Mapping[str, torch.Tensor]) -> torch.Tensor:
         value = client_half.functional_extra_loss(own, consts)
         return own[0].new_zeros(()) if value is None else value
 
-    mapped = torch.func.vmap(term, in_dims=(0, 0 if constants else None))
-    return mapped(params, {k: v[:width] for k, v in constants.items()}).sum()
+    return torch.func.vmap(term, in_dims=(0, 0 if constants else None))(params, dict(constants)).sum()
 
 
 def _sgd_update(
-    params: torch.Tensor, grad: torch.Tensor, lr: float, momentum: float, weight_decay: float,
+    params: torch.Tensor, grad: torch.Tensor, lr: torch.Tensor, momentum: float, weight_decay: float,
     buffer: torch.Tensor | None,
 ) -> None:
-    """One SGD step on each row of ``params`` (``rayfed.train.sgd.sgd_step`` on a stack)."""
+    """One SGD step on a stack (``rayfed.train.sgd.sgd_step`` on every client at once), the learning rate a
+    tensor so that a captured step reads the round's."""
     if weight_decay:
         grad = grad.add(params, alpha=weight_decay)
     if buffer is not None:
         buffer.mul_(momentum).add_(grad)
         grad = buffer
-    params.add_(grad, alpha=-lr)
+    params.addcmul_(grad, lr, value=-1.0)

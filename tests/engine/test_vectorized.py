@@ -82,10 +82,10 @@ def test_stacked_training_matches_sequential(algorithm: str, params: dict, optio
 
 
 def test_batchnorm_models_stack_with_per_client_running_statistics() -> None:
-    # Prepare: resnet20 (BatchNorm in every block), clients of unequal sizes and starting points. A few
-    # steps at a small lr without momentum: on random data resnet20's training amplifies float rounding (a 1e-7
-    # change of the start moves the model by 3e-2 after four steps at lr 0.05), so longer runs differ
-    # by more than the rounding of grouped against single convolutions.
+    # Prepare: resnet20 (BatchNorm in every block), clients of unequal sizes and starting points, a few steps at a
+    # small lr. On random data its training is sensitive to float rounding: the sequential loop itself moves a
+    # model by up to 7e-5 between 1 and 2 torch threads here, so that is the tolerance (batch statistics taken
+    # over all clients together instead of each client's own are off by 4e-3).
     torch.manual_seed(0)
     flat = FlatModel(build_model("resnet20", (3, 16, 16), 4))
     half = _client_half("fedavg")
@@ -105,8 +105,8 @@ def test_batchnorm_models_stack_with_per_client_running_statistics() -> None:
     trained, _, steps = StackedTraining(flat).train(jobs, torch.cat([starts, buffers], dim=1), half, [{}] * 3)
     # Assert: the same parameters and running statistics, client by client.
     assert can_stack(flat, half, jobs[0].train)
-    torch.testing.assert_close(trained[:, : flat.size], torch.stack(sequential), rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(trained[:, flat.size :], torch.stack(seq_buffers), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(trained[:, : flat.size], torch.stack(sequential), rtol=1e-4, atol=2e-4)
+    torch.testing.assert_close(trained[:, flat.size :], torch.stack(seq_buffers), rtol=1e-4, atol=1e-4)
     assert steps == [2, 1, 3]
 
 

@@ -14,7 +14,7 @@ from rayfed.cli import main
 from rayfed.engine.callbacks import Callback
 from rayfed.engine.interrupts import RunInterrupted
 from rayfed.reproduce import TABLES, Column, Row, Table
-from rayfed.reproduce.runner import plan
+from rayfed.reproduce.runner import Cell, plan
 from rayfed.reproduce.spec import cell_overrides
 
 _SYNTHETIC = {"data.dataset": "synthetic", "data.options": {"num_samples": 1500}, "data.num_clients": 10,
@@ -205,3 +205,23 @@ def test_a_cell_stopped_short_of_its_rounds_reports_its_progress(tmp_path) -> No
     assert rounds_recorded(stopped) == 3 and rounds_recorded(fresh) == 0
     assert _progress([never, cell], 20) == "3 of 20 rounds so far"
     assert _progress([never], 20) == "not run"
+
+
+def test_a_gpu_share_per_run_is_the_runs_engine_setting_and_keeps_its_run_directory(
+    tiny_table: Table, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: the cells the command line plans with --gpus-per-run 0.125, and without.
+    planned: dict[str, list[Cell]] = {}
+
+    def record(cells, **_: object) -> dict:
+        planned["cells"] = list(cells)
+        return {}
+
+    monkeypatch.setattr("rayfed.reproduce.runner.execute", record)
+    plain = plan(TINY, tmp_path / "out", rounds=2, seeds=[0, 1])
+    # Execute
+    assert _reproduce(tmp_path / "out", "--gpus-per-run", "0.125", "--parallel", "8", "--no-figures") == 0
+    # Assert: every run trains on its 1/8 of a GPU (its Ray task asks for that), in the same run directory.
+    shares = {cell.config.engine.num_gpus_per_worker for cell in planned["cells"] if cell.config is not None}
+    assert shares == {0.125}
+    assert [c.config.run_dir for c in planned["cells"] if c.config] == [c.config.run_dir for c in plain if c.config]
