@@ -1,6 +1,6 @@
 """The GPU path measured on whatever CUDA device this machine has; without one it says so and exits 0.
 
-Three measurements, each on the first CUDA device:
+Four measurements, each on the first CUDA device:
 
 * **Stacked against sequential client training.** One
   :class:`~rayfed.execution.client_runner.ClientRunner` per mode (``engine.vectorize=on`` / ``off``,
@@ -8,10 +8,8 @@ Three measurements, each on the first CUDA device:
   clients from the same broadcast (FedAvg, 50 training samples per client, batch 10, one
   epoch, lr 0.005), the modes alternating so both see the same machine; for cnn4 on
   1x28x28 and resnet20 on 3x32x32 synthetic images and 20, 50, 100 and 200 clients per
-  worker call. Reports seconds per client of each mode and their ratio. resnet20 has
-  BatchNorm buffers, which ``rayfed.train.stacked`` trains sequentially
-  (``can_stack``), so its "stacked" figure measures the sequential path (recorded as
-  ``stacked: false``).
+  worker call. Reports seconds per client of each mode and their ratio (resnet20's BatchNorm
+  statistics are stacked too, one per client).
 * **Fractional GPUs.** Whole runs (``rayfed.run``, Ray backend, FedAvg, cnn4, 100 clients
   all trained every round, stacking as ``engine.vectorize=auto`` chooses): 4 ClientWorkers
   at ``engine.num_gpus_per_worker=0.25`` sharing the GPU against 1 worker at 1.0, the same
@@ -19,15 +17,20 @@ Three measurements, each on the first CUDA device:
 * **The papers' MNIST protocol.** cnn4, 20 clients (Dirichlet α = 0.1), batch 10, lr 0.005,
   one local epoch, every client trained and evaluated every round (docs/algorithms.md, "Data
   and evaluation" section), 1 worker at one GPU; MNIST from ``--data-root``, else the
-  synthetic stand-in with MNIST's 70,000 samples; seconds per round (median after warm-up).
+  synthetic stand-in with MNIST's 70,000 samples; seconds per round (median after warm-up),
+  with ``engine.vectorize`` auto (the default), on and off.
+* **Yardsticks on the same protocol.** A plain PyTorch loop over the same clients' sizes (the
+  partition's), data resident on the GPU, ``torch.optim.SGD(foreach=True)``: eager, and replaying
+  one captured CUDA graph per step; training only, seconds per round.
 
     python benchmarks/gpu.py [--data-root DIR] [--rounds 4] [--repeats 3]
         [--clients 20,50,100,200] [--out benchmarks/results/gpu.json]
 
 The results go to ``--out`` (``benchmarks/results/gpu.json``). The last line holds
-``vectorized_over_sequential_cnn4=<x> vectorized_over_sequential_resnet20=<y>
-fractional_over_whole=<z> mnist_round_s=<s>`` on one line (ratios > 1: stacked, resp.
-fractional, is faster; a stacking ratio is the best over the call sizes).
+``mnist_round_s=<s> mnist_vs_plain_graph=<s / the graph-replayed plain loop's> vectorized_over_sequential_cnn4=<x>
+vectorized_over_sequential_resnet20=<y> fractional_over_whole=<z> auto_vs_best=<auto's round / the
+better of on and off>`` (ratios of speed > 1: stacked, resp. fractional, is faster; a stacking ratio is the
+best over the call sizes; ratios of time < 1: rayfed is faster).
 
 Without CUDA it prints ``gpu.py: found no CUDA GPU ...`` and exits with status 0.
 """
@@ -45,6 +48,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -55,6 +59,7 @@ from rayfed.algorithms import RoundContext  # noqa: E402
 from rayfed.data import load_dataset, make_partition  # noqa: E402
 from rayfed.execution.client_runner import ClientRunner  # noqa: E402
 from rayfed.execution.server import Server  # noqa: E402
+from rayfed.models import build_model  # noqa: E402
 from rayfed.train.problem_build import build_problem  # noqa: E402
 from rayfed.train.stacked import can_stack  # noqa: E402
 
@@ -100,7 +105,7 @@ def stacked_against_sequential(model: str, clients: int, repeats: int) -> dict[s
     runner = runners["on"]
     return {"model": model, "clients": clients, "sequential_s_per_client": sequential,
             "stacked_s_per_client": stacked, "ratio": sequential / stacked,
-            "stacked": can_stack(runner.model_for(model), runner.client_half)}
+            "stacked": can_stack(runner.model_for(model), runner.client_half, base.train)}
 
 
 def seconds_per_round(overrides: dict[str, Any], run_dir: Path) -> tuple[float, list[dict[str, Any]]]:
@@ -129,17 +134,80 @@ def fractional_against_whole(rounds: int, tmp: Path) -> dict[str, Any]:
 
 
 def mnist_protocol(data_root: str | None, rounds: int, tmp: Path) -> dict[str, Any]:
-    """The papers' MNIST round on one GPU: seconds per round and its phases."""
+    """The papers' MNIST round on one GPU, with each ``engine.vectorize``: seconds per round and its phases."""
+    out: dict[str, Any] = {}
+    for mode in ("auto", "on", "off"):
+        seconds, history = seconds_per_round({**mnist_overrides(data_root, rounds), "engine.vectorize": mode},
+                                             tmp / f"mnist-{mode}")
+        rows = history[1:] or history
+        phases = {k: statistics.median(r[k] for r in rows) for k in ("train_s", "aggregate_s", "evaluate_s")}
+        out[mode] = {"round_s": seconds, **phases, "accuracies": [row["accuracy"] for row in history]}
+    return out
+
+
+def mnist_overrides(data_root: str | None, rounds: int) -> dict[str, Any]:
+    """The papers' MNIST protocol on one worker with a whole GPU."""
     data = {"data.dataset": "mnist", "data.root": data_root} if data_root else {
         "data.dataset": "synthetic", "data.options": {"num_samples": 70_000}}
-    seconds, history = seconds_per_round(
-        {**data, "data.num_clients": 20, "data.partition": "dirichlet", "data.alpha": 0.1, "model.name": "cnn4",
-         "algorithm.name": "fedavg", "train.batch_size": 10, "train.lr": 0.005, "train.local_epochs": 1,
-         "train.rounds": rounds, "engine.num_workers": 1, "engine.num_gpus_per_worker": 1.0}, tmp / "mnist")
-    rows = history[1:] or history
-    phases = {k: statistics.median(r[k] for r in rows) for k in ("train_s", "aggregate_s", "evaluate_s")}
-    return {"dataset": data["data.dataset"], "round_s": seconds, **phases,
-            "accuracies": [row["accuracy"] for row in history]}
+    return {**data, "data.num_clients": 20, "data.partition": "dirichlet", "data.alpha": 0.1, "model.name": "cnn4",
+            "algorithm.name": "fedavg", "train.batch_size": 10, "train.lr": 0.005, "train.local_epochs": 1,
+            "train.rounds": rounds, "engine.num_workers": 1, "engine.num_gpus_per_worker": 1.0}
+
+
+def plain_loops(data_root: str | None, repeats: int) -> dict[str, float]:
+    """Seconds per round of a plain loop over the protocol's clients (their partition's sizes), eager and
+    with each step replayed from one captured CUDA graph; training only."""
+    config = RunConfig().override(mnist_overrides(data_root, 1))
+    dataset = load_dataset(config.data.dataset, config.data.root, seed=config.data.seed, options=config.data.options)
+    sizes = make_partition(dataset.labels, dataset.num_classes, config.data).num_train().tolist()
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    shape = dataset.input_shape
+    data = [(torch.randn(n, *shape, device=device), torch.randint(0, 10, (n,), device=device)) for n in sizes]
+    start, model = (build_model("cnn4", shape, dataset.num_classes).to(device) for _ in range(2))
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.005, foreach=True)
+    x_static = torch.zeros(10, *shape, device=device)
+    y_static = torch.zeros(10, dtype=torch.long, device=device)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        optimiser.zero_grad(set_to_none=False)
+        F.cross_entropy(model(x), y).backward()
+        optimiser.step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step(x_static, y_static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    optimiser.zero_grad(set_to_none=False)
+    with torch.cuda.graph(graph):
+        step(x_static, y_static)
+
+    def one_round(replay: bool) -> float:
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for x, y in data:
+            model.load_state_dict(start.state_dict())
+            order = torch.randperm(len(x), device=device)
+            for s in range(len(x) // 10):
+                idx = order[s * 10 : (s + 1) * 10]
+                if replay:
+                    x_static.copy_(x[idx])
+                    y_static.copy_(y[idx])
+                    graph.replay()
+                else:
+                    step(x[idx], y[idx])
+        torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    out = {}
+    for name, replay in (("eager", False), ("graph", True)):
+        one_round(replay)  # warm-up
+        out[name] = statistics.median(one_round(replay) for _ in range(repeats))
+    out["steps"] = float(sum(n // 10 for n in sizes))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,16 +237,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fractional GPUs: 4 workers x 0.25 {fractional['fractional']['rounds_per_s']:.2f} rounds/s, "
               f"1 worker x 1.0 {fractional['whole']['rounds_per_s']:.2f} rounds/s", flush=True)
         mnist = mnist_protocol(args.data_root, args.rounds, Path(tmp))
-        print(f"MNIST protocol ({mnist['dataset']}): {mnist['round_s']:.2f} s per round (train "
-              f"{mnist['train_s']:.2f} s, aggregate {mnist['aggregate_s']:.3f} s, "
-              f"evaluate {mnist['evaluate_s']:.2f} s)", flush=True)
+        for mode, row in mnist.items():
+            print(f"MNIST protocol, engine.vectorize={mode}: {row['round_s']:.3f} s per round (train "
+                  f"{row['train_s']:.3f} s, aggregate {row['aggregate_s']:.3f} s, evaluate {row['evaluate_s']:.3f} s)",
+                  flush=True)
+    plain = plain_loops(args.data_root, args.repeats)
+    print(f"plain loop over the same {plain['steps']:.0f} steps: eager {plain['eager']:.3f} s, CUDA graph "
+          f"{plain['graph']:.3f} s per round", flush=True)
     best = {model: max(r["ratio"] for r in stacking if r["model"] == model) for model in MODELS}
-    summary = {f"vectorized_over_sequential_{model}": ratio for model, ratio in best.items()}
-    summary |= {"fractional_over_whole": fractional["ratio"], "mnist_round_s": mnist["round_s"]}
+    auto = mnist["auto"]["round_s"]
+    summary = {"mnist_round_s": auto, "mnist_vs_plain_graph": auto / plain["graph"]}
+    summary |= {f"vectorized_over_sequential_{model}": ratio for model, ratio in best.items()}
+    summary |= {"fractional_over_whole": fractional["ratio"],
+                "auto_vs_best": auto / min(mnist["on"]["round_s"], mnist["off"]["round_s"])}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"device": device, "torch": torch.__version__, "args": {
         k: str(v) for k, v in vars(args).items()}, "stacking": stacking, "fractional": fractional, "mnist": mnist,
-        "summary": summary}, indent=2))
+        "plain": plain, "summary": summary}, indent=2))
     print(" ".join(f"{k}={v:.3f}" for k, v in summary.items()))
     return 0
 

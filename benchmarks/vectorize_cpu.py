@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             totals[mode] = result.contribution.average()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {args.clients} clients per call, "
           f"stack size {args.stack_size}, {args.repeats} repeats")
-    for mode, label in (("off", "sequential"), ("on", "stacked (vmap)")):
+    for mode, label in (("off", "sequential"), ("on", "stacked")):
         print(f"{label:>15}: {1000 * statistics.median(wall[mode]):7.1f} ms/client wall, "
               f"{1000 * statistics.median(cpu[mode]):7.1f} ms/client CPU")
     diff = float(np.abs(totals["on"] - totals["off"]).max())
