@@ -164,6 +164,7 @@ class FedAWAServer(GlobalModelServer[FedAWAParams, ClientVectors]):
     """Keeps θ_g and, per client id, its logit (``code``, ``paper``) or weight (``exact``); one group of λ."""
 
     layer_wise = False
+    may_hold_nan = frozenset({"client_state"})  # NaN: a client not seen yet
 
     @classmethod
     def server_state_bytes(cls, params: FedAWAParams, spec: ProblemSpec) -> int:

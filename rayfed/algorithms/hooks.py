@@ -28,7 +28,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
@@ -213,6 +213,11 @@ class ServerHalf(abc.ABC, Generic[P, C]):
     ``initial`` maps each architecture to its common initial parameter vector (all
     clients of an architecture start from it, as in the papers' code).
     """
+
+    may_hold_nan: ClassVar[frozenset[str]] = frozenset()
+    """Names of :meth:`state_dict` arrays in which NaN is a value ("not set yet", as FedAWA's weights of
+    clients it has not seen). A resume refuses a checkpoint with NaN or infinite values anywhere else
+    (:func:`rayfed.engine.checkpoint.verified_checkpoint`): the state of a run that diverged."""
 
     def __init__(self, params: P, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         type(self).validate(params, spec)

@@ -115,6 +115,11 @@ class ResolvedAlgorithm:
             return self.algorithm.server_half.client_state_bytes(self.server_params, spec)
         return model_state_bytes(spec)
 
+    @property
+    def may_hold_nan(self) -> frozenset[str]:
+        """The server state arrays in which NaN is a value (:attr:`ServerHalf.may_hold_nan`)."""
+        return self.algorithm.server_half.may_hold_nan
+
     def server_state_bytes(self, spec: ProblemSpec) -> int:
         """Bytes the server half holds (:meth:`ServerHalf.server_state_bytes`)."""
         return self.algorithm.server_half.server_state_bytes(self.server_params, spec)

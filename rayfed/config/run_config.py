@@ -356,6 +356,24 @@ class RunConfig:
             set_path(tree, path, value)
         return RunConfig.from_dict(tree)
 
+    @classmethod
+    def of(cls, config: RunConfig | Mapping[str, Any]) -> RunConfig:
+        """``config`` itself, or the default config overridden by a mapping of dotted field paths, as
+        :meth:`override` takes it (``{"train.lr": 0.01}``); ConfigError naming the fix for anything else.
+
+        >>> RunConfig.of({"train.lr": 0.01, "data": {"num_clients": 5}}).data.num_clients
+        5
+        """
+        if isinstance(config, RunConfig):
+            return config
+        if isinstance(config, Mapping) and all(isinstance(key, str) for key in config):
+            return cls().override(config)
+        raise ConfigError(
+            f"a run takes a RunConfig, or a mapping of dotted field paths such as {{'train.lr': 0.01}}, but got "
+            f"{type(config).__name__} {config!r:.80}; build one with RunConfig().override({{...}}) or "
+            "rayfed.load_config(path)"
+        )
+
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 

@@ -52,6 +52,7 @@ from rayfed.models import InputShape
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.problem_build import ShapeOnly, build_problem
 from rayfed.util.errors import ResourceError
+from rayfed.util.files import format_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,6 @@ __all__ = [
     "check_client_states",
     "client_states_bytes",
     "free_disk",
-    "format_bytes",
 ]
 
 PARTITION_BYTES_PER_SAMPLE = 64
@@ -119,15 +119,6 @@ class MemoryEstimate:
     def describe(self) -> str:
         """E.g. ``"dataset 7.9 GB (data.options.num_samples), partition 1.1 GB (data.num_clients), ..."``."""
         return ", ".join(f"{p.name} {format_bytes(p.bytes)} ({p.field})" for p in self.parts if p.bytes)
-
-
-def format_bytes(count: float) -> str:
-    """Bytes in the largest binary unit below the value, e.g. ``format_bytes(3 * 2**30) == "3.0 GiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(count) < 1024:
-            return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
-        count /= 1024
-    return f"{count:.1f} TiB"
 
 
 def _dataset_size(config: RunConfig) -> tuple[int, InputShape, int, int] | None:

@@ -31,7 +31,7 @@ from rayfed.tuning import (
     recover_interrupted,
     tune,
 )
-from rayfed.tuning.resume import _start_time
+from rayfed.util.processes import process_start_time
 from tests.conftest import tiny_overrides
 
 REPO = Path(__file__).resolve().parents[2]
@@ -203,7 +203,7 @@ def test_failing_trial_counts_as_finished_and_is_not_retried(tmp_path) -> None:
 def test_recover_interrupted_fails_dead_drivers_and_retries_once() -> None:
     study = optuna.create_study(direction="maximize")
     parent = os.getppid()
-    live = f"{socket.gethostname()}:{parent}:{_start_time(parent)}"
+    live = f"{socket.gethostname()}:{parent}:{process_start_time(parent)}"
 
     def trial(driver: str, **user: object) -> optuna.Trial:
         t = study.ask()
