@@ -29,6 +29,7 @@ __all__ = [
     "interrupts_deferred",
     "terminate_as_interrupt",
     "was_terminated",
+    "how_stopped",
     "exit_status",
 ]
 
@@ -45,6 +46,11 @@ def was_terminated(error: BaseException) -> bool:
 def exit_status(error: BaseException) -> int:
     """The command line's exit status after ``error``: 128 + the signal's number, as a shell reports it."""
     return 128 + (signal.SIGTERM if was_terminated(error) else signal.SIGINT)
+
+
+def how_stopped(error: BaseException) -> str:
+    """``"interrupted"`` (Ctrl-C) or ``"terminated (SIGTERM)"``: how a message names what stopped the work."""
+    return _stopped(was_terminated(error))
 
 
 def _stopped(terminated: bool) -> str:

@@ -25,7 +25,6 @@ and the inputs.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
@@ -37,7 +36,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rayfed.config import RunConfig
+from rayfed.config import RunConfig, read_run_config
 from rayfed.engine.checkpoint import Checkpoint, checkpoints_of, newest_checkpoint, verified_checkpoint
 from rayfed.engine.inputs import RunInputs
 from rayfed.engine.run_identity import CONTINUABLE, MARKER_FILE, RunMarker
@@ -167,7 +166,7 @@ def check_run_dir(run_dir: Path, config: RunConfig, *, resume: bool) -> bool:
     """Whether ``run_dir`` already holds this run (to be continued); refuses what would overwrite results.
 
     * not in use by another run (:func:`~rayfed.engine.run_lock.check_unlocked`: ConfigError naming it);
-    * new or empty: a new run (``False``), or CheckpointError when resuming;
+    * new or empty (but for a stale lock): a new run (``False``), or CheckpointError when resuming;
     * not empty and without a run marker (anything rayfed did not make, or made before it wrote markers):
       ConfigError naming what the folder holds and what a run would overwrite;
     * a marker and no ``config.json``: a run never started (nothing else there: a new run) or one whose
@@ -178,7 +177,7 @@ def check_run_dir(run_dir: Path, config: RunConfig, *, resume: bool) -> bool:
       run starts again from round 0.
     """
     check_unlocked(run_dir)
-    held = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    held = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_FILE) if run_dir.is_dir() else []
     if held and MARKER_FILE not in held:
         clash = [name for name in held if name in RUN_FILES]
         raise ConfigError(
@@ -190,7 +189,7 @@ def check_run_dir(run_dir: Path, config: RunConfig, *, resume: bool) -> bool:
         )
     saved = run_dir / "config.json"
     if not saved.is_file():
-        others = [name for name in held if name not in (MARKER_FILE, LOCK_FILE)]
+        others = [name for name in held if name != MARKER_FILE]
         if others:
             raise ConfigError(
                 f"run_dir={str(run_dir)!r} holds a run whose config.json is missing ({_listed(others)} are there); "
@@ -207,13 +206,7 @@ def check_run_dir(run_dir: Path, config: RunConfig, *, resume: bool) -> bool:
             f"run_dir={str(run_dir)!r} already holds a run; resume it ({resume_command(run_dir)}) "
             "or choose another run_dir, so its results are not overwritten"
         )
-    try:
-        before = RunConfig.from_dict(json.loads(saved.read_text()))
-    except (ValueError, OSError) as error:  # ConfigError is a ValueError
-        raise CheckpointError(
-            f"{str(saved)!r} is not a readable run config ({error}); restore it, or choose another run_dir"
-        ) from error
-    changed = before.diff(config, ignore=CONTINUABLE)
+    changed = read_run_config(saved).diff(config, ignore=CONTINUABLE)
     if changed:
         raise ConfigError(
             f"run_dir={str(run_dir)!r} holds a run with another config ({', '.join(changed)}); only train.rounds "

@@ -13,17 +13,24 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ProcessId", "process_start_time", "is_running"]
+__all__ = ["ProcessId", "process_start_time", "is_running", "children"]
 
 
-def process_start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (Linux ``/proc``); None if gone, a zombie or unknown."""
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, parent pid, ...); None if gone or a
+    zombie (Linux; None elsewhere)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-    return None if fields[0] == "Z" else fields[19]
+    return None if fields[0] == "Z" else fields
+
+
+def process_start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux ``/proc``); None if gone, a zombie or unknown."""
+    fields = _stat(pid)
+    return None if fields is None else fields[19]
 
 
 @dataclass(frozen=True)
@@ -66,3 +73,17 @@ def is_running(process: ProcessId) -> bool | None:
     except OSError:  # it exists, owned by someone else
         return True
     return True
+
+
+def children(pids: set[int] | frozenset[int]) -> dict[int, str]:
+    """Every process whose parent is one of ``pids``, with its start time (Linux ``/proc``; empty elsewhere)."""
+    found: dict[int, str] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        fields = _stat(entry) if entry.isdigit() else None
+        if fields is not None and int(fields[1]) in pids:
+            found[int(entry)] = fields[19]
+    return found

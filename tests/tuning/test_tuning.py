@@ -270,6 +270,21 @@ def test_killed_study_resumes_without_repeating_finished_trials(tmp_path) -> Non
              study_dir=study_dir)
 
 
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_an_extended_study_samples_new_points(tmp_path, sampler) -> None:
+    base = base_config(tmp_path, **{"train.rounds": 1})
+    kwargs = {"study_name": "grow", "study_dir": tmp_path / "study", "pruner": "none", "sampler": sampler}
+    tune(base, LR_SPACE, n_trials=2, **kwargs)
+    study = tune(base, LR_SPACE, n_trials=4, **kwargs)  # a new session: the sampler is made again
+    lrs = [t.params["train.lr"] for t in study.get_trials()]
+    assert len(lrs) == 4 and len(set(lrs)) == 4, lrs
+
+
+def test_an_unknown_sampler_is_named(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"sampler must be one of 'tpe', 'random'.*sampler='grid'"):
+        tune(base_config(tmp_path), LR_SPACE, n_trials=1, sampler="grid", study_dir=tmp_path / "s")
+
+
 # --- command line ------------------------------------------------------------------------------
 
 
