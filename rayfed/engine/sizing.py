@@ -19,7 +19,8 @@ dominates a run on the driver's machine:
   weight per client and block for ``fedawa`` / ``fedawa_l`` (docs/algorithms.md, FedAWA
   section);
 * **client state store**: for algorithms that keep client state, what one client keeps
-  (``ServerHalf.client_state_bytes``: one model by default, every client's model for APPLE)
+  (``ServerHalf.client_state_bytes``: one model by default, its BatchNorm buffers for cwFedAvg, its
+  head for FedPer, a momentum buffer for SGDM clients, every client's model for APPLE)
   times the clients, capped by ``engine.client_state_memory_mb`` (beyond it, states spill to
   disk; :func:`check_client_states` refuses a run whose states fit in neither);
 * **round records**: :data:`DRIVER_BYTES_PER_CLIENT` per sampled client per round (its
@@ -166,7 +167,7 @@ def client_states_bytes(config: RunConfig, spec: ProblemSpec | None = None) -> t
     if spec is None:
         _, shape, classes, _ = _dataset_shape(config)
         spec = _problem(config, shape, classes)
-    per_client = algorithm.client_state_bytes(spec)
+    per_client = algorithm.client_state_bytes(spec, config.train)
     return per_client, per_client * config.data.num_clients
 
 

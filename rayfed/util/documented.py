@@ -65,9 +65,9 @@ def section(prefix: str) -> Callable[[T], T]:
     """Class decorator for a config section whose fields are addressed as ``prefix.name``.
 
     Appends the "Fields" list to the class docstring, and checks every field's type
-    (:func:`~rayfed.util.validation.check_field_types`) before the section's own
-    ``__post_init__`` checks its values. A field declared without :func:`documented` is a
-    programming error, caught at import.
+    (:func:`~rayfed.util.validation.check_field_types`) after the section's own
+    ``__post_init__`` checked its values (or failed to compare one of another type). A field
+    declared without :func:`documented` is a programming error, caught at import.
     """
 
     def decorate(cls: T) -> T:
@@ -78,9 +78,13 @@ def section(prefix: str) -> Callable[[T], T]:
         checks = getattr(cls, "__post_init__", None)
 
         def __post_init__(self: Any) -> None:
+            try:
+                if checks is not None:
+                    checks(self)
+            except TypeError:  # a check compared a value of another type: name it instead
+                check_field_types(self, prefix)
+                raise
             check_field_types(self, prefix)
-            if checks is not None:
-                checks(self)
 
         cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
         fields = "\n".join(_entries(cls, prefix, recurse=False))
