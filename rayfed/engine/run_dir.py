@@ -25,6 +25,7 @@ and the inputs.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shlex
@@ -80,7 +81,7 @@ def resume_command(run_dir: str | Path) -> str:
 def check_creatable(run_dir: Path) -> None:
     """Raise ConfigError naming ``run_dir`` and the reason if the folder cannot be made (nothing is written)."""
     existing = run_dir
-    while not existing.exists() and existing != existing.parent:
+    while not _exists(existing) and existing != existing.parent:
         existing = existing.parent
     what = "it" if existing == run_dir else repr(str(existing))
     if not existing.is_dir():
@@ -91,6 +92,16 @@ def check_creatable(run_dir: Path) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         _refuse(run_dir, f"{what} is not writable (read-only folder or filesystem)")
     _check_name_lengths(run_dir, existing)
+
+
+def _exists(path: Path) -> bool:
+    """``path.exists()``, False for a name too long to exist (which ``exists`` raises for)."""
+    try:
+        return path.exists()
+    except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:
+            return False
+        raise
 
 
 def _check_name_lengths(run_dir: Path, existing: Path) -> None:
