@@ -61,7 +61,7 @@ class SGDMServer(FedAvgServer):
     """FedAvg's server, for clients that keep their momentum buffers."""
 
     @classmethod
-    def client_state_bytes(cls, params: NoParams, spec: ProblemSpec, train: TrainConfig) -> int:
+    def client_state_bytes(cls, params: object, spec: ProblemSpec, train: TrainConfig) -> int:
         return momentum_bytes(spec, train)
 
 

@@ -75,8 +75,10 @@ def loss_problem(round_index: int, train_loss: float, num_sampled: int, num_reje
     every update rejected (NaN or infinite, or beyond ``engine.max_update_norm``), or none finite."""
     if round_index < 0 or math.isfinite(train_loss):
         return None
+    if num_rejected == num_sampled > 0:
+        return f"all {num_sampled} client updates rejected"
     if num_rejected:
-        return f"{'all' if num_rejected == num_sampled else num_rejected} of {num_sampled} client updates rejected"
+        return f"{num_rejected} of {num_sampled} client updates rejected"
     return "no finite training loss"
 
 

@@ -67,9 +67,26 @@ def check_unlocked(run_dir: Path) -> None:
     if not path.is_file():
         return
     owner = LockOwner.read(path)
+    if owner is None and not _held(path):
+        return  # a lock file its run died before naming itself in: taken over when the run opens the directory
     if owner is not None and is_running(owner.process) is False:
         return  # stale: taken over, with a warning, when the run opens the directory
     _refuse(run_dir, owner)
+
+
+def _held(path: Path) -> bool:
+    """Whether a process holds the lock on ``path`` (a shared lock is refused while it does)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # and with it the shared lock
 
 
 def _refuse(run_dir: Path, owner: LockOwner | None) -> None:

@@ -282,9 +282,10 @@ class Simulation:
         return broadcast, stop
 
     def _warn_untrained(self, record: RoundRecord) -> None:
-        """Say once per run that a round trained nothing (the progress bar and the summary say it each time)."""
+        """Say once per run that a round's updates were all left out (the progress bar and the summary say it of
+        every such round; a round in which no client could step is warned about by ``summarise_round``)."""
         problem = record.loss_problem()
-        if problem and not self._warned_untrained:
+        if problem and record.num_rejected and not self._warned_untrained:
             self._warned_untrained = True
             logger.warning(
                 "round %d: %s, so the models did not change (train.lr=%g may be too large); later rounds like it are "

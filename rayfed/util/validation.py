@@ -16,7 +16,6 @@ rayfed.util.errors.ConfigError: data.num_clients must be an integer >= 1, but go
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import types
 import typing
@@ -112,10 +111,15 @@ def check_field_types(instance: Any, prefix: str) -> None:
             raise ConfigError(f"{path} must be {allowed}, but got {path}={value!r}{fix}")
 
 
-@functools.cache
+_HINTS: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
 def _field_hints(cls: type) -> tuple[tuple[str, Any], ...]:
-    hints = typing.get_type_hints(cls)
-    return tuple((field.name, hints[field.name]) for field in dataclasses.fields(cls))
+    """(name, annotation) of each field of the dataclass ``cls``, resolved once per class."""
+    if cls not in _HINTS:
+        hints = typing.get_type_hints(cls)
+        _HINTS[cls] = tuple((field.name, hints[field.name]) for field in dataclasses.fields(cls))
+    return _HINTS[cls]
 
 
 def _allowed(hint: Any, value: Any) -> str | None:
