@@ -19,8 +19,9 @@ float32 twice, K = 10) and the round time should not grow with M. Measured per p
   ``server_state_mb`` the bytes of its state arrays;
 * ``round_s``: median wall-clock seconds per round after the first (warm-up) round;
 * ``driver_peak_mb``: peak resident memory of the driver process over this population
-  (``VmHWM``, reset before each population through ``/proc/self/clear_refs``); it
-  counts the dataset twice with Ray, as the driver maps the object store's copy;
+  (``VmHWM``, reset before each population through ``/proc/self/clear_refs``, once the
+  previous population's simulation is collected); it counts the dataset twice with Ray,
+  as the driver maps the object store's copy;
 * ``setup_s``: generating the dataset, partitioning and building the model (driver).
 
 Writes ``scaling.parquet`` and ``scaling.png`` to ``--out`` (default benchmarks/results);
@@ -32,6 +33,7 @@ driver_mem_mb_1m=<peak MB> round_s_1m=<seconds>`` for the largest one above.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import tempfile
 import time
@@ -122,6 +124,7 @@ def population_config(clients: int, args: argparse.Namespace, run_dir: Path) -> 
 
 def measure(clients: int, args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     probe = ServerMemory()
+    gc.collect()  # the previous population's simulation is a reference cycle (its callbacks see it): free it first
     reset_peak_rss()
     started = time.perf_counter()
     sim = probe.simulation = Simulation(population_config(clients, args, tmp / f"m{clients}"), callbacks=[probe])

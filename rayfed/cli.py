@@ -24,7 +24,13 @@ from collections.abc import Sequence
 
 from rayfed.config import field_reference
 from rayfed.config.args import config_from_args
-from rayfed.engine.interrupts import RunInterrupted, StudyInterrupted
+from rayfed.engine.interrupts import (
+    RunInterrupted,
+    StudyInterrupted,
+    exit_status,
+    how_stopped,
+    terminate_as_interrupt,
+)
 from rayfed.util.errors import RayfedError
 
 __all__ = ["main", "build_parser"]
@@ -100,44 +106,64 @@ def _plot(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command in ``argv``; returns the exit status (2: bad input, 130: interrupted by Ctrl-C)."""
+    """Run the command in ``argv``; returns the exit status: 1 when no round of a run produced a finite
+    training loss, 2 for bad input, 130 when Ctrl-C stopped it and 143 when SIGTERM did (it stops a run as
+    Ctrl-C does: :mod:`rayfed.engine.interrupts`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        if ns.command == "list":
-            _list(ns.algorithm)
-            return 0
-        if ns.command == "run":
-            config = config_from_args(ns.args, ns.resume, ns.preset)  # bad arguments: refused before torch loads
-            from rayfed.engine import run
-
-            if ns.quiet:
-                config = config.override({"engine.progress": False})
-            else:
-                logging.getLogger("rayfed").setLevel(logging.INFO)
-            result = run(config, resume=ns.resume is not None)
-            print(
-                f"done: {result.rounds_run} rounds, best accuracy {result.best_accuracy:.4f}, "
-                f"final {result.final_accuracy:.4f}, results in {result.run_dir}"
-            )
-            return 0
-        return ns.handler(ns)  # subcommands added by extensions (rayfed tune)
+        with terminate_as_interrupt():
+            if ns.command == "list":
+                _list(ns.algorithm)
+                return 0
+            if ns.command == "run":
+                return _run(ns)
+            return int(ns.handler(ns))  # subcommands added by extensions (rayfed tune)
     except RayfedError as e:
         print(f"rayfed: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # one line instead of a traceback (rayfed.engine.interrupts)
         print(_interrupted(e, ns.command, shlex.join(["rayfed", *argv])))
-        return 130
+        return exit_status(e)
+
+
+def _run(ns: argparse.Namespace) -> int:
+    config = config_from_args(ns.args, ns.resume, ns.preset)  # bad arguments: refused before torch loads
+    from rayfed.engine import run
+
+    if ns.quiet:
+        config = config.override({"engine.progress": False})
+    else:
+        logging.getLogger("rayfed").setLevel(logging.INFO)
+    result = run(config, resume=ns.resume is not None)
+    untrained = result.rounds_without_loss
+    note = f" ({len(untrained)} without a finite training loss: {_rounds(untrained)})" if untrained else ""
+    print(
+        f"done: {result.rounds_run} rounds{note}, best accuracy {result.best_accuracy:.4f}, "
+        f"final {result.final_accuracy:.4f}, results in {result.run_dir}"
+    )
+    if result.trained:
+        return 0
+    print(
+        f"rayfed: error: no round produced a finite training loss (every client update was rejected as NaN or "
+        f"infinite, or beyond engine.max_update_norm), so the models never changed; lower train.lr="
+        f"{config.train.lr:g}", file=sys.stderr,
+    )
+    return 1
+
+
+def _rounds(rounds: Sequence[int], shown: int = 5) -> str:
+    return "rounds " + ", ".join(map(str, rounds[:shown])) + (", ..." if len(rounds) > shown else "")
 
 
 def _interrupted(error: KeyboardInterrupt, subcommand: str, command: str) -> str:
-    """What a Ctrl-C left and the exact command that continues: a run's own line, or the same command again."""
-    if isinstance(error, RunInterrupted):
-        return str(error)
-    if isinstance(error, StudyInterrupted):
-        return f"{error}; resume it with: {command}"
+    """What Ctrl-C (or SIGTERM) left and the exact command that continues: a run's own line, or the same
+    command again."""
+    if isinstance(error, (RunInterrupted, StudyInterrupted)):
+        return str(error) if isinstance(error, RunInterrupted) else f"{error}; resume it with: {command}"
+    stopped = how_stopped(error)
     if subcommand == "reproduce":
-        return f"interrupted; finished runs are kept and stopped ones resume from their last round: {command}"
-    return f"interrupted before the first round finished; start again with: {command}"
+        return f"{stopped}; finished runs are kept and stopped ones resume from their last round: {command}"
+    return f"{stopped} before the first round finished; start again with: {command}"

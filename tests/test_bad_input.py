@@ -242,7 +242,7 @@ def test_decompressed_dataset_files_follow_the_umask(tmp_path) -> None:
         out.write(b"\x00" * 16)
     previous = os.umask(0o027)
     try:
-        _gunzip_if_needed("mnist", archive, md5="0" * 32)
+        _gunzip_if_needed("mnist", archive, md5=None)
     finally:
         os.umask(previous)
     assert stat.S_IMODE((tmp_path / "train-labels-idx1-ubyte").stat().st_mode) == 0o640

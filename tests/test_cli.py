@@ -75,13 +75,16 @@ def test_every_algorithm_param_has_a_meaning():
             assert meaning(field), f"{name}: algorithm.params.{field.name}"
 
 
-@pytest.mark.parametrize(
-    ("args", "named"),
-    [(["a", "b"], "a"), (["train.rounds", "7"], "train.rounds"), (["train.lr=0.1", "nofile.toml"], "nofile.toml")],
-)
+@pytest.mark.parametrize(("args", "named"), [(["a", "b"], "a"), (["train.rounds", "7"], "train.rounds")])
 def test_an_argument_without_equals_that_is_no_file_is_named(args, named, capsys):
     assert main(["run", *args]) == 2
     assert f"'{named}' is neither a config file nor a field.path=value override" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("missing", ["nofile.toml", "configs/nofile"])
+def test_a_missing_config_file_is_not_found(missing, capsys):
+    assert main(["run", "train.lr=0.1", missing]) == 2
+    assert f"rayfed: error: config file '{missing}' not found (looked in " in capsys.readouterr().err
 
 
 def test_resume_takes_no_config_file(tmp_path, capsys):

@@ -20,7 +20,6 @@ import torch
 
 from rayfed import CheckpointError, ConfigError, DatasetError, ResourceError, RunConfig, run
 from rayfed.cli import main
-from rayfed.engine import Simulation
 from rayfed.engine.callbacks import Callback, MetricsWriter
 from rayfed.engine.interrupts import RunInterrupted, StudyInterrupted
 from rayfed.execution.executor import LocalExecutor
@@ -95,7 +94,8 @@ def test_run_without_a_completed_round_can_be_resumed_or_rerun(tmp_path, uninter
 
 def test_both_paths_refuse_another_config_with_the_same_message(tmp_path) -> None:
     config = _config(tmp_path / "run")
-    Simulation(config)  # config.json and the partition written, no round run
+    with pytest.raises(RuntimeError):  # config.json and the partition written, no round saved
+        run(config, callbacks=[_StopAfter(0, RuntimeError)])
     messages = []
     for resume in (True, False):
         with pytest.raises(ConfigError) as refused:

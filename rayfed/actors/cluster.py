@@ -7,7 +7,9 @@
 * If Ray is already initialised in this process (a notebook, a test, an Optuna trial
   running as a Ray task), it is used as it is.
 
-The dashboard, when started, binds to ``engine.dashboard_host`` (localhost by default).
+The dashboard, when started, binds to ``engine.dashboard_host`` (localhost by default). The
+processes of a private Ray end with the driver, even one killed with SIGKILL
+(:mod:`rayfed.util.reaper`).
 
 Authentication: a private local Ray is started with token authentication off
 (``RAY_AUTH_MODE=disabled``, unless the environment already sets ``RAY_AUTH_MODE``). It
@@ -40,6 +42,8 @@ import ray
 
 from rayfed.config import EngineConfig
 from rayfed.util.errors import ResourceError
+from rayfed.util.processes import children
+from rayfed.util.reaper import Reaper
 
 logger = logging.getLogger(__name__)
 
@@ -90,21 +94,30 @@ Preloading torch as well did not start runs sooner (benchmarks/README.md, "Whole
 def ray_started(address: str | None, **options: object) -> Iterator[None]:
     """Ray for the body: the one already initialised in this process, the cluster at ``address``, or a
     private local Ray (``options`` go to ``ray.init``) with :data:`PRIVATE_CLUSTER_ENV`. Whatever is
-    started here is shut down at the end, and the environment is restored."""
+    started here is shut down at the end, and the environment is restored.
+
+    A private Ray's processes are watched by a :class:`~rayfed.util.reaper.Reaper`, so that they end
+    within seconds of this process however it ends (killed, out of memory), not a minute later."""
     if ray.is_initialized():
         yield
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     own = {} if address else {k: v for k, v in PRIVATE_CLUSTER_ENV.items() if k not in os.environ}
     os.environ.update(own)  # for the cluster started here, while it runs
+    reaper = None
     try:
         if address:
             ray.init(address=address, logging_level=logging.WARNING)
         else:
+            reaper = Reaper()
+            before = set(children(frozenset({os.getpid()})))
             ray.init(address="local", logging_level=logging.WARNING, **options)  # type: ignore[arg-type]
+            reaper.watch(set(children(frozenset({os.getpid()}))) - before - {reaper.pid})
         yield
     finally:
         ray.shutdown()
+        if reaper is not None:
+            reaper.stop()
         for key in own:
             del os.environ[key]
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -46,6 +46,9 @@ from rayfed.train.scratch import ScratchKey
 from rayfed.train.sgd import minibatches
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_choice, check_int, check_real
+
+if TYPE_CHECKING:
+    from rayfed.config import TrainConfig
 
 __all__ = [
     "AppleParams",
@@ -249,9 +252,9 @@ class AppleServer(ServerHalf[AppleParams, ClientVectors]):
         require_homogeneous(spec)
 
     @classmethod
-    def client_state_bytes(cls, params: AppleParams, spec: ProblemSpec) -> int:
+    def client_state_bytes(cls, params: AppleParams, spec: ProblemSpec, train: TrainConfig) -> int:
         """M copies of the model, p_i (float64) and the copies' versions (int64): grows as M per client."""
-        return spec.num_clients * (super().client_state_bytes(params, spec) + 16)
+        return spec.num_clients * (super().client_state_bytes(params, spec, train) + 16)
 
     def __init__(self, params: AppleParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)

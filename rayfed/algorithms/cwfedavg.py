@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -57,11 +58,22 @@ from rayfed.algorithms.cwfedavg_equations import (
 from rayfed.algorithms.cwfedavg_figures import cwfedavg_figures
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, ModelParts, model_parts
 from rayfed.algorithms.figures import Figure, FinishedRun
-from rayfed.algorithms.hooks import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf, SharedBody
+from rayfed.algorithms.hooks import (
+    Broadcast,
+    ClientHalf,
+    Contribution,
+    RoundContext,
+    ServerHalf,
+    SharedBody,
+    buffer_bytes,
+)
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rayfed.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -312,6 +324,12 @@ class CwFedAvgServer(ServerHalf[CwFedAvgParams, ClasswiseSum]):
     def validate(cls, params: CwFedAvgParams, spec: ProblemSpec) -> None:
         """One architecture, whose blocks and output layer fit ``classwise_blocks`` / ``classwise_layers``."""
         model_parts(spec, require_homogeneous(spec), params)
+
+    @classmethod
+    def client_state_bytes(cls, params: CwFedAvgParams, spec: ProblemSpec, train: TrainConfig) -> int:
+        """A client keeps its BatchNorm buffers only (0 bytes for cnn4): its model is formed from the class
+        models each round (Eq. 7)."""
+        return buffer_bytes(spec)
 
     @classmethod
     def server_state_bytes(cls, params: CwFedAvgParams, spec: ProblemSpec) -> int:

@@ -53,7 +53,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -74,13 +74,16 @@ from rayfed.algorithms.fedawa_objective import (
     softmax,
 )
 from rayfed.algorithms.fedawa_weights import INITIAL_WEIGHTS, needs_label_counts
-from rayfed.algorithms.hooks import RoundContext
+from rayfed.algorithms.hooks import RoundContext, momentum_bytes
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.algorithms.sgdm import PersistentMomentumClient
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_choice, check_int, check_real
+
+if TYPE_CHECKING:
+    from rayfed.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +167,12 @@ class FedAWAServer(GlobalModelServer[FedAWAParams, ClientVectors]):
     """Keeps θ_g and, per client id, its logit (``code``, ``paper``) or weight (``exact``); one group of λ."""
 
     layer_wise = False
+    may_hold_nan = frozenset({"client_state"})  # NaN: a client not seen yet
+
+    @classmethod
+    def client_state_bytes(cls, params: FedAWAParams, spec: ProblemSpec, train: TrainConfig) -> int:
+        """Its clients keep their SGD momentum buffers (:mod:`rayfed.algorithms.sgdm`)."""
+        return momentum_bytes(spec, train)
 
     @classmethod
     def server_state_bytes(cls, params: FedAWAParams, spec: ProblemSpec) -> int:

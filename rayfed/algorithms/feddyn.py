@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -44,13 +44,16 @@ import torch
 from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelServer
 from rayfed.algorithms.common.proximal import flatten_logically, proximal_term
 from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.hooks import ClientHalf, RoundContext, model_state_bytes
+from rayfed.algorithms.hooks import ClientHalf, RoundContext, momentum_bytes, parameter_bytes
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.algorithms.sgdm import PersistentMomentumClient
 from rayfed.train.job import ClientJob, TrainStats
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_choice, check_real
+
+if TYPE_CHECKING:
+    from rayfed.config import TrainConfig
 
 __all__ = ["GRAD_KEY", "FedDynParams", "FedDynBroadcast", "FedDynClient", "FedDynServer", "feddyn_server_step"]
 
@@ -151,9 +154,9 @@ class FedDynServer(GlobalModelServer[FedDynParams, WeightedSum]):
     """Keeps θ and the server state h (parameters)."""
 
     @classmethod
-    def client_state_bytes(cls, params: FedDynParams, spec: ProblemSpec) -> int:
-        """The gradient state, plus the momentum buffer under ``code``: one or two models per client."""
-        return (2 if params.fidelity == "code" else 1) * model_state_bytes(spec)
+    def client_state_bytes(cls, params: FedDynParams, spec: ProblemSpec, train: TrainConfig) -> int:
+        """The gradient state (parameters), plus the momentum buffer under ``code`` with ``train.momentum`` > 0."""
+        return parameter_bytes(spec) + (momentum_bytes(spec, train) if params.fidelity == "code" else 0)
 
     def __init__(self, params: FedDynParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -44,6 +45,9 @@ from rayfed.train.scratch import ScratchKey
 from rayfed.util.documented import documented, section
 from rayfed.util.seeding import init_seed
 from rayfed.util.validation import check_int, check_real
+
+if TYPE_CHECKING:
+    from rayfed.config import TrainConfig
 
 __all__ = [
     "FedFomoParams",
@@ -231,9 +235,9 @@ class FedFomoServer(ServerHalf[FedFomoParams, ClientVectors]):
         self.available = np.zeros(spec.num_clients, dtype=bool)
 
     @classmethod
-    def client_state_bytes(cls, params: FedFomoParams, spec: ProblemSpec) -> int:
+    def client_state_bytes(cls, params: FedFomoParams, spec: ProblemSpec, train: TrainConfig) -> int:
         """The client's model and its affinity vector (one float64 per client)."""
-        return super().client_state_bytes(params, spec) + 8 * spec.num_clients
+        return super().client_state_bytes(params, spec, train) + 8 * spec.num_clients
 
     def broadcast(self) -> FomoModels:
         return FomoModels(self.models, self.available, self.params, self.spec.seed, self.num_params)

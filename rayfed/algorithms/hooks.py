@@ -28,16 +28,16 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from rayfed.train.layout import ParamLayout
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.scratch import ScratchKey
 
 if TYPE_CHECKING:  # the server never trains: torch is imported where clients train
     from rayfed.algorithms.figures import Figure, FinishedRun
+    from rayfed.config import TrainConfig
     from rayfed.data.held_out import HeldOutRequest
     from rayfed.train.job import ClientJob, TrainStats
 
@@ -50,6 +50,9 @@ __all__ = [
     "ServerHalf",
     "NoParams",
     "model_state_bytes",
+    "parameter_bytes",
+    "buffer_bytes",
+    "momentum_bytes",
 ]
 
 P = TypeVar("P")
@@ -249,6 +252,11 @@ class ServerHalf(abc.ABC, Generic[P, C]):
     clients of an architecture start from it, as in the papers' code).
     """
 
+    may_hold_nan: ClassVar[frozenset[str]] = frozenset()
+    """Names of :meth:`state_dict` arrays in which NaN is a value ("not set yet", as FedAWA's weights of
+    clients it has not seen). A resume refuses a checkpoint with NaN or infinite values anywhere else
+    (:func:`rayfed.engine.checkpoint.verified_checkpoint`): the state of a run that diverged."""
+
     def __init__(self, params: P, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         type(self).validate(params, spec)
         self.params = params
@@ -270,10 +278,13 @@ class ServerHalf(abc.ABC, Generic[P, C]):
         return None
 
     @classmethod
-    def client_state_bytes(cls, params: P, spec: ProblemSpec) -> int:
+    def client_state_bytes(cls, params: P, spec: ProblemSpec, train: TrainConfig) -> int:
         """Bytes of state one client keeps between rounds (the client state store), for an algorithm
-        registered with ``keeps_client_state``; by default one model, parameters and floating-point
-        buffers in float32, of the run's largest architecture. An algorithm whose clients keep more
+        registered with ``keeps_client_state``: what its clients really keep under ``params`` and the
+        run's local training (``train``: a momentum buffer exists only with ``train.momentum`` > 0). By
+        default one model, parameters and floating-point buffers in float32, of the run's largest
+        architecture (:func:`model_state_bytes`: a client that keeps its own model). An algorithm whose
+        clients keep less (cwFedAvg's BatchNorm buffers, FedPer's head, a momentum buffer) or more
         (APPLE's copies of every client's model) says so here: before anything is written, the engine
         refuses a run whose clients' states fit neither ``engine.client_state_memory_mb`` nor the free
         disk of the run directory (:func:`rayfed.engine.sizing.check_client_states`)."""
@@ -315,9 +326,29 @@ class ServerHalf(abc.ABC, Generic[P, C]):
 
 def model_state_bytes(spec: ProblemSpec) -> int:
     """Bytes of one float32 model state (parameters, then floating-point buffers) of the largest architecture."""
-    empty = ParamLayout((), (), (0,))
-    return 4 * max(
-        (layout.size + spec.buffer_layouts.get(arch, empty).size for arch, layout in spec.layouts.items()), default=0
-    )
+    return 4 * max((sum(_sizes(spec, arch)) for arch in spec.layouts), default=0)
+
+
+def parameter_bytes(spec: ProblemSpec) -> int:
+    """Bytes of one float32 parameter vector (no buffers) of the largest architecture: a momentum buffer."""
+    return 4 * max((_sizes(spec, arch)[0] for arch in spec.layouts), default=0)
+
+
+def buffer_bytes(spec: ProblemSpec) -> int:
+    """Bytes of one model's floating-point buffers (BatchNorm statistics) in float32, of the architecture that
+    has the most."""
+    return 4 * max((_sizes(spec, arch)[1] for arch in spec.layouts), default=0)
+
+
+def momentum_bytes(spec: ProblemSpec, train: TrainConfig) -> int:
+    """What a client that carries its SGD momentum buffer across rounds keeps: one parameter vector with
+    ``train.momentum`` > 0, nothing without momentum."""
+    return parameter_bytes(spec) if train.momentum else 0
+
+
+def _sizes(spec: ProblemSpec, architecture: str) -> tuple[int, int]:
+    """(parameters, floating-point buffers) of ``architecture``."""
+    buffers = spec.buffer_layouts.get(architecture)
+    return spec.layouts[architecture].size, 0 if buffers is None else buffers.size
 
 

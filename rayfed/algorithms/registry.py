@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rayfed.algorithms.hooks import ClientHalf, ServerHalf, model_state_bytes
+from rayfed.algorithms.hooks import ClientHalf, ServerHalf
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.registry import Registry
 
 if TYPE_CHECKING:  # the config validates params through this registry
-    from rayfed.config import AlgorithmConfig
+    from rayfed.config import AlgorithmConfig, TrainConfig
     from rayfed.data.held_out import HeldOutRequest
 
 __all__ = ["Algorithm", "ALGORITHMS", "register_algorithm", "ResolvedAlgorithm", "resolve"]
@@ -90,6 +90,8 @@ class ResolvedAlgorithm:
     server_params: Any
     client_half: type[ClientHalf[Any]]
     client_params: Any
+    client_algorithm: Algorithm
+    """The algorithm whose client half runs: :attr:`algorithm`, or the one ``algorithm.client`` borrows from."""
     keeps_client_state: bool
     """True if the run's clients keep state between rounds (either half's algorithm keeps it)."""
 
@@ -105,15 +107,20 @@ class ResolvedAlgorithm:
         """The server half's request for held-out data (:meth:`ServerHalf.held_out`), if any."""
         return self.algorithm.server_half.held_out(self.server_params, spec)
 
-    def client_state_bytes(self, spec: ProblemSpec) -> int:
-        """Bytes one client keeps between rounds: 0 without client state; the server half's
-        :meth:`ServerHalf.client_state_bytes` if its algorithm keeps the state, else (a borrowed
-        client half keeps it) one model."""
+    def client_state_bytes(self, spec: ProblemSpec, train: TrainConfig) -> int:
+        """Bytes one client keeps between rounds: 0 without client state; else
+        :meth:`ServerHalf.client_state_bytes` of the algorithm that keeps it (this one, or the one whose
+        client half is borrowed, with its params)."""
         if not self.keeps_client_state:
             return 0
         if self.algorithm.keeps_client_state:
-            return self.algorithm.server_half.client_state_bytes(self.server_params, spec)
-        return model_state_bytes(spec)
+            return self.algorithm.server_half.client_state_bytes(self.server_params, spec, train)
+        return self.client_algorithm.server_half.client_state_bytes(self.client_params, spec, train)
+
+    @property
+    def may_hold_nan(self) -> frozenset[str]:
+        """The server state arrays in which NaN is a value (:attr:`ServerHalf.may_hold_nan`)."""
+        return self.algorithm.server_half.may_hold_nan
 
     def server_state_bytes(self, spec: ProblemSpec) -> int:
         """Bytes the server half holds (:meth:`ServerHalf.server_state_bytes`)."""
@@ -138,6 +145,7 @@ def resolve(config: AlgorithmConfig) -> ResolvedAlgorithm:
         server_params=config.params,
         client_half=client_algorithm.client_half or ClientHalf,
         client_params=client_params,
+        client_algorithm=client_algorithm,
         keeps_client_state=algorithm.keeps_client_state or client_algorithm.keeps_client_state,
     )
 

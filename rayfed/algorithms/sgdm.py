@@ -20,15 +20,21 @@ FedAvg's server, for the FedAvg baseline of the FedAWA paper and for borrowing
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from rayfed.algorithms.fedavg import FedAvgServer
-from rayfed.algorithms.hooks import ClientHalf, NoParams
+from rayfed.algorithms.hooks import ClientHalf, NoParams, momentum_bytes
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.problem import ProblemSpec
 
-__all__ = ["PersistentMomentumClient", "MOMENTUM_KEY"]
+if TYPE_CHECKING:
+    from rayfed.config import TrainConfig
+
+__all__ = ["PersistentMomentumClient", "SGDMServer", "MOMENTUM_KEY"]
 
 MOMENTUM_KEY = "momentum"
 """Name of the momentum buffer in the client's state."""
@@ -51,10 +57,18 @@ class PersistentMomentumClient(ClientHalf[object]):
         return stats
 
 
+class SGDMServer(FedAvgServer):
+    """FedAvg's server, for clients that keep their momentum buffers."""
+
+    @classmethod
+    def client_state_bytes(cls, params: object, spec: ProblemSpec, train: TrainConfig) -> int:
+        return momentum_bytes(spec, train)
+
+
 register_algorithm(
     "sgdm",
     params=NoParams,
-    server=FedAvgServer,
+    server=SGDMServer,
     client=PersistentMomentumClient,
     summary="FedAvg with SGD-momentum clients whose buffers persist across rounds (FedAWA's clients)",
     keeps_client_state=True,

@@ -17,6 +17,7 @@ from rayfed.config.run_config import (
     field_reference,
     load_config,
     parse_override,
+    read_run_config,
     read_table_file,
 )
 
@@ -30,5 +31,6 @@ __all__ = [
     "field_reference",
     "load_config",
     "parse_override",
+    "read_run_config",
     "read_table_file",
 ]

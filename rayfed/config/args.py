@@ -5,11 +5,11 @@ Shared by ``rayfed run`` (:mod:`rayfed.cli`) and ``rayfed tune`` (:mod:`rayfed.t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from rayfed.config import RunConfig, load_config, parse_override
+from rayfed.config import RunConfig, load_config, parse_override, read_run_config
+from rayfed.config.files import TABLE_SUFFIXES
 from rayfed.util.errors import CheckpointError, ConfigError
 
 __all__ = ["config_from_args"]
@@ -36,8 +36,12 @@ def config_from_args(args: Sequence[str], resume: str | None = None, preset: str
     """
     files = [a for a in args if "=" not in a]
     for arg in files:
-        if not Path(arg).is_file():
-            raise ConfigError(f"{arg!r} is neither a config file nor a field.path=value override")
+        if Path(arg).is_file():
+            continue
+        if Path(arg).suffix.lower() in TABLE_SUFFIXES or "/" in arg:
+            what = "is a folder" if Path(arg).is_dir() else "not found"
+            raise ConfigError(f"config file {arg!r} {what} (looked in {str(Path.cwd())!r}); check its path")
+        raise ConfigError(f"{arg!r} is neither a config file nor a field.path=value override")
     if len(files) > 1:
         raise ConfigError(f"give at most one config file, but got {files}")
     overrides = dict(parse_override(a) for a in args if "=" in a)
@@ -60,7 +64,7 @@ def config_from_args(args: Sequence[str], resume: str | None = None, preset: str
         saved = Path(resume) / "config.json"
         if not saved.is_file():
             raise CheckpointError(f"cannot resume: {resume!r} holds no run (no config.json)")
-        resumed = RunConfig.from_dict(json.loads(saved.read_text()))
+        resumed = read_run_config(saved)
         return resumed.override({**overrides, "run_dir": str(resume)})
     if files:
         return load_config(files[0], overrides)

@@ -34,7 +34,11 @@ __all__ = [
     "set_path",
     "nest_dotted_keys",
     "read_table_file",
+    "TABLE_SUFFIXES",
 ]
+
+TABLE_SUFFIXES = (".toml", ".yaml", ".yml", ".json")
+"""The endings of the files :func:`read_table_file` reads (config files, search spaces)."""
 
 
 def to_plain(obj: Any) -> Any:
@@ -110,8 +114,11 @@ def coerce(hint: Any, value: Any, path: str) -> Any:
             fail(path, value, "a string")
         return value
     if origin is tuple:
-        if isinstance(value, str):
-            value = [v for v in value.split(",") if v]
+        if isinstance(value, str):  # a,b or [a, b] or ['a', 'b']: a list as a shell passes it on
+            inner = value.strip().removeprefix("[").removesuffix("]")
+            value = [item.strip().strip("'\"") for item in inner.split(",") if item.strip()]
+        if not isinstance(value, (list, tuple)):
+            fail(path, value, "a list")
         return tuple(value)
     if origin is Literal:
         check_choice(path, value, get_args(hint))
@@ -175,12 +182,25 @@ def _put(node: dict[str, Any], keys: list[str], value: Any, prefix: str, source:
         node[head] = dict(value) if isinstance(value, Mapping) else value
 
 
+def _read_utf8(path: Path, kind: str) -> str:
+    """The text of a UTF-8 file (a byte-order mark is accepted); ConfigError naming the first byte that is not."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{kind} {str(path)!r} is not UTF-8 text: byte 0x{data[error.start]:02x} on line {line} is not UTF-8 "
+            "(a file saved as Latin-1 or Windows-1252?); save it as UTF-8"
+        ) from None
+
+
 def read_table_file(path: str | Path, kind: str = "config file") -> Any:
     """Parse a TOML, YAML or JSON file, by suffix; errors call the file a ``kind``."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{kind} {str(path)!r} does not exist")
-    text = path.read_text()
+    text = _read_utf8(path, kind)
     suffix = path.suffix.lower()
     try:
         if suffix == ".toml":
@@ -198,7 +218,7 @@ def read_table_file(path: str | Path, kind: str = "config file") -> Any:
             return yaml.safe_load(text) or {}
         if suffix == ".json":
             return json.loads(text)
-        raise ConfigError(f"{kind} {str(path)!r} must end in .toml, .yaml, .yml or .json")
+        raise ConfigError(f"{kind} {str(path)!r} must end in {', '.join(TABLE_SUFFIXES)}")
     except ConfigError:
         raise
     except Exception as e:  # a syntax error in the file

@@ -32,7 +32,7 @@ from rayfed.config.files import (
     to_plain,
 )
 from rayfed.util.documented import documented, reference, section
-from rayfed.util.errors import ConfigError
+from rayfed.util.errors import CheckpointError, ConfigError
 from rayfed.util.registry import closest
 from rayfed.util.validation import check, check_choice, check_int, check_real, is_int
 
@@ -44,6 +44,7 @@ __all__ = [
     "EngineConfig",
     "RunConfig",
     "load_config",
+    "read_run_config",
     "read_table_file",
     "parse_override",
     "field_reference",
@@ -359,6 +360,24 @@ class RunConfig:
             set_path(tree, path, value)
         return RunConfig.from_dict(tree)
 
+    @classmethod
+    def of(cls, config: RunConfig | Mapping[str, Any]) -> RunConfig:
+        """``config`` itself, or the default config overridden by a mapping of dotted field paths, as
+        :meth:`override` takes it (``{"train.lr": 0.01}``); ConfigError naming the fix for anything else.
+
+        >>> RunConfig.of({"train.lr": 0.01, "data": {"num_clients": 5}}).data.num_clients
+        5
+        """
+        if isinstance(config, RunConfig):
+            return config
+        if isinstance(config, Mapping) and all(isinstance(key, str) for key in config):
+            return cls().override(config)
+        raise ConfigError(
+            f"a run takes a RunConfig, or a mapping of dotted field paths such as {{'train.lr': 0.01}}, but got "
+            f"{type(config).__name__} {config!r:.80}; build one with RunConfig().override({{...}}) or "
+            "rayfed.load_config(path)"
+        )
+
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
@@ -384,6 +403,16 @@ def _differences(old: Any, new: Any, path: str = "") -> list[str]:
 def field_reference() -> str:
     """Every config field as ``path = default`` and its meaning (``rayfed run --help`` prints it)."""
     return reference(RunConfig)
+
+
+def read_run_config(path: str | Path) -> RunConfig:
+    """The config a run saved (its ``config.json``); CheckpointError naming the file if it cannot be read."""
+    try:
+        return RunConfig.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+    except (ValueError, OSError) as error:  # ConfigError is a ValueError
+        raise CheckpointError(
+            f"{str(path)!r} is not a readable run config ({error}); restore it from a copy, or choose another run_dir"
+        ) from error
 
 
 def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:

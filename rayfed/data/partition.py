@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from rayfed.data.csr import count_labels, group_by_client
 from rayfed.util.errors import DatasetError
-from rayfed.util.files import write_parquet
+from rayfed.util.files import digest_of, write_parquet
 
 __all__ = [
     "LABEL_COUNTS_FILE",
@@ -101,6 +101,11 @@ class ClientPartition(abc.ABC):
     @abc.abstractmethod
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write what :func:`load_partition` needs to rebuild this partition, atomically."""
+
+    @abc.abstractmethod
+    def digest(self) -> str:
+        """A hex digest of what defines this partition: equal partitions (``==``) have equal digests
+        (a run's identity includes it: :mod:`rayfed.engine.run_identity`)."""
 
 
 PartitionReader = Callable[[pa.Table, Path, np.ndarray, int], ClientPartition]
@@ -307,6 +312,9 @@ class Partition(ClientPartition):
         train_indices, train_offsets = group_by_client(index[is_train], client_id[is_train], m)
         test_indices, test_offsets = group_by_client(index[~is_train], client_id[~is_train], m)
         return cls.from_csr(train_indices, train_offsets, test_indices, test_offsets, labels, num_classes)
+
+    def digest(self) -> str:
+        return digest_of(getattr(self, name) for name in _ARRAYS)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Partition):

@@ -32,6 +32,7 @@ computed when a worker asks for them.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ import pyarrow as pa
 from rayfed.data.partition import ClientPartition, partition_metadata, register_partition_format
 from rayfed.data.partitioners import PARTITIONERS
 from rayfed.util.errors import DatasetError
-from rayfed.util.files import write_parquet
+from rayfed.util.files import digest_of, write_parquet
 from rayfed.util.validation import check
 
 if TYPE_CHECKING:
@@ -198,6 +199,9 @@ class PoolSlices(ClientPartition):
             return cls.build(labels, num_classes, *(int(row[name]) for name in _PARAMS))
         except DatasetError as error:
             raise DatasetError(f"partition file {str(path)!r}: {error}") from error
+
+    def digest(self) -> str:
+        return digest_of([json.dumps(self.params(), sort_keys=True).encode(), self.label_counts])
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PoolSlices):

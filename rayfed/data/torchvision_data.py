@@ -89,7 +89,7 @@ def _load_idx(name: str, class_name: str, root: str | None, download: bool, merg
     for archive, md5 in cls.resources:
         _gunzip_if_needed(name, raw / archive, md5)
     missing = [f"{class_name}/raw/{archive}" for archive, _ in cls.resources if not (raw / archive[:-3]).is_file()]
-    fix = f"copy the files (the .gz files are enough) into {str(raw)!r}/"
+    fix = f"copy the files (the .gz files are enough) into {str(raw) + '/'!r}"
     splits = _load_splits(name, cls, base, missing, fix, download=download, merge_splits=merge_splits)
     images = np.concatenate([s.data.numpy() for s in splits])[:, None]  # (N, 1, 28, 28)
     labels = np.concatenate([s.targets.numpy() for s in splits]).astype(np.int64)
@@ -108,8 +108,13 @@ def _gunzip_if_needed(name: str, archive: Path, md5: str | None, target: Path | 
         return
     from torchvision.datasets.utils import check_md5
 
+    fresh = (f"delete it and run again with data.download=true to fetch a fresh copy, or copy an intact "
+             f"{archive.name} to {str(archive.parent) + '/'!r}")
     if md5 is not None and not check_md5(archive, md5):
-        logger.warning("%s: %s does not have torchvision's md5 %s; using it anyway", name, archive, md5)
+        raise DatasetError(
+            f"dataset {name!r}: {str(archive)!r} is damaged (truncated, or another file): its MD5 checksum is not "
+            f"torchvision's {md5}; {fresh}"
+        )
     try:
         fd, tmp = create_temp_file(target)  # the user's umask, as the IDX files beside it
     except OSError as error:
@@ -124,7 +129,7 @@ def _gunzip_if_needed(name: str, archive: Path, md5: str | None, target: Path | 
         os.replace(tmp, target)
     except (OSError, EOFError) as error:
         Path(tmp).unlink(missing_ok=True)
-        raise DatasetError(f"dataset {name!r}: {str(archive)!r} is not a valid gzip file ({error})") from error
+        raise DatasetError(f"dataset {name!r}: {str(archive)!r} is not a valid gzip file ({error}); {fresh}") from error
 
 
 # --------------------------------------------------------------------------- EMNIST-Letters
@@ -162,7 +167,7 @@ def load_emnist_letters(
     for idx_file in needed:
         _unpack_emnist_file(base, raw, idx_file)
     missing = [f"EMNIST/raw/{f}" for f in needed if not (raw / f).is_file()]
-    fix = f"copy NIST's gzip.zip, or its emnist-letters-*.gz files, into {str(raw)!r}/"
+    fix = f"copy NIST's gzip.zip, or its emnist-letters-*.gz files, into {str(raw) + '/'!r}"
     cls = functools.partial(tvd.EMNIST, split="letters")
     splits = _load_splits(name, cls, base, missing, fix, download=download, merge_splits=merge_splits)
     images = np.concatenate([s.data.numpy() for s in splits])[:, None]  # (N, 1, 28, 28)
@@ -317,7 +322,7 @@ def load_tiny_imagenet(root: str | None, *, download: bool = False, seed: int = 
         files.extend(found)
         counts.append(len(found))
     if not files:
-        raise DatasetError(f"dataset 'tiny_imagenet': no images found under {str(train)!r}/<wnid>/images/")
+        raise DatasetError(f"dataset 'tiny_imagenet': no images found under {str(train) + '/<wnid>/images/'!r}")
     out = np.empty((len(files), 3, _TINY_SIZE, _TINY_SIZE), dtype=np.uint8)
     _decode_into(files, out)
     labels = np.repeat(np.arange(len(wnids), dtype=np.int64), counts)

@@ -45,6 +45,8 @@ class RunView:
     run_dir: Path
     config: RunConfig
     spec: ProblemSpec
+    identity: str
+    """The run's identity (:mod:`rayfed.engine.run_identity`), which its checkpoints record."""
     start_round: int
     """The first round this process runs (after the checkpoint it resumed from, else 0)."""
     rows: Callable[[], Sequence[Mapping[str, Any]]]
@@ -110,7 +112,8 @@ class MetricsWriter(Callback):
             write_json(
                 run.run_dir / "summary.json",
                 {"best_accuracy": result.best_accuracy, "final_accuracy": result.final_accuracy,
-                 "rounds_run": result.rounds_run, "stopped_early": result.stopped_early},
+                 "rounds_run": result.rounds_run, "stopped_early": result.stopped_early,
+                 "rounds_without_finite_loss": result.rounds_without_loss},
             )
 
     @staticmethod
@@ -142,13 +145,14 @@ class Checkpointer(Callback):
     def save(run: RunView, round_index: int) -> Path:
         """Server state, client states and the round (:mod:`rayfed.engine.checkpoint`)."""
         server, clients = run.state()
-        return save_checkpoint(run.run_dir, round_index, server, clients)
+        return save_checkpoint(run.run_dir, round_index, server, clients, run.identity)
 
 
 class ProgressBar(Callback):
     """A tqdm bar over rounds with the latest pooled accuracy of the personalised models, the
     global model's beside it (``glob``, when the algorithm has one), the best accuracy so far,
-    the training loss and the round's seconds."""
+    the training loss (or why the round has none: e.g. ``all 10 client updates rejected``) and
+    the round's seconds."""
 
     def on_run_start(self, run: RunView) -> None:
         from tqdm.auto import tqdm
@@ -160,12 +164,16 @@ class ProgressBar(Callback):
         self._best = max((r["accuracy"] for r in run.history if not math.isnan(r["accuracy"])), default=math.nan)
 
     def after_round(self, run: RunView, record: RoundRecord, clients: pa.Table) -> bool:
-        if not math.isnan(record.accuracy):
-            self._best = record.accuracy if math.isnan(self._best) else max(self._best, record.accuracy)
-            shown = {"acc": f"{record.accuracy:.4f}"}
-            if not math.isnan(record.global_accuracy):
-                shown["glob"] = f"{record.global_accuracy:.4f}"
-            shown.update(best=f"{self._best:.4f}", loss=f"{record.train_loss:.3f}", s=f"{record.round_s:.2f}")
+        problem = record.loss_problem()
+        if not math.isnan(record.accuracy) or problem:
+            shown = {}
+            if not math.isnan(record.accuracy):
+                self._best = record.accuracy if math.isnan(self._best) else max(self._best, record.accuracy)
+                shown["acc"] = f"{record.accuracy:.4f}"
+                if not math.isnan(record.global_accuracy):
+                    shown["glob"] = f"{record.global_accuracy:.4f}"
+                shown["best"] = f"{self._best:.4f}"
+            shown.update(loss=problem or f"{record.train_loss:.3f}", s=f"{record.round_s:.2f}")
             self._bar.set_postfix(shown)
         self._bar.update(1)
         return False

@@ -34,7 +34,7 @@ from rayfed.execution.reports import ClientReport, EvalReport
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RoundRecord", "summarise_round", "client_table"]
+__all__ = ["RoundRecord", "loss_problem", "summarise_round", "client_table"]
 
 
 @dataclass
@@ -60,10 +60,26 @@ class RoundRecord:
     train_loss_eval: float = math.nan
     extra: dict[str, float] = field(default_factory=dict)
 
+    def loss_problem(self) -> str | None:
+        """Why this training round has no finite ``train_loss`` (its models did not change), or None if it has one."""
+        return loss_problem(self.round, self.train_loss, self.num_sampled, self.num_rejected)
+
     def as_row(self) -> dict[str, float]:
         row = asdict(self)
         row.update({f"server_{k}" if not k.startswith("server_") else k: v for k, v in row.pop("extra").items()})
         return row
+
+
+def loss_problem(round_index: int, train_loss: float, num_sampled: int, num_rejected: int) -> str | None:
+    """Why a training round (``round_index`` >= 0) has no finite training loss, or None if it has one:
+    every update rejected (NaN or infinite, or beyond ``engine.max_update_norm``), or none finite."""
+    if round_index < 0 or math.isfinite(train_loss):
+        return None
+    if num_rejected == num_sampled > 0:
+        return f"all {num_sampled} client updates rejected"
+    if num_rejected:
+        return f"{num_rejected} of {num_sampled} client updates rejected"
+    return "no finite training loss"
 
 
 def summarise_round(

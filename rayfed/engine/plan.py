@@ -3,8 +3,9 @@
 A run that cannot be carried out is refused here, with every file of its directory as it was
 (README.md, "Faults and bad input"):
 
-* its run directory: can it be made, may this run start or continue in it, and where does a
-  continued run resume (:mod:`rayfed.engine.run_dir`, which reads every file a resume needs);
+* its run directory: can it be made, is it rayfed's to write in and free, may this run start or
+  continue in it, and where does a continued run resume (:mod:`rayfed.engine.run_dir`, which reads
+  every file a resume needs and proves its checkpoint is this run's: :mod:`rayfed.engine.run_identity`);
 * its resources: workers, memory and client states (:func:`rayfed.engine.sizing.check_fits`);
 * its inputs: the dataset, the problem (the algorithm checks its params against it), the held-out
   server data and the partition (:class:`~rayfed.engine.inputs.RunInputs`);
@@ -22,7 +23,8 @@ from pathlib import Path
 from rayfed.algorithms import ResolvedAlgorithm, resolve
 from rayfed.config import RunConfig
 from rayfed.engine.inputs import RunInputs
-from rayfed.engine.run_dir import ResumePoint, check_creatable, check_same_run, read_resume_point
+from rayfed.engine.run_dir import ResumePoint, check_creatable, check_run_dir, read_resume_point
+from rayfed.engine.run_identity import RunMarker, run_identity
 from rayfed.engine.sizing import MemoryEstimate, check_fits
 from rayfed.engine.trainability import check_trainable
 from rayfed.util.progress import progress_shown
@@ -39,8 +41,10 @@ class RunPlan:
     run_dir: Path
     continues: bool
     """Whether the run directory holds this run already (resumed, or started again: no round saved)."""
+    identity: str
+    """The run's identity (:func:`~rayfed.engine.run_identity.run_identity`), which its checkpoints record."""
     resume: ResumePoint
-    """The checkpoint and rounds it continues from (none for a new run)."""
+    """The run marker to write, and the checkpoint and rounds it continues from (none for a new run)."""
     memory: MemoryEstimate
     inputs: RunInputs
 
@@ -57,10 +61,14 @@ def plan_run(config: RunConfig, *, resume: bool = False) -> RunPlan:
     algorithm = resolve(config.algorithm)
     run_dir = Path(config.run_dir) if config.run_dir else default_run_dir(config)
     check_creatable(run_dir)
-    continues = check_same_run(run_dir, config, resume=resume)
-    point = read_resume_point(run_dir) if continues else ResumePoint(None)
+    continues = check_run_dir(run_dir, config, resume=resume)
     memory = check_fits(config, run_dir)
     with progress_shown(config.engine.progress):
         inputs = RunInputs.prepare(config, algorithm, run_dir, continues=continues)
+    identity = run_identity(config, inputs.partition)
+    if continues:
+        point = read_resume_point(run_dir, config, identity, algorithm.may_hold_nan)
+    else:
+        point = ResumePoint(RunMarker.new(identity, config.train.rounds))
     check_trainable(inputs.partition.num_train(), config.train)
-    return RunPlan(config, algorithm, run_dir, continues, point, memory, inputs)
+    return RunPlan(config, algorithm, run_dir, continues, identity, point, memory, inputs)

@@ -1,24 +1,35 @@
-"""A run directory a user can trust: checked before anything is written, continued from what it holds.
+"""A run directory a user can trust: owned by one run, checked before anything is written, continued
+from what it holds, and never a place where rayfed overwrites what it did not write.
 
-Three questions are answered here by reading only, so that a refused run leaves every
+Four questions are answered here by reading only, so that a refused run leaves every
 file as it was (README.md, "Faults and bad input"):
 
 * can ``run_dir`` be created? (:func:`check_creatable`: a parent that is a file, a
-  read-only folder or a special filesystem such as ``/proc`` is named with the reason);
-* may a run start or continue in it? (:func:`check_same_run`: a run directory holding a
+  read-only folder, a special filesystem such as ``/proc`` or a name longer than the
+  filesystem allows is named with the reason);
+* is it rayfed's to write in? (:func:`check_run_dir`: an empty or new folder, or a run directory
+  rayfed made, proven by its run marker (:mod:`rayfed.engine.run_identity`) and not in use by
+  another run (:mod:`rayfed.engine.run_lock`); anything else is refused, naming what it holds);
+* may this run start or continue in it? (:func:`check_run_dir`: a run directory holding a
   checkpoint is never overwritten; one whose run saved no round yet may be started again
   with its own config, with or without ``--resume``; both paths refuse another config with
   the same message);
-* where does a resumed run continue? (:func:`read_resume_point`: the newest checkpoint,
-  ``rounds.parquet`` and ``clients/round_*.parquet`` are read and checked in full, and a
-  damaged file is named with its fix, before the engine writes anything).
+* where does a resumed run continue? (:func:`read_resume_point`: the newest checkpoint, proven
+  to be this run's, whole and finite, then ``rounds.parquet`` and ``clients/round_*.parquet``
+  are read and checked in full, and a damaged file is named with its fix, before the engine
+  writes anything; ``train.rounds`` may not fall below the rounds the run holds).
+
+:func:`open_run_dir` then takes the directory's lock and writes the run marker, ``config.json``
+and the inputs.
 """
 
 from __future__ import annotations
 
-import json
+import errno
+import logging
 import os
 import shlex
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,17 +37,21 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rayfed.config import RunConfig
-from rayfed.engine.checkpoint import Checkpoint, checkpoint_round, load_checkpoint, newest_checkpoint
+from rayfed.config import RunConfig, read_run_config
+from rayfed.engine.checkpoint import Checkpoint, checkpoints_of, newest_checkpoint, verified_checkpoint
 from rayfed.engine.inputs import RunInputs
-from rayfed.util.errors import CheckpointError, ConfigError
+from rayfed.engine.run_identity import CONTINUABLE, MARKER_FILE, RunMarker
+from rayfed.engine.run_lock import LOCK_FILE, RunLock, check_unlocked
+from rayfed.util.errors import CheckpointError, CheckpointFormatError, ConfigError
 from rayfed.util.files import write_json
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
-    "CONTINUABLE",
+    "RUN_FILES",
     "ResumePoint",
     "check_creatable",
-    "check_same_run",
+    "check_run_dir",
     "make_run_dir",
     "read_resume_point",
     "resume_command",
@@ -44,8 +59,11 @@ __all__ = [
     "open_run_dir",
 ]
 
-CONTINUABLE = ("train.rounds", "engine.", "run_dir")
-"""Config paths that may change when a run continues in its directory: they do not change its results."""
+RUN_FILES = (
+    MARKER_FILE, LOCK_FILE, "config.json", "partition.parquet", "label_counts.parquet", "held_out.parquet",
+    "vocabulary.txt", "rounds.parquet", "summary.json", "clients", "checkpoints", "client_state",
+)
+"""What a run writes in its directory (the engine's module docstring describes each)."""
 
 _SPECIAL_FILESYSTEMS = frozenset(
     {"proc", "sysfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "configfs", "bpf", "pstore"}
@@ -63,7 +81,7 @@ def resume_command(run_dir: str | Path) -> str:
 def check_creatable(run_dir: Path) -> None:
     """Raise ConfigError naming ``run_dir`` and the reason if the folder cannot be made (nothing is written)."""
     existing = run_dir
-    while not existing.exists() and existing != existing.parent:
+    while not _exists(existing) and existing != existing.parent:
         existing = existing.parent
     what = "it" if existing == run_dir else repr(str(existing))
     if not existing.is_dir():
@@ -73,14 +91,55 @@ def check_creatable(run_dir: Path) -> None:
         _refuse(run_dir, f"{what} is on the {kind} filesystem, which holds no user files")
     if not os.access(existing, os.W_OK | os.X_OK):
         _refuse(run_dir, f"{what} is not writable (read-only folder or filesystem)")
+    _check_name_lengths(run_dir, existing)
 
 
-def open_run_dir(run_dir: Path, config: RunConfig, inputs: RunInputs) -> None:
-    """Create ``run_dir`` and record the run in it: ``config.json`` and its inputs (partition, held-out
-    indices, label counts, vocabulary: :meth:`RunInputs.write`, which keeps the files already there)."""
+def _exists(path: Path) -> bool:
+    """``path.exists()``, False for a name too long to exist (which ``exists`` raises for)."""
+    try:
+        return path.exists()
+    except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:
+            return False
+        raise
+
+
+def _check_name_lengths(run_dir: Path, existing: Path) -> None:
+    """Refuse a folder still to be made whose name, or whole path, the filesystem of ``existing`` cannot hold."""
+    limit = _path_limit(existing, "PC_NAME_MAX", 255)
+    for part in run_dir.absolute().relative_to(existing.absolute()).parts:
+        if len(os.fsencode(part)) > limit:
+            shown = part if len(part) <= 40 else f"{part[:20]}...{part[-12:]}"
+            _refuse(run_dir, f"the name {shown!r} is {len(os.fsencode(part))} bytes long and the filesystem holds "
+                             f"names of at most {limit} bytes")
+    longest = len(os.fsencode(str(run_dir.absolute()))) + len("/checkpoints/.round_000000.npz.0123456789ab.tmp")
+    limit = _path_limit(existing, "PC_PATH_MAX", 4096)
+    if longest > limit:
+        _refuse(run_dir, f"its files' paths would be up to {longest} bytes long and the filesystem holds paths of "
+                         f"at most {limit} bytes")
+
+
+def _path_limit(path: Path, name: str, default: int) -> int:
+    try:
+        return int(os.pathconf(path, name))
+    except (OSError, ValueError):
+        return default
+
+
+def open_run_dir(run_dir: Path, config: RunConfig, inputs: RunInputs, marker: RunMarker) -> RunLock:
+    """Create ``run_dir``, take its lock and record the run in it: the run marker (first), ``config.json``
+    and the inputs (partition, held-out indices, label counts, vocabulary: :meth:`RunInputs.write`, which
+    keeps the files already there). Returns the lock, which the run holds until it ends."""
     make_run_dir(run_dir)
-    write_json(run_dir / "config.json", config.to_dict())
-    inputs.write(run_dir)
+    lock = RunLock.acquire(run_dir)  # a run that started at the same moment is refused here
+    try:
+        marker.write(run_dir)
+        write_json(run_dir / "config.json", config.to_dict())
+        inputs.write(run_dir)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def make_run_dir(run_dir: Path) -> None:
@@ -114,16 +173,39 @@ def _filesystem_type(path: Path) -> str | None:
 
 
 # --- may a run start or continue here? -------------------------------------------------------------
-def check_same_run(run_dir: Path, config: RunConfig, *, resume: bool) -> bool:
+def check_run_dir(run_dir: Path, config: RunConfig, *, resume: bool) -> bool:
     """Whether ``run_dir`` already holds this run (to be continued); refuses what would overwrite results.
 
-    * no ``config.json``: a new run (``False``), or CheckpointError when resuming;
+    * not in use by another run (:func:`~rayfed.engine.run_lock.check_unlocked`: ConfigError naming it);
+    * new or empty (but for a stale lock): a new run (``False``), or CheckpointError when resuming;
+    * not empty and without a run marker (anything rayfed did not make, or made before it wrote markers):
+      ConfigError naming what the folder holds and what a run would overwrite;
+    * a marker and no ``config.json``: a run never started (nothing else there: a new run) or one whose
+      config was deleted (ConfigError naming its files);
     * a checkpoint: a plain rerun is refused (ConfigError: resume it instead);
     * otherwise (no checkpoint, ``--resume`` or not) the saved config must be ``config`` up to
-      :data:`CONTINUABLE` (ConfigError listing the differences), and the run starts again from round 0.
+      :data:`~rayfed.engine.run_identity.CONTINUABLE` (ConfigError listing the differences), and the
+      run starts again from round 0.
     """
+    check_unlocked(run_dir)
+    held = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_FILE) if run_dir.is_dir() else []
+    if held and MARKER_FILE not in held:
+        clash = [name for name in held if name in RUN_FILES]
+        raise ConfigError(
+            f"run_dir={str(run_dir)!r} is not empty and is not a rayfed run directory (it has no {MARKER_FILE}; "
+            f"it holds {_listed(held)}); a run would write {', '.join(RUN_FILES[2:])} there"
+            + (f", overwriting {_listed(clash)}" if clash else "")
+            + ". rayfed writes only into an empty folder or a run directory it made: choose a new run_dir "
+            "(a run directory of a rayfed without run markers continues with that version)"
+        )
     saved = run_dir / "config.json"
     if not saved.is_file():
+        others = [name for name in held if name != MARKER_FILE]
+        if others:
+            raise ConfigError(
+                f"run_dir={str(run_dir)!r} holds a run whose config.json is missing ({_listed(others)} are there); "
+                "restore config.json from a copy to continue it, or choose another run_dir"
+            )
         if resume:
             raise CheckpointError(
                 f"cannot resume: {str(run_dir)!r} holds no run (no config.json); "
@@ -135,13 +217,7 @@ def check_same_run(run_dir: Path, config: RunConfig, *, resume: bool) -> bool:
             f"run_dir={str(run_dir)!r} already holds a run; resume it ({resume_command(run_dir)}) "
             "or choose another run_dir, so its results are not overwritten"
         )
-    try:
-        before = RunConfig.from_dict(json.loads(saved.read_text()))
-    except (ValueError, OSError) as error:  # ConfigError is a ValueError
-        raise CheckpointError(
-            f"{str(saved)!r} is not a readable run config ({error}); restore it, or choose another run_dir"
-        ) from error
-    changed = before.diff(config, ignore=CONTINUABLE)
+    changed = read_run_config(saved).diff(config, ignore=CONTINUABLE)
     if changed:
         raise ConfigError(
             f"run_dir={str(run_dir)!r} holds a run with another config ({', '.join(changed)}); only train.rounds "
@@ -154,10 +230,14 @@ def check_same_run(run_dir: Path, config: RunConfig, *, resume: bool) -> bool:
 # --- where does a resumed run continue? ------------------------------------------------------------
 @dataclass(frozen=True)
 class ResumePoint:
-    """What a run continues from: its newest checkpoint and the rounds recorded up to it."""
+    """Where a run starts: its run marker, and what it continues from (its newest checkpoint and the rounds
+    recorded up to it)."""
 
-    checkpoint: Checkpoint | None
-    """None when the run saved no round yet: it starts again from round 0 (with its saved partition)."""
+    marker: RunMarker
+    """The run marker to write: a new run's, or the saved one with any change of ``train.rounds`` recorded."""
+    checkpoint: Checkpoint | None = None
+    """None for a new run, and when the run saved no round yet: it starts again from round 0 (with its
+    saved partition)."""
     history: list[dict[str, Any]] = field(default_factory=list)
     """The rows of ``rounds.parquet`` up to the checkpoint's round."""
 
@@ -166,35 +246,80 @@ class ResumePoint:
         return 0 if self.checkpoint is None else self.checkpoint.round + 1
 
 
-def read_resume_point(run_dir: Path) -> ResumePoint:
-    """Read and check everything a resume needs, writing nothing.
+def read_resume_point(run_dir: Path, config: RunConfig, identity: str, may_hold_nan: Collection[str]) -> ResumePoint:
+    """Read and check everything a continued run needs, writing nothing.
 
-    Raises CheckpointError naming the damaged file and its fix: the newest checkpoint (torn,
-    or of another state format), ``rounds.parquet`` (unreadable, or without a row of every round
-    up to the checkpoint's) or a ``clients/round_*.parquet`` of those rounds.
+    Raises CheckpointError naming the damaged file and its fix: the run marker, whose identity must be
+    ``identity`` (the run's config and partition as they are now); the newest checkpoint
+    (:func:`~rayfed.engine.checkpoint.verified_checkpoint`: torn, of another format or run, changed,
+    not finite; the fix offers the previous checkpoint if it passes the same checks);
+    ``rounds.parquet`` (unreadable, or without a row of every round up to the checkpoint's) or a
+    ``clients/round_*.parquet`` of those rounds. ConfigError if ``config.train.rounds`` is fewer than
+    the rounds the checkpoint holds.
     """
-    newest = newest_checkpoint(run_dir)
-    if newest is None:
-        return ResumePoint(None)
-    checkpoint_round(newest)  # refuses another state format before the arrays are read
-    checkpoint = load_checkpoint(newest)  # every array: a torn file is found now
+    recorded = RunMarker.read(run_dir)
+    if recorded.identity != identity:
+        raise CheckpointError(
+            f"run_dir={str(run_dir)!r}: its config.json and partition.parquet are not those its run started with "
+            f"(run identity {identity[:12]}..., its {MARKER_FILE} records {recorded.identity[:12]}...); restore "
+            "them from a copy, or choose another run_dir"
+        )
+    checkpoints = checkpoints_of(run_dir)
+    if not checkpoints:
+        return ResumePoint(_rounds_changed(run_dir, recorded, config, 0))
     restart = (
-        f"restore it from a copy, or start the run again from round 0 by deleting {str(run_dir / 'checkpoints')!r} "
-        f"and running {resume_command(run_dir)}"
+        f"start the run again from round 0 by deleting {str(run_dir / 'checkpoints')!r} and running "
+        f"{resume_command(run_dir)}"
     )
+    checkpoint = _verified(checkpoints, identity, may_hold_nan, restart)
+    held = checkpoint.round + 1
+    if config.train.rounds < held:
+        raise ConfigError(
+            f"train.rounds={config.train.rounds} is fewer than the {held} rounds the run in {str(run_dir)!r} holds "
+            f"(its checkpoint is of round {checkpoint.round}); give train.rounds={held} or more "
+            f"(rounds.parquet keeps every round's results)"
+        )
+    restart = f"restore it from a copy, or {restart}"
     history = _table(run_dir / _ROUNDS, restart)
     rounds = {row.get("round") for row in history}
-    missing = sorted(set(range(checkpoint.round + 1)) - rounds)
+    missing = sorted(set(range(held)) - rounds)
     if missing:
         raise CheckpointError(
             f"{str(run_dir / _ROUNDS)!r} has no row of round {_listed(missing)}, which the checkpoint "
-            f"{str(newest)!r} follows; {restart}"
+            f"of round {checkpoint.round} follows; {restart}"
         )
     for path in sorted((run_dir / _CLIENTS).glob("round_*.parquet")):
         if _round_of(path) <= checkpoint.round:
             _table(path, "delete it to resume without that round's per-client table (rounds.parquet keeps the "
                    "round's summary)")
-    return ResumePoint(checkpoint, [row for row in history if row["round"] <= checkpoint.round])
+    marker = _rounds_changed(run_dir, recorded, config, held)
+    return ResumePoint(marker, checkpoint, [row for row in history if row["round"] <= checkpoint.round])
+
+
+def _rounds_changed(run_dir: Path, marker: RunMarker, config: RunConfig, from_round: int) -> RunMarker:
+    """``marker`` with the continuation's ``train.rounds`` recorded (and said) if it changed."""
+    changed = marker.with_rounds(config.train.rounds, from_round)
+    if changed is not marker:
+        logger.info("%s: train.rounds %s (recorded in %s)", run_dir, changed.train_rounds[-1]["change"], MARKER_FILE)
+    return changed
+
+
+def _verified(checkpoints: list[Path], identity: str, may_hold_nan: Collection[str], restart: str) -> Checkpoint:
+    """The newest checkpoint, verified; the error of one that fails offers the previous one if it passes."""
+    try:
+        return verified_checkpoint(checkpoints[-1], identity, may_hold_nan)
+    except CheckpointFormatError:
+        raise  # its message says how to resume it
+    except CheckpointError as error:
+        fix = restart
+        if len(checkpoints) > 1:
+            try:
+                previous = verified_checkpoint(checkpoints[-2], identity, may_hold_nan)
+                fix = (f"delete it to resume from the previous checkpoint, of round {previous.round}: "
+                       f"rm {shlex.quote(str(checkpoints[-1]))}; {resume_command(checkpoints[-1].parent.parent)}")
+            except CheckpointError:
+                pass  # no sound previous checkpoint to offer
+        raise CheckpointError(f"{error}; {fix}") from error
 
 
 def drop_client_tables_from(run_dir: Path, next_round: int) -> None:
@@ -218,5 +343,5 @@ def _round_of(path: Path) -> int:
     return int(tail) if tail.isdigit() else -1
 
 
-def _listed(numbers: list[int], shown: int = 5) -> str:
-    return ", ".join(map(str, numbers[:shown])) + (", ..." if len(numbers) > shown else "")
+def _listed(items: Sequence[object], shown: int = 5) -> str:
+    return ", ".join(map(str, items[:shown])) + (f", ... ({len(items)} in all)" if len(items) > shown else "")

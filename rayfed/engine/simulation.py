@@ -6,6 +6,8 @@
 
 A run directory holds::
 
+    rayfed-run.json          the run marker: the run's identity, train.rounds as set and changed
+    rayfed.lock              while the run runs: its owner (host, pid, start time)
     config.json              the RunConfig, as given
     partition.parquet        the exact client data sets (rows of client_id, split, index; or slice parameters)
     label_counts.parquet     each client's class counts (whole partition, train split)
@@ -15,7 +17,7 @@ A run directory holds::
                              first a row round=-1: the initial model, before any training
     clients/round_*.parquet  one row per client per round (clients/initial.parquet: the initial model)
     checkpoints/round_*.npz  server state, client states and the round (no pickle)
-    summary.json             best and final accuracy, rounds run
+    summary.json             best and final accuracy, rounds run, rounds without a finite training loss
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,13 +35,15 @@ import numpy as np
 from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.engine.callbacks import Callback, Checkpointer, MetricsWriter, ProgressBar, RunView
-from rayfed.engine.interrupts import RunInterrupted, interrupts_deferred
-from rayfed.engine.metrics import client_table, summarise_round
+from rayfed.engine.checkpoint import Checkpoint
+from rayfed.engine.interrupts import RunInterrupted, interrupts_deferred, terminate_as_interrupt, was_terminated
+from rayfed.engine.metrics import RoundRecord, client_table, summarise_round
 from rayfed.engine.plan import plan_run
 from rayfed.engine.run_dir import drop_client_tables_from, open_run_dir, resume_command
 from rayfed.engine.state_store import ClientStateStore
 from rayfed.execution.executor import Executor, LocalExecutor, make_chunks, num_calls
 from rayfed.train.job import ClientState
+from rayfed.util.errors import CheckpointError, DiskFullError
 from rayfed.util.progress import progress_bar, progress_shown
 from rayfed.util.seeding import sample_clients
 
@@ -75,11 +79,25 @@ class RunResult:
     def final_accuracy(self) -> float:
         return next((a for a in reversed(self.accuracies) if not math.isnan(a)), math.nan)
 
+    @property
+    def rounds_without_loss(self) -> list[int]:
+        """Training rounds without a finite training loss: every update rejected (NaN or infinite, or
+        beyond ``engine.max_update_norm``), or no client took a step; the models did not change in them."""
+        return [r["round"] for r in self.history if r["round"] >= 0 and not math.isfinite(r["train_loss"])]
+
+    @property
+    def trained(self) -> bool:
+        """Whether any round produced a finite training loss (``rayfed run`` exits with 1 when none did)."""
+        return self.rounds_run > len(self.rounds_without_loss)
+
 
 class Simulation:
     """One run: its directory, data, executor and round loop."""
 
-    def __init__(self, config: RunConfig, *, callbacks: Sequence[Callback] = (), resume: bool = False) -> None:
+    def __init__(
+        self, config: RunConfig | Mapping[str, Any], *, callbacks: Sequence[Callback] = (), resume: bool = False
+    ) -> None:
+        config = RunConfig.of(config)
         plan = plan_run(config, resume=resume)  # every check, before anything is written
         self.config, self.algorithm, self.run_dir = config, plan.algorithm, plan.run_dir
         self.run_name = self.run_dir.name
@@ -97,13 +115,15 @@ class Simulation:
         if config.engine.progress:
             builtin.append(ProgressBar())
         self.callbacks = [*builtin, *callbacks]
-        open_run_dir(self.run_dir, config, inputs)
+        self._opening = (inputs, plan.resume.marker)
+        """What :meth:`run` records in the run directory once it holds its lock."""
         self.states = ClientStateStore(
             self.run_dir / "client_state", int(config.engine.client_state_memory_mb * 2**20)
         )
         self.executor: Executor | None = None
-        self.view = RunView(self.run_dir, config, self.spec, self.start_round, lambda: tuple(self.history),
-                            self._state)
+        self._warned_untrained = False
+        self.view = RunView(self.run_dir, config, self.spec, plan.identity, self.start_round,
+                            lambda: tuple(self.history), self._state)
         """What the callbacks see of this run."""
 
     def _state(self) -> tuple[dict[str, np.ndarray], Iterator[tuple[int, ClientState]]]:
@@ -113,13 +133,16 @@ class Simulation:
         return self.executor.server_state(), clients
 
     def _restore(self) -> None:
-        """Load the checkpoint read (and checked) by the plan; drop the per-client tables of rounds to run again."""
+        """Load the checkpoint read (and checked) by the plan, if its server state has the shapes this run's
+        server keeps; drop the per-client tables of rounds to run again."""
         assert self.executor is not None
-        drop_client_tables_from(self.run_dir, self.start_round)
         if self._checkpoint is None:
+            drop_client_tables_from(self.run_dir, self.start_round)
             if self.continues:
                 logger.info("%s holds no completed round; starting it again from round 0", self.run_dir)
             return
+        _check_shapes(self._checkpoint, self.executor.server_state(), self.config.algorithm.name)
+        drop_client_tables_from(self.run_dir, self.start_round)
         self.executor.load_server_state(self._checkpoint.server)
         self.states.clear()
         for cid, state in self._checkpoint.clients.items():
@@ -148,11 +171,21 @@ class Simulation:
         return RoundContext(round=round_index, seed=config.seed, lr=config.train.lr_at(t), sampled=sampled)
 
     def run(self) -> RunResult:
-        """Run the remaining rounds; the executor is released however the loop ends."""
+        """Take the run directory's lock, record the run there (:func:`~rayfed.engine.run_dir.open_run_dir`) and
+        run the remaining rounds; the executor and the lock are released however the loop ends. SIGTERM stops
+        it as Ctrl-C does (:mod:`rayfed.engine.interrupts`)."""
+        with terminate_as_interrupt():
+            lock = open_run_dir(self.run_dir, self.config, *self._opening)
+            try:
+                return self._run()
+            finally:
+                lock.release()
+
+    def _run(self) -> RunResult:
         config = self.config
-        self.executor = self._make_executor()
         result: RunResult | None = None
         try:
+            self.executor = self._make_executor()
             self._restore()
             for callback in self.callbacks:
                 callback.on_run_start(self.view)
@@ -167,15 +200,21 @@ class Simulation:
                     break
             result = RunResult(self.run_dir, config, self.history, stopped_early)
             return result
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             for callback in self.callbacks:
                 callback.on_interrupt(self.view)
             done = next((r["round"] for r in reversed(self.history) if r["round"] >= 0), None)
-            raise RunInterrupted(self.run_dir, done, config.train.rounds, resume_command(self.run_dir)) from None
+            raise RunInterrupted(self.run_dir, done, config.train.rounds, resume_command(self.run_dir),
+                                 terminated=was_terminated(stop)) from None
+        except DiskFullError as full:
+            raise DiskFullError(
+                f"{full}; the run can be continued: free some space, then {resume_command(self.run_dir)}"
+            ) from full
         finally:
-            for callback in self.callbacks:
-                callback.on_run_end(self.view, result)
-            self.executor.close()
+            if self.executor is not None:
+                for callback in self.callbacks:
+                    callback.on_run_end(self.view, result)
+                self.executor.close()
 
     def _round_progress(self, batches: int, desc: str) -> Any:
         """A bar over the round's client batches; it appears only in rounds long enough to need one."""
@@ -233,6 +272,7 @@ class Simulation:
             timings = {"train": trained - started, "aggregate": aggregated - trained, "evaluate": finished - aggregated,
                        "round": finished - started}
             record = summarise_round(t, reports, evals, timings, extra)
+            self._warn_untrained(record)
             self.history.append(record.as_row())
             _same_columns(self.history)
             clients = client_table(t, reports, evals)
@@ -240,6 +280,30 @@ class Simulation:
             for callback in self.callbacks:  # the metrics files and checkpoints of the round
                 stop = callback.after_round(self.view, record, clients) or stop
         return broadcast, stop
+
+    def _warn_untrained(self, record: RoundRecord) -> None:
+        """Say once per run that a round's updates were all left out (the progress bar and the summary say it of
+        every such round; a round in which no client could step is warned about by ``summarise_round``)."""
+        problem = record.loss_problem()
+        if problem and record.num_rejected and not self._warned_untrained:
+            self._warned_untrained = True
+            logger.warning(
+                "round %d: %s, so the models did not change (train.lr=%g may be too large); later rounds like it are "
+                "counted in the summary", record.round, problem, self.config.train.lr,
+            )
+
+
+def _check_shapes(checkpoint: Checkpoint, expected: Mapping[str, np.ndarray], algorithm: str) -> None:
+    """Refuse a checkpoint whose server state is not the state this run's server keeps (names and shapes)."""
+    for name, array in expected.items():
+        saved = checkpoint.server.get(name)
+        if saved is None or saved.shape != array.shape:
+            found = "no array" if saved is None else f"shape {saved.shape}"
+            raise CheckpointError(
+                f"checkpoint {str(checkpoint.path)!r} holds {found} for the server state {name!r}, but this run's "
+                f"algorithm.name={algorithm!r} server keeps shape {array.shape}; resume it with the rayfed version "
+                f"that wrote it, or start the run again from round 0 by deleting {str(checkpoint.path.parent)!r}"
+            )
 
 
 def _same_columns(rows: list[dict[str, Any]]) -> None:
@@ -252,12 +316,17 @@ def _same_columns(rows: list[dict[str, Any]]) -> None:
                 row.setdefault(key, math.nan)
 
 
-def run(config: RunConfig, *, callbacks: Sequence[Callback] = (), resume: bool = False) -> RunResult:
+def run(
+    config: RunConfig | Mapping[str, Any], *, callbacks: Sequence[Callback] = (), resume: bool = False
+) -> RunResult:
     """Run ``config`` (or resume it from ``config.run_dir``) and return its results.
 
-    With ``engine.backend="ray"`` this joins the Ray cluster named by
-    ``engine.ray_address`` / ``RAY_ADDRESS``, or starts a local one for the run.
+    ``config`` is a :class:`RunConfig` or a mapping of dotted field paths to values
+    (``{"train.lr": 0.01}``), as :meth:`RunConfig.override` takes. With ``engine.backend="ray"``
+    this joins the Ray cluster named by ``engine.ray_address`` / ``RAY_ADDRESS``, or starts a
+    local one for the run.
     """
+    config = RunConfig.of(config)
     if config.engine.backend == "local":
         return Simulation(config, callbacks=callbacks, resume=resume).run()
     from rayfed.actors import check_resources, ray_session

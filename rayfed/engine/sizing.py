@@ -19,7 +19,8 @@ dominates a run on the driver's machine:
   weight per client and block for ``fedawa`` / ``fedawa_l`` (docs/algorithms.md, FedAWA
   section);
 * **client state store**: for algorithms that keep client state, what one client keeps
-  (``ServerHalf.client_state_bytes``: one model by default, every client's model for APPLE)
+  (``ServerHalf.client_state_bytes``: one model by default, its BatchNorm buffers for cwFedAvg, its
+  head for FedPer, a momentum buffer for SGDM clients, every client's model for APPLE)
   times the clients, capped by ``engine.client_state_memory_mb`` (beyond it, states spill to
   disk; :func:`check_client_states` refuses a run whose states fit in neither);
 * **round records**: :data:`DRIVER_BYTES_PER_CLIENT` per sampled client per round (its
@@ -52,6 +53,7 @@ from rayfed.models import InputShape
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.problem_build import ShapeOnly, build_problem
 from rayfed.util.errors import ResourceError
+from rayfed.util.files import format_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +67,6 @@ __all__ = [
     "check_client_states",
     "client_states_bytes",
     "free_disk",
-    "format_bytes",
 ]
 
 PARTITION_BYTES_PER_SAMPLE = 64
@@ -121,15 +122,6 @@ class MemoryEstimate:
         return ", ".join(f"{p.name} {format_bytes(p.bytes)} ({p.field})" for p in self.parts if p.bytes)
 
 
-def format_bytes(count: float) -> str:
-    """Bytes in the largest binary unit below the value, e.g. ``format_bytes(3 * 2**30) == "3.0 GiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(count) < 1024:
-            return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
-        count /= 1024
-    return f"{count:.1f} TiB"
-
-
 def _dataset_size(config: RunConfig) -> tuple[int, InputShape, int, int] | None:
     """(N, (C, H, W), K, the loader's working bytes) from the config alone; None for an unknown dataset.
 
@@ -175,7 +167,7 @@ def client_states_bytes(config: RunConfig, spec: ProblemSpec | None = None) -> t
     if spec is None:
         _, shape, classes, _ = _dataset_shape(config)
         spec = _problem(config, shape, classes)
-    per_client = algorithm.client_state_bytes(spec)
+    per_client = algorithm.client_state_bytes(spec, config.train)
     return per_client, per_client * config.data.num_clients
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -96,7 +97,8 @@ def _listing(presets: bool) -> str:
 
 
 def reproduce(ns: argparse.Namespace, command: str = "") -> int:
-    """Plan the table's cells, run what is missing (printing each outcome), write the report and figures."""
+    """Plan the table's cells, run what is missing (printing each outcome), write the report and figures;
+    returns 1 if a cell could not run (its data missing, or it failed), else 0."""
     import os
 
     from rayfed.reproduce import TABLES
@@ -141,4 +143,10 @@ def reproduce(ns: argparse.Namespace, command: str = "") -> int:
     if not ns.no_figures:
         for figure in draw_figures(table, cells, ns.out, rounds=ns.rounds):
             print(figure)
+    unfinished = sorted({o.status for o in outcomes.values() if o.status in ("data missing", "failed")})
+    if unfinished:
+        count = sum(1 for o in outcomes.values() if o.status in unfinished)
+        print(f"rayfed: error: {count} cell{'s' * (count > 1)} could not run ({', '.join(unfinished)}); the report "
+              f"{str(path)!r} lists why and the commands that fetch missing data", file=sys.stderr)
+        return 1
     return 0

@@ -41,7 +41,7 @@ from rayfed.algorithms import ALGORITHMS
 from rayfed.algorithms.figures import DistributionPairs, Figure, FinishedRun, Heatmap
 from rayfed.data import LABEL_COUNTS_FILE, read_label_counts
 from rayfed.engine.checkpoint import load_checkpoint, newest_checkpoint
-from rayfed.util.errors import CheckpointError, RayfedError
+from rayfed.util.errors import CheckpointError, ConfigError, RayfedError
 from rayfed.util.files import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -93,12 +93,12 @@ class RunData:
 
 def load_run(run_dir: str | Path) -> RunData:
     """Read ``config.json``, ``rounds.parquet`` and the newest checkpoint's server state."""
-    from rayfed.config import RunConfig
+    from rayfed.config import read_run_config
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise CheckpointError(f"{str(run_dir)!r} is not a run directory (no config.json)")
-    config = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+    config = read_run_config(run_dir / "config.json")
     rounds_file = run_dir / "rounds.parquet"
     rounds = pq.read_table(rounds_file).to_pylist() if rounds_file.is_file() else []
     newest = newest_checkpoint(run_dir)
@@ -345,12 +345,24 @@ def _draw(figure: Figure, path: Path, context: str) -> Path:
     raise TypeError(f"no drawing for a figure of type {type(figure).__name__}")
 
 
+def _figures_folder(out: Path) -> Path:
+    """Make the folder the figures go to; ConfigError naming it and the reason if it cannot be one."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"the figures' folder {str(out)!r} is a file; give --out a folder (it is made if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(
+            f"the figures' folder {str(out)!r} cannot be made ({error.strerror or error}); give --out another folder"
+        ) from error
+    return out
+
+
 def write_figures(run_dirs: Sequence[str | Path], out: str | Path) -> tuple[list[Path], list[str]]:
     """Draw every figure for ``run_dirs`` into ``out``; returns (files written, notes on what was skipped)."""
     _figure_class()  # fail before reading anything if matplotlib is missing
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     runs = [load_run(d) for d in run_dirs]
+    out = _figures_folder(Path(out))
     paths, notes = [plot_accuracy_curves(runs, out / "accuracy.png")], []
     stems: dict[str, int] = {}
     for run in runs:

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
-from rayfed.models import InputShape, block_names, build_model, input_kind, output_layer_name, seeded_init
+from rayfed.models import MODELS, InputShape, block_names, build_model, input_kind, output_layer_name, seeded_init
 from rayfed.train.flat import FlatModel
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.seeding import init_seed
+from rayfed.util.validation import check_choice
 
 if TYPE_CHECKING:
     from rayfed.config import RunConfig
@@ -58,6 +59,8 @@ def build_problem(
     papers' code), drawn from the run seed. On ``device="meta"`` nothing is allocated: the
     spec is the same and the initial parameters are not drawn (the mapping is empty).
     """
+    for name in config.model.client_models:  # named as the field they come from, not as model.name
+        check_choice("model.client_models", name, MODELS.names())
     layouts, blocks, outputs, initial, buffer_layouts = {}, {}, {}, {}, {}
     for index, name in enumerate(config.model.architectures()):
         with seeded_init(init_seed(config.seed, index)), torch.device(device):

@@ -30,12 +30,12 @@ if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ i
         load_space,
     )
     from rayfed.tuning.storage import default_storage_url, open_storage  # noqa: F401
-    from rayfed.tuning.study import OBJECTIVES, tune  # noqa: F401
+    from rayfed.tuning.study import OBJECTIVES, SAMPLERS, tune  # noqa: F401
 
 __all__, __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "rayfed.tuning.study": ("tune", "OBJECTIVES"),
+        "rayfed.tuning.study": ("tune", "OBJECTIVES", "SAMPLERS"),
         "rayfed.tuning.space": ("SearchSpace", "FloatParam", "IntParam", "CategoricalParam", "Param", "load_space"),
         "rayfed.tuning.pruning": ("PruningCallback", "make_pruner", "PRUNERS"),
         "rayfed.tuning.storage": ("open_storage", "default_storage_url"),

@@ -3,6 +3,7 @@
     rayfed tune SPACE_FILE [CONFIG_FILE] [field.path=value ...] --trials N --parallel K
                 [--study-name NAME] [--study-dir DIR] [--storage URL]
                 [--pruner median|successive_halving|hyperband|none] [--objective best|final]
+                [--sampler tpe|random] [--seed N]
 
 Example::
 
@@ -37,6 +38,10 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     )
     tune.add_argument("--objective", choices=("best", "final"), default="best",
                       help="best round accuracy (default) or the last evaluated round's")
+    tune.add_argument(  # the names of rayfed.tuning.study.SAMPLERS, which imports Optuna; checked when tuning starts
+        "--sampler", default="tpe", metavar="NAME",
+        help="tpe (default) or random; each session's seed follows from --seed and the trials already finished",
+    )
     tune.add_argument("--seed", type=int, help="sampler seed (default: the config's seed)")
     tune.add_argument("--timeout", type=float, metavar="SECONDS", help="stop starting trials after this long")
     tune.add_argument("--top", type=int, default=10, help="rows in the best-trials table (default 10)")
@@ -67,6 +72,7 @@ def _tune(ns: argparse.Namespace) -> int:
         storage=ns.storage,
         pruner=ns.pruner,
         objective=ns.objective,
+        sampler=ns.sampler,
         seed=ns.seed,
         parallel_trials=ns.parallel,
         timeout_s=ns.timeout,

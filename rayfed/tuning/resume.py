@@ -17,25 +17,21 @@ the process's start time). When :func:`rayfed.tuning.tune` opens an existing stu
 from __future__ import annotations
 
 import logging
-import os
-import socket
-from pathlib import Path
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 import rayfed.tuning.attrs as attrs
+from rayfed.util.processes import ProcessId, is_running
 
 __all__ = ["driver_id", "finished_trials", "recover_interrupted"]
 
 logger = logging.getLogger(__name__)
 
 
-
 def driver_id() -> str:
     """``host:pid:start_time`` of this process: unique even when a pid is reused."""
-    pid = os.getpid()
-    return f"{socket.gethostname()}:{pid}:{_start_time(pid) or '-'}"
+    return str(ProcessId.current())
 
 
 def finished_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -70,27 +66,6 @@ def recover_interrupted(study: optuna.Study) -> list[int]:
 
 
 def _driver_alive(driver: object) -> bool:
-    if not isinstance(driver, str) or driver.count(":") < 2:
-        return False
-    host, pid_text, started = driver.rsplit(":", 2)
-    if host != socket.gethostname() or driver == driver_id() or not pid_text.isdigit():
-        return False  # another host's driver cannot be checked: one driver per study is the rule
-    if started != "-":
-        return _start_time(int(pid_text)) == started
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by someone else
-        return True
-    return True
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (Linux ``/proc``); None if gone, a zombie or unknown."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-    return None if fields[0] == "Z" else fields[19]
+    """Whether the trial's driver still runs; another host's counts as gone (one driver per study)."""
+    process = ProcessId.parse(driver)
+    return process is not None and str(process) != driver_id() and bool(is_running(process))

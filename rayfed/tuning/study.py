@@ -31,16 +31,17 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
+import numpy as np
 import optuna
 import pyarrow as pa
 from optuna.storages import BaseStorage
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 import rayfed.tuning.attrs as attrs
 from rayfed.config import EngineConfig, RunConfig
 from rayfed.engine import RunResult, run
 from rayfed.engine.callbacks import Callback, RunView
-from rayfed.engine.interrupts import StudyInterrupted
+from rayfed.engine.interrupts import StudyInterrupted, was_terminated
 from rayfed.engine.metrics import RoundRecord
 from rayfed.tuning.pruning import PruningCallback, make_pruner
 from rayfed.tuning.resume import driver_id, finished_trials, recover_interrupted
@@ -48,9 +49,15 @@ from rayfed.tuning.space import SearchSpace, load_space
 from rayfed.tuning.storage import open_storage
 from rayfed.util.errors import ConfigError, ResourceError
 
-__all__ = ["tune", "OBJECTIVES"]
+__all__ = ["tune", "OBJECTIVES", "SAMPLERS", "session_seed"]
 
 logger = logging.getLogger(__name__)
+
+SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
+    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed),
+    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
+}
+"""Samplers by name, each made from its seed for one session of a study (:func:`session_seed`)."""
 
 OBJECTIVES: dict[str, Callable[[RunResult], float]] = {
     "best": lambda result: result.best_accuracy,
@@ -70,7 +77,7 @@ def tune(
     direction: Literal["maximize", "minimize"] = "maximize",
     objective: str | Callable[[RunResult], float] = "best",
     pruner: str | optuna.pruners.BasePruner = "median",
-    sampler: optuna.samplers.BaseSampler | None = None,
+    sampler: str | optuna.samplers.BaseSampler = "tpe",
     seed: int | None = None,
     parallel_trials: int = 1,
     timeout_s: float | None = None,
@@ -105,8 +112,11 @@ def tune(
     pruner
         ``"median"``, ``"successive_halving"``, ``"hyperband"``, ``"none"``, or an Optuna pruner.
     sampler, seed
-        Default: ``TPESampler(seed=seed)``, with ``seed`` defaulting to ``base_config.seed``.
-        With ``parallel_trials > 1`` Optuna reseeds the sampler per thread, so which
+        A name in :data:`SAMPLERS` (``"tpe"``, the default, or ``"random"``), seeded for this session
+        with :func:`session_seed` of ``seed`` (default ``base_config.seed``) and the trials the study
+        already holds, so a resumed or extended study samples new points instead of proposing the
+        earlier trials' parameters again; or an Optuna sampler, used as it is (its state is the
+        caller's). With ``parallel_trials > 1`` Optuna reseeds the sampler per thread, so which
         parameters are tried is no longer reproducible (each trial's result still is).
     parallel_trials
         Trials running at once. With ``engine.backend="ray"`` each needs
@@ -127,7 +137,7 @@ def tune(
         On Ctrl-C (a KeyboardInterrupt): each running trial stops (with parallel trials, after its
         current round), checkpoints its run and is retried when the study resumes.
     """
-    _check_arguments(n_trials, parallel_trials, study_name, direction, objective)
+    _check_arguments(n_trials, parallel_trials, study_name, direction, objective, sampler)
     objective_fn = OBJECTIVES[objective] if isinstance(objective, str) else objective
     space = load_space(space) if isinstance(space, (str, Path)) else space
     space = space if isinstance(space, SearchSpace) else SearchSpace(space)
@@ -145,7 +155,7 @@ def tune(
     study_dir = Path(study_dir if study_dir is not None else Path("runs") / "tune" / study_name)
     study = optuna.create_study(
         storage=open_storage(storage, study_dir),
-        sampler=sampler or optuna.samplers.TPESampler(seed=base_config.seed if seed is None else seed),
+        sampler=None if isinstance(sampler, str) else sampler,
         pruner=resolved_pruner,
         study_name=study_name,
         direction=direction,
@@ -154,6 +164,9 @@ def tune(
     _check_same_study(study, base_config, space, direction)
     _check_trial_dirs(study, study_dir)
     recover_interrupted(study)
+    if isinstance(sampler, str):
+        told = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
+        study.sampler = SAMPLERS[sampler](session_seed(base_config.seed if seed is None else seed, told))
     remaining = n_trials - len(finished_trials(study))
     if remaining <= 0:
         logger.info("study %r already holds %d finished trials; nothing to run", study_name, n_trials - remaining)
@@ -175,8 +188,18 @@ def tune(
             _check_cluster_fits(base_config.engine, parallel_trials)
             optimize()
         return study
-    except KeyboardInterrupt:  # each interrupted trial checkpointed its run and is retried on resume
-        raise StudyInterrupted(study_name, len(finished_trials(study)), n_trials) from None
+    except KeyboardInterrupt as stop:  # each interrupted trial checkpointed its run and is retried on resume
+        finished = len(finished_trials(study))
+        raise StudyInterrupted(study_name, finished, n_trials, terminated=was_terminated(stop)) from None
+
+
+def session_seed(seed: int, told: int) -> int:
+    """The sampler's seed for a session of a study that already holds ``told`` finished trials: ``seed`` for a
+    new study, else a seed drawn from both (``numpy.random.SeedSequence``), so that each session continues
+    the search with new points rather than replaying the first session's."""
+    if told == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, told]).generate_state(1)[0])
 
 
 class _TrialRunner:
@@ -275,8 +298,17 @@ def _quiet_interrupted_trials(interrupted: set[int]) -> Iterator[None]:
 
 
 def _check_arguments(
-    n_trials: int, parallel_trials: int, study_name: str, direction: str, objective: str | Callable[..., float]
+    n_trials: int,
+    parallel_trials: int,
+    study_name: str,
+    direction: str,
+    objective: str | Callable[..., float],
+    sampler: str | optuna.samplers.BaseSampler,
 ) -> None:
+    if isinstance(sampler, str) and sampler not in SAMPLERS:
+        raise ConfigError(
+            f"sampler must be one of {', '.join(map(repr, SAMPLERS))} or an Optuna sampler, but got sampler={sampler!r}"
+        )
     if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
         raise ConfigError(f"n_trials must be an integer >= 1, but got n_trials={n_trials!r}")
     if isinstance(parallel_trials, bool) or not isinstance(parallel_trials, int) or parallel_trials < 1:

@@ -32,6 +32,8 @@ import typing
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar
 
+from rayfed.util.validation import check_field_types
+
 __all__ = ["documented", "section", "reference", "meaning"]
 
 T = TypeVar("T", bound=type)
@@ -62,8 +64,10 @@ def meaning(field: dataclasses.Field[Any]) -> str:
 def section(prefix: str) -> Callable[[T], T]:
     """Class decorator for a config section whose fields are addressed as ``prefix.name``.
 
-    Appends the "Fields" list to the class docstring; a field declared without
-    :func:`documented` is a programming error, caught at import.
+    Appends the "Fields" list to the class docstring, and checks every field's type
+    (:func:`~rayfed.util.validation.check_field_types`) after the section's own
+    ``__post_init__`` checked its values (or failed to compare one of another type). A field
+    declared without :func:`documented` is a programming error, caught at import.
     """
 
     def decorate(cls: T) -> T:
@@ -71,6 +75,18 @@ def section(prefix: str) -> Callable[[T], T]:
             if _DOC not in field.metadata:
                 raise TypeError(f"{cls.__name__}.{field.name} has no meaning: declare it with documented()")
         setattr(cls, _PREFIX, prefix)
+        checks = getattr(cls, "__post_init__", None)
+
+        def __post_init__(self: Any) -> None:
+            try:
+                if checks is not None:
+                    checks(self)
+            except TypeError:  # a check compared a value of another type: name it instead
+                check_field_types(self, prefix)
+                raise
+            check_field_types(self, prefix)
+
+        cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
         fields = "\n".join(_entries(cls, prefix, recurse=False))
         cls.__doc__ = f"{(cls.__doc__ or '').rstrip()}\n\nFields (path = default):\n\n{fields}\n"
         return cls

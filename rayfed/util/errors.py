@@ -14,6 +14,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointFormatError",
     "ResourceError",
+    "DiskFullError",
     "WorkerError",
     "ServerError",
 ]
@@ -41,6 +42,10 @@ class CheckpointFormatError(CheckpointError):
 
 class ResourceError(RayfedError):
     """The requested compute resources (CPUs, GPUs) are not available."""
+
+
+class DiskFullError(ResourceError):
+    """A file could not be written because the disk (or the user's quota) holding it is full."""
 
 
 class WorkerError(RayfedError):

@@ -5,6 +5,9 @@ then renamed over the target (``os.replace`` is atomic on POSIX), so a run kille
 any moment leaves either the old file or the new one, never a torn one. Arrays are
 stored as ``.npz`` and tables as Parquet; nothing is ever unpickled on load.
 
+A full disk is one line (:class:`~rayfed.util.errors.DiskFullError`: the file, the bytes it needs and
+the bytes free), and the file it would have replaced is kept.
+
 Files are created with the user's umask (mode ``0o666 & ~umask``, e.g. 0644), as any
 other program's outputs, so a team can share run directories: the temporary file is
 opened with :func:`create_temp_file`, not ``tempfile.mkstemp``, whose files are 0600.
@@ -12,9 +15,12 @@ opened with :func:`create_temp_file`, not ``tempfile.mkstemp``, whose files are 
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import secrets
+import shutil
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -24,9 +30,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rayfed.util.errors import CheckpointError
+from rayfed.util.errors import CheckpointError, DiskFullError
 
-__all__ = ["atomic_write", "create_temp_file", "write_json", "write_parquet", "save_arrays", "load_arrays"]
+__all__ = [
+    "atomic_write", "create_temp_file", "write_json", "write_parquet", "save_arrays", "load_arrays", "digest_of",
+    "format_bytes",
+]
 
 
 def create_temp_file(target: Path) -> tuple[int, str]:
@@ -44,49 +53,95 @@ def create_temp_file(target: Path) -> tuple[int, str]:
             continue
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[str], object]) -> None:
-    """Call ``write(tmp_path)`` and rename the temporary file onto ``path``."""
+def atomic_write(path: str | os.PathLike[str], write: Callable[[str], object], size: int | None = None) -> None:
+    """Call ``write(tmp_path)`` and rename the temporary file onto ``path``.
+
+    A full disk (or quota) raises :class:`DiskFullError` naming ``path``, about ``size`` bytes the file
+    needs (when the caller knows) and the bytes free; the old file, if any, is kept.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = create_temp_file(path)
-    os.close(fd)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = create_temp_file(path)
+        os.close(fd)
         write(tmp)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as error:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(error, OSError) and error.errno in _DISK_FULL:
+            raise _disk_full(path, size) from error
         raise
 
 
-def write_json(path: str | os.PathLike[str], data: Any) -> None:
-    def write(tmp: str) -> None:
-        Path(tmp).write_text(json.dumps(data, indent=2, sort_keys=True, default=float))
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
-    atomic_write(path, write)
+
+def _disk_full(path: Path, size: int | None) -> DiskFullError:
+    try:
+        free = f"{format_bytes(shutil.disk_usage(path.parent).free)} free"
+    except OSError:
+        free = "no free space"
+    needs = f"it needs about {format_bytes(size)}, " if size is not None else ""
+    return DiskFullError(f"cannot write {str(path)!r}: the disk holding it is full ({needs}{free})")
+
+
+def format_bytes(count: float) -> str:
+    """Bytes in the largest binary unit below the value, e.g. ``format_bytes(3 * 2**30) == "3.0 GiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(count) < 1024:
+            return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
+        count /= 1024
+    return f"{count:.1f} TiB"
+
+
+def write_json(path: str | os.PathLike[str], data: Any) -> None:
+    text = json.dumps(data, indent=2, sort_keys=True, default=float)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text), len(text))
 
 
 def write_parquet(path: str | os.PathLike[str], table: pa.Table) -> None:
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp), table.nbytes)
 
 
 def save_arrays(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray]) -> None:
     """Write named arrays to ``path`` (.npz, uncompressed) atomically."""
 
+    arrays = {k: np.asarray(v) for k, v in arrays.items()}
+
     def write(tmp: str) -> None:
         with open(tmp, "wb") as fh:
-            np.savez(fh, **{k: np.asarray(v) for k, v in arrays.items()})  # type: ignore[arg-type]
+            np.savez(fh, **arrays)  # type: ignore[arg-type]
 
-    atomic_write(path, write)
+    atomic_write(path, write, sum(int(v.nbytes) for v in arrays.values()))
 
 
-def load_arrays(path: str | os.PathLike[str], names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+def digest_of(parts: Iterable[np.ndarray | bytes]) -> str:
+    """SHA-256 over ``parts`` in order, each array with its dtype and shape: equal arrays, equal digests
+    (what defines a partition; the arrays of a checkpoint, to find one that was changed)."""
+    digest = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, np.ndarray):
+            digest.update(f"{part.dtype.str}{part.shape}".encode())
+            digest.update(np.ascontiguousarray(part).data)
+        else:
+            digest.update(part)
+    return digest.hexdigest()
+
+
+def load_arrays(
+    path: str | os.PathLike[str],
+    names: Iterable[str] | None = None,
+    *,
+    fix: str = "delete it to resume from the previous checkpoint",
+) -> dict[str, np.ndarray]:
     """Read an ``.npz`` written by :func:`save_arrays` (``allow_pickle=False``): every
     array, or only those in ``names`` (the others are not read).
 
-    A missing, truncated or corrupted file raises :class:`CheckpointError` naming it.
+    A missing, truncated or corrupted file raises :class:`CheckpointError` naming it and ``fix`` (if any).
     """
     path = Path(path)
     if not path.is_file():
@@ -96,6 +151,6 @@ def load_arrays(path: str | os.PathLike[str], names: Iterable[str] | None = None
             return {k: data[k] for k in (data.files if names is None else names)}
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
         raise CheckpointError(
-            f"checkpoint file {str(path)!r} is truncated or corrupted ({type(e).__name__}: {e}); "
-            "delete it to resume from the previous checkpoint"
+            f"checkpoint file {str(path)!r} is truncated or corrupted ({type(e).__name__}: {e})"
+            + (f"; {fix}" if fix else "")
         ) from e

@@ -15,15 +15,17 @@ rayfed.util.errors.ConfigError: data.num_clients must be an integer >= 1, but go
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rayfed.util.errors import ConfigError
 from rayfed.util.registry import closest
 
-__all__ = ["fail", "check", "check_choice", "check_int", "check_real", "is_int", "is_real"]
+__all__ = ["fail", "check", "check_choice", "check_int", "check_real", "check_field_types", "is_int", "is_real"]
 
 
 def fail(path: str, value: Any, allowed: str) -> typing.NoReturn:
@@ -88,3 +90,57 @@ def _interval(low: float | None, high: float | None, low_open: bool, high_open: 
     if high is not None:
         return f"{'<' if high_open else '<='} {high:g}"
     return ""
+
+
+def check_field_types(instance: Any, prefix: str) -> None:
+    """Every field of the dataclass ``instance`` must hold its annotated type (an int for ``int``, a number
+    for ``float``, ``True``/``False`` for ``bool``, a string for ``str``, a list for ``tuple[...]``, the
+    section for a nested section, ``None`` where the annotation allows it), so that a value given as a
+    string in Python, ``TrainConfig(lr="0.01")``, is named with the fix instead of failing a comparison."""
+    for name, hint in _field_hints(type(instance)):
+        value = getattr(instance, name)
+        allowed = _allowed(hint, value)
+        if allowed is not None:
+            path = f"{prefix}.{name}" if prefix else name
+            fix = ""
+            if isinstance(value, str):
+                fix = ("; give the value itself in Python, or give strings to RunConfig().override(...), which "
+                       "converts them as the command line does")
+            elif isinstance(value, Mapping):
+                fix = "; build the config from tables with RunConfig.from_dict(...) or RunConfig().override(...)"
+            raise ConfigError(f"{path} must be {allowed}, but got {path}={value!r}{fix}")
+
+
+_HINTS: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
+def _field_hints(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(name, annotation) of each field of the dataclass ``cls``, resolved once per class."""
+    if cls not in _HINTS:
+        hints = typing.get_type_hints(cls)
+        _HINTS[cls] = tuple((field.name, hints[field.name]) for field in dataclasses.fields(cls))
+    return _HINTS[cls]
+
+
+def _allowed(hint: Any, value: Any) -> str | None:
+    """What ``hint`` allows, if ``value`` is not one of it; None if it is (or ``hint`` is not checked here)."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if value is None and type(None) in options:
+        return None
+    kinds = [o for o in options if o is not type(None)]
+    if len(kinds) != 1:
+        return None
+    kind, origin = kinds[0], typing.get_origin(kinds[0])
+    tests: dict[Any, tuple[bool, str]] = {
+        int: (is_int(value), "an integer"),
+        float: (is_real(value), "a number"),
+        bool: (isinstance(value, bool), "true or false"),
+        str: (isinstance(value, str), "a string"),
+        tuple: (isinstance(value, (list, tuple)), "a list"),
+    }
+    if origin is tuple:
+        kind = tuple
+    elif isinstance(kind, type) and dataclasses.is_dataclass(kind):
+        return None if isinstance(value, kind) else f"a {kind.__name__}"
+    ok, allowed = tests.get(kind, (True, ""))
+    return None if ok else allowed

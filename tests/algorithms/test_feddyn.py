@@ -10,7 +10,7 @@ import torch
 from rayfed import RunConfig
 from rayfed.algorithms import RoundContext, WeightedSum, sum_contributions
 from rayfed.algorithms.feddyn import GRAD_KEY, FedDynBroadcast, FedDynClient, FedDynParams, FedDynServer
-from rayfed.algorithms.hooks import model_state_bytes
+from rayfed.algorithms.hooks import parameter_bytes
 from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
 from rayfed.engine.callbacks import Callback
@@ -157,8 +157,9 @@ def test_code_fidelity_server_step_is_the_baseline_codes_size_weighted_one() -> 
         np.testing.assert_allclose(server.h, h, rtol=1e-4, atol=1e-6)
 
 
-def test_client_state_counts_the_momentum_buffer_under_code() -> None:
+def test_client_state_counts_the_momentum_buffer_under_code_with_momentum() -> None:
     spec = _spec(10)
-    one = model_state_bytes(spec)
-    assert FedDynServer.client_state_bytes(FedDynParams(), spec) == 2 * one
-    assert FedDynServer.client_state_bytes(FedDynParams(fidelity="paper"), spec) == one
+    one, momentum = parameter_bytes(spec), TrainConfig(momentum=0.9)  # the gradient state: parameters only
+    assert FedDynServer.client_state_bytes(FedDynParams(), spec, momentum) == 2 * one
+    assert FedDynServer.client_state_bytes(FedDynParams(), spec, TrainConfig()) == one
+    assert FedDynServer.client_state_bytes(FedDynParams(fidelity="paper"), spec, momentum) == one

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torchvision.datasets as tvd
 
 from rayfed.data import ArrayDataset, load_dataset, make_synthetic, normalize_batch
 from rayfed.util.errors import ConfigError, DatasetError
@@ -189,10 +190,13 @@ def test_mnist_loads_the_merged_70k_pool_from_gzip_files_offline(tmp_path: Path,
     np.testing.assert_array_equal(train_only.images[:100], merged.images[:100])
 
 
-def test_mnist_missing_files_error_names_root_files_and_fix(tmp_path: Path, no_network: None):
+def test_mnist_missing_files_error_names_root_files_and_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_network: None
+):
     # Prepare: two of the four files present (as junk-free gzip IDX stand-ins)
     raw = tmp_path / "MNIST" / "raw"
     write_idx_pair(raw, "train", np.zeros((3, 28, 28), np.uint8), np.zeros(3, np.uint8))
+    trust_stand_in_gz_md5s(monkeypatch, tvd.MNIST, raw)
 
     # Execute
     with pytest.raises(DatasetError) as info:
@@ -208,7 +212,9 @@ def test_mnist_missing_files_error_names_root_files_and_fix(tmp_path: Path, no_n
     assert str(raw) in message
 
 
-def test_fashion_mnist_loads_a_gzip_idx_stand_in_through_torchvision(tmp_path: Path, no_network: None):
+def test_fashion_mnist_loads_a_gzip_idx_stand_in_through_torchvision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_network: None
+):
     # Prepare
     rng = np.random.default_rng(0)
     train_x, test_x = (rng.integers(0, 256, (n, 28, 28), dtype=np.uint8) for n in (6, 4))
@@ -216,6 +222,7 @@ def test_fashion_mnist_loads_a_gzip_idx_stand_in_through_torchvision(tmp_path: P
     raw = tmp_path / "FashionMNIST" / "raw"
     write_idx_pair(raw, "train", train_x, train_y)
     write_idx_pair(raw, "t10k", test_x, test_y)
+    trust_stand_in_gz_md5s(monkeypatch, tvd.FashionMNIST, raw)
 
     # Execute
     ds = load_dataset("fashion_mnist", str(tmp_path))
@@ -224,6 +231,31 @@ def test_fashion_mnist_loads_a_gzip_idx_stand_in_through_torchvision(tmp_path: P
     assert ds.name == "fashion_mnist" and ds.num_classes == 10
     np.testing.assert_array_equal(ds.images[:, 0], np.concatenate([train_x, test_x]))
     assert ds.labels.tolist() == [0, 1, 2, 3, 4, 9, 5, 6, 7, 8]
+
+
+def test_a_damaged_mnist_archive_is_refused_with_the_fix(tmp_path: Path, no_network: None):
+    # Prepare: a truncated download, whose checksum is not torchvision's
+    raw = tmp_path / "MNIST" / "raw"
+    write_idx_pair(raw, "train", np.zeros((3, 28, 28), np.uint8), np.zeros(3, np.uint8))
+    archive = raw / "train-images-idx3-ubyte.gz"
+    archive.write_bytes(archive.read_bytes()[:20])
+
+    # Execute
+    with pytest.raises(DatasetError) as info:
+        load_dataset("mnist", str(tmp_path), download=True)
+
+    # Assert: never used anyway; the fix is to fetch it again
+    message = str(info.value)
+    assert f"{str(archive)!r} is damaged" in message and "its MD5 checksum is not torchvision's" in message
+    assert "delete it and run again with data.download=true" in message and "\n" not in message
+    assert not (raw / "train-images-idx3-ubyte").exists()
+
+
+def trust_stand_in_gz_md5s(monkeypatch: pytest.MonkeyPatch, cls: type, raw: Path) -> None:
+    """Point torchvision's checksums of the MNIST family at the stand-in ``.gz`` files that exist in ``raw``."""
+    monkeypatch.setattr(cls, "resources", [
+        (name, md5(raw / name) if (raw / name).exists() else checksum) for name, checksum in cls.resources
+    ])
 
 
 def write_idx_pair(raw: Path, prefix: str, images: np.ndarray, labels: np.ndarray) -> None:
@@ -257,8 +289,6 @@ def test_cifar10_loads_a_stand_in_through_torchvision_and_merges_train_then_test
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_network: None
 ):
     # Prepare: 5 train batches of 2 images, 1 test batch of 3, rows are CHW-flattened
-    import torchvision.datasets as tvd
-
     rng = np.random.default_rng(0)
     batches = {f"data_batch_{b}": rng.integers(0, 256, (2, 3072), dtype=np.uint8) for b in range(1, 6)}
     batches["test_batch"] = rng.integers(0, 256, (3, 3072), dtype=np.uint8)
@@ -287,8 +317,6 @@ def test_cifar10_loads_a_stand_in_through_torchvision_and_merges_train_then_test
 
 def test_cifar100_loads_fine_labels_from_a_stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_network: None):
     # Prepare
-    import torchvision.datasets as tvd
-
     rng = np.random.default_rng(1)
     train_x, test_x = rng.integers(0, 256, (4, 3072), dtype=np.uint8), rng.integers(0, 256, (2, 3072), dtype=np.uint8)
     folder = tmp_path / "cifar-100-python"

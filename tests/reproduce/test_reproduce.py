@@ -163,7 +163,10 @@ def test_missing_data_is_listed_with_the_command_that_fetches_it(tmp_path: Path,
 
     # Assert
     markdown = (tmp_path / "out" / "cwfedavg-mnist.md").read_text()
-    assert code == 0 and "Columns whose data are missing" in markdown
+    assert code == 1 and "Columns whose data are missing" in markdown
+    printed = capsys.readouterr()
+    assert "rayfed: error: 2 cells could not run (data missing)" in printed.err
+    assert "MNIST/raw/'" in printed.out and "raw'/" not in printed.out  # the folder to copy into, quoted whole
     assert "Path MNIST" in markdown and 'load_dataset("mnist"' in markdown and "download=True" in markdown
 
 

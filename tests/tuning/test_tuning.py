@@ -31,7 +31,7 @@ from rayfed.tuning import (
     recover_interrupted,
     tune,
 )
-from rayfed.tuning.resume import _start_time
+from rayfed.util.processes import process_start_time
 from tests.conftest import tiny_overrides
 
 REPO = Path(__file__).resolve().parents[2]
@@ -203,7 +203,7 @@ def test_failing_trial_counts_as_finished_and_is_not_retried(tmp_path) -> None:
 def test_recover_interrupted_fails_dead_drivers_and_retries_once() -> None:
     study = optuna.create_study(direction="maximize")
     parent = os.getppid()
-    live = f"{socket.gethostname()}:{parent}:{_start_time(parent)}"
+    live = f"{socket.gethostname()}:{parent}:{process_start_time(parent)}"
 
     def trial(driver: str, **user: object) -> optuna.Trial:
         t = study.ask()
@@ -268,6 +268,21 @@ def test_killed_study_resumes_without_repeating_finished_trials(tmp_path) -> Non
     with pytest.raises(ConfigError, match=r"\(train.rounds: 2 -> 3\); only engine.\* may change"):
         tune(base.override({"train.rounds": 3}), tmp_path / "space.yaml", n_trials=5, study_name="kill",
              study_dir=study_dir)
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_an_extended_study_samples_new_points(tmp_path, sampler) -> None:
+    base = base_config(tmp_path, **{"train.rounds": 1})
+    kwargs = {"study_name": "grow", "study_dir": tmp_path / "study", "pruner": "none", "sampler": sampler}
+    tune(base, LR_SPACE, n_trials=2, **kwargs)
+    study = tune(base, LR_SPACE, n_trials=4, **kwargs)  # a new session: the sampler is made again
+    lrs = [t.params["train.lr"] for t in study.get_trials()]
+    assert len(lrs) == 4 and len(set(lrs)) == 4, lrs
+
+
+def test_an_unknown_sampler_is_named(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"sampler must be one of 'tpe', 'random'.*sampler='grid'"):
+        tune(base_config(tmp_path), LR_SPACE, n_trials=1, sampler="grid", study_dir=tmp_path / "s")
 
 
 # --- command line ------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -42,6 +42,9 @@ from rayfed.train.problem import ProblemSpec
 from rayfed.train.sgd import ExtraLoss, local_sgd
 from rayfed.util.documented import documented
 from rayfed.util.validation import check_int, fail
+
+if TYPE_CHECKING:
+    from rayfed.config import TrainConfig
 
 __all__ = [
     "BodyHeadParams",
@@ -121,6 +124,11 @@ class BodyHead:
     def head_is_output_layer(self) -> bool:
         """True if the head holds exactly the output layer's weight and bias and no buffers."""
         return self.head == (self.output_params,)
+
+
+def other_part(name: str) -> str:
+    """``"head"`` for ``"body"`` and ``"body"`` for ``"head"``: the part a client keeps when the other is averaged."""
+    return "head" if name == "body" else "body"
 
 
 def split_body_head(spec: ProblemSpec, architecture: str, head_blocks: int) -> BodyHead:
@@ -265,7 +273,7 @@ class PartialModels(Broadcast):
 
     @property
     def local_part(self) -> str:
-        return "head" if self.shared_part == "body" else "body"
+        return other_part(self.shared_part)
 
     def local_values(self, job: ClientJob) -> np.ndarray:
         """The client's own part: persisted, or the common initialisation for a client that has not trained."""
@@ -323,11 +331,19 @@ class PartialServer(ServerHalf[Any, WeightedSum]):
         """One architecture, with more top-level blocks than ``head_blocks``."""
         split_body_head(spec, require_homogeneous(spec), params.head_blocks)
 
+    @classmethod
+    def client_state_bytes(cls, params: Any, spec: ProblemSpec, train: TrainConfig) -> int:
+        """The part each client keeps (the one not averaged), with ``keep_local``; else nothing."""
+        if not cls.keep_local:
+            return 0
+        split = split_body_head(spec, require_homogeneous(spec), params.head_blocks)
+        return 4 * split.size(split.part(other_part(cls.shared_part)))
+
     def __init__(self, params: Any, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)  # validates
         self.split = split_body_head(spec, sole_architecture(spec), params.head_blocks)
         state = np.asarray(initial[sole_architecture(spec)], dtype=np.float32)
-        local_part = "head" if self.shared_part == "body" else "body"
+        local_part = other_part(self.shared_part)
         self.shared = self.split.gather(state, self.split.part(self.shared_part))
         self.initial_local = self.split.gather(state, self.split.part(local_part))
 

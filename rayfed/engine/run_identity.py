@@ -1,0 +1,112 @@
+"""What makes a run the run it is, and the marker that proves a directory holds one.
+
+A run's **identity** is a digest of the config fields that define its results (every field
+but :data:`CONTINUABLE`) and of its partition (:meth:`ClientPartition.digest`): two runs with
+the same identity train the same models on the same client data. Every checkpoint records
+the identity of the run that wrote it, so a checkpoint copied in from another run is refused
+on resume (:mod:`rayfed.engine.checkpoint`).
+
+The **run marker** ``<run_dir>/rayfed-run.json`` is the first file a run writes into its
+directory. It proves that the directory is a rayfed run (rayfed writes only into an empty
+folder or one with a marker: :func:`rayfed.engine.run_dir.check_run_dir`) and records::
+
+    {"format": 1, "identity": "<sha256>", "created": "2026-11-26T10:00:00",
+     "train_rounds": [{"rounds": 3, "from_round": 0, "at": "..."},
+                      {"rounds": 5, "from_round": 3, "at": "...", "change": "extended from 3 to 5"}]}
+
+``train_rounds`` lists the run's ``train.rounds`` as first set and as every continuation
+changed it (extended, or shortened to no fewer rounds than it holds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rayfed.util.errors import CheckpointError
+from rayfed.util.files import write_json
+
+if TYPE_CHECKING:
+    from rayfed.config import RunConfig
+    from rayfed.data import ClientPartition
+
+__all__ = ["CONTINUABLE", "MARKER_FILE", "RunMarker", "run_identity"]
+
+CONTINUABLE = ("train.rounds", "engine.", "run_dir")
+"""Config paths that may change when a run continues in its directory: they do not change its results."""
+MARKER_FILE = "rayfed-run.json"
+_MARKER_FORMAT = 1
+
+
+def run_identity(config: RunConfig, partition: ClientPartition) -> str:
+    """SHA-256 of ``config`` without its :data:`CONTINUABLE` fields, and of ``partition``'s digest."""
+    defining = _without(config.to_dict(), CONTINUABLE)
+    text = json.dumps(defining, sort_keys=True, default=str) + partition.digest()
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _without(tree: Mapping[str, Any], prefixes: tuple[str, ...], path: str = "") -> dict[str, Any]:
+    """``tree`` without the leaves whose dotted path starts with one of ``prefixes``."""
+    kept: dict[str, Any] = {}
+    for key, value in tree.items():
+        here = f"{path}{key}"
+        if isinstance(value, Mapping):
+            kept[key] = _without(value, prefixes, f"{here}.")
+        elif not here.startswith(prefixes):
+            kept[key] = value
+    return kept
+
+
+def _now() -> str:
+    return datetime.now().isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class RunMarker:
+    """The content of ``rayfed-run.json`` (module docstring)."""
+
+    identity: str
+    created: str = field(default_factory=_now)
+    train_rounds: tuple[dict[str, Any], ...] = ()
+
+    @classmethod
+    def new(cls, identity: str, rounds: int) -> RunMarker:
+        return cls(identity, train_rounds=({"rounds": rounds, "from_round": 0, "at": _now()},))
+
+    @property
+    def rounds(self) -> int | None:
+        """The run's ``train.rounds`` as last recorded."""
+        return int(self.train_rounds[-1]["rounds"]) if self.train_rounds else None
+
+    def with_rounds(self, rounds: int, from_round: int) -> RunMarker:
+        """This marker with ``train.rounds`` changed to ``rounds`` by a continuation starting at ``from_round``."""
+        before = self.rounds
+        if before is None or before == rounds:
+            return self
+        change = f"{'extended' if rounds > before else 'shortened'} from {before} to {rounds}"
+        entry = {"rounds": rounds, "from_round": from_round, "at": _now(), "change": change}
+        return replace(self, train_rounds=(*self.train_rounds, entry))
+
+    def write(self, run_dir: Path) -> None:
+        write_json(run_dir / MARKER_FILE, {"format": _MARKER_FORMAT, "identity": self.identity,
+                                           "created": self.created, "train_rounds": list(self.train_rounds)})
+
+    @classmethod
+    def read(cls, run_dir: Path) -> RunMarker:
+        """The marker of ``run_dir``; CheckpointError naming the file if it is not one rayfed wrote."""
+        path = run_dir / MARKER_FILE
+        try:
+            data = json.loads(path.read_text())
+            if data["format"] != _MARKER_FORMAT:
+                raise ValueError(f"format {data['format']!r}, this rayfed writes {_MARKER_FORMAT}")
+            return cls(str(data["identity"]), str(data["created"]), tuple(data["train_rounds"]))
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise CheckpointError(
+                f"{str(path)!r} is not a readable run marker ({error}); restore it from a copy, or choose another "
+                "run_dir. Nothing in this run directory was changed"
+            ) from error
