@@ -70,6 +70,6 @@ def test_reproduce_starts_its_private_ray_the_same_way(monkeypatch: pytest.Monke
     monkeypatch.setattr("ray.shutdown", lambda: None)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
-    assert runner._execute_on_ray([], 2, 0.0, lambda cell, outcome: None) == {}
+    assert runner._execute_on_ray([], 2, lambda cell, outcome: None) == {}
     assert seen == [("disabled", {"address": "local", "logging_level": 30, "num_cpus": 2, "include_dashboard": False})]
     assert "RAY_AUTH_MODE" not in os.environ
