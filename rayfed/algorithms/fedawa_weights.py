@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from rayfed.algorithms.registry import ALGORITHMS
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.registry import Registry
 
@@ -39,7 +40,15 @@ InitialWeights = Callable[[np.ndarray, np.ndarray, "np.ndarray | None", ProblemS
 """(client ids (M,), their training sizes (M,), their label counts (M, K) or None, spec) -> their
 weights (M,), each ≥ 0, about 1/N each on average."""
 
-INITIAL_WEIGHTS: Registry[InitialWeights] = Registry("initial weights", field="algorithm.params.initial_weights")
+def _import_providers(name: str | None) -> None:
+    """Initialisers are registered by the algorithm modules that bring them (FedDisco's): import every one,
+    so that a name is known in any process, whatever it imported before."""
+    ALGORITHMS.names()
+
+
+INITIAL_WEIGHTS: Registry[InitialWeights] = Registry(
+    "initial weights", field="algorithm.params.initial_weights", load=_import_providers
+)
 
 _READS_LABEL_COUNTS: set[str] = set()
 

@@ -503,3 +503,15 @@ def test_fedawa_with_one_client_runs_with_weight_one(tmp_path) -> None:
         "algorithm.name": "fedawa", "data.num_clients": 1, "data.partition": "dirichlet",
         "data.options": {"num_samples": 200}, "train.rounds": 1})))
     assert result.history[0]["server_fedawa_max_weight"] == 1.0 and not math.isnan(result.final_accuracy)
+
+
+def test_initial_weights_of_another_method_are_known_in_a_fresh_process() -> None:
+    # FedDisco registers its weights from its own module: a process that imported nothing else knows them.
+    import subprocess
+    import sys
+
+    code = ("import rayfed; c = rayfed.RunConfig().override({'algorithm.name': 'fedawa', "
+            "'algorithm.params.initial_weights': 'feddisco'}); print(c.algorithm.params.initial_weights)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "feddisco"
