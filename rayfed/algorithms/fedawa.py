@@ -291,6 +291,7 @@ register_algorithm(
     "fidelity=code (default), paper or exact",
     keeps_client_state=True,
     label=lambda params: params.label("FedAWA"),
+    single_model=True,
 )
 register_algorithm(
     "fedawa_l",
@@ -301,4 +302,5 @@ register_algorithm(
     "fidelity=code (default), paper or exact",
     keeps_client_state=True,
     label=lambda params: params.label("FedAWA-L"),
+    single_model=True,
 )

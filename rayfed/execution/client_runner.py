@@ -26,7 +26,7 @@ from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition, model_inputs
 from rayfed.execution.devices import pick_device
 from rayfed.models import build_model
-from rayfed.train.evaluate import eval_batch_size, evaluate_model, features_before_output
+from rayfed.train.evaluate import EvalStats, eval_batch_size, evaluate_model, features_before_output
 from rayfed.train.flat import FlatModel
 from rayfed.train.job import EVALUATION_ROUND, ClientJob, ClientState, TrainStats, seed_global_generators
 from rayfed.train.problem import ProblemSpec
@@ -54,6 +54,10 @@ class ClientReport:
     """Why the update was left out of the aggregation ("" = accepted)."""
     train_loss_eval: float = math.nan
     """Mean cross-entropy of the client's starting model over its train split (``engine.eval_train_loss``), else NaN."""
+    local_num_test: int = 0
+    """Test samples the trained model was evaluated on (``engine.eval_local``); 0 when it was not."""
+    local_correct: int = 0
+    """Correct predictions of the client's model right after its local training on its own test split."""
 
 
 @dataclass(frozen=True)
@@ -234,6 +238,7 @@ class ClientRunner(_ClientData):
         start_loss: float = math.nan,
     ) -> None:
         """Collect a trained client: check its update, add its contribution, report it."""
+        local = self._evaluate_trained(job)
         contribution = broadcast.contribute(job)
         update_norm = float(torch.linalg.vector_norm(job.flat.vector.detach() - start))
         rejected = rejection(contribution, update_norm, self.config.engine.max_update_norm)
@@ -258,8 +263,17 @@ class ClientRunner(_ClientData):
                 seconds=seconds,
                 rejected=rejected,
                 train_loss_eval=start_loss,
+                local_num_test=local.count,
+                local_correct=local.correct,
             )
         )
+
+    def _evaluate_trained(self, job: ClientJob) -> EvalStats:
+        """``engine.eval_local``: the trained model of ``job`` on the client's own test split (none: 0 samples)."""
+        if not self.config.engine.eval_local:
+            return EvalStats(correct=0, loss_sum=0.0, count=0)
+        x_test, y_test = self._tensors(self.partition.test(job.client_id))
+        return evaluate_model(job.model, x_test, y_test)
 
     def evaluate(
         self,

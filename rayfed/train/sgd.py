@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob, TrainStats
 
-__all__ = ["ExtraLoss", "minibatches", "local_sgd", "sgd_step"]
+__all__ = ["ExtraLoss", "epoch_steps", "minibatches", "local_sgd", "sgd_step"]
 
 ExtraLoss = Callable[[ClientJob, torch.Tensor], "torch.Tensor | None"]
 
@@ -58,11 +58,20 @@ def minibatches(
     train = job.train
     n = job.num_train if size is None else size
     batch = train.batch_size if batch_size is None else batch_size
-    stop = n - n % batch if (train.drop_last if drop_last is None else drop_last) else n
+    steps = epoch_steps(n, batch, train.drop_last if drop_last is None else drop_last)
     for _ in range(train.local_epochs if epochs is None else epochs):
         order = torch.randperm(n, generator=job.generator).to(job.device)
-        for start in range(0, stop, batch):
+        for start in range(0, steps * batch, batch):
             yield order[start : start + batch]
+
+
+def epoch_steps(n: int, batch: int, drop_last: bool) -> int:
+    """Mini-batches of one pass over ``n`` samples: n // batch with ``drop_last``, else ⌈n / batch⌉.
+
+    >>> epoch_steps(25, 10, True), epoch_steps(25, 10, False), epoch_steps(5, 10, True)
+    (2, 3, 0)
+    """
+    return n // batch if drop_last else -(-n // batch)
 
 
 def local_sgd(
