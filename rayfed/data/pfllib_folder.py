@@ -51,6 +51,8 @@ __all__ = ["PFLLIB", "PfllibFolder", "read_folder", "load_pfllib"]
 
 PFLLIB = "pfllib"
 """The name of the dataset and of the partition that read a PFLlib folder; one needs the other."""
+GENERATORS_STATISTIC = 0.5
+"""The mean and std the PFLlib generators of the cwFedAvg papers' datasets normalise with (``Normalize(0.5, 0.5)``)."""
 
 _ALLOWED_GLOBALS = {
     ("numpy._core.multiarray", "_reconstruct"),
@@ -168,7 +170,7 @@ def _folder_root(root: str | None) -> Path:
     return path.resolve()
 
 
-def read_folder(root: str | None, mean: Any = 0.5, std: Any = 0.5) -> PfllibFolder:
+def read_folder(root: str | None, mean: Any = GENERATORS_STATISTIC, std: Any = GENERATORS_STATISTIC) -> PfllibFolder:
     """The PFLlib folder ``root`` (``data.root``) as one pool and its clients' file sizes.
 
     The last folder read is kept (same path, same files), so the dataset loader and the
@@ -223,8 +225,8 @@ def load_pfllib(
     *,
     download: bool = False,
     seed: int = 0,
-    mean: float | list[float] = 0.5,
-    std: float | list[float] = 0.5,
+    mean: float | list[float] = GENERATORS_STATISTIC,
+    std: float | list[float] = GENERATORS_STATISTIC,
 ) -> ArrayDataset:
     """The images of a folder written by a PFLlib generator (``data.root``), with ``data.partition="pfllib"``.
 
@@ -241,8 +243,8 @@ def _pfllib_partitioner(
 ) -> Partition:
     """``data.partition="pfllib"``: each client's own PFLlib train and test files (module docstring)."""
     del rng, num_classes  # nothing is drawn: the folder is the partition
-    options = {"mean": 0.5, "std": 0.5, **data.options}
-    folder = read_folder(data.root, options["mean"], options["std"])
+    options = data.options
+    folder = read_folder(data.root, options.get("mean", GENERATORS_STATISTIC), options.get("std", GENERATORS_STATISTIC))
     if len(labels) != len(folder.dataset):
         raise ConfigError(
             f"data.partition='pfllib' gives each client its own files of the whole folder {data.root!r} "
