@@ -85,6 +85,7 @@ def test_global_accuracy_in_rounds_parquet(tmp_path) -> None:
     assert all(0.0 <= r["global_accuracy"] <= 1.0 for r in cw_rows)
     assert all(math.isnan(r["global_accuracy"]) for r in fedavg_rows)
     assert all(not math.isnan(r["accuracy"]) for r in fedavg_rows)
+    assert all(math.isnan(r["local_accuracy"]) for r in fedavg_rows)  # measured only with engine.eval_local
 
 
 def test_no_global_model_leaves_the_reports_empty() -> None:
@@ -120,3 +121,34 @@ def test_the_evaluation_batch_changes_no_prediction() -> None:
     default, whole = evaluate_model(model, x, y), evaluate_model(model, x, y, batch_size=300)
     assert (default.correct, default.count) == (whole.correct, whole.count)
     assert default.loss_sum == pytest.approx(whole.loss_sum, rel=1e-6)
+
+
+def test_local_accuracy_is_each_clients_model_right_after_its_local_training(tmp_path) -> None:
+    # Prepare: local-only clients evaluate the very model they just trained; FedAvg's trained models are not the
+    # global model it evaluates. Without engine.eval_local nothing is measured.
+    small = {"engine.eval_local": True, "data.options": {"num_samples": 1000}, "train.rounds": 1}
+    local = run(RunConfig().override(tiny_overrides(tmp_path / "local", **{"algorithm.name": "local", **small})))
+    fedavg = run(RunConfig().override(tiny_overrides(tmp_path / "fedavg", **small)))
+    # Assert
+    assert [r["local_accuracy"] for r in local.history] == [r["accuracy"] for r in local.history]
+    assert [r["local_acc_mean"] for r in local.history] == pytest.approx([r["acc_mean"] for r in local.history])
+    assert all(0.0 < r["local_accuracy"] <= 1.0 and r["local_accuracy"] != r["accuracy"] for r in fedavg.history)
+    clients = pq.read_table(tmp_path / "fedavg" / "clients").to_pylist()
+    assert all(0.0 <= c["local_test_acc"] <= 1.0 for c in clients if c["sampled"])
+
+
+def test_round_summary_takes_unweighted_means_of_the_clients() -> None:
+    from rayfed.execution.reports import ClientReport, EvalReport
+
+    # Prepare: two clients with 10 and 30 test samples.
+    evals = [EvalReport(0, 10, 5, 20.0, global_correct=10, global_loss_sum=1.0),
+             EvalReport(1, 30, 30, 3.0, global_correct=0, global_loss_sum=1.0)]
+    reports = [ClientReport(0, 50, 1.0, 5, 1.0, 0, 0, 0.0, local_num_test=10, local_correct=8),
+               ClientReport(1, 50, 1.0, 5, 1.0, 0, 0, 0.0, local_num_test=30, local_correct=3)]
+    # Execute
+    record = summarise_round(0, reports, evals, {}, {})
+    # Assert: pooled over samples, and means over clients
+    assert (record.accuracy, record.acc_mean) == (35 / 40, (0.5 + 1.0) / 2)
+    assert (record.global_accuracy, record.global_acc_mean) == (10 / 40, (1.0 + 0.0) / 2)
+    assert (record.local_accuracy, record.local_acc_mean) == (11 / 40, (0.8 + 0.1) / 2)
+    assert (record.test_loss, record.test_loss_mean) == (23 / 40, (2.0 + 0.1) / 2)

@@ -19,6 +19,16 @@ p⁽⁰⁾_j = n_j / Σ n (the clients' shares of the training data, as in PFLli
 code) early on and fades out by round L·R (R = ``train.rounds``). Only core models travel: the
 client uploads θ_i, and downloads the core models that changed since its last copy.
 
+``fidelity="pfllib_parallel"`` (the default) is PFLlib's APPLE (``clientapple.py``, which the cwFedAvg
+papers ran) but for one thing: its p-gradient is the mean over parameter tensors of mean(∇_φ L ⊙ θ_j), its
+core learning rate η1 · M and p_i starts at 1/M; each step updates θ_i first and takes p's gradient at the
+updated θ_i; λ lags a round (round r uses λ(r − 1), round 0 λ = 1, L·R truncated to an integer); and the
+core a client shares after its round is its personal model φ_i of its last step ("re-based": PFLlib's
+``model_c = deepcopy(model)``), which is also the model it is evaluated with. The one thing: PFLlib trains
+the clients of a round one after another on shared core objects, so a client sees the core updates of the
+clients before it in the same round; here the clients of a round train in parallel from the cores of the
+round's start. ``fidelity="paper"`` is the paper's algorithm (module docstring above).
+
 A client's state holds M models (M = clients), so all states together grow as M²; the
 engine refuses a run whose states would fit neither ``engine.client_state_memory_mb`` nor
 the run directory's free disk (``FedAppleServer.client_state_bytes``, :mod:`rayfed.engine.sizing`).
@@ -54,6 +64,7 @@ __all__ = [
     "AppleParams",
     "size_shares",
     "anneal",
+    "lagged_anneal",
     "tensor_mean_weights",
     "dr_gradient",
     "CoreModels",
@@ -61,6 +72,7 @@ __all__ = [
     "AppleServer",
 ]
 
+FIDELITIES = ("pfllib_parallel", "paper")
 CORES_KEY, DR_KEY, VERSIONS_KEY = "cores", "p", "versions"
 """Client state: the copies of every core model (M, S), the DR vector p_i (M,), each copy's version (M,)."""
 
@@ -86,11 +98,13 @@ class AppleParams:
         "R of L·R when > 0, instead of train.rounds: the paper's schedule in a shorter run (e.g. 1000 for the "
         "papers' 1000 rounds), and a run extended to more rounds keeps the schedule it started with.",
     )
-    fidelity: Literal["pfllib", "paper"] = documented(
-        "pfllib",
-        "pfllib: ∂/∂p_ij = the mean over parameter tensors of mean(∇_φ L ⊙ θ_j), core lr = train.lr · M, "
-        "p_i starts at 1/M (PFLlib, which the cwFedAvg papers ran); paper: ∂/∂p_ij = ⟨∇_φ L, θ_j⟩, "
-        "core lr = train.lr, p_i starts at p⁽⁰⁾ (the authors' code). Both: p⁽⁰⁾_j = n_j / Σ n.",
+    fidelity: Literal["pfllib_parallel", "paper"] = documented(
+        "pfllib_parallel",
+        "pfllib_parallel: PFLlib's APPLE (the cwFedAvg papers' runs) with the clients of a round in parallel: "
+        "∂/∂p_ij = the mean over parameter tensors of mean(∇_φ L ⊙ θ_j) at the updated θ_i, core lr = "
+        "train.lr · M, p_i starts at 1/M, λ one round late, the shared core re-based on the personal model; "
+        "paper: ∂/∂p_ij = ⟨∇_φ L, θ_j⟩ before θ_i moves, core lr = train.lr, p_i starts at p⁽⁰⁾, the core θ_i "
+        "shared (the authors' code). Both: p⁽⁰⁾_j = n_j / Σ n.",
     )
 
     def __post_init__(self) -> None:
@@ -99,7 +113,7 @@ class AppleParams:
         check_real(p + "mu", self.mu, low=0)
         check_real(p + "anneal_fraction", self.anneal_fraction, low=0, high=1)
         check_int(p + "anneal_rounds", self.anneal_rounds, low=0)
-        check_choice(p + "fidelity", self.fidelity, ("pfllib", "paper"))
+        check_choice(p + "fidelity", self.fidelity, FIDELITIES)
 
 
 # --- the equations ------------------------------------------------------------------------------
@@ -117,6 +131,14 @@ def anneal(round_index: int, rounds: int, fraction: float) -> float:
     if round_index >= horizon:
         return 0.0
     return 0.5 * (1.0 + math.cos(math.pi * round_index / horizon))
+
+
+def lagged_anneal(round_index: int, rounds: int, fraction: float) -> float:
+    """PFLlib's λ: 1 in round 0, then the round before's λ(r − 1) over int(L·R) rounds (``clientapple.py``
+    sets it after each round's training)."""
+    if round_index == 0:
+        return 1.0
+    return anneal(round_index - 1, int(fraction * rounds), 1.0)
 
 
 def tensor_mean_weights(layout: ParamLayout) -> np.ndarray:
@@ -152,7 +174,9 @@ class CoreModels(Broadcast):
     p0: np.ndarray
     """p⁽⁰⁾ (M,): the size shares, the proximal term's target."""
     start: np.ndarray
-    """p_i before a client's first round (M,): 1/M (``fidelity="pfllib"``) or p⁽⁰⁾ (``"paper"``)."""
+    """p_i before a client's first round (M,): 1/M (``fidelity="pfllib_parallel"``) or p⁽⁰⁾ (``"paper"``)."""
+    rebased: bool
+    """``fidelity="pfllib_parallel"``: a client's core is its last personal model, and it is evaluated with it."""
 
     def local_state(self, job: ClientJob) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(copies, p_i, their versions) the client holds; before its first round, the initial model
@@ -181,9 +205,13 @@ class CoreModels(Broadcast):
         return ClientVectors.of(cores[job.client_id].copy(), job.client_id, job.num_train)
 
     def prepare_eval(self, job: ClientJob) -> None:
-        """The personal model φ_i from the client's copies and p_i."""
+        """The personal model φ_i from the client's copies and p_i; re-based (``pfllib_parallel``), the personal
+        model of its last step, which its own core has become (the initial model before it trained)."""
         copies, p, _ = self.local_state(job)
-        job.flat.load_state(personal_model(copies, p, job.client_id, self.num_params))
+        if self.rebased:
+            job.flat.load_state(np.array(copies[job.client_id], dtype=np.float32))
+        else:
+            job.flat.load_state(personal_model(copies, p, job.client_id, self.num_params))
 
     def bytes_down(self, job: ClientJob) -> int:
         count = job.scratch.get(_DOWNLOADED)
@@ -215,8 +243,9 @@ class AppleClient(ClientHalf[AppleParams]):
         p = torch.from_numpy(p_np).to(job.device)
         p0 = torch.from_numpy(job.scratch[_TARGET]).to(p)
         horizon = params.anneal_rounds or job.train.rounds
-        lam_mu = anneal(job.round, horizon, params.anneal_fraction) * params.mu
-        pfllib = params.fidelity == "pfllib"
+        pfllib = params.fidelity == "pfllib_parallel"
+        schedule = lagged_anneal if pfllib else anneal
+        lam_mu = schedule(job.round, horizon, params.anneal_fraction) * params.mu
         weights = torch.from_numpy(tensor_mean_weights(flat.layout)).to(job.device) if pfllib else None
         core_lr = job.lr * (m if pfllib else 1)
         model = job.model
@@ -229,13 +258,20 @@ class AppleClient(ClientHalf[AppleParams]):
             loss = F.cross_entropy(model(job.x_train[idx]), job.y_train[idx])
             loss.backward()
             with torch.no_grad():
-                grad_p = dr_gradient(theta, flat.grad, p, p0, lam_mu, weights)
-                theta[own].add_(flat.grad, alpha=-core_lr * float(p[own]))
+                if pfllib:  # PFLlib moves θ_i first and takes p's gradient at the moved θ_i
+                    theta[own].add_(flat.grad, alpha=-core_lr * float(p[own]))
+                    grad_p = dr_gradient(theta, flat.grad, p, p0, lam_mu, weights)
+                else:  # both gradients at the same point
+                    grad_p = dr_gradient(theta, flat.grad, p, p0, lam_mu, weights)
+                    theta[own].add_(flat.grad, alpha=-core_lr * float(p[own]))
                 p.sub_(params.dr_lr * grad_p)
             loss_sum += loss.detach()
             steps += 1
-        with torch.no_grad():  # the personal model after the last step: what the engine's update norm measures
-            flat.vector.copy_(p.to(theta.dtype) @ theta)
+        with torch.no_grad():
+            if pfllib and steps:  # re-based: the core it shares is the personal model of its last step
+                theta[own].copy_(flat.vector)
+            else:  # the personal model after the last step: what the engine's update norm measures
+                flat.vector.copy_(p.to(theta.dtype) @ theta)
         cores[own, size:] = flat.buffers  # the BatchNorm statistics the steps updated are its own
         job.scratch[_CORES] = (cores.cpu().numpy(), p.cpu().numpy(), versions)
         return TrainStats(loss=float(loss_sum) / steps if steps else float("nan"), steps=steps)
@@ -267,10 +303,11 @@ class AppleServer(ServerHalf[AppleParams, ClientVectors]):
             raise ValueError("APPLE's server needs every client's training-set size (ProblemSpec.train_sizes, "
                              "which the engine sets from the partition)")
         self.p0 = size_shares(spec.train_sizes)
-        self.start = np.full(spec.num_clients, 1.0 / spec.num_clients) if params.fidelity == "pfllib" else self.p0
+        self.rebased = params.fidelity == "pfllib_parallel"
+        self.start = np.full(spec.num_clients, 1.0 / spec.num_clients) if self.rebased else self.p0
 
     def broadcast(self) -> CoreModels:
-        return CoreModels(self.cores, self.versions, self.num_params, self.initial, self.p0, self.start)
+        return CoreModels(self.cores, self.versions, self.num_params, self.initial, self.p0, self.start, self.rebased)
 
     def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
         if contribution is None:

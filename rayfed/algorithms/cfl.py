@@ -16,6 +16,16 @@ One round::
                      c₁, c₂ = argmin_{c₁∪c₂=U_c} max_{i∈c₁, j∈c₂} α_ij     (optimal bipartition)
              θ_c ← θ_c + Δθ_c for every cluster after the splits
 
+The criterion's norms are those of the weight updates by default, as the authors' code and the
+cwFedAvg papers' thresholds have them. Their scale is that of the optimiser: an epoch of plain SGD
+moves a client by Δθ_i = −η Σ_k g_ik, so ‖Δθ_i‖ grows with the learning rate η, the steps s_i
+(the client's data over the batch size) and, with momentum m, by 1/(1 − m). ``norms="gradient"``
+takes P-CFL's criterion in its own terms, the norms of the clients' gradients: each update is
+divided by its step length λ_i = η s_i / (1 − m), which gives the mean gradient ḡ_i = −Δθ_i/λ_i of
+the client's epoch (exactly for plain SGD), and the cluster's is Σ n_i ḡ_i / Σ n_i. Thresholds in
+gradient units carry over between optimisers and datasets; the similarities, being cosines, are
+the same either way.
+
 A split cluster's two parts both start from its model; each then adds its own members'
 mean update in the same round (as the authors' reference code aggregates after
 clustering). Norms and similarities are over the model's parameters; buffers (BatchNorm
@@ -35,7 +45,7 @@ id (the part with more training samples), and a cluster without uploads keeps it
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -47,11 +57,13 @@ from rayfed.algorithms.hooks import Broadcast, ClientHalf, RoundContext, ServerH
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
+from rayfed.train.sgd import steps_per_epoch
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_choice, check_int, check_real
 
 __all__ = [
     "CFLParams",
+    "ClientUpdates",
     "ClusterModels",
     "CFLServer",
     "cosine_similarity_matrix",
@@ -59,10 +71,12 @@ __all__ = [
     "split_criterion",
     "bipartition",
     "max_cross_similarity",
+    "step_length",
 ]
 
 _PATH = "algorithm.params."
 LINKAGES = ("single", "complete")
+NORMS = ("update", "gradient")
 
 
 @section("algorithm.params")
@@ -91,6 +105,12 @@ class CFLParams:
         "single: the paper's optimal bipartition (Alg. 2, min over bipartitions of the max cross-cluster cosine "
         "similarity); complete: complete-linkage agglomeration into two groups, as the authors' code.",
     )
+    norms: Literal["update", "gradient"] = documented(
+        "update",
+        "update: ε₁ and ε₂ bound the norms of the weight updates, as the authors' code and the cwFedAvg papers "
+        "(their scale grows with lr, steps and momentum); gradient: the norms of the clients' mean gradients "
+        "Δθ_i / (lr · steps / (1 − momentum)), P-CFL's criterion, the same for any optimiser (module docstring).",
+    )
 
     def __post_init__(self) -> None:
         check_real(_PATH + "eps1", self.eps1, low=0)
@@ -98,6 +118,7 @@ class CFLParams:
         check_int(_PATH + "warmup_rounds", self.warmup_rounds, low=0)
         check_int(_PATH + "min_cluster_clients", self.min_cluster_clients, low=2)
         check_choice(_PATH + "linkage", self.linkage, LINKAGES)
+        check_choice(_PATH + "norms", self.norms, NORMS)
 
 
 # --- the paper's equations as pure functions ----------------------------------------------------
@@ -120,6 +141,16 @@ def update_norms(updates: np.ndarray, sizes: np.ndarray) -> tuple[float, float]:
     weights = np.asarray(sizes, dtype=np.float64)
     mean = weights @ rows / weights.sum() if weights.sum() > 0 else rows.mean(axis=0)
     return float(np.linalg.norm(mean)), float(np.linalg.norm(rows, axis=1).max())
+
+
+def step_length(lr: float, steps: int, momentum: float) -> float:
+    """λ = η s / (1 − m): how far s steps of SGD at learning rate η with momentum m carry a constant gradient of
+    norm 1, so that −Δθ / λ is the mean gradient of the steps (exactly without momentum).
+
+    >>> step_length(0.005, 200, 0.0), round(step_length(0.1, 7, 0.9), 9)
+    (1.0, 7.0)
+    """
+    return lr * steps / (1.0 - momentum)
 
 
 def split_criterion(mean_norm: float, max_norm: float, eps1: float, eps2: float) -> bool:
@@ -196,6 +227,27 @@ def bipartition(similarity: np.ndarray, sizes: np.ndarray, linkage: str = "singl
 # --- the broadcast and the server ---------------------------------------------------------------
 
 
+@dataclass
+class ClientUpdates(ClientVectors):
+    """CFL's upload: each client's Δθ_i, id and n_i (:class:`ClientVectors`), and its step length λ_i."""
+
+    step_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """(M,) λ_i = η s_i / (1 − m) of each row (:func:`step_length`)."""
+
+    def __add__(self, other: ClientVectors) -> ClientUpdates:
+        if not isinstance(other, ClientUpdates):
+            return NotImplemented
+        joined = ClientVectors.__add__(self, other)
+        lengths = np.concatenate([self.step_lengths, other.step_lengths])
+        return ClientUpdates(joined.blocks, joined.client_ids, joined.sizes, joined.label_counts, lengths)
+
+    __iadd__ = __add__
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + int(self.step_lengths.nbytes)
+
+
 @dataclass(frozen=True)
 class ClusterModels(Broadcast):
     """Every cluster's model (C, S) and each client's cluster (M,); a client receives only its own."""
@@ -210,15 +262,19 @@ class ClusterModels(Broadcast):
         """θ_i ← θ_{c(i)}."""
         job.flat.load_state(self.model_of(job.client_id))
 
-    def contribute(self, job: ClientJob) -> ClientVectors:
-        """Δθ_i = θ_i − θ_{c(i)} (parameters then buffers)."""
-        return ClientVectors.of(job.flat.state_numpy() - self.model_of(job.client_id), job.client_id, job.num_train)
+    def contribute(self, job: ClientJob) -> ClientUpdates:
+        """Δθ_i = θ_i − θ_{c(i)} (parameters then buffers), and λ_i of the client's local SGD."""
+        train = job.train
+        steps = train.local_epochs * steps_per_epoch(job.num_train, train.batch_size, train.drop_last)
+        row = ClientVectors.of(job.flat.state_numpy() - self.model_of(job.client_id), job.client_id, job.num_train)
+        lengths = np.array([step_length(job.lr, steps, train.momentum)], np.float64)
+        return ClientUpdates(row.blocks, row.client_ids, row.sizes, None, lengths)
 
     def bytes_down(self, job: ClientJob) -> int:
         return int(self.models.shape[1]) * 4
 
 
-class CFLServer(ClusterModelState, ServerHalf[CFLParams, ClientVectors]):
+class CFLServer(ClusterModelState, ServerHalf[CFLParams, ClientUpdates]):
     """Keeps the cluster models (C, S) and the assignment of clients to clusters (M,); C grows by splits."""
 
     @classmethod
@@ -235,11 +291,14 @@ class CFLServer(ClusterModelState, ServerHalf[CFLParams, ClientVectors]):
     def broadcast(self) -> ClusterModels:
         return ClusterModels(self.models, self.assignment)
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
+    def aggregate(self, ctx: RoundContext, contribution: ClientUpdates | None) -> dict[str, float]:
         if contribution is None:
             return {"clients_aggregated": 0.0, "cfl_clusters": float(len(self.models))}
         ids, sizes, updates = contribution.client_ids, contribution.sizes, contribution.matrix()
         params = updates[:, : self.num_params]
+        if self.params.norms == "gradient":  # −ḡ_i = Δθ_i / λ_i; a client that took no step has no gradient
+            lengths = contribution.step_lengths
+            params = params / np.where(lengths > 0, lengths, np.inf)[:, None].astype(np.float32)
         # New arrays, so broadcasts already handed out (and Ray's zero-copy reads) stay valid.
         assignment, models = self.assignment.copy(), [row for row in self.models]
         before = assignment[ids]

@@ -104,4 +104,5 @@ register_algorithm(
     client=ClientHalf,
     summary="FedAdam (Reddi et al. 2021): server Adam on the pseudo-gradient (weighted average - global)",
     label="FedAdam",
+    single_model=True,
 )

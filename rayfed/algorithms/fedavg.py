@@ -36,4 +36,5 @@ register_algorithm(
     client=ClientHalf,
     summary="FedAvg (McMahan et al. 2017): size-weighted average of full models",
     label="FedAvg",
+    single_model=True,
 )

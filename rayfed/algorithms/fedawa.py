@@ -300,6 +300,7 @@ register_algorithm(
     "fidelity=code (default), paper or exact",
     keeps_client_state=True,
     label=lambda params: params.label("FedAWA"),
+    single_model=True,
 )
 register_algorithm(
     "fedawa_l",
@@ -310,4 +311,5 @@ register_algorithm(
     "fidelity=code (default), paper or exact",
     keeps_client_state=True,
     label=lambda params: params.label("FedAWA-L"),
+    single_model=True,
 )

@@ -167,4 +167,5 @@ register_algorithm(
     client=ClientHalf,
     summary="FedDisco (Ye et al. 2023): weights ReLU(n_k/n - a d_k + b) from label-distribution discrepancy",
     label="FedDisco",
+    single_model=True,
 )

@@ -193,4 +193,5 @@ register_algorithm(
     summary="FedDyn (Acar et al. 2021): dynamic regulariser -<grad_k, w> + (alpha/2)||w - w_g||^2, server state h",
     keeps_client_state=True,
     label="FedDyn",
+    single_model=True,
 )

@@ -22,13 +22,19 @@ authors' code (ε 0.3, decay 0.05: greedy from round 6 on).
 
 Partial participation works: the server offers the latest model of every client that has
 uploaded one (stale for those that sat out since).
+
+``fidelity="pfllib"`` runs FedFomo as PFLlib does (``clientfomo.py``, ``serverfomo.py``), which the
+cwFedAvg papers ran: the models are weighted against the model the client *started* its previous
+round from (PFLlib's ``old_model``, copied right after the Eq. 5 update), not its trained model;
+the client's own last upload is among the candidates; 10⁻⁵ is added to every distance; and the
+validation set is the last ⌊``val_ratio`` · n⌋ samples of the client's training data in order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -44,7 +50,7 @@ from rayfed.train.problem import ProblemSpec
 from rayfed.train.scratch import ScratchKey
 from rayfed.util.documented import documented, section
 from rayfed.util.seeding import init_seed
-from rayfed.util.validation import check_int, check_real
+from rayfed.util.validation import check_choice, check_int, check_real
 
 if TYPE_CHECKING:
     from rayfed.config import TrainConfig
@@ -53,15 +59,21 @@ __all__ = [
     "FedFomoParams",
     "fomo_weights",
     "validation_split",
+    "tail_split",
     "decayed_epsilon",
     "choose_models",
     "FomoModels",
     "FedFomoServer",
     "AFFINITY_KEY",
+    "START_KEY",
 ]
 
 AFFINITY_KEY = "affinity"
 """Key of the client's affinity vector P_i (one float64 per client) in its state."""
+START_KEY = "start"
+"""Key, with ``fidelity="pfllib"``, of the model the client started its last round from (PFLlib's ``old_model``)."""
+PFLLIB_DISTANCE_OFFSET = 1e-5
+"""What PFLlib adds to every distance of Eq. 6 (``clientfomo.py``, ``weight_cal``)."""
 
 VAL_SPLIT_STREAM = 1 << 21
 """Stream of the validation split's seed: ``init_seed(seed, VAL_SPLIT_STREAM + client id)``."""
@@ -72,6 +84,8 @@ _DOWNLOADED = ScratchKey[int]("fedfomo.downloaded")
 """``job.scratch`` key: how many models the client downloaded this round."""
 _WEIGHTS = ScratchKey[tuple[np.ndarray, np.ndarray]]("fedfomo.weights")
 """``job.scratch`` key: (the downloaded models' client ids, their raw weights w_n), for the affinities."""
+_START = ScratchKey[np.ndarray]("fedfomo.start")
+"""``job.scratch`` key, ``fidelity="pfllib"``: the model the client starts this round from, kept as its base."""
 
 
 @section("algorithm.params")
@@ -89,6 +103,13 @@ class FedFomoParams:
     epsilon_decay: float = documented(
         0.05, "ε falls by this much every round, to 0 (the authors' code: 0.05 per round)."
     )
+    fidelity: Literal["paper", "pfllib"] = documented(
+        "paper",
+        "paper: weight the models against the client's trained model θ_i^{t-1} (Eq. 6), others' models only, on a "
+        "seeded validation split; pfllib: as PFLlib (the cwFedAvg papers' runs), against the model the client "
+        "started its last round from, its own last upload among the candidates, distances + 1e-5, the last "
+        "val_ratio of its training data as validation set.",
+    )
 
     def __post_init__(self) -> None:
         p = "algorithm.params."
@@ -96,15 +117,19 @@ class FedFomoParams:
         check_real(p + "val_ratio", self.val_ratio, low=0, high=1, low_open=True, high_open=True)
         check_real(p + "epsilon", self.epsilon, low=0, high=1)
         check_real(p + "epsilon_decay", self.epsilon_decay, low=0)
+        check_choice(p + "fidelity", self.fidelity, ("paper", "pfllib"))
 
 
 # --- the equations ------------------------------------------------------------------------------
 
 
-def fomo_weights(own_loss: float, losses: np.ndarray, distances: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(raw, normalised) weights of Eq. 6: raw w_n = (L(θ_i) − L(θ_n)) / ‖θ_n − θ_i‖ (0 where the
-    distance is 0), normalised = max(0, w_n) / Σ max(0, w_m), all zero if none is positive."""
-    losses, distances = np.asarray(losses, np.float64), np.asarray(distances, np.float64)
+def fomo_weights(
+    own_loss: float, losses: np.ndarray, distances: np.ndarray, offset: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(raw, normalised) weights of Eq. 6: raw w_n = (L(θ_i) − L(θ_n)) / (‖θ_n − θ_i‖ + ``offset``) (0 where
+    that is 0), normalised = max(0, w_n) / Σ max(0, w_m), all zero if none is positive."""
+    losses = np.asarray(losses, np.float64)
+    distances = np.asarray(distances, np.float64) + offset
     raw = np.zeros_like(losses)
     moved = distances > 0
     raw[moved] = (own_loss - losses[moved]) / distances[moved]
@@ -119,6 +144,13 @@ def validation_split(num_train: int, val_ratio: float, seed: int, client_id: int
     order = np.random.default_rng(init_seed(seed, VAL_SPLIT_STREAM + client_id)).permutation(num_train)
     n_val = min(max(1, round(val_ratio * num_train)), num_train - 1) if num_train >= 2 else 0
     return np.sort(order[:n_val]), np.sort(order[n_val:])
+
+
+def tail_split(num_train: int, val_ratio: float) -> tuple[np.ndarray, np.ndarray]:
+    """(validation, training) indices as PFLlib's ``load_train_data`` cuts them: the last ⌊val_ratio · n⌋
+    samples in order validate, the others train (no validation set when that is 0)."""
+    n_val = int(val_ratio * num_train)
+    return np.arange(num_train - n_val, num_train), np.arange(num_train - n_val)
 
 
 def decayed_epsilon(epsilon: float, decay: float, round_index: int) -> float:
@@ -157,10 +189,14 @@ class FomoModels(Broadcast):
         """Weight the downloaded models on the validation split (Eq. 6), start from Eq. 5, and leave
         only the training part of the data in the job."""
         own = np.asarray(saved_model(job, self.models[job.client_id]), dtype=np.float32)
-        val, train = validation_split(job.num_train, self.params.val_ratio, self.seed, job.client_id)
+        pfllib = self.params.fidelity == "pfllib"
+        base = np.asarray(job.state[START_KEY], np.float32) if pfllib and job.state and START_KEY in job.state else own
+        val, train = (tail_split(job.num_train, self.params.val_ratio) if pfllib
+                      else validation_split(job.num_train, self.params.val_ratio, self.seed, job.client_id))
         val_index = torch.as_tensor(val, device=job.device)
         x_val, y_val = job.x_train[val_index], job.y_train[val_index]
-        candidates = np.flatnonzero(self.available & (np.arange(len(self.available)) != job.client_id))
+        others = np.arange(len(self.available)) != job.client_id
+        candidates = np.flatnonzero(self.available if pfllib else self.available & others)
         affinity = _affinity(job, len(self.available))
         stream = CHOICE_STREAM + job.round * len(self.available) + job.client_id
         rng = np.random.default_rng(init_seed(self.seed, stream))
@@ -169,16 +205,19 @@ class FomoModels(Broadcast):
         start = own
         raw = np.zeros(len(chosen))
         if len(chosen) and len(val):
-            own_loss = _loss(job, own, x_val, y_val)
+            base_loss = _loss(job, base, x_val, y_val)
             losses = np.array([_loss(job, self.models[n], x_val, y_val) for n in chosen])
-            diffs = self.models[chosen, : self.num_params].astype(np.float64) - own[: self.num_params]
-            raw, weights = fomo_weights(own_loss, losses, np.linalg.norm(diffs, axis=1))
+            diffs = self.models[chosen, : self.num_params].astype(np.float64) - base[: self.num_params]
+            offset = PFLLIB_DISTANCE_OFFSET if pfllib else 0.0
+            raw, weights = fomo_weights(base_loss, losses, np.linalg.norm(diffs, axis=1), offset)
             if weights.sum() > 0:
-                delta = weights @ (self.models[chosen].astype(np.float64) - own)
-                start = (own + delta).astype(np.float32)
+                delta = weights @ (self.models[chosen].astype(np.float64) - base)
+                start = (base + delta).astype(np.float32)
         job.scratch[_DOWNLOADED] = len(chosen)
         job.scratch[_WEIGHTS] = (chosen, raw)
         job.flat.load_state(start)
+        if pfllib:
+            job.scratch[_START] = start
         index = torch.as_tensor(train, device=job.device)
         job.x_train, job.y_train = job.x_train[index], job.y_train[index]
 
@@ -190,6 +229,8 @@ class FomoModels(Broadcast):
         save_model_state(job)
         assert job.state is not None
         job.state[AFFINITY_KEY] = affinity
+        if _START in job.scratch:
+            job.state[START_KEY] = job.scratch[_START]
         return ClientVectors.of(job.flat.state_numpy(), job.client_id, job.num_train)
 
     def prepare_eval(self, job: ClientJob) -> None:
@@ -197,11 +238,13 @@ class FomoModels(Broadcast):
         job.flat.load_state(saved_model(job, self.models[job.client_id]))
 
     def bytes_down(self, job: ClientJob) -> int:
-        """The M downloaded models (the client's own is never downloaded)."""
+        """The M downloaded models (its own last upload among them only with ``fidelity="pfllib"``)."""
         count = job.scratch.get(_DOWNLOADED)
         if count is None:
-            others = int(self.available.sum()) - int(self.available[job.client_id])
-            count = others if self.params.num_models == 0 else min(self.params.num_models, others)
+            offered = int(self.available.sum())
+            if self.params.fidelity != "pfllib":
+                offered -= int(self.available[job.client_id])
+            count = offered if self.params.num_models == 0 else min(self.params.num_models, offered)
         return int(count) * int(self.models.shape[1]) * 4
 
 
@@ -236,8 +279,10 @@ class FedFomoServer(ServerHalf[FedFomoParams, ClientVectors]):
 
     @classmethod
     def client_state_bytes(cls, params: FedFomoParams, spec: ProblemSpec, train: TrainConfig) -> int:
-        """The client's model and its affinity vector (one float64 per client)."""
-        return super().client_state_bytes(params, spec, train) + 8 * spec.num_clients
+        """The client's model and its affinity vector (one float64 per client); with ``fidelity="pfllib"``
+        also the model it started its last round from."""
+        models = 2 if params.fidelity == "pfllib" else 1
+        return models * super().client_state_bytes(params, spec, train) + 8 * spec.num_clients
 
     def broadcast(self) -> FomoModels:
         return FomoModels(self.models, self.available, self.params, self.spec.seed, self.num_params)

@@ -229,4 +229,5 @@ register_algorithm(
     client=ClientHalf,
     summary="FedLAW (Li et al. 2023): shrink factor and softmax weights learnt by CE on a server proxy set",
     label="FedLAW",
+    single_model=True,
 )

@@ -61,4 +61,5 @@ register_algorithm(
     client=FedProxClient,
     summary="FedProx (Li et al. 2020): FedAvg + client proximal term (mu/2)||w - w_g||^2",
     label="FedProx",
+    single_model=True,
 )

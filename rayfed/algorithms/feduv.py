@@ -161,4 +161,5 @@ register_algorithm(
     client=FedUVClient,
     summary="FedUV (Son et al., CVPR 2024): FedAvg + classifier-variance hinge and representation uniformity",
     label="FedUV",
+    single_model=True,
 )

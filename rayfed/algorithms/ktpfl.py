@@ -23,9 +23,15 @@ clients also upload their weights, and a client starts the round from its person
 Σ_m c_nm w_m instead of distilling on the public set (the weights carry the knowledge); c is
 still learnt from the soft predictions.
 
-``fidelity`` (default ``code``) chooses between the code behind the FedClassAvg paper's KT-pFL
-numbers and our reading of the KT-pFL paper; the two rules are in
-:mod:`rayfed.algorithms.ktpfl_equations`. ``max_local_epochs`` grows the local epochs by one a
+``fidelity`` chooses among the code behind the FedClassAvg paper's KT-pFL numbers as written
+(``code``: hukla/FedClassAvg ``src/KTpFL.py``), its rules on one consistent public set (``corrected``,
+the default) and our reading of the KT-pFL paper (``paper``); the rules are in
+:mod:`rayfed.algorithms.ktpfl_equations`. As written, the code draws a new public set every round to
+compute the targets (``collaborative_training``, ``load_public_dataset``) but distils on the set drawn
+at the start, pairing each image with the target of an unrelated one, and feeds the distilled images as
+raw 0–255 values (its ``data`` class) and the predicted ones as ToTensor's [0, 1];
+``code`` reproduces the pairing by permuting the targets' rows with a new seeded permutation every
+round (one for all clients, as one draw is), and both input scales. ``max_local_epochs`` grows the local epochs by one a
 round, as that code does ("KT-pFL requires 20 epochs of local updates").
 """
 
@@ -61,9 +67,16 @@ from rayfed.train.scratch import ScratchKey
 from rayfed.train.sgd import minibatches, sgd_step
 from rayfed.util.documented import documented, section
 from rayfed.util.errors import ConfigError
+from rayfed.util.seeding import init_seed
 from rayfed.util.validation import check_choice, check_int, check_real
 
-__all__ = ["KTpFLParams", "KTpFLBroadcast", "KTpFLClient", "KTpFLServer"]
+__all__ = ["KTpFLParams", "KTpFLBroadcast", "KTpFLClient", "KTpFLServer", "code_pairing"]
+
+FIDELITIES = ("corrected", "code", "paper")
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+"""The normalisation the authors' code gives its 3-channel public set (CIFAR-100) to predict on."""
+PAIRING_STREAM = 1 << 23
+"""Stream of ``fidelity="code"``'s per-round permutation of the targets: ``init_seed(seed, PAIRING_STREAM + round)``."""
 
 _TARGET = ScratchKey[np.ndarray]("ktpfl.target")
 _PREDICTIONS = ScratchKey[np.ndarray]("ktpfl.predictions")
@@ -93,16 +106,20 @@ class KTpFLParams:
     distill_epochs: int = documented(1, "Passes over the public set per round distilling towards the target.")
     share_weights: bool = documented(False, "'+weight' variant (homogeneous models): start each round from "
                                             "Σ_m c_nm w_m instead of distilling.")
-    fidelity: Literal["code", "paper"] = documented(
-        "code", "code: c-loss MSE + ρ·mean penalty, no clipping or renormalising, distillation MSE(softmax(z), t) "
-                "(hukla/FedClassAvg KTpFL.py, behind P-FCA's numbers); paper: KL c-loss, T²·KL distillation.")
+    fidelity: Literal["corrected", "code", "paper"] = documented(
+        "corrected",
+        "corrected: the rules of hukla/FedClassAvg KTpFL.py (behind P-FCA's numbers) on one normalised public set: "
+        "c-loss MSE + ρ·mean penalty, no clipping or renormalising, distillation MSE(softmax(z), t); code: that file "
+        "as written: each distilled image gets the target of another (rows permuted every round), distilled images "
+        "as raw 0-255 values, predicted ones as ToTensor's [0, 1] (ImageNet-normalised with 3 channels); paper: "
+        "KL c-loss, T²·KL distillation.")
     distill_batch_size: int = documented(256, "Batch of the distillation pass (256 in both authors' codes).")
     max_local_epochs: int = documented(
         0, "Local epochs grow by one a round up to this (20 in hukla/FedClassAvg, 'KT-pFL requires 20 epochs'); "
            "0: train.local_epochs every round.")
 
     def __post_init__(self) -> None:
-        check_choice("algorithm.params.fidelity", self.fidelity, ("code", "paper"))
+        check_choice("algorithm.params.fidelity", self.fidelity, FIDELITIES)
         check_int("algorithm.params.distill_batch_size", self.distill_batch_size, low=1)
         check_int("algorithm.params.max_local_epochs", self.max_local_epochs, low=0)
         check_int("algorithm.params.public_size", self.public_size, low=1)
@@ -119,6 +136,11 @@ class KTpFLParams:
 
     def label(self) -> str:
         return "KT-pFL +weight" if self.share_weights else "KT-pFL"
+
+    @property
+    def rule(self) -> str:
+        """The coefficient and target rules of :mod:`~rayfed.algorithms.ktpfl_equations`: the code's, or the paper's."""
+        return "paper" if self.fidelity == "paper" else "code"
 
 
 @dataclass(frozen=True)
@@ -160,6 +182,14 @@ class KTpFLBroadcast(Broadcast):
         return 0 if self.targets is None else int(self.targets[job.client_id].nbytes)
 
 
+def code_pairing(num_public: int, seed: int, round_index: int) -> np.ndarray:
+    """``fidelity="code"``: which target row each public image distils towards in round ``round_index``, one
+    permutation for every client of the round. The authors' code computes the targets on a public set drawn anew
+    each round and distils the images of the set drawn at the start towards them row by row, so an image's target
+    is that of an unrelated image; a fresh permutation of the one set pairs them the same way."""
+    return np.random.default_rng(init_seed(seed, PAIRING_STREAM + round_index)).permutation(num_public)
+
+
 class KTpFLClient(ClientHalf[KTpFLParams]):
     """Distil towards the target on the public set, train on local data, predict on the public set."""
 
@@ -170,28 +200,38 @@ class KTpFLClient(ClientHalf[KTpFLParams]):
                               "out of the pool, rayfed.data.held_out)")
         self._public = spec.held_out
 
-    def public_inputs(self, device: torch.device) -> torch.Tensor:
-        """The public set, normalised, on ``device``."""
-        return model_inputs(self._public.inputs, self.spec.mean, self.spec.std, device=device)
+    def public_inputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(distilled on, predicted on): the public set normalised as the clients' data, both times; as the authors'
+        code has it (``fidelity="code"``), raw 0-255 values, then ToTensor's [0, 1] (ImageNet-normalised with 3
+        channels)."""
+        if self.params.fidelity != "code":
+            x = model_inputs(self._public.inputs, self.spec.mean, self.spec.std, device=device)
+            return x, x
+        raw = torch.as_tensor(self._public.inputs, device=device).float()
+        channels = raw.shape[1]
+        mean, std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.0,) * channels, (1.0,) * channels)
+        return raw, model_inputs(self._public.inputs, mean, std, device=device)
 
     def train(self, job: ClientJob) -> TrainStats:
-        x_public = self.public_inputs(job.device)
+        x_distil, x_predict = self.public_inputs(job.device)
         target = job.scratch.pop(_TARGET, None)
         if target is not None and not self.params.share_weights:
-            self.distil(job, x_public, torch.as_tensor(target, device=job.device))
+            if self.params.fidelity == "code":  # each image distils towards the target of another (another draw)
+                target = target[code_pairing(len(target), self.spec.seed, job.round)]
+            self.distil(job, x_distil, torch.as_tensor(target, device=job.device))
         if self.params.max_local_epochs:  # round 0 is the codes' 1-epoch init; round t >= 1: min(t, max) epochs
             epochs = min(max(job.round, 1), self.params.max_local_epochs)
             job.train = dataclasses.replace(job.train, local_epochs=epochs)
         stats = self.run_local_sgd(job)
-        job.scratch[_PREDICTIONS] = self.predict(job, x_public).cpu().numpy()
+        job.scratch[_PREDICTIONS] = self.predict(job, x_predict).cpu().numpy()
         return stats
 
     def distil(self, job: ClientJob, x_public: torch.Tensor, target: torch.Tensor) -> None:
         """``distill_epochs`` passes of SGD at the round's lr, ``distill_batch_size`` public samples a batch,
-        towards t: ``code``, MSE(softmax(z), t) with the last partial batch dropped (the authors' code);
-        ``paper``, T²·KL(t ‖ softmax(z/T)) over every public sample (Eq. 6)."""
+        towards t: ``code`` and ``corrected``, MSE(softmax(z), t) with the last partial batch dropped (the
+        authors' code); ``paper``, T²·KL(t ‖ softmax(z/T)) over every public sample (Eq. 6)."""
         job.model.train()
-        code = self.params.fidelity == "code"
+        code = self.params.rule == "code"
         batches = minibatches(job, epochs=self.params.distill_epochs, size=len(x_public), drop_last=code,
                               batch_size=self.params.distill_batch_size)
         for idx in batches:
@@ -243,7 +283,7 @@ class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
         if not self.seen.any():
             return None
         c, preds, seen = (torch.as_tensor(a) for a in (self.coefficients, self.predictions, self.seen))
-        return personalised_targets(c.float(), preds, seen, normalise=self.params.fidelity != "code").numpy()
+        return personalised_targets(c.float(), preds, seen, normalise=self.params.rule != "code").numpy()
 
     def broadcast(self) -> KTpFLBroadcast:
         if not self.params.share_weights:
@@ -268,7 +308,7 @@ class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
         self.coefficients, loss = update_coefficients(
             self.coefficients, self.predictions, self.seen,
             lr=self.params.coef_lr, penalty=self.params.penalty, steps=self.params.coef_steps,
-            rule=self.params.fidelity,
+            rule=self.params.rule,
         )
         return {
             "clients_aggregated": float(contribution.count),

@@ -22,8 +22,9 @@ Only clients that have uploaded predictions take part (``seen``): t_n mixes thei
 holds. After each step c is clipped at 0, so that every t_n stays a distribution.
 
 ``rule="code"`` is what the code behind the FedClassAvg paper's KT-pFL numbers does
-(``hukla/FedClassAvg`` ``src/KTpFL.py::get_models_logits`` and ``distill_one_model``; the same
-c-loss as ``cugzj/KT-pFL`` ``src/engine_kt_pfl.py::get_models_logits``): per row n,
+(``hukla/FedClassAvg`` ``src/KTpFL.py::get_models_logits`` and ``distill_one_model``; the
+original ``cugzj/KT-pFL`` has the same c-loss but steps with an adaptive rate and mixes with
+softmax(5 c), which neither rule follows; docs/algorithms.md, KT-pFL): per row n,
 L_n(c) = MSE(s_n, Σ_m c_nm s_m) + ρ·mean_m (c_nm − 1/M)² (element-wise means), one plain
 gradient step c_n ← c_n − η ∇L_n, no clipping, and t_n = Σ_m c_nm s_m without renormalising;
 the student is distilled with MSE(softmax(z), t_n) (temperature 1 on the student, no T²).

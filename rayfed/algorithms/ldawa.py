@@ -125,4 +125,5 @@ register_algorithm(
     client=ClientHalf,
     summary="L-DAWA (Rehman et al. 2023): each client layer scaled by min(1, cos(theta_k^l, theta_g^l)), mean 1/K",
     label="L-DAWA",
+    single_model=True,
 )

@@ -40,6 +40,10 @@ class Algorithm:
     """True if clients keep state between rounds (stored in the client state store)."""
     describe: Callable[[Any], str] | None = None
     """The method's display name for given params (figures, tables); None = :attr:`name`."""
+    single_model: bool = False
+    """True if every client is evaluated with the one global model (FedAvg), so the run's ``accuracy`` is the
+    global model's; False if clients are evaluated with models of their own (``global_accuracy``, where the
+    algorithm has a global model besides them, is the global model's)."""
 
     def label(self, params: Any) -> str:
         """How figures and tables name this algorithm run with ``params``."""
@@ -68,13 +72,15 @@ def register_algorithm(
     summary: str,
     keeps_client_state: bool = False,
     label: str | Callable[[Any], str] | None = None,
+    single_model: bool = False,
 ) -> Algorithm:
     """Register an algorithm under ``name``; one call at the bottom of its module.
 
-    ``label`` is its display name, or a function of its params giving one (a variant's name).
+    ``label`` is its display name, or a function of its params giving one (a variant's name);
+    ``single_model`` says that every client is evaluated with the one global model (:attr:`Algorithm.single_model`).
     """
     describe = (lambda _params, text=label: text) if isinstance(label, str) else label
-    algorithm = Algorithm(name, params, server, client, summary, keeps_client_state, describe)
+    algorithm = Algorithm(name, params, server, client, summary, keeps_client_state, describe, single_model)
     ALGORITHMS.register(name)(algorithm)
     return algorithm
 

@@ -73,4 +73,5 @@ register_algorithm(
     summary="FedAvg with SGD-momentum clients whose buffers persist across rounds (FedAWA's clients)",
     keeps_client_state=True,
     label="FedAvg (SGDM)",
+    single_model=True,
 )

@@ -61,14 +61,17 @@ class DataConfig:
     """
 
     dataset: str = documented("synthetic", "A registered dataset (rayfed list): synthetic (offline), mnist, ...")
-    root: str | None = documented(None, "Folder holding the dataset files (torchvision layout); unused by synthetic.")
+    root: str | None = documented(None, "Folder holding the dataset files (torchvision layout; for pfllib the "
+                                        "folder a PFLlib generator wrote); unused by synthetic.")
     download: bool = documented(False, "Let torchvision download missing files (needs network).")
     options: Mapping[str, Any] = documented(
         {}, 'Dataset-specific options, e.g. {"num_samples": 20000} for synthetic.'
     )
     num_clients: int = documented(20, "M, the number of clients (at most the number of samples, except with slices).")
     partition: str = documented(
-        "dirichlet", "How samples are split over clients: dirichlet, pathological, iid or slices (of a shared pool)."
+        "dirichlet",
+        "How samples are split over clients: dirichlet, pathological, iid, slices (of a shared pool), or pfllib "
+        "(each client's own files of a PFLlib folder; with data.dataset=pfllib).",
     )
     alpha: float = documented(0.1, "Dirichlet concentration (partition=dirichlet), > 0; smaller is more skewed.")
     classes_per_client: int = documented(
@@ -94,10 +97,17 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         from rayfed.data.partitioners import PARTITIONERS  # registers the partitioners; no cycle back
+        from rayfed.data.pfllib_folder import PFLLIB
 
         check(isinstance(self.dataset, str) and bool(self.dataset), "data.dataset", self.dataset, "a dataset name")
         check_int("data.num_clients", self.num_clients, low=1)
         check_choice("data.partition", self.partition, PARTITIONERS.names())
+        if (self.dataset == PFLLIB) != (self.partition == PFLLIB):
+            raise ConfigError(
+                f"data.dataset={self.dataset!r} with data.partition={self.partition!r}: a PFLlib folder's clients "
+                f"train and test on their own files, so data.dataset='{PFLLIB}' and data.partition='{PFLLIB}' "
+                "go together; set both or neither"
+            )
         check_real("data.alpha", self.alpha, low=0, low_open=True)
         check_int("data.classes_per_client", self.classes_per_client, low=1)
         check_int("data.min_samples", self.min_samples, low=0)
@@ -117,9 +127,16 @@ class ModelConfig:
     client_models: tuple[str, ...] = documented(
         (), "Heterogeneous clients (FedClassAvg): client c gets client_models[c % len]; empty = every client uses name."
     )
+    init: str = documented(
+        "derived",
+        "How the common initial model is drawn from the run seed: derived (from a stream of the seed kept apart "
+        "from every other draw) or torch_seed (torch.manual_seed(seed) right before the model is built, as the "
+        "cwFedAvg authors' code does, so that seed s starts from the model their run with -seed s starts from).",
+    )
 
     def __post_init__(self) -> None:
         check(isinstance(self.name, str) and bool(self.name), "model.name", self.name, "a model name")
+        check_choice("model.init", self.init, ("derived", "torch_seed"))
         object.__setattr__(self, "client_models", tuple(self.client_models))
 
     def architectures(self) -> tuple[str, ...]:
@@ -264,6 +281,12 @@ class EngineConfig:
         "for the round over its own train split, sample-weighted, without regulariser terms (the 'train loss' "
         "of the papers' logs; costs one forward pass over the training data).",
     )
+    eval_local: bool = documented(
+        False,
+        "Each round, also evaluate every sampled client's model right after its local training, before the "
+        "server aggregates, on its own test split (rounds.parquet local_accuracy and local_acc_mean; costs one "
+        "forward pass over the sampled clients' test data).",
+    )
     checkpoint_every: int = documented(10, "Checkpoint every this many rounds (and after the last); 0 = never.")
     ray_address: str | None = documented(
         None, "Ray cluster to join; null = join RAY_ADDRESS if set, else start a local Ray."
@@ -304,6 +327,7 @@ class EngineConfig:
         check_choice("engine.eval_clients", self.eval_clients, ("all", "sampled"))
         check(isinstance(self.eval_initial, bool), "engine.eval_initial", self.eval_initial, "true or false")
         check(isinstance(self.eval_train_loss, bool), "engine.eval_train_loss", self.eval_train_loss, "true or false")
+        check(isinstance(self.eval_local, bool), "engine.eval_local", self.eval_local, "true or false")
         check(self.checkpoint_every >= 0, "engine.checkpoint_every", self.checkpoint_every, ">= 0 (0 = never)")
         if self.round_timeout_s is not None:
             check(self.round_timeout_s > 0, "engine.round_timeout_s", self.round_timeout_s, "> 0 or unset")

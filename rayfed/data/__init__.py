@@ -11,6 +11,7 @@ Importing this package registers every built-in dataset in :data:`DATASETS` and 
 partitioner in :data:`PARTITIONERS`.
 """
 
+from rayfed.data import pfllib_folder as _pfllib_folder  # noqa: F401  (registers the pfllib dataset and partition)
 from rayfed.data import text as _text  # noqa: F401  (registers ag_news)
 from rayfed.data import torchvision_data as _torchvision_data  # noqa: F401  (registers loaders)
 from rayfed.data.dataset import IMAGE, TOKENS, ArrayDataset

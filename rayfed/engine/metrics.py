@@ -9,6 +9,14 @@
   there ``accuracy`` is the global model's);
 * ``acc_mean`` / ``acc_std``: the unweighted mean and standard deviation of the
   per-client accuracies (FedClassAvg reports these; PFLlib prints the std);
+  ``global_acc_mean``: the same mean of the global model's per-client accuracies (NaN without one);
+* ``local_accuracy`` / ``local_acc_mean`` (only with ``engine.eval_local``, else NaN): the pooled and
+  the unweighted mean accuracy of the sampled clients' models right after their local training,
+  before the server aggregates, each on its own test split: the third model a paper may report
+  (docs/algorithms.md, "Data and evaluation", "Which model a row reports");
+* ``test_loss`` / ``test_loss_mean``: the evaluation models' cross-entropy on the test splits, pooled
+  (Σ_i loss_i / Σ_i n_i^test) and as the unweighted mean of the clients' mean losses (FedClassAvg's code
+  picks its reported round by the latter);
 * ``train_loss``: the mean local cross-entropy, weighted by training samples, over the
   clients that took a step and whose update was accepted. A client that took no step
   (fewer training samples than a batch with ``train.drop_last``) has no loss: NaN in its
@@ -58,6 +66,10 @@ class RoundRecord:
     evaluate_s: float
     round_s: float
     train_loss_eval: float = math.nan
+    global_acc_mean: float = math.nan
+    local_accuracy: float = math.nan
+    local_acc_mean: float = math.nan
+    test_loss_mean: float = math.nan
     extra: dict[str, float] = field(default_factory=dict)
 
     def loss_problem(self) -> str | None:
@@ -107,12 +119,14 @@ def summarise_round(
         per_client = correct / counts
         accuracy = float(correct.sum() / counts.sum())
         acc_mean, acc_std = float(per_client.mean()), float(per_client.std())
-        test_loss = float(sum(e.loss_sum for e in evaluated) / counts.sum())
+        losses = np.array([e.loss_sum for e in evaluated], dtype=np.float64)
+        test_loss, test_loss_mean = float(losses.sum() / counts.sum()), float((losses / counts).mean())
     else:
-        accuracy = acc_mean = acc_std = test_loss = math.nan
+        accuracy = acc_mean = acc_std = test_loss = test_loss_mean = math.nan
     on_global = [e for e in evaluated if e.global_correct is not None]
-    global_accuracy = (
-        sum(e.global_correct or 0 for e in on_global) / sum(e.num_test for e in on_global) if on_global else math.nan
+    global_accuracy, global_acc_mean = _pooled_and_mean([(e.global_correct or 0, e.num_test) for e in on_global])
+    local_accuracy, local_acc_mean = _pooled_and_mean(
+        [(r.local_correct, r.local_num_test) for r in reports if r.local_num_test > 0]
     )
     return RoundRecord(
         round=round_index,
@@ -132,8 +146,20 @@ def summarise_round(
         evaluate_s=timings.get("evaluate", 0.0),
         round_s=timings.get("round", 0.0),
         train_loss_eval=_start_loss(reports),
+        global_acc_mean=global_acc_mean,
+        local_accuracy=local_accuracy,
+        local_acc_mean=local_acc_mean,
+        test_loss_mean=test_loss_mean,
         extra=extra,
     )
+
+
+def _pooled_and_mean(results: Sequence[tuple[int, int]]) -> tuple[float, float]:
+    """(Σ correct / Σ count, mean of correct / count) over (correct, count) pairs with count > 0; NaN for none."""
+    if not results:
+        return math.nan, math.nan
+    correct, counts = (np.array(column, dtype=np.float64) for column in zip(*results))
+    return float(correct.sum() / counts.sum()), float((correct / counts).mean())
 
 
 def _start_loss(reports: Sequence[ClientReport]) -> float:
@@ -158,6 +184,7 @@ def client_table(round_index: int, reports: Sequence[ClientReport], evals: Seque
             "bytes_down": r.bytes_down,
             "train_s": r.seconds,
             "train_loss_eval": r.train_loss_eval,
+            "local_test_acc": r.local_correct / r.local_num_test if r.local_num_test else math.nan,
         }
     for e in evals:
         row = by_id.setdefault(e.client_id, {"sampled": False})
@@ -184,6 +211,7 @@ def client_table(round_index: int, reports: Sequence[ClientReport], evals: Seque
             ("test_acc", pa.float64()),
             ("test_loss", pa.float64()),
             ("train_loss_eval", pa.float64()),
+            ("local_test_acc", pa.float64()),
         ]
     )
     columns = {name: [by_id[i].get(name) for i in ids] for name in schema.names[3:]}

@@ -24,8 +24,8 @@ from rayfed.data import ArrayDataset, ClientPartition
 from rayfed.execution.client_data import ClientData
 from rayfed.execution.evaluation import evaluate_clients
 from rayfed.execution.reports import EvalReport, TrainResult
-from rayfed.execution.settlement import Settlement
-from rayfed.train.evaluate import mean_cross_entropy
+from rayfed.execution.settlement import Measures, Settlement
+from rayfed.train.evaluate import correct_predictions, mean_cross_entropy
 from rayfed.train.graphs import StepGraphs
 from rayfed.train.job import ClientJob, ClientState, seed_global_generators
 from rayfed.train.problem import ProblemSpec
@@ -91,7 +91,8 @@ class ClientRunner(ClientData):
         # so a client trains the same on any worker and in any run.
         seed_global_generators(job.generator.initial_seed(), job.device)
         stats = self._replayed.train(job) if self._replays(job) else self.client_half.train(job)
-        settlement.add(broadcast, job, start, stats, time.perf_counter() - started, start_loss)
+        measures = self._measures(job, start_loss)
+        settlement.add(broadcast, job, start, stats, time.perf_counter() - started, measures)
 
     def _replays(self, job: ClientJob) -> bool:
         """Whether the client's steps are replayed from CUDA graphs (:mod:`rayfed.train.replayed`): on a GPU
@@ -116,8 +117,15 @@ class ClientRunner(ClientData):
             constants, start_losses = [{}] * len(group), [math.nan] * len(group)
         stacked = self._stacked.setdefault(group[0].architecture, StackedTraining(group[0].flat, self.graphs))
         trained, losses, steps = stacked.train(group, starts, self.client_half, constants)
+        if self.config.engine.eval_local:
+            measures = []
+            for job, row, start_loss in zip(group, trained, start_losses):
+                job.flat.load_state(row)
+                measures.append(self._measures(job, start_loss))
+        else:
+            measures = [Measures(start_loss) for start_loss in start_losses]
         seconds = (time.perf_counter() - started) / len(group)
-        settlement.add_stack(broadcast, group, starts, trained, losses, steps, seconds, start_losses)
+        settlement.add_stack(broadcast, group, starts, trained, losses, steps, seconds, measures)
 
     def _stacked_starts(self, broadcast: Broadcast, group: list[ClientJob]) -> Any:
         """The stack's starting states formed at once (``Broadcast.personalise_stacked``), where nothing needs a
@@ -133,6 +141,14 @@ class ClientRunner(ClientData):
         if not self.config.engine.eval_train_loss or job.num_train == 0:
             return math.nan
         return mean_cross_entropy(job.model, job.x_train, job.y_train)
+
+    def _measures(self, job: ClientJob, start_loss: Any) -> Measures:
+        """What is measured of a trained client besides its training: ``start_loss`` and, with
+        ``engine.eval_local``, its trained model's correct predictions on its own test split, on the device."""
+        if not self.config.engine.eval_local:
+            return Measures(start_loss)
+        x_test, y_test = self.gather(self.partition.test(job.client_id))
+        return Measures(start_loss, len(y_test), correct_predictions(job.model, x_test, y_test))
 
     def _stacks(self, jobs: list[ClientJob]) -> list[list[ClientJob]]:
         """Groups of jobs trained together: runs of one architecture when stacking is on, else singletons."""

@@ -27,6 +27,10 @@ class ClientReport:
     """Why the update was left out of the aggregation ("" = accepted)."""
     train_loss_eval: float = math.nan
     """Mean cross-entropy of the client's starting model over its train split (``engine.eval_train_loss``), else NaN."""
+    local_num_test: int = 0
+    """Test samples the trained model was evaluated on (``engine.eval_local``); 0 when it was not."""
+    local_correct: int = 0
+    """Correct predictions of the client's model right after its local training on its own test split."""
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,21 @@ from rayfed.train.job import ClientJob, ClientState, TrainStats
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Settlement"]
+__all__ = ["Measures", "Settlement"]
 
 NON_FINITE = "non-finite update (NaN or Inf)"
+
+
+@dataclass(frozen=True)
+class Measures:
+    """What a worker measured of a client besides its training, each a number or a 0-d tensor on the device."""
+
+    start_loss: Any = math.nan
+    """The starting model's mean train loss (``engine.eval_train_loss``), else NaN."""
+    local_num_test: int = 0
+    """Test samples the trained model was evaluated on (``engine.eval_local``), else 0."""
+    local_correct: Any = 0
+    """The trained model's correct predictions on them."""
 
 
 @dataclass
@@ -43,6 +55,7 @@ class _Entry:
     """Each client's own contribution, in order (a stack's are made again, only when one is rejected)."""
     states: list[ClientState | None]
     bytes_down: list[int]
+    local_num_test: list[int]
     seconds: float
 
 
@@ -53,9 +66,9 @@ class Settlement:
         self.ctx = ctx
         self.bound = max_update_norm
         self.entries: list[_Entry] = []
-        self.numbers: dict[str, list[Any]] = {"loss": [], "norm": [], "start_loss": []}
-        """Per entry, in order: its clients' mean losses, update norms and starting losses (a float, a 0-d
-        tensor per client, or a 1-D tensor per stack)."""
+        self.numbers: dict[str, list[Any]] = {"loss": [], "norm": [], "start_loss": [], "local_correct": []}
+        """Per entry, in order: its clients' mean losses, update norms, starting losses and correct predictions
+        after training (a number, a 0-d tensor per client, a list of numbers or a 1-D tensor per stack)."""
 
     def add(
         self,
@@ -64,18 +77,19 @@ class Settlement:
         start: torch.Tensor,
         stats: TrainStats,
         seconds: float,
-        start_loss: Any = math.nan,
+        measures: Measures = Measures(),
     ) -> None:
         """Take a trained client: its contribution and update norm, computed on the device."""
         norm = torch.linalg.vector_norm(job.flat.vector.detach() - start)
-        self._add_one(broadcast, job, stats.loss, norm, stats.steps, seconds, start_loss)
+        self._add_one(broadcast, job, stats.loss, norm, stats.steps, seconds, measures)
 
     def _add_one(self, broadcast: Broadcast, job: ClientJob, loss: Any, norm: torch.Tensor, steps: int,
-                 seconds: float, start_loss: Any) -> None:
+                 seconds: float, measures: Measures) -> None:
         contribution = broadcast.contribute(job)
         self.entries.append(_Entry([job.client_id], [job.num_train], [steps], contribution, lambda: [contribution],
-                                   [job.state], [broadcast.bytes_down(job)], seconds))
-        for name, value in (("loss", loss), ("norm", norm), ("start_loss", start_loss)):
+                                   [job.state], [broadcast.bytes_down(job)], [measures.local_num_test], seconds))
+        for name, value in (("loss", loss), ("norm", norm), ("start_loss", measures.start_loss),
+                            ("local_correct", measures.local_correct)):
             self.numbers[name].append(value)
 
     def add_stack(
@@ -87,7 +101,7 @@ class Settlement:
         losses: torch.Tensor,
         steps: list[int],
         seconds: float,
-        start_losses: list[Any],
+        measures: list[Measures],
     ) -> None:
         """Take the clients of a stack from their starting and trained states (C, S): one summed contribution
         when the broadcast makes one (``contribute_stacked``), else one entry per client."""
@@ -98,7 +112,7 @@ class Settlement:
         if summed is None:
             for i, job in enumerate(jobs):
                 job.flat.load_state(trained[i])
-                self._add_one(broadcast, job, losses[i], norms[i], steps[i], seconds, start_losses[i])
+                self._add_one(broadcast, job, losses[i], norms[i], steps[i], seconds, measures[i])
             return
 
         def parts() -> list[Contribution]:
@@ -110,11 +124,11 @@ class Settlement:
 
         self.entries.append(_Entry([job.client_id for job in jobs], [job.num_train for job in jobs], steps, summed,
                                    parts, [job.state for job in jobs], [broadcast.bytes_down(job) for job in jobs],
-                                   seconds))
+                                   [m.local_num_test for m in measures], seconds))
         self.numbers["loss"].append(losses)
         self.numbers["norm"].append(norms)
-        on_device = all(isinstance(v, torch.Tensor) for v in start_losses)
-        self.numbers["start_loss"].append(torch.stack(start_losses) if on_device else [float(v) for v in start_losses])
+        self.numbers["start_loss"].append(_column([m.start_loss for m in measures]))
+        self.numbers["local_correct"].append(_column([m.local_correct for m in measures]))
 
     def result(self) -> TrainResult:
         """Accept or reject every client, sum the accepted contributions in client order, report each client."""
@@ -141,8 +155,10 @@ class Settlement:
                 client_id=cid, num_train=entry.num_train[k], train_loss=columns["loss"][i], steps=entry.steps[k],
                 update_norm=columns["norm"][i], bytes_up=entry.contribution.nbytes, bytes_down=entry.bytes_down[k],
                 seconds=entry.seconds, rejected=why, train_loss_eval=columns["start_loss"][i],
+                local_num_test=entry.local_num_test[k], local_correct=int(columns["local_correct"][i]),
             ))
         return result
+
     def _norm_rejection(self, norm: float) -> str:
         """Why an update of this norm is rejected (non-finite, or above ``engine.max_update_norm``); "" if not."""
         if not math.isfinite(norm):
@@ -150,6 +166,13 @@ class Settlement:
         if self.bound is not None and norm > self.bound:
             return f"update norm {norm:.4g} exceeds engine.max_update_norm={self.bound:g}"
         return ""
+
+
+def _column(values: list[Any]) -> Any:
+    """A stack's values of one number: one 1-D tensor when all are on the device, else a list of floats."""
+    if all(isinstance(v, torch.Tensor) for v in values):
+        return torch.stack(values)
+    return [float(v) for v in values]
 
 
 def _sum_keeping_parts(parts: list[Contribution]) -> Contribution | None:

@@ -2,9 +2,13 @@
 
 Rounds count as in the papers' logs: round r is the model after r rounds of training
 (``rounds.parquet`` row ``round = r - 1``) and round 0 the initial model (the row
-``round = -1`` that ``engine.eval_initial`` writes). The score of a run is the best value of the
-table's metric over rounds 1..R (the papers' "best round"); the standard deviation is
-NumPy's (population) std over the seeds, as PFLlib prints it.
+``round = -1`` that ``engine.eval_initial`` writes). Each row is scored on its own column
+(:func:`~rayfed.reproduce.spec.row_metric`: the model it reports, summed up as the table sums
+up accuracies): the score of a run is that column's best value over rounds 1..R (the papers'
+"best round"), or its value at the round of the lowest test loss for a row that selects so
+(FedClassAvg's code). The standard deviation is NumPy's (population) std over the seeds, as
+PFLlib prints it. The report's header lists, per row, the model it reports, the fidelity it
+runs and the settings that are choices rather than its reference's.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from rayfed.reproduce.runner import Cell, Outcome, fetch_command, rounds_done
-from rayfed.reproduce.spec import Table
+from rayfed.reproduce.spec import Row, RowMetric, Table, row_metric
 from rayfed.util.files import atomic_write, write_json
 
 __all__ = ["Score", "score_run", "write_report", "draw_figures"]
@@ -39,21 +43,34 @@ class Score:
     """Median wall time of rounds 1..R (``round_s``), NaN where the run did not record it."""
 
 
-def score_run(directory: Path, metric: str, rounds: int, scale: float, at_rounds: Sequence[int] = ()) -> Score | None:
-    """The score of the run in ``directory`` over rounds 1..``rounds``; None until it has that many."""
+def score_run(
+    directory: Path, metric: RowMetric, rounds: int, scale: float, at_rounds: Sequence[int] = ()
+) -> Score | None:
+    """The score of the run in ``directory`` on ``metric`` over rounds 1..``rounds``; None until it has that many
+    (or, selecting by test loss, while no scored round has one)."""
     if rounds_done(directory) < rounds:
         return None
     rows = pq.read_table(directory / "rounds.parquet").to_pylist()
-    curve = [(int(r["round"]) + 1, scale * float(r[metric])) for r in rows
-             if r["round"] < rounds and r.get(metric) is not None and not math.isnan(r[metric])]
+    curve = [(int(r["round"]) + 1, scale * float(r[metric.column])) for r in rows
+             if r["round"] < rounds and _finite(r.get(metric.column))]
     trained = [(x, v) for x, v in curve if x >= 1]
+    if metric.select == "lowest_test_loss":
+        losses = {int(r["round"]) + 1: float(r[metric.loss_column]) for r in rows if _finite(r.get(metric.loss_column))}
+        trained = [(x, v) for x, v in trained if x in losses]
+        pick = functools.partial(min, key=lambda point: losses[point[0]])  # the first of equal minima
+    else:
+        pick = functools.partial(max, key=lambda point: point[1])  # the first of equal maxima
     if not trained:
         return None
-    best_round, best = max(trained, key=lambda point: point[1])  # the first of equal maxima
+    best_round, best = pick(trained)
     values = dict(curve)
     times = [float(r["round_s"]) for r in rows if 0 <= r["round"] < rounds and r.get("round_s") is not None]
     seconds = float(np.median(times)) if times else math.nan
     return Score(best, best_round, trained[-1][1], {a: values.get(a, math.nan) for a in at_rounds}, curve, seconds)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def rounds_recorded(directory: Path | None) -> int:
@@ -89,7 +106,7 @@ def _scores(cells: Sequence[Cell], table: Table, rounds: int, at_rounds: Sequenc
     found = {}
     for cell in cells:
         if cell.run_dir is not None and (cell.run_dir / "rounds.parquet").is_file():
-            score = score_run(cell.run_dir, table.metric, rounds, table.scale, at_rounds)
+            score = score_run(cell.run_dir, row_metric(table, cell.row), rounds, table.scale, at_rounds)
             if score is not None:
                 found[cell] = score
     return found
@@ -113,12 +130,14 @@ def write_report(
     by = {(c.row.key, c.column.key): [x for x in cells if x.row.key == c.row.key and x.column.key == c.column.key]
           for c in cells}
     unit = "%" if table.scale == 100 else "fraction"
+    statistic = "pooled over the clients' test samples" if table.metric == "accuracy" else "mean over clients"
     lines = [
         f"# {table.name}: {table.title}", "",
-        f"Source: {table.source}. Ours: best `{table.metric}` ({unit}) over rounds 1..{rounds}, mean ± std over "
-        f"seeds [seeds finished; median best round]. Papers: {table.paper_rounds or 'unstated'} rounds."
-        + (f" {table.notes}" if table.notes else ""), "",
+        f"Source: {table.source}. Ours: each row's accuracy ({unit}, {statistic}) at its scored round over rounds "
+        f"1..{rounds}, mean ± std over seeds [seeds finished; median scored round]. Papers: "
+        f"{table.paper_rounds or 'unstated'} rounds." + (f" {table.notes}" if table.notes else ""), "",
     ]
+    lines += _row_choices(table, rows, by)
     header = [f"{table.column(k).label}: {kind}" for k in columns for kind in ("ours", "paper")]
     lines += ["| method | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
     blocked: dict[str, str] = {}
@@ -135,7 +154,8 @@ def write_report(
                 text = (f"{_mean_std([s.best for s in found], digits)} [{len(found)}/{len(group)}; "
                         f"r{int(np.median([s.best_round for s in found]))}]") if found else _progress(group, rounds)
             cellsrow += [text, table.row(row).paper.get(col, "–")]
-        lines.append(f"| {table.row(row).label} | " + " | ".join(cellsrow) + " |")
+        lines.append(f"| {table.row(row).label} ({row_metric(table, table.row(row)).model}) | "
+                     + " | ".join(cellsrow) + " |")
     if blocked:
         lines += ["", "Not run in this version:", ""] + [f"* {label}: {reason}" for reason, label in blocked.items()]
     missing = {c.column.key: (c, o) for c, o in (outcomes or {}).items() if o.status == "data missing"}
@@ -151,7 +171,7 @@ def write_report(
     if at_rounds:
         lines += _at_rounds(table, rows, columns, by, scores, at_rounds, digits)
     lines += ["", "Per run (s/round: median wall time of a round):", "",
-              "| column | method | seed | best | best round | final | s/round | run directory |",
+              "| column | method | seed | scored | scored round | final | s/round | run directory |",
               "|---|---|---|---|---|---|---|---|"]
     for cell, s in scores.items():
         name = cell.run_dir.name if cell.run_dir else ""
@@ -165,9 +185,34 @@ def write_report(
     write_json(out / f"{table.name}.json", {
         "table": table.name, "metric": table.metric, "rounds": rounds,
         "runs": [{"row": c.row.key, "column": c.column.key, "seed": c.seed, "run_dir": str(c.run_dir),
+                  "scored": row_metric(table, c.row).column,
                   **{k: v for k, v in asdict(s).items() if k != "curve"}} for c, s in scores.items()],
     })
     return path
+
+
+def _row_choices(table: Table, rows: list[str], by: dict[tuple[str, str], list[Cell]]) -> list[str]:
+    """The header's list: per row, the model it reports, the fidelity it runs, and its settings that are choices."""
+    lines = ["What each row reports and runs (fidelity: the method's `fidelity` switch, docs/algorithms.md; "
+             "– = the method has no switch, one implementation):", "",
+             "| method | reports | fidelity | choices |", "|---|---|---|---|"]
+    for key in rows:
+        row = table.row(key)
+        cells = [c for (r, _), group in by.items() if r == key for c in group]
+        lines.append(f"| {row.label} | {row_metric(table, row).describe()} | {_fidelity(row, cells)} | "
+                     f"{row.choices or '–'} |")
+    return lines + [""]
+
+
+def _fidelity(row: Row, cells: Sequence[Cell]) -> str:
+    """``fidelity=<value>`` of the row's algorithm (and of a borrowed client half), as its cells run it; "–" without."""
+    config = next((c.config for c in cells if c.config is not None), None)
+    if config is None:
+        return f"fidelity={row.params['fidelity']}" if "fidelity" in row.params else "–"
+    halves = (("", config.algorithm.params), (config.algorithm.client, config.algorithm.client_params))
+    parts = [f"{owner}: fidelity={params.fidelity}" if owner else f"fidelity={params.fidelity}"
+             for owner, params in halves if hasattr(params, "fidelity")]
+    return "; ".join(parts) or "–"
 
 
 def _at_rounds(
@@ -178,8 +223,8 @@ def _at_rounds(
     best, then the best's spread over seeds (lowest – highest seed)."""
     lines = []
     for col in columns:
-        lines += ["", f"{table.column(col).label}: `{table.metric}` at chosen rounds (mean ± std over seeds)", "",
-                  "| method | " + " | ".join(f"round {a}" for a in at_rounds) + " | best | best: seed range |",
+        lines += ["", f"{table.column(col).label}: each row's column at chosen rounds (mean ± std over seeds)", "",
+                  "| method | " + " | ".join(f"round {a}" for a in at_rounds) + " | scored | scored: seed range |",
                   "|---|" + "---|" * (len(at_rounds) + 2)]
         for row in rows:
             found = [scores[c] for c in by[(row, col)] if c in scores]

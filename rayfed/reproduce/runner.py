@@ -58,17 +58,53 @@ class Outcome:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+_LATER_FIELDS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
+    ("", ("model", "init"), "derived"),
+    ("cfl", ("algorithm", "params", "norms"), "update"),
+    ("fedfomo", ("algorithm", "params", "fidelity"), "paper"),
+)
+"""(algorithm or "" for any, field, default) of fields added after runs were first named: left out of the digest
+while they hold their default, so that a run made before keeps its name (its numbers are those of the default)."""
+_RENAMED_VALUES: dict[tuple[str, tuple[str, ...], str], str] = {
+    ("ktpfl", ("algorithm", "params", "fidelity"), "corrected"): "code",
+    ("ktpfl", ("algorithm", "params", "fidelity"), "code"): "code as written",
+}
+"""(algorithm, field, value) -> the value the digest takes: a value renamed after runs were first named keeps
+their names (KT-pFL's ``corrected`` was called ``code``), and a name given to new behaviour gets names of its own."""
+
+
 def run_dir_name(config: RunConfig) -> str:
     """``<algorithm>-<dataset>-s<seed>-<digest>``: the same name for the same results-defining config.
 
-    Left out of the digest: what does not change a run's numbers (``engine.*``, ``run_dir``, where the
-    data live) and ``train.rounds``, so a run asked for more rounds is the same run, extended.
+    Left out of the digest: what does not change a run's numbers (``engine.*`` but ``engine.eval_local``, which
+    adds columns, ``run_dir``, where the data live), ``train.rounds``, so a run asked for more rounds is the same
+    run, extended, and the fields of :data:`_LATER_FIELDS` at their defaults; values renamed since runs were
+    first named enter it under :data:`_RENAMED_VALUES`.
     """
     plain = {k: v for k, v in config.to_dict().items() if k not in ("engine", "run_dir")}
     plain["train"] = {k: v for k, v in plain["train"].items() if k != "rounds"}
     plain["data"] = {k: v for k, v in plain["data"].items() if k not in ("root", "download")}
+    if config.engine.eval_local:
+        plain["eval_local"] = True
+    algorithm = config.algorithm.name
+    for owner, path, default in _LATER_FIELDS:
+        parent = _parent(plain, path)
+        if owner in ("", algorithm) and parent.get(path[-1], default) == default:
+            parent.pop(path[-1], None)
+    for path in dict.fromkeys(path for owner, path, _ in _RENAMED_VALUES if owner == algorithm):
+        parent = _parent(plain, path)
+        if path[-1] in parent:
+            parent[path[-1]] = _RENAMED_VALUES.get((algorithm, path, parent[path[-1]]), parent[path[-1]])
     digest = hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{config.algorithm.name}-{config.data.dataset}-s{config.seed}-{digest}"
+
+
+def _parent(plain: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    """The dict that holds ``path[-1]`` in the nested ``plain`` (an empty one where the path does not lead)."""
+    node: Any = plain
+    for key in path[:-1]:
+        node = node.get(key, {}) if isinstance(node, dict) else {}
+    return node if isinstance(node, dict) else {}
 
 
 def plan(

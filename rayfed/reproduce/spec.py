@@ -15,7 +15,13 @@ from typing import Any
 
 from rayfed.config.presets import preset_overrides
 
-__all__ = ["Row", "Column", "Table", "cell_overrides", "paper_values", "unavailable"]
+__all__ = ["Row", "Column", "Table", "RowMetric", "cell_overrides", "paper_values", "row_metric", "unavailable"]
+
+EVALUATED = ("personalised", "global", "local")
+"""What a row may report: the clients' own models, the global model, or the clients' models right after local
+training (docs/algorithms.md, "Data and evaluation", "Which model a row reports")."""
+SELECTIONS = ("best", "lowest_test_loss")
+"""Which round of a run is scored: its best, as the papers' logs report, or the round of its lowest test loss."""
 
 
 def paper_values(keys: tuple[str, ...], values: str) -> dict[str, str]:
@@ -43,6 +49,19 @@ class Row:
     """Dotted config values this row takes on one dataset only (dataset name -> values)."""
     paper: Mapping[str, str] = field(default_factory=dict)
     """The papers' value per column key, as printed there."""
+    evaluates: str = ""
+    """The model this row reports, one of :data:`EVALUATED`; "" = the one its algorithm evaluates clients with
+    (its own models, or FedAvg's global model). The table's notes give the paper's reason where it is not that."""
+    select: str = "best"
+    """Which round is scored, one of :data:`SELECTIONS`."""
+    choices: str = ""
+    """The settings of this row that are choices rather than its reference's, as the report's header lists them."""
+
+    def __post_init__(self) -> None:
+        if self.evaluates and self.evaluates not in EVALUATED:
+            raise ValueError(f"Row {self.key!r}: evaluates={self.evaluates!r} is not one of {EVALUATED} or ''")
+        if self.select not in SELECTIONS:
+            raise ValueError(f"Row {self.key!r}: select={self.select!r} is not one of {SELECTIONS}")
 
 
 @dataclass(frozen=True)
@@ -69,7 +88,9 @@ class Table:
     settings: Mapping[str, Any] = field(default_factory=dict)
     """Dotted config values of every cell (after the preset, before column and row)."""
     metric: str = "accuracy"
-    """The ``rounds.parquet`` column scored: ``accuracy`` (pooled), ``acc_mean`` (unweighted), ..."""
+    """How the clients' accuracies are summed up: ``accuracy`` (pooled over their test samples, as the cwFedAvg and
+    FedAWA papers) or ``acc_mean`` (their unweighted mean, as P-FCA); each row's model picks the column
+    (:func:`row_metric`)."""
     scale: float = 100.0
     """Printed value = metric x scale (100: per cent, as the cwFedAvg and FedAWA papers; 1: fractions)."""
     paper_rounds: int = 0
@@ -81,6 +102,66 @@ class Table:
 
     def column(self, key: str) -> Column:
         return next(c for c in self.columns if c.key == key)
+
+
+@dataclass(frozen=True)
+class RowMetric:
+    """What a row of a table reports: the model, the ``rounds.parquet`` column scored, and how a round is chosen."""
+
+    model: str
+    """One of :data:`EVALUATED`."""
+    column: str
+    """The ``rounds.parquet`` column scored."""
+    loss_column: str
+    """The ``rounds.parquet`` column of the test loss that ``select="lowest_test_loss"`` minimises."""
+    select: str
+
+    def describe(self) -> str:
+        """E.g. "global model (`global_accuracy`), best round"."""
+        rounds = "best round" if self.select == "best" else "round of lowest test loss"
+        return f"{_MODEL_WORDS[self.model]} (`{self.column}`), {rounds}"
+
+
+_MODEL_WORDS = {"personalised": "personalised models", "global": "global model",
+                "local": "clients' models after local training"}
+
+
+_COLUMNS = {  # (table statistic, model) -> rounds.parquet column
+    ("accuracy", "personalised"): "accuracy", ("acc_mean", "personalised"): "acc_mean",
+    ("accuracy", "global"): "global_accuracy", ("acc_mean", "global"): "global_acc_mean",
+    ("accuracy", "local"): "local_accuracy", ("acc_mean", "local"): "local_acc_mean",
+}
+_LOSS_COLUMNS = {"accuracy": "test_loss", "acc_mean": "test_loss_mean"}
+
+
+def row_metric(table: Table, row: Row) -> RowMetric:
+    """The model ``row`` reports and the column it is scored on.
+
+    An algorithm that evaluates every client with its one global model (FedAvg; registered with
+    ``single_model``) reports that model in ``accuracy``; any other reports its clients' own models there and
+    its global model, if it has one, in ``global_accuracy``. A single-model row cannot report personalised
+    models, and the test loss that picks a round is that of the clients' own evaluation models.
+
+    >>> t = Table("t", "", "", rows=(), columns=())
+    >>> row_metric(t, Row("a", "FedAvg", "fedavg")).describe()
+    'global model (`accuracy`), best round'
+    >>> row_metric(t, Row("n", "FedNH", "fednh", evaluates="global")).column
+    'global_accuracy'
+    """
+    from rayfed.algorithms import ALGORITHMS
+
+    if table.metric not in _LOSS_COLUMNS:
+        raise ValueError(f"Table {table.name!r}: metric={table.metric!r} is not one of {tuple(_LOSS_COLUMNS)}")
+    single = ALGORITHMS.get(row.algorithm).single_model if row.algorithm in ALGORITHMS.names() else False
+    model = row.evaluates or ("global" if single else "personalised")
+    if single and model == "personalised":
+        raise ValueError(f"Row {row.key!r}: {row.algorithm} evaluates every client with its global model; "
+                         "it has no personalised models to report")
+    column = table.metric if single and model == "global" else _COLUMNS[(table.metric, model)]
+    if row.select == "lowest_test_loss" and model != ("global" if single else "personalised"):
+        raise ValueError(f"Row {row.key!r}: the test loss is that of the clients' evaluation models, so "
+                         f"select='lowest_test_loss' cannot score the {model} model")
+    return RowMetric(model, column, _LOSS_COLUMNS[table.metric], row.select)
 
 
 def cell_overrides(table: Table, row: Row, column: Column) -> dict[str, Any]:
@@ -100,6 +181,8 @@ def cell_overrides(table: Table, row: Row, column: Column) -> dict[str, Any]:
     values.update(row.settings)
     dataset = values.get("data.dataset")
     values.update(row.per_dataset.get(str(dataset), {}))
+    if row_metric(table, row).model == "local":  # the clients' models after local training are measured on request
+        values["engine.eval_local"] = True
     return values
 
 

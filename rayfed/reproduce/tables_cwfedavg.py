@@ -17,6 +17,8 @@ __all__ = ["CWFEDAVG_TABLES"]
 _OUT = {"variant": "wdr", "classwise_blocks": 1}
 _APPLE = {"anneal_rounds": 1000}
 """APPLE's λ fades over L·R rounds; R = the papers' 1000 rounds, so a shorter run follows their schedule."""
+_APPLE_CHOICE = ("PFLlib's APPLE but its clients of a round train in parallel, where PFLlib trains them in sequence "
+                 "on shared cores")
 _ALL = {"classwise_blocks": 0}
 _BABU_EVAL = {"engine.eval_every": 5}
 """FedBABU fine-tunes every client for τ_f = 5 epochs before each evaluation, five times a round's training;
@@ -50,6 +52,30 @@ C100_SCALE = (
     _col("c100_a1", "C100 α=1.0", "cifar100", **{"data.alpha": 1.0}),
 )
 
+_MODELS_NOTE = (
+    "FedNH reports its global model: P-ICCV's FedNH row lies below FedAvg on both pathological columns "
+    "(Path C10 50.82 against 60.68), where any model of a client's own, which sees only its two classes, "
+    "scores far above the global one (FedNH's personalised models reach the FedAMP/FedFomo level), so the row "
+    "can only be the global model. FedUV reports its clients' models right after their local training "
+    "(engine.eval_local): FedUV has one model, the global one, yet its row sits with the personalised methods "
+    "(Path C10 88.11 against FedAvg's 60.68, FedAMP's 88.82), beyond what one 4-layer CNN reaches on CIFAR-10's "
+    "pooled test set, so the row must score each client's model on its own test split after it trained."
+)
+"""Why the FedNH and FedUV rows report the models they do (docs/algorithms.md, "Which model a row reports")."""
+
+_FOMO = {"fidelity": "pfllib"}
+"""FedFomo as PFLlib runs it, the code the cwFedAvg papers ran (docs/algorithms.md, FedFomo)."""
+_CFL = {"norms": "gradient"}
+"""CFL's split criterion on the clients' mean gradients (P-CFL's terms), with P-arXiv Table 4's ε₁ 0.4 and ε₂ 0.9 and
+the authors' CFL code's 20-round warm-up. On weight updates, as CFL's code measures them, the norms carry the
+optimiser's scale: its 0.4 and 1.6 were set for SGD at lr 0.1 with momentum 0.9, while the tables' plain SGD at lr
+0.005 moves a MNIST client by 0.3-0.4 a round after 20 rounds, below ε₂ = 0.9 from round 3-4 on, so CFL never
+splits. Divided by lr · steps the updates are the clients' gradients, whose largest norm stays above 0.9 on data the
+clients disagree on (tests/algorithms/test_cfl.py: two label-swapped groups split apart at round 20 and end above
+FedAvg under the tables' optimiser). At 20 rounds the warm-up still keeps CFL at FedAvg."""
+
+_CFL_CHOICE = "ε₁ 0.4, ε₂ 0.9 on the clients' gradients (norms=gradient), where P-arXiv and CFL's code bound updates"
+
 _IFCA_K = {"mnist": {"algorithm.params.num_clusters": 4}, "cifar10": {"algorithm.params.num_clusters": 2},
            "cifar100": {"algorithm.params.num_clusters": 8}, "ag_news": {"algorithm.params.num_clusters": 2}}
 
@@ -67,20 +93,21 @@ ICCV_T1 = Table(
             paper=_paper(_T1, "60.65±0.92 28.59±0.28 98.68±0.09 62.48±0.86 32.26±0.26 20.65±0.12 24.06±0.16")),
         Row("fedamp", "FedAMP", "fedamp",
             paper=_paper(_T1, "88.82±0.15 63.29±0.49 99.26±0.01 89.46±0.11 47.65±0.62 29.95±0.10 31.38±0.18")),
-        Row("fedfomo", "FedFomo", "fedfomo",
+        Row("fedfomo", "FedFomo", "fedfomo", _FOMO,
             paper=_paper(_T1, "90.76±0.59 63.12±0.59 99.13±0.04 88.05±0.08 44.62±0.37 26.22±0.25 26.12±0.31")),
-        Row("cfl", "CFL", "cfl",
+        Row("cfl", "CFL", "cfl", _CFL,
             paper=_paper(_T1, "60.58±0.15 28.55±0.30 98.70±0.01 61.40±0.51 44.19±0.69 29.62±0.43 33.47±0.68")),
         Row("ifca", "IFCA", "ifca", per_dataset=_IFCA_K,
             paper=_paper(_T1, "72.84±4.80 58.98±2.38 99.10±0.06 70.12±0.13 34.86±1.02 19.93±0.59 26.68±0.16")),
-        Row("fednh", "FedNH", "fednh",
+        Row("fednh", "FedNH", "fednh", evaluates="global",
             paper=_paper(_T1, "50.82±0.33 26.26±0.36 98.85±0.29 56.38±0.17 32.98±0.88 17.04±0.07 24.24±0.76")),
-        Row("feduv", "FedUV", "feduv",
+        Row("feduv", "FedUV", "feduv", evaluates="local",
             paper=_paper(_T1, "88.11±0.13 62.72±0.28 99.25±0.09 88.59±0.09 46.80±0.20 28.09±0.06 25.45±0.03")),
         Row("cwfedavg", "cwFedAvg (Output)", "cwfedavg", _OUT,
             paper=_paper(_T1, "91.23±0.04 67.50±0.14 99.52±0.03 88.65±0.19 56.29±0.18 41.38±0.12 43.51±0.14")),
     ),
     paper_rounds=1000,
+    notes=_MODELS_NOTE,
 )
 
 _T2 = tuple(c.key for c in C100_SCALE)
@@ -93,15 +120,16 @@ ICCV_T2 = Table(
         Row("fedavg", "FedAvg", "fedavg", paper=_paper(_T2, "32.63 32.32 28.00 36.18 36.75")),
         Row("fedprox", "FedProx", "fedprox", {"mu": 0.001}, paper=_paper(_T2, "33.22 32.64 27.89 35.93 36.65")),
         Row("fedamp", "FedAMP", "fedamp", paper=_paper(_T2, "44.97 41.37 73.46 25.41 21.23")),
-        Row("fedfomo", "FedFomo", "fedfomo", paper=_paper(_T2, "42.62 38.62 71.30 25.43 18.95")),
-        Row("cfl", "CFL", "cfl", paper=_paper(_T2, "32.83 32.88 27.67 38.32 36.80")),
+        Row("fedfomo", "FedFomo", "fedfomo", _FOMO, paper=_paper(_T2, "42.62 38.62 71.30 25.43 18.95")),
+        Row("cfl", "CFL", "cfl", _CFL, paper=_paper(_T2, "32.83 32.88 27.67 38.32 36.80")),
         Row("ifca", "IFCA", "ifca", per_dataset=_IFCA_K, paper=_paper(_T2, "29.17 26.56 53.89 25.87 22.27")),
-        Row("fednh", "FedNH", "fednh", paper=_paper(_T2, "33.14 32.73 25.48 37.13 20.41")),
-        Row("feduv", "FedUV", "feduv", paper=_paper(_T2, "44.30 40.91 72.67 27.23 37.41")),
+        Row("fednh", "FedNH", "fednh", evaluates="global", paper=_paper(_T2, "33.14 32.73 25.48 37.13 20.41")),
+        Row("feduv", "FedUV", "feduv", evaluates="local", paper=_paper(_T2, "44.30 40.91 72.67 27.23 37.41")),
         Row("cwfedavg", "cwFedAvg (Output)", "cwfedavg", _OUT,
             paper=_paper(_T2, "55.90±0.35 53.54±0.79 75.20±0.21 40.78±0.93 37.50±0.10")),
     ),
     paper_rounds=1000,
+    notes=_MODELS_NOTE,
 )
 
 _T3 = ("path_c10", "path_c100", "prac_c10", "prac_c100", "prac_tiny")
@@ -148,8 +176,8 @@ ARXIV_T1 = Table(
         Row("fedavg", "FedAvg", "fedavg", paper=_paper(_A1, "98.08 60.68 28.22 98.70 61.94 32.44 79.57")),
         Row("fedprox", "FedProx", "fedprox", {"mu": 0.001}, paper=_paper(_A1, "97.97 - - - - - 79.35")),
         Row("fedamp", "FedAMP", "fedamp", paper=_paper(_A1, "99.91 - - - - - 98.52")),
-        Row("fedfomo", "FedFomo", "fedfomo", paper=_paper(_A1, "99.80 - - - - - 97.36")),
-        Row("cfl", "CFL", "cfl", paper=_paper(_A1, "98.02 - - - - - 33.89")),
+        Row("fedfomo", "FedFomo", "fedfomo", _FOMO, paper=_paper(_A1, "99.80 - - - - - 97.36")),
+        Row("cfl", "CFL", "cfl", _CFL, paper=_paper(_A1, "98.02 - - - - - 33.89")),
         Row("ifca", "IFCA", "ifca", per_dataset=_IFCA_K, paper=_paper(_A1, "99.71 - - - - - 60.24")),
         Row("dist", "cwFedAvg w/ Dist.", "cwfedavg", {"variant": "dist", **_ALL},
             paper=_paper(_A1, "99.86 91.35 67.37 99.52 89.53 48.27 98.37")),
@@ -204,21 +232,27 @@ PFL_BASELINES_MNIST = Table(
         Row("fedavg", "FedAvg", "fedavg", paper={"path_mnist": "98.08 [A]", "prac_mnist": "98.70±0.04"}),
         Row("cwfedavg", "cwFedAvg (Output)", "cwfedavg", _OUT, paper={"prac_mnist": "99.52±0.03"}),
         Row("fedamp", "FedAMP", "fedamp", paper={"path_mnist": "99.91 [A]", "prac_mnist": "99.26±0.01"}),
-        Row("fedfomo", "FedFomo", "fedfomo", paper={"path_mnist": "99.80 [A]", "prac_mnist": "99.13±0.04"}),
-        Row("apple", "APPLE", "apple", _APPLE, paper={"path_mnist": "99.75 [A]", "prac_mnist": "99.49 [A]"}),
-        Row("cfl", "CFL", "cfl", paper={"path_mnist": "98.02 [A]", "prac_mnist": "98.70±0.01"}),
+        Row("fedfomo", "FedFomo", "fedfomo", _FOMO, paper={"path_mnist": "99.80 [A]", "prac_mnist": "99.13±0.04"}),
+        Row("apple", "APPLE", "apple", _APPLE, choices=_APPLE_CHOICE,
+            paper={"path_mnist": "99.75 [A]", "prac_mnist": "99.49 [A]"}),
+        Row("cfl", "CFL", "cfl", _CFL, choices=_CFL_CHOICE,
+            paper={"path_mnist": "98.02 [A]", "prac_mnist": "98.70±0.01"}),
         Row("ifca", "IFCA", "ifca", per_dataset=_IFCA_K, paper={"path_mnist": "99.71 [A]", "prac_mnist": "99.10±0.06"}),
-        Row("fednh", "FedNH", "fednh", paper={"prac_mnist": "98.85±0.29"}),
-        Row("feduv", "FedUV", "feduv", paper={"prac_mnist": "99.25±0.09"}),
-        Row("ditto", "Ditto", "ditto"),
-        Row("fedrep", "FedRep", "fedrep"),
+        Row("fednh", "FedNH", "fednh", evaluates="global", paper={"prac_mnist": "98.85±0.29"}),
+        Row("feduv", "FedUV", "feduv", evaluates="local", paper={"prac_mnist": "99.25±0.09"}),
+        Row("ditto", "Ditto", "ditto", choices="λ = 0.1, the middle of the Ditto paper's grid (PFLlib's mu "
+            "defaults to 0)"),
+        Row("fedrep", "FedRep", "fedrep", choices="τ_h = 10 head epochs, the FedRep paper's (PFLlib's plocal_epochs "
+            "defaults to 1)"),
         Row("fedper", "FedPer", "fedper"),
-        Row("fedbabu", "FedBABU", "fedbabu", settings=_BABU_EVAL),
+        Row("fedbabu", "FedBABU", "fedbabu", settings=_BABU_EVAL, choices="τ_f = 5 fine-tuning epochs (PFLlib's "
+            "fine_tuning_epochs defaults to 10); evaluated every 5 rounds"),
         Row("lgfedavg", "LG-FedAvg", "lgfedavg"),
     ),
     paper_rounds=1000,
     notes="Measured with --rounds 20 --seeds 2 (papers: 1000 rounds, 3 seeds). FedBABU is "
-    "evaluated every 5 rounds (and at round 0), its best over those rounds.",
+    "evaluated every 5 rounds (and at round 0), its best over those rounds. CFL splits by its clients' gradients "
+    "after a 20-round warm-up, so at 20 rounds it is FedAvg (docs/algorithms.md, CFL). " + _MODELS_NOTE,
 )
 
 CWFEDAVG_TABLES = (ICCV_T1, ICCV_T2, ICCV_T3, ICCV_T4, ARXIV_T1, ARXIV_T2, CWFEDAVG_MNIST, PFL_BASELINES_MNIST)

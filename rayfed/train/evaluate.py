@@ -9,7 +9,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["EvalStats", "eval_batch_size", "evaluate_model", "mean_cross_entropy", "features_before_output"]
+__all__ = [
+    "EvalStats", "eval_batch_size", "evaluate_model", "mean_cross_entropy", "correct_predictions",
+    "features_before_output",
+]
 
 
 def eval_batch_size(device: torch.device) -> int:
@@ -62,6 +65,18 @@ def mean_cross_entropy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor)
         stop = start + batch_size
         loss_sum += F.cross_entropy(model(x[start:stop]), y[start:stop], reduction="sum")
     return loss_sum / max(int(y.shape[0]), 1)
+
+
+@torch.no_grad()
+def correct_predictions(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """How many of ``(x, y)`` ``model`` (in eval mode) predicts right, as a 0-d tensor on their device."""
+    model.eval()
+    batch_size = eval_batch_size(x.device)
+    correct = torch.zeros((), dtype=torch.long, device=x.device)
+    for start in range(0, int(y.shape[0]), batch_size):
+        stop = start + batch_size
+        correct += (model(x[start:stop]).argmax(dim=1) == y[start:stop]).sum()
+    return correct
 
 
 @torch.no_grad()

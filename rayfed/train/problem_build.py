@@ -56,14 +56,17 @@ def build_problem(
     """Build every architecture once: the shared :class:`ProblemSpec` and the initial parameters.
 
     All clients of an architecture start from one common initialisation (as in the
-    papers' code), drawn from the run seed. On ``device="meta"`` nothing is allocated: the
+    papers' code), drawn from the run seed: from its own stream (``model.init="derived"``), or,
+    with ``model.init="torch_seed"``, right after ``torch.manual_seed(seed)``, where the cwFedAvg
+    authors' code draws it. On ``device="meta"`` nothing is allocated: the
     spec is the same and the initial parameters are not drawn (the mapping is empty).
     """
     for name in config.model.client_models:  # named as the field they come from, not as model.name
         check_choice("model.client_models", name, MODELS.names())
     layouts, blocks, outputs, initial, buffer_layouts = {}, {}, {}, {}, {}
     for index, name in enumerate(config.model.architectures()):
-        with seeded_init(init_seed(config.seed, index)), torch.device(device):
+        seed = config.seed if config.model.init == "torch_seed" else init_seed(config.seed, index)
+        with seeded_init(seed), torch.device(device):
             module = build_model(name, data.input_shape, data.num_classes)
         flat = FlatModel(module)
         layouts[name], buffer_layouts[name] = flat.layout, flat.buffer_layout

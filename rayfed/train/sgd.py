@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from rayfed.config import TrainConfig
 
 __all__ = [
-    "ExtraLoss", "minibatches", "epoch_orders", "epoch_steps", "step_batches", "local_sgd", "sgd_step", "mean_loss",
-    "unit",
+    "ExtraLoss", "minibatches", "epoch_orders", "epoch_steps", "steps_per_epoch", "step_batches", "local_sgd",
+    "sgd_step", "mean_loss", "unit",
 ]
 
 ExtraLoss = Callable[[ClientJob, torch.Tensor], "torch.Tensor | None"]
@@ -85,6 +85,15 @@ def epoch_steps(train: TrainConfig, num_train: int) -> tuple[int, int]:
     """(samples in an epoch's full batches, samples in its short last batch: 0 with ``drop_last``)."""
     stop = num_train - num_train % train.batch_size if train.drop_last else num_train
     return stop - stop % train.batch_size, stop % train.batch_size
+
+
+def steps_per_epoch(n: int, batch: int, drop_last: bool) -> int:
+    """Mini-batches of one pass over ``n`` samples: n // batch with ``drop_last``, else ⌈n / batch⌉.
+
+    >>> steps_per_epoch(25, 10, True), steps_per_epoch(25, 10, False), steps_per_epoch(5, 10, True)
+    (2, 3, 0)
+    """
+    return n // batch if drop_last else -(-n // batch)
 
 
 def step_batches(job: ClientJob) -> list[torch.Tensor]:

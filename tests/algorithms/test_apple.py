@@ -10,20 +10,25 @@ import pytest
 import torch
 
 from rayfed import ResourceError, RunConfig
+from rayfed.algorithms import apple
 from rayfed.algorithms.apple import (
     CORES_KEY,
     DR_KEY,
+    AppleClient,
     AppleParams,
     AppleServer,
     anneal,
     dr_gradient,
+    lagged_anneal,
     personal_model,
     tensor_mean_weights,
 )
+from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
 from rayfed.engine.callbacks import Callback
 from rayfed.engine.sizing import client_states_bytes
 from rayfed.train.layout import ParamLayout
+from tests.algorithms.tiny_problem import tiny_job, tiny_problem
 from tests.conftest import tiny_overrides
 
 
@@ -72,7 +77,7 @@ def test_the_dr_gradient_is_the_chain_rule_through_the_personal_model() -> None:
     torch.testing.assert_close(dr_gradient(theta, grad_phi, p.detach(), p0, 0.0, c), direct)
 
 
-@pytest.mark.parametrize("fidelity", ["pfllib", "paper"])
+@pytest.mark.parametrize("fidelity", ["pfllib_parallel", "paper"])
 def test_p0_is_each_clients_share_of_the_training_data(tmp_path, fidelity: str) -> None:
     # Arrange: a Dirichlet partition, so the clients' sizes differ and 1/M is not their share.
     sim = Simulation(_config(tmp_path, **{"algorithm.params": {"fidelity": fidelity}}))
@@ -82,7 +87,8 @@ def test_p0_is_each_clients_share_of_the_training_data(tmp_path, fidelity: str) 
     broadcast = AppleServer(AppleParams(fidelity=fidelity), sim.spec, sim.initial).broadcast()
     # Assert: p⁽⁰⁾_j = n_j / Σ n; p_i starts at 1/M (PFLlib) or at p⁽⁰⁾ (the authors' code).
     np.testing.assert_allclose(broadcast.p0, sizes / sizes.sum())
-    np.testing.assert_allclose(broadcast.start, np.full(5, 0.2) if fidelity == "pfllib" else sizes / sizes.sum())
+    start = np.full(5, 0.2) if fidelity == "pfllib_parallel" else sizes / sizes.sum()
+    np.testing.assert_allclose(broadcast.start, start)
     assert sim.spec.for_clients().train_sizes is None  # the workers do not get every client's size
 
 
@@ -91,6 +97,41 @@ def test_the_proximal_weight_is_cosine_annealed_until_round_l_r() -> None:
     assert anneal(10, 100, 0.2) == pytest.approx(0.5)
     assert anneal(5, 100, 0.2) == pytest.approx((1 + math.cos(math.pi / 4)) / 2)
     assert anneal(20, 100, 0.2) == anneal(99, 100, 0.2) == 0.0
+    # PFLlib sets λ after a round's training: round r runs with λ(r − 1), round 0 with 1; L·R truncated.
+    assert lagged_anneal(0, 100, 0.2) == lagged_anneal(1, 100, 0.2) == 1.0
+    assert lagged_anneal(11, 100, 0.2) == pytest.approx(0.5)
+    assert lagged_anneal(21, 100, 0.2) == 0.0
+    assert lagged_anneal(3, 12, 0.2) == anneal(2, 2, 1.0) == 0.0  # int(0.2 · 12) = 2 rounds, not 2.4
+
+
+def test_pfllib_parallel_steps_the_core_first_and_shares_the_personal_model_of_its_last_step() -> None:
+    # Arrange: client 1 of 3 with one full batch (one step), its copies of the core models and p_1.
+    flat, spec = tiny_problem(3, 2, "apple")
+    train = TrainConfig(lr=0.1, batch_size=8, drop_last=False)
+    job = tiny_job(flat, 1, [5, 3], train)
+    rng = np.random.default_rng(0)
+    cores = rng.normal(size=(3, flat.size)).astype(np.float32)
+    p, p0 = np.array([0.2, 0.5, 0.3]), np.array([0.3, 0.3, 0.4])
+    job.scratch[apple._CORES] = (cores.copy(), p.copy(), np.zeros(3, np.int64))
+    job.scratch[apple._TARGET] = p0
+    params = AppleParams(dr_lr=0.05, mu=0.1, anneal_rounds=100)
+    # Act
+    AppleClient(params, spec).train(job)
+    # Assert: θ_1 moved by η·M·p_11·∇_φ L, then p stepped with ⟨∇ ⊙ c, θ_j⟩ at the moved θ_1 and λ = 1 (round 0);
+    # the core it keeps and shares is φ of its step, Σ_j p_j θ_j before the move.
+    phi = torch.from_numpy(p @ cores.astype(np.float64)).float()
+    flat.vector.data.copy_(phi)
+    flat.zero_grad()
+    torch.nn.functional.cross_entropy(job.model(job.x_train), job.y_train).backward()
+    grad = flat.grad.double()
+    moved = torch.from_numpy(cores).double()
+    moved[1] -= 0.1 * 3 * 0.5 * grad
+    weights = torch.from_numpy(tensor_mean_weights(flat.layout)).double()
+    expected_p = p - 0.05 * dr_gradient(moved, grad, torch.from_numpy(p), torch.from_numpy(p0), 0.1, weights).numpy()
+    kept, learnt, _ = job.scratch[apple._CORES]
+    np.testing.assert_allclose(learnt, expected_p, rtol=1e-5)
+    np.testing.assert_allclose(kept[1], phi.numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(kept[[0, 2]], cores[[0, 2]])
 
 
 @pytest.mark.parametrize("join_ratio", [1.0, 0.6])

@@ -4,6 +4,7 @@ server's per-cluster aggregation; two label-swapped groups split apart end to en
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -14,6 +15,7 @@ from rayfed.algorithms import RoundContext, sum_contributions
 from rayfed.algorithms.cfl import (
     CFLParams,
     CFLServer,
+    ClientUpdates,
     bipartition,
     cosine_similarity_matrix,
     max_cross_similarity,
@@ -21,6 +23,7 @@ from rayfed.algorithms.cfl import (
     update_norms,
 )
 from rayfed.algorithms.contributions import ClientVectors
+from rayfed.reproduce.tables_cwfedavg import CWFEDAVG_TABLES
 from rayfed.train.layout import ParamLayout
 from rayfed.train.problem import ProblemSpec
 from tests.algorithms.client_states import ServerStates
@@ -164,6 +167,35 @@ def test_partial_participation_keeps_absent_clusters_and_absent_members_in_place
     np.testing.assert_allclose(server.models[2], 2 * d, rtol=1e-6)
 
 
+def test_gradient_norms_divide_each_update_by_its_step_length() -> None:
+    # Prepare: client 0 moved far over many steps (a small gradient), client 1 a little over few (a large one),
+    # client 2 opposite to 1; weights n_i = 1, 1, 2.
+    d = np.ones(S, np.float32) / np.sqrt(S)
+    updates = np.stack([4 * d, 0.5 * d, -0.5 * d])
+    lengths = np.array([8.0, 0.25, 0.5])
+
+    def upload() -> ClientUpdates:
+        rows = (ClientVectors.of(u, i, n) for u, i, n in zip(updates, [0, 1, 2], [1.0, 1.0, 2.0]))
+        return sum_contributions(ClientUpdates(r.blocks, r.client_ids, r.sizes, None, np.array([length]))
+                                 for r, length in zip(rows, lengths))
+
+    params = {"warmup_rounds": 0, "eps1": 0.5, "eps2": 1.5}
+    by_update = CFLServer(CFLParams(**params), _spec(3), {"m": np.zeros(S, np.float32)})
+    by_gradient = CFLServer(CFLParams(norms="gradient", **params), _spec(3), {"m": np.zeros(S, np.float32)})
+    # Execute
+    plain = by_update.aggregate(_ctx(0, np.arange(3), 3), upload())
+    scaled = by_gradient.aggregate(_ctx(0, np.arange(3), 3), upload())
+    # Assert: the norms of Δθ_i / λ_i (‖ḡ‖ = 0.5, 2, 1; mean (0.5 + 2 − 2) / 4 = 0.125 along d): the cluster is
+    # stationary and client 1 is not, so it splits; by the updates (mean 0.875, max 4) it does not. The models
+    # are aggregated from the updates either way.
+    mean, largest = update_norms(updates[:, :P] / lengths[:, None], np.array([1.0, 1.0, 2.0]))
+    assert scaled["cfl_max_update_norm"] == pytest.approx(largest) == pytest.approx(2.0 * np.sqrt(P / S))
+    assert scaled["cfl_mean_update_norm"] == pytest.approx(mean)
+    assert (scaled["cfl_splits"], plain["cfl_splits"]) == (1, 0)
+    assert plain["cfl_max_update_norm"] == pytest.approx(4.0 * np.sqrt(P / S))
+    np.testing.assert_allclose(by_update.models[0], (updates[0] + updates[1] + 2 * updates[2]) / 4, rtol=1e-6)
+
+
 def test_state_round_trips_and_broadcast_loads_each_clients_cluster_model() -> None:
     # Prepare: a server with two clusters.
     server = CFLServer(CFLParams(), _spec(3), {"m": np.zeros(S, np.float32)})
@@ -188,23 +220,32 @@ def test_defaults_are_the_papers_thresholds_and_bad_values_are_refused() -> None
 # --- end to end ---------------------------------------------------------------------------------
 
 
-def test_two_label_swapped_groups_are_split_apart(tmp_path) -> None:
-    # Prepare: 8 clients, even ids with the original labels, odd ids with shifted ones; the
-    # criterion is opened (ε₁ large, ε₂ 0) after a warm-up round so the split happens at round 1.
+def test_under_the_tables_settings_two_label_swapped_groups_split_apart_and_beat_fedavg(tmp_path) -> None:
+    # Prepare: 4 clients, even ids with the original labels, odd ids with shifted ones, the tables' optimiser
+    # (plain SGD, lr 0.005, batch 10) and the tables' CFL settings. Until it splits, CFL is FedAvg (one cluster,
+    # the same weighted mean of the same updates); and no single model, FedAvg's, can pass 1/2 here: the two
+    # groups give the images of a class two different labels.
+    table = next(t for t in CWFEDAVG_TABLES if t.name == "pfl-baselines-mnist")
+    cfl = table.row("cfl").params
+    assert cfl["norms"] == "gradient" and CFLParams(**cfl).warmup_rounds == 20
     states = ServerStates()
     config = RunConfig().override(tiny_overrides(tmp_path / "run", **two_group_overrides(**{
-        "algorithm.name": "cfl", "data.num_clients": 8, "train.lr": 0.05,
-        "algorithm.params": {"warmup_rounds": 1, "eps1": 100.0, "eps2": 0.0},
+        "algorithm.name": "cfl", "algorithm.params": cfl, "data.num_clients": 4, "train.rounds": 30,
+        "data.options": {"num_samples": 2400}, "engine.eval_every": 5,
     })))
+    assert (config.train.lr, config.train.batch_size, config.train.momentum) == (0.005, 10, 0.0)
     # Execute
-    result = run(config, callbacks=[states])
-    # Assert: one cluster after round 0, then exactly the two groups; bytes as one model each way.
-    assert states.rounds[0]["assignment"].tolist() == [0] * 8
-    assert states.rounds[1]["assignment"].tolist() == [group_of(c) for c in range(8)]
-    assert result.history[1]["server_cfl_splits"] == 1
-    size = states.rounds[1]["models"].shape[1]
+    history = run(config, callbacks=[states]).history
+    # Assert: one cluster through the warm-up, then exactly the two groups within 30 rounds; FedAvg's accuracy
+    # (CFL's before the split) stays near 1/2, CFL's after it clearly above.
+    splits = [t for t, r in enumerate(history) if r["server_cfl_splits"]]
+    assert len(splits) == 1 and 20 <= splits[0] < 30, splits
+    assert states.rounds[splits[0]]["assignment"].tolist() == [group_of(c) for c in range(4)]
+    before = [r["accuracy"] for r in history[: splits[0]] if not math.isnan(r["accuracy"])]
+    assert max(before) < 0.55 < 0.7 < history[-1]["accuracy"]
+    size = states.rounds[-1]["models"].shape[1]
     clients = pq.read_table(tmp_path / "run" / "clients").to_pylist()
-    assert {c["bytes_up"] for c in clients if c["sampled"]} == {size * 4 + 16}  # Δθ_i, id, n_i
+    assert {c["bytes_up"] for c in clients if c["sampled"]} == {size * 4 + 24}  # Δθ_i, id, n_i, λ_i
     assert {c["bytes_down"] for c in clients if c["sampled"]} == {size * 4}
 
 

@@ -12,11 +12,13 @@ from rayfed import RunConfig
 from rayfed.algorithms.common.own_models import MODEL_KEY
 from rayfed.algorithms.fedfomo import (
     AFFINITY_KEY,
+    START_KEY,
     FedFomoParams,
     FomoModels,
     choose_models,
     decayed_epsilon,
     fomo_weights,
+    tail_split,
     validation_split,
 )
 from rayfed.config import TrainConfig
@@ -69,12 +71,46 @@ def test_the_start_model_weights_models_by_validation_loss_gain_per_distance() -
     assert message.bytes_down(job) == 3 * flat.size * 4
 
 
+def test_pfllib_weighs_against_the_last_start_with_its_own_upload_and_an_offset_distance() -> None:
+    # Arrange: the client trained from `start` to `own` last round (own is also its upload, row 0 at the server).
+    torch.manual_seed(0)
+    flat = FlatModel(torch.nn.Linear(4, 3))
+    rng = np.random.default_rng(2)
+    models = rng.normal(size=(4, flat.size)).astype(np.float32)
+    start = rng.normal(size=flat.size).astype(np.float32)
+    own = models[0].copy()
+    x, y = torch.randn(50, 4), torch.randint(0, 3, (50,))
+    message = FomoModels(models, np.ones(4, bool), FedFomoParams(fidelity="pfllib"), seed=7, num_params=flat.size)
+    job = _job(flat, x, y, {MODEL_KEY: own, START_KEY: start})
+    # Act
+    message.personalise(job)
+    message.contribute(job)
+    # Assert: PFLlib's rule on the last 10 of the 50 samples, every client's model (its own too) against `start`.
+    val, train = tail_split(50, 0.2)
+    assert val.tolist() == list(range(40, 50)) and train.tolist() == list(range(40))
+
+    def loss(vector: np.ndarray) -> float:
+        w = torch.from_numpy(vector[:12]).view(3, 4)
+        return float(F.cross_entropy(x[val] @ w.T + torch.from_numpy(vector[12:]), y[val]))
+
+    raw = np.array([(loss(start) - loss(models[n])) / (np.linalg.norm(models[n] - start) + 1e-5) for n in range(4)])
+    weights = np.maximum(raw, 0) / np.maximum(raw, 0).sum()
+    assert (weights > 0).sum() >= 2
+    np.testing.assert_allclose(flat.numpy(), weights @ models, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(job.state[START_KEY], weights @ models, rtol=1e-5, atol=1e-6)  # next round's base
+    np.testing.assert_allclose(job.state[AFFINITY_KEY], raw, rtol=1e-5)
+    assert message.bytes_down(job) == 4 * flat.size * 4 and torch.equal(job.y_train, y[train])
+
+
 def test_weights_are_clipped_and_normalised_and_the_choice_is_epsilon_greedy() -> None:
     # Arrange / Act
     raw, weights = fomo_weights(1.0, np.array([0.5, 1.5, 0.0, 0.2]), np.array([1.0, 1.0, 2.0, 0.0]))
     # Assert: a model at distance 0 weighs 0; negative gains are clipped; weights sum to 1.
     np.testing.assert_allclose(raw, [0.5, -0.5, 0.5, 0.0])
     np.testing.assert_allclose(weights, [0.5, 0.0, 0.5, 0.0])
+    # PFLlib's offset: every distance + 1e-5, so a model at distance 0 weighs its gain / 1e-5.
+    raw, _ = fomo_weights(1.0, np.array([0.5, 0.2]), np.array([1.0, 0.0]), offset=1e-5)
+    np.testing.assert_allclose(raw, [0.5 / (1 + 1e-5), 0.8e5])
     candidates, affinity = np.array([1, 2, 3, 4]), np.array([0.0, 0.1, 0.9, -1.0, 0.5])
     assert choose_models(candidates, affinity, 2, 0.0, np.random.default_rng(0)).tolist() == [2, 4]
     assert choose_models(candidates, affinity, 0, 0.0, np.random.default_rng(0)).tolist() == [1, 2, 3, 4]

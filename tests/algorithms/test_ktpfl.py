@@ -12,7 +12,7 @@ import torch
 from rayfed import RunConfig
 from rayfed.algorithms.common.own_models import ClientInit
 from rayfed.algorithms.hooks import RoundContext
-from rayfed.algorithms.ktpfl import KTpFLBroadcast, KTpFLParams, KTpFLServer
+from rayfed.algorithms.ktpfl import KTpFLBroadcast, KTpFLClient, KTpFLParams, KTpFLServer, code_pairing
 from rayfed.algorithms.ktpfl_equations import personalised_targets, update_coefficients
 from rayfed.engine import Simulation
 from rayfed.execution.client_runner import ClientRunner
@@ -77,6 +77,28 @@ def test_distillation_moves_a_clients_public_predictions_towards_its_target(tmp_
     pulled = with_target.matrix().reshape(p, k)[:, k_star].mean()
     alone = without.matrix().reshape(p, k)[:, k_star].mean()
     assert pulled > alone + 0.01
+
+
+def test_code_as_written_pairs_images_with_other_targets_and_feeds_the_codes_input_scales(tmp_path) -> None:
+    # Prepare: the public set of a run, and the three fidelities' clients.
+    sim = Simulation(RunConfig().override(_overrides(tmp_path / "run")))
+    raw = torch.as_tensor(sim.spec.held_out.inputs).float()
+
+    def inputs(fidelity: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return KTpFLClient(KTpFLParams(public_size=100, fidelity=fidelity), sim.spec).public_inputs(torch.device("cpu"))
+
+    # Execute / Assert: as written, the images are distilled on as raw 0-255 values and predicted on as ToTensor's
+    # [0, 1]; corrected (the default, digested as the old name "code") normalises both as the clients' data.
+    distilled, predicted = inputs("code")
+    torch.testing.assert_close(distilled, raw)
+    torch.testing.assert_close(predicted, raw / 255)
+    normalised, same = inputs("corrected")
+    assert same is normalised and float(normalised.min()) >= -1.0 and float(normalised.max()) <= 1.0
+    assert KTpFLParams().fidelity == "corrected" and KTpFLParams(fidelity="code").rule == "code"
+    # The pairing: one permutation per round for every client, a new one the next round.
+    first, again, later = code_pairing(100, 0, 3), code_pairing(100, 0, 3), code_pairing(100, 0, 4)
+    assert sorted(first.tolist()) == list(range(100)) and np.array_equal(first, again)
+    assert not np.array_equal(first, later) and (first != np.arange(100)).mean() > 0.9
 
 
 def test_bytes_and_partial_participation(tmp_path) -> None:

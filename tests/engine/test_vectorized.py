@@ -125,7 +125,12 @@ def test_auto_stacks_on_cuda_only() -> None:
 
 
 def test_vectorized_run_matches_sequential_run(tmp_path) -> None:
-    on = run(RunConfig().override(tiny_overrides(tmp_path / "on", **{"engine.vectorize": "on"})))
-    off = run(RunConfig().override(tiny_overrides(tmp_path / "off", **{"engine.vectorize": "off"})))
+    # engine.eval_local too: a stack's clients are each evaluated after training, as one at a time.
+    on, off = (run(RunConfig().override(tiny_overrides(tmp_path / mode, **{"engine.vectorize": mode,
+                                                                             "engine.eval_local": True})))
+               for mode in ("on", "off"))
     np.testing.assert_allclose(on.accuracies, off.accuracies, atol=0.02)
     np.testing.assert_allclose([r["train_loss"] for r in on.history], [r["train_loss"] for r in off.history], rtol=1e-3)
+    local_on, local_off = ([r["local_accuracy"] for r in result.history] for result in (on, off))
+    assert all(0.0 < acc <= 1.0 for acc in local_on)
+    np.testing.assert_allclose(local_on, local_off, atol=0.02)

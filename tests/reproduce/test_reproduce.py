@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -14,7 +15,8 @@ from rayfed.cli import main
 from rayfed.engine.callbacks import Callback
 from rayfed.engine.interrupts import RunInterrupted
 from rayfed.reproduce import TABLES, Column, Row, Table
-from rayfed.reproduce.runner import Cell, plan
+from rayfed.reproduce.report import write_report
+from rayfed.reproduce.runner import Cell, plan, run_dir_name
 from rayfed.reproduce.spec import cell_overrides
 
 _SYNTHETIC = {"data.dataset": "synthetic", "data.options": {"num_samples": 1500}, "data.num_clients": 10,
@@ -71,10 +73,11 @@ def test_a_table_declared_as_data_runs_end_to_end(tiny_table: Table, tmp_path: P
     # Assert: the Markdown, the JSON and the figure, with every runnable cell run once
     assert code == 0
     markdown = (out / "tiny-test.md").read_text()
-    assert "| FedAvg | " in markdown and " ± " in markdown and "[2/2; r" in markdown and "98.08" in markdown
-    assert "| Not yet written | not available in this version | 12.34 |" in markdown
+    assert "| FedAvg (global) | " in markdown and " ± " in markdown and "[2/2; r" in markdown and "98.08" in markdown
+    assert "| Not yet written (personalised) | not available in this version | 12.34 |" in markdown
     assert "algorithm no_such_algorithm not available in this version" in markdown
-    assert "round 0 | round 1 | round 2 | best | best: seed range" in markdown
+    assert "round 0 | round 1 | round 2 | scored | scored: seed range" in markdown
+    assert "| cwFedAvg (Output) | personalised models (`accuracy`), best round | fidelity=code | – |" in markdown
     runs = json.loads((out / "tiny-test.json").read_text())["runs"]
     fedavg_best = sorted(r["best"] for r in runs if r["row"] == "fedavg")
     assert f"| {fedavg_best[0]:.2f} – {fedavg_best[1]:.2f} |" in markdown
@@ -228,3 +231,53 @@ def test_a_gpu_share_per_run_is_the_runs_engine_setting_and_keeps_its_run_direct
     shares = {cell.config.engine.num_gpus_per_worker for cell in planned["cells"] if cell.config is not None}
     assert shares == {0.125}
     assert [c.config.run_dir for c in planned["cells"] if c.config] == [c.config.run_dir for c in plain if c.config]
+
+
+def test_each_row_is_scored_on_the_model_it_reports_and_the_report_names_it(tmp_path: Path) -> None:
+    # Arrange: finished runs with hand-written curves; FedAvg reports its one model, FedNH its global model,
+    # FedUV its clients' models after local training, and one row the round of lowest test loss.
+    table = Table("models-test", "rows reporting different models", "a test table", columns=TINY.columns, rows=(
+        Row("fedavg", "FedAvg", "fedavg"),
+        Row("fednh", "FedNH", "fednh", evaluates="global"),
+        Row("feduv", "FedUV", "feduv", evaluates="local", choices="a choice"),
+        Row("fedavg_loss", "FedAvg at lowest loss", "fedavg", select="lowest_test_loss"),
+    ))
+    cells = plan(table, tmp_path, rounds=3, seeds=[0])
+    curves = {"accuracy": [0.5, 0.7, 0.6], "global_accuracy": [0.4, 0.45, 0.9], "local_accuracy": [0.8, 0.95, 0.9],
+              "test_loss": [1.0, 0.8, 0.5]}
+    for cell in cells:
+        cell.run_dir.mkdir(parents=True, exist_ok=True)  # the two FedAvg rows share their runs
+        rows = [{"round": t, "round_s": 1.0, **{k: v[t] for k, v in curves.items()}} for t in range(3)]
+        pq.write_table(pa.Table.from_pylist(rows), cell.run_dir / "rounds.parquet")
+        (cell.run_dir / "summary.json").write_text(json.dumps({"rounds_run": 3}))
+    # Act
+    markdown = write_report(table, cells, tmp_path, rounds=3).read_text()
+    # Assert: each row's score and round, its model in the header and beside its name; FedUV's cell measures
+    # the local models (engine.eval_local, which enters the run's name).
+    scores = {r["row"]: (r["best"], r["best_round"]) for r in json.loads((tmp_path / "models-test.json").read_text())[
+        "runs"]}
+    assert scores == {"fedavg": (70.0, 2), "fednh": (90.0, 3), "feduv": (95.0, 2), "fedavg_loss": (60.0, 3)}
+    assert "| FedAvg | global model (`accuracy`), best round | – | – |" in markdown
+    assert "| FedNH | global model (`global_accuracy`), best round | – | – |" in markdown
+    feduv_line = "| FedUV | clients' models after local training (`local_accuracy`), best round | fidelity=code |"
+    assert f"{feduv_line} a choice |" in markdown
+    assert "| FedAvg at lowest loss | global model (`accuracy`), round of lowest test loss |" in markdown
+    assert "| FedNH (global) | 90.00 [1/1; r3] |" in markdown
+    feduv = next(c for c in cells if c.row.key == "feduv").config
+    assert feduv is not None and feduv.engine.eval_local and not cells[0].config.engine.eval_local
+    assert run_dir_name(feduv) != run_dir_name(feduv.override({"engine.eval_local": False}))
+
+
+def test_fields_added_and_values_renamed_keep_the_names_of_committed_runs() -> None:
+    # The runs behind the committed reports (benchmarks/results/*-curves) are found by name: a new field at its
+    # default (model.init, CFL's norms) and KT-pFL's fidelity renamed code -> corrected leave the names as they were.
+    results = Path(__file__).parents[2] / "benchmarks" / "results"
+    cases = [("pfl-baselines-mnist", "fednh", None, "pfl-baselines-mnist-curves"),
+             ("pfl-baselines-mnist", "fedamp", None, "pfl-baselines-mnist-curves"),
+             ("fedclassavg-t2", "ktpfl_e1", "offline_dir", "fedclassavg-t2-curves"),
+             ("fedawa-mnist", "fedadam", "mnist01", "fedawa-mnist-curves")]
+    for table, row, column, curves in cases:
+        cells = plan(TABLES[table], Path("/tmp/unused"), rounds=20, seeds=[0, 1], rows=[row],
+                     columns=[column] if column else None)
+        names = {cell.run_dir.name for cell in cells if cell.run_dir is not None}
+        assert names and names <= {p.name for p in (results / curves).iterdir()}, (table, row, names)
