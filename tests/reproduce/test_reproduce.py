@@ -281,3 +281,15 @@ def test_fields_added_and_values_renamed_keep_the_names_of_committed_runs() -> N
                      columns=[column] if column else None)
         names = {cell.run_dir.name for cell in cells if cell.run_dir is not None}
         assert names and names <= {p.name for p in (results / curves).iterdir()}, (table, row, names)
+
+
+def test_every_cell_of_the_committed_mnist_baselines_report_has_its_run_committed() -> None:
+    # The committed pfl-baselines-mnist report (20 rounds, seeds 0 and 1) rests on runs whose configs are the
+    # table's today: FedAvg's and cwFedAvg's from cwfedavg-mnist's curves, every other row's from its own.
+    results = Path(__file__).parents[2] / "benchmarks" / "results"
+    committed = {p.name for curves in ("pfl-baselines-mnist-curves", "cwfedavg-mnist-curves")
+                 for p in (results / curves).iterdir()}
+    cells = plan(TABLES["pfl-baselines-mnist"], Path("/tmp/unused"), rounds=20, seeds=[0, 1])
+    names = {cell.run_dir.name for cell in cells if cell.run_dir is not None}
+    assert len(names) == 2 * 2 * len(TABLES["pfl-baselines-mnist"].rows)
+    assert names - committed == set()
