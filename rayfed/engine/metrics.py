@@ -113,16 +113,9 @@ def summarise_round(
     n_train = sum(r.num_train for r in accepted)
     train_loss = sum(r.train_loss * r.num_train for r in accepted) / n_train if n_train else math.nan
     evaluated = [e for e in evals if e.num_test > 0]
-    if evaluated:
-        correct = np.array([e.correct for e in evaluated], dtype=np.float64)
-        counts = np.array([e.num_test for e in evaluated], dtype=np.float64)
-        per_client = correct / counts
-        accuracy = float(correct.sum() / counts.sum())
-        acc_mean, acc_std = float(per_client.mean()), float(per_client.std())
-        losses = np.array([e.loss_sum for e in evaluated], dtype=np.float64)
-        test_loss, test_loss_mean = float(losses.sum() / counts.sum()), float((losses / counts).mean())
-    else:
-        accuracy = acc_mean = acc_std = test_loss = test_loss_mean = math.nan
+    accuracy, acc_mean = _pooled_and_mean([(e.correct, e.num_test) for e in evaluated])
+    acc_std = float(np.std([e.correct / e.num_test for e in evaluated])) if evaluated else math.nan
+    test_loss, test_loss_mean = _pooled_and_mean([(e.loss_sum, e.num_test) for e in evaluated])
     on_global = [e for e in evaluated if e.global_correct is not None]
     global_accuracy, global_acc_mean = _pooled_and_mean([(e.global_correct or 0, e.num_test) for e in on_global])
     local_accuracy, local_acc_mean = _pooled_and_mean(
@@ -154,12 +147,13 @@ def summarise_round(
     )
 
 
-def _pooled_and_mean(results: Sequence[tuple[int, int]]) -> tuple[float, float]:
-    """(Σ correct / Σ count, mean of correct / count) over (correct, count) pairs with count > 0; NaN for none."""
+def _pooled_and_mean(results: Sequence[tuple[float, int]]) -> tuple[float, float]:
+    """(Σ total / Σ count, the unweighted mean of total / count) over the clients' (total, count) pairs with
+    count > 0, e.g. (correct predictions, test samples) or (summed test loss, test samples); NaN for none."""
     if not results:
         return math.nan, math.nan
-    correct, counts = (np.array(column, dtype=np.float64) for column in zip(*results))
-    return float(correct.sum() / counts.sum()), float((correct / counts).mean())
+    totals, counts = (np.array(column, dtype=np.float64) for column in zip(*results))
+    return float(totals.sum() / counts.sum()), float((totals / counts).mean())
 
 
 def _start_loss(reports: Sequence[ClientReport]) -> float:
