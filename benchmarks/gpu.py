@@ -61,7 +61,7 @@ from rayfed.execution.client_runner import ClientRunner  # noqa: E402
 from rayfed.execution.server import Server  # noqa: E402
 from rayfed.models import build_model  # noqa: E402
 from rayfed.train.problem_build import build_problem  # noqa: E402
-from rayfed.train.stacked import can_stack  # noqa: E402
+from rayfed.train.stacked_layers import model_unstackable  # noqa: E402
 
 NO_GPU = "gpu.py: found no CUDA GPU (torch.cuda.is_available() is False); nothing measured"
 MODELS = {"cnn4": (1, 28), "resnet20": (3, 32)}
@@ -105,7 +105,7 @@ def stacked_against_sequential(model: str, clients: int, repeats: int) -> dict[s
     runner = runners["on"]
     return {"model": model, "clients": clients, "sequential_s_per_client": sequential,
             "stacked_s_per_client": stacked, "ratio": sequential / stacked,
-            "stacked": can_stack(runner.model_for(model), runner.client_half, base.train)}
+            "stacked": not model_unstackable(model, runner.model_for(model).module, base.train.drop_last)}
 
 
 def seconds_per_round(overrides: dict[str, Any], run_dir: Path) -> tuple[float, list[dict[str, Any]]]:

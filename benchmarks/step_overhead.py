@@ -19,7 +19,11 @@ everything in the call: job building, personalisation, training, the update chec
 Host syncs are the reads that make a host wait for a GPU: scalar reads and data-dependent shapes as
 the profiler records them (``aten::_local_scalar_dense``, ``aten::nonzero``, ``aten::is_nonzero``), and
 copies to the host (``Tensor.cpu``, ``Tensor.tolist``), which a CPU profile cannot tell from no-ops,
-counted with a ``TorchFunctionMode``.
+counted with a ``TorchFunctionMode``; and copies *to* a device that block the host: ``Tensor.to`` /
+``Tensor.cuda`` / ``Tensor.copy_`` to a device without ``non_blocking=True``, and ``torch.tensor`` /
+``torch.as_tensor`` of host data on a device (on a CPU they name the device the copy would go to; rayfed's
+host-to-device copies go through ``rayfed.train.host.to_device``, which stages them in pinned memory and
+copies without blocking).
 
     python benchmarks/step_overhead.py [--clients 20] [--samples 50]
 
@@ -56,19 +60,42 @@ SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::is_no
 """Profiler events that wait for the device: a scalar read back, or an output shape that depends on values."""
 HOST_COPIES = frozenset({"cpu", "tolist"})
 """Tensor methods that copy to the host (on a CPU tensor they are no-ops the profiler does not see)."""
+DEVICE_COPIES = frozenset({"to", "cuda", "copy_"})
+"""Tensor methods that copy to a device, blocking unless asked with ``non_blocking=True``."""
+HOST_DATA_ON_DEVICE = frozenset({"tensor", "as_tensor"})
+"""Constructors that copy host data to the ``device`` they are given, blocking."""
 
 
 class HostCopies(TorchFunctionMode):
-    """Counts the calls of :data:`HOST_COPIES` while it is active."""
+    """Counts, while it is active, the copies that make a host wait: :data:`HOST_COPIES`, and copies to a
+    device that block (:data:`DEVICE_COPIES` without ``non_blocking``, :data:`HOST_DATA_ON_DEVICE` with a
+    ``device``)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if getattr(func, "__name__", "") in HOST_COPIES:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in HOST_COPIES or _blocking_copy(name, args, kwargs):
             self.count += 1
-        return func(*args, **(kwargs or {}))
+        return func(*args, **kwargs)
+
+
+def _blocking_copy(name: str, args: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether a call copies to a device and blocks the host (module docstring)."""
+    if name in HOST_DATA_ON_DEVICE:
+        return kwargs.get("device") is not None and not isinstance(args[0] if args else None, torch.Tensor)
+    if name not in DEVICE_COPIES or kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True):
+        return False
+    if name == "copy_":  # dst.copy_(src): from the host to a device
+        return len(args) > 1 and isinstance(args[1], torch.Tensor) and args[1].device.type == "cpu" and \
+            args[0].device.type != "cpu"
+    if name == "cuda":
+        return True
+    target = kwargs.get("device", args[1] if len(args) > 1 else None)
+    return isinstance(target, torch.device | str) and not isinstance(target, torch.dtype)
 
 
 @dataclass(frozen=True)

@@ -87,9 +87,9 @@ def _list(algorithm: str | None) -> None:
             ALGORITHMS.get(algorithm)  # raises the registry's error, with its "did you mean"
         print(listing.params[algorithm])
         return
-    print("algorithms:")
+    print("algorithms (fast path: stacked clients, steps replayed from CUDA graphs; rayfed list NAME says why not):")
     for name, summary in listing.algorithms.items():
-        print(f"  {name:16s} {summary}")
+        print(f"  {name:16s} {listing.fast_path[name]:16s} {summary}")
     print("datasets:  ", ", ".join(listing.datasets))
     print("models:    ", ", ".join(listing.models))
 

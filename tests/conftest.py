@@ -43,3 +43,19 @@ def ray_cluster():
         ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
+
+
+def train_phases(job, phases, *, mean=(0.5,), std=(0.5,)):
+    """Train ``job`` through ``phases`` with the one loop, as a worker trains a client alone; returns its mean
+    reported loss and its steps."""
+    import torch
+
+    from rayfed.train.graphs import StepGraphs
+    from rayfed.train.loop import LocalLoop
+
+    return LocalLoop(StepGraphs(torch.device("cpu"), enabled=False), mean, std).train_one(job, phases)
+
+
+def train_client(half, job, *, mean=(0.5,), std=(0.5,)):
+    """Train ``job`` through ``half``'s phases (``ClientHalf.phases``), as :func:`train_phases`."""
+    return train_phases(job, half.phases(job), mean=mean, std=std)

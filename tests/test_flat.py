@@ -7,7 +7,6 @@ import torch
 from torch import nn
 
 from rayfed.train.flat import FlatModel
-from rayfed.train.sgd import sgd_step
 
 
 def _net() -> nn.Module:
@@ -68,20 +67,3 @@ def test_state_vector_round_trip_includes_batchnorm_statistics() -> None:
     other = FlatModel(_net())
     other.load_state(state)
     assert np.array_equal(other.state_numpy(), state)
-
-
-def test_fused_sgd_step_matches_torch_sgd_with_momentum_and_weight_decay() -> None:
-    reference, flat_net = _net(), _net()
-    flat = FlatModel(flat_net)
-    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
-    buffer = torch.zeros_like(flat.vector)
-    for step in range(3):
-        x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(step))
-        opt.zero_grad()
-        reference(x).pow(2).mean().backward()
-        opt.step()
-        flat.zero_grad()
-        flat_net(x).pow(2).mean().backward()
-        sgd_step(flat, 0.1, momentum=0.9, weight_decay=0.01, buffer=buffer)
-    expected = torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
-    torch.testing.assert_close(flat.vector, expected, rtol=1e-5, atol=1e-6)

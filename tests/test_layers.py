@@ -38,7 +38,7 @@ of FedAWA and FedDyn, FedAWA's registry of initial weights that FedDisco registe
 
 FAMILY_SUFFIXES = ("_equations", "_params", "_objective", "_figures", "_weights")
 """A method's own modules beside its main one (``cwfedavg_equations`` belongs to ``cwfedavg``)."""
-SHARED = {"hooks", "registry", "contributions", "figures", "common"}
+SHARED = {"hooks", "registry", "sizing", "contributions", "figures", "common"}
 """Modules of rayfed.algorithms that are not an algorithm: the contract and what algorithms share."""
 
 

@@ -37,23 +37,24 @@ the run directory's free disk (``FedAppleServer.client_state_bytes``, :mod:`rayf
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.hooks import Broadcast, ClientHalf, RoundContext, ServerHalf
+from rayfed.algorithms.hooks import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf
 from rayfed.algorithms.registry import register_algorithm
-from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.host import to_device, to_host
+from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
+from rayfed.train.loop import FINAL_CARRY
+from rayfed.train.phase import Carry, Constants, Edits, NoStep, Params, Phase
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.scratch import ScratchKey
-from rayfed.train.sgd import minibatches
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_choice, check_int, check_real
 
@@ -149,7 +150,7 @@ def tensor_mean_weights(layout: ParamLayout) -> np.ndarray:
 
 
 def dr_gradient(
-    cores: torch.Tensor, grad: torch.Tensor, p: torch.Tensor, p0: torch.Tensor, lam_mu: float,
+    cores: torch.Tensor, grad: torch.Tensor, p: torch.Tensor, p0: torch.Tensor, lam_mu: float | torch.Tensor,
     weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """∂/∂p of L_i(Σ_j p_j θ_j) + (λμ/2)‖p − p0‖²: ⟨∇_φ L, θ_j⟩ + λμ (p_j − p0_j) for each row θ_j of
@@ -231,50 +232,88 @@ def personal_model(cores: np.ndarray, p: np.ndarray, own: int, num_params: int) 
 
 
 class AppleClient(ClientHalf[AppleParams]):
-    """Plain SGD steps on θ_i and p_i through φ_i = Σ_j p_ij θ_j (``train.momentum`` and
-    ``train.weight_decay`` are not used)."""
+    """Plain SGD steps on θ_i and p_i through φ_i = Σ_j p_ij θ_j (``train.momentum`` and ``train.weight_decay``
+    are not used).
 
-    def train(self, job: ClientJob) -> TrainStats:
-        params, flat, own = self.params, job.flat, job.client_id
-        cores_np, p_np, versions = job.scratch[_CORES]
-        m, size = cores_np.shape[0], flat.size
-        cores = torch.from_numpy(cores_np).to(job.device)
-        theta = cores[:, :size]
-        p = torch.from_numpy(p_np).to(job.device)
-        p0 = torch.from_numpy(job.scratch[_TARGET]).to(p)
+    The model the loop trains is φ_i, formed before every step (:meth:`mix`); after backward, the step moves
+    θ_i and p_i (:meth:`descend`), not φ_i (``NoStep``). The other clients' copies θ_j are constants of the
+    phase; θ_i and p_i are its carry.
+    """
+
+    def __init__(self, params: AppleParams, spec: ProblemSpec) -> None:
+        super().__init__(params, spec)
+        self.layout = spec.layouts[sole_architecture(spec)]
+        self.pfllib = params.fidelity == "pfllib_parallel"
+        self.weights = tensor_mean_weights(self.layout) if self.pfllib else None
+
+    def phases(self, job: ClientJob) -> list[Phase]:
+        params, own, size = self.params, job.client_id, self.layout.size
+        cores, p, _ = job.scratch[_CORES]
+        m = cores.shape[0]
         horizon = params.anneal_rounds or job.train.rounds
-        pfllib = params.fidelity == "pfllib_parallel"
-        schedule = lagged_anneal if pfllib else anneal
+        schedule = lagged_anneal if self.pfllib else anneal
         lam_mu = schedule(job.round, horizon, params.anneal_fraction) * params.mu
-        weights = torch.from_numpy(tensor_mean_weights(flat.layout)).to(job.device) if pfllib else None
-        core_lr = job.lr * (m if pfllib else 1)
-        model = job.model
-        model.train()
-        loss_sum, steps = torch.zeros((), device=job.device), 0
-        for idx in minibatches(job):
-            with torch.no_grad():
-                flat.vector.copy_(p.to(theta.dtype) @ theta)
-            flat.zero_grad()
-            loss = F.cross_entropy(model(job.x_train[idx]), job.y_train[idx])
-            loss.backward()
-            with torch.no_grad():
-                if pfllib:  # PFLlib moves θ_i first and takes p's gradient at the moved θ_i
-                    theta[own].add_(flat.grad, alpha=-core_lr * float(p[own]))
-                    grad_p = dr_gradient(theta, flat.grad, p, p0, lam_mu, weights)
-                else:  # both gradients at the same point
-                    grad_p = dr_gradient(theta, flat.grad, p, p0, lam_mu, weights)
-                    theta[own].add_(flat.grad, alpha=-core_lr * float(p[own]))
-                p.sub_(params.dr_lr * grad_p)
-            loss_sum += loss.detach()
-            steps += 1
-        with torch.no_grad():
-            if pfllib and steps:  # re-based: the core it shares is the personal model of its last step
-                theta[own].copy_(flat.vector)
-            else:  # the personal model after the last step: what the engine's update norm measures
-                flat.vector.copy_(p.to(theta.dtype) @ theta)
-        cores[own, size:] = flat.buffers  # the BatchNorm statistics the steps updated are its own
-        job.scratch[_CORES] = (cores.cpu().numpy(), p.cpu().numpy(), versions)
-        return TrainStats(loss=float(loss_sum) / steps if steps else float("nan"), steps=steps)
+        onehot = np.zeros(m, np.float32)
+        onehot[own] = 1.0
+        numbers = np.array([lam_mu, job.lr * (m if self.pfllib else 1)], dtype=np.float64)
+        arrays = [cores[:, :size], onehot, job.scratch[_TARGET], numbers, cores[own, :size], p]
+        if self.weights is not None:
+            arrays.append(self.weights)
+        moved = to_device([np.ascontiguousarray(a) for a in arrays], job.device)
+        constants = {"cores": moved[0], "own": moved[1], "p0": moved[2], "numbers": moved[3]}
+        if self.pfllib:
+            constants["weights"] = moved[6]
+        return [Phase(epochs=job.train.local_epochs, optimizer=NoStep(), constants=constants,
+                      carry={"core": moved[4], "p": moved[5]}, on_train_batch_start=self.mix,
+                      on_after_backward=self.descend, on_train_end=self.finish)]
+
+    def _theta(self, constants: Constants, core: torch.Tensor) -> torch.Tensor:
+        """Every client's core model, this client's as it trains (M, P)."""
+        return torch.where(constants["own"].unsqueeze(1) > 0, core, constants["cores"])
+
+    def _personal(self, constants: Constants, carry: Carry) -> Edits:
+        """φ_i = Σ_j p_ij θ_j, as the parameters' new values."""
+        phi = carry["p"].to(torch.float32) @ self._theta(constants, carry["core"])
+        return dict(enumerate(self.layout.views(phi)))
+
+    def mix(self, params: Params, constants: Constants, carry: Carry) -> tuple[Edits, Carry]:
+        """Before each step: the model is φ_i."""
+        return self._personal(constants, carry), carry
+
+    def descend(self, params: Params, grads: Params, constants: Constants, carry: Carry) -> tuple[Edits, Carry]:
+        """θ_i ← θ_i − η1·p_ii·∇_φ L and p_i ← p_i − η2·∂/∂p_i (``pfllib_parallel``: θ_i first, p's gradient at the
+        moved θ_i; ``paper``: both gradients at the same point)."""
+        grad = self.layout.flatten(grads)
+        core, p = carry["core"], carry["p"]
+        lam_mu, core_lr = constants["numbers"][0], constants["numbers"][1]
+        step = (core_lr * (p * constants["own"]).sum()).to(torch.float32)
+        moved = core.addcmul(grad, step, value=-1.0)
+        at = moved if self.pfllib else core
+        grad_p = dr_gradient(self._theta(constants, at), grad, p, constants["p0"], lam_mu, constants.get("weights"))
+        return {}, {"core": moved, "p": p - self.params.dr_lr * grad_p}
+
+    def finish(self, params: Params, constants: Constants, carry: Carry) -> tuple[Edits, Carry]:
+        """``pfllib_parallel``: the core it shares is its personal model of the last step (re-based); ``paper``:
+        the model left is the personal model after the last step (what the engine's update norm measures)."""
+        if self.pfllib:
+            return {}, {**carry, "core": self.layout.flatten(params)}
+        return self._personal(constants, carry), carry
+
+    def contribute_stacked(self, message: Broadcast, jobs: Sequence[ClientJob], states: Any) -> None:
+        """One by one (:meth:`contribute`)."""
+        return None
+
+    def contribute(self, message: Broadcast, job: ClientJob) -> Contribution:
+        """The message's upload, from the copies with this client's trained core (and the BatchNorm statistics its
+        steps updated) and its new p_i."""
+        cores, p, versions = job.scratch[_CORES]
+        carry = job.scratch.get(FINAL_CARRY, {}).get(0)
+        if carry is not None:
+            core, p, buffers = to_host([carry["core"], carry["p"], job.flat.buffers])
+            cores = np.array(cores, dtype=np.float32)
+            cores[job.client_id] = np.concatenate([core, buffers])
+            job.scratch[_CORES] = (cores, p, versions)
+        return message.contribute(job)
 
 
 # --- server side ----------------------------------------------------------------------------

@@ -55,9 +55,9 @@ from rayfed.algorithms.common.cluster_state import ClusterModelState
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.hooks import Broadcast, ClientHalf, RoundContext, ServerHalf
 from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.batches import steps_per_epoch
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.sgd import steps_per_epoch
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_choice, check_int, check_real
 

@@ -65,10 +65,12 @@ from rayfed.algorithms.hooks import (
     RoundContext,
     ServerHalf,
     SharedBody,
-    buffer_bytes,
 )
 from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.sizing import buffer_bytes
+from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
+from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.errors import ConfigError
 
@@ -232,7 +234,7 @@ class ClasswiseModels(Broadcast):
             offset += size
         if flat.buffer_layout.size:
             buffers = job.state["buffers"] if job.state and "buffers" in job.state else self.initial_buffers
-            flat.buffers.copy_(torch.tensor(buffers))  # a copy: small, and may be read-only
+            flat.buffers.copy_(to_device([buffers], flat.buffers.device)[0])
 
     def prepare_global_eval(self, job: ClientJob) -> bool:
         """The global model: Eq. 7 with the clients' overall class distribution p_j = Σ_i n_ij / Σ_ij n_ij
@@ -286,11 +288,8 @@ class ClasswiseModels(Broadcast):
 
 
 class CwFedAvgClient(ClientHalf[CwFedAvgParams]):
-    """Plain SGD on CE + c·‖p_i − p̃_i(W)‖₂, recomputed from the live output weight each mini-batch.
-
-    The term is stated functionally (:meth:`functional_extra_loss`), so the sequential loop and
-    the stacked one (:mod:`rayfed.train.stacked`) share it; the per-client constant is p_i.
-    """
+    """Plain SGD on CE + c·‖p_i − p̃_i(W)‖₂ (Eq. 8), recomputed from the live output weight each mini-batch;
+    the per-client constant is p_i."""
 
     def __init__(self, params: CwFedAvgParams, spec: ProblemSpec) -> None:
         super().__init__(params, spec)
@@ -303,17 +302,14 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams]):
             )
         self.output_index = indices.pop()
 
-    def loss_constants(self, job: ClientJob) -> dict[str, torch.Tensor]:
+    def phases(self, job: ClientJob) -> list[Phase]:
         if not self.coefficient:
-            return {}
-        p = _client_distribution(job, self.params.p_source)
-        return {"p": torch.as_tensor(p, dtype=torch.float32, device=job.device)}
+            return super().phases(job)
+        p = to_device([_client_distribution(job, self.params.p_source).astype(np.float32)], job.device)[0]
+        return [Phase(epochs=job.train.local_epochs, loss=self.wdr, constants={"p": p})]
 
-    def functional_extra_loss(
-        self, params: list[torch.Tensor], constants: Mapping[str, torch.Tensor]
-    ) -> torch.Tensor | None:
-        if not self.coefficient:
-            return None
+    def wdr(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
+        """c·‖p_i − p̃_i(W)‖₂ of the live output weight W (Eq. 8)."""
         return wdr_penalty(constants["p"], params[self.output_index], self.coefficient)
 
 

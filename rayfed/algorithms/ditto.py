@@ -15,8 +15,9 @@ Round t, client k (Algorithm 1):
     server:  w^{t+1} ← Σ_k n_k w_k / Σ_k n_k      (FedAvg over the clients that uploaded)
 
 The proximal anchor is the round's global model w^t, the one the client received. v_k
-never leaves the client (client state store); it starts from the common initialisation,
-as in PFLlib. Evaluation: each client's v_k; the global model w^t is evaluated beside it.
+never leaves the client (client state store, a model the personal phase trains); it starts from the
+common initialisation, as in PFLlib. Evaluation: each client's v_k; the global model w^t is evaluated
+beside it.
 """
 
 from __future__ import annotations
@@ -24,20 +25,21 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from rayfed.algorithms.common.global_model import GlobalModel
-from rayfed.algorithms.common.own_models import save_model_state, saved_model
-from rayfed.algorithms.common.proximal import flatten_logically, proximal_term
+from rayfed.algorithms.common.own_models import MODEL_KEY, saved_model
+from rayfed.algorithms.common.proximal import proximal_term
 from rayfed.algorithms.fedavg import FedAvgServer
 from rayfed.algorithms.hooks import ClientHalf
 from rayfed.algorithms.registry import register_algorithm
-from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.job import ClientJob
+from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.scratch import ScratchKey
-from rayfed.train.sgd import local_sgd
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_int, check_real
 
@@ -77,6 +79,12 @@ class DittoModels(GlobalModel):
         job.flat.load_state(self.vector)
         job.scratch[_PERSONAL] = saved_model(job, self.initial)
 
+    def personalise_stacked(self, jobs: Sequence[ClientJob]) -> Any:
+        """w^t for every client at once; each client's v_k to the client half via scratch."""
+        for job in jobs:
+            job.scratch[_PERSONAL] = saved_model(job, self.initial)
+        return super().personalise_stacked(jobs)
+
     def prepare_eval(self, job: ClientJob) -> None:
         """The client's personal model v_k."""
         job.flat.load_state(saved_model(job, self.initial))
@@ -94,29 +102,20 @@ class DittoModels(GlobalModel):
 class DittoClient(ClientHalf[DittoParams]):
     """Per round: s epochs on v_k with (λ/2)‖v_k − w^t‖², then FedAvg's local update of w^t.
 
-    The trained v_k is stored in ``job.state``; the model left in ``job.flat`` (and uploaded)
-    is the locally updated global model w_k.
+    v_k is a model the client keeps in its state (``MODEL_KEY``); the round's model (uploaded) is the
+    locally updated global model w_k, whose loss and steps are the ones reported, as FedAvg's.
     """
 
-    def train(self, job: ClientJob) -> TrainStats:
-        flat = job.flat
-        global_start = flat.state_numpy()
-        params: list[torch.Tensor] = list(flat.params)
-        anchor = flatten_logically([p.detach().clone() for p in params])  # w^t
-        lam = float(self.params.lam)
-
-        def prox(job_: ClientJob, logits: torch.Tensor) -> torch.Tensor | None:
-            return proximal_term(params, anchor, lam) if lam else None
-
+    def phases(self, job: ClientJob) -> list[Phase]:
         # v_k from the broadcast; with another server half (algorithm.client="ditto"): its own or w^t.
-        start = job.scratch.pop(_PERSONAL, None)
-        flat.load_state(start if start is not None else saved_model(job, global_start))
-        if self.params.personal_epochs:
-            train = dataclasses.replace(job.train, local_epochs=self.params.personal_epochs)
-            local_sgd(dataclasses.replace(job, train=train), extra_loss=prox)
-        save_model_state(job)
-        flat.load_state(global_start)
-        return local_sgd(job)  # the reported loss is the global update's, as FedAvg's
+        personal = Phase(epochs=self.params.personal_epochs, loss=self.proximal if self.params.lam else None,
+                         needs_start=bool(self.params.lam), model=MODEL_KEY, start=job.scratch.get(_PERSONAL),
+                         reports=False)
+        return [personal, Phase(epochs=job.train.local_epochs)]
+
+    def proximal(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
+        """(λ/2)‖v_k − w^t‖² (Eq. 1), w^t = the round's starting model."""
+        return proximal_term(list(params), constants["start"], self.params.lam)
 
 
 class DittoServer(FedAvgServer):

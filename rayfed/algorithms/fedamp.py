@@ -41,6 +41,7 @@ from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.hooks import Broadcast, ClientHalf, RoundContext, ServerHalf
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.job import ClientJob
+from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.scratch import ScratchKey
 from rayfed.util.documented import documented, section
@@ -159,14 +160,14 @@ class CloudModels(Broadcast):
 class FedAMPClient(ClientHalf[FedAMPParams]):
     """Cross-entropy + (λ/(2α_K))‖w − u_i‖² (Eq. 8), u_i = the cloud model the client received."""
 
-    def loss_constants(self, job: ClientJob) -> dict[str, torch.Tensor]:
-        return {"cloud": job.scratch[_CLOUD]}  # set by CloudModels.personalise
-
-    def functional_extra_loss(
-        self, params: list[torch.Tensor], constants: Mapping[str, torch.Tensor]
-    ) -> torch.Tensor | None:
+    def phases(self, job: ClientJob) -> list[Phase]:
         if self.params.lamda == 0:
-            return None
+            return super().phases(job)
+        return [Phase(epochs=job.train.local_epochs, loss=self.attraction,
+                      constants={"cloud": job.scratch[_CLOUD]})]  # set by CloudModels.personalise
+
+    def attraction(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
+        """(λ/(2α_K))‖w − u_i‖² (Eq. 8)."""
         return proximal_term(params, constants["cloud"], self.params.lamda / self.params.alpha_k)
 
 

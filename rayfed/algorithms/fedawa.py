@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from rayfed.algorithms.common.architecture import sole_architecture
-from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelServer
+from rayfed.algorithms.common.global_model import GlobalModelServer, GlobalStart
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedawa_objective import (
     EXACT_SMOOTHING,
@@ -74,9 +74,10 @@ from rayfed.algorithms.fedawa_objective import (
     softmax,
 )
 from rayfed.algorithms.fedawa_weights import INITIAL_WEIGHTS, needs_label_counts
-from rayfed.algorithms.hooks import RoundContext, momentum_bytes
+from rayfed.algorithms.hooks import RoundContext
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.algorithms.sgdm import PersistentMomentumClient
+from rayfed.algorithms.sizing import momentum_bytes
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
@@ -149,13 +150,13 @@ class FedAWAParams:
 
 
 @dataclass(frozen=True)
-class ClientVectorBroadcast(GlobalModel):
+class ClientVectorBroadcast(GlobalStart):
     """The global model; a trained client sends its client vector τ_k = θ_k − θ_g (and, if the
     initial weights read them, its training-label counts)."""
 
     send_label_counts: bool = False
 
-    def contribute(self, job: ClientJob) -> ClientVectors:  # type: ignore[override]
+    def contribute(self, job: ClientJob) -> ClientVectors:
         counts = job.train_label_counts if self.send_label_counts else None
         return ClientVectors.of(job.flat.state_numpy() - self.vector, job.client_id, job.num_train, counts)
 

@@ -20,16 +20,14 @@ reported beside it (``prepare_global_eval``), as the paper reports both.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
-from rayfed.algorithms.common.body_head import BodyHeadParams, PartialModels, PartialServer, split_body_head, train_part
-from rayfed.algorithms.hooks import ClientHalf, SharedBody
+from rayfed.algorithms.common.body_head import BodyHeadParams, PartialModels, PartialServer, part_phase, split_body_head
+from rayfed.algorithms.hooks import Broadcast, ClientHalf, SharedBody
 from rayfed.algorithms.registry import register_algorithm
-from rayfed.train.job import ClientJob, TrainStats, seed_global_generators
+from rayfed.train.job import ClientJob
+from rayfed.train.phase import Phase
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_int
@@ -61,22 +59,6 @@ class FedBabuModels(PartialModels):
 
     eval_needs_train = True  # the evaluation job carries the client's training split, for the fine-tuning
 
-    def prepare_eval(self, job: ClientJob) -> None:
-        """Global body + h_0, then τ_f epochs of SGD on the whole model over the client's training split.
-
-        Batches come from a fresh generator with the evaluation job's seed (run seed, client id), so the
-        same global model gives the same personalised model on any worker and at every call; neither the
-        client's state nor the job's generator is touched.
-        """
-        self.personalise(job)
-        if not self.finetune_epochs or not job.num_train:
-            return
-        seed = job.generator.initial_seed()
-        tuning = dataclasses.replace(job, generator=torch.Generator().manual_seed(seed))  # job's stream untouched
-        devices = [job.device] if job.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):  # dropout draws from the global generator
-            seed_global_generators(seed, job.device)
-            train_part(tuning, slice(0, job.flat.size), self.finetune_epochs)
 
     def prepare_global_eval(self, job: ClientJob) -> bool:
         """The federated model itself: the global body with the initial head, not fine-tuned."""
@@ -97,8 +79,18 @@ class FedBabuClient(ClientHalf[FedBabuParams]):
         super().__init__(params, spec)
         self.splits = {arch: split_body_head(spec, arch, params.head_blocks) for arch in spec.layouts}
 
-    def train(self, job: ClientJob) -> TrainStats:
-        return train_part(job, self.splits[job.architecture].body_params, job.train.local_epochs)
+    def phases(self, job: ClientJob) -> list[Phase]:
+        return [part_phase(self.splits[job.architecture].body_params, job.train.local_epochs)]
+
+    def prepare_eval(self, message: Broadcast, job: ClientJob) -> list[Phase]:
+        """Global body + h_0, then τ_f epochs of SGD on the whole model over the client's training split.
+
+        The evaluation job's batches come from its own generator (run seed, client id, the evaluation
+        round), so the same global model gives the same personalised model on any worker and at every call;
+        the client's state is not touched.
+        """
+        message.prepare_eval(job)
+        return [Phase(epochs=self.params.finetune_epochs)] if self.params.finetune_epochs else []
 
 
 class FedBabuServer(PartialServer):

@@ -40,7 +40,6 @@ model is averaged as in FedAvg, and the proximal term still acts on the classifi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, cast
@@ -61,14 +60,14 @@ from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.fedavg import FedAvgServer
 from rayfed.algorithms.hooks import Broadcast, ClientHalf, ServerHalf
 from rayfed.algorithms.registry import register_algorithm
-from rayfed.data.augment import augment_batch
+from rayfed.data.augment import SIMCLR_AUGMENT
 from rayfed.models import seeded_init
 from rayfed.models.fedclassavg_nets import FedClassAvgNet
-from rayfed.train.flat import FlatModel
-from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.host import to_device
+from rayfed.train.job import ClientJob
+from rayfed.train.phase import Adam, Batch, Constants, Outputs, Params, Phase
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.scratch import ScratchKey
-from rayfed.train.sgd import minibatches
 from rayfed.util.documented import documented, section
 from rayfed.util.errors import ConfigError
 from rayfed.util.seeding import init_seed
@@ -79,7 +78,6 @@ __all__ = [
     "FedClassAvgMessage",
     "FedClassAvgClient",
     "FedClassAvgServer",
-    "FlatAdam",
     "supcon_loss",
     "classifier_prox",
 ]
@@ -90,8 +88,10 @@ CLASSIFIER_LAYER = FedClassAvgNet.output_layer
 SERVER_INIT_STREAM = CLIENT_INIT_STREAM - 1
 """Initialisation stream of the server's first global classifier."""
 
-_OWN_CLASSIFIER = ScratchKey[torch.Tensor]("fedclassavg.own_classifier")
+_OWN_CLASSIFIER = ScratchKey[np.ndarray]("fedclassavg.own_classifier")
 """``job.scratch`` key: the client's own initial classifier, set when a warm-up is due."""
+_RECEIVED = ScratchKey[np.ndarray]("fedclassavg.received")
+"""``job.scratch`` key: the classifier the client received (the global one, or the global model's)."""
 
 
 @section("algorithm.params")
@@ -163,7 +163,8 @@ class FedClassAvgParams:
 
 
 def supcon_loss(
-    features: torch.Tensor, labels: torch.Tensor, temperature: float, base_temperature: float
+    features: torch.Tensor, labels: torch.Tensor, temperature: float, base_temperature: float,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Supervised contrastive loss over two views, as the authors' ``SupConLoss`` (Khosla et al. 2020).
 
@@ -174,6 +175,8 @@ def supcon_loss(
         ℓ_a = −(1/|P(a)|) Σ_{p∈P(a)} [s_ap − log Σ_{b∈A(a)} exp s_ab],   s_ab = z_a·z_b / τ
 
         L = (τ/τ_base) · mean_a ℓ_a
+
+    With ``weight`` (B,), views of weight 0 (a stack's padding) are neither anchors nor in any set.
     """
     n = features.shape[0]
     if n != 2 * labels.shape[0]:
@@ -182,11 +185,18 @@ def supcon_loss(
     logits = features @ features.T / temperature
     logits = logits - logits.max(dim=1, keepdim=True).values.detach()  # stability; cancels below
     not_self = ~torch.eye(n, dtype=torch.bool, device=features.device)
+    if weight is not None:
+        valid = weight.repeat(2) > 0
+        not_self = not_self & valid.view(1, -1)
     positives = (all_labels.view(-1, 1) == all_labels.view(1, -1)) & not_self
     log_denominator = torch.logsumexp(logits.masked_fill(~not_self, float("-inf")), dim=1, keepdim=True)
     log_prob = logits - log_denominator
-    mean_log_prob_pos = (log_prob * positives).sum(dim=1) / positives.sum(dim=1)
-    return -(temperature / base_temperature) * mean_log_prob_pos.mean()
+    if weight is None:
+        mean_log_prob_pos = (log_prob * positives).sum(dim=1) / positives.sum(dim=1)
+        return -(temperature / base_temperature) * mean_log_prob_pos.mean()
+    anchors = weight.repeat(2)
+    mean_log_prob_pos = (log_prob.masked_fill(~positives, 0.0)).sum(dim=1) / positives.sum(dim=1).clamp_min(1)
+    return -(temperature / base_temperature) * (mean_log_prob_pos * anchors).sum() / anchors.sum().clamp_min(1.0)
 
 
 def classifier_prox(
@@ -208,34 +218,6 @@ def classifier_prox(
     return rho * torch.sqrt(squared)
 
 
-class FlatAdam:
-    """``torch.optim.Adam`` (no weight decay, no amsgrad) on a :class:`FlatModel`'s flat vector.
-
-    One fused update over all parameters per step, the same arithmetic as torch's
-    single-tensor Adam. Parameters whose gradient is zero (e.g. GoogLeNet's unused
-    auxiliary heads) do not move, as with torch's Adam when their gradient is ``None``.
-    """
-
-    def __init__(self, flat: FlatModel, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
-        self.flat = flat
-        self.beta1, self.beta2 = betas
-        self.eps = eps
-        self.exp_avg = torch.zeros_like(flat.vector)
-        self.exp_avg_sq = torch.zeros_like(flat.vector)
-        self.steps = 0
-
-    @torch.no_grad()
-    def step(self, lr: float) -> None:
-        grad = self.flat.grad
-        self.steps += 1
-        self.exp_avg.mul_(self.beta1).add_(grad, alpha=1 - self.beta1)
-        self.exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
-        bias_correction1 = 1 - self.beta1**self.steps
-        bias_correction2_sqrt = math.sqrt(1 - self.beta2**self.steps)
-        denom = (self.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
-        self.flat.vector.addcdiv_(self.exp_avg, denom, value=-lr / bias_correction1)
-
-
 # --- worker side ----------------------------------------------------------------------------
 
 
@@ -250,14 +232,17 @@ class FedClassAvgMessage(Broadcast):
 
     def personalise(self, job: ClientJob) -> None:
         """The client's own model with the global classifier (or the global model, ``"weight"``)."""
+        part = job.flat.slice_of(CLASSIFIER_LAYER)
         if self.mode == "weight":
             job.flat.load_state(self.vector)
+            job.scratch[_RECEIVED] = self.vector[part]
             return
-        job.flat.load_state(own_model_state(job, self.init))
-        part = job.flat.slice_of(CLASSIFIER_LAYER)
+        own = own_model_state(job, self.init)
+        job.flat.load_state(own)
         if self.warmup and not has_saved_model(job):
-            job.scratch[_OWN_CLASSIFIER] = job.flat.vector[part].detach().clone()
+            job.scratch[_OWN_CLASSIFIER] = own[part]
         job.flat.load(self.vector, part)
+        job.scratch[_RECEIVED] = self.vector
 
     def contribute(self, job: ClientJob) -> WeightedSum:
         """Keep the trained model in the client's state; upload n_k·w_Ck (or n_k·θ_k, ``"weight"``)."""
@@ -279,54 +264,62 @@ class FedClassAvgMessage(Broadcast):
 
 
 class FedClassAvgClient(ClientHalf[FedClassAvgParams]):
-    """SupCon on two views + CE on the first + ρ·L_R on the classifier, with a fresh Adam (Eq. 4)."""
+    """SupCon on two views + CE on the first + ρ·L_R on the classifier, with a fresh Adam (Eq. 4): a warm-up
+    phase with the client's own classifier before its first round (the code's), then the round's phase."""
 
-    def train(self, job: ClientJob) -> TrainStats:
+    def __init__(self, params: FedClassAvgParams, spec: ProblemSpec) -> None:
+        super().__init__(params, spec)
+        self.views = 2 if params.contrastive else 1
+        for arch, layout in spec.layouts.items():
+            if layout.names[-2:] != (f"{CLASSIFIER_LAYER}.weight", f"{CLASSIFIER_LAYER}.bias"):
+                raise ConfigError(
+                    f"algorithm.name='fedclassavg' needs models with an extractor and a classifier (fca_*), but "
+                    f"model {arch!r} does not end in {CLASSIFIER_LAYER!r}"
+                )
+
+    def phases(self, job: ClientJob) -> list[Phase]:
         if not isinstance(job.model, FedClassAvgNet):
             raise ConfigError(
                 f"algorithm.name='fedclassavg' needs models with an extractor and a classifier (fca_*), but "
                 f"client {job.client_id} has {job.architecture!r}"
             )
         part = job.flat.slice_of(CLASSIFIER_LAYER)
-        received = job.flat.vector[part].detach().clone()
-        own = job.scratch.pop(_OWN_CLASSIFIER, None)
-        if own is not None:  # the code's warm-up: one epoch with the client's own classifier
-            job.flat.load(own, part)
-            self._train(job, own, epochs=1)
-            job.flat.load(received, part)
-        return self._train(job, received, epochs=job.train.local_epochs)
+        classifiers = [job.scratch[_RECEIVED]]
+        own = job.scratch.get(_OWN_CLASSIFIER)
+        if own is not None:
+            classifiers.insert(0, own)
+        moved = to_device([np.asarray(c, np.float32) for c in classifiers], job.device)
+        epochs = [1] * (len(moved) - 1) + [job.train.local_epochs]  # the code's warm-up: one epoch
+        return [self._phase(anchor, (part.start, part.stop), n) for anchor, n in zip(moved, epochs)]
 
-    def _train(self, job: ClientJob, anchor: torch.Tensor, *, epochs: int) -> TrainStats:
-        params, model, flat = self.params, cast(FedClassAvgNet, job.model), job.flat
-        layer = cast(torch.nn.Linear, model.get_submodule(CLASSIFIER_LAYER))
-        k, d = layer.weight.shape
-        anchor_weight, anchor_bias = anchor[: k * d].view(k, d), anchor[k * d :]
-        optimiser = FlatAdam(flat, params.adam_betas, params.adam_eps)
-        mean, std = self.spec.mean, self.spec.std
-        model.train()
-        ce_sum = torch.zeros((), device=job.device)
-        steps = 0
-        for index, idx in enumerate(minibatches(job, epochs=epochs)):
-            x, y = job.x_train[idx], job.y_train[idx]
-            views = [augment_batch(x, mean, std, job.generator)]
-            if params.contrastive:
-                views.append(augment_batch(x, mean, std, job.generator))
-            flat.zero_grad()
-            z = model.features(torch.cat(views))
-            ce = F.cross_entropy(model.classifier(z[: y.shape[0]]), y)
-            loss = ce
-            if params.contrastive:
-                zc = F.normalize(z, dim=1) if params.normalize_features else z
-                loss = loss + supcon_loss(zc, y, params.temperature, params.base_temperature)
-            if index > 0 and params.rho > 0:  # zero at the first batch; the code skips it
-                loss = loss + classifier_prox(
-                    layer.weight, layer.bias, anchor_weight, anchor_bias, params.rho, params.fidelity
-                )
-            loss.backward()
-            optimiser.step(job.lr)
-            ce_sum += ce.detach()
-            steps += 1
-        return TrainStats(loss=float(ce_sum) / steps if steps else float("nan"), steps=steps)
+    def _phase(self, anchor: torch.Tensor, part: tuple[int, int], epochs: int) -> Phase:
+        """``epochs`` of Eq. 4 from the classifier ``anchor`` (loaded into the model), which L_R pulls towards."""
+        return Phase(epochs=epochs, loss=self.objective, optimizer=Adam(self.params.adam_betas, self.params.adam_eps),
+                     views=self.views, augment=SIMCLR_AUGMENT, forward=self.forward, constants={"anchor": anchor},
+                     load=(part, anchor))
+
+    def forward(self, module: torch.nn.Module, x: torch.Tensor) -> Outputs:
+        """The extractor's features z of every view, and the classifier's logits of the first view."""
+        model = cast(FedClassAvgNet, module)
+        z = model.features(x)
+        return Outputs(model.classifier(z[: x.shape[0] // self.views]), z)
+
+    def objective(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
+        """L_SupCon(z′, z″; y) + ρ·L_R(C_k, C) of Eq. 4 (the CE is the loop's); L_R is 0 at the phase's first step,
+        where the code skips it."""
+        p = self.params
+        total = params[-1].new_zeros(())
+        if p.contrastive:
+            assert out.features is not None
+            z = F.normalize(out.features, dim=1) if p.normalize_features else out.features
+            total = total + supcon_loss(z, batch.y, p.temperature, p.base_temperature, batch.weight)
+        if p.rho > 0:
+            weight, bias = params[-2], params[-1]
+            anchor = constants["anchor"]
+            prox = classifier_prox(weight, bias, anchor[: weight.numel()].view(weight.shape), anchor[weight.numel():],
+                                   p.rho, p.fidelity)
+            total = total + torch.where(batch.step > 0, prox, torch.zeros_like(prox))
+        return total
 
 
 # --- server side ----------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from typing import Literal
 
 import numpy as np
 
-from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelServer
+from rayfed.algorithms.common.global_model import GlobalModelServer, GlobalStart
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedawa_weights import register_initial_weights
 from rayfed.algorithms.hooks import ClientHalf, RoundContext
@@ -129,10 +129,10 @@ def feddisco_initial_weights(
 
 
 @dataclass(frozen=True)
-class ModelAndHistogram(GlobalModel):
+class ModelAndHistogram(GlobalStart):
     """The global model; a trained client sends its whole model and its training-label counts."""
 
-    def contribute(self, job: ClientJob) -> ClientVectors:  # type: ignore[override]
+    def contribute(self, job: ClientJob) -> ClientVectors:
         return ClientVectors.of(job.flat.state_numpy(), job.client_id, job.num_train, job.train_label_counts)
 
 

@@ -41,14 +41,18 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelServer
+from rayfed.algorithms.common.global_model import GlobalModelServer, GlobalStart
 from rayfed.algorithms.common.proximal import flatten_logically, proximal_term
 from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.hooks import ClientHalf, RoundContext, momentum_bytes, parameter_bytes
+from rayfed.algorithms.hooks import RoundContext
 from rayfed.algorithms.registry import register_algorithm
-from rayfed.algorithms.sgdm import PersistentMomentumClient
-from rayfed.train.job import ClientJob, TrainStats
+from rayfed.algorithms.sgdm import MOMENTUM_KEY, PersistentMomentumClient
+from rayfed.algorithms.sizing import momentum_bytes, parameter_bytes
+from rayfed.train.host import to_device
+from rayfed.train.job import ClientJob
+from rayfed.train.phase import SGD, Batch, Constants, Outputs, Params, Phase
 from rayfed.train.problem import ProblemSpec
+from rayfed.train.stack_plan import logical_rows
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_choice, check_real
 
@@ -101,7 +105,7 @@ def _grad_state(job: ClientJob) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class FedDynBroadcast(GlobalModel):
+class FedDynBroadcast(GlobalStart):
     """θ^{t−1}; a trained client updates its gradient state and sends θ_k^t with weight n_k
     (``size_weighted``, the ``code`` fidelity) or 1 (``paper``)."""
 
@@ -122,32 +126,21 @@ class FedDynClient(PersistentMomentumClient):
 
     params: FedDynParams
 
-    def train(self, job: ClientJob) -> TrainStats:
-        if self.params.fidelity == "paper":  # a fresh momentum buffer every round
-            return ClientHalf.train(self, job)
-        return super().train(job)
+    def phases(self, job: ClientJob) -> list[Phase]:
+        """One phase of CE plus the dynamic regulariser; ``code`` keeps the momentum buffer (a fresh one every
+        round under ``paper``)."""
+        grad = logical_rows(to_device([_grad_state(job)], job.device)[0].unsqueeze(0), job.flat.layout)[0]
+        optimizer = SGD(keep_momentum=MOMENTUM_KEY) if self.params.fidelity == "code" else SGD()
+        return [Phase(epochs=job.train.local_epochs, loss=self.dynamic, optimizer=optimizer, constants={"grad": grad},
+                      needs_start=True)]
 
-    def supports_stacking(self) -> bool:
-        """``paper`` trains with the default loop (stackable); ``code`` carries a momentum buffer, one by one."""
-        return self.params.fidelity == "paper"
-
-    def loss_constants(self, job: ClientJob) -> dict[str, torch.Tensor]:
-        grad = torch.from_numpy(_grad_state(job)).to(job.device)
-        layout = job.flat.layout
-        logical_grad = flatten_logically([layout.view(grad, i) for i in range(len(layout.names))])
-        return {
-            "anchor": flatten_logically([p.detach() for p in job.flat.params]),
-            "grad": logical_grad,
-        }
-
-    def functional_extra_loss(
-        self, params: list[torch.Tensor], constants: Mapping[str, torch.Tensor]
-    ) -> torch.Tensor:
-        linear = torch.dot(flatten_logically(params), constants["grad"])
+    def dynamic(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
+        """−⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)‖θ − θ^{t−1}‖² (``code``: the norm unsquared), θ^{t−1} = the round's start."""
+        linear = torch.dot(flatten_logically(list(params)), constants["grad"])
         if self.params.fidelity == "code":
-            drift = torch.linalg.vector_norm(flatten_logically(params) - constants["anchor"])
+            drift = torch.linalg.vector_norm(flatten_logically(list(params)) - constants["start"])
             return 0.5 * self.params.alpha * drift - linear
-        return proximal_term(params, constants["anchor"], self.params.alpha) - linear
+        return proximal_term(list(params), constants["start"], self.params.alpha) - linear
 
 
 class FedDynServer(GlobalModelServer[FedDynParams, WeightedSum]):

@@ -32,9 +32,9 @@ validation set is the last ⌊``val_ratio`` · n⌋ samples of the client's trai
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -44,7 +44,8 @@ from rayfed.algorithms.common.own_models import save_model_state, saved_model
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.hooks import Broadcast, ClientHalf, RoundContext, ServerHalf
 from rayfed.algorithms.registry import register_algorithm
-from rayfed.train.evaluate import evaluate_model
+from rayfed.train.evaluate import model_losses
+from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.scratch import ScratchKey
@@ -175,6 +176,17 @@ def choose_models(
 
 
 @dataclass(frozen=True)
+class _Plan:
+    """A client's part in the round's weighing: its own model, its base, its candidates, its data's split."""
+
+    own: np.ndarray
+    base: np.ndarray
+    chosen: np.ndarray
+    val: np.ndarray
+    train: np.ndarray
+
+
+@dataclass(frozen=True)
 class FomoModels(Broadcast):
     """Every client's latest model (one row each) and whether the server has one; a client
     downloads only the rows it chooses."""
@@ -188,38 +200,62 @@ class FomoModels(Broadcast):
     def personalise(self, job: ClientJob) -> None:
         """Weight the downloaded models on the validation split (Eq. 6), start from Eq. 5, and leave
         only the training part of the data in the job."""
-        own = np.asarray(saved_model(job, self.models[job.client_id]), dtype=np.float32)
+        job.flat.load_state(self._starts([job])[0])
+
+    def personalise_stacked(self, jobs: Sequence[ClientJob]) -> Any:
+        """:meth:`personalise` of every client at once: each client's base and candidates weighed on its validation
+        split in one stacked evaluation of all the clients' models."""
+        return to_device([np.stack(self._starts(jobs))], jobs[0].device)[0]
+
+    def _starts(self, jobs: Sequence[ClientJob]) -> list[np.ndarray]:
+        """Each client's starting model (Eq. 5); its choice and weights go to its scratch, and its job keeps only
+        its training part of the data."""
         pfllib = self.params.fidelity == "pfllib"
+        plans = [self._plan(job, pfllib) for job in jobs]
+        union = np.unique(np.concatenate([plan.chosen for plan in plans]))
+        vals = [plan.val if len(plan.chosen) else plan.val[:0] for plan in plans]  # a client without candidates
+        losses = None
+        if any(len(val) for val in vals):  # every client's base and candidates, one stack over all validation splits
+            offsets = np.cumsum([0] + [job.num_train for job in jobs[:-1]])
+            rows = to_device([np.concatenate([val + offset for val, offset in zip(vals, offsets)])], jobs[0].device)[0]
+            x = torch.cat([job.x_train for job in jobs]) if len(jobs) > 1 else jobs[0].x_train
+            y = torch.cat([job.y_train for job in jobs]) if len(jobs) > 1 else jobs[0].y_train
+            states = np.vstack([self.models[union], *[plan.base[None] for plan in plans]])
+            losses = model_losses(jobs[0].flat, jobs[0].architecture, states, x[rows], y[rows],
+                                  [len(val) for val in vals])
+        starts = []
+        for c, (job, plan, val) in enumerate(zip(jobs, plans, vals)):
+            start, raw = plan.own, np.zeros(len(plan.chosen))
+            if len(val) and losses is not None:
+                base_loss, candidates = float(losses[c, len(union) + c]), losses[c, np.searchsorted(union, plan.chosen)]
+                diffs = self.models[plan.chosen, : self.num_params].astype(np.float64) - plan.base[: self.num_params]
+                offset = PFLLIB_DISTANCE_OFFSET if pfllib else 0.0
+                raw, weights = fomo_weights(base_loss, candidates, np.linalg.norm(diffs, axis=1), offset)
+                if weights.sum() > 0:
+                    delta = weights @ (self.models[plan.chosen].astype(np.float64) - plan.base)
+                    start = (plan.base + delta).astype(np.float32)
+            job.scratch[_DOWNLOADED] = len(plan.chosen)
+            job.scratch[_WEIGHTS] = (plan.chosen, raw)
+            if pfllib:
+                job.scratch[_START] = start
+            starts.append(start)
+            keep = to_device([plan.train], job.device)[0]
+            job.x_train, job.y_train = job.x_train[keep], job.y_train[keep]
+        return starts
+
+    def _plan(self, job: ClientJob, pfllib: bool) -> _Plan:
+        """The client's own model, the base it weighs against, its chosen candidates and its data's split."""
+        own = np.asarray(saved_model(job, self.models[job.client_id]), dtype=np.float32)
         base = np.asarray(job.state[START_KEY], np.float32) if pfllib and job.state and START_KEY in job.state else own
         val, train = (tail_split(job.num_train, self.params.val_ratio) if pfllib
                       else validation_split(job.num_train, self.params.val_ratio, self.seed, job.client_id))
-        val_index = torch.as_tensor(val, device=job.device)
-        x_val, y_val = job.x_train[val_index], job.y_train[val_index]
         others = np.arange(len(self.available)) != job.client_id
         candidates = np.flatnonzero(self.available if pfllib else self.available & others)
-        affinity = _affinity(job, len(self.available))
         stream = CHOICE_STREAM + job.round * len(self.available) + job.client_id
         rng = np.random.default_rng(init_seed(self.seed, stream))
         epsilon = decayed_epsilon(self.params.epsilon, self.params.epsilon_decay, job.round)
-        chosen = choose_models(candidates, affinity, self.params.num_models, epsilon, rng)
-        start = own
-        raw = np.zeros(len(chosen))
-        if len(chosen) and len(val):
-            base_loss = _loss(job, base, x_val, y_val)
-            losses = np.array([_loss(job, self.models[n], x_val, y_val) for n in chosen])
-            diffs = self.models[chosen, : self.num_params].astype(np.float64) - base[: self.num_params]
-            offset = PFLLIB_DISTANCE_OFFSET if pfllib else 0.0
-            raw, weights = fomo_weights(base_loss, losses, np.linalg.norm(diffs, axis=1), offset)
-            if weights.sum() > 0:
-                delta = weights @ (self.models[chosen].astype(np.float64) - base)
-                start = (base + delta).astype(np.float32)
-        job.scratch[_DOWNLOADED] = len(chosen)
-        job.scratch[_WEIGHTS] = (chosen, raw)
-        job.flat.load_state(start)
-        if pfllib:
-            job.scratch[_START] = start
-        index = torch.as_tensor(train, device=job.device)
-        job.x_train, job.y_train = job.x_train[index], job.y_train[index]
+        chosen = choose_models(candidates, _affinity(job, len(self.available)), self.params.num_models, epsilon, rng)
+        return _Plan(own, base, chosen, np.asarray(val, np.int64), np.asarray(train, np.int64))
 
     def contribute(self, job: ClientJob) -> ClientVectors:
         """Keep θ_i and the affinities (P_in += w_n); upload θ_i whole."""
@@ -252,12 +288,6 @@ def _affinity(job: ClientJob, num_clients: int) -> np.ndarray:
     if job.state is not None and AFFINITY_KEY in job.state:
         return np.asarray(job.state[AFFINITY_KEY], dtype=np.float64)
     return np.zeros(num_clients, dtype=np.float64)
-
-
-def _loss(job: ClientJob, state: np.ndarray, x: torch.Tensor, y: torch.Tensor) -> float:
-    """Mean cross-entropy of the model ``state`` on (x, y)."""
-    job.flat.load_state(state)
-    return evaluate_model(job.model, x, y).mean_loss
 
 
 # --- server side ----------------------------------------------------------------------------

@@ -7,8 +7,10 @@ See docs/algorithms.md, FedNH section.
 The classifier is a matrix of K class prototypes μ_c (unit rows, K × h) and the logits are
 scaled cosines, ℓ_c(x) = s·cos(f(x), μ_c), f = the body's penultimate features. Here the
 model's own output layer holds them: its weight is s·μ (every row of norm s), its bias is
-zero, and a forward pre-hook on the layer L2-normalises the features, so the model's ordinary
-forward *is* FedNH's classifier (training, evaluation and its loss alike). One round:
+zero, and the layer reads L2-normalised features (the client half declares
+``normalized_features``: the worker's models get a :class:`~rayfed.models.layers.NormalizedLinear`
+output layer), so the model's ordinary forward *is* FedNH's classifier (training, evaluation and its
+loss alike). One round:
 
 * the server initialises the prototypes uniformly: orthonormal rows when K ≤ h (all pairwise
   cosines 0), else rows spread by minimising their largest pairwise cosines;
@@ -48,10 +50,12 @@ from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.hooks import Broadcast, ClientHalf, Contribution, RoundContext
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.evaluate import features_before_output
-from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.host import to_device
+from rayfed.train.job import ClientJob
+from rayfed.train.loop import FINAL_CARRY
+from rayfed.train.phase import Carry, Constants, Edits, Params, Phase
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.scratch import ScratchKey
-from rayfed.train.sgd import minibatches, sgd_step
 from rayfed.util.documented import documented, section
 from rayfed.util.errors import ConfigError
 from rayfed.util.seeding import init_seed
@@ -66,14 +70,13 @@ __all__ = [
     "initial_prototypes",
     "class_means",
     "smooth_prototypes",
-    "cosine_head",
 ]
 
 PROTOTYPE_STREAM = CLIENT_INIT_STREAM - 2
 """Initialisation stream of the server's first prototypes (FedClassAvg's classifier uses ``- 1``)."""
 
-_SCRATCH = ScratchKey[tuple[torch.Tensor, float]]("fednh.head")
-"""``job.scratch`` key: (prototypes μ as a K × h tensor, scale s) the client received."""
+_SCRATCH = ScratchKey[tuple[np.ndarray, float]]("fednh.head")
+"""``job.scratch`` key: (prototypes μ (K, h), scale s) the client received."""
 
 
 @section("algorithm.params")
@@ -159,19 +162,6 @@ def smooth_prototypes(prototypes: np.ndarray, sums: np.ndarray, counts: np.ndarr
     return updated.astype(np.float32)
 
 
-def _normalise_features(_module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    return (F.normalize(args[0], dim=1), *args[1:])
-
-
-def cosine_head(model: torch.nn.Module, output_layer: str) -> None:
-    """Make ``model``'s output layer read L2-normalised features (once per module): with weight s·μ
-    and zero bias it then computes FedNH's logits s·cos(f, μ_c)."""
-    layer = model.get_submodule(output_layer)
-    if not getattr(layer, "_fednh_cosine", False):
-        layer.register_forward_pre_hook(_normalise_features)
-        layer._fednh_cosine = True  # type: ignore[assignment]
-
-
 # --- what a client uploads --------------------------------------------------------------------------
 
 
@@ -249,15 +239,15 @@ class FedNHMessage(Broadcast):
 
     def personalise(self, job: ClientJob) -> None:
         job.flat.load_state(self.vector)
-        cosine_head(job.model, self.head.output_layer)
-        job.scratch[_SCRATCH] = (torch.tensor(np.array(self.prototypes), device=job.device), self.scale)
+        job.scratch[_SCRATCH] = (self.prototypes, self.scale)
 
     def contribute(self, job: ClientJob) -> PrototypeSum:
         """Keep the trained model (the client's PM); send its body and s, and its class means."""
         save_model_state(job)
         features = torch.cat([f for _, f in features_before_output(job.model, self.head.output_layer, job.x_train)])
         sums, counts = class_means(features, job.y_train, self.head.shape[0])
-        _, scale = job.scratch.get(_SCRATCH, (None, self.scale))
+        carry = job.scratch.get(FINAL_CARRY, {}).get(0)
+        scale = float(carry["s"]) if carry else self.scale
         state = job.flat.state_numpy()
         body = np.append(state[self.head.body], np.float32(scale))
         weight = job.num_train if self.body_weighting == "size" else 1.0
@@ -266,12 +256,10 @@ class FedNHMessage(Broadcast):
     def prepare_eval(self, job: ClientJob) -> None:
         """PM: the client's model after its latest local training; the global model before it trained."""
         job.flat.load_state(saved_model(job, self.vector))
-        cosine_head(job.model, self.head.output_layer)
 
     def prepare_global_eval(self, job: ClientJob) -> bool:
         """GM: the averaged body with the smoothed prototypes."""
         job.flat.load_state(self.vector)
-        cosine_head(job.model, self.head.output_layer)
         return True
 
     def bytes_down(self, job: ClientJob) -> int:
@@ -285,63 +273,72 @@ class FedNHMessage(Broadcast):
 class FedNHClient(ClientHalf[FedNHParams]):
     """SGD on CE of the cosine logits, prototypes fixed; s learned too when ``learn_scale``.
 
-    The gradient of s is read off the output weight's: with W = s·μ, ∂L/∂s = Σ_c ⟨∂L/∂W_c, μ_c⟩.
-    After each step the output layer is set back to s·μ with zero bias, so weight decay and
-    momentum act on the body and on s only.
+    The output layer reads L2-normalised features (``normalized_features``), so with weight s·μ and zero
+    bias the model's forward is FedNH's classifier. The gradient of s is read off the output weight's: with
+    W = s·μ, ∂L/∂s = Σ_c ⟨∂L/∂W_c, μ_c⟩ (:meth:`scale_gradient`, after backward); after each step the output
+    layer is set back to s·μ with zero bias (:meth:`cosine_head`), so weight decay and momentum act on the
+    body and on s only. s and its momentum are the phase's carry.
     """
 
-    def train(self, job: ClientJob) -> TrainStats:
-        params, model, flat, train = self.params, job.model, job.flat, job.train
-        head = HeadLayout.of(self.spec, job.architecture)
-        cosine_head(model, head.output_layer)
-        prototypes, scale = job.scratch.get(_SCRATCH, (None, params.scale))
-        if prototypes is None:  # trained without the broadcast: read μ off the weight
-            prototypes = F.normalize(flat.vector[head.weight].detach().view(head.shape), dim=1)
-        prototypes = prototypes.to(flat.vector.dtype).reshape(-1)
-        s = torch.tensor(float(scale), device=job.device)
-        buffer = torch.zeros_like(flat.vector) if train.momentum else None
-        s_buffer = torch.zeros((), device=job.device)
-        model.train()
-        loss_sum = torch.zeros((), device=job.device)
-        steps = 0
-        for idx in minibatches(job):
-            flat.zero_grad()
-            loss = F.cross_entropy(model(job.x_train[idx]), job.y_train[idx])
-            loss.backward()
-            s_grad = (flat.grad[head.weight] * prototypes).sum() if params.learn_scale else None
-            self._freeze_head(flat.grad, head, 0.0)
-            if params.max_grad_norm is not None:
-                _clip(flat.grad, s_grad, params.max_grad_norm)
-            sgd_step(flat, job.lr, momentum=train.momentum, weight_decay=train.weight_decay, buffer=buffer)
-            if s_grad is not None:
-                g = s_grad + train.weight_decay * s
-                s_buffer = s_buffer * train.momentum + g if train.momentum else g
-                s = s - job.lr * s_buffer
-            with torch.no_grad():
-                flat.vector[head.weight] = s * prototypes
-                self._freeze_head(flat.vector, head, None)
-            loss_sum += loss.detach()
-            steps += 1
-        job.scratch[_SCRATCH] = (prototypes.view(head.shape), float(s))
-        return TrainStats(loss=float(loss_sum) / steps if steps else float("nan"), steps=steps)
+    normalized_features = True
 
-    @staticmethod
-    def _freeze_head(vector: torch.Tensor, head: HeadLayout, weight_value: float | None) -> None:
-        """Zero the bias entries of ``vector`` (and its weight entries unless ``weight_value`` is None)."""
-        with torch.no_grad():
-            if weight_value is not None:
-                vector[head.weight] = weight_value
-            if head.bias is not None:
-                vector[head.bias] = 0.0
+    def phases(self, job: ClientJob) -> list[Phase]:
+        prototypes, scale = job.scratch.get(_SCRATCH, (None, self.params.scale))
+        train = job.train
+        numbers = [np.float32(job.lr), np.float32(train.momentum), np.float32(train.weight_decay), np.float32(scale)]
+        arrays = numbers + ([np.asarray(prototypes, np.float32)] if prototypes is not None else [])
+        moved = to_device([np.asarray(a) for a in arrays], job.device)
+        constants = {"lr": moved[0], "momentum": moved[1], "weight_decay": moved[2]}
+        if prototypes is not None:
+            constants["prototypes"] = moved[4]
+        s, zero = moved[3], torch.zeros_like(moved[3])
+        return [Phase(epochs=train.local_epochs, constants=constants, needs_start=prototypes is None,
+                      carry={"s": s, "s_buffer": zero, "s_grad": zero},
+                      on_after_backward=self.scale_gradient, on_after_optimizer_step=self.cosine_head)]
 
+    def __init__(self, params: FedNHParams, spec: ProblemSpec) -> None:
+        super().__init__(params, spec)
+        architecture = sole_architecture(spec)
+        layout, output = spec.layouts[architecture], spec.output_layer[architecture]
+        self._weight = layout.names.index(f"{output}.weight")
+        self._bias = layout.names.index(f"{output}.bias") if f"{output}.bias" in layout.names else None
 
-def _clip(grad: torch.Tensor, s_grad: torch.Tensor | None, max_norm: float) -> None:
-    """``torch.nn.utils.clip_grad_norm_`` over the body's gradient and s's, in place."""
-    squared = grad.pow(2).sum() + (s_grad.pow(2) if s_grad is not None else 0.0)
-    factor = torch.clamp(max_norm / (squared.sqrt() + 1e-6), max=1.0)
-    grad.mul_(factor)
-    if s_grad is not None:
-        s_grad.mul_(factor)
+    def _head(self, params: Params, constants: Constants) -> tuple[int, int | None, torch.Tensor]:
+        """(the output weight's index, the bias's or None, μ (K, h)): the broadcast's prototypes, or (trained
+        without FedNH's message) the rows of the starting output weight, normalised."""
+        shape = params[self._weight].shape
+        if "prototypes" in constants:
+            return self._weight, self._bias, constants["prototypes"].view(shape)
+        offset = sum(p.numel() for p in params[: self._weight])
+        start = constants["start"][offset : offset + shape[0] * shape[1]]
+        return self._weight, self._bias, F.normalize(start.view(shape), dim=1)
+
+    def scale_gradient(self, params: Params, grads: Params, constants: Constants, carry: Carry) -> tuple[Edits, Carry]:
+        """∂L/∂s from the output weight's gradient; the head's gradients zeroed; every gradient (and s's) clipped
+        to ``max_grad_norm`` together."""
+        weight, bias, mu = self._head(params, constants)
+        s_grad = (grads[weight] * mu).sum() if self.params.learn_scale else torch.zeros_like(carry["s"])
+        head = {weight, *([] if bias is None else [bias])}
+        edited = [torch.zeros_like(g) if i in head else g for i, g in enumerate(grads)]
+        if self.params.max_grad_norm is not None:
+            squared = sum(g.pow(2).sum() for g in edited) + s_grad.pow(2)
+            factor = torch.clamp(self.params.max_grad_norm / (squared.sqrt() + 1e-6), max=1.0)
+            edited = [g * factor for g in edited]
+            s_grad = s_grad * factor
+        return dict(enumerate(edited)), {**carry, "s_grad": s_grad}
+
+    def cosine_head(self, params: Params, constants: Constants, carry: Carry) -> tuple[Edits, Carry]:
+        """s by SGD (with the run's momentum and weight decay), then the output layer set to s·μ, bias 0."""
+        weight, bias, mu = self._head(params, constants)
+        s, buffer = carry["s"], carry["s_buffer"]
+        if self.params.learn_scale:
+            g = carry["s_grad"] + constants["weight_decay"] * s
+            buffer = torch.where(constants["momentum"] > 0, buffer * constants["momentum"] + g, g)
+            s = s - constants["lr"] * buffer
+        edits = {weight: s * mu}
+        if bias is not None:
+            edits[bias] = torch.zeros_like(params[bias])
+        return edits, {**carry, "s": s, "s_buffer": buffer}
 
 
 class FedNHServer(GlobalModelServer[FedNHParams, PrototypeSum]):

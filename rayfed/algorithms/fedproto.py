@@ -39,16 +39,16 @@ from typing import Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
 from rayfed.algorithms.hooks import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.evaluate import features_before_output
-from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.host import to_device
+from rayfed.train.job import ClientJob
+from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.scratch import ScratchKey
-from rayfed.train.sgd import minibatches, sgd_step
 from rayfed.util.documented import documented, section
 from rayfed.util.errors import ConfigError
 from rayfed.util.validation import check_choice, check_real
@@ -64,10 +64,8 @@ __all__ = [
     "feature_dim",
 ]
 
-_TARGETS = ScratchKey[tuple[torch.Tensor, torch.Tensor]]("fedproto.targets")
-"""``job.scratch`` key: (global prototypes (K, d) tensor, presence (K,) bool tensor), set by personalise."""
-_SUMS = ScratchKey[tuple[np.ndarray, np.ndarray]]("fedproto.sums")
-"""``job.scratch`` key: the trained client's (feature sums (K, d), counts (K,)), set by train."""
+_TARGETS = ScratchKey[tuple[np.ndarray, np.ndarray]]("fedproto.targets")
+"""``job.scratch`` key: (global prototypes (K, d), presence (K,)), set by personalise."""
 
 ABSENT_LOGIT = -1e9
 """Bias of a class without a global prototype in prototype inference: never the argmax."""
@@ -152,11 +150,16 @@ def class_sums(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -
 
 
 def prototype_loss(
-    features: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor, present: torch.Tensor
+    features: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor, present: torch.Tensor,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """MSE(f(x), C̄^(y)) over the batch's B × d entries; a sample whose class has no prototype adds 0."""
+    """MSE(f(x), C̄^(y)) over the batch's B × d entries (of its samples of weight 1, when ``weight`` marks
+    padding); a sample whose class has no prototype adds 0."""
     mask = present[labels].to(features.dtype).unsqueeze(1)
-    return ((features - prototypes[labels]) ** 2 * mask).sum() / features.numel()
+    if weight is None:
+        return ((features - prototypes[labels]) ** 2 * mask).sum() / features.numel()
+    entries = weight.sum().clamp_min(1.0) * features.shape[1]
+    return ((features - prototypes[labels]) ** 2 * (mask * weight.unsqueeze(1))).sum() / entries
 
 
 # --- worker side ----------------------------------------------------------------------------
@@ -174,15 +177,14 @@ class FedProtoMessage(Broadcast):
 
     def personalise(self, job: ClientJob) -> None:
         job.flat.load_state(own_model_state(job, self.init))
-        job.scratch[_TARGETS] = (
-            torch.from_numpy(np.array(self.prototypes, np.float32)).to(job.device),
-            torch.from_numpy(np.array(self.present, bool)).to(job.device),
-        )
+        job.scratch[_TARGETS] = (self.prototypes, self.present)
 
     def contribute(self, job: ClientJob) -> ClassSums:
+        """Keep the trained model; upload its class sums of embeddings over the training split (eval mode)."""
         save_model_state(job)
-        sums, counts = job.scratch[_SUMS]
-        return ClassSums.of_client(sums, counts)
+        layer = self.output_layers[job.architecture]
+        features = torch.cat([f for _, f in features_before_output(job.model, layer, job.x_train)])
+        return ClassSums.of_client(*class_sums(features, job.y_train, self.prototypes.shape[0]))
 
     def prepare_eval(self, job: ClientJob) -> None:
         job.flat.load_state(own_model_state(job, self.init))
@@ -202,37 +204,22 @@ class FedProtoMessage(Broadcast):
 
 
 class FedProtoClient(ClientHalf[FedProtoParams]):
-    """SGD on CE + λ·MSE(embedding, global prototype), then the client's class sums of embeddings."""
+    """SGD on CE + λ·MSE(embedding, global prototype); the class sums of embeddings go up (the message's)."""
 
-    def train(self, job: ClientJob) -> TrainStats:
-        layer_name = self.spec.output_layer[job.architecture]
+    def phases(self, job: ClientJob) -> list[Phase]:
+        layer = self.spec.output_layer[job.architecture]
         prototypes, present = job.scratch[_TARGETS]
-        use_protos = self.params.lam > 0 and bool(present.any())
-        model, flat, train = job.model, job.flat, job.train
-        captured: list[torch.Tensor] = []
-        hook = model.get_submodule(layer_name).register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
-        buffer = torch.zeros_like(flat.vector) if train.momentum else None
-        loss_sum, steps = torch.zeros((), device=job.device), 0
-        model.train()
-        try:
-            for idx in minibatches(job):
-                y = job.y_train[idx]
-                flat.zero_grad()
-                logits = model(job.x_train[idx])
-                features = captured.pop()
-                ce = F.cross_entropy(logits, y)
-                loss = ce
-                if use_protos:
-                    loss = ce + self.params.lam * prototype_loss(features, y, prototypes, present)
-                loss.backward()
-                sgd_step(flat, job.lr, momentum=train.momentum, weight_decay=train.weight_decay, buffer=buffer)
-                loss_sum += ce.detach()
-                steps += 1
-        finally:
-            hook.remove()
-        features = torch.cat([f for _, f in features_before_output(model, layer_name, job.x_train)])
-        job.scratch[_SUMS] = class_sums(features, job.y_train, self.spec.num_classes)
-        return TrainStats(loss=float(loss_sum) / steps if steps else float("nan"), steps=steps)
+        if not self.params.lam or not present.any():  # the first round: plain CE
+            return super().phases(job)
+        protos, mask = to_device([np.asarray(prototypes, np.float32), np.asarray(present, np.float32)], job.device)
+        return [Phase(epochs=job.train.local_epochs, loss=self.pull, features=layer,
+                      constants={"prototypes": protos, "present": mask})]
+
+    def pull(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
+        """λ·MSE(f(x), C̄^(y)) over the batch."""
+        assert out.features is not None
+        return self.params.lam * prototype_loss(out.features, batch.y, constants["prototypes"], constants["present"],
+                                                batch.weight)
 
 
 # --- server side ----------------------------------------------------------------------------

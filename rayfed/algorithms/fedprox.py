@@ -11,16 +11,16 @@ e.g. ``algorithm.name="fedawa", algorithm.client="fedprox"``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
-from rayfed.algorithms.common.proximal import flatten_logically, proximal_term
+from rayfed.algorithms.common.proximal import proximal_term
 from rayfed.algorithms.fedavg import FedAvgServer
 from rayfed.algorithms.hooks import ClientHalf
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.job import ClientJob
+from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_real
 
@@ -43,15 +43,14 @@ class FedProxParams:
 class FedProxClient(ClientHalf[FedProxParams]):
     """Adds (μ/2)‖w − w_g‖² to each mini-batch's loss, w_g = the model the client started from."""
 
-    def loss_constants(self, job: ClientJob) -> dict[str, torch.Tensor]:
-        return {"anchor": flatten_logically([p.detach() for p in job.flat.params])}
-
-    def functional_extra_loss(
-        self, params: list[torch.Tensor], constants: Mapping[str, torch.Tensor]
-    ) -> torch.Tensor | None:
+    def phases(self, job: ClientJob) -> list[Phase]:
         if self.params.mu == 0:
-            return None
-        return proximal_term(params, constants["anchor"], self.params.mu)
+            return super().phases(job)
+        return [Phase(epochs=job.train.local_epochs, loss=self.proximal, needs_start=True)]
+
+    def proximal(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
+        """(μ/2)‖w − w_g‖² (Eq. 2), w_g = the round's starting model."""
+        return proximal_term(params, constants["start"], self.params.mu)
 
 
 register_algorithm(

@@ -21,17 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rayfed.algorithms.common.body_head import (
-    BodyHeadParams,
-    PartialServer,
-    merge_stats,
-    split_body_head,
-    train_output_layer,
-    train_part,
-)
+from rayfed.algorithms.common.body_head import BodyHeadParams, PartialServer, head_phase, part_phase, split_body_head
 from rayfed.algorithms.hooks import ClientHalf
 from rayfed.algorithms.registry import register_algorithm
-from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.job import ClientJob
+from rayfed.train.phase import Phase
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_int
@@ -65,11 +59,10 @@ class FedRepClient(ClientHalf[FedRepParams]):
         self.splits = {arch: split_body_head(spec, arch, params.head_blocks) for arch in spec.layouts}
         self.output_layers = spec.output_layer
 
-    def train(self, job: ClientJob) -> TrainStats:
+    def phases(self, job: ClientJob) -> list[Phase]:
         split = self.splits[job.architecture]
-        head = train_output_layer(job, split, self.output_layers[job.architecture], self.params.head_epochs)
-        body = train_part(job, split.body_params, self.params.body_epochs)
-        return merge_stats(head, body)
+        return [head_phase(job, split, self.output_layers[job.architecture], self.params.head_epochs),
+                part_phase(split.body_params, self.params.body_epochs)]
 
 
 class FedRepServer(PartialServer):

@@ -22,8 +22,8 @@ FedAvg. Each mini-batch's loss becomes
   L2-normalised features ẑ with temperature t (Wang & Isola's uniformity loss).
 
 The server is FedAvg's (the code averages whole models by sample size), so partial
-participation works as for FedAvg and the bytes are FedAvg's. The features are read with a
-forward pre-hook on the output layer during the ordinary forward of the training loop.
+participation works as for FedAvg and the bytes are FedAvg's. The features are those the output
+layer reads in the training step's forward (``Phase.features``).
 """
 
 from __future__ import annotations
@@ -38,17 +38,15 @@ import torch.nn.functional as F
 from rayfed.algorithms.fedavg import FedAvgServer
 from rayfed.algorithms.hooks import ClientHalf
 from rayfed.algorithms.registry import register_algorithm
-from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.job import ClientJob
+from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.scratch import ScratchKey
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_choice, check_real
 
-__all__ = ["FedUVParams", "FedUVClient", "variance_target", "variance_loss", "uniformity_loss"]
-
-_FEATURES = ScratchKey[torch.Tensor]("feduv.features")
-"""``job.scratch`` key: the penultimate features of the current mini-batch, set by the hook."""
-
+__all__ = [
+    "FedUVParams", "FedUVClient", "variance_target", "variance_loss", "pair_distances", "uniformity_loss",
+]
 
 @section("algorithm.params")
 @dataclass(frozen=True)
@@ -86,71 +84,88 @@ def variance_target(num_classes: int) -> float:
     return 1.0 / math.sqrt(num_classes)
 
 
-def variance_loss(logits: torch.Tensor, gamma: float) -> torch.Tensor:
-    """L_V = (1/K) Σ_c max(0, γ − std_b softmax(logits)_bc), the std unbiased over the batch b.
+def variance_loss(logits: torch.Tensor, gamma: float, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """L_V = (1/K) Σ_c max(0, γ − std_b softmax(logits)_bc), the std unbiased over the batch's samples b
+    (those of weight 1, when ``weight`` marks padding).
 
     Zero for a batch of one sample, whose std is undefined (the code would give NaN).
     """
     if logits.shape[0] < 2:
         return logits.sum() * 0.0
     probabilities = torch.softmax(logits, dim=1)
-    return F.relu(gamma - probabilities.std(dim=0)).mean()
+    if weight is None:
+        return F.relu(gamma - probabilities.std(dim=0)).mean()
+    count, w = weight.sum(), weight.unsqueeze(1)
+    enough = count >= 2  # fewer than two samples: no std, no term (and no gradient through a square root of 0)
+    mean = (probabilities * w).sum(dim=0) / count.clamp_min(1.0)
+    variance = ((probabilities - mean).pow(2) * w).sum(dim=0) / (count - 1).clamp_min(1.0)
+    std = torch.where(enough, variance, torch.ones_like(variance)).sqrt()
+    return torch.where(enough, F.relu(gamma - std).mean(), torch.zeros_like(count))
 
 
-def uniformity_loss(features: torch.Tensor, fidelity: str, temperature: float = 2.0) -> torch.Tensor:
-    """L_U over the batch's pairs i < j.
+def pair_distances(z: torch.Tensor) -> torch.Tensor:
+    """The squared distances ‖z_i − z_j‖² of the rows' pairs i < j, in ``torch.pdist``'s order."""
+    n = z.shape[0]
+    first, second = torch.triu_indices(n, n, 1, device=z.device)
+    return (z.unsqueeze(1) - z.unsqueeze(0)).pow(2).sum(dim=-1)[first, second]
+
+
+def uniformity_loss(features: torch.Tensor, fidelity: str, temperature: float = 2.0,
+                    weight: torch.Tensor | None = None) -> torch.Tensor:
+    """L_U over the batch's pairs i < j (of samples of weight 1, when ``weight`` marks padding).
 
     ``code``: mean exp(−d²_ij / σ²), d on the raw features, σ² = median of the non-zero d²_ij
-    (part of the graph, as the code's ``torch.median``). ``paper``: log mean exp(−t·d²_ij), d on L2-normalised features.
-    Zero for a batch of one sample (no pairs).
+    (part of the graph, as the code's ``torch.median``); 1 when every d²_ij is 0. ``paper``:
+    log mean exp(−t·d²_ij), d on L2-normalised features. Zero for a batch of one sample (no pairs).
+    Nothing is read back to the host, so a captured step computes it.
     """
     z = features.reshape(features.shape[0], -1)
-    if z.shape[0] < 2:
+    n = z.shape[0]
+    if n < 2:
         return z.sum() * 0.0
+    first, second = torch.triu_indices(n, n, 1, device=z.device)
+    valid = None if weight is None else weight[first] * weight[second]
+    pairs = torch.ones_like(first, dtype=z.dtype) if valid is None else valid
     if fidelity == "paper":
-        squared = torch.pdist(F.normalize(z, dim=1), p=2).pow(2)
-        return torch.logsumexp(-temperature * squared, dim=0) - math.log(squared.numel())
-    squared = torch.pdist(z, p=2).pow(2)
-    nonzero = squared[squared > 0]
-    if nonzero.numel() == 0:  # every representation equal: the potential is at its maximum, 1
-        return squared.mean() * 0.0 + 1.0
-    scale = nonzero.median()
-    return squared.mul(-1.0 / scale).exp().mean()
+        logits = -temperature * pair_distances(F.normalize(z, dim=1))
+        if valid is None:
+            return torch.logsumexp(logits, dim=0) - math.log(logits.numel())
+        count = pairs.sum()
+        # Pairs with padding weigh exp(-1e4) = 0; without any real pair the term is 0.
+        value = torch.logsumexp(logits.masked_fill(valid == 0, -1e4), dim=0) - count.clamp_min(1.0).log()
+        return torch.where(count > 0, value, torch.zeros_like(value))
+    squared = pair_distances(z)
+    scale = torch.where((squared > 0) & (pairs > 0), squared, math.nan).nanmedian()
+    equal = torch.isnan(scale)  # every representation equal: the potential is at its maximum, 1
+    potential = (squared.mul(-1.0 / torch.where(equal, 1.0, scale)).exp() * pairs).sum() / pairs.sum().clamp_min(1.0)
+    return torch.where(equal, squared.mean() * 0.0 + 1.0, potential)
 
 
 # --- the client half --------------------------------------------------------------------------------
 
 
 class FedUVClient(ClientHalf[FedUVParams]):
-    """Plain SGD on CE + λ·L_V(logits) + μ·L_U(features): the default loop, with the features of each
-    mini-batch read by a forward pre-hook on the output layer."""
+    """Plain SGD on CE + λ·L_V(logits) + μ·L_U(features), the features those the output layer reads."""
 
     def __init__(self, params: FedUVParams, spec: ProblemSpec) -> None:
         super().__init__(params, spec)
         self.gamma = variance_target(spec.num_classes)
 
-    def train(self, job: ClientJob) -> TrainStats:
-        layer = job.model.get_submodule(self.spec.output_layer[job.architecture])
+    def phases(self, job: ClientJob) -> list[Phase]:
+        if not self.params.variance_coeff and not self.params.uniformity_coeff:
+            return super().phases(job)
+        return [Phase(epochs=job.train.local_epochs, loss=self.regularisers,
+                      features=self.spec.output_layer[job.architecture])]
 
-        def capture(_module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-            job.scratch[_FEATURES] = args[0]
-
-        hook = layer.register_forward_pre_hook(capture)
-        try:
-            return self.run_local_sgd(job)
-        finally:
-            hook.remove()
-            job.scratch.pop(_FEATURES, None)
-
-    def extra_loss(self, job: ClientJob, logits: torch.Tensor) -> torch.Tensor | None:
-        """λ·L_V + μ·L_U of the mini-batch whose logits these are."""
-        params = self.params
-        features = job.scratch.pop(_FEATURES)
-        total = logits.new_zeros(())
-        if params.variance_coeff:
-            total = total + params.variance_coeff * variance_loss(logits, self.gamma)
-        if params.uniformity_coeff:
-            total = total + params.uniformity_coeff * uniformity_loss(features, params.fidelity, params.temperature)
+    def regularisers(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
+        """λ·L_V + μ·L_U of the mini-batch."""
+        p = self.params
+        total = out.logits.new_zeros(())
+        if p.variance_coeff:
+            total = total + p.variance_coeff * variance_loss(out.logits, self.gamma, batch.weight)
+        if p.uniformity_coeff:
+            assert out.features is not None
+            total = total + p.uniformity_coeff * uniformity_loss(out.features, p.fidelity, p.temperature, batch.weight)
         return total
 
 

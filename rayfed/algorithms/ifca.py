@@ -28,10 +28,12 @@ clients chose.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import torch
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.common.cluster_state import ClusterModelState
@@ -39,8 +41,9 @@ from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.hooks import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.models import build_model, seeded_init
-from rayfed.train.evaluate import evaluate_model
+from rayfed.train.evaluate import model_losses
 from rayfed.train.flat import FlatModel
+from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.scratch import ScratchKey
@@ -76,13 +79,13 @@ class IFCAParams:
 # --- the cluster identity estimate --------------------------------------------------------------
 
 
-def cluster_losses(job: ClientJob, models: np.ndarray) -> np.ndarray:
-    """F_i(θ_j) for every cluster j: the mean cross-entropy of model j on the client's training data."""
-    losses = np.empty(len(models), dtype=np.float64)
-    for j, model in enumerate(models):
-        job.flat.load_state(model)
-        losses[j] = evaluate_model(job.model, job.x_train, job.y_train).mean_loss
-    return losses
+def cluster_losses(jobs: Sequence[ClientJob], models: np.ndarray) -> np.ndarray:
+    """F_i(θ_j) of every client i of ``jobs`` (clients of one architecture) for every cluster j, (C, k): the mean
+    cross-entropy of model j on the client's training data, the k models as one stack over every client's data
+    (:func:`~rayfed.train.evaluate.model_losses`); NaN for a client without training data."""
+    x = torch.cat([job.x_train for job in jobs]) if len(jobs) > 1 else jobs[0].x_train
+    y = torch.cat([job.y_train for job in jobs]) if len(jobs) > 1 else jobs[0].y_train
+    return model_losses(jobs[0].flat, jobs[0].architecture, models, x, y, [job.num_train for job in jobs])
 
 
 def choose_cluster(losses: np.ndarray) -> int:
@@ -146,12 +149,22 @@ class IFCAModels(Broadcast):
 
     def personalise(self, job: ClientJob) -> None:
         """ĵ = argmin_j F_i(θ_j) on the client's training data; θ ← θ_ĵ."""
-        if job.num_train:
-            cluster = choose_cluster(cluster_losses(job, self.models))
-        else:
-            cluster = self._known_cluster(job.client_id)
-        job.scratch[_CHOICE] = cluster
-        job.flat.load_state(self.models[cluster])
+        job.flat.load_state(self.models[self._choose([job])[0]])
+
+    def personalise_stacked(self, jobs: Sequence[ClientJob]) -> Any:
+        """Every client's cluster chosen at once (the k models weighed on all their training data together), and
+        their starting models."""
+        return to_device([self.models[self._choose(jobs)]], jobs[0].device)[0]
+
+    def _choose(self, jobs: Sequence[ClientJob]) -> list[int]:
+        """Each client's ĵ (the known cluster of a client without training data), also kept in its scratch."""
+        losses = cluster_losses(jobs, self.models)
+        clusters = []
+        for job, row in zip(jobs, losses):
+            cluster = choose_cluster(row) if job.num_train else self._known_cluster(job.client_id)
+            job.scratch[_CHOICE] = cluster
+            clusters.append(cluster)
+        return clusters
 
     def _known_cluster(self, client_id: int) -> int:
         known = int(self.assignment[client_id]) if client_id >= 0 else -1

@@ -37,10 +37,9 @@ round, as that code does ("KT-pFL requires 20 epochs of local updates").
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -48,7 +47,7 @@ import torch
 from rayfed.algorithms.common.architecture import require_homogeneous
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.hooks import Broadcast, ClientHalf, RoundContext, ServerHalf
+from rayfed.algorithms.hooks import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf
 from rayfed.algorithms.ktpfl_equations import (
     code_distillation_loss,
     distillation_loss,
@@ -61,10 +60,11 @@ from rayfed.algorithms.registry import register_algorithm
 from rayfed.data.held_out import HeldOutRequest
 from rayfed.data.transforms import model_inputs
 from rayfed.train.evaluate import eval_batch_size
-from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.host import to_device
+from rayfed.train.job import ClientJob
+from rayfed.train.phase import SGD, Batch, Constants, Outputs, Params, Phase
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.scratch import ScratchKey
-from rayfed.train.sgd import minibatches, sgd_step
 from rayfed.util.documented import documented, section
 from rayfed.util.errors import ConfigError
 from rayfed.util.seeding import init_seed
@@ -80,7 +80,7 @@ PAIRING_STREAM = 1 << 23
 
 _TARGET = ScratchKey[np.ndarray]("ktpfl.target")
 _PREDICTIONS = ScratchKey[np.ndarray]("ktpfl.predictions")
-"""``job.scratch`` keys: the client's target (personalise -> train) and its predictions (train -> contribute)."""
+"""``job.scratch`` keys: the client's target (personalise -> phases) and its predictions (for the message's upload)."""
 
 
 @section("algorithm.params")
@@ -199,48 +199,58 @@ class KTpFLClient(ClientHalf[KTpFLParams]):
             raise ConfigError("algorithm.name='ktpfl' needs the public set in spec.held_out (the engine carves it "
                               "out of the pool, rayfed.data.held_out)")
         self._public = spec.held_out
+        self._inputs: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def public_inputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(distilled on, predicted on): the public set normalised as the clients' data, both times; as the authors'
-        code has it (``fidelity="code"``), raw 0-255 values, then ToTensor's [0, 1] (ImageNet-normalised with 3
-        channels)."""
-        if self.params.fidelity != "code":
-            x = model_inputs(self._public.inputs, self.spec.mean, self.spec.std, device=device)
-            return x, x
-        raw = torch.as_tensor(self._public.inputs, device=device).float()
-        channels = raw.shape[1]
-        mean, std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.0,) * channels, (1.0,) * channels)
-        return raw, model_inputs(self._public.inputs, mean, std, device=device)
+        """(distilled on, predicted on), made once per device: the public set normalised as the clients' data, both
+        times; as the authors' code has it (``fidelity="code"``), raw 0-255 values, then ToTensor's [0, 1]
+        (ImageNet-normalised with 3 channels)."""
+        if device not in self._inputs:
+            if self.params.fidelity != "code":
+                x = model_inputs(self._public.inputs, self.spec.mean, self.spec.std, device=device)
+                self._inputs[device] = (x, x)
+            else:
+                raw = to_device([np.asarray(self._public.inputs)], device)[0].float()
+                channels = raw.shape[1]
+                mean, std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.0,) * channels, (1.0,) * channels)
+                self._inputs[device] = (raw, model_inputs(self._public.inputs, mean, std, device=device))
+        return self._inputs[device]
 
-    def train(self, job: ClientJob) -> TrainStats:
-        x_distil, x_predict = self.public_inputs(job.device)
-        target = job.scratch.pop(_TARGET, None)
+    def phases(self, job: ClientJob) -> list[Phase]:
+        """The distillation on the public set (from the second round on, without +weight), then local training
+        (its epochs growing by one a round up to ``max_local_epochs``, when set)."""
+        phases = []
+        target = job.scratch.get(_TARGET)
         if target is not None and not self.params.share_weights:
             if self.params.fidelity == "code":  # each image distils towards the target of another (another draw)
                 target = target[code_pairing(len(target), self.spec.seed, job.round)]
-            self.distil(job, x_distil, torch.as_tensor(target, device=job.device))
+            x_distil, _ = self.public_inputs(job.device)
+            code = self.params.rule == "code"
+            targets = to_device([np.asarray(target, np.float32)], job.device)[0]
+            phases.append(Phase(epochs=self.params.distill_epochs, loss=self.distillation, cross_entropy=False,
+                                optimizer=SGD(momentum=0.0, weight_decay=0.0),
+                                batch_size=self.params.distill_batch_size, drop_last=code, reports=False,
+                                inputs=(x_distil, targets)))
+        epochs = job.train.local_epochs
         if self.params.max_local_epochs:  # round 0 is the codes' 1-epoch init; round t >= 1: min(t, max) epochs
             epochs = min(max(job.round, 1), self.params.max_local_epochs)
-            job.train = dataclasses.replace(job.train, local_epochs=epochs)
-        stats = self.run_local_sgd(job)
-        job.scratch[_PREDICTIONS] = self.predict(job, x_predict).cpu().numpy()
-        return stats
+        return [*phases, Phase(epochs=epochs)]
 
-    def distil(self, job: ClientJob, x_public: torch.Tensor, target: torch.Tensor) -> None:
-        """``distill_epochs`` passes of SGD at the round's lr, ``distill_batch_size`` public samples a batch,
-        towards t: ``code`` and ``corrected``, MSE(softmax(z), t) with the last partial batch dropped (the
-        authors' code); ``paper``, T²·KL(t ‖ softmax(z/T)) over every public sample (Eq. 6)."""
-        job.model.train()
-        code = self.params.rule == "code"
-        batches = minibatches(job, epochs=self.params.distill_epochs, size=len(x_public), drop_last=code,
-                              batch_size=self.params.distill_batch_size)
-        for idx in batches:
-            job.flat.zero_grad()
-            logits = job.model(x_public[idx])
-            loss = (code_distillation_loss(logits, target[idx]) if code
-                    else distillation_loss(logits, target[idx], self.params.temperature))
-            loss.backward()
-            sgd_step(job.flat, job.lr)
+    def distillation(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
+        """``code`` and ``corrected``: MSE(softmax(z), t), as the authors' code; ``paper``: T²·KL(t ‖ softmax(z/T))
+        (Eq. 6)."""
+        if self.params.rule == "code":
+            return code_distillation_loss(out.logits, batch.y, batch.weight)
+        return distillation_loss(out.logits, batch.y, self.params.temperature, batch.weight)
+
+    def contribute_stacked(self, message: Broadcast, jobs: Sequence[ClientJob], states: Any) -> None:
+        """One by one (:meth:`contribute`)."""
+        return None
+
+    def contribute(self, message: Broadcast, job: ClientJob) -> Contribution:
+        """The message's upload, with the trained model's predictions on the public set."""
+        job.scratch[_PREDICTIONS] = self.predict(job, self.public_inputs(job.device)[1]).cpu().numpy()
+        return message.contribute(job)
 
     @torch.no_grad()
     def predict(self, job: ClientJob, x_public: torch.Tensor) -> torch.Tensor:

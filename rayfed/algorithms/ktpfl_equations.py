@@ -105,13 +105,23 @@ def update_coefficients(
     return coefficients.detach().numpy(), float(loss.detach())
 
 
-def distillation_loss(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
-    """T² · KL(t ‖ softmax(logits/T)), averaged over the batch (Eq. 6)."""
+def distillation_loss(logits: torch.Tensor, target: torch.Tensor, temperature: float,
+                      weight: torch.Tensor | None = None) -> torch.Tensor:
+    """T² · KL(t ‖ softmax(logits/T)), averaged over the batch (Eq. 6); over its samples of weight 1, when
+    ``weight`` marks padding."""
     log_student = F.log_softmax(logits / temperature, dim=-1)
-    return F.kl_div(log_student, target, reduction="batchmean") * temperature**2
+    if weight is None:
+        return F.kl_div(log_student, target, reduction="batchmean") * temperature**2
+    per_sample = F.kl_div(log_student, target, reduction="none").sum(dim=-1)
+    return (per_sample * weight).sum() / weight.sum().clamp_min(1.0) * temperature**2
 
 
-def code_distillation_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def code_distillation_loss(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None
+                           ) -> torch.Tensor:
     """MSE(softmax(logits), t), the element-wise mean (``hukla/FedClassAvg`` ``KTpFL.py::distill_one_model``:
-    the student at temperature 1, the target at T, no T²)."""
-    return F.mse_loss(torch.softmax(logits, dim=-1), target)
+    the student at temperature 1, the target at T, no T²); over the samples of weight 1, when ``weight`` marks
+    padding."""
+    if weight is None:
+        return F.mse_loss(torch.softmax(logits, dim=-1), target)
+    per_sample = (torch.softmax(logits, dim=-1) - target).pow(2).mean(dim=-1)
+    return (per_sample * weight).sum() / weight.sum().clamp_min(1.0)

@@ -24,7 +24,27 @@ if TYPE_CHECKING:  # the config validates params through this registry
     from rayfed.config import AlgorithmConfig, TrainConfig
     from rayfed.data.held_out import HeldOutRequest
 
-__all__ = ["Algorithm", "ALGORITHMS", "register_algorithm", "ResolvedAlgorithm", "resolve"]
+__all__ = ["Capabilities", "Algorithm", "ALGORITHMS", "register_algorithm", "ResolvedAlgorithm", "resolve"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the fast path may do with an algorithm's clients, declared when it registers (nothing inspects its
+    code): train a call's clients as one stack (:mod:`rayfed.train.stacked`), and replay their steps from CUDA
+    graphs. Every method trains through the one loop, so both hold unless the mathematics forbids them;
+    ``reason`` then says why (``rayfed list METHOD`` shows it, and a run logs it once)."""
+
+    stacks: bool = True
+    replays: bool = True
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if (not self.stacks or not self.replays) and not self.reason:
+            raise ValueError("an algorithm that cannot stack or replay must say why (Capabilities.reason)")
+
+    def summary(self) -> str:
+        """``stacks, replays`` or what of them holds."""
+        return ", ".join(name for name, holds in (("stacks", self.stacks), ("replays", self.replays)) if holds) or "-"
 
 
 @dataclass(frozen=True)
@@ -44,6 +64,8 @@ class Algorithm:
     """True if every client is evaluated with the one global model (FedAvg), so the run's ``accuracy`` is the
     global model's; False if clients are evaluated with models of their own (``global_accuracy``, where the
     algorithm has a global model besides them, is the global model's)."""
+    capabilities: Capabilities = Capabilities()
+    """What the fast path may do with its client half's training."""
 
     def label(self, params: Any) -> str:
         """How figures and tables name this algorithm run with ``params``."""
@@ -73,14 +95,17 @@ def register_algorithm(
     keeps_client_state: bool = False,
     label: str | Callable[[Any], str] | None = None,
     single_model: bool = False,
+    capabilities: Capabilities = Capabilities(),
 ) -> Algorithm:
     """Register an algorithm under ``name``; one call at the bottom of its module.
 
     ``label`` is its display name, or a function of its params giving one (a variant's name);
-    ``single_model`` says that every client is evaluated with the one global model (:attr:`Algorithm.single_model`).
+    ``single_model`` says that every client is evaluated with the one global model (:attr:`Algorithm.single_model`);
+    ``capabilities`` what the fast path may do with its clients (:class:`Capabilities`).
     """
     describe = (lambda _params, text=label: text) if isinstance(label, str) else label
-    algorithm = Algorithm(name, params, server, client, summary, keeps_client_state, describe, single_model)
+    algorithm = Algorithm(name, params, server, client, summary, keeps_client_state, describe, single_model,
+                          capabilities)
     ALGORITHMS.register(name)(algorithm)
     return algorithm
 
@@ -105,6 +130,11 @@ class ResolvedAlgorithm:
     def name(self) -> str:
         return self.algorithm.name
 
+    @property
+    def capabilities(self) -> Capabilities:
+        """The fast path's freedom with the run's client half: that of the algorithm whose client half runs."""
+        return self.client_algorithm.capabilities
+
     def validate(self, spec: ProblemSpec) -> None:
         """The server half's check of its params against the problem (before anything is written)."""
         self.algorithm.server_half.validate(self.server_params, spec)
@@ -115,7 +145,7 @@ class ResolvedAlgorithm:
 
     def client_state_bytes(self, spec: ProblemSpec, train: TrainConfig) -> int:
         """Bytes one client keeps between rounds: 0 without client state; else
-        :meth:`ServerHalf.client_state_bytes` of the algorithm that keeps it (this one, or the one whose
+        :meth:`StateSizes.client_state_bytes` of the algorithm that keeps it (this one, or the one whose
         client half is borrowed, with its params)."""
         if not self.keeps_client_state:
             return 0
@@ -125,11 +155,11 @@ class ResolvedAlgorithm:
 
     @property
     def may_hold_nan(self) -> frozenset[str]:
-        """The server state arrays in which NaN is a value (:attr:`ServerHalf.may_hold_nan`)."""
+        """The server state arrays in which NaN is a value (:attr:`StateSizes.may_hold_nan`)."""
         return self.algorithm.server_half.may_hold_nan
 
     def server_state_bytes(self, spec: ProblemSpec) -> int:
-        """Bytes the server half holds (:meth:`ServerHalf.server_state_bytes`)."""
+        """Bytes the server half holds (:meth:`StateSizes.server_state_bytes`)."""
         return self.algorithm.server_half.server_state_bytes(self.server_params, spec)
 
     def make_server(self, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> ServerHalf[Any, Any]:

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-
 from rayfed.algorithms.fedavg import FedAvgServer
-from rayfed.algorithms.hooks import ClientHalf, NoParams, momentum_bytes
+from rayfed.algorithms.hooks import ClientHalf, NoParams
 from rayfed.algorithms.registry import register_algorithm
-from rayfed.train.job import ClientJob, TrainStats
+from rayfed.algorithms.sizing import momentum_bytes
+from rayfed.train.job import ClientJob
+from rayfed.train.phase import SGD, Phase
 from rayfed.train.problem import ProblemSpec
 
 if TYPE_CHECKING:
@@ -43,18 +42,8 @@ MOMENTUM_KEY = "momentum"
 class PersistentMomentumClient(ClientHalf[object]):
     """Local SGD whose momentum buffer is carried from one round of the client to its next."""
 
-    def train(self, job: ClientJob) -> TrainStats:
-        if not job.train.momentum:
-            return super().train(job)
-        saved = (job.state or {}).get(MOMENTUM_KEY)
-        if saved is not None and saved.shape == (job.flat.size,):
-            # A copy: states read from Ray's object store are read-only.
-            buffer = torch.tensor(np.asarray(saved), dtype=torch.float32, device=job.device)
-        else:
-            buffer = torch.zeros_like(job.flat.vector)
-        stats = self.run_local_sgd(job, momentum_buffer=buffer)
-        job.state = {**(job.state or {}), MOMENTUM_KEY: buffer.cpu().numpy()}
-        return stats
+    def phases(self, job: ClientJob) -> list[Phase]:
+        return [Phase(epochs=job.train.local_epochs, optimizer=SGD(keep_momentum=MOMENTUM_KEY))]
 
 
 class SGDMServer(FedAvgServer):

@@ -23,7 +23,7 @@ from rayfed.util.documented import reference
 if TYPE_CHECKING:
     from rayfed.algorithms import Algorithm
 
-__all__ = ["Catalogue", "catalogue", "params_reference", "source_fingerprint", "cache_dir"]
+__all__ = ["Catalogue", "catalogue", "fast_path", "params_reference", "source_fingerprint", "cache_dir"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -34,6 +34,8 @@ class Catalogue:
 
     algorithms: dict[str, str]
     """name -> one-line summary."""
+    fast_path: dict[str, str]
+    """name -> what the fast path does with its clients (:class:`~rayfed.algorithms.registry.Capabilities`)."""
     params: dict[str, str]
     """name -> the ``rayfed list ALGORITHM`` text."""
     datasets: list[str]
@@ -55,12 +57,25 @@ def cache_dir() -> Path:
     return Path(base) / "rayfed"
 
 
+def fast_path(algorithm: Algorithm) -> str:
+    """What the fast path does with the algorithm's clients: ``stacks, replays``, or what it does not and why."""
+    capabilities = algorithm.capabilities
+    if capabilities.stacks and capabilities.replays:
+        return "stacks, replays"
+    missing = "stacked" if not capabilities.stacks else "replayed"
+    return f"{capabilities.summary()} (not {missing}: {capabilities.reason})"
+
+
 def params_reference(algorithm: Algorithm) -> str:
-    """``rayfed list ALGORITHM``: summary, display label, and every ``algorithm.params`` field."""
+    """``rayfed list ALGORITHM``: summary, display label, the fast path, and every ``algorithm.params`` field."""
     fields = reference(algorithm.params_type)
+    capabilities = algorithm.capabilities
     lines = [
         f"{algorithm.name}: {algorithm.summary}",
         f"label in figures with the defaults: {algorithm.label(algorithm.params_type())}",
+        "fast path: " + ("a call's clients train as one stack (engine.vectorize) and their steps replay from CUDA "
+                         "graphs (engine.cuda_graphs)" if capabilities.stacks and capabilities.replays
+                         else fast_path(algorithm)),
         "",
         "algorithm.params (path = default), set as algorithm.params.NAME=value:" if fields else "takes no params",
     ]
@@ -76,6 +91,7 @@ def _from_registries() -> Catalogue:
     algorithms = {name: ALGORITHMS.get(name) for name in ALGORITHMS}
     return Catalogue(
         algorithms={name: algorithm.summary for name, algorithm in algorithms.items()},
+        fast_path={name: fast_path(algorithm) for name, algorithm in algorithms.items()},
         params={name: params_reference(algorithm) for name, algorithm in algorithms.items()},
         datasets=list(DATASETS.names()),
         models=list(MODELS.names()),

@@ -36,7 +36,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["AugmentConfig", "SIMCLR_AUGMENT", "augment_batch", "random_resized_crop_boxes", "rgb_to_hsv", "hsv_to_rgb"]
+__all__ = [
+    "AugmentConfig", "SIMCLR_AUGMENT", "AUGMENT_DRAWS", "augment_batch", "draw_augment", "apply_augment", "pixel_scale",
+    "random_resized_crop_boxes", "rgb_to_hsv", "hsv_to_rgb",
+]
 
 _GRAY_WEIGHTS = (0.2989, 0.587, 0.114)
 """ITU-R 601-2 luma, as torchvision's ``rgb_to_grayscale``."""
@@ -62,6 +65,11 @@ class AugmentConfig:
 SIMCLR_AUGMENT = AugmentConfig()
 
 
+AUGMENT_DRAWS = 15
+"""Random numbers one sample's augmentation draws, as :func:`draw_augment` packs them: the crop box (top, left,
+height, width), the flip and jitter coins, the four jitter factors, the jitter order (4) and the grayscale coin."""
+
+
 def augment_batch(
     x: torch.Tensor,
     mean: Sequence[float],
@@ -72,7 +80,8 @@ def augment_batch(
     """One random view of every image in a normalised batch ``x`` (B, C, H, W); a new tensor.
 
     Random numbers come from ``generator`` (a CPU generator; they are moved to ``x``'s
-    device), a fixed number per sample, in a fixed order.
+    device), a fixed number per sample, in a fixed order (:func:`draw_augment`, then
+    :func:`apply_augment`).
 
     >>> g = torch.Generator().manual_seed(0)
     >>> x = torch.zeros(4, 1, 28, 28)
@@ -81,23 +90,50 @@ def augment_batch(
     """
     if x.ndim != 4 or x.shape[1] not in (1, 3):
         raise ValueError(f"augment_batch expects a (B, 1 or 3, H, W) batch, but got shape={tuple(x.shape)}")
-    n, channels, height, width = x.shape
-    mean_t = torch.as_tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    std_t = torch.as_tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    boxes = random_resized_crop_boxes(n, height, width, config.crop_scale, config.crop_ratio, generator)
+    draws = draw_augment(x.shape[0], x.shape[2], x.shape[3], generator, config).to(x.device, non_blocking=True)
+    return apply_augment(x, draws, *pixel_scale(mean, std, x), config)
+
+
+def pixel_scale(mean: Sequence[float], std: Sequence[float], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The normalisation's mean and std as (1, C, 1, 1) tensors of ``like``'s dtype and device."""
+    shape = (1, -1, 1, 1)
+    return (torch.as_tensor(mean, dtype=like.dtype).view(shape).to(like.device, non_blocking=True),
+            torch.as_tensor(std, dtype=like.dtype).view(shape).to(like.device, non_blocking=True))
+
+
+def draw_augment(
+    n: int, height: int, width: int, generator: torch.Generator, config: AugmentConfig = SIMCLR_AUGMENT
+) -> torch.Tensor:
+    """The random numbers of ``n`` samples' augmentations, (n, :data:`AUGMENT_DRAWS`) float64 on the CPU, drawn
+    from ``generator`` in a fixed order: a batch's draws depend on its size and the generator's state only."""
+    top, left, box_h, box_w = random_resized_crop_boxes(n, height, width, config.crop_scale, config.crop_ratio,
+                                                        generator)
     flip = torch.rand(n, generator=generator) < config.flip_p
     jitter = torch.rand(n, generator=generator) < config.jitter_p
     factors = _jitter_factors(n, config, generator)
     order = torch.argsort(torch.rand(n, 4, generator=generator), dim=1)
     gray = torch.rand(n, generator=generator) < config.grayscale_p
+    columns = [top, left, box_h, box_w, flip, jitter, *factors.unbind(1), *order.unbind(1), gray]
+    return torch.stack([c.to(torch.float64) for c in columns], dim=1)
 
-    pixels = x * std_t + mean_t
-    pixels = _crop_flip_resize(pixels, *boxes, flip)
-    pixels = _color_jitter(pixels, jitter.to(x.device), factors.to(x.device), order.to(x.device))
+
+def apply_augment(
+    x: torch.Tensor, draws: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
+    config: AugmentConfig = SIMCLR_AUGMENT,
+) -> torch.Tensor:
+    """The views of a normalised batch ``x`` (B, C, H, W) that ``draws`` (B, :data:`AUGMENT_DRAWS`, on ``x``'s
+    device) describe; ``mean`` and ``std`` as :func:`pixel_scale` gives them. Nothing is read back to the host,
+    so a captured training step can augment its batch."""
+    channels = x.shape[1]
+    top, left, box_h, box_w = (draws[:, i].long() for i in range(4))
+    flip, jitter, gray = draws[:, 4] > 0.5, draws[:, 5] > 0.5, draws[:, 14] > 0.5
+    factors, order = draws[:, 6:10].to(torch.float32), draws[:, 10:14].long()
+    pixels = x * std + mean
+    pixels = _crop_flip_resize(pixels, top, left, box_h, box_w, flip)
+    pixels = _color_jitter(pixels, jitter, factors, order)
     if channels == 3:
-        mask = gray.to(x.device)
-        pixels = torch.where(mask.view(-1, 1, 1, 1), _grayscale(pixels).expand_as(pixels), pixels)
-    return (pixels - mean_t) / std_t
+        pixels = torch.where(gray.view(-1, 1, 1, 1), _grayscale(pixels).expand_as(pixels), pixels)
+    return (pixels - mean) / std
 
 
 def random_resized_crop_boxes(
@@ -164,19 +200,19 @@ def _crop_flip_resize(
     the box is never larger than the output).
     """
     n, _, height, width = pixels.shape
-    dtype, device = pixels.dtype, pixels.device
+    dtype = pixels.dtype
     gx = _source_coords(left, box_w, width, dtype)  # (n, W)
     gy = _source_coords(top, box_h, height, dtype)  # (n, H)
     gx = torch.where(flip.view(-1, 1), gx.flip(1), gx)
     grid_x = gx.view(n, 1, width).expand(-1, height, -1)
     grid_y = gy.view(n, height, 1).expand(-1, -1, width)
     grid = torch.stack([grid_x, grid_y], dim=3)
-    return F.grid_sample(pixels, grid.to(device), mode="bilinear", padding_mode="border", align_corners=False)
+    return F.grid_sample(pixels, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
 def _source_coords(start: torch.Tensor, size: torch.Tensor, out: int, dtype: torch.dtype) -> torch.Tensor:
     """Normalised (align_corners=False) source coordinates of ``out`` pixels resampling [start, start + size)."""
-    u = torch.arange(out, dtype=dtype).view(1, -1)
+    u = torch.arange(out, dtype=dtype, device=start.device).view(1, -1)
     start_f, size_f = start.to(dtype).view(-1, 1), size.to(dtype).view(-1, 1)
     src = start_f + (u + 0.5) * size_f / out - 0.5
     src = torch.minimum(torch.maximum(src, start_f), start_f + size_f - 1)
@@ -199,17 +235,19 @@ def _jitter_factors(n: int, config: AugmentConfig, generator: torch.Generator) -
 def _color_jitter(
     pixels: torch.Tensor, apply: torch.Tensor, factors: torch.Tensor, order: torch.Tensor
 ) -> torch.Tensor:
-    """ColorJitter with a per-sample random order of its four operations, on samples where ``apply``."""
+    """ColorJitter with a per-sample random order of its four operations, on samples where ``apply``.
+
+    Each operation runs on the whole batch and is kept where a sample applies it at that position, so no
+    shape depends on the draws (an operation acts on each image alone, so the kept values are those of
+    running it on the applying samples only)."""
     single = pixels.shape[1] == 1
-    out = pixels.clone()
+    out = pixels
     for position in range(4):
         for op in range(4):
             if single and op >= 2:  # saturation and hue leave 1-channel images unchanged
                 continue
-            rows = torch.nonzero(apply & (order[:, position] == op)).squeeze(1)
-            if rows.numel() == 0:
-                continue
-            out[rows] = _jitter_op(op, out[rows], factors[rows, op].view(-1, 1, 1, 1))
+            chosen = (apply & (order[:, position] == op)).view(-1, 1, 1, 1)
+            out = torch.where(chosen, _jitter_op(op, out, factors[:, op].view(-1, 1, 1, 1)), out)
     return out
 
 
@@ -263,6 +301,16 @@ _SECTOR_SOURCES = torch.tensor(
 )
 
 
+_SOURCES_ON: dict[torch.device, torch.Tensor] = {}
+
+
+def _sector_sources(device: torch.device) -> torch.Tensor:
+    """:data:`_SECTOR_SOURCES` on ``device``, moved there once."""
+    if device not in _SOURCES_ON:
+        _SOURCES_ON[device] = _SECTOR_SOURCES.to(device)
+    return _SOURCES_ON[device]
+
+
 def hsv_to_rgb(hsv: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`rgb_to_hsv`."""
     hue, sat, value = hsv.unbind(dim=1)
@@ -274,5 +322,5 @@ def hsv_to_rgb(hsv: torch.Tensor) -> torch.Tensor:
     q = (value * (1 - sat * frac)).clamp(0.0, 1.0)
     t = (value * (1 - sat * (1 - frac))).clamp(0.0, 1.0)
     candidates = torch.stack([value, t, p, q], dim=1)  # (N, 4, H, W)
-    sources = _SECTOR_SOURCES.to(hsv.device)[:, sector]  # (3, N, H, W)
+    sources = _sector_sources(hsv.device)[:, sector]  # (3, N, H, W)
     return torch.gather(candidates, 1, sources.permute(1, 0, 2, 3))

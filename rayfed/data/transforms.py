@@ -96,8 +96,21 @@ def normalize_batch(
         raise ValueError(f"need one mean and std per channel ({channels}), but got mean={mean}, std={std}")
     if device is not None:
         images = images.to(device, non_blocking=True)
-    mean_t = torch.as_tensor(mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
-    std_t = torch.as_tensor(std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+    mean_t, std_t = _channel_constants(tuple(mean), tuple(std), images.device)
     # The same float32 operations, in the same order, as ToTensor() + Normalize(), so the
     # result is bit-identical to torchvision's per-sample pipeline.
     return images.to(torch.float32).div_(255.0).sub_(mean_t).div_(std_t)
+
+
+_CONSTANTS: dict[tuple[tuple[float, ...], tuple[float, ...], torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _channel_constants(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mean`` and ``std`` as (1, C, 1, 1) float32 tensors on ``device``, moved there once (a batch is normalised
+    at every call of a worker: no copy from the host each time)."""
+    key = (mean, std, device)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = (torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1).to(device),
+                           torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1).to(device))
+    return _CONSTANTS[key]

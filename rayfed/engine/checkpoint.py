@@ -136,7 +136,7 @@ def verified_checkpoint(path: Path, identity: str, may_hold_nan: Collection[str]
     (torn, truncated), of another state format, of another run (its identity is not ``identity``), with
     arrays that do not match its checksum (changed, cut short, resized), or with a NaN or infinite value
     in a floating-point array, except the server arrays named in ``may_hold_nan``
-    (:attr:`~rayfed.algorithms.hooks.ServerHalf.may_hold_nan`).
+    (:attr:`~rayfed.algorithms.sizing.StateSizes.may_hold_nan`).
     """
     meta = _checked_meta(path, load_arrays(path, names=(_META,), fix=""))
     written_by = meta.get("identity")

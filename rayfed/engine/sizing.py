@@ -19,7 +19,7 @@ dominates a run on the driver's machine:
   weight per client and block for ``fedawa`` / ``fedawa_l`` (docs/algorithms.md, FedAWA
   section);
 * **client state store**: for algorithms that keep client state, what one client keeps
-  (``ServerHalf.client_state_bytes``: one model by default, its BatchNorm buffers for cwFedAvg, its
+  (``StateSizes.client_state_bytes``: one model by default, its BatchNorm buffers for cwFedAvg, its
   head for FedPer, a momentum buffer for SGDM clients, every client's model for APPLE)
   times the clients, capped by ``engine.client_state_memory_mb`` (beyond it, states spill to
   disk; :func:`check_client_states` refuses a run whose states fit in neither);
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rayfed.algorithms import resolve
-from rayfed.algorithms.hooks import model_state_bytes
+from rayfed.algorithms.sizing import model_state_bytes
 from rayfed.config import RunConfig
 from rayfed.data.registry import check_dataset_options, dataset_options
 from rayfed.data.synthetic import check_synthetic
@@ -160,7 +160,7 @@ def _problem(config: RunConfig, shape: InputShape, classes: int) -> ProblemSpec:
 
 def client_states_bytes(config: RunConfig, spec: ProblemSpec | None = None) -> tuple[int, int]:
     """(bytes one client keeps between rounds, bytes all clients keep) for ``config``'s algorithm
-    (``ServerHalf.client_state_bytes``); (0, 0) if its clients keep no state."""
+    (``StateSizes.client_state_bytes``); (0, 0) if its clients keep no state."""
     algorithm = resolve(config.algorithm)
     if not algorithm.keeps_client_state:
         return 0, 0

@@ -19,7 +19,8 @@ from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition, model_inputs
 from rayfed.execution.devices import pick_device
 from rayfed.models import build_model
-from rayfed.train.flat import FlatModel, read_only_tensor
+from rayfed.train.flat import FlatModel
+from rayfed.train.host import read_only_tensor, to_device
 from rayfed.train.job import EVALUATION_ROUND, ClientJob, ClientState
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.seeding import client_seed
@@ -63,11 +64,10 @@ class ClientData:
         """The model inputs and labels of dataset rows ``indices``, on the device."""
         rows = read_only_tensor(np.asarray(indices, dtype=np.int64))
         if self._inputs.device == self.device:
-            rows = rows.to(self.device, non_blocking=True)
+            rows = to_device([rows], self.device)[0]
             x, y = self._inputs.index_select(0, rows), self._labels.index_select(0, rows)
         else:  # uint8 images (int32 token ids) cross to the device before they become floats: a 4x smaller copy
-            x = self._inputs.index_select(0, rows).to(self.device, non_blocking=True)
-            y = self._labels.index_select(0, rows).to(self.device, non_blocking=True)
+            x, y = to_device([self._inputs.index_select(0, rows), self._labels.index_select(0, rows)], self.device)
         return model_inputs(x, self.dataset.mean, self.dataset.std), y
 
     def train_samples(self, client_ids: Sequence[int]) -> list[Samples]:
@@ -113,7 +113,7 @@ class ClientData:
     def pooled_test(self, client_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(test sizes, inputs, labels, owner index) of the clients' test splits, concatenated."""
         splits = [self.partition.test(cid) for cid in client_ids]
-        sizes = torch.tensor([len(split) for split in splits], device=self.device)
+        sizes = to_device([np.array([len(split) for split in splits], dtype=np.int64)], self.device)[0]
         x, y = self.gather(np.concatenate(splits))
         owner = torch.repeat_interleave(torch.arange(len(client_ids), device=self.device), sizes)
         return sizes, x, y, owner

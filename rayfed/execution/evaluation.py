@@ -9,6 +9,7 @@ losses add up on the device and are read once per group of clients.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -20,8 +21,8 @@ from rayfed.execution.client_data import ClientData
 from rayfed.execution.reports import EvalReport
 from rayfed.train.evaluate import eval_batch_size, evaluate_model, features_before_output
 from rayfed.train.flat import FlatModel
-from rayfed.train.host import to_host
-from rayfed.train.job import ClientState
+from rayfed.train.host import to_device, to_host
+from rayfed.train.job import ClientJob, ClientState
 
 __all__ = ["evaluate_clients"]
 
@@ -48,10 +49,12 @@ def evaluate_clients(
     broadcast: Broadcast,
     ctx: RoundContext,
     client_ids: list[int],
-    states: dict[int, ClientState] | None = None,
+    states: dict[int, ClientState] | None,
+    prepare_eval: Callable[[Broadcast, ClientJob], None],
 ) -> list[EvalReport]:
-    """Accuracy of each client's evaluation model (``broadcast.prepare_eval``) on its own test split,
-    and of the global model (``broadcast.prepare_global_eval``), if the algorithm has one, on the same split.
+    """Accuracy of each client's evaluation model (``prepare_eval(broadcast, job)`` loads it: the client side's
+    ``ClientHalf.prepare_eval``) on its own test split, and of the global model
+    (``broadcast.prepare_global_eval``), if the algorithm has one, on the same split.
 
     Clients whose evaluation models share everything but the output layer
     (``broadcast.shared_body``) are evaluated together: one forward of the shared body over all
@@ -84,7 +87,7 @@ def evaluate_clients(
                 job = data.job(cid, ctx, states.get(cid), test=test, evaluation=True)
                 if broadcast.eval_needs_train:  # prepare_eval reads the train split (FedBABU, IFCA)
                     job.x_train, job.y_train = data.gather(data.partition.train(cid))
-                broadcast.prepare_eval(job)
+                prepare_eval(broadcast, job)
                 result = evaluate_model(job.model, job.x_test, job.y_test)
                 own.append((result.count, result.correct, result.loss_sum))
             on_global = None
@@ -108,8 +111,8 @@ def _evaluate_shared(
     global_head = _global_head(flat, output, plan, global_state)
     flat.load_state(plan.state)
     sizes, x, y, owner = data.pooled_test(client_ids)
-    weight = torch.as_tensor(plan.weight, device=data.device)
-    bias = torch.as_tensor(plan.bias, device=data.device)
+    assert plan.weight is not None and plan.bias is not None
+    weight, bias = to_device([plan.weight, plan.bias], data.device)
     own, on_global = _Tally(len(client_ids), data.device), _Tally(len(client_ids), data.device)
     for start, features in features_before_output(flat.module, output, x):
         rows, target = owner[start : start + len(features)], y[start : start + len(features)]

@@ -1,12 +1,12 @@
-"""The trained clients of one worker call, settled together: their numbers read from the device once.
+"""The trained clients of one worker call, settled together: checked, summed and read from the device once.
 
 While a call trains, nothing waits for the device: each trained client's loss and update norm stay
-there as 0-d tensors, and so does its contribution where the algorithm builds it on the device
-(FedAvg's weighted sum). :meth:`Settlement.result` sums every client's contribution in client order
-and brings the sum, the losses and the norms to the host in one transfer. An update is accepted
-when its norm is finite and within ``engine.max_update_norm`` and its contribution is finite; a sum
-is finite only when every part is, so the parts are looked at, and the accepted ones summed again,
-only in a call where something was wrong.
+there as 0-d tensors, and so does its contribution where the client side builds it on the device
+(FedAvg's weighted sum). The runner hands over what the clients send (:class:`Uploads`);
+:meth:`Settlement.result` sums every contribution in client order and brings the sum, the losses and
+the norms to the host in one transfer. An update is accepted when its norm is finite and within
+``engine.max_update_norm`` and its contribution is finite; a sum is finite only when every part is, so
+the parts are asked for, and the accepted ones summed again, only in a call where something was wrong.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from typing import Any
 
 import torch
 
-from rayfed.algorithms import Broadcast, Contribution, RoundContext, sum_contributions
+from rayfed.algorithms import Contribution, RoundContext, sum_contributions
 from rayfed.execution.reports import ClientReport, TrainResult
 from rayfed.train.host import to_host
-from rayfed.train.job import ClientJob, ClientState, TrainStats
+from rayfed.train.job import ClientJob, ClientState
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Measures", "Settlement"]
+__all__ = ["Measures", "Uploads", "Settlement"]
 
 NON_FINITE = "non-finite update (NaN or Inf)"
 
@@ -44,96 +44,55 @@ class Measures:
 
 
 @dataclass
-class _Entry:
-    """A trained client, or a stack of clients whose contributions were summed on the device."""
+class Uploads:
+    """Clients trained together and what they send: one contribution (a stack's summed on the device), and each
+    client's numbers, each a number or a 0-d tensor per client, or a list or a 1-D tensor for all of them."""
 
     client_ids: list[int]
     num_train: list[int]
     steps: list[int]
     contribution: Contribution
     parts: Callable[[], list[Contribution]]
-    """Each client's own contribution, in order (a stack's are made again, only when one is rejected)."""
+    """Each client's own contribution, in order (made again, by the client side, only when one is rejected)."""
     states: list[ClientState | None]
     bytes_down: list[int]
-    local_num_test: list[int]
     seconds: float
+    loss: Any
+    norm: Any
+    measures: list[Measures]
+
+    @classmethod
+    def of_one(cls, job: ClientJob, contribution: Contribution, loss: Any, norm: Any, steps: int, bytes_down: int,
+               seconds: float, measures: Measures) -> Uploads:
+        """One client's upload."""
+        return cls([job.client_id], [job.num_train], [steps], contribution, lambda: [contribution], [job.state],
+                   [bytes_down], seconds, loss, norm, [measures])
 
 
 class Settlement:
-    """Collects a call's trained clients (:meth:`add`, :meth:`add_stack`) and settles them (:meth:`result`)."""
+    """Collects a call's uploads (:meth:`add`) and settles them (:meth:`result`): checks, sums, reads back."""
 
     def __init__(self, ctx: RoundContext, max_update_norm: float | None) -> None:
         self.ctx = ctx
         self.bound = max_update_norm
-        self.entries: list[_Entry] = []
-        self.numbers: dict[str, list[Any]] = {"loss": [], "norm": [], "start_loss": [], "local_correct": []}
-        """Per entry, in order: its clients' mean losses, update norms, starting losses and correct predictions
-        after training (a number, a 0-d tensor per client, a list of numbers or a 1-D tensor per stack)."""
+        self.entries: list[Uploads] = []
 
-    def add(
-        self,
-        broadcast: Broadcast,
-        job: ClientJob,
-        start: torch.Tensor,
-        stats: TrainStats,
-        seconds: float,
-        measures: Measures = Measures(),
-    ) -> None:
-        """Take a trained client: its contribution and update norm, computed on the device."""
-        norm = torch.linalg.vector_norm(job.flat.vector.detach() - start)
-        self._add_one(broadcast, job, stats.loss, norm, stats.steps, seconds, measures)
+    def add(self, uploads: Uploads) -> None:
+        """Take clients trained together and what they send."""
+        self.entries.append(uploads)
 
-    def _add_one(self, broadcast: Broadcast, job: ClientJob, loss: Any, norm: torch.Tensor, steps: int,
-                 seconds: float, measures: Measures) -> None:
-        contribution = broadcast.contribute(job)
-        self.entries.append(_Entry([job.client_id], [job.num_train], [steps], contribution, lambda: [contribution],
-                                   [job.state], [broadcast.bytes_down(job)], [measures.local_num_test], seconds))
-        for name, value in (("loss", loss), ("norm", norm), ("start_loss", measures.start_loss),
-                            ("local_correct", measures.local_correct)):
-            self.numbers[name].append(value)
-
-    def add_stack(
-        self,
-        broadcast: Broadcast,
-        jobs: list[ClientJob],
-        starts: torch.Tensor,
-        trained: torch.Tensor,
-        losses: torch.Tensor,
-        steps: list[int],
-        seconds: float,
-        measures: list[Measures],
-    ) -> None:
-        """Take the clients of a stack from their starting and trained states (C, S): one summed contribution
-        when the broadcast makes one (``contribute_stacked``), else one entry per client."""
-        size = jobs[0].flat.size
-        norms = torch.linalg.vector_norm(trained[:, :size] - starts[:, :size], dim=1)
-        losses = torch.where(torch.tensor([n > 0 for n in steps], device=losses.device), losses, math.nan)
-        summed = broadcast.contribute_stacked(jobs, trained)
-        if summed is None:
-            for i, job in enumerate(jobs):
-                job.flat.load_state(trained[i])
-                self._add_one(broadcast, job, losses[i], norms[i], steps[i], seconds, measures[i])
-            return
-
-        def parts() -> list[Contribution]:
-            out = []
-            for i, job in enumerate(jobs):
-                job.flat.load_state(trained[i])
-                out.append(broadcast.contribute(job))
-            return out
-
-        self.entries.append(_Entry([job.client_id for job in jobs], [job.num_train for job in jobs], steps, summed,
-                                   parts, [job.state for job in jobs], [broadcast.bytes_down(job) for job in jobs],
-                                   [m.local_num_test for m in measures], seconds))
-        self.numbers["loss"].append(losses)
-        self.numbers["norm"].append(norms)
-        self.numbers["start_loss"].append(_column([m.start_loss for m in measures]))
-        self.numbers["local_correct"].append(_column([m.local_correct for m in measures]))
+    def _numbers(self) -> dict[str, list[Any]]:
+        """Per entry, in order: its clients' mean losses, update norms, starting losses and correct predictions."""
+        return {
+            "loss": [e.loss for e in self.entries], "norm": [e.norm for e in self.entries],
+            "start_loss": [_column([m.start_loss for m in e.measures]) for e in self.entries],
+            "local_correct": [_column([m.local_correct for m in e.measures]) for e in self.entries],
+        }
 
     def result(self) -> TrainResult:
         """Accept or reject every client, sum the accepted contributions in client order, report each client."""
         total = _sum_keeping_parts([entry.contribution for entry in self.entries])
-        columns, arrays = _read(self.numbers, [] if total is None else total.device_tensors())
+        columns, arrays = _read(self._numbers(), [] if total is None else total.device_tensors())
         contribution = None if total is None else total.with_host_arrays(arrays)
         rejections = [self._norm_rejection(norm) for norm in columns["norm"]]
         if contribution is not None and not contribution.is_finite() or any(rejections):
@@ -152,10 +111,11 @@ class Settlement:
             elif entry.states[k] is not None:
                 result.states[cid] = entry.states[k]  # type: ignore[assignment]
             result.reports.append(ClientReport(
-                client_id=cid, num_train=entry.num_train[k], train_loss=columns["loss"][i], steps=entry.steps[k],
+                client_id=cid, num_train=entry.num_train[k], steps=entry.steps[k],
+                train_loss=columns["loss"][i] if entry.steps[k] else math.nan,
                 update_norm=columns["norm"][i], bytes_up=entry.contribution.nbytes, bytes_down=entry.bytes_down[k],
                 seconds=entry.seconds, rejected=why, train_loss_eval=columns["start_loss"][i],
-                local_num_test=entry.local_num_test[k], local_correct=int(columns["local_correct"][i]),
+                local_num_test=entry.measures[k].local_num_test, local_correct=int(columns["local_correct"][i]),
             ))
         return result
 

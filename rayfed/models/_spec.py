@@ -59,6 +59,10 @@ class ModelSpec:
     input_kind
         The inputs it takes: ``"image"`` (C, H, W) or ``"tokens"`` (L, V) (:func:`input_kind`).
         ``supports`` is only asked about shapes of this kind.
+    unstackable
+        Why clients of this architecture cannot train stacked (:mod:`rayfed.train.stacked`), or "" when they
+        can: a stack holds client c's channels at c·channels, so a forward that concatenates, splits or
+        shuffles channels mixes clients. Declared here, as no layer shows it.
     """
 
     name: str
@@ -66,6 +70,7 @@ class ModelSpec:
     supports: Callable[[InputShape], str | None]
     description: str
     input_kind: str = "image"
+    unstackable: str = ""
 
 
 MODELS: Registry[ModelSpec] = Registry("model", field="model.name")

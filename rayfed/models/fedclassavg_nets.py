@@ -194,12 +194,15 @@ def fca_alexnet(input_shape: InputShape, num_classes: int) -> FedClassAvgNet:
     return FedClassAvgNet(AlexNetSmall(input_shape[0]), num_classes)
 
 
-_FACTORIES: tuple[tuple[str, Callable[[InputShape, int], nn.Module], str], ...] = (
-    ("fca_resnet18", fca_resnet18, "FedClassAvg ResNet-18 extractor (torchvision) + shared classifier"),
-    ("fca_shufflenet", fca_shufflenet, "FedClassAvg ShuffleNetV2 x1.0 extractor (torchvision) + shared classifier"),
-    ("fca_googlenet", fca_googlenet, "FedClassAvg GoogLeNet extractor (torchvision, aux heads unused) + classifier"),
-    ("fca_alexnet", fca_alexnet, "FedClassAvg small AlexNet-style extractor + shared classifier"),
+_FACTORIES: tuple[tuple[str, Callable[[InputShape, int], nn.Module], str, str], ...] = (
+    ("fca_resnet18", fca_resnet18, "FedClassAvg ResNet-18 extractor (torchvision) + shared classifier", ""),
+    ("fca_shufflenet", fca_shufflenet, "FedClassAvg ShuffleNetV2 x1.0 extractor (torchvision) + shared classifier",
+     "its blocks split, concatenate and shuffle channels"),
+    ("fca_googlenet", fca_googlenet, "FedClassAvg GoogLeNet extractor (torchvision, aux heads unused) + classifier",
+     "its Inception blocks concatenate channels"),
+    ("fca_alexnet", fca_alexnet, "FedClassAvg small AlexNet-style extractor + shared classifier", ""),
 )
 
-for _name, _factory, _description in _FACTORIES:
-    register_model(ModelSpec(name=_name, factory=_factory, supports=_supports, description=_description))
+for _name, _factory, _description, _unstackable in _FACTORIES:
+    register_model(ModelSpec(name=_name, factory=_factory, supports=_supports, description=_description,
+                             unstackable=_unstackable))

@@ -39,14 +39,14 @@ _MIN_PX = 12  # two 5x5 convs (no padding) and two 2x2 pools leave a 1x1 map fro
 
 
 class DropoutLinear(nn.Linear):
-    """A linear layer that applies dropout to its input first (in training mode only)."""
+    """A linear layer that applies dropout (its child ``drop``) to its input first, in training mode only."""
 
     def __init__(self, in_features: int, out_features: int, p: float = 0.5) -> None:
         super().__init__(in_features, out_features)
-        self.p = p
+        self.drop = nn.Dropout(p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(F.dropout(x, self.p, self.training), self.weight, self.bias)
+        return F.linear(self.drop(x), self.weight, self.bias)
 
 
 class FedProtoCNN(nn.Module):

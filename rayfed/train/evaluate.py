@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rayfed.train.flat import FlatModel
+from rayfed.train.host import to_device, to_host
+from rayfed.train.stack_plan import parameter_major
+from rayfed.train.stacked_layers import model_unstackable, stacked_layers
+
 __all__ = [
     "EvalStats", "eval_batch_size", "evaluate_model", "mean_cross_entropy", "correct_predictions",
-    "features_before_output",
+    "features_before_output", "model_losses",
 ]
 
 
@@ -95,3 +101,55 @@ def features_before_output(
             yield start, captured.pop()
     finally:
         hook.remove()
+
+
+@torch.no_grad()
+def model_losses(flat: FlatModel, architecture: str, states: np.ndarray, x: torch.Tensor, y: torch.Tensor,
+                 sizes: Sequence[int] | None = None) -> np.ndarray:
+    """The mean cross-entropy (eval mode) of each of K models of ``architecture`` on the samples (x, y), or, with
+    ``sizes``, on each of the consecutive groups of samples of those sizes (G, K): ``states`` (K, S) holds the
+    models' parameters, then buffers. Where the architecture stacks, the K models run as one stack
+    (:mod:`rayfed.train.stacked_layers`), one forward per batch of samples, and every loss comes to the host at
+    once; else one model after the other in ``flat``. IFCA's clusters and FedFomo's candidates are weighed so, for
+    all the clients of a call at once."""
+    grouped = sizes is not None
+    sizes = list(sizes) if sizes is not None else [int(y.shape[0])]
+    k, count = len(states), int(y.shape[0])
+    owner = to_device([np.repeat(np.arange(len(sizes)), sizes)], x.device)[0]
+    sums = torch.zeros(len(sizes), k, device=x.device)
+    if model_unstackable(architecture, flat.module, drop_last=True):
+        for j, state in enumerate(states):
+            flat.load_state(state)
+            flat.module.eval()
+            for start in range(0, count, eval_batch_size(x.device)):
+                stop = start + eval_batch_size(x.device)
+                losses = F.cross_entropy(flat.module(x[start:stop]), y[start:stop], reduction="none")
+                sums[:, j].index_add_(0, owner[start:stop], losses)
+    else:
+        _stacked_losses(flat, states, x, y, owner, sums)
+    means = to_host([sums])[0].astype(np.float64) / np.maximum(np.asarray(sizes, np.float64), 1.0)[:, None]
+    means[np.asarray(sizes) == 0] = math.nan
+    return means if grouped else means[0]
+
+
+def _stacked_losses(flat: FlatModel, states: np.ndarray, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor,
+                    sums: torch.Tensor) -> None:
+    """Add each sample's cross-entropy under each of the stacked models to its owner's row of ``sums`` (G, K)."""
+    k, layout, module = len(states), flat.layout, flat.module
+    rows = to_device([np.asarray(states, dtype=np.float32)], x.device)[0]
+    module.eval()
+    batch = max(eval_batch_size(x.device) // k, 1)
+    with stacked_layers(module) as current:
+        current["width"] = k
+        current.update(zip(layout.names, layout.stacked_views(parameter_major(rows[:, : layout.size], layout), k)))
+        for name, layer in module.named_modules():
+            if isinstance(layer, torch.nn.BatchNorm2d):
+                mean, var = (flat.buffer_layout.index(f"{name}.{stat}") for stat in ("running_mean", "running_var"))
+                shift = layout.size
+                current[f"{name}#running"] = (rows[:, shift + mean.start : shift + mean.stop].reshape(-1),
+                                              rows[:, shift + var.start : shift + var.stop].reshape(-1))
+        for start in range(0, int(y.shape[0]), batch):
+            xb, yb = x[start : start + batch], y[start : start + batch]
+            logits = module(xb.repeat(1, k, *([1] * (xb.dim() - 2))))  # every model sees every sample
+            losses = F.cross_entropy(logits.view(len(yb) * k, -1), yb.repeat_interleave(k), reduction="none")
+            sums.index_add_(0, owner[start : start + batch], losses.view(len(yb), k))

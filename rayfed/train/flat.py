@@ -6,7 +6,7 @@ to a view into one contiguous buffer, so that
 
 * loading a client's starting point is one ``copy_`` of P floats,
 * reading the trained model is one ``clone`` (or zero-copy numpy view),
-* an SGD step is one fused ``add_`` over all parameters (see :mod:`rayfed.train.sgd`),
+* an SGD step is one fused update over all parameters (see :mod:`rayfed.train.update`),
 * BatchNorm running statistics live in a second flat buffer, so a model's whole state
   is one vector too (:meth:`FlatModel.state_numpy`),
 * a *part* of the model (a layer, the output layer, the class-wise blocks) is a
@@ -23,26 +23,16 @@ its own ``FlatModel`` and algorithms exchange only the parts they name.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from rayfed.train.host import host_copy
+from rayfed.train.host import host_copy, to_device
 from rayfed.train.layout import ParamLayout
 
-__all__ = ["FlatModel", "read_only_tensor"]
-
-
-def read_only_tensor(array: np.ndarray) -> torch.Tensor:
-    """Wrap a numpy array without a copy, also a read-only one (Ray hands out object-store
-    arrays read-only). Callers only read from the result, so torch's warning about
-    non-writable arrays does not apply and is silenced here."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(array)
+__all__ = ["FlatModel"]
 
 
 class FlatModel:
@@ -84,10 +74,10 @@ class FlatModel:
 
     def load(self, values: np.ndarray | torch.Tensor, part: slice | None = None) -> None:
         """Copy ``values`` into the parameters (all of them, or the slice ``part``)."""
-        source = read_only_tensor(values) if isinstance(values, np.ndarray) else values
+        source = to_device([values], self.vector.device)[0] if isinstance(values, np.ndarray) else values
         target = self.vector if part is None else self.vector[part]
         with torch.no_grad():
-            target.copy_(source.reshape(-1), non_blocking=True)
+            target.copy_(source.reshape(-1))
 
     def numpy(self, part: slice | None = None) -> np.ndarray:
         """A float32 numpy copy of the parameters (or of the slice ``part``)."""
@@ -117,9 +107,10 @@ class FlatModel:
         return host_copy(self.state(copy=False))
 
     def load_state(self, values: np.ndarray | torch.Tensor) -> None:
-        """Load a vector produced by :meth:`state_numpy`."""
+        """Load a vector produced by :meth:`state_numpy` (host values reach the device in one transfer)."""
+        source = to_device([values], self.vector.device)[0] if isinstance(values, np.ndarray) else values
         p = self.layout.size
-        self.load(values[:p])
-        if self.buffer_layout.size:
-            source = read_only_tensor(values[p:]) if isinstance(values, np.ndarray) else values[p:]
-            self.buffers.copy_(source.reshape(-1))
+        with torch.no_grad():
+            self.vector.copy_(source[:p])
+            if self.buffer_layout.size:
+                self.buffers.copy_(source[p:])

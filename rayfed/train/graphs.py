@@ -29,9 +29,12 @@ allocator settles), as PyTorch's CUDA-graph recipe does; their effect on the wor
 class StepGraphs:
     """The captured steps of one worker, by shape (:meth:`run`)."""
 
-    def __init__(self, device: torch.device, enabled: bool = True) -> None:
+    def __init__(self, device: torch.device, enabled: bool = True, fixed: bool | None = None) -> None:
         self.device = device
         self.enabled = enabled and device.type == "cuda"
+        self.fixed = self.enabled if fixed is None else fixed
+        """Whether steps read fixed workspaces (copied into at every step), as a captured step must: where graphs
+        are captured, or (``fixed=True``) on a CPU, so that the replay path's code runs where the tests run."""
         self._graphs: dict[Hashable, torch.cuda.CUDAGraph | None] = {}
         self._warned = False
 

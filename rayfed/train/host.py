@@ -1,18 +1,21 @@
-"""Reading device values on the host: one copy of a tensor, or many tensors in one transfer.
+"""Moving values between the host and a worker's device: many tensors in one transfer each way.
 
 On a GPU every read waits for the work queued before it, so the training loop reads nothing, and
-a worker call brings its numbers over once (:func:`to_host`).
+a worker call brings its numbers over once (:func:`to_host`). The other way, every host-to-device
+copy goes through :func:`to_device`: the host arrays are staged in page-locked memory and copied
+without blocking, all of a call's pieces in one transfer.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["host_copy", "to_host"]
+__all__ = ["host_copy", "to_host", "to_device", "read_only_tensor"]
 
 
 def host_copy(tensor: torch.Tensor) -> np.ndarray:
@@ -39,6 +42,49 @@ def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
         arrays.append(buffer[offset : offset + size].view(dtype).reshape(tuple(tensor.shape)))
         offset += size
     return arrays
+
+
+def read_only_tensor(array: np.ndarray) -> torch.Tensor:
+    """Wrap a numpy array without a copy, also a read-only one (Ray hands out object-store
+    arrays read-only). Callers only read from the result, so torch's warning about
+    non-writable arrays does not apply and is silenced here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
+
+
+def to_device(arrays: Sequence[np.ndarray | torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """``arrays`` (host arrays or CPU tensors) as tensors on ``device``, in one non-blocking transfer.
+
+    On a CPU device the tensors share the arrays' memory (no copy). On a GPU their bytes are laid end to
+    end in one page-locked buffer from torch's caching host allocator (which keeps it until the copy is
+    done) and copied over once; the host never waits for the device.
+
+    >>> [t.tolist() for t in to_device([np.array([1, 2]), np.array([0.5], dtype=np.float32)], torch.device("cpu"))]
+    [[1, 2], [0.5]]
+    """
+    tensors = [a if isinstance(a, torch.Tensor) else read_only_tensor(_contiguous(np.asarray(a))) for a in arrays]
+    if device.type == "cpu" or not tensors:
+        return tensors
+    pieces = [(t.to(torch.uint8) if t.dtype == torch.bool else t).detach().contiguous().reshape(-1).view(torch.uint8)
+              for t in tensors]
+    starts = [0]
+    for piece in pieces:  # each piece starts on an 8-byte boundary, so it views as its own dtype
+        starts.append(starts[-1] + -(-piece.numel() // 8) * 8)
+    staged = torch.empty(starts[-1], dtype=torch.uint8, pin_memory=True)
+    for piece, start in zip(pieces, starts):
+        staged[start : start + piece.numel()].copy_(piece)
+    moved = staged.to(device, non_blocking=True)
+    out = []
+    for tensor, piece, start in zip(tensors, pieces, starts):
+        raw = moved[start : start + piece.numel()]
+        out.append((raw.bool() if tensor.dtype == torch.bool else raw.view(tensor.dtype)).view(tensor.shape))
+    return out
+
+
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    """``array`` in C order, copied only when it is not (``np.ascontiguousarray`` would make a 0-d array 1-d)."""
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
 _NUMPY: dict[torch.dtype, np.dtype[Any]] = {

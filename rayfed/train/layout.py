@@ -75,6 +75,14 @@ class ParamLayout:
             return piece.view(*lead, o, h, w, c).permute(*range(n), n, n + 3, n + 1, n + 2)
         return piece.view(*lead, *shape)
 
+    def flatten(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The inverse of :meth:`views`: one tensor per parameter, in its logical shape, as a vector laid out as
+        this layout lays it out (channels-last kernels stored (O, H, W, I))."""
+        import torch  # only the workers call this; the server uses layouts without torch
+
+        return torch.cat([(t.permute(0, 2, 3, 1) if self.channels_last and self.channels_last[i] else t).reshape(-1)
+                          for i, t in enumerate(tensors)])
+
     @property
     def size(self) -> int:
         return self.offsets[-1]

@@ -1,7 +1,8 @@
 """What a stack of clients trains on, step by step, and its stack of parameters in the layout a step reads.
 
-* :class:`StackPlan`: every client's batches, the clients ordered by their step counts, longest first,
-  so the clients still training are always a prefix of the stack;
+* :class:`StackPlan`: every client's batches (:class:`~rayfed.train.batches.ClientBatches`), the clients
+  ordered by their step counts, longest first, so the clients still training are always a prefix of the
+  stack; everything a step reads of it reaches the device in one transfer;
 * :func:`parameter_major` / :func:`client_major`: the clients' flat vectors (C, P), one per client,
   and the parameter-major stack a step trains (every client's copy of parameter 0, then of
   parameter 1, ...: :meth:`ParamLayout.stacked_views`), in which the C kernels of a convolution
@@ -16,11 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rayfed.train.job import ClientJob
+from rayfed.train.batches import ClientBatches
+from rayfed.train.host import to_device
 from rayfed.train.layout import ParamLayout
-from rayfed.train.sgd import epoch_steps
 
-__all__ = ["StackPlan", "parameter_major", "client_major", "first_models"]
+__all__ = ["StackPlan", "parameter_major", "client_major", "first_models", "logical_rows"]
 
 
 @dataclass(frozen=True)
@@ -28,62 +29,56 @@ class StackPlan:
     """Which samples every client of a stack trains on at every step, the clients ordered longest first."""
 
     order: list[int]
-    """The jobs' positions, by their step counts, longest first: the clients still training are a prefix."""
-    back: torch.Tensor
-    """For each job, its row in the stack."""
+    """The clients' positions, by their step counts, longest first: the clients still training are a prefix."""
     steps: list[int]
-    """Each job's step count."""
+    """Each client's step count, in the clients' order."""
     active: list[int]
     """At every stacked step, how many clients (a prefix of the stack) take a step."""
+    batch: int
     index: torch.Tensor
-    """(steps, batch, clients) sample indices into the clients' data laid end to end, in stack order."""
+    """(steps, batch, clients) sample indices into the clients' samples laid end to end, in stack order."""
     weight: torch.Tensor | None
     """(steps, batch, clients) 1 for a sample, 0 for padding; None when every batch is full."""
-    batch: int
+    draws: torch.Tensor | None
+    """(steps, views, batch, clients, draws) each sample's view draws; None without augmentation."""
+    back: torch.Tensor
+    """For each client, its row in the stack."""
+    extra: list[torch.Tensor]
+    """The host arrays :meth:`of` was asked to bring along, on the device."""
 
     @classmethod
-    def of(cls, jobs: Sequence[ClientJob], orders: Sequence[list[torch.Tensor]], device: torch.device) -> StackPlan:
-        """The plan of ``jobs`` from their epoch permutations, built on the host and moved to ``device``."""
-        train = jobs[0].train
-        batch = train.batch_size
-        host = torch.cat([order for client in orders for order in client]).numpy()  # every permutation, read once
-        per_epoch, steps, cursor = [], [], 0
-        for job, client_orders in zip(jobs, orders):
-            full, short = epoch_steps(train, job.num_train)
-            epochs = []
-            for _ in client_orders:
-                epochs.append((host[cursor : cursor + full], host[cursor + full : cursor + full + short]))
-                cursor += job.num_train
-            per_epoch.append(epochs)
-            steps.append(len(client_orders) * (full // batch + (1 if short else 0)))
-        order = sorted(range(len(jobs)), key=lambda c: -steps[c])
-        longest = steps[order[0]] if order else 0
-        index = np.zeros((longest, batch, len(jobs)), dtype=np.int64)
-        weight = np.zeros((longest, batch, len(jobs)), dtype=np.float32)
+    def of(cls, batches: Sequence[ClientBatches], sizes: Sequence[int], device: torch.device,
+           extra: Sequence[np.ndarray] = ()) -> StackPlan:
+        """The plan of clients with ``batches`` over ``sizes`` samples each; ``extra`` host arrays ride along in
+        the same transfer."""
+        steps = [b.steps for b in batches]
+        order = sorted(range(len(batches)), key=lambda c: -steps[c])
+        longest, batch = (steps[order[0]] if order else 0), batches[0].index.shape[1]
+        index = np.zeros((longest, batch, len(batches)), dtype=np.int64)
+        weight = np.zeros((longest, batch, len(batches)), dtype=np.float32)
+        draws = None
+        if batches[0].draws is not None:
+            views, width = batches[0].draws.shape[1], batches[0].draws.shape[3]
+            draws = np.zeros((longest, views, batch, len(batches), width))
         offset = 0
-        sizes = {c: jobs[c].num_train for c in order}
         for column, c in enumerate(order):
-            s = 0
-            for whole, tail in per_epoch[c]:
-                rows = len(whole) // batch
-                index[s : s + rows, :, column] = whole.reshape(rows, batch) + offset
-                weight[s : s + rows, :, column] = 1.0
-                s += rows
-                if len(tail):
-                    index[s, : len(tail), column] = tail + offset
-                    weight[s, : len(tail), column] = 1.0
-                    s += 1
+            own = batches[c]
+            index[: own.steps, :, column] = own.index + offset
+            weight[: own.steps, :, column] = own.weight()
+            if draws is not None and own.draws is not None:
+                draws[: own.steps, :, :, column] = own.draws
             offset += sizes[c]
-        padded = any(len(tail) for epochs in per_epoch for _, tail in epochs)
-        back = np.empty(len(jobs), dtype=np.int64)
-        back[order] = np.arange(len(jobs))
+        padded = any(b.padded for b in batches)
+        back = np.empty(len(batches), dtype=np.int64)
+        back[order] = np.arange(len(batches))
         active = [sum(1 for c in order if steps[c] > s) for s in range(longest)]
-        return cls(order, torch.from_numpy(back), steps, active, torch.from_numpy(index).to(device),
-                   torch.from_numpy(weight).to(device) if padded else None, batch)
-
-    def step_counts(self, device: torch.device) -> torch.Tensor:
-        """Each job's step count (at least 1, to divide by), on ``device``."""
-        return torch.tensor([max(n, 1) for n in self.steps], dtype=torch.float32, device=device)
+        arrays: list[np.ndarray] = [index, back, *([weight] if padded else []), *([draws] if draws is not None else []),
+                                    *extra]
+        moved = to_device(arrays, device)
+        moved_weight = moved[2] if padded else None
+        moved_draws = moved[2 + padded] if draws is not None else None
+        return cls(order, steps, active, batch, moved[0], moved_weight, moved_draws, moved[1],
+                   moved[len(moved) - len(extra):])
 
 
 def parameter_major(stack: torch.Tensor, layout: ParamLayout) -> torch.Tensor:
@@ -106,3 +101,9 @@ def client_major(stack: torch.Tensor, layout: ParamLayout, width: int) -> torch.
 def first_models(stack: torch.Tensor, layout: ParamLayout, width: int, keep: int) -> torch.Tensor:
     """The parameter-major stack of the first ``keep`` of its ``width`` models."""
     return torch.cat([view[:keep].reshape(-1) for view in layout.stacked_views(stack, width)])
+
+
+def logical_rows(rows: torch.Tensor, layout: ParamLayout) -> torch.Tensor:
+    """(C, P) flat vectors (channels-last kernels) as their parameters in logical order, one row per client:
+    what ``flatten_logically`` makes of one client's parameter tensors."""
+    return torch.cat([view.reshape(len(rows), -1) for view in layout.views(rows[:, : layout.size])], dim=1)

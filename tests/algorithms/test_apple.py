@@ -28,8 +28,9 @@ from rayfed.engine import Simulation
 from rayfed.engine.callbacks import Callback
 from rayfed.engine.sizing import client_states_bytes
 from rayfed.train.layout import ParamLayout
+from rayfed.train.loop import FINAL_CARRY
 from tests.algorithms.tiny_problem import tiny_job, tiny_problem
-from tests.conftest import tiny_overrides
+from tests.conftest import tiny_overrides, train_client
 
 
 class ClientCopies(Callback):
@@ -116,7 +117,7 @@ def test_pfllib_parallel_steps_the_core_first_and_shares_the_personal_model_of_i
     job.scratch[apple._TARGET] = p0
     params = AppleParams(dr_lr=0.05, mu=0.1, anneal_rounds=100)
     # Act
-    AppleClient(params, spec).train(job)
+    train_client(AppleClient(params, spec), job)
     # Assert: θ_1 moved by η·M·p_11·∇_φ L, then p stepped with ⟨∇ ⊙ c, θ_j⟩ at the moved θ_1 and λ = 1 (round 0);
     # the core it keeps and shares is φ of its step, Σ_j p_j θ_j before the move.
     phi = torch.from_numpy(p @ cores.astype(np.float64)).float()
@@ -128,10 +129,9 @@ def test_pfllib_parallel_steps_the_core_first_and_shares_the_personal_model_of_i
     moved[1] -= 0.1 * 3 * 0.5 * grad
     weights = torch.from_numpy(tensor_mean_weights(flat.layout)).double()
     expected_p = p - 0.05 * dr_gradient(moved, grad, torch.from_numpy(p), torch.from_numpy(p0), 0.1, weights).numpy()
-    kept, learnt, _ = job.scratch[apple._CORES]
-    np.testing.assert_allclose(learnt, expected_p, rtol=1e-5)
-    np.testing.assert_allclose(kept[1], phi.numpy(), rtol=1e-6)
-    np.testing.assert_array_equal(kept[[0, 2]], cores[[0, 2]])
+    carry = job.scratch[FINAL_CARRY][0]  # the core it keeps and p_1, as the phase left them
+    np.testing.assert_allclose(carry["p"].numpy(), expected_p, rtol=1e-5)
+    np.testing.assert_allclose(carry["core"].numpy(), phi.numpy(), rtol=1e-6)
 
 
 @pytest.mark.parametrize("join_ratio", [1.0, 0.6])

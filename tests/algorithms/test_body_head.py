@@ -14,14 +14,14 @@ import torch.nn.functional as F
 from rayfed import ConfigError, RunConfig
 from rayfed.algorithms import RoundContext
 from rayfed.algorithms.common.architecture import trailing_blocks
-from rayfed.algorithms.common.body_head import BodyHeadParams, PartialModels, merge_stats, split_body_head, train_part
+from rayfed.algorithms.common.body_head import BodyHeadParams, PartialModels, part_phase, split_body_head
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, model_parts
 from rayfed.data import load_dataset, make_partition
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.server import Server
-from rayfed.train.job import TrainStats
 from rayfed.train.problem_build import build_problem
 from tests.algorithms.body_head_cases import job, tiny_problem
+from tests.conftest import train_phases
 
 torch.set_num_threads(1)
 
@@ -85,7 +85,7 @@ def test_head_blocks_must_leave_a_body_and_a_head() -> None:
 
 
 @pytest.mark.parametrize("part_name", ["head", "body"])
-def test_train_part_takes_the_sgd_step_on_that_part_only(part_name: str) -> None:
+def test_a_part_phase_takes_the_sgd_step_on_that_part_only(part_name: str) -> None:
     # Prepare: one full batch, so one epoch is one step; weight decay and momentum on.
     flat, spec = tiny_problem()
     split = split_body_head(spec, "tiny", 1)
@@ -96,7 +96,7 @@ def test_train_part_takes_the_sgd_step_on_that_part_only(part_name: str) -> None
     F.cross_entropy(flat.module(client.x_train), client.y_train).backward()
     grad = flat.grad.numpy().copy()
     # Execute
-    stats = train_part(client, part, 1)
+    _, steps = train_phases(client, [part_phase(part, 1)])
     # Assert: w ← w − lr (g + wd·w) on the part; the rest bit-identical; gradients required again.
     expected = start.copy()
     expected[part] = start[part] - 0.1 * (grad[part] + 0.01 * start[part])
@@ -104,13 +104,8 @@ def test_train_part_takes_the_sgd_step_on_that_part_only(part_name: str) -> None
     outside = np.ones(flat.size, bool)
     outside[part] = False
     np.testing.assert_array_equal(flat.numpy()[outside], start[outside])
-    assert stats.steps == 1 and all(p.requires_grad for p in flat.params)
-    assert train_part(client, part, 0).steps == 0
-
-
-def test_merged_stats_weight_losses_by_steps() -> None:
-    merged = merge_stats(TrainStats(1.0, 3), TrainStats(float("nan"), 0), TrainStats(2.0, 1))
-    assert merged == TrainStats(1.25, 4)
+    assert steps == 1 and all(p.requires_grad for p in flat.params)
+    assert train_phases(client, [part_phase(part, 0)])[1] == 0
 
 
 # --- shared-body evaluation ---------------------------------------------------------------------

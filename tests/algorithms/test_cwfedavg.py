@@ -36,9 +36,8 @@ from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.problem_build import build_problem
-from rayfed.train.stacked import can_stack
 from tests.algorithms.tiny_problem import TinyNet, tiny_job, tiny_problem
-from tests.conftest import tiny_overrides
+from tests.conftest import tiny_overrides, train_client, train_phases
 
 torch.set_num_threads(1)
 
@@ -262,13 +261,15 @@ def test_wdr_pulls_the_estimated_distribution_towards_the_label_distribution() -
         flat.load(start)
         client = CwFedAvgClient(CwFedAvgParams(wdr_lambda=20, variant=variant), spec)
         job = _job(flat, 0, [20, 0])
-        client.train(job)
+        phase, = client.phases(job)
+        train_phases(job, [phase])
         moved[variant] = float(estimate_class_distribution(flat.params[2].detach())[0])
         if variant == "wdr":  # the loss term is c·‖p − p̃(W)‖ on the live output weight
             expected = wdr_penalty(torch.tensor([1.0, 0.0]), flat.params[2], 10.0)
-            assert float(client.extra_loss(job, None).detach()) == pytest.approx(float(expected.detach()))
+            value = phase.loss(None, None, flat.params, phase.constants)  # type: ignore[misc]
+            assert float(value.detach()) == pytest.approx(float(expected.detach()))
         else:
-            assert client.extra_loss(job, None) is None
+            assert phase.loss is None
     assert moved["wdr"] > moved["no_wdr"] + 0.05
 
 
@@ -281,13 +282,12 @@ def test_wdr_term_and_its_gradient_vectorise_for_client_stacking() -> None:
     dists = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.5, 0.5]])
 
     def term(weight: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-        return half.functional_extra_loss([others[0], others[1], weight, others[3]], {"p": p})
+        return half.wdr(None, None, [others[0], others[1], weight, others[3]], {"p": p})  # type: ignore[arg-type]
 
     # Execute: torch.func over the stack, as rayfed.train.stacked adds the term.
     values = torch.func.vmap(term)(weights, dists)
     grads = torch.func.vmap(torch.func.grad(term))(weights, dists)
     # Assert: the same as client by client.
-    assert can_stack(flat, half, TrainConfig())
     for w, p, value, g in zip(weights, dists, values, grads):
         w = w.clone().requires_grad_(True)
         expected = wdr_penalty(p, w, 10.0)
@@ -308,7 +308,7 @@ def test_batchnorm_statistics_stay_with_their_client() -> None:
     initial_buffers = flat.buffers.clone()
     trained = _job(flat, 0, [6, 4])
     server.broadcast().personalise(trained)
-    CwFedAvgClient(CwFedAvgParams(), spec).train(trained)
+    train_client(CwFedAvgClient(CwFedAvgParams(), spec), trained)
     # Execute
     upload = server.broadcast().contribute(trained)
     own = trained.state["buffers"].copy()

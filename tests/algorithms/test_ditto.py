@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from rayfed import ConfigError, RunConfig
 from rayfed.algorithms.ditto import DittoClient, DittoModels, DittoParams
 from tests.algorithms.body_head_cases import assert_local_parts_kept, job, run_logged, sampled_rows, tiny_problem
+from tests.conftest import train_client
 
 torch.set_num_threads(1)
 
@@ -35,7 +36,7 @@ def test_personal_step_is_pulled_towards_the_rounds_global_model() -> None:
     broadcast = DittoModels(w, initial=np.zeros_like(w))
     # Execute
     broadcast.personalise(client)
-    DittoClient(DittoParams(lam=2.0), spec).train(client)
+    train_client(DittoClient(DittoParams(lam=2.0), spec), client)
     # Assert: v_k persisted, w_k left in the model (and uploaded).
     np.testing.assert_allclose(client.state["model"], expected_v, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(flat.numpy(), expected_w, rtol=1e-5, atol=1e-6)

@@ -66,21 +66,21 @@ def test_proximal_term_value_and_gradient() -> None:
 
 
 def test_proximal_term_of_a_cnn_matches_the_flat_vectors() -> None:
-    # The flat vector stores conv kernels channels-last; the term must pair each weight with its own anchor.
-    from types import SimpleNamespace
-
+    # The flat vector stores conv kernels channels-last; the term must pair each weight with its own anchor, the
+    # round's start as the loop hands it over (the parameters in logical order).
     from rayfed.algorithms.fedprox import FedProxClient, FedProxParams
     from rayfed.train.flat import FlatModel
+    from rayfed.train.stack_plan import logical_rows
 
     torch.manual_seed(0)
     flat = FlatModel(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(16, 2)))
-    client = FedProxClient(FedProxParams(mu=0.5), None)
-    constants = client.loss_constants(SimpleNamespace(flat=flat))
+    client = FedProxClient(FedProxParams(mu=0.5), None)  # type: ignore[arg-type]  # the term reads no spec
     start = flat.vector.detach().clone()
-    assert float(client.functional_extra_loss(flat.params, constants).detach()) == 0.0
+    constants = {"start": logical_rows(start.unsqueeze(0), flat.layout)[0]}
+    assert float(client.proximal(None, None, flat.params, constants).detach()) == 0.0  # type: ignore[arg-type]
     delta = torch.randn_like(start)
     flat.load(start + delta)
-    term = client.functional_extra_loss(flat.params, constants)
+    term = client.proximal(None, None, flat.params, constants)  # type: ignore[arg-type]
     assert float(term.detach()) == pytest.approx(0.25 * float(delta.pow(2).sum()), rel=1e-5)
     term.backward()  # ∂/∂w = μ (w − w_g), in the flat vector's own order
     torch.testing.assert_close(flat.grad, 0.5 * delta, rtol=1e-4, atol=1e-5)

@@ -33,7 +33,7 @@ from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.files import load_arrays
-from tests.conftest import tiny_overrides
+from tests.conftest import tiny_overrides, train_client
 
 # A model of two "modules": a (weight 6, bias 2) and bn (weight 2, bias 2, running mean 2 and var 2).
 LAYOUT = ParamLayout(("a.weight", "a.bias", "bn.weight", "bn.bias"), ((2, 3), (2,), (2,), (2,)), (0, 6, 8, 10, 12))
@@ -419,7 +419,7 @@ def test_momentum_buffer_persists_like_one_torch_sgd_across_rounds() -> None:
                 p.copy_(s)
         job = _job(flat, state)
         # Execute
-        client.train(job)
+        train_client(client, job)
         state = job.state
         gen = torch.Generator().manual_seed(1)
         order = torch.randperm(12, generator=gen)

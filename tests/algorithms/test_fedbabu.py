@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from rayfed.algorithms.fedbabu import FedBabuClient, FedBabuParams, FedBabuServer
+from rayfed.train.job import ClientJob
 from tests.algorithms.body_head_cases import job, run_logged, sampled_rows, tiny_problem
+from tests.conftest import train_client, train_phases
 
 torch.set_num_threads(1)
 
@@ -22,10 +24,10 @@ def test_training_never_moves_the_head() -> None:
     client = job(flat, 0, n=20, batch_size=5, local_epochs=2, momentum=0.9, weight_decay=0.01)
     start = flat.numpy()
     # Execute
-    stats = FedBabuClient(FedBabuParams(), spec).train(client)
+    _, steps = train_client(FedBabuClient(FedBabuParams(), spec), client)
     # Assert
     np.testing.assert_array_equal(flat.numpy()[head], start[head])
-    assert not np.array_equal(flat.numpy(), start) and stats.steps == 8
+    assert not np.array_equal(flat.numpy(), start) and steps == 8
 
 
 def test_evaluation_fine_tunes_the_whole_model_from_global_body_and_initial_head() -> None:
@@ -35,8 +37,17 @@ def test_evaluation_fine_tunes_the_whole_model_from_global_body_and_initial_head
     server = FedBabuServer(FedBabuParams(finetune_epochs=1), spec, {"tiny": initial})
     server.shared = server.shared + 0.5
     broadcast = server.broadcast()
-    client = job(flat, 0, lr=0.1)
-    client.state = {"untouched": np.ones(2, np.float32)}
+    half = FedBabuClient(FedBabuParams(finetune_epochs=1), spec)
+
+    def evaluation_job() -> ClientJob:  # a worker builds a fresh job (its own generator) for each evaluation
+        fresh = job(flat, 0, lr=0.1)
+        fresh.state = {"untouched": np.ones(2, np.float32)}
+        return fresh
+
+    def prepare(client: ClientJob) -> None:
+        train_phases(client, half.prepare_eval(broadcast, client))
+
+    client = evaluation_job()
     body, head = flat.layout.slice_of("body"), flat.layout.slice_of("fc")
     # Execute: the global model, then the personalised one (twice).
     assert broadcast.prepare_global_eval(client)
@@ -44,9 +55,9 @@ def test_evaluation_fine_tunes_the_whole_model_from_global_body_and_initial_head
     flat.zero_grad()
     F.cross_entropy(flat.module(client.x_train), client.y_train).backward()
     expected = global_model - 0.1 * flat.grad.numpy()
-    broadcast.prepare_eval(client)
+    prepare(client)
     first = flat.numpy()
-    broadcast.prepare_eval(client)
+    prepare(evaluation_job())
     # Assert: global = averaged body + h_0; personalised = one SGD step on everything from it, reproducibly.
     np.testing.assert_allclose(global_model[body], server.shared)
     np.testing.assert_array_equal(global_model[head], initial[head])

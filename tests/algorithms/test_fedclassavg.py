@@ -15,7 +15,6 @@ from rayfed.algorithms.fedclassavg import (
     CLASSIFIER_LAYER,
     FedClassAvgParams,
     FedClassAvgServer,
-    FlatAdam,
     classifier_prox,
     supcon_loss,
 )
@@ -102,26 +101,6 @@ def test_classifier_prox_code_and_paper_forms() -> None:
     # code: (ρ/2)(mean(1²) + mean(2²)) = 0.25 * 5; paper: ρ·sqrt(6·1 + 2·4) = 0.5·sqrt(14)
     assert float(classifier_prox(weight, bias, anchor_w, anchor_b, 0.5, "code")) == pytest.approx(1.25)
     assert float(classifier_prox(weight, bias, anchor_w, anchor_b, 0.5, "paper")) == pytest.approx(0.5 * math.sqrt(14))
-
-
-def test_flat_adam_matches_torch_adam() -> None:
-    torch.manual_seed(0)
-    reference = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
-    flat_model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
-    flat_model.load_state_dict(reference.state_dict())
-    flat = FlatModel(flat_model)
-    torch_adam = torch.optim.Adam(reference.parameters(), lr=0.01, betas=(0.5, 0.999), foreach=False)
-    ours = FlatAdam(flat, (0.5, 0.999))
-    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
-    for _ in range(3):
-        torch_adam.zero_grad()
-        torch.nn.functional.cross_entropy(reference(x), y).backward()
-        torch_adam.step()
-        flat.zero_grad()
-        torch.nn.functional.cross_entropy(flat_model(x), y).backward()
-        ours.step(0.01)
-    for a, b in zip(reference.parameters(), flat_model.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_params_are_validated_with_the_field_named() -> None:

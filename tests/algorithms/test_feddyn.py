@@ -10,7 +10,7 @@ import torch
 from rayfed import RunConfig
 from rayfed.algorithms import RoundContext, WeightedSum, sum_contributions
 from rayfed.algorithms.feddyn import GRAD_KEY, FedDynBroadcast, FedDynClient, FedDynParams, FedDynServer
-from rayfed.algorithms.hooks import parameter_bytes
+from rayfed.algorithms.sizing import parameter_bytes
 from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
 from rayfed.engine.callbacks import Callback
@@ -19,7 +19,8 @@ from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
 from rayfed.train.problem import ProblemSpec
-from tests.conftest import tiny_overrides
+from rayfed.train.stack_plan import logical_rows
+from tests.conftest import tiny_overrides, train_client
 
 LAYOUT = ParamLayout(("w", "b"), ((2, 2), (2,)), (0, 4, 6))
 BUFFERS = ParamLayout(("running_mean",), ((2,),), (0, 2))
@@ -71,20 +72,21 @@ def test_client_term_gradient_is_the_drift_term_minus_the_stored_gradient(fideli
     g = np.random.default_rng(2).normal(size=FlatModel(build_model("cnn4", (1, 28, 28), 10)).size).astype(np.float32)
     job, spec = _conv_job({GRAD_KEY: g})
     half = FedDynClient(FedDynParams(alpha=0.3, fidelity=fidelity), spec)
-    constants = half.loss_constants(job)
+    phase, = half.phases(job)
     start = job.flat.vector.detach().clone()
+    constants = {**phase.constants, "start": logical_rows(start.unsqueeze(0), job.flat.layout)[0]}  # as the loop
     with torch.no_grad():
         job.flat.vector.add_(torch.randn(job.flat.size, generator=torch.Generator().manual_seed(4)))
     # Execute
     job.flat.zero_grad()
-    half.functional_extra_loss(job.flat.params, constants).backward()
+    half.dynamic(None, None, job.flat.params, constants).backward()  # type: ignore[arg-type]
     # Assert, in the flat vector's own order: paper, ∂/∂θ [−⟨g, θ⟩ + (α/2)‖θ − θ_start‖²] = −g + α(θ − θ_start);
     # code (the baseline code's unsquared norm), ∂/∂θ [−⟨g, θ⟩ + (α/2)‖θ − θ_start‖] = −g + (α/2) u,
     # u = (θ − θ_start)/‖θ − θ_start‖.
     drift = job.flat.vector.detach() - start
     pull = 0.3 * drift if fidelity == "paper" else 0.15 * drift / torch.linalg.vector_norm(drift)
     torch.testing.assert_close(job.flat.grad, -torch.from_numpy(g) + pull, rtol=1e-4, atol=1e-5)
-    assert half.supports_stacking() == (fidelity == "paper")  # code keeps a momentum buffer: one by one
+    assert phase.needs_start and (phase.optimizer.keep_momentum == "momentum") == (fidelity == "code")
 
 
 def test_the_gradient_state_pulls_local_training_along_it_and_is_updated() -> None:
@@ -98,7 +100,7 @@ def test_the_gradient_state_pulls_local_training_along_it_and_is_updated() -> No
         broadcast = FedDynBroadcast(start, 0.01)
         broadcast.personalise(job)
         # Execute
-        half.train(job)
+        train_client(half, job)
         upload = broadcast.contribute(job)
         trained.append(job.flat.vector.detach().numpy().copy())
         # Assert: the state becomes ∇L_k − α(θ_k − θ_g); the upload is θ_k with weight 1.

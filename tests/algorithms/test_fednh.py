@@ -17,19 +17,19 @@ from rayfed.algorithms.fednh import (
     FedNHServer,
     PrototypeSum,
     class_means,
-    cosine_head,
     initial_prototypes,
     smooth_prototypes,
 )
 from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
 from rayfed.execution.client_runner import ClientRunner
+from rayfed.models.layers import normalize_inputs_of
 from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
 from tests.algorithms.client_states import ServerStates
 from tests.algorithms.tiny_problem import tiny_job, tiny_problem
-from tests.conftest import tiny_overrides
+from tests.conftest import tiny_overrides, train_client
 
 torch.set_num_threads(1)
 
@@ -98,7 +98,7 @@ def _unit_rows(m: np.ndarray) -> np.ndarray:
     return m / np.linalg.norm(m, axis=1, keepdims=True)
 
 
-def test_cosine_head_gives_scaled_cosine_logits() -> None:
+def test_a_normalised_output_layer_gives_scaled_cosine_logits() -> None:
     # Prepare: output weight s·μ, zero bias.
     flat, _ = _tiny_problem()
     model = flat.module
@@ -108,8 +108,8 @@ def test_cosine_head_gives_scaled_cosine_logits() -> None:
         model.fc.bias.zero_()
     x = torch.randn(6, 3)
     # Execute
-    cosine_head(model, "fc")
-    cosine_head(model, "fc")  # idempotent: one hook
+    normalize_inputs_of(model, "fc")
+    normalize_inputs_of(model, "fc")  # idempotent
     logits = model(x)
     # Assert: ℓ_c = s·cos(f(x), μ_c).
     features = torch.relu(model.body(x))
@@ -126,7 +126,8 @@ def test_local_training_keeps_prototypes_fixed_and_learns_the_scale() -> None:
     server.broadcast().personalise(job)
     body_before = flat.vector[: flat.slice_of("body").stop].clone()
     # Execute
-    FedNHClient(params, spec).train(job)
+    normalize_inputs_of(flat.module, "fc")  # as the worker builds its models for FedNH's clients
+    train_client(FedNHClient(params, spec), job)
     upload = server.broadcast().contribute(job)
     # Assert: rows of the output weight are s'·μ (same directions), bias 0, body trained, s moved.
     weight = flat.module.fc.weight.detach().numpy()
@@ -140,7 +141,7 @@ def test_local_training_keeps_prototypes_fixed_and_learns_the_scale() -> None:
     fixed = FedNHParams(scale=2.0, learn_scale=False)
     job = _job(flat, 1, [3, 3, 3])
     server.broadcast().personalise(job)
-    FedNHClient(fixed, spec).train(job)
+    train_client(FedNHClient(fixed, spec), job)
     np.testing.assert_allclose(np.linalg.norm(flat.module.fc.weight.detach().numpy(), axis=1), 2.0, rtol=1e-5)
 
 

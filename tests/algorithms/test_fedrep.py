@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from rayfed import ConfigError, RunConfig
-from rayfed.algorithms.common import body_head
-from rayfed.algorithms.common.body_head import split_body_head, train_output_layer, train_part
+from rayfed.algorithms.common.body_head import head_phase, part_phase, split_body_head
 from rayfed.algorithms.fedrep import FedRepClient, FedRepParams
 from rayfed.config import TrainConfig
 from rayfed.models import build_model
@@ -20,6 +19,7 @@ from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
 from tests.algorithms.body_head_cases import assert_local_parts_kept, job, run_logged, sampled_rows, tiny_problem
+from tests.conftest import train_client, train_phases
 
 torch.set_num_threads(1)
 
@@ -43,10 +43,10 @@ def test_head_step_then_body_step_at_the_new_head() -> None:
     expected[body] -= 0.1 * _gradient(flat, client, expected)[body]  # line 7, at the new head
     flat.load(start)
     # Execute
-    stats = FedRepClient(FedRepParams(head_epochs=1, body_epochs=1), spec).train(client)
+    _, steps = train_client(FedRepClient(FedRepParams(head_epochs=1, body_epochs=1), spec), client)
     # Assert
     np.testing.assert_allclose(flat.numpy(), expected, rtol=1e-5, atol=1e-7)
-    assert stats.steps == 2
+    assert steps == 2
 
 
 @pytest.mark.parametrize(("head_epochs", "body_epochs", "moved"), [(3, 0, "fc"), (0, 2, "body")])
@@ -54,11 +54,11 @@ def test_each_phase_moves_only_its_part(head_epochs: int, body_epochs: int, move
     flat, spec = tiny_problem()
     client = job(flat, 1, n=20, batch_size=5, momentum=0.9, weight_decay=0.01)
     start = flat.numpy()
-    stats = FedRepClient(FedRepParams(head_epochs=head_epochs, body_epochs=body_epochs), spec).train(client)
+    _, steps = train_client(FedRepClient(FedRepParams(head_epochs=head_epochs, body_epochs=body_epochs), spec), client)
     frozen = flat.layout.slice_of("body" if moved == "fc" else "fc")
     np.testing.assert_array_equal(flat.numpy()[frozen], start[frozen])
     assert not np.array_equal(flat.numpy()[flat.layout.slice_of(moved)], start[flat.layout.slice_of(moved)])
-    assert stats.steps == 4 * (head_epochs + body_epochs)
+    assert steps == 4 * (head_epochs + body_epochs)
 
 
 def _cnn4_client(flat: FlatModel, n: int = 37) -> ClientJob:
@@ -73,7 +73,7 @@ def _cnn4_client(flat: FlatModel, n: int = 37) -> ClientJob:
     )
 
 
-def test_head_epochs_on_features_computed_once_equal_the_frozen_body_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_head_epochs_on_features_computed_once_equal_the_frozen_body_steps() -> None:
     # Prepare: cnn4 (no BatchNorm, no dropout), 3 head epochs with momentum and weight decay.
     torch.manual_seed(0)
     flat = FlatModel(build_model("cnn4", (1, 16, 16), 4))
@@ -81,13 +81,15 @@ def test_head_epochs_on_features_computed_once_equal_the_frozen_body_steps(monke
                        {"cnn4": "fc"}, default_architecture="cnn4")
     split, start = split_body_head(spec, "cnn4", 1), flat.numpy()
     # Execute: every step through the whole model with the body frozen, then on the features.
-    reference = train_part(_cnn4_client(flat), split.head_params, 3)
+    reference = train_phases(_cnn4_client(flat), [part_phase(split.head_params, 3)])
     expected = flat.numpy()
     flat.load(start)
-    monkeypatch.setattr(body_head, "train_part", None)  # the features path must not fall back
-    stats = train_output_layer(_cnn4_client(flat), split, "fc", 3)
-    # Assert: the same steps and loss; the body untouched; the head equal up to float rounding.
-    assert (stats.steps, float(stats.loss)) == (reference.steps, pytest.approx(float(reference.loss), rel=1e-5))
+    cached = head_phase(_cnn4_client(flat), split, "fc", 3)
+    stats = train_phases(_cnn4_client(flat), [cached])
+    # Assert: the features path is taken; the same steps and loss; the body untouched; the head equal up to
+    # float rounding.
+    assert cached.cached_features == "fc"
+    assert (stats[1], float(stats[0])) == (reference[1], pytest.approx(float(reference[0]), rel=1e-5))
     np.testing.assert_array_equal(flat.numpy()[split.body_params], start[split.body_params])
     np.testing.assert_allclose(flat.numpy(), expected, rtol=1e-5, atol=1e-6)
     assert not np.array_equal(flat.numpy()[split.head_params], start[split.head_params])
@@ -97,14 +99,16 @@ def test_a_body_with_batchnorm_trains_its_head_through_the_whole_model() -> None
     # Prepare: BatchNorm uses batch statistics in training mode, so features depend on the batch.
     flat, spec = tiny_problem(batchnorm=True)
     split, start = split_body_head(spec, "tiny", 1), flat.state_numpy()
-    reference = train_part(job(flat, 2, n=20, batch_size=5), split.head_params, 2)
+    reference = train_phases(job(flat, 2, n=20, batch_size=5), [part_phase(split.head_params, 2)])
     expected = flat.state_numpy()
     flat.load_state(start)
     # Execute
-    stats = train_output_layer(job(flat, 2, n=20, batch_size=5), split, "fc", 2)
-    # Assert: exactly train_part's steps, running statistics included.
+    phase = head_phase(job(flat, 2, n=20, batch_size=5), split, "fc", 2)
+    stats = train_phases(job(flat, 2, n=20, batch_size=5), [phase])
+    # Assert: no features path; exactly the part phase's steps, running statistics included.
+    assert phase.cached_features is None
     np.testing.assert_array_equal(flat.state_numpy(), expected)
-    assert stats == reference
+    assert stats[1] == reference[1] and float(stats[0]) == float(reference[0])
 
 
 def test_epochs_are_checked() -> None:

@@ -3,6 +3,7 @@ client half reads, and short end-to-end runs against FedAvg on the offline synth
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -12,13 +13,14 @@ import pytest
 import torch
 
 from rayfed import ConfigError, RunConfig
-from rayfed.algorithms.feduv import _FEATURES, FedUVClient, FedUVParams, uniformity_loss, variance_loss, variance_target
+from rayfed.algorithms.feduv import FedUVClient, FedUVParams, uniformity_loss, variance_loss, variance_target
 from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
 from rayfed.engine.callbacks import Callback
 from rayfed.train.job import ClientJob
+from rayfed.train.phase import Batch, Constants, Outputs, Params
 from tests.algorithms.tiny_problem import tiny_problem
-from tests.conftest import tiny_overrides
+from tests.conftest import tiny_overrides, train_phases
 
 torch.set_num_threads(1)
 
@@ -87,18 +89,18 @@ def test_client_adds_both_terms_on_the_penultimate_features() -> None:
     params = FedUVParams(variance_coeff=2.5, uniformity_coeff=0.5)
     seen: list[torch.Tensor] = []
     client = FedUVClient(params, spec)
-    original = client.extra_loss
+    phase, = client.phases(job)
+    assert phase.features == "fc"  # the loop hands the term what the output layer reads
 
-    def spy(job: ClientJob, logits: torch.Tensor) -> torch.Tensor | None:
-        features = job.scratch[_FEATURES]  # the mini-batch's features, as the hook captured them
-        term = original(job, logits)
+    def spy(out: Outputs, batch: Batch, weights: Params, constants: Constants) -> torch.Tensor:
+        term = client.regularisers(out, batch, weights, constants)
         seen.append(term.detach())
-        seen.append(2.5 * variance_loss(logits, variance_target(3)) + 0.5 * uniformity_loss(features, "code"))
+        assert out.features is not None
+        seen.append(2.5 * variance_loss(out.logits, variance_target(3)) + 0.5 * uniformity_loss(out.features, "code"))
         return term
 
-    client.extra_loss = spy  # type: ignore[method-assign]
     # Execute
-    client.train(job)
+    train_phases(job, [dataclasses.replace(phase, loss=spy)])
     # Assert: the term is λL_V + μL_U with the features the output layer read (relu(body(x)) up to order).
     assert len(seen) == 2
     torch.testing.assert_close(seen[0], seen[1].detach())
@@ -107,7 +109,7 @@ def test_client_adds_both_terms_on_the_penultimate_features() -> None:
         logits = flat.module(x)
     assert float(uniformity_loss(features, "code")) == pytest.approx(
         float((seen[0] - 2.5 * variance_loss(logits, variance_target(3))) / 0.5), rel=1e-3)
-    assert not flat.module.fc._forward_pre_hooks  # the hook is removed after training
+    assert not flat.module.fc._forward_pre_hooks  # the loop's capture is removed after training
 
 
 def test_invalid_params_name_the_field() -> None:

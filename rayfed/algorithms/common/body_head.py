@@ -13,33 +13,28 @@ blocks" means one thing in every algorithm. Floating-point buffers (BatchNorm
 statistics) follow the block they belong to.
 
 * :class:`BodyHead`: where body and head lie in the state vector (parameters, then buffers).
-* :func:`train_part`: local SGD on one part with the other frozen (FedRep, FedBABU);
-  :func:`train_output_layer`, the same for the output layer alone, on features computed once.
+* :func:`part_phase`: a phase of local SGD on one part with the other frozen (FedRep, FedBABU);
+  :func:`head_phase`, the same for the head, on features computed once where the head is the output layer.
 * :class:`PartialModels` / :class:`PartialServer`: the broadcast and server half of
   "average one part, keep the other".
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
 from torch import nn
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture, trailing_blocks
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.hooks import Broadcast, RoundContext, ServerHalf, SharedBody
-from rayfed.train.evaluate import features_before_output
-from rayfed.train.flat import FlatModel
-from rayfed.train.job import ClientJob, TrainStats
+from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
+from rayfed.train.phase import Phase
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.sgd import ExtraLoss, local_sgd
 from rayfed.util.documented import documented
 from rayfed.util.validation import check_int, fail
 
@@ -50,9 +45,8 @@ __all__ = [
     "BodyHeadParams",
     "BodyHead",
     "split_body_head",
-    "train_part",
-    "train_output_layer",
-    "merge_stats",
+    "part_phase",
+    "head_phase",
     "PartialModels",
     "PartialServer",
 ]
@@ -171,69 +165,20 @@ def split_body_head(spec: ProblemSpec, architecture: str, head_blocks: int) -> B
 # --- training one part with the other frozen ---------------------------------------------------
 
 
-class _PartView:
-    """A :class:`FlatModel` seen through one slice of its parameters: the SGD step of
-    :func:`~rayfed.train.sgd.local_sgd` (and its momentum and weight decay) touches only that slice."""
-
-    def __init__(self, flat: FlatModel, part: slice, module: nn.Module | None = None) -> None:
-        self.flat = flat
-        self.module = flat.module if module is None else module
-        self.params = flat.params
-        self.vector = flat.vector[part]
-        self.grad = flat.grad[part]
-
-    def zero_grad(self) -> None:
-        self.flat.grad.zero_()
+def part_phase(part: slice, epochs: int) -> Phase:
+    """``epochs`` epochs of the run's local SGD on the parameters in ``part`` only; the rest stays exactly as
+    it is (no gradient step, no weight decay). A fresh momentum buffer, as a new optimiser."""
+    return Phase(epochs=epochs, trains=(part.start, part.stop))
 
 
-@contextmanager
-def _only_trainable(flat: FlatModel, part: slice) -> Iterator[None]:
-    """Parameters outside ``part`` stop requiring gradients, so backward skips them (and the layers
-    below them when nothing there trains): the head epochs of FedRep cost a forward, not a backward."""
-    layout = flat.layout
-    frozen = [
-        p for i, p in enumerate(flat.params)
-        if p.requires_grad and (layout.offsets[i + 1] <= part.start or layout.offsets[i] >= part.stop)
-    ]
-    for p in frozen:
-        p.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for p in frozen:
-            p.requires_grad_(True)
-
-
-def train_part(job: ClientJob, part: slice, epochs: int, *, extra_loss: ExtraLoss | None = None) -> TrainStats:
-    """``epochs`` epochs of the run's local SGD on the parameters in ``part`` only; the rest stays
-    exactly as it is (no gradient step, no weight decay). Batches come from ``job.generator``,
-    so consecutive calls continue one random stream. A fresh momentum buffer, as a new optimiser."""
-    if epochs <= 0:
-        return TrainStats(loss=float("nan"), steps=0)
-    view = cast(FlatModel, _PartView(job.flat, part))
-    partial = dataclasses.replace(job, flat=view, train=dataclasses.replace(job.train, local_epochs=epochs))
-    with _only_trainable(job.flat, part):
-        return local_sgd(partial, extra_loss=extra_loss)
-
-
-def train_output_layer(job: ClientJob, split: BodyHead, output_layer: str, epochs: int) -> TrainStats:
-    """:func:`train_part` on the output layer (``split.head_params`` when the head is that layer alone),
-    with the body's features computed once instead of at every step.
-
-    The frozen body maps each sample to the same features at every step when it holds no BatchNorm
-    and no active dropout, so the steps are those of :func:`train_part` (same batches, loss and SGD
-    step on the output layer; equal up to float rounding) at the cost of one forward of the body
-    instead of one per step and epoch: FedRep's 10 head epochs cost about one body forward.
-    Otherwise, or when the head holds more than the output layer, this is :func:`train_part`.
-    """
-    model = job.model
-    if split.head_params != split.output_params or job.num_train == 0 or epochs <= 0 or not _same_in_training(model):
-        return train_part(job, split.head_params, epochs)
-    features = torch.cat([f for _, f in features_before_output(model, output_layer, job.x_train)])
-    view = cast(FlatModel, _PartView(job.flat, split.head_params, module=model.get_submodule(output_layer)))
-    phase = dataclasses.replace(job, flat=view, x_train=features,
-                                train=dataclasses.replace(job.train, local_epochs=epochs))
-    return local_sgd(phase)
+def head_phase(job: ClientJob, split: BodyHead, output_layer: str, epochs: int) -> Phase:
+    """:func:`part_phase` on the head, on the body's features computed once when the head is the output layer
+    alone and the frozen body maps each sample to the same features at every step (no BatchNorm, no active
+    dropout): the same steps up to float rounding, at the cost of one forward of the body instead of one per
+    step and epoch (FedRep's 10 head epochs cost about one body forward)."""
+    cached = split.head_params == split.output_params and _same_in_training(job.model)
+    return Phase(epochs=epochs, trains=(split.head_params.start, split.head_params.stop),
+                 cached_features=output_layer if cached else None)
 
 
 def _same_in_training(model: nn.Module) -> bool:
@@ -243,14 +188,6 @@ def _same_in_training(model: nn.Module) -> bool:
         isinstance(m, nn.modules.batchnorm._BatchNorm) or (isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0)
         for m in model.modules()
     )
-
-
-def merge_stats(*stats: TrainStats) -> TrainStats:
-    """The step-weighted mean loss of consecutive training phases and their total steps."""
-    steps = sum(s.steps for s in stats)
-    if not steps:
-        return TrainStats(loss=float("nan"), steps=0)
-    return TrainStats(loss=sum(s.loss * s.steps for s in stats if s.steps) / steps, steps=steps)
 
 
 # --- "average one part, keep the other": broadcast and server ------------------------------------

@@ -22,7 +22,7 @@ from rayfed.train.problem import ProblemSpec
 if TYPE_CHECKING:
     from rayfed.train.job import ClientJob
 
-__all__ = ["GLOBAL_STATE", "GlobalModel", "WholeModels", "GlobalModelServer"]
+__all__ = ["GLOBAL_STATE", "GlobalStart", "GlobalModel", "WholeModels", "GlobalModelServer"]
 
 P = TypeVar("P")
 C = TypeVar("C", bound=Contribution)
@@ -32,16 +32,19 @@ GLOBAL_STATE = "global"
 
 
 @dataclass(frozen=True)
-class GlobalModel(Broadcast):
-    """One global model (parameters then buffers) that every client starts from."""
+class GlobalStart(Broadcast):
+    """One global model (parameters then buffers) that every client starts from; the upload is the subclass's."""
 
     vector: np.ndarray
 
     def personalise(self, job: ClientJob) -> None:
         job.flat.load_state(self.vector)
 
-    def contribute(self, job: ClientJob) -> WeightedSum:
-        return WeightedSum.of(job.flat.state(copy=False), job.num_train)
+    def personalise_stacked(self, jobs: Sequence[ClientJob]) -> Any:
+        """Every client starts from θ_g: one copy to the device, seen C times."""
+        from rayfed.train.host import to_device  # workers only: the server stays free of torch
+
+        return to_device([self.vector], jobs[0].device)[0].expand(len(jobs), -1)
 
     def bytes_down(self, job: ClientJob) -> int:
         return int(self.vector.nbytes)
@@ -51,30 +54,28 @@ class GlobalModel(Broadcast):
         loads another model says so here)."""
         return SharedBody(self.vector)
 
-    def personalise_stacked(self, jobs: Sequence[ClientJob]) -> Any:
-        """Every client starts from θ_g: one copy to the device, seen C times (not for a subclass that
-        personalises otherwise)."""
-        if type(self).personalise is not GlobalModel.personalise:
-            return None
-        from rayfed.train.flat import read_only_tensor  # workers only: the server stays free of torch
 
-        return read_only_tensor(self.vector).to(jobs[0].device).expand(len(jobs), -1)
+@dataclass(frozen=True)
+class GlobalModel(GlobalStart):
+    """The global model; a trained client sends its model weighted by its training samples (FedAvg's upload)."""
+
+    def contribute(self, job: ClientJob) -> WeightedSum:
+        return WeightedSum.of(job.flat.state(copy=False), job.num_train)
 
     def contribute_stacked(self, jobs: Sequence[ClientJob], states: Any) -> WeightedSum | None:
-        """Σ_i n_i θ_i as one matrix-vector product (not for a subclass that contributes otherwise)."""
-        if type(self).contribute is not GlobalModel.contribute:
-            return None
-        sizes = [job.num_train for job in jobs]
-        weights = states.new_tensor(sizes)
-        return WeightedSum(weights @ states, float(sum(sizes)), len(jobs))
+        """Σ_i n_i θ_i as one matrix-vector product."""
+        from rayfed.train.host import to_device
+
+        sizes = np.array([job.num_train for job in jobs], dtype=np.float32)
+        return WeightedSum(to_device([sizes], states.device)[0] @ states, float(sizes.sum()), len(jobs))
 
 
 @dataclass(frozen=True)
-class WholeModels(GlobalModel):
+class WholeModels(GlobalStart):
     """The global model; a trained client sends its whole state as one row of a :class:`ClientVectors`
     (server halves that weigh each client's model themselves: L-DAWA, FedLAW)."""
 
-    def contribute(self, job: ClientJob) -> ClientVectors:  # type: ignore[override]
+    def contribute(self, job: ClientJob) -> ClientVectors:
         return ClientVectors.of(job.flat.state_numpy(), job.client_id, job.num_train)
 
 

@@ -1,0 +1,62 @@
+"""The optimisers' updates, written once for one client's flat parameter vector and for a stack of them.
+
+Every path that trains (one client at a time, a stack of clients, a step replayed from a CUDA graph)
+updates parameters through these functions. The learning rate and Adam's per-step scalars are 0-d
+tensors, so a captured step reads the values of the round and step it replays; the arithmetic is
+``torch.optim``'s, operation for operation, so the same gradients give the same parameters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+__all__ = ["sgd_update", "adam_update", "adam_scalars"]
+
+
+def sgd_update(
+    params: torch.Tensor, grad: torch.Tensor, lr: torch.Tensor, *, momentum: float, weight_decay: float,
+    buffer: torch.Tensor | None,
+) -> None:
+    """One step of ``torch.optim.SGD`` (dampening 0, no Nesterov) on ``params`` in place.
+
+    With weight decay g <- g + wd·w; with momentum b <- m·b + g and w <- w − lr·b, else w <- w − lr·g.
+    A zero buffer gives b = g at the first step, as torch's SGD does. ``lr`` is a 0-d tensor.
+    """
+    if weight_decay:
+        grad = grad.add(params, alpha=weight_decay)
+    if momentum:
+        if buffer is None:
+            raise ValueError("momentum > 0 needs a momentum buffer")
+        buffer.mul_(momentum).add_(grad)
+        grad = buffer
+    params.addcmul_(grad, lr, value=-1.0)
+
+
+def adam_update(
+    params: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+    betas: tuple[float, float], eps: float, scalars: torch.Tensor,
+) -> None:
+    """One step of ``torch.optim.Adam`` (no weight decay, no amsgrad) on ``params`` in place.
+
+    ``scalars`` holds the step's (√(1 − β2^t), −lr / (1 − β1^t)) (:func:`adam_scalars`): m <- β1·m + (1 − β1)·g,
+    v <- β2·v + (1 − β2)·g², w <- w − lr/(1 − β1^t) · m / (√v / √(1 − β2^t) + ε). A parameter whose
+    gradient is zero does not move while its moments are zero (as torch's Adam leaves one without a
+    gradient).
+    """
+    beta1, beta2 = betas
+    exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    denom = (exp_avg_sq.sqrt() / scalars[0]).add_(eps)
+    params.add_(exp_avg.mul(scalars[1]).div_(denom))
+
+
+def adam_scalars(lr: float, betas: tuple[float, float], steps: int) -> np.ndarray:
+    """(steps, 2) float32: each step t's √(1 − β2^t) and −lr / (1 − β1^t), computed in double as torch's Adam does."""
+    beta1, beta2 = betas
+    out = np.empty((steps, 2), dtype=np.float32)
+    for t in range(1, steps + 1):
+        out[t - 1] = (math.sqrt(1 - beta2**t), -lr / (1 - beta1**t))
+    return out
