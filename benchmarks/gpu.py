@@ -57,10 +57,10 @@ from common import RoundTimer, median_after_warmup  # noqa: E402
 from rayfed import RunConfig, run  # noqa: E402
 from rayfed.algorithms import RoundContext  # noqa: E402
 from rayfed.data import load_dataset, make_partition  # noqa: E402
+from rayfed.engine.problem_build import build_problem  # noqa: E402
 from rayfed.execution.client_runner import ClientRunner  # noqa: E402
 from rayfed.execution.server import Server  # noqa: E402
 from rayfed.models import build_model  # noqa: E402
-from rayfed.train.problem_build import build_problem  # noqa: E402
 from rayfed.train.stacked_layers import model_unstackable  # noqa: E402
 
 NO_GPU = "gpu.py: found no CUDA GPU (torch.cuda.is_available() is False); nothing measured"

@@ -51,10 +51,10 @@ from torch.profiler import ProfilerActivity, profile
 from rayfed import RunConfig
 from rayfed.algorithms import RoundContext
 from rayfed.data import load_dataset, make_partition
+from rayfed.engine.problem_build import build_problem
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.server import Server
 from rayfed.models import build_model
-from rayfed.train.problem_build import build_problem
 
 SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero"})
 """Profiler events that wait for the device: a scalar read back, or an output shape that depends on values."""

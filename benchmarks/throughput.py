@@ -73,9 +73,9 @@ from common import PssSampler, RoundTimer, median_after_warmup  # noqa: E402
 from rayfed import RunConfig, run  # noqa: E402
 from rayfed.algorithms.common.proximal import flatten_logically
 from rayfed.data import load_dataset, make_partition, normalize_batch  # noqa: E402
+from rayfed.engine.problem_build import build_problem  # noqa: E402
 from rayfed.models import build_model  # noqa: E402
 from rayfed.train.flat import FlatModel  # noqa: E402
-from rayfed.train.problem_build import build_problem  # noqa: E402
 from rayfed.util.seeding import client_seed, sample_clients  # noqa: E402
 
 SAMPLES_PER_CLIENT = 60

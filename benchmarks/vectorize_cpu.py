@@ -25,9 +25,9 @@ import torch
 from rayfed import RunConfig
 from rayfed.algorithms import RoundContext
 from rayfed.data import load_dataset, make_partition
+from rayfed.engine.problem_build import build_problem
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.server import Server
-from rayfed.train.problem_build import build_problem
 
 
 def main(argv: list[str] | None = None) -> int:

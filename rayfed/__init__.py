@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ i
         TrainConfig,
         load_config,
     )
-    from rayfed.engine.simulation import RunResult, Simulation, run  # noqa: F401
+    from rayfed.engine.result import RunResult  # noqa: F401
+    from rayfed.engine.simulation import Simulation, run  # noqa: F401
     from rayfed.util.errors import (  # noqa: F401
         CheckpointError,
         ConfigError,
@@ -43,7 +44,7 @@ __all__, __getattr__, __dir__ = lazy_exports(
         "rayfed.config": (
             "AlgorithmConfig", "DataConfig", "EngineConfig", "ModelConfig", "RunConfig", "TrainConfig", "load_config"
         ),
-        "rayfed.engine.simulation": ("run", "RunResult", "Simulation"),
+        "rayfed.engine.result": ("RunResult",), "rayfed.engine.simulation": ("run", "Simulation"),
         "rayfed.util.errors": (
             "RayfedError", "ConfigError", "DatasetError", "CheckpointError", "ResourceError", "WorkerError"
         ),

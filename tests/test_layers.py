@@ -1,9 +1,10 @@
 """The package's layers, as docs/architecture.md draws them, hold in the code.
 
-Every ``import`` of a rayfed module that runs (at module level or inside a function; not the
-ones under ``if TYPE_CHECKING:``, which only type checkers follow) must point to the importing
-module's own layer or one below it; the root holds only the package's face; and an algorithm
-module imports another algorithm's module only to build on one of its classes.
+Every ``import`` of a rayfed module (at module level, inside a function, or under ``if TYPE_CHECKING:``,
+which type checkers and readers follow as much as the interpreter follows the others) must point to the
+importing module's own layer or one below it; no modules import each other in a circle; the root holds only
+the package's face; and an algorithm module imports another algorithm's module only to build on one of its
+classes.
 """
 
 from __future__ import annotations
@@ -57,24 +58,15 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _runtime_imports(tree: ast.Module) -> list[tuple[int, str]]:
-    """(line, module) of every rayfed import that runs, skipping ``if TYPE_CHECKING:`` blocks."""
+def _imports(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, module) of every rayfed import, type-only and lazy ones included."""
     found: list[tuple[int, str]] = []
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.orelse:
-                visit(child)
-            return
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rayfed"):
             found.append((node.lineno, node.module))
         elif isinstance(node, ast.Import):
             found.extend((node.lineno, alias.name) for alias in node.names if alias.name.startswith("rayfed"))
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    return found
+    return sorted(found)
 
 
 def _modules() -> dict[str, ast.Module]:
@@ -85,10 +77,39 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
     upward = [
         f"{module}:{line} imports {target} (layer {_layer(target)} above {_layer(module)})"
         for module, tree in _modules().items()
-        for line, target in _runtime_imports(tree)
+        for line, target in _imports(tree)
         if _layer(target) > _layer(module)
     ]
     assert not upward, "\n".join(upward)
+
+
+def _home(target: str, modules: dict[str, ast.Module]) -> str:
+    """The module that ``import target`` runs: ``target`` itself, or the package whose name it is in."""
+    while target not in modules:
+        target = target.rpartition(".")[0]
+    return target
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    modules = _modules()
+    edges = {
+        module: {_home(target, modules) for _, target in _imports(tree)} - {module} for module, tree in modules.items()
+    }
+    circles, done = [], set()
+
+    def walk(module: str, path: list[str]) -> None:
+        if module in path:
+            circles.append(" -> ".join([*path[path.index(module):], module]))
+            return
+        if module in done:
+            return
+        for target in sorted(edges[module]):
+            walk(target, [*path, module])
+        done.add(module)
+
+    for module in sorted(modules):
+        walk(module, [])
+    assert not circles, "\n".join(circles)
 
 
 def test_the_root_holds_only_the_face_of_the_package() -> None:
@@ -109,7 +130,7 @@ def test_no_algorithm_imports_another_for_a_helper() -> None:
         parts = module.split(".")
         if parts[:2] != ["rayfed", "algorithms"] or len(parts) != 3 or parts[2] in SHARED:
             continue
-        for line, target in _runtime_imports(tree):
+        for line, target in _imports(tree):
             target_parts = target.split(".")
             if target_parts[:2] != ["rayfed", "algorithms"] or len(target_parts) < 3 or target_parts[2] in SHARED:
                 continue

@@ -18,7 +18,8 @@ from rayfed.algorithms.hooks import (
     ServerHalf,
     SharedBody,
 )
-from rayfed.algorithms.registry import ALGORITHMS, Algorithm, ResolvedAlgorithm, register_algorithm, resolve
+from rayfed.algorithms.registry import ALGORITHMS, Algorithm, ResolvedAlgorithm, register_algorithm
+from rayfed.algorithms.settings import resolve
 
 __all__ = [
     "ALGORITHMS",

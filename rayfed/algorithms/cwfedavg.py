@@ -75,7 +75,7 @@ from rayfed.train.problem import ProblemSpec
 from rayfed.util.errors import ConfigError
 
 if TYPE_CHECKING:
-    from rayfed.config import TrainConfig
+    from rayfed.train.settings import TrainConfig
 
 logger = logging.getLogger(__name__)
 

@@ -84,7 +84,7 @@ from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_choice, check_int, check_real
 
 if TYPE_CHECKING:
-    from rayfed.config import TrainConfig
+    from rayfed.train.settings import TrainConfig
 
 logger = logging.getLogger(__name__)
 

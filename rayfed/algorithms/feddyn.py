@@ -57,7 +57,7 @@ from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_choice, check_real
 
 if TYPE_CHECKING:
-    from rayfed.config import TrainConfig
+    from rayfed.train.settings import TrainConfig
 
 __all__ = ["GRAD_KEY", "FedDynParams", "FedDynBroadcast", "FedDynClient", "FedDynServer", "feddyn_server_step"]
 

@@ -54,7 +54,7 @@ from rayfed.util.seeding import init_seed
 from rayfed.util.validation import check_choice, check_int, check_real
 
 if TYPE_CHECKING:
-    from rayfed.config import TrainConfig
+    from rayfed.train.settings import TrainConfig
 
 __all__ = [
     "FedFomoParams",

@@ -1,5 +1,6 @@
-"""The algorithm registry: each algorithm module registers its two halves by name, and a run's
-``algorithm.*`` config is resolved here, once, into the halves every process builds.
+"""The algorithm registry: each algorithm module registers its two halves by name; a run's ``algorithm.*``
+config resolves into a :class:`ResolvedAlgorithm` (:func:`rayfed.algorithms.settings.resolve`), the halves every
+process builds.
 
 Each algorithm module calls :func:`register_algorithm` at its bottom; the registry finds the
 modules itself (:func:`_import_algorithms`), so adding an algorithm is adding one module.
@@ -20,11 +21,11 @@ from rayfed.algorithms.hooks import ClientHalf, ServerHalf
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.registry import Registry
 
-if TYPE_CHECKING:  # the config validates params through this registry
-    from rayfed.config import AlgorithmConfig, TrainConfig
+if TYPE_CHECKING:
     from rayfed.data.held_out import HeldOutRequest
+    from rayfed.train.settings import TrainConfig
 
-__all__ = ["Capabilities", "Algorithm", "ALGORITHMS", "register_algorithm", "ResolvedAlgorithm", "resolve"]
+__all__ = ["Capabilities", "Algorithm", "ALGORITHMS", "register_algorithm", "ResolvedAlgorithm"]
 
 
 @dataclass(frozen=True)
@@ -167,21 +168,3 @@ class ResolvedAlgorithm:
 
     def make_client(self, spec: ProblemSpec) -> ClientHalf[Any]:
         return self.client_half(self.client_params, spec)
-
-
-def resolve(config: AlgorithmConfig) -> ResolvedAlgorithm:
-    """Turn ``algorithm.*`` into the run's halves; ``algorithm.client`` borrows another's client half."""
-    algorithm = ALGORITHMS.get(config.name)
-    if config.client is None:
-        client_algorithm, client_params = algorithm, config.params
-    else:
-        client_algorithm, client_params = ALGORITHMS.get(config.client), config.client_params
-    return ResolvedAlgorithm(
-        algorithm=algorithm,
-        server_params=config.params,
-        client_half=client_algorithm.client_half or ClientHalf,
-        client_params=client_params,
-        client_algorithm=client_algorithm,
-        keeps_client_state=algorithm.keeps_client_state or client_algorithm.keeps_client_state,
-    )
-

@@ -31,7 +31,7 @@ from rayfed.train.phase import SGD, Phase
 from rayfed.train.problem import ProblemSpec
 
 if TYPE_CHECKING:
-    from rayfed.config import TrainConfig
+    from rayfed.train.settings import TrainConfig
 
 __all__ = ["PersistentMomentumClient", "SGDMServer", "MOMENTUM_KEY"]
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from rayfed.train.problem import ProblemSpec
 
 if TYPE_CHECKING:
-    from rayfed.config import TrainConfig
+    from rayfed.train.settings import TrainConfig
 
 __all__ = ["StateSizes", "model_state_bytes", "parameter_bytes", "buffer_bytes", "momentum_bytes"]
 

@@ -1,10 +1,12 @@
 """The run's configuration: one typed, validated object (:mod:`~rayfed.config.run_config`), read from
-files and ``field.path=value`` overrides (:mod:`~rayfed.config.files`), the papers' presets
+files and ``field.path=value`` overrides (:mod:`~rayfed.util.config_tree`), the papers' presets
 (:mod:`~rayfed.config.presets`), the command line's config arguments (:mod:`~rayfed.config.args`)
 and the catalogue ``rayfed list`` prints (:mod:`~rayfed.config.catalogue`).
 
-The config sits above the registries it validates names against (algorithms, partitioners,
-datasets, models); everything below it reads its sections only for type checking.
+Each section type lives beside the code that reads it (``rayfed.data.settings``, ``rayfed.train.settings``,
+``rayfed.algorithms.settings``; the model and engine sections here, read by nothing below),
+so no module below the config imports it, not even for type checking; the config gathers them into one
+:class:`RunConfig` and checks the names that refer to registries of the layers below.
 """
 
 from rayfed.config.run_config import (

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rayfed.config import RunConfig, load_config, parse_override, read_run_config
-from rayfed.config.files import TABLE_SUFFIXES
+from rayfed.util.config_tree import TABLE_SUFFIXES
 from rayfed.util.errors import CheckpointError, ConfigError
 
 __all__ = ["config_from_args"]

@@ -1,6 +1,9 @@
 """One typed, validated configuration object per run.
 
-``RunConfig`` is a tree of frozen dataclasses. Every field is checked when the object
+``RunConfig`` is a tree of frozen dataclasses. Its sections live beside the code that reads them
+(:mod:`rayfed.data.settings`, :mod:`rayfed.train.settings`, :mod:`rayfed.algorithms.settings`; the model and
+engine sections, read only above the config, stay here), and it checks, above them all, the names that refer
+to registries (``data.partition``). Every field is checked when the object
 is built, and a bad value raises :class:`~rayfed.util.errors.ConfigError` naming the field
 (as a dotted path such as ``train.lr``), the value received and what is allowed. The
 same object runs from Python (:func:`rayfed.run`), from the command line
@@ -15,15 +18,17 @@ overrides fields by the same dotted paths. Each field's meaning is declared with
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rayfed.config.files import (
+from rayfed.algorithms.settings import AlgorithmConfig
+from rayfed.data.partitioners import PARTITIONERS
+from rayfed.data.settings import DataConfig
+from rayfed.train.settings import TrainConfig
+from rayfed.util.config_tree import (
     from_mapping,
     nest_dotted_keys,
     parse_override,
@@ -33,8 +38,7 @@ from rayfed.config.files import (
 )
 from rayfed.util.documented import documented, reference, section
 from rayfed.util.errors import CheckpointError, ConfigError
-from rayfed.util.registry import closest
-from rayfed.util.validation import check, check_choice, check_int, check_real, is_int
+from rayfed.util.validation import check, check_choice
 
 __all__ = [
     "DataConfig",
@@ -49,73 +53,6 @@ __all__ = [
     "parse_override",
     "field_reference",
 ]
-
-
-@section("data")
-@dataclass(frozen=True)
-class DataConfig:
-    """Which dataset, how it is split over clients, and how each client splits its share.
-
-    Defaults follow the PFLlib generators behind the cwFedAvg papers: 20 clients,
-    Dirichlet(0.1), 75/25 train/test per client, partition seed 1.
-    """
-
-    dataset: str = documented("synthetic", "A registered dataset (rayfed list): synthetic (offline), mnist, ...")
-    root: str | None = documented(None, "Folder holding the dataset files (torchvision layout; for pfllib the "
-                                        "folder a PFLlib generator wrote); unused by synthetic.")
-    download: bool = documented(False, "Let torchvision download missing files (needs network).")
-    options: Mapping[str, Any] = documented(
-        {}, 'Dataset-specific options, e.g. {"num_samples": 20000} for synthetic.'
-    )
-    num_clients: int = documented(20, "M, the number of clients (at most the number of samples, except with slices).")
-    partition: str = documented(
-        "dirichlet",
-        "How samples are split over clients: dirichlet, pathological, iid, slices (of a shared pool), or pfllib "
-        "(each client's own files of a PFLlib folder; with data.dataset=pfllib).",
-    )
-    alpha: float = documented(0.1, "Dirichlet concentration (partition=dirichlet), > 0; smaller is more skewed.")
-    classes_per_client: int = documented(
-        2, "Classes per client (partition=pathological), at most the dataset's classes."
-    )
-    min_samples: int = documented(
-        1,
-        "PFLlib's least_samples: Dirichlet redraws until every client holds at least this many samples; the "
-        "pathological partitioner uses it in its lower block-size bound. 0 allows empty clients.",
-    )
-    balance: bool = documented(
-        False, "Pathological partition: equal block sizes per client instead of PFLlib's random sizes."
-    )
-    samples_per_client: int = documented(
-        0, "Slices partition: each client's slice of the shuffled pool; 0 = samples // num_clients."
-    )
-    train_fraction: float = documented(
-        0.75,
-        "f in (0, 1): each client trains on floor(f * n_i) of its samples and tests on the rest "
-        "(1 is not allowed: every client is evaluated on its own test split).",
-    )
-    seed: int = documented(1, "Partition seed in [0, 2**32 - 1]; fixed across training seeds, as in the papers.")
-
-    def __post_init__(self) -> None:
-        from rayfed.data.partitioners import PARTITIONERS  # registers the partitioners; no cycle back
-        from rayfed.data.pfllib_folder import PFLLIB
-
-        check(isinstance(self.dataset, str) and bool(self.dataset), "data.dataset", self.dataset, "a dataset name")
-        check_int("data.num_clients", self.num_clients, low=1)
-        check_choice("data.partition", self.partition, PARTITIONERS.names())
-        if (self.dataset == PFLLIB) != (self.partition == PFLLIB):
-            raise ConfigError(
-                f"data.dataset={self.dataset!r} with data.partition={self.partition!r}: a PFLlib folder's clients "
-                f"train and test on their own files, so data.dataset='{PFLLIB}' and data.partition='{PFLLIB}' "
-                "go together; set both or neither"
-            )
-        check_real("data.alpha", self.alpha, low=0, low_open=True)
-        check_int("data.classes_per_client", self.classes_per_client, low=1)
-        check_int("data.min_samples", self.min_samples, low=0)
-        check(isinstance(self.balance, bool), "data.balance", self.balance, "true or false")
-        check_int("data.samples_per_client", self.samples_per_client, low=0)
-        check_real("data.train_fraction", self.train_fraction, low=0, high=1, low_open=True, high_open=True)
-        check(is_int(self.seed) and 0 <= self.seed < 2**32, "data.seed", self.seed, "an integer in [0, 2**32 - 1]")
-        object.__setattr__(self, "options", dict(self.options))
 
 
 @section("model")
@@ -142,103 +79,6 @@ class ModelConfig:
     def architectures(self) -> tuple[str, ...]:
         """Every distinct architecture in the run, in first-use order."""
         return tuple(dict.fromkeys(self.client_models or (self.name,)))
-
-
-@section("train")
-@dataclass(frozen=True)
-class TrainConfig:
-    """Rounds and local training. Defaults: the cwFedAvg papers (SGD, lr 0.005, batch 10, 1 epoch)."""
-
-    rounds: int = documented(100, "Communication rounds.")
-    local_epochs: int = documented(1, "Epochs of local SGD per client per round.")
-    batch_size: int = documented(10, "Mini-batch size of local SGD.")
-    lr: float = documented(0.005, "Learning rate of local SGD (of round 0, with lr_decay).")
-    momentum: float = documented(0.0, "SGD momentum in [0, 1) (FedAWA's clients use 0.9).")
-    weight_decay: float = documented(0.0, "L2 weight decay of local SGD (FedAWA's clients use 5e-4).")
-    lr_decay: float = documented(1.0, "Per-round multiplicative learning-rate decay in (0, 1] (FedAWA's code: 0.99).")
-    drop_last: bool = documented(
-        True,
-        "Drop the last incomplete mini-batch, as PFLlib does; a client with fewer than batch_size training "
-        "samples then takes no step (warned about before the run; refused when no client can step).",
-    )
-
-    def __post_init__(self) -> None:
-        check(self.rounds >= 1, "train.rounds", self.rounds, ">= 1")
-        check(self.local_epochs >= 1, "train.local_epochs", self.local_epochs, ">= 1")
-        check(self.batch_size >= 1, "train.batch_size", self.batch_size, ">= 1")
-        check(self.lr > 0 and math.isfinite(self.lr), "train.lr", self.lr, "a finite number > 0")
-        check(0 <= self.momentum < 1, "train.momentum", self.momentum, "in [0, 1)")
-        check(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, ">= 0")
-        check(0 < self.lr_decay <= 1, "train.lr_decay", self.lr_decay, "in (0, 1]")
-
-    def lr_at(self, round_index: int) -> float:
-        """Learning rate of round ``round_index`` (0-based) after decay."""
-        return self.lr * self.lr_decay**round_index
-
-
-@section("algorithm")
-@dataclass(frozen=True)
-class AlgorithmConfig:
-    """Which algorithm runs, by registered name, with its own hyper-parameters.
-
-    ``name`` picks the algorithm (its server half and, by default, its client half).
-    ``client`` optionally takes the client half of another algorithm, e.g. FedAWA's
-    server with FedProx's local objective: ``name="fedawa", client="fedprox"``.
-    ``params`` holds the server algorithm's hyper-parameters, ``client_params``
-    the other client half's. Both are validated into the algorithm's frozen params
-    dataclass at construction, so ``algorithm.params.wdr_lambda`` is a typed field.
-    """
-
-    name: str = documented("fedavg", "A registered algorithm (rayfed list): fedavg, fedprox, cwfedavg, fedawa, ...")
-    params: Any = documented({}, "The algorithm's own hyper-parameters, e.g. algorithm.params.wdr_lambda (cwfedavg).")
-    client: str | None = documented(
-        None, "Borrow another algorithm's client half (local objective), e.g. fedprox or sgdm; null = name's own."
-    )
-    client_params: Any = documented({}, "Hyper-parameters of the borrowed client half (needs client).")
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "params", _build_params(self.name, self.params, "algorithm.params", "name"))
-        if self.client is not None:
-            from rayfed.algorithms import ALGORITHMS  # registry import is lazy: algorithms import config
-
-            check_choice("algorithm.client", self.client, ALGORITHMS.names())
-            if ALGORITHMS.get(self.client).client_half is None:
-                raise ConfigError(f"algorithm.client={self.client!r} has no client half to borrow")
-            params = _build_params(self.client, self.client_params, "algorithm.client_params", "client")
-            object.__setattr__(self, "client_params", params)
-        elif self.client_params:
-            raise ConfigError(
-                "algorithm.client_params is set but algorithm.client is not; name the algorithm whose client half "
-                f"takes them (got algorithm.client_params={dict(self.client_params)!r})"
-            )
-
-
-def _build_params(owner: str, value: Any, path: str, selector: str) -> Any:
-    """``value`` as the params dataclass of algorithm ``owner`` (chosen by ``algorithm.{selector}``).
-
-    A key ``owner`` does not take names the algorithms that do take it.
-    """
-    from rayfed.algorithms import ALGORITHMS
-
-    params_type = ALGORITHMS.get(owner).params_type
-    if isinstance(value, params_type):
-        return value
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{path} must be a table of {params_type.__name__} fields, but got {path}={value!r}")
-    known = _param_names(params_type)
-    for key in value:
-        if key not in known:
-            takers = [name for name in ALGORITHMS if key in _param_names(ALGORITHMS.get(name).params_type)]
-            hint = f"; {key} is a parameter of {', '.join(map(repr, takers))}" if takers else closest(str(key), known)
-            raise ConfigError(
-                f"unknown config key '{path}.{key}': algorithm.{selector}={owner!r} takes "
-                f"{', '.join(known) if known else 'no parameters'}{hint}"
-            )
-    return from_mapping(params_type, value, path)
-
-
-def _param_names(params_type: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(params_type)]
 
 
 @section("engine")
@@ -352,6 +192,7 @@ class RunConfig:
     run_dir: str | None = documented(None, "Where results go; null = runs/<algorithm>-<dataset>-s<seed>-<time>.")
 
     def __post_init__(self) -> None:
+        check_choice("data.partition", self.data.partition, PARTITIONERS.names())
         check(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
 
     # --- conversions -------------------------------------------------------------------

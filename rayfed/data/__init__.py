@@ -1,6 +1,6 @@
 """The data plane: datasets as uint8 arrays, client partitions as CSR index arrays or pool slices.
 
->>> from rayfed.config import DataConfig
+>>> from rayfed.data.settings import DataConfig
 >>> from rayfed.data import load_dataset, make_partition
 >>> ds = load_dataset("synthetic", None, options={"num_samples": 2000})
 >>> part = make_partition(ds.labels, ds.num_classes, DataConfig(partition="dirichlet", num_clients=20, seed=1))
@@ -8,7 +8,9 @@
 (20, 2000)
 
 Importing this package registers every built-in dataset in :data:`DATASETS` and every
-partitioner in :data:`PARTITIONERS`.
+partitioner in :data:`PARTITIONERS`, and imports no torch: the batch transforms
+(:mod:`~rayfed.data.transforms`, torch) are imported on first use, so the config, which holds
+:class:`~rayfed.data.settings.DataConfig`, and the command line stay light.
 """
 
 from rayfed.data import pfllib_folder as _pfllib_folder  # noqa: F401  (registers the pfllib dataset and partition)
@@ -36,7 +38,7 @@ from rayfed.data.registry import DATASETS, DatasetLoader, dataset_options, load_
 from rayfed.data.split import split_train_test
 from rayfed.data.synthetic import make_synthetic
 from rayfed.data.text import VOCABULARY_FILE, save_vocabulary
-from rayfed.data.transforms import model_inputs, normalize_batch
+from rayfed.util.lazy import lazy_exports
 
 __all__ = [
     "DATASETS",
@@ -66,3 +68,5 @@ __all__ = [
     "split_train_test",
     "write_label_counts",
 ]
+
+_, __getattr__, __dir__ = lazy_exports(__name__, {"rayfed.data.transforms": ("model_inputs", "normalize_batch")})

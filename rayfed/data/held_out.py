@@ -39,13 +39,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rayfed.data.partition import ClientPartition, Partition
+from rayfed.data.partitioners import make_partition
 from rayfed.util.errors import ConfigError, DatasetError
 from rayfed.util.files import write_parquet
 from rayfed.util.validation import check_int
 
 if TYPE_CHECKING:
-    from rayfed.config import DataConfig
     from rayfed.data.dataset import ArrayDataset
+    from rayfed.data.settings import DataConfig
 
 __all__ = [
     "HELD_OUT_FILE",
@@ -202,8 +203,6 @@ def partition_without(
     sample, and ``partition.parquet`` stays a partition of the pool. Pool slices
     (``data.partition="slices"``) compute indices on the fly and are refused.
     """
-    from rayfed.data.partitioners import make_partition  # partitioners import partition; no cycle back here
-
     if data.partition == "slices":
         raise ConfigError(
             "data.partition='slices' cannot leave out held-out server data (the algorithm's proxy/public set); "

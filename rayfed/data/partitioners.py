@@ -25,7 +25,7 @@ docs/algorithms.md, "Data and evaluation" section.
 A partitioner is registered by name in :data:`PARTITIONERS`: a function
 ``(labels, num_classes, data, rng) -> (indices, offsets)`` returning the clients' index
 sets in CSR form (:mod:`rayfed.data.csr`), which reads its own fields of the
-:class:`~rayfed.config.DataConfig` and checks the ones that depend on the data.
+:class:`~rayfed.data.settings.DataConfig` and checks the ones that depend on the data.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from rayfed.util.registry import Registry
 from rayfed.util.validation import check, check_int
 
 if TYPE_CHECKING:
-    from rayfed.config import DataConfig
+    from rayfed.data.settings import DataConfig
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def make_partition(labels: np.ndarray, num_classes: int, data: DataConfig) -> Cl
 
     Examples
     --------
-    >>> from rayfed.config import DataConfig
+    >>> from rayfed.data.settings import DataConfig
     >>> labels = np.repeat(np.arange(10), 100)
     >>> p = make_partition(labels, 10, DataConfig(partition="pathological", num_clients=20, seed=1))
     >>> sorted(np.flatnonzero(p.label_counts[0]).tolist())

@@ -41,15 +41,13 @@ from rayfed.data.dataset import ArrayDataset
 from rayfed.data.partition import Partition
 from rayfed.data.partitioners import PARTITIONERS
 from rayfed.data.registry import DATASETS
-from rayfed.data.transforms import normalize_batch
+from rayfed.data.settings import PFLLIB
 from rayfed.util.errors import ConfigError, DatasetError
 
 if TYPE_CHECKING:
-    from rayfed.config import DataConfig
+    from rayfed.data.settings import DataConfig
 
 __all__ = ["PFLLIB", "PfllibFolder", "read_folder", "load_pfllib"]
-
-PFLLIB = "pfllib"
 """The name of the dataset and of the partition that read a PFLlib folder; one needs the other."""
 GENERATORS_STATISTIC = 0.5
 """The mean and std the PFLlib generators of the cwFedAvg papers' datasets normalise with (``Normalize(0.5, 0.5)``)."""
@@ -111,6 +109,8 @@ def _to_bytes(x: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...], wh
     shift = np.asarray(mean, np.float64)[None, :, None, None]
     images = np.clip(np.rint((x.astype(np.float64) * scale + shift) * 255.0), 0, 255).astype(np.uint8)
     images = np.ascontiguousarray(images)
+    from rayfed.data.transforms import normalize_batch  # torch, only for a folder of floats
+
     if not np.array_equal(normalize_batch(images, mean, std).numpy(), x.astype(np.float32)):
         raise DatasetError(
             f"the images of {where} are not (x / 255 - mean) / std of any bytes with data.options.mean={list(mean)} "

@@ -49,7 +49,7 @@ from rayfed.util.files import digest_of, write_parquet
 from rayfed.util.validation import check
 
 if TYPE_CHECKING:
-    from rayfed.config import DataConfig
+    from rayfed.data.settings import DataConfig
 
 __all__ = ["PoolSlices", "slice_stride"]
 

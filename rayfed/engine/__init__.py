@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING
 from rayfed.util.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from rayfed.engine.simulation import RunResult, Simulation, run  # noqa: F401
+    from rayfed.engine.result import RunResult  # noqa: F401
+    from rayfed.engine.simulation import Simulation, run  # noqa: F401
 
-__all__, __getattr__, __dir__ = lazy_exports(__name__, {"rayfed.engine.simulation": ("run", "RunResult", "Simulation")})
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__, {"rayfed.engine.result": ("RunResult",), "rayfed.engine.simulation": ("run", "Simulation")}
+)

@@ -33,7 +33,7 @@ from rayfed.util.files import write_json, write_parquet
 
 if TYPE_CHECKING:  # pragma: no cover
     from rayfed.config import RunConfig
-    from rayfed.engine.simulation import RunResult
+    from rayfed.engine.result import RunResult
 
 __all__ = ["RunView", "Callback", "MetricsWriter", "Checkpointer", "ProgressBar"]
 

@@ -37,8 +37,8 @@ from rayfed.data.held_out import (
     partition_without,
     save_held_out,
 )
+from rayfed.engine.problem_build import build_problem
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.problem_build import build_problem
 from rayfed.util.errors import ConfigError
 from rayfed.util.registry import closest
 

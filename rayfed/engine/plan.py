@@ -11,6 +11,8 @@ A run that cannot be carried out is refused here, with every file of its directo
   server data and the partition (:class:`~rayfed.engine.inputs.RunInputs`);
 * whether any client can take a local step (:func:`rayfed.engine.trainability.check_trainable`).
 
+It also says, once, what of the fast path the run cannot take (:mod:`rayfed.engine.fast_path`).
+
 The :class:`RunPlan` carries what those checks found, so the round loop reads each fact once.
 """
 
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from rayfed.algorithms import ResolvedAlgorithm, resolve
 from rayfed.config import RunConfig
+from rayfed.engine.fast_path import log_slow_paths
 from rayfed.engine.inputs import RunInputs
 from rayfed.engine.run_dir import ResumePoint, check_creatable, check_run_dir, read_resume_point
 from rayfed.engine.run_identity import RunMarker, run_identity
@@ -71,4 +74,5 @@ def plan_run(config: RunConfig, *, resume: bool = False) -> RunPlan:
     else:
         point = ResumePoint(RunMarker.new(identity, config.train.rounds))
     check_trainable(inputs.partition.num_train(), config.train)
+    log_slow_paths(config, algorithm, inputs.dataset)
     return RunPlan(config, algorithm, run_dir, continues, identity, point, memory, inputs)

@@ -48,10 +48,10 @@ from rayfed.algorithms.sizing import model_state_bytes
 from rayfed.config import RunConfig
 from rayfed.data.registry import check_dataset_options, dataset_options
 from rayfed.data.synthetic import check_synthetic
+from rayfed.engine.problem_build import ShapeOnly, build_problem
 from rayfed.execution.devices import check_local_gpu
 from rayfed.models import InputShape
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.problem_build import ShapeOnly, build_problem
 from rayfed.util.errors import ResourceError
 from rayfed.util.files import format_bytes
 

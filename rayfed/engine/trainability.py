@@ -15,7 +15,7 @@ import logging
 
 import numpy as np
 
-from rayfed.config import TrainConfig
+from rayfed.train.settings import TrainConfig
 from rayfed.util.errors import ConfigError
 
 logger = logging.getLogger(__name__)

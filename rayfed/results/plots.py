@@ -176,7 +176,7 @@ def accuracy_points(run: RunData, column: str = "accuracy") -> tuple[list[int], 
 def finished_run(run: RunData) -> FinishedRun:
     """What a method's figures read: the server state, the clients' class counts and the problem
     rebuilt without data (the one problem builder, on the ``meta`` device)."""
-    from rayfed.train.problem_build import ShapeOnly, build_problem
+    from rayfed.engine.problem_build import ShapeOnly, build_problem
 
     path = run.run_dir / LABEL_COUNTS_FILE
     if path.is_file():

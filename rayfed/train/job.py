@@ -18,7 +18,7 @@ from rayfed.train.flat import FlatModel
 from rayfed.train.scratch import Scratch
 
 if TYPE_CHECKING:  # the config sits above the training code (docs/architecture.md)
-    from rayfed.config import TrainConfig
+    from rayfed.train.settings import TrainConfig
 
 __all__ = ["EVALUATION_ROUND", "ClientJob", "ClientState", "TrainStats", "seed_global_generators"]
 

@@ -1,7 +1,7 @@
 """What every part of a run knows about the problem before it starts: :class:`ProblemSpec`.
 
 The spec is plain data (no torch), so a server half that needs nothing else runs in a
-process without torch; :func:`rayfed.train.problem_build.build_problem` makes it from the models.
+process without torch; :func:`rayfed.engine.problem_build.build_problem` makes it from the models.
 Nothing client-private is in the spec.
 """
 

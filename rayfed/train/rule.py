@@ -20,7 +20,7 @@ from rayfed.train.step_io import StepIO, per_client
 from rayfed.train.update import adam_update, sgd_update
 
 if TYPE_CHECKING:
-    from rayfed.config import TrainConfig
+    from rayfed.train.settings import TrainConfig
 
 __all__ = ["PhaseRule", "CONSTANTS", "CARRY"]
 

@@ -17,9 +17,9 @@ from rayfed.algorithms.common.architecture import trailing_blocks
 from rayfed.algorithms.common.body_head import BodyHeadParams, PartialModels, part_phase, split_body_head
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, model_parts
 from rayfed.data import load_dataset, make_partition
+from rayfed.engine.problem_build import build_problem
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.server import Server
-from rayfed.train.problem_build import build_problem
 from tests.algorithms.body_head_cases import job, tiny_problem
 from tests.conftest import train_phases
 

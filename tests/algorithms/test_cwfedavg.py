@@ -30,12 +30,12 @@ from rayfed.config import TrainConfig
 from rayfed.data import LABEL_COUNTS_FILE, load_dataset, make_partition, read_label_counts
 from rayfed.engine import Simulation
 from rayfed.engine.callbacks import Callback
+from rayfed.engine.problem_build import build_problem
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.server import Server
 from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.problem_build import build_problem
 from tests.algorithms.tiny_problem import TinyNet, tiny_job, tiny_problem
 from tests.conftest import tiny_overrides, train_client, train_phases
 

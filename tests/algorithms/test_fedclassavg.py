@@ -20,6 +20,7 @@ from rayfed.algorithms.fedclassavg import (
 )
 from rayfed.data import load_dataset, make_partition
 from rayfed.engine import Simulation
+from rayfed.engine.problem_build import build_problem
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.server import Server
 from rayfed.models import build_model
@@ -27,7 +28,6 @@ from rayfed.models.fedclassavg_nets import FEDCLASSAVG_MODELS
 from rayfed.train.flat import FlatModel
 from rayfed.train.layout import ParamLayout
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.problem_build import build_problem
 from tests.algorithms.client_states import StateSnapshots
 from tests.conftest import tiny_overrides
 

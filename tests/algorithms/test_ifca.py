@@ -15,10 +15,10 @@ from rayfed.algorithms.ifca import ClusterSums, IFCAModels, IFCAParams, IFCAServ
 from rayfed.config import TrainConfig
 from rayfed.data import load_dataset, normalize_batch
 from rayfed.engine import Simulation
+from rayfed.engine.problem_build import build_problem
 from rayfed.models import build_model
 from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
-from rayfed.train.problem_build import build_problem
 from tests.algorithms.client_states import ServerStates
 from tests.algorithms.two_groups import group_of, two_group_overrides
 from tests.conftest import tiny_overrides

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rayfed.config import DataConfig
+from rayfed.config import DataConfig, RunConfig
 from rayfed.data import (
     PARTITIONERS,
     Partition,
@@ -383,7 +383,7 @@ def test_loading_a_partition_for_a_smaller_dataset_raises_dataset_error(tmp_path
 def test_bad_data_settings_are_rejected_once_when_the_config_is_built(fields, expected):
     # Execute
     with pytest.raises(ConfigError) as info:
-        DataConfig(**fields)
+        RunConfig(data=DataConfig(**fields))
 
     # Assert
     for fragment in expected:

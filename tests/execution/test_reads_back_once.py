@@ -5,7 +5,7 @@ raise (a scalar read, a data-dependent shape, a blocking copy either way). A cal
 runs under it, sequential and stacked, with and without CUDA graphs, after a first call that builds the
 models, captures the steps and fills the allocator; the one read-back of the call (``to_host`` in the
 settlement) is the only sync allowed. Skipped without a GPU (the CPU proxies are in
-``tests/test_step_overhead.py``).
+``tests/benchmarks/test_step_overhead.py``).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from rayfed.util.documented import documented
 from rayfed.util.validation import check_int, fail
 
 if TYPE_CHECKING:
-    from rayfed.config import TrainConfig
+    from rayfed.train.settings import TrainConfig
 
 __all__ = [
     "BodyHeadParams",

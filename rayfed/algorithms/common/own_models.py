@@ -34,7 +34,7 @@ MODEL_KEY = "model"
 
 CLIENT_INIT_STREAM = 1 << 20
 """Client c's initialisation uses ``init_seed(seed, CLIENT_INIT_STREAM + c)``; streams below
-are the per-architecture ones of ``rayfed.train.problem_build.build_problem``."""
+are the per-architecture ones of ``rayfed.engine.problem_build.build_problem``."""
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ import torch
 
 from rayfed import ConfigError, RunConfig
 from rayfed.data import load_dataset
+from rayfed.engine.problem_build import build_problem
 from rayfed.models import build_model
 from rayfed.train.flat import FlatModel
-from rayfed.train.problem_build import build_problem
 
 
 def test_torch_seed_init_is_the_model_built_right_after_torch_manual_seed() -> None:

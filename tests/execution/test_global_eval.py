@@ -19,10 +19,10 @@ from rayfed.algorithms import RoundContext
 from rayfed.algorithms.cwfedavg_equations import empirical_distribution, personalise
 from rayfed.data import load_dataset, make_partition
 from rayfed.engine.metrics import summarise_round
+from rayfed.engine.problem_build import build_problem
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.server import Server
 from rayfed.train.evaluate import eval_batch_size, evaluate_model
-from rayfed.train.problem_build import build_problem
 from tests.conftest import tiny_overrides
 
 NUM_CLIENTS = 10

@@ -1,6 +1,7 @@
 """Config trees in and out: mappings to dataclasses and back, dotted paths, config files.
 
-The generic half of :mod:`rayfed.config`: nothing here knows the config's sections.
+Generic: nothing here knows the config's sections, so the section types of every layer build on it
+(:mod:`rayfed.config` gathers them).
 A value from TOML, YAML, JSON or a command-line string is coerced to its field's type
 (:func:`coerce`), a nested mapping becomes a dataclass (:func:`from_mapping`) and an
 unknown key suggests the closest known one. Config files and search-space files name

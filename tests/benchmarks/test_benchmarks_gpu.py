@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu.py"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a CUDA GPU the script measures it (minutes)")

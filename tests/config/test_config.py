@@ -100,7 +100,7 @@ def test_client_half_of_another_algorithm() -> None:
 
 # --- the shipped protocols (configs/) ----------------------------------------------------------
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @pytest.mark.parametrize(
