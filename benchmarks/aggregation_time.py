@@ -101,9 +101,14 @@ def _problem(name: str, shape: tuple[int, int, int], clients: int, seed: int):
     torch.manual_seed(seed)
     flat = FlatModel(build_model(name, shape, NUM_CLASSES))
     spec = ProblemSpec(
-        num_clients=clients, num_classes=NUM_CLASSES, input_shape=shape, layouts={name: flat.layout},
-        blocks={name: tuple(block_names(flat.module))}, output_layer={name: output_layer_name(flat.module)},
-        default_architecture=name, buffer_layouts={name: flat.buffer_layout},
+        num_clients=clients,
+        num_classes=NUM_CLASSES,
+        input_shape=shape,
+        layouts={name: flat.layout},
+        blocks={name: tuple(block_names(flat.module))},
+        output_layer={name: output_layer_name(flat.module)},
+        default_architecture=name,
+        buffer_layouts={name: flat.buffer_layout},
     )
     theta_g = flat.state_numpy()
     rng = np.random.default_rng(seed)
@@ -116,9 +121,19 @@ def _problem(name: str, shape: tuple[int, int, int], clients: int, seed: int):
 def _job(flat: FlatModel, cid: int, size: int, labels: np.ndarray) -> ClientJob:
     empty = torch.empty(0)
     return ClientJob(
-        client_id=cid, round=0, flat=flat, architecture="", x_train=empty, y_train=torch.zeros(size), x_test=empty,
-        y_test=empty, label_counts=labels, train_label_counts=labels, train=TrainConfig(batch_size=1, drop_last=False),
-        lr=TrainConfig().lr, generator=torch.Generator(),
+        client_id=cid,
+        round=0,
+        flat=flat,
+        architecture="",
+        x_train=empty,
+        y_train=torch.zeros(size),
+        x_test=empty,
+        y_test=empty,
+        label_counts=labels,
+        train_label_counts=labels,
+        train=TrainConfig(batch_size=1, drop_last=False),
+        lr=TrainConfig().lr,
+        generator=torch.Generator(),
     )
 
 
@@ -196,8 +211,11 @@ def fedlaw_seconds(
     flat, spec, theta_g, taus, sizes = _problem(name, shape, clients, seed)
     rng = np.random.default_rng(seed)
     proxy = 200
-    held_out = HeldOutSet(np.arange(proxy), rng.integers(0, 256, size=(proxy, *shape), dtype=np.uint8),
-                          np.arange(proxy, dtype=np.int64) % NUM_CLASSES)
+    held_out = HeldOutSet(
+        np.arange(proxy),
+        rng.integers(0, 256, size=(proxy, *shape), dtype=np.uint8),
+        np.arange(proxy, dtype=np.int64) % NUM_CLASSES,
+    )
     spec = replace(spec, held_out=held_out, mean=(0.5,) * shape[0], std=(0.25,) * shape[0])
     algorithm = ALGORITHMS.get("fedlaw")
     server = algorithm.server_half(algorithm.params_type(server_epochs=epochs), spec, {name: theta_g})
@@ -231,13 +249,28 @@ def _round_config(
     algorithm: dict[str, object], rounds: int, clients: int, seed: int, run_dir: Path
 ) -> rayfed.RunConfig:
     """cnn4, ``clients`` clients on the synthetic dataset, the FedAWA table's clients, in one process."""
-    return rayfed.RunConfig().override({
-        **algorithm, "data.dataset": "synthetic", "data.options": {"num_samples": 500 * clients},
-        "data.num_clients": clients, "data.partition": "dirichlet", "data.alpha": 0.1, "data.train_fraction": 0.7,
-        "model.name": "cnn4", "train.rounds": rounds, "train.lr": 0.01, "train.momentum": 0.9,
-        "train.weight_decay": 5e-4, "train.batch_size": 50, "engine.backend": "local", "engine.progress": False,
-        "engine.checkpoint_every": 0, "seed": seed, "run_dir": str(run_dir),
-    })
+    return rayfed.RunConfig().override(
+        {
+            **algorithm,
+            "data.dataset": "synthetic",
+            "data.options": {"num_samples": 500 * clients},
+            "data.num_clients": clients,
+            "data.partition": "dirichlet",
+            "data.alpha": 0.1,
+            "data.train_fraction": 0.7,
+            "model.name": "cnn4",
+            "train.rounds": rounds,
+            "train.lr": 0.01,
+            "train.momentum": 0.9,
+            "train.weight_decay": 5e-4,
+            "train.batch_size": 50,
+            "engine.backend": "local",
+            "engine.progress": False,
+            "engine.checkpoint_every": 0,
+            "seed": seed,
+            "run_dir": str(run_dir),
+        }
+    )
 
 
 class _CpuRoundTimer(RoundTimer):
@@ -246,15 +279,18 @@ class _CpuRoundTimer(RoundTimer):
 
 def round_ratio(rounds: int, runs: int, clients: int, seed: int) -> tuple[float, float]:
     """Median whole-round CPU seconds of FedAvg and of FedAWA (default fidelity), runs interleaved."""
-    methods = {"fedavg": {"algorithm.name": "fedavg", "algorithm.client": "sgdm"},
-               "fedawa": {"algorithm.name": "fedawa"}}
+    methods = {
+        "fedavg": {"algorithm.name": "fedavg", "algorithm.client": "sgdm"},
+        "fedawa": {"algorithm.name": "fedawa"},
+    }
     seconds: dict[str, list[float]] = {name: [] for name in methods}
     with tempfile.TemporaryDirectory() as tmp:
         for run in range(runs):
             for name, algorithm in methods.items():
                 timer = _CpuRoundTimer()
-                rayfed.run(_round_config(algorithm, rounds, clients, seed, Path(tmp) / f"{name}-{run}"),
-                           callbacks=[timer])
+                rayfed.run(
+                    _round_config(algorithm, rounds, clients, seed, Path(tmp) / f"{name}-{run}"), callbacks=[timer]
+                )
                 seconds[name] += timer.seconds[1:]  # each run's first round builds what later rounds reuse
     return statistics.median(seconds["fedavg"]), statistics.median(seconds["fedawa"])
 
@@ -292,19 +328,25 @@ def main() -> None:
         print("cwfedavg: not registered in this tree, left out")
     if "fedlaw" not in ALGORITHMS:
         print("fedlaw: not registered in this tree, left out")
-    print("P-AWA Tab. 2 (ResNet-20, the authors' implementation): FedAvg 0.10 s, L-DAWA 2.52 s (25x), "
-          "FedLAW 10.11 s (101x), FedAWA 0.82 s (8.2x), FedAWA-L 15.21 s (152x)")
+    print(
+        "P-AWA Tab. 2 (ResNet-20, the authors' implementation): FedAvg 0.10 s, L-DAWA 2.52 s (25x), "
+        "FedLAW 10.11 s (101x), FedAWA 0.82 s (8.2x), FedAWA-L 15.21 s (152x)"
+    )
     if args.no_round:
         return
     fedavg_round, fedawa_round = round_ratio(args.rounds, args.runs, args.clients, args.seed)
-    print(f"whole round (cnn4, {args.clients} clients, synthetic, {args.runs} x {args.rounds} rounds interleaved, "
-          f"CPU s, median over rounds 2+): fedavg+sgdm clients {fedavg_round:.3f}, fedawa {fedawa_round:.3f}")
+    print(
+        f"whole round (cnn4, {args.clients} clients, synthetic, {args.runs} x {args.rounds} rounds interleaved, "
+        f"CPU s, median over rounds 2+): fedavg+sgdm clients {fedavg_round:.3f}, fedawa {fedawa_round:.3f}"
+    )
     default = FedAWAParams().fidelity
     resnet = floor_ratios["resnet20"]
     print(f"last line: ResNet-20 aggregation, default fidelity ({default}), over its floor; whole round over FedAvg")
-    print(f"fedawa_vs_floor={resnet[f'fedawa ({default})']:.2f} "
-          f"fedawa_l_vs_floor={resnet[f'fedawa_l ({default})']:.2f} "
-          f"fedawa_round_vs_fedavg={fedawa_round / fedavg_round:.3f}")
+    print(
+        f"fedawa_vs_floor={resnet[f'fedawa ({default})']:.2f} "
+        f"fedawa_l_vs_floor={resnet[f'fedawa_l ({default})']:.2f} "
+        f"fedawa_round_vs_fedavg={fedawa_round / fedavg_round:.3f}"
+    )
 
 
 if __name__ == "__main__":

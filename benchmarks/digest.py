@@ -54,12 +54,25 @@ class FinalStates(Callback):
 
 def method_digest(name: str, rounds: int, root: Path) -> tuple[str, float]:
     states = FinalStates()
-    config = RunConfig().override({
-        "data.options": {"num_samples": 900}, "data.num_clients": 6, "data.partition": "dirichlet", "data.alpha": 0.5,
-        "model.name": "cnn4", "algorithm.name": name, "train.rounds": rounds, "train.batch_size": 10,
-        "engine.backend": "local", "engine.progress": False, "engine.vectorize": "off", "engine.torch_threads": 1,
-        "engine.eval_train_loss": True, "run_dir": str(root / name), **OVERRIDES.get(name, {}),
-    })
+    config = RunConfig().override(
+        {
+            "data.options": {"num_samples": 900},
+            "data.num_clients": 6,
+            "data.partition": "dirichlet",
+            "data.alpha": 0.5,
+            "model.name": "cnn4",
+            "algorithm.name": name,
+            "train.rounds": rounds,
+            "train.batch_size": 10,
+            "engine.backend": "local",
+            "engine.progress": False,
+            "engine.vectorize": "off",
+            "engine.torch_threads": 1,
+            "engine.eval_train_loss": True,
+            "run_dir": str(root / name),
+            **OVERRIDES.get(name, {}),
+        }
+    )
     result = run(config, callbacks=[states])
     digest = hashlib.sha256()
     for row in result.history:

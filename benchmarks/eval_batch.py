@@ -58,9 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         loss_gap = abs(stats[1024].loss_sum - stats[default].loss_sum) / stats[1024].loss_sum
         per_sample = {b: 1e6 * statistics.median(s) / samples for b, s in seconds.items()}
         ratios[case] = per_sample[1024] / per_sample[default]
-        print(f"{case:>15}: batch 1024 {per_sample[1024]:7.0f} us/sample, batch {default} "
-              f"{per_sample[default]:7.0f} us/sample, ratio {ratios[case]:.2f}; same predictions: {same}, "
-              f"relative loss difference {loss_gap:.1e}")
+        print(
+            f"{case:>15}: batch 1024 {per_sample[1024]:7.0f} us/sample, batch {default} "
+            f"{per_sample[default]:7.0f} us/sample, ratio {ratios[case]:.2f}; same predictions: {same}, "
+            f"relative loss difference {loss_gap:.1e}"
+        )
     print(" ".join(f"default_over_1024_{case}={ratio:.3f}" for case, ratio in ratios.items()))
     return 0
 

@@ -76,13 +76,21 @@ METHOD_SETTINGS: dict[str, dict[str, Any]] = {"fedawa": {"train.momentum": 0.9}}
 def client_config(model: str, clients: int, method: str = "fedavg") -> RunConfig:
     """``method`` on ``clients`` synthetic clients of 60 samples (50 to train), one GPU, batch 10, lr 0.005."""
     channels, size = MODELS[model]
-    return RunConfig().override({
-        "data.options": {"num_samples": SAMPLES_PER_CLIENT * clients, "channels": channels, "image_size": size},
-        "data.num_clients": clients, "data.partition": "iid",
-        "data.train_fraction": TRAIN_PER_CLIENT / SAMPLES_PER_CLIENT,
-        "model.name": model, "algorithm.name": method, "train.batch_size": 10, "train.lr": 0.005,
-        "engine.num_gpus_per_worker": 1.0, "engine.stack_size": clients, **METHOD_SETTINGS.get(method, {}),
-    })
+    return RunConfig().override(
+        {
+            "data.options": {"num_samples": SAMPLES_PER_CLIENT * clients, "channels": channels, "image_size": size},
+            "data.num_clients": clients,
+            "data.partition": "iid",
+            "data.train_fraction": TRAIN_PER_CLIENT / SAMPLES_PER_CLIENT,
+            "model.name": model,
+            "algorithm.name": method,
+            "train.batch_size": 10,
+            "train.lr": 0.005,
+            "engine.num_gpus_per_worker": 1.0,
+            "engine.stack_size": clients,
+            **METHOD_SETTINGS.get(method, {}),
+        }
+    )
 
 
 def stacked_against_sequential(model: str, clients: int, repeats: int, method: str = "fedavg") -> dict[str, Any]:
@@ -94,8 +102,10 @@ def stacked_against_sequential(model: str, clients: int, repeats: int, method: s
     spec, initial = build_problem(base, dataset)
     broadcast = Server(base, spec, initial).broadcast()
     ids = list(range(clients))
-    runners = {mode: ClientRunner(base.override({"engine.vectorize": mode}), spec, dataset, partition)
-               for mode in ("off", "on")}
+    runners = {
+        mode: ClientRunner(base.override({"engine.vectorize": mode}), spec, dataset, partition)
+        for mode in ("off", "on")
+    }
     seconds: dict[str, list[float]] = {mode: [] for mode in runners}
     for repeat in range(repeats + 1):  # the first pass builds the models and the CUDA kernels
         ctx = RoundContext(round=repeat, seed=0, lr=0.005, sampled=np.array(ids))
@@ -108,32 +118,58 @@ def stacked_against_sequential(model: str, clients: int, repeats: int, method: s
                 seconds[mode].append((time.perf_counter() - started) / clients)
     sequential, stacked = (statistics.median(seconds[mode]) for mode in ("off", "on"))
     runner = runners["on"]
-    return {"method": method, "model": model, "clients": clients, "sequential_s_per_client": sequential,
-            "stacked_s_per_client": stacked, "ratio": sequential / stacked,
-            "stacked": not model_unstackable(model, runner.model_for(model).module, base.train.drop_last)}
+    return {
+        "method": method,
+        "model": model,
+        "clients": clients,
+        "sequential_s_per_client": sequential,
+        "stacked_s_per_client": stacked,
+        "ratio": sequential / stacked,
+        "stacked": not model_unstackable(model, runner.model_for(model).module, base.train.drop_last),
+    }
 
 
 def seconds_per_round(overrides: dict[str, Any], run_dir: Path) -> tuple[float, list[dict[str, Any]]]:
     """Median wall-clock seconds per round (after the warm-up round) of a whole run, and its history."""
     timer = RoundTimer()
-    config = RunConfig().override({**overrides, "engine.backend": "ray", "engine.checkpoint_every": 0,
-                                   "engine.progress": False, "run_dir": str(run_dir)})
+    config = RunConfig().override(
+        {
+            **overrides,
+            "engine.backend": "ray",
+            "engine.checkpoint_every": 0,
+            "engine.progress": False,
+            "run_dir": str(run_dir),
+        }
+    )
     history = run(config, callbacks=[timer]).history
     return median_after_warmup(timer.seconds), history
 
 
 def fractional_against_whole(rounds: int, tmp: Path) -> dict[str, Any]:
     """4 workers at a quarter GPU each against 1 worker at a whole GPU, same clients: rounds per second."""
-    workload = {"data.options": {"num_samples": SAMPLES_PER_CLIENT * 100}, "data.num_clients": 100,
-                "data.partition": "iid", "data.train_fraction": TRAIN_PER_CLIENT / SAMPLES_PER_CLIENT,
-                "model.name": "cnn4", "algorithm.name": "fedavg", "train.batch_size": 10, "train.lr": 0.005,
-                "train.rounds": rounds, "engine.eval_clients": "sampled"}
+    workload = {
+        "data.options": {"num_samples": SAMPLES_PER_CLIENT * 100},
+        "data.num_clients": 100,
+        "data.partition": "iid",
+        "data.train_fraction": TRAIN_PER_CLIENT / SAMPLES_PER_CLIENT,
+        "model.name": "cnn4",
+        "algorithm.name": "fedavg",
+        "train.batch_size": 10,
+        "train.lr": 0.005,
+        "train.rounds": rounds,
+        "engine.eval_clients": "sampled",
+    }
     out: dict[str, Any] = {}
     for name, workers, share in (("whole", 1, 1.0), ("fractional", 4, 0.25)):
         seconds, history = seconds_per_round(
-            {**workload, "engine.num_workers": workers, "engine.num_gpus_per_worker": share}, tmp / name)
-        out[name] = {"workers": workers, "num_gpus_per_worker": share, "rounds_per_s": 1 / seconds,
-                     "accuracies": [row["accuracy"] for row in history]}
+            {**workload, "engine.num_workers": workers, "engine.num_gpus_per_worker": share}, tmp / name
+        )
+        out[name] = {
+            "workers": workers,
+            "num_gpus_per_worker": share,
+            "rounds_per_s": 1 / seconds,
+            "accuracies": [row["accuracy"] for row in history],
+        }
     out["ratio"] = out["fractional"]["rounds_per_s"] / out["whole"]["rounds_per_s"]
     return out
 
@@ -142,8 +178,9 @@ def mnist_protocol(data_root: str | None, rounds: int, tmp: Path) -> dict[str, A
     """The papers' MNIST round on one GPU, with each ``engine.vectorize``: seconds per round and its phases."""
     out: dict[str, Any] = {}
     for mode in ("auto", "on", "off"):
-        seconds, history = seconds_per_round({**mnist_overrides(data_root, rounds), "engine.vectorize": mode},
-                                             tmp / f"mnist-{mode}")
+        seconds, history = seconds_per_round(
+            {**mnist_overrides(data_root, rounds), "engine.vectorize": mode}, tmp / f"mnist-{mode}"
+        )
         rows = history[1:] or history
         phases = {k: statistics.median(r[k] for r in rows) for k in ("train_s", "aggregate_s", "evaluate_s")}
         out[mode] = {"round_s": seconds, **phases, "accuracies": [row["accuracy"] for row in history]}
@@ -152,11 +189,25 @@ def mnist_protocol(data_root: str | None, rounds: int, tmp: Path) -> dict[str, A
 
 def mnist_overrides(data_root: str | None, rounds: int) -> dict[str, Any]:
     """The papers' MNIST protocol on one worker with a whole GPU."""
-    data = {"data.dataset": "mnist", "data.root": data_root} if data_root else {
-        "data.dataset": "synthetic", "data.options": {"num_samples": 70_000}}
-    return {**data, "data.num_clients": 20, "data.partition": "dirichlet", "data.alpha": 0.1, "model.name": "cnn4",
-            "algorithm.name": "fedavg", "train.batch_size": 10, "train.lr": 0.005, "train.local_epochs": 1,
-            "train.rounds": rounds, "engine.num_workers": 1, "engine.num_gpus_per_worker": 1.0}
+    data = (
+        {"data.dataset": "mnist", "data.root": data_root}
+        if data_root
+        else {"data.dataset": "synthetic", "data.options": {"num_samples": 70_000}}
+    )
+    return {
+        **data,
+        "data.num_clients": 20,
+        "data.partition": "dirichlet",
+        "data.alpha": 0.1,
+        "model.name": "cnn4",
+        "algorithm.name": "fedavg",
+        "train.batch_size": 10,
+        "train.lr": 0.005,
+        "train.local_epochs": 1,
+        "train.rounds": rounds,
+        "engine.num_workers": 1,
+        "engine.num_gpus_per_worker": 1.0,
+    }
 
 
 def plain_loops(data_root: str | None, repeats: int) -> dict[str, float]:
@@ -221,8 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="rounds per whole run; the first is warm-up")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per mode, after one warm-up")
     parser.add_argument("--clients", default="20,50,100,200", help="clients per worker call (comma-separated)")
-    parser.add_argument("--methods", default="fedavg", help="methods whose stacking is timed (comma-separated); "
-                                                             "all but fedavg on cnn4 only")
+    parser.add_argument(
+        "--methods",
+        default="fedavg",
+        help="methods whose stacking is timed (comma-separated); all but fedavg on cnn4 only",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "gpu.json")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -237,35 +291,61 @@ def main(argv: list[str] | None = None) -> int:
             for clients in (int(c) for c in args.clients.split(",")):
                 row = stacked_against_sequential(model, clients, args.repeats, method)
                 stacking.append(row)
-                print(f"{method}, {model:>8}, {clients:3d} clients per call: sequential "
-                      f"{1000 * row['sequential_s_per_client']:.1f} ms/client, stacked "
-                      f"{1000 * row['stacked_s_per_client']:.1f} ms/client, ratio {row['ratio']:.2f}"
-                      f"{'' if row['stacked'] else ' (not stackable: trained sequentially)'}", flush=True)
+                print(
+                    f"{method}, {model:>8}, {clients:3d} clients per call: sequential "
+                    f"{1000 * row['sequential_s_per_client']:.1f} ms/client, stacked "
+                    f"{1000 * row['stacked_s_per_client']:.1f} ms/client, ratio {row['ratio']:.2f}"
+                    f"{'' if row['stacked'] else ' (not stackable: trained sequentially)'}",
+                    flush=True,
+                )
     with tempfile.TemporaryDirectory(prefix="rayfed-gpu-") as tmp:
         fractional = fractional_against_whole(args.rounds, Path(tmp))
-        print(f"fractional GPUs: 4 workers x 0.25 {fractional['fractional']['rounds_per_s']:.2f} rounds/s, "
-              f"1 worker x 1.0 {fractional['whole']['rounds_per_s']:.2f} rounds/s", flush=True)
+        print(
+            f"fractional GPUs: 4 workers x 0.25 {fractional['fractional']['rounds_per_s']:.2f} rounds/s, "
+            f"1 worker x 1.0 {fractional['whole']['rounds_per_s']:.2f} rounds/s",
+            flush=True,
+        )
         mnist = mnist_protocol(args.data_root, args.rounds, Path(tmp))
         for mode, row in mnist.items():
-            print(f"MNIST protocol, engine.vectorize={mode}: {row['round_s']:.3f} s per round (train "
-                  f"{row['train_s']:.3f} s, aggregate {row['aggregate_s']:.3f} s, evaluate {row['evaluate_s']:.3f} s)",
-                  flush=True)
+            print(
+                f"MNIST protocol, engine.vectorize={mode}: {row['round_s']:.3f} s per round (train "
+                f"{row['train_s']:.3f} s, aggregate {row['aggregate_s']:.3f} s, evaluate {row['evaluate_s']:.3f} s)",
+                flush=True,
+            )
     plain = plain_loops(args.data_root, args.repeats)
-    print(f"plain loop over the same {plain['steps']:.0f} steps: eager {plain['eager']:.3f} s, CUDA graph "
-          f"{plain['graph']:.3f} s per round", flush=True)
-    best = {model: max(r["ratio"] for r in stacking if r["model"] == model and r["method"] == "fedavg")
-            for model in MODELS}
+    print(
+        f"plain loop over the same {plain['steps']:.0f} steps: eager {plain['eager']:.3f} s, CUDA graph "
+        f"{plain['graph']:.3f} s per round",
+        flush=True,
+    )
+    best = {
+        model: max(r["ratio"] for r in stacking if r["model"] == model and r["method"] == "fedavg") for model in MODELS
+    }
     best_method = {m: max(r["ratio"] for r in stacking if r["method"] == m) for m in methods if m != "fedavg"}
     auto = mnist["auto"]["round_s"]
     summary = {"mnist_round_s": auto, "mnist_vs_plain_graph": auto / plain["graph"]}
     summary |= {f"vectorized_over_sequential_{model}": ratio for model, ratio in best.items()}
     summary |= {f"vectorized_over_sequential_{method}": ratio for method, ratio in best_method.items()}
-    summary |= {"fractional_over_whole": fractional["ratio"],
-                "auto_vs_best": auto / min(mnist["on"]["round_s"], mnist["off"]["round_s"])}
+    summary |= {
+        "fractional_over_whole": fractional["ratio"],
+        "auto_vs_best": auto / min(mnist["on"]["round_s"], mnist["off"]["round_s"]),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"device": device, "torch": torch.__version__, "args": {
-        k: str(v) for k, v in vars(args).items()}, "stacking": stacking, "fractional": fractional, "mnist": mnist,
-        "plain": plain, "summary": summary}, indent=2))
+    args.out.write_text(
+        json.dumps(
+            {
+                "device": device,
+                "torch": torch.__version__,
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "stacking": stacking,
+                "fractional": fractional,
+                "mnist": mnist,
+                "plain": plain,
+                "summary": summary,
+            },
+            indent=2,
+        )
+    )
     print(" ".join(f"{k}={v:.3f}" for k, v in summary.items()))
     return 0
 

@@ -49,12 +49,23 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 def method_call(name: str, clients: int, samples: int, vectorize: str, root: Path) -> Any:
     """One ``ClientRunner.train`` call of ``name`` over every client, after a first round that creates their state."""
     test = max(samples // 5, 2)
-    config = RunConfig().override({
-        "data.options": {"num_samples": (samples + test) * clients}, "data.num_clients": clients,
-        "data.partition": "iid", "data.train_fraction": samples / (samples + test), "model.name": "cnn4",
-        "algorithm.name": name, "train.batch_size": 10, "train.lr": 0.005, "engine.vectorize": vectorize,
-        "engine.stack_size": clients, "engine.backend": "local", "engine.torch_threads": 1, **OVERRIDES.get(name, {}),
-    })
+    config = RunConfig().override(
+        {
+            "data.options": {"num_samples": (samples + test) * clients},
+            "data.num_clients": clients,
+            "data.partition": "iid",
+            "data.train_fraction": samples / (samples + test),
+            "model.name": "cnn4",
+            "algorithm.name": name,
+            "train.batch_size": 10,
+            "train.lr": 0.005,
+            "engine.vectorize": vectorize,
+            "engine.stack_size": clients,
+            "engine.backend": "local",
+            "engine.torch_threads": 1,
+            **OVERRIDES.get(name, {}),
+        }
+    )
     inputs = RunInputs.prepare(config, resolve(config.algorithm), root / f"{name}-{vectorize}", continues=False)
     runner = ClientRunner(config, inputs.spec.for_clients(), inputs.dataset, inputs.partition)
     server = Server(config, inputs.spec, inputs.initial)
@@ -95,11 +106,15 @@ def main(argv: list[str] | None = None) -> int:
             ratios.append(on / off)
             syncs.append(step_syncs)
             stacked.extend([name] if did_stack else [])
-            print(f"{name:>12} {off:13.1f} {on:12.1f} {on / off:7.3f} {step_syncs:11.3f}  "
-                  f"{'yes' if did_stack else 'no'}", flush=True)
+            print(
+                f"{name:>12} {off:13.1f} {on:12.1f} {on / off:7.3f} {step_syncs:11.3f}  {'yes' if did_stack else 'no'}",
+                flush=True,
+            )
     print(f"measured in {time.perf_counter() - started:.1f} s")
-    print(f"methods={len(methods)} stacked={len(stacked)} worst_on_vs_off={max(ratios):.3f} "
-          f"max_syncs_per_step={max(syncs):.3f}")
+    print(
+        f"methods={len(methods)} stacked={len(stacked)} worst_on_vs_off={max(ratios):.3f} "
+        f"max_syncs_per_step={max(syncs):.3f}"
+    )
     return 0
 
 

@@ -38,28 +38,43 @@ from rayfed.config.presets import preset_overrides
 
 _METHODS = {
     "fedavg": {"algorithm.name": "fedavg"},
-    "cwfedavg": {"algorithm.name": "cwfedavg", "algorithm.params.variant": "wdr",
-                 "algorithm.params.classwise_blocks": 1, "algorithm.params.wdr_lambda": 10.0},
+    "cwfedavg": {
+        "algorithm.name": "cwfedavg",
+        "algorithm.params.variant": "wdr",
+        "algorithm.params.classwise_blocks": 1,
+        "algorithm.params.wdr_lambda": 10.0,
+    },
 }
 
 
-def _config(method: str, data: str, batch: int, init: str, seed: int, rounds: int,
-            args: argparse.Namespace) -> RunConfig:
+def _config(
+    method: str, data: str, batch: int, init: str, seed: int, rounds: int, args: argparse.Namespace
+) -> RunConfig:
     values = {k: v for k, v in preset_overrides("cwfedavg-mnist").items() if not k.startswith("algorithm.")}
     values.update(_METHODS[method])
     if data == "pfllib":
         values.update({"data.dataset": "pfllib", "data.partition": "pfllib", "data.root": args.pfllib_root})
     else:
         values.update({"data.dataset": "mnist", "data.root": args.mnist_root})
-    values.update({"train.batch_size": batch, "train.rounds": rounds, "seed": seed, "model.init": init,
-                   "engine.backend": "local", "engine.progress": False, "engine.eval_train_loss": False,
-                   "run_dir": str(Path(args.out) / f"{method}-{data}-b{batch}-{init}-s{seed}")})
+    values.update(
+        {
+            "train.batch_size": batch,
+            "train.rounds": rounds,
+            "seed": seed,
+            "model.init": init,
+            "engine.backend": "local",
+            "engine.progress": False,
+            "engine.eval_train_loss": False,
+            "run_dir": str(Path(args.out) / f"{method}-{data}-b{batch}-{init}-s{seed}"),
+        }
+    )
     return RunConfig().override(values)
 
 
 def _curve(run_dir: Path) -> list[float]:
-    rows = sorted(pq.read_table(run_dir / "rounds.parquet", columns=["round", "accuracy"]).to_pylist(),
-                  key=lambda r: r["round"])
+    rows = sorted(
+        pq.read_table(run_dir / "rounds.parquet", columns=["round", "accuracy"]).to_pylist(), key=lambda r: r["round"]
+    )
     return [100 * r["accuracy"] for r in rows]
 
 
@@ -69,8 +84,11 @@ def main() -> None:
     parser.add_argument("--mnist-root", required=True, help="data.root of torchvision's MNIST")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--cases", default="fedavg:pfllib:10:derived,fedavg:pfllib:10:torch_seed",
-                        help="method:data:batch:init, comma-separated")
+    parser.add_argument(
+        "--cases",
+        default="fedavg:pfllib:10:derived,fedavg:pfllib:10:torch_seed",
+        help="method:data:batch:init, comma-separated",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     from rayfed.engine import run

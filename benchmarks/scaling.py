@@ -102,24 +102,26 @@ def population_data(clients: int, pool: int) -> dict[str, object]:
 
 
 def population_config(clients: int, args: argparse.Namespace, run_dir: Path) -> RunConfig:
-    return RunConfig().override({
-        "algorithm.name": "cwfedavg",
-        "algorithm.params.wdr_lambda": 10.0,
-        "algorithm.params.classwise_blocks": 1,  # cwFedAvg (Output)
-        "data.dataset": "synthetic",
-        **population_data(clients, args.pool),
-        "data.num_clients": clients,
-        "data.train_fraction": TRAIN_PER_CLIENT / SAMPLES_PER_CLIENT,
-        "model.name": "cnn4",
-        "train.rounds": args.rounds,
-        "engine.backend": "ray",
-        "engine.num_workers": args.workers,
-        "engine.join_ratio": min(1.0, SAMPLED_PER_ROUND / clients),
-        "engine.eval_clients": "sampled",
-        "engine.checkpoint_every": 0,
-        "engine.progress": False,
-        "run_dir": str(run_dir),
-    })
+    return RunConfig().override(
+        {
+            "algorithm.name": "cwfedavg",
+            "algorithm.params.wdr_lambda": 10.0,
+            "algorithm.params.classwise_blocks": 1,  # cwFedAvg (Output)
+            "data.dataset": "synthetic",
+            **population_data(clients, args.pool),
+            "data.num_clients": clients,
+            "data.train_fraction": TRAIN_PER_CLIENT / SAMPLES_PER_CLIENT,
+            "model.name": "cnn4",
+            "train.rounds": args.rounds,
+            "engine.backend": "ray",
+            "engine.num_workers": args.workers,
+            "engine.join_ratio": min(1.0, SAMPLED_PER_ROUND / clients),
+            "engine.eval_clients": "sampled",
+            "engine.checkpoint_every": 0,
+            "engine.progress": False,
+            "run_dir": str(run_dir),
+        }
+    )
 
 
 def measure(clients: int, args: argparse.Namespace, tmp: Path) -> dict[str, float]:
@@ -161,16 +163,30 @@ def plot(rows: list[dict[str, float]], path: Path) -> None:
     mem.plot(clients, [r["driver_peak_mb"] for r in rows], "d-.", label="driver peak RSS")
     mem.axhline(2048, color="grey", lw=0.8, ls="--", label="2 GB server budget")
     mem.axhline(4096, color="black", lw=0.8, ls="--", label="4 GB driver budget")
-    mem.set(xscale="log", yscale="log", xlabel="clients (population)", ylabel="MB",
-            title="cwFedAvg (Output): server and driver memory")
+    mem.set(
+        xscale="log",
+        yscale="log",
+        xlabel="clients (population)",
+        ylabel="MB",
+        title="cwFedAvg (Output): server and driver memory",
+    )
     mem.legend(fontsize=8)
     sec.plot(clients, [r["round_s"] for r in rows], "o-")
     for r in rows:
         if r["partition"] == "slices":
-            sec.annotate(f"slices of {r['pool_samples']:,}", (r["clients"], r["round_s"]), fontsize=8,
-                         textcoords="offset points", xytext=(-60, 8))
-    sec.set(xscale="log", xlabel="clients (population)", ylabel="seconds per round (median)",
-            title=f"{SAMPLED_PER_ROUND} clients sampled per round")
+            sec.annotate(
+                f"slices of {r['pool_samples']:,}",
+                (r["clients"], r["round_s"]),
+                fontsize=8,
+                textcoords="offset points",
+                xytext=(-60, 8),
+            )
+    sec.set(
+        xscale="log",
+        xlabel="clients (population)",
+        ylabel="seconds per round (median)",
+        title=f"{SAMPLED_PER_ROUND} clients sampled per round",
+    )
     sec.set_ylim(bottom=0)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -180,8 +196,12 @@ def plot(rows: list[dict[str, float]], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--populations", default="100,1000,10000,100000,1000000", help="comma-separated client counts")
-    parser.add_argument("--pool", type=int, default=150_000,
-                        help=f"samples in the pool shared by populations above {LARGEST_DEALT:,} clients")
+    parser.add_argument(
+        "--pool",
+        type=int,
+        default=150_000,
+        help=f"samples in the pool shared by populations above {LARGEST_DEALT:,} clients",
+    )
     parser.add_argument("--rounds", type=int, default=6, help="rounds per population; the first is warm-up")
     parser.add_argument("--workers", type=int, default=0, help="ClientWorker actors (0 = one per CPU)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -192,11 +212,14 @@ def main(argv: list[str] | None = None) -> int:
         for clients in populations:
             row = measure(clients, args, Path(tmp))
             rows.append(row)
-            print(f"{clients:>7} clients: {row['round_s']:.3f} s/round (max {row['round_s_max']:.3f}), "
-                  f"server peak {row['server_peak_mb']:.0f} MB (start {row['server_start_mb']:.0f} MB, "
-                  f"state {row['server_state_mb']:.1f} MB), driver peak {row['driver_peak_mb']:.0f} MB, "
-                  f"setup {row['setup_s']:.1f} s, {row['partition']} over {row['pool_samples']} samples, "
-                  f"accuracy {row['accuracy']:.3f}", flush=True)
+            print(
+                f"{clients:>7} clients: {row['round_s']:.3f} s/round (max {row['round_s_max']:.3f}), "
+                f"server peak {row['server_peak_mb']:.0f} MB (start {row['server_start_mb']:.0f} MB, "
+                f"state {row['server_state_mb']:.1f} MB), driver peak {row['driver_peak_mb']:.0f} MB, "
+                f"setup {row['setup_s']:.1f} s, {row['partition']} over {row['pool_samples']} samples, "
+                f"accuracy {row['accuracy']:.3f}",
+                flush=True,
+            )
     args.out.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), args.out / "scaling.parquet")
     plot(rows, args.out / "scaling.png")
@@ -226,8 +249,11 @@ def last_line_fields(rows: list[dict[str, float]]) -> list[str]:
     if pooled:
         row = max(pooled, key=lambda r: r["clients"])
         label = population_label(row["clients"])
-        fields += [f"server_mem_mb_{label}={row['server_peak_mb']:.1f}",
-                   f"driver_mem_mb_{label}={row['driver_peak_mb']:.1f}", f"round_s_{label}={row['round_s']:.3f}"]
+        fields += [
+            f"server_mem_mb_{label}={row['server_peak_mb']:.1f}",
+            f"driver_mem_mb_{label}={row['driver_peak_mb']:.1f}",
+            f"round_s_{label}={row['round_s']:.3f}",
+        ]
     return fields
 
 

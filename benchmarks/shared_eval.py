@@ -50,10 +50,16 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    config = RunConfig().override({
-        "algorithm.name": "cwfedavg", "data.num_clients": args.clients, "data.partition": "pathological",
-        "data.classes_per_client": 2, "data.balance": True, "engine.backend": "local",
-    })
+    config = RunConfig().override(
+        {
+            "algorithm.name": "cwfedavg",
+            "data.num_clients": args.clients,
+            "data.partition": "pathological",
+            "data.classes_per_client": 2,
+            "data.balance": True,
+            "engine.backend": "local",
+        }
+    )
     dataset = load_dataset("synthetic", None, options={})
     partition = make_partition(dataset.labels, dataset.num_classes, config.data)
     spec, initial = build_problem(config, dataset)
@@ -75,19 +81,26 @@ def main() -> None:
 
     seconds: dict[str, list[float]] = {"per_client": [], "shared_body": [], "forward_only": []}
     for _ in range(args.repeats):
-        for name, work in (("per_client", lambda: runner.evaluate(per_client, ctx, ids)),
-                           ("shared_body", lambda: runner.evaluate(shared, ctx, ids)), ("forward_only", forward_only)):
+        for name, work in (
+            ("per_client", lambda: runner.evaluate(per_client, ctx, ids)),
+            ("shared_body", lambda: runner.evaluate(shared, ctx, ids)),
+            ("forward_only", forward_only),
+        ):
             started = time.perf_counter()
             work()
             seconds[name].append(time.perf_counter() - started)
     reports = runner.evaluate(shared, ctx, ids), runner.evaluate(per_client, ctx, ids)
     same = [r.correct for r in reports[0]] == [r.correct for r in reports[1]]
     median = {name: statistics.median(values) for name, values in seconds.items()}
-    print(f"{args.clients} clients, {len(x)} test images, medians over {args.repeats}: "
-          + ", ".join(f"{name} {value:.2f} s" for name, value in median.items())
-          + f"; same accuracies: {same}")
-    print(f"shared_over_per_client={median['per_client'] / median['shared_body']:.2f} "
-          f"forward_only_over_per_client={median['per_client'] / median['forward_only']:.2f}")
+    print(
+        f"{args.clients} clients, {len(x)} test images, medians over {args.repeats}: "
+        + ", ".join(f"{name} {value:.2f} s" for name, value in median.items())
+        + f"; same accuracies: {same}"
+    )
+    print(
+        f"shared_over_per_client={median['per_client'] / median['shared_body']:.2f} "
+        f"forward_only_over_per_client={median['per_client'] / median['forward_only']:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -90,8 +90,12 @@ def _blocking_copy(name: str, args: Any, kwargs: dict[str, Any]) -> bool:
     if name not in DEVICE_COPIES or kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True):
         return False
     if name == "copy_":  # dst.copy_(src): from the host to a device
-        return len(args) > 1 and isinstance(args[1], torch.Tensor) and args[1].device.type == "cpu" and \
-            args[0].device.type != "cpu"
+        return (
+            len(args) > 1
+            and isinstance(args[1], torch.Tensor)
+            and args[1].device.type == "cpu"
+            and args[0].device.type != "cpu"
+        )
     if name == "cuda":
         return True
     target = kwargs.get("device", args[1] if len(args) > 1 else None)
@@ -120,12 +124,22 @@ def count(work: Callable[[], int]) -> Count:
 
 def rayfed_call(clients: int, samples: int, vectorize: str) -> Callable[[], int]:
     """One ``ClientRunner.train`` call over every client of the workload."""
-    config = RunConfig().override({
-        "data.options": {"num_samples": (samples + samples // 5) * clients}, "data.num_clients": clients,
-        "data.partition": "iid", "data.train_fraction": samples / (samples + samples // 5), "model.name": "cnn4",
-        "algorithm.name": "fedavg", "train.batch_size": 10, "train.lr": 0.005, "engine.vectorize": vectorize,
-        "engine.stack_size": clients, "engine.backend": "local", "engine.torch_threads": 1,
-    })
+    config = RunConfig().override(
+        {
+            "data.options": {"num_samples": (samples + samples // 5) * clients},
+            "data.num_clients": clients,
+            "data.partition": "iid",
+            "data.train_fraction": samples / (samples + samples // 5),
+            "model.name": "cnn4",
+            "algorithm.name": "fedavg",
+            "train.batch_size": 10,
+            "train.lr": 0.005,
+            "engine.vectorize": vectorize,
+            "engine.stack_size": clients,
+            "engine.backend": "local",
+            "engine.torch_threads": 1,
+        }
+    )
     dataset = load_dataset("synthetic", None, seed=config.data.seed, options=config.data.options)
     partition = make_partition(dataset.labels, dataset.num_classes, config.data)
     spec, initial = build_problem(config, dataset)
@@ -171,12 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     stacked = count(rayfed_call(args.clients, args.samples, "on"))
     plain_per_step = plain.ops / plain.client_steps
     stacked_steps = stacked.client_steps / args.clients
-    for name, measured, per in (("plain loop", plain, plain.client_steps), ("rayfed sequential", sequential,
-                                sequential.client_steps), ("rayfed stacked", stacked, stacked_steps)):
+    for name, measured, per in (
+        ("plain loop", plain, plain.client_steps),
+        ("rayfed sequential", sequential, sequential.client_steps),
+        ("rayfed stacked", stacked, stacked_steps),
+    ):
         unit = "stacked step" if measured is stacked else "client-step"
-        print(f"{name:>17}: {measured.ops / per:7.1f} ATen ops per {unit}, {measured.syncs} host syncs in "
-              f"{measured.client_steps} client-steps; most frequent: "
-              + ", ".join(f"{op.removeprefix('aten::')} {n / per:.1f}" for op, n in measured.top[:6]), flush=True)
+        print(
+            f"{name:>17}: {measured.ops / per:7.1f} ATen ops per {unit}, {measured.syncs} host syncs in "
+            f"{measured.client_steps} client-steps; most frequent: "
+            + ", ".join(f"{op.removeprefix('aten::')} {n / per:.1f}" for op, n in measured.top[:6]),
+            flush=True,
+        )
     print(f"measured in {time.perf_counter() - started:.1f} s", flush=True)
     summary = {
         "seq_ops_vs_plain": sequential.ops / sequential.client_steps / plain_per_step,

@@ -97,28 +97,30 @@ SCENARIOS = {"s1": Scenario("s1", 100, 1.0), "s2": Scenario("s2", 1000, 0.1)}
 
 
 def scenario_config(s: Scenario, args: argparse.Namespace, run_dir: Path) -> RunConfig:
-    return RunConfig().override({
-        "data.dataset": "synthetic",
-        "data.options": {"num_samples": SAMPLES_PER_CLIENT * s.num_clients},
-        "data.num_clients": s.num_clients,
-        "data.partition": "iid",
-        "data.train_fraction": TRAIN_PER_CLIENT / SAMPLES_PER_CLIENT,
-        "model.name": "cnn4",
-        "train.rounds": args.rounds,
-        "train.batch_size": 10,
-        "train.local_epochs": 1,
-        "train.lr": 0.005,
-        "algorithm.name": "fedavg",
-        "engine.backend": "ray",
-        "engine.num_workers": args.workers,
-        "engine.clients_per_call": args.clients_per_call,
-        "engine.vectorize": args.vectorize,
-        "engine.join_ratio": s.join_ratio,
-        "engine.eval_clients": "sampled",
-        "engine.checkpoint_every": 0,
-        "engine.progress": False,
-        "run_dir": str(run_dir),
-    })
+    return RunConfig().override(
+        {
+            "data.dataset": "synthetic",
+            "data.options": {"num_samples": SAMPLES_PER_CLIENT * s.num_clients},
+            "data.num_clients": s.num_clients,
+            "data.partition": "iid",
+            "data.train_fraction": TRAIN_PER_CLIENT / SAMPLES_PER_CLIENT,
+            "model.name": "cnn4",
+            "train.rounds": args.rounds,
+            "train.batch_size": 10,
+            "train.local_epochs": 1,
+            "train.lr": 0.005,
+            "algorithm.name": "fedavg",
+            "engine.backend": "ray",
+            "engine.num_workers": args.workers,
+            "engine.clients_per_call": args.clients_per_call,
+            "engine.vectorize": args.vectorize,
+            "engine.join_ratio": s.join_ratio,
+            "engine.eval_clients": "sampled",
+            "engine.checkpoint_every": 0,
+            "engine.progress": False,
+            "run_dir": str(run_dir),
+        }
+    )
 
 
 # --- the plain PyTorch loop ------------------------------------------------------------------------
@@ -239,8 +241,9 @@ class TwoProcessLoop:
         self.pipes, self.processes = [], []
         for rank in range(processes):
             here, there = context.Pipe()
-            process = context.Process(target=_serve, args=(config, rank, self.global_vector, self.sums, there),
-                                      daemon=True)
+            process = context.Process(
+                target=_serve, args=(config, rank, self.global_vector, self.sums, there), daemon=True
+            )
             process.start()
             self.pipes.append(here)
             self.processes.append(process)
@@ -306,8 +309,10 @@ def breakdown(history: list[dict]) -> str:
     """Median seconds per phase over the measured rounds (from rayfed's own round records)."""
     rows = history[1:] or history
     med = {k: statistics.median(r[k] for r in rows) for k in ("train_s", "aggregate_s", "evaluate_s", "round_s")}
-    return (f"train {med['train_s']:.3f} s, aggregate {med['aggregate_s']:.3f} s, "
-            f"evaluate {med['evaluate_s']:.3f} s, round {med['round_s']:.3f} s")
+    return (
+        f"train {med['train_s']:.3f} s, aggregate {med['aggregate_s']:.3f} s, "
+        f"evaluate {med['evaluate_s']:.3f} s, round {med['round_s']:.3f} s"
+    )
 
 
 def _times(seconds: list[float]) -> str:
@@ -318,13 +323,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=6, help="rounds per measurement; the first is warm-up")
     parser.add_argument("--workers", type=int, default=0, help="ClientWorker actors (0 = one per CPU)")
-    parser.add_argument("--clients-per-call", type=int, default=0,
-                        help="engine.clients_per_call (0 = 2 calls per worker)")
+    parser.add_argument(
+        "--clients-per-call", type=int, default=0, help="engine.clients_per_call (0 = 2 calls per worker)"
+    )
     parser.add_argument("--vectorize", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--scenarios", default="s1,s2", help="comma-separated: s1, s2")
     parser.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON here")
-    parser.add_argument("--pss-of", choices=sorted(SCENARIOS), default=None,
-                        help="only run rayfed on this scenario and print its processes' peak PSS as JSON")
+    parser.add_argument(
+        "--pss-of",
+        choices=sorted(SCENARIOS),
+        default=None,
+        help="only run rayfed on this scenario and print its processes' peak PSS as JSON",
+    )
     args = parser.parse_args(argv)
     if args.pss_of:
         with tempfile.TemporaryDirectory(prefix="rayfed-pss-") as tmp:
@@ -334,9 +344,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"peak": memory.peak, "samples": memory.samples}))
         return 0
     scenarios = [SCENARIOS[name.strip()] for name in args.scenarios.split(",") if name.strip()]
-    print(f"torch {torch.__version__}, default threads {torch.get_num_threads()}, "
-          f"rounds {args.rounds} (first excluded)",
-          flush=True)
+    print(
+        f"torch {torch.__version__}, default threads {torch.get_num_threads()}, rounds {args.rounds} (first excluded)",
+        flush=True,
+    )
 
     results: dict[str, dict[str, float | bool | dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="rayfed-throughput-") as tmp:
@@ -351,8 +362,11 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps({"args": arguments, "results": results}, indent=2))
     fields = [f"throughput_ratio_{name}={r['ratio']:.3f}" for name, r in results.items()]
     fields += [f"limit_ratio_{name}={r['limit_ratio']:.3f}" for name, r in results.items()]
-    fields += [f"rayfed_peak_pss_mb_{name}={r['rayfed_peak_pss_mb']:.0f}"
-               for name, r in results.items() if "rayfed_peak_pss_mb" in r]
+    fields += [
+        f"rayfed_peak_pss_mb_{name}={r['rayfed_peak_pss_mb']:.0f}"
+        for name, r in results.items()
+        if "rayfed_peak_pss_mb" in r
+    ]
     print(" ".join(fields))
     return 0
 
@@ -372,36 +386,58 @@ def measure(s: Scenario, config: RunConfig, args: argparse.Namespace) -> dict[st
     rates = [s.sampled_per_round / median_after_warmup(loop.seconds) for loop in (probe, *probe.plain)]
     gap = max(abs(a - row["accuracy"]) for loop in probe.plain for a, row in zip(loop.accuracies, history))
     result: dict[str, float | bool | dict[str, float]] = {
-        "engine_updates_per_s": rates[0], "plain_updates_per_s": rates[1],
-        "plain_channels_last_updates_per_s": rates[2], "two_process_updates_per_s": rates[3],
+        "engine_updates_per_s": rates[0],
+        "plain_updates_per_s": rates[1],
+        "plain_channels_last_updates_per_s": rates[2],
+        "two_process_updates_per_s": rates[3],
         "max_accuracy_difference": gap,
     }
-    labels = ("rayfed on Ray:           ", "plain PyTorch loop:      ", "plain, channels-last:    ",
-              "2 processes, 1 thread:   ")
+    labels = (
+        "rayfed on Ray:           ",
+        "plain PyTorch loop:      ",
+        "plain, channels-last:    ",
+        "2 processes, 1 thread:   ",
+    )
     for label, loop, rate in zip(labels, (probe, *probe.plain), rates):
         print(f"{s.name.upper()} {label}{rate:6.1f} updates/s  (rounds {_times(loop.seconds)} s)", flush=True)
     print(f"    rayfed phases (median): {breakdown(history)}", flush=True)
     for label, loop in zip(("plain", "plain channels-last", "2 processes"), probe.plain):
         pairs = ", ".join(f"{a:.4f}/{row['accuracy']:.4f}" for a, row in zip(loop.accuracies, history))
         print(f"    accuracy per round, {label} / rayfed: {pairs}", flush=True)
-    print(f"    rayfed / plain channels-last: {rates[0] / rates[2]:.3f}, rayfed / 2 processes: "
-          f"{rates[0] / rates[3]:.3f}", flush=True)
+    print(
+        f"    rayfed / plain channels-last: {rates[0] / rates[2]:.3f}, rayfed / 2 processes: {rates[0] / rates[3]:.3f}",
+        flush=True,
+    )
     if s.name == "s2":
         peak, samples = rayfed_pss(s, args)
         result["rayfed_peak_pss_mb"] = sum(peak.values())
         result["rayfed_peak_pss_by_process_mb"] = peak
         parts = ", ".join(f"{name} {mb:.0f}" for name, mb in sorted(peak.items(), key=lambda kv: -kv[1]))
-        print(f"    rayfed peak PSS (rayfed alone, a fresh driver): {sum(peak.values()):.0f} MB over {samples} "
-              f"samples; per process name (MB): {parts}", flush=True)
+        print(
+            f"    rayfed peak PSS (rayfed alone, a fresh driver): {sum(peak.values()):.0f} MB over {samples} "
+            f"samples; per process name (MB): {parts}",
+            flush=True,
+        )
     return result
 
 
 def rayfed_pss(s: Scenario, args: argparse.Namespace) -> tuple[dict[str, float], int]:
     """Peak PSS by process name of a run of rayfed alone on ``s``, in a fresh driver process
     (``--pss-of``), so that no plain loop's memory is counted, and the number of samples."""
-    command = [sys.executable, __file__, "--pss-of", s.name, "--rounds", str(args.rounds),
-               "--workers", str(args.workers), "--clients-per-call", str(args.clients_per_call),
-               "--vectorize", args.vectorize]
+    command = [
+        sys.executable,
+        __file__,
+        "--pss-of",
+        s.name,
+        "--rounds",
+        str(args.rounds),
+        "--workers",
+        str(args.workers),
+        "--clients-per-call",
+        str(args.clients_per_call),
+        "--vectorize",
+        args.vectorize,
+    ]
     lines = subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip().splitlines()
     report = json.loads(lines[-1])
     return report["peak"], report["samples"]

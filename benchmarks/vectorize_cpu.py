@@ -36,19 +36,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stack-size", type=int, default=64, help="engine.stack_size")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per mode, after one warm-up")
     args = parser.parse_args(argv)
-    base = RunConfig().override({
-        "data.options": {"num_samples": 60 * args.clients}, "data.num_clients": args.clients, "data.partition": "iid",
-        "data.train_fraction": 50 / 60, "algorithm.name": "fedavg", "engine.torch_threads": 1,
-        "engine.stack_size": args.stack_size,
-    })
+    base = RunConfig().override(
+        {
+            "data.options": {"num_samples": 60 * args.clients},
+            "data.num_clients": args.clients,
+            "data.partition": "iid",
+            "data.train_fraction": 50 / 60,
+            "algorithm.name": "fedavg",
+            "engine.torch_threads": 1,
+            "engine.stack_size": args.stack_size,
+        }
+    )
     data = base.data
     dataset = load_dataset(data.dataset, data.root, seed=data.seed, options=data.options)
     partition = make_partition(dataset.labels, dataset.num_classes, data)
     spec, initial = build_problem(base, dataset)
     broadcast = Server(base, spec, initial).broadcast()
     ids = list(range(args.clients))
-    runners = {mode: ClientRunner(base.override({"engine.vectorize": mode}), spec, dataset, partition)
-               for mode in ("off", "on")}
+    runners = {
+        mode: ClientRunner(base.override({"engine.vectorize": mode}), spec, dataset, partition)
+        for mode in ("off", "on")
+    }
     wall: dict[str, list[float]] = {mode: [] for mode in runners}
     cpu: dict[str, list[float]] = {mode: [] for mode in runners}
     totals = {}
@@ -61,11 +69,15 @@ def main(argv: list[str] | None = None) -> int:
                 wall[mode].append((time.perf_counter() - w) / args.clients)
                 cpu[mode].append((time.process_time() - c) / args.clients)
             totals[mode] = result.contribution.average()
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {args.clients} clients per call, "
-          f"stack size {args.stack_size}, {args.repeats} repeats")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, {args.clients} clients per call, "
+        f"stack size {args.stack_size}, {args.repeats} repeats"
+    )
     for mode, label in (("off", "sequential"), ("on", "stacked")):
-        print(f"{label:>15}: {1000 * statistics.median(wall[mode]):7.1f} ms/client wall, "
-              f"{1000 * statistics.median(cpu[mode]):7.1f} ms/client CPU")
+        print(
+            f"{label:>15}: {1000 * statistics.median(wall[mode]):7.1f} ms/client wall, "
+            f"{1000 * statistics.median(cpu[mode]):7.1f} ms/client CPU"
+        )
     diff = float(np.abs(totals["on"] - totals["off"]).max())
     ratio = statistics.median(wall["off"]) / statistics.median(wall["on"])
     cpu_ratio = statistics.median(cpu["off"]) / statistics.median(cpu["on"])

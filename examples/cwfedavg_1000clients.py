@@ -83,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=1000, help="data.num_clients")
     parser.add_argument("--join-ratio", type=float, default=0.1, help="fraction of clients trained per round")
     parser.add_argument("--workers", type=int, default=0, help="ClientWorker actors (0 = one per CPU of the cluster)")
-    parser.add_argument("--dataset", default="synthetic",
-                        help="synthetic (offline), mnist, fashion_mnist, cifar10, ...")
+    parser.add_argument(
+        "--dataset", default="synthetic", help="synthetic (offline), mnist, fashion_mnist, cifar10, ..."
+    )
     parser.add_argument("--data-root", default=None, help="folder holding the dataset files (torchvision layout)")
     parser.add_argument("--download", action="store_true", help="let torchvision download missing files")
     parser.add_argument("--wdr-lambda", type=float, default=10.0, help="λ of WDR (10 for MNIST/CIFAR-10)")
@@ -98,19 +99,31 @@ def main(argv: list[str] | None = None) -> int:
 
     config = build_config(args)
     where = os.environ.get("RAY_ADDRESS") or config.engine.ray_address or "a private local Ray"
-    print(f"cwFedAvg+WDR: {config.data.num_clients} clients, {config.engine.join_ratio:g} per round, "
-          f"{config.train.rounds} rounds on {config.data.dataset}; Ray: {where}", flush=True)
+    print(
+        f"cwFedAvg+WDR: {config.data.num_clients} clients, {config.engine.join_ratio:g} per round, "
+        f"{config.train.rounds} rounds on {config.data.dataset}; Ray: {where}",
+        flush=True,
+    )
     result = run(config)
     run_dir = Path(result.run_dir).resolve()
-    final_global = next((r["global_accuracy"] for r in reversed(result.history) if not math.isnan(r["accuracy"])),
-                        math.nan)
-    summary = {"best_accuracy": result.best_accuracy, "final_accuracy": result.final_accuracy,
-               "final_global_accuracy": final_global, "rounds_run": result.rounds_run, "run_dir": str(run_dir)}
+    final_global = next(
+        (r["global_accuracy"] for r in reversed(result.history) if not math.isnan(r["accuracy"])), math.nan
+    )
+    summary = {
+        "best_accuracy": result.best_accuracy,
+        "final_accuracy": result.final_accuracy,
+        "final_global_accuracy": final_global,
+        "rounds_run": result.rounds_run,
+        "run_dir": str(run_dir),
+    }
     print(f"RESULT {json.dumps(summary)}", flush=True)
     write_accuracy_figure(run_dir)
-    print(f"done: {result.rounds_run} rounds; final accuracy of the personalised models {result.final_accuracy:.4f} "
-          f"vs the global model {final_global:.4f} on the same clients (best {result.best_accuracy:.4f}); "
-          f"results in {run_dir}", flush=True)
+    print(
+        f"done: {result.rounds_run} rounds; final accuracy of the personalised models {result.final_accuracy:.4f} "
+        f"vs the global model {final_global:.4f} on the same clients (best {result.best_accuracy:.4f}); "
+        f"results in {run_dir}",
+        flush=True,
+    )
     return 0
 
 

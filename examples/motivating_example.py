@@ -49,11 +49,15 @@ def make_clients(rng: np.random.Generator) -> list[dict[str, torch.Tensor]]:
         order = rng.permutation(len(y))
         cut = int(0.75 * len(y))
         train, test = order[:cut], order[cut:]
-        clients.append({
-            "x_train": torch.tensor(x[train], dtype=torch.float32), "y_train": torch.tensor(y[train]),
-            "x_test": torch.tensor(x[test], dtype=torch.float32), "y_test": torch.tensor(y[test]),
-            "p": torch.tensor(empirical_distribution(np.array(counts)), dtype=torch.float32),
-        })
+        clients.append(
+            {
+                "x_train": torch.tensor(x[train], dtype=torch.float32),
+                "y_train": torch.tensor(y[train]),
+                "x_test": torch.tensor(x[test], dtype=torch.float32),
+                "y_test": torch.tensor(y[test]),
+                "p": torch.tensor(empirical_distribution(np.array(counts)), dtype=torch.float32),
+            }
+        )
     return clients
 
 
@@ -84,8 +88,9 @@ def accuracy(model: nn.Sequential, data: dict[str, torch.Tensor]) -> float:
     return float((model(data["x_test"]).argmax(1) == data["y_test"]).float().mean())
 
 
-def run(method: str, clients: list[dict[str, torch.Tensor]], rounds: int, lr: float, wdr_lambda: float,
-        seed: int) -> tuple[list[float], np.ndarray]:
+def run(
+    method: str, clients: list[dict[str, torch.Tensor]], rounds: int, lr: float, wdr_lambda: float, seed: int
+) -> tuple[list[float], np.ndarray]:
     """Train ``method`` ("fedavg", "cw", "cw+wdr"); return final per-client accuracies and p̃ rows."""
     torch.manual_seed(seed)
     model = make_model()
@@ -143,8 +148,10 @@ def main() -> None:
     print(f"{'client':<8}{'p_i':>16}{'p̃_i w/o WDR':>18}{'p̃_i w/ WDR':>18}")
     for i, data in enumerate(clients):
         cells = [data["p"].numpy(), results["cw"][1][i], results["cw+wdr"][1][i]]
-        print(f"{i + 1:<8}" + "".join(f"{np.array2string(c, precision=3, floatmode='fixed'):>{w}}"
-                                      for c, w in zip(cells, (16, 18, 18))))
+        print(
+            f"{i + 1:<8}"
+            + "".join(f"{np.array2string(c, precision=3, floatmode='fixed'):>{w}}" for c, w in zip(cells, (16, 18, 18)))
+        )
 
 
 if __name__ == "__main__":

@@ -46,23 +46,32 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
-    base = RunConfig().override({
-        "algorithm.name": args.algorithm,
-        "data.dataset": "synthetic",
-        "data.options": {"num_samples": args.samples},
-        "data.num_clients": 20,
-        "data.partition": "pathological",
-        "train.rounds": args.rounds,
-        "engine.backend": "ray",
-        "engine.num_workers": 1,  # parallel trials share the cluster: each gets 1 worker x 1 CPU
-        "engine.num_cpus_per_worker": 1,
-        "engine.checkpoint_every": 0,
-        "engine.progress": False,
-    })
+    base = RunConfig().override(
+        {
+            "algorithm.name": args.algorithm,
+            "data.dataset": "synthetic",
+            "data.options": {"num_samples": args.samples},
+            "data.num_clients": 20,
+            "data.partition": "pathological",
+            "train.rounds": args.rounds,
+            "engine.backend": "ray",
+            "engine.num_workers": 1,  # parallel trials share the cluster: each gets 1 worker x 1 CPU
+            "engine.num_cpus_per_worker": 1,
+            "engine.checkpoint_every": 0,
+            "engine.progress": False,
+        }
+    )
     name = f"{args.algorithm}-lambda"
     study_dir = Path(args.study_dir or Path("runs") / "tune" / name)
-    study = tune(base, SPACES[args.algorithm], n_trials=args.trials, study_name=name, study_dir=study_dir,
-                 pruner="median", parallel_trials=args.parallel)
+    study = tune(
+        base,
+        SPACES[args.algorithm],
+        n_trials=args.trials,
+        study_name=name,
+        study_dir=study_dir,
+        pruner="median",
+        parallel_trials=args.parallel,
+    )
     print(best_trials_table(study))
     for path in write_plots(study, study_dir):
         print(f"plot: {path}")

@@ -42,11 +42,23 @@ __all__, __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "rayfed.config": (
-            "AlgorithmConfig", "DataConfig", "EngineConfig", "ModelConfig", "RunConfig", "TrainConfig", "load_config"
+            "AlgorithmConfig",
+            "DataConfig",
+            "EngineConfig",
+            "ModelConfig",
+            "RunConfig",
+            "TrainConfig",
+            "load_config",
         ),
-        "rayfed.engine.result": ("RunResult",), "rayfed.engine.simulation": ("run", "Simulation"),
+        "rayfed.engine.result": ("RunResult",),
+        "rayfed.engine.simulation": ("run", "Simulation"),
         "rayfed.util.errors": (
-            "RayfedError", "ConfigError", "DatasetError", "CheckpointError", "ResourceError", "WorkerError"
+            "RayfedError",
+            "ConfigError",
+            "DatasetError",
+            "CheckpointError",
+            "ResourceError",
+            "WorkerError",
         ),
     },
 )

@@ -149,7 +149,8 @@ def _run(ns: argparse.Namespace) -> int:
     print(
         f"rayfed: error: no round produced a finite training loss (every client update was rejected as NaN or "
         f"infinite, or beyond engine.max_update_norm), so the models never changed; lower train.lr="
-        f"{config.train.lr:g}", file=sys.stderr,
+        f"{config.train.lr:g}",
+        file=sys.stderr,
     )
     return 1
 

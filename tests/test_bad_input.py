@@ -59,8 +59,11 @@ def test_gpus_requested_on_a_ray_cluster_without_gpus(tmp_path, ray_cluster) -> 
 
 
 def test_negative_wdr_lambda_names_the_field(tmp_path) -> None:
-    with pytest.raises(ConfigError, match=r"algorithm.params.wdr_lambda must be a finite number >= 0, but got "
-                                          r"algorithm.params.wdr_lambda=-1"):
+    with pytest.raises(
+        ConfigError,
+        match=r"algorithm.params.wdr_lambda must be a finite number >= 0, but got "
+        r"algorithm.params.wdr_lambda=-1",
+    ):
         _run(tmp_path, **{"algorithm.name": "cwfedavg", "algorithm.params.wdr_lambda": -1})
 
 
@@ -180,8 +183,10 @@ def test_clients_smaller_than_a_batch_are_named_once_and_left_out_of_the_round_l
         result = _run(tmp_path, **{"train.batch_size": batch})
     warnings = [r.getMessage() for r in caplog.records if r.name == "rayfed.engine.trainability"]
     assert len(warnings) == 1
-    assert warnings[0].startswith(f"4 of 10 clients ({', '.join(map(str, stuck))}) hold fewer than "
-                                  f"train.batch_size={batch} training samples and train.drop_last=true")
+    assert warnings[0].startswith(
+        f"4 of 10 clients ({', '.join(map(str, stuck))}) hold fewer than "
+        f"train.batch_size={batch} training samples and train.drop_last=true"
+    )
     assert f"use train.batch_size<={int(sizes.min())}, train.drop_last=false" in warnings[0]  # lets every client step
     clients = pq.read_table(tmp_path / "run" / "clients" / "round_000000.parquet").to_pylist()
     idle = [r for r in clients if r["steps"] == 0]
@@ -194,8 +199,9 @@ def test_warning_lists_the_first_clients_and_counts_the_rest(caplog) -> None:
         check_trainable(np.array([5, 40, 3, 100, 2, 1, 0, 9, 70]), TrainConfig(batch_size=10))
     message = caplog.records[0].getMessage()
     assert message.startswith("6 of 9 clients (0, 2, 4, 5, 6 and 1 more) hold fewer than")
-    assert message.endswith("give every client data: raise data.min_samples or data.train_fraction, or use fewer "
-                            "clients")  # client 6 holds nothing: no batch size lets it step
+    assert message.endswith(
+        "give every client data: raise data.min_samples or data.train_fraction, or use fewer clients"
+    )  # client 6 holds nothing: no batch size lets it step
 
 
 def test_clients_without_training_data_are_refused_even_without_drop_last() -> None:
@@ -205,8 +211,9 @@ def test_clients_without_training_data_are_refused_even_without_drop_last() -> N
 
 def test_round_in_which_no_client_stepped_warns_and_its_loss_is_not_an_average_of_nans(caplog) -> None:
     def report(cid: int, steps: int, loss: float) -> ClientReport:
-        return ClientReport(cid, num_train=10, train_loss=loss, steps=steps, update_norm=0.0, bytes_up=0,
-                            bytes_down=0, seconds=0.0)
+        return ClientReport(
+            cid, num_train=10, train_loss=loss, steps=steps, update_norm=0.0, bytes_up=0, bytes_down=0, seconds=0.0
+        )
 
     mixed = summarise_round(0, [report(0, 0, math.nan), report(1, 2, 0.5), report(2, 2, 1.5)], [], {}, {})
     assert mixed.train_loss == 1.0
@@ -228,7 +235,12 @@ def test_run_directory_files_follow_the_umask(tmp_path) -> None:
         os.umask(previous)
     files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
     assert {p.relative_to(tmp_path / "run").parts[0] for p in files} >= {
-        "config.json", "partition.parquet", "rounds.parquet", "clients", "checkpoints", "summary.json"
+        "config.json",
+        "partition.parquet",
+        "rounds.parquet",
+        "clients",
+        "checkpoints",
+        "summary.json",
     }
     modes = {str(p.relative_to(tmp_path)): oct(stat.S_IMODE(p.stat().st_mode)) for p in files}
     assert set(modes.values()) == {"0o644"}, modes

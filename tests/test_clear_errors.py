@@ -25,14 +25,17 @@ def _args(run_dir: Path, **extra: object) -> list[str]:
 
 
 def test_a_run_dir_name_longer_than_the_filesystem_allows_is_refused(tmp_path) -> None:
-    with pytest.raises(ConfigError, match=r"cannot be created: the name 'x{20}\.\.\.x{12}' is 300 bytes long and the "
-                                          r"filesystem holds names of at most 255 bytes; choose another run_dir"):
+    with pytest.raises(
+        ConfigError,
+        match=r"cannot be created: the name 'x{20}\.\.\.x{12}' is 300 bytes long and the "
+        r"filesystem holds names of at most 255 bytes; choose another run_dir",
+    ):
         run(RunConfig().override(tiny_overrides(tmp_path / ("x" * 300))))
 
 
 def test_a_config_file_that_is_not_utf8_is_named_and_a_bom_is_accepted(tmp_path, capsys) -> None:
     latin = tmp_path / "latin.toml"
-    latin.write_bytes('# réglage\n[train]\nrounds = 2\n'.encode("latin-1"))
+    latin.write_bytes("# réglage\n[train]\nrounds = 2\n".encode("latin-1"))
     assert main(["run", str(latin)]) == 2
     err = capsys.readouterr().err
     assert f"config file {str(latin)!r} is not UTF-8 text: byte 0xe9 on line 1" in err and "save it as UTF-8" in err
@@ -65,8 +68,10 @@ def test_a_full_disk_names_the_file_and_the_run_resumes_to_the_same_results(tmp_
     args = _args(run_dir, **{"train.rounds": 3, "engine.checkpoint_every": 1})
     assert main(["run", *args]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"rayfed: error: cannot write {str(run_dir / 'checkpoints' / 'round_000001.npz')!r}: "
-                          "the disk holding it is full (it needs about ")
+    assert err.startswith(
+        f"rayfed: error: cannot write {str(run_dir / 'checkpoints' / 'round_000001.npz')!r}: "
+        "the disk holding it is full (it needs about "
+    )
     assert err.endswith(f"free some space, then rayfed run --resume {run_dir}") and "\n" not in err
     monkeypatch.undo()
     assert main(["run", "--resume", str(run_dir)]) == 0
@@ -80,7 +85,8 @@ def test_a_run_whose_every_update_is_rejected_says_so_and_exits_1(tmp_path, caps
     assert "loss=6 of 10 client updates rejected" in printed.err  # the progress line (4 clients take no step)
     assert "done: 2 rounds (2 without a finite training loss: rounds 0, 1)" in printed.out
     assert "rayfed: error: no round produced a finite training loss" in printed.err and "lower train.lr=1e+06" in (
-        printed.err)
+        printed.err
+    )
     assert json.loads((run_dir / "summary.json").read_text())["rounds_without_finite_loss"] == [0, 1]
 
 
@@ -92,8 +98,11 @@ def test_the_python_api_takes_a_mapping_of_dotted_fields_and_names_anything_else
 
 
 def test_a_config_field_given_a_string_in_python_is_named_with_the_fix() -> None:
-    with pytest.raises(ConfigError, match=r"train.lr must be a number, but got train.lr='0.01'; give the value "
-                                          r"itself in Python, or give strings to RunConfig\(\).override"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train.lr must be a number, but got train.lr='0.01'; give the value "
+        r"itself in Python, or give strings to RunConfig\(\).override",
+    ):
         TrainConfig(lr="0.01")  # type: ignore[arg-type]
     assert RunConfig().override({"train.lr": "0.01"}).train.lr == 0.01
 

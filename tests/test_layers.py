@@ -30,8 +30,13 @@ LAYERS = (
 """Sub-packages from the bottom up; a module may import its own layer and the layers below it."""
 
 EXTENDS = {
-    ("fedprox", "fedavg"), ("feduv", "fedavg"), ("sgdm", "fedavg"), ("ditto", "fedavg"), ("fedclassavg", "fedavg"),
-    ("fedawa", "sgdm"), ("feddyn", "sgdm"),
+    ("fedprox", "fedavg"),
+    ("feduv", "fedavg"),
+    ("sgdm", "fedavg"),
+    ("ditto", "fedavg"),
+    ("fedclassavg", "fedavg"),
+    ("fedawa", "sgdm"),
+    ("feddyn", "sgdm"),
     ("feddisco", "fedawa_weights"),
 }
 """(algorithm, algorithm it builds on): FedAvg's server under other clients, the persistent-momentum client
@@ -99,7 +104,7 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
 
     def walk(module: str, path: list[str]) -> None:
         if module in path:
-            circles.append(" -> ".join([*path[path.index(module):], module]))
+            circles.append(" -> ".join([*path[path.index(module) :], module]))
             return
         if module in done:
             return

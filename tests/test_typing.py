@@ -12,6 +12,9 @@ REPO = Path(__file__).resolve().parents[1]
 def test_rayfed_passes_mypy(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "mypy_cache")],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr

@@ -211,7 +211,8 @@ def _wait_for_autoscaler(engine: EngineConfig) -> None:
     request_resources(bundles=[bundle] * max(1, engine.num_workers))
     logger.warning(
         "the Ray cluster cannot hold the workers yet; asked its autoscaler for them and waiting up to "
-        "engine.resource_wait_s=%g s", engine.resource_wait_s,
+        "engine.resource_wait_s=%g s",
+        engine.resource_wait_s,
     )
     deadline = time.monotonic() + engine.resource_wait_s
     while True:

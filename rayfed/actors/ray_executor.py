@@ -127,12 +127,19 @@ class RayExecutor(Executor):
         return self._broadcast
 
     def train(
-        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState],
+        self,
+        broadcast: Any,
+        ctx: RoundContext,
+        chunks: list[Chunk],
+        states: Mapping[int, ClientState],
         on_chunk_done: Callable[[], object] = no_progress,
     ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:
         results = self.pool.map(
-            "train", chunks, lambda i: (broadcast, ctx, chunks[i], states_of(states, chunks[i])),
-            round_index=ctx.round, on_chunk_done=on_chunk_done,
+            "train",
+            chunks,
+            lambda i: (broadcast, ctx, chunks[i], states_of(states, chunks[i])),
+            round_index=ctx.round,
+            on_chunk_done=on_chunk_done,
         )
         contributions, reports, new_states = [], [], {}
         for (contribution_ref,), (chunk_reports, chunk_states) in results:
@@ -145,12 +152,19 @@ class RayExecutor(Executor):
         return self._on_server(f"in round {ctx.round}", lambda server: server.aggregate.remote(ctx, *contributions))
 
     def evaluate(
-        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState],
+        self,
+        broadcast: Any,
+        ctx: RoundContext,
+        chunks: list[Chunk],
+        states: Mapping[int, ClientState],
         on_chunk_done: Callable[[], object] = no_progress,
     ) -> list[EvalReport]:
         results = self.pool.map(
-            "evaluate", chunks, lambda i: (broadcast, ctx, chunks[i], states_of(states, chunks[i])),
-            round_index=ctx.round, on_chunk_done=on_chunk_done,
+            "evaluate",
+            chunks,
+            lambda i: (broadcast, ctx, chunks[i], states_of(states, chunks[i])),
+            round_index=ctx.round,
+            on_chunk_done=on_chunk_done,
         )
         return [report for _, chunk_reports in results for report in chunk_reports]
 

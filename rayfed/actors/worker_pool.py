@@ -65,7 +65,9 @@ class WorkerPool:
     def _replace(self, index: int, reason: str, chunk: Sequence[int]) -> None:
         logger.warning(
             "ClientWorker %d failed (%s) while running clients %s; replacing it and re-running them",
-            index, reason, _preview(chunk),
+            index,
+            reason,
+            _preview(chunk),
         )
         kill_actor(self.workers[index])
         self.workers[index] = self._spawn()

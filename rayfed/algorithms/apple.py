@@ -150,7 +150,11 @@ def tensor_mean_weights(layout: ParamLayout) -> np.ndarray:
 
 
 def dr_gradient(
-    cores: torch.Tensor, grad: torch.Tensor, p: torch.Tensor, p0: torch.Tensor, lam_mu: float | torch.Tensor,
+    cores: torch.Tensor,
+    grad: torch.Tensor,
+    p: torch.Tensor,
+    p0: torch.Tensor,
+    lam_mu: float | torch.Tensor,
     weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """∂/∂p of L_i(Σ_j p_j θ_j) + (λμ/2)‖p − p0‖²: ⟨∇_φ L, θ_j⟩ + λμ (p_j − p0_j) for each row θ_j of
@@ -263,9 +267,17 @@ class AppleClient(ClientHalf[AppleParams]):
         constants = {"cores": moved[0], "own": moved[1], "p0": moved[2], "numbers": moved[3]}
         if self.pfllib:
             constants["weights"] = moved[6]
-        return [Phase(epochs=job.train.local_epochs, optimizer=NoStep(), constants=constants,
-                      carry={"core": moved[4], "p": moved[5]}, on_train_batch_start=self.mix,
-                      on_after_backward=self.descend, on_train_end=self.finish)]
+        return [
+            Phase(
+                epochs=job.train.local_epochs,
+                optimizer=NoStep(),
+                constants=constants,
+                carry={"core": moved[4], "p": moved[5]},
+                on_train_batch_start=self.mix,
+                on_after_backward=self.descend,
+                on_train_end=self.finish,
+            )
+        ]
 
     def _theta(self, constants: Constants, core: torch.Tensor) -> torch.Tensor:
         """Every client's core model, this client's as it trains (M, P)."""
@@ -339,8 +351,10 @@ class AppleServer(ServerHalf[AppleParams, ClientVectors]):
         self.cores = np.tile(self.initial, (spec.num_clients, 1))
         self.versions = np.zeros(spec.num_clients, dtype=np.int64)
         if spec.train_sizes is None:
-            raise ValueError("APPLE's server needs every client's training-set size (ProblemSpec.train_sizes, "
-                             "which the engine sets from the partition)")
+            raise ValueError(
+                "APPLE's server needs every client's training-set size (ProblemSpec.train_sizes, "
+                "which the engine sets from the partition)"
+            )
         self.p0 = size_shares(spec.train_sizes)
         self.rebased = params.fidelity == "pfllib_parallel"
         self.start = np.full(spec.num_clients, 1.0 / spec.num_clients) if self.rebased else self.p0

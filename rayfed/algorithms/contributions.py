@@ -37,8 +37,9 @@ class WeightedSum(Contribution):
     @classmethod
     def of(cls, vector: Any, weight: float) -> WeightedSum:
         """The contribution of one client: its vector (numpy, or a tensor) scaled by its weight (n_i for FedAvg)."""
-        return cls(vector * np.float32(weight) if isinstance(vector, np.ndarray) else vector * float(weight),
-                   float(weight), 1)
+        return cls(
+            vector * np.float32(weight) if isinstance(vector, np.ndarray) else vector * float(weight), float(weight), 1
+        )
 
     def __add__(self, other: WeightedSum) -> WeightedSum:
         return WeightedSum(self.total + other.total, self.weight + other.weight, self.count + other.count)

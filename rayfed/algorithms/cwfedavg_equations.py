@@ -59,9 +59,7 @@ def empirical_distribution(counts: np.ndarray) -> np.ndarray:
     return distribution_from_norms(counts)
 
 
-def classwise_partial_sums(
-    models: np.ndarray, sizes: np.ndarray, p_tilde: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+def classwise_partial_sums(models: np.ndarray, sizes: np.ndarray, p_tilde: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Numerators and denominators of P-ICCV Eq. 6 over a set of clients.
 
     ``models`` (N, P) holds θ_i^cw, ``sizes`` (N,) the training counts n_i, ``p_tilde``
@@ -82,9 +80,7 @@ def classwise_average(numerators: np.ndarray, masses: np.ndarray, previous: np.n
     return np.where(present[:, None], averaged, previous).astype(np.float32, copy=False)
 
 
-def classwise_aggregate(
-    models: np.ndarray, sizes: np.ndarray, p_tilde: np.ndarray, previous: np.ndarray
-) -> np.ndarray:
+def classwise_aggregate(models: np.ndarray, sizes: np.ndarray, p_tilde: np.ndarray, previous: np.ndarray) -> np.ndarray:
     """Class-wise local-model aggregation, P-ICCV Eq. 5-6 with p̃ for p:
 
         q_ij = n_i p̃_ij / Σ_i' n_i' p̃_i'j,   G_j = Σ_i q_ij θ_i

@@ -37,14 +37,24 @@ def cwfedavg_figures(params: CwFedAvgParams, run: FinishedRun) -> list[Figure]:
     norms = np.asarray(run.server["norms"], dtype=np.float64)
     trained = norms.sum(axis=1) > 0  # a client that never uploaded has no norms yet
     figures: list[Figure] = [
-        DistributionPairs("p_vs_p_tilde", p[trained], distribution_from_norms(norms[trained]),
-                          tuple(np.flatnonzero(trained).tolist()), "p̃ (output layer)",
-                          "true p vs p̃ from the output layer"),
+        DistributionPairs(
+            "p_vs_p_tilde",
+            p[trained],
+            distribution_from_norms(norms[trained]),
+            tuple(np.flatnonzero(trained).tolist()),
+            "p̃ (output layer)",
+            "true p vs p̃ from the output layer",
+        ),
         Heatmap("norms_local", norms, "client i", "output-layer row norms of the local models"),
     ]
     if "heads" in run.server:
         parts = model_parts(run.spec, sole_architecture(run.spec), params)
-        figures.append(Heatmap("norms_global", class_model_row_norms(np.asarray(run.server["heads"]), parts),
-                               "class-specific model G_j",
-                               "output-layer row norms of the class-specific global models"))
+        figures.append(
+            Heatmap(
+                "norms_global",
+                class_model_row_norms(np.asarray(run.server["heads"]), parts),
+                "class-specific model G_j",
+                "output-layer row norms of the class-specific global models",
+            )
+        )
     return figures

@@ -52,18 +52,18 @@ class CwFedAvgParams:
     )
     variant: Literal["wdr", "dist", "no_wdr"] = documented(
         "wdr",
-        "wdr: p̃ from the output layer plus WDR; the server never sees p_i or n_ij. dist (\"w/ Dist.\", P-arXiv "
+        'wdr: p̃ from the output layer plus WDR; the server never sees p_i or n_ij. dist ("w/ Dist.", P-arXiv '
         "Tab. 1): the true p_i drives aggregation and personalisation and there is no WDR; clients then send their "
-        "label counts, which the privacy-preserving method avoids. no_wdr (\"w/o WDR\"): p̃ without the regulariser.",
+        'label counts, which the privacy-preserving method avoids. no_wdr ("w/o WDR"): p̃ without the regulariser.',
     )
     classwise_blocks: int = documented(
         1,
-        "How many of the model's last top-level blocks are class-wise: 1 = \"cwFedAvg (Output)\" (P-ICCV default), "
+        'How many of the model\'s last top-level blocks are class-wise: 1 = "cwFedAvg (Output)" (P-ICCV default), '
         "2 = FC+Output, 3 = Conv2+FC+Output, 0 = the whole model. The rest goes through FedAvg.",
     )
     classwise_layers: tuple[str, ...] = documented(
         (),
-        "The class-wise blocks by name, e.g. [\"last_feat\", \"fc\"] for FC+Output; they must be the model's last "
+        'The class-wise blocks by name, e.g. ["last_feat", "fc"] for FC+Output; they must be the model\'s last '
         "blocks. Overrides classwise_blocks when given.",
     )
     p_source: Literal["partition", "train"] = documented(
@@ -98,7 +98,7 @@ class CwFedAvgParams:
             raise ConfigError(
                 f"algorithm.params.classwise_layers={list(names)!r} must be the model's last blocks "
                 f"(class-wise layers sit on top of the FedAvg ones, P-ICCV §4.3); the model's blocks are: "
-                f"{', '.join(blocks)}, so e.g. {list(blocks[-len(names):])!r}"
+                f"{', '.join(blocks)}, so e.g. {list(blocks[-len(names) :])!r}"
             )
         return len(names)
 

@@ -108,9 +108,14 @@ class DittoClient(ClientHalf[DittoParams]):
 
     def phases(self, job: ClientJob) -> list[Phase]:
         # v_k from the broadcast; with another server half (algorithm.client="ditto"): its own or w^t.
-        personal = Phase(epochs=self.params.personal_epochs, loss=self.proximal if self.params.lam else None,
-                         needs_start=bool(self.params.lam), model=MODEL_KEY, start=job.scratch.get(_PERSONAL),
-                         reports=False)
+        personal = Phase(
+            epochs=self.params.personal_epochs,
+            loss=self.proximal if self.params.lam else None,
+            needs_start=bool(self.params.lam),
+            model=MODEL_KEY,
+            start=job.scratch.get(_PERSONAL),
+            reports=False,
+        )
         return [personal, Phase(epochs=job.train.local_epochs)]
 
     def proximal(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:

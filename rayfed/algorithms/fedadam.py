@@ -45,8 +45,9 @@ class FedAdamParams:
     """Hyper-parameters of FedAdam's server optimiser (``algorithm.params.*``)."""
 
     server_lr: float = documented(
-        0.01, "η, the server learning rate: 0.01, the FedAdam paper's CIFAR-10 value as the FedAWA paper's baseline "
-        "code cites it (its flag's default 1.0 moves every parameter by about ±1 in the first round)."
+        0.01,
+        "η, the server learning rate: 0.01, the FedAdam paper's CIFAR-10 value as the FedAWA paper's baseline "
+        "code cites it (its flag's default 1.0 moves every parameter by about ±1 in the first round).",
     )
     beta1: float = documented(0.9, "β1, decay of the first moment m.")
     beta2: float = documented(0.99, "β2, decay of the second moment v.")

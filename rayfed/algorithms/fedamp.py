@@ -163,8 +163,9 @@ class FedAMPClient(ClientHalf[FedAMPParams]):
     def phases(self, job: ClientJob) -> list[Phase]:
         if self.params.lamda == 0:
             return super().phases(job)
-        return [Phase(epochs=job.train.local_epochs, loss=self.attraction,
-                      constants={"cloud": job.scratch[_CLOUD]})]  # set by CloudModels.personalise
+        return [
+            Phase(epochs=job.train.local_epochs, loss=self.attraction, constants={"cloud": job.scratch[_CLOUD]})
+        ]  # set by CloudModels.personalise
 
     def attraction(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
         """(λ/(2α_K))‖w − u_i‖² (Eq. 8)."""
@@ -203,8 +204,11 @@ class FedAMPServer(ServerHalf[FedAMPParams, ClientVectors]):
         self.seen[contribution.client_ids] = True
         self._mix()
         off = self.xi[~np.eye(len(self.xi), dtype=bool)]
-        return {"clients_aggregated": float(contribution.count), "self_attention_mean": float(np.diag(self.xi).mean()),
-                "attention_max": float(off.max()) if off.size else 0.0}
+        return {
+            "clients_aggregated": float(contribution.count),
+            "self_attention_mean": float(np.diag(self.xi).mean()),
+            "attention_max": float(off.max()) if off.size else 0.0,
+        }
 
     def _mix(self) -> None:
         """ξ from the parameter distances (buffers, e.g. BatchNorm statistics, are mixed but not compared)."""

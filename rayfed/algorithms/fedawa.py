@@ -179,8 +179,9 @@ class FedAWAServer(GlobalModelServer[FedAWAParams, ClientVectors]):
     def server_state_bytes(cls, params: FedAWAParams, spec: ProblemSpec) -> int:
         """θ_g and the sum of the round's updates, and one float64 weight per group of λ and client id."""
         architecture = sole_architecture(spec)
-        groups = layer_groups(spec.layouts[architecture], spec.buffer_layouts.get(architecture),
-                              layer_wise=cls.layer_wise)
+        groups = layer_groups(
+            spec.layouts[architecture], spec.buffer_layouts.get(architecture), layer_wise=cls.layer_wise
+        )
         return super().server_state_bytes(params, spec) + 8 * groups.num_groups * spec.num_clients
 
     def __init__(self, params: FedAWAParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
@@ -228,7 +229,10 @@ class FedAWAServer(GlobalModelServer[FedAWAParams, ClientVectors]):
         else:
             objective = paper_objective(products, p.distance)
         lam, value, self.client_state[:, ids] = adam_steps(
-            objective, self.client_state[:, ids], steps=p.server_steps, lr=p.server_lr,
+            objective,
+            self.client_state[:, ids],
+            steps=p.server_steps,
+            lr=p.server_lr,
             betas=(p.server_beta1, p.server_beta2),
         )
         if p.fidelity == "paper":  # Alg. 1 aggregates with the optimised weights
@@ -243,8 +247,10 @@ class FedAWAServer(GlobalModelServer[FedAWAParams, ClientVectors]):
         mass = self.client_state[:, ids].sum(axis=1, keepdims=True)
         stats = gram_statistics(vectors, self.global_vector, self.groups.param_slices)
         lam, report = minimise_on_simplex(
-            paper_objective(stats, p.distance, smoothing=EXACT_SMOOTHING), self.client_state[:, ids] / mass,
-            tolerance=p.tolerance, max_steps=p.max_steps,
+            paper_objective(stats, p.distance, smoothing=EXACT_SMOOTHING),
+            self.client_state[:, ids] / mass,
+            tolerance=p.tolerance,
+            max_steps=p.max_steps,
         )
         self.client_state[:, ids] = lam * mass
         if len(ids) > 1 and lam.max() > 0.99 and not self._warned_vertex:
@@ -253,12 +259,14 @@ class FedAWAServer(GlobalModelServer[FedAWAParams, ClientVectors]):
                 "round %d: fidelity='exact' put %.3f of the weight on one client: the exact minimiser of Eq. 3 "
                 "lies at a vertex of the simplex (its first term vanishes there). It is a diagnostic; "
                 "fidelity='code' (the default) and 'paper' take Adam steps on learnable weights instead",
-                ctx.round, float(lam.max()),
+                ctx.round,
+                float(lam.max()),
             )
         relative_gap = float((report.gap / np.maximum(np.abs(report.start), 1e-300)).max())
         if relative_gap > p.tolerance:
-            logger.debug("round %d: solver stopped after %d steps, relative gap %.3g", ctx.round, report.steps,
-                         relative_gap)
+            logger.debug(
+                "round %d: solver stopped after %d steps, relative gap %.3g", ctx.round, report.steps, relative_gap
+            )
         return lam, {
             "fedawa_objective_start": float(report.start.mean()),
             "fedawa_objective": float(report.final.mean()),

@@ -161,8 +161,9 @@ def gram_statistics(vectors: np.ndarray, global_vector: np.ndarray, slices: Sequ
         block = vectors[:, part]
         grams.append(block @ block.T)
         dots.append(block @ global_vector[part])
-    return GramStatistics(np.stack(grams).astype(np.float64), np.stack(dots).astype(np.float64),
-                          _squared_norms(global_vector, slices))
+    return GramStatistics(
+        np.stack(grams).astype(np.float64), np.stack(dots).astype(np.float64), _squared_norms(global_vector, slices)
+    )
 
 
 class MatrixFreeProducts(ClientVectorProducts):

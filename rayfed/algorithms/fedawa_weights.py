@@ -40,6 +40,7 @@ InitialWeights = Callable[[np.ndarray, np.ndarray, "np.ndarray | None", ProblemS
 """(client ids (M,), their training sizes (M,), their label counts (M, K) or None, spec) -> their
 weights (M,), each ≥ 0, about 1/N each on average."""
 
+
 def _import_providers(name: str | None) -> None:
     """Initialisers are registered by the algorithm modules that bring them (FedDisco's): import every one,
     so that a name is known in any process, whatever it imported before."""

@@ -59,7 +59,6 @@ class FedBabuModels(PartialModels):
 
     eval_needs_train = True  # the evaluation job carries the client's training split, for the fine-tuning
 
-
     def prepare_global_eval(self, job: ClientJob) -> bool:
         """The federated model itself: the global body with the initial head, not fine-tuned."""
         job.flat.load_state(self.model_state(self.initial_local))
@@ -101,7 +100,11 @@ class FedBabuServer(PartialServer):
 
     def broadcast(self) -> FedBabuModels:
         return FedBabuModels(
-            self.shared, self.initial_local, self.split, self.shared_part, self.keep_local,
+            self.shared,
+            self.initial_local,
+            self.split,
+            self.shared_part,
+            self.keep_local,
             finetune_epochs=self.params.finetune_epochs,
         )
 

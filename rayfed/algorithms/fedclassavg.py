@@ -113,18 +113,18 @@ class FedClassAvgParams:
         False, "L2-normalise z before SupCon (standard SupCon; the authors' code has it commented out)."
     )
     contrastive: bool = documented(
-        True, "Include L_SupCon (false: the ablation \"CA + PR\" of Tab. 4, CE on one augmented view)."
+        True, 'Include L_SupCon (false: the ablation "CA + PR" of Tab. 4, CE on one augmented view).'
     )
     fidelity: Literal["code", "paper"] = documented(
         "code", "code: L_R = (ρ/2)·Σ MSE per classifier tensor; paper: L_R = ρ·‖w_Ck − w_C‖₂ (Eq. 5)."
     )
     mode: Literal["classifier", "weight"] = documented(
-        "classifier", "classifier: share C only; weight: the \"+weight\" variant (whole model, homogeneous only)."
+        "classifier", 'classifier: share C only; weight: the "+weight" variant (whole model, homogeneous only).'
     )
     warmup: bool | None = documented(
         None,
         "One epoch with the client's own classifier before its first round (code); null = true with "
-        "fidelity=\"code\" and mode=\"classifier\", else false.",
+        'fidelity="code" and mode="classifier", else false.',
     )
     adam_betas: tuple[float, float] = documented(
         (0.5, 0.999), "Adam's (β1, β2); the optimiser is recreated every round (its moments are reset)."
@@ -163,7 +163,10 @@ class FedClassAvgParams:
 
 
 def supcon_loss(
-    features: torch.Tensor, labels: torch.Tensor, temperature: float, base_temperature: float,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float,
+    base_temperature: float,
     weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Supervised contrastive loss over two views, as the authors' ``SupConLoss`` (Khosla et al. 2020).
@@ -294,9 +297,16 @@ class FedClassAvgClient(ClientHalf[FedClassAvgParams]):
 
     def _phase(self, anchor: torch.Tensor, part: tuple[int, int], epochs: int) -> Phase:
         """``epochs`` of Eq. 4 from the classifier ``anchor`` (loaded into the model), which L_R pulls towards."""
-        return Phase(epochs=epochs, loss=self.objective, optimizer=Adam(self.params.adam_betas, self.params.adam_eps),
-                     views=self.views, augment=SIMCLR_AUGMENT, forward=self.forward, constants={"anchor": anchor},
-                     load=(part, anchor))
+        return Phase(
+            epochs=epochs,
+            loss=self.objective,
+            optimizer=Adam(self.params.adam_betas, self.params.adam_eps),
+            views=self.views,
+            augment=SIMCLR_AUGMENT,
+            forward=self.forward,
+            constants={"anchor": anchor},
+            load=(part, anchor),
+        )
 
     def forward(self, module: torch.nn.Module, x: torch.Tensor) -> Outputs:
         """The extractor's features z of every view, and the classifier's logits of the first view."""
@@ -316,8 +326,9 @@ class FedClassAvgClient(ClientHalf[FedClassAvgParams]):
         if p.rho > 0:
             weight, bias = params[-2], params[-1]
             anchor = constants["anchor"]
-            prox = classifier_prox(weight, bias, anchor[: weight.numel()].view(weight.shape), anchor[weight.numel():],
-                                   p.rho, p.fidelity)
+            prox = classifier_prox(
+                weight, bias, anchor[: weight.numel()].view(weight.shape), anchor[weight.numel() :], p.rho, p.fidelity
+            )
             total = total + torch.where(batch.step > 0, prox, torch.zeros_like(prox))
         return total
 

@@ -62,8 +62,9 @@ class FedDiscoParams:
     a: float = documented(DEFAULT_A, "a: how much the discrepancy d_k lowers a client's weight (0.5).")
     b: float = documented(DEFAULT_B, "b of the weight formula: the offset that keeps weights positive (0.1).")
     metric: Literal["kl", "l1", "l2", "cosine"] = documented(
-        "kl", "d_k: KL(local ‖ uniform), normalised to sum 1 over the round's clients (code default), or the "
-        "unnormalised L1, L2 or 1 − cosine distance to the uniform distribution."
+        "kl",
+        "d_k: KL(local ‖ uniform), normalised to sum 1 over the round's clients (code default), or the "
+        "unnormalised L1, L2 or 1 − cosine distance to the uniform distribution.",
     )
 
     def __post_init__(self) -> None:

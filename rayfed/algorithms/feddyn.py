@@ -71,12 +71,14 @@ class FedDynParams:
     """Hyper-parameters of FedDyn (``algorithm.params.*``)."""
 
     alpha: float = documented(
-        0.001, "α of the regulariser and the server correction; 0.001 as the FedAWA paper's baseline code "
-        "(the FedDyn paper uses 0.1, 0.01 or 0.001 by task)."
+        0.001,
+        "α of the regulariser and the server correction; 0.001 as the FedAWA paper's baseline code "
+        "(the FedDyn paper uses 0.1, 0.01 or 0.001 by task).",
     )
     fidelity: Literal["code", "paper"] = documented(
-        "code", "code: the FedAWA paper's baseline code (unsquared norm, size-weighted server, persistent "
-        "momentum); paper: Algorithm 1 (squared norm, unweighted mean, 1/m in h)."
+        "code",
+        "code: the FedAWA paper's baseline code (unsquared norm, size-weighted server, persistent "
+        "momentum); paper: Algorithm 1 (squared norm, unweighted mean, 1/m in h).",
     )
 
     def __post_init__(self) -> None:
@@ -85,7 +87,12 @@ class FedDynParams:
 
 
 def feddyn_server_step(
-    theta: np.ndarray, h: np.ndarray, mean_model: np.ndarray, count: int, num_clients: int, alpha: float,
+    theta: np.ndarray,
+    h: np.ndarray,
+    mean_model: np.ndarray,
+    count: int,
+    num_clients: int,
+    alpha: float,
     fidelity: str = "paper",
 ) -> tuple[np.ndarray, np.ndarray]:
     """(θ^t, h^t) from θ^{t−1}, h^{t−1}, the mean of the round's models and |P_t| (Algorithm 1, server
@@ -131,8 +138,15 @@ class FedDynClient(PersistentMomentumClient):
         round under ``paper``)."""
         grad = logical_rows(to_device([_grad_state(job)], job.device)[0].unsqueeze(0), job.flat.layout)[0]
         optimizer = SGD(keep_momentum=MOMENTUM_KEY) if self.params.fidelity == "code" else SGD()
-        return [Phase(epochs=job.train.local_epochs, loss=self.dynamic, optimizer=optimizer, constants={"grad": grad},
-                      needs_start=True)]
+        return [
+            Phase(
+                epochs=job.train.local_epochs,
+                loss=self.dynamic,
+                optimizer=optimizer,
+                constants={"grad": grad},
+                needs_start=True,
+            )
+        ]
 
     def dynamic(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
         """−⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)‖θ − θ^{t−1}‖² (``code``: the norm unsquared), θ^{t−1} = the round's start."""
@@ -165,7 +179,12 @@ class FedDynServer(GlobalModelServer[FedDynParams, WeightedSum]):
         mean = contribution.average()
         p = self.num_params
         theta, self.h = feddyn_server_step(
-            self.global_vector[:p], self.h, mean[:p], contribution.count, self.spec.num_clients, self.params.alpha,
+            self.global_vector[:p],
+            self.h,
+            mean[:p],
+            contribution.count,
+            self.spec.num_clients,
+            self.params.alpha,
             self.params.fidelity,
         )
         self.global_vector = np.concatenate([theta, mean[p:]]).astype(np.float32, copy=False)

@@ -221,8 +221,9 @@ class FomoModels(Broadcast):
             x = torch.cat([job.x_train for job in jobs]) if len(jobs) > 1 else jobs[0].x_train
             y = torch.cat([job.y_train for job in jobs]) if len(jobs) > 1 else jobs[0].y_train
             states = np.vstack([self.models[union], *[plan.base[None] for plan in plans]])
-            losses = model_losses(jobs[0].flat, jobs[0].architecture, states, x[rows], y[rows],
-                                  [len(val) for val in vals])
+            losses = model_losses(
+                jobs[0].flat, jobs[0].architecture, states, x[rows], y[rows], [len(val) for val in vals]
+            )
         starts = []
         for c, (job, plan, val) in enumerate(zip(jobs, plans, vals)):
             start, raw = plan.own, np.zeros(len(plan.chosen))
@@ -247,8 +248,11 @@ class FomoModels(Broadcast):
         """The client's own model, the base it weighs against, its chosen candidates and its data's split."""
         own = np.asarray(saved_model(job, self.models[job.client_id]), dtype=np.float32)
         base = np.asarray(job.state[START_KEY], np.float32) if pfllib and job.state and START_KEY in job.state else own
-        val, train = (tail_split(job.num_train, self.params.val_ratio) if pfllib
-                      else validation_split(job.num_train, self.params.val_ratio, self.seed, job.client_id))
+        val, train = (
+            tail_split(job.num_train, self.params.val_ratio)
+            if pfllib
+            else validation_split(job.num_train, self.params.val_ratio, self.seed, job.client_id)
+        )
         others = np.arange(len(self.available)) != job.client_id
         candidates = np.flatnonzero(self.available if pfllib else self.available & others)
         stream = CHOICE_STREAM + job.round * len(self.available) + job.client_id

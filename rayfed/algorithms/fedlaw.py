@@ -54,7 +54,12 @@ from rayfed.util.seeding import init_seed
 from rayfed.util.validation import check_choice, check_int, check_real
 
 __all__ = [
-    "FedLAWParams", "FedLAWServer", "merge", "merged_forward", "proxy_loss", "learn_aggregation",
+    "FedLAWParams",
+    "FedLAWServer",
+    "merge",
+    "merged_forward",
+    "proxy_loss",
+    "learn_aggregation",
 ]
 
 _PROXY_STREAM = 1 << 30
@@ -72,8 +77,9 @@ class FedLAWParams:
     """Hyper-parameters of FedLAW (``algorithm.params.*``)."""
 
     proxy_size: int = documented(
-        200, "Class-balanced proxy samples held out for the server: 200 = 2 % of a 10,000-image test set "
-        "(FedAWA paper, Sec. 5.2: 200 on CIFAR-10)."
+        200,
+        "Class-balanced proxy samples held out for the server: 200 = 2 % of a 10,000-image test set "
+        "(FedAWA paper, Sec. 5.2: 200 on CIFAR-10).",
     )
     server_lr: float = documented(
         0.005, "Adam lr of z and s: 0.01 on CIFAR-10, 0.005 on other datasets (authors' code)."
@@ -83,8 +89,9 @@ class FedLAWParams:
         128, "Proxy mini-batch size of the server optimisation (the authors' --validate_batchsize, 128)."
     )
     batchnorm: Literal["code", "mixed"] = documented(
-        "code", "code: proxy forward in training mode, the server's own running statistics are the global "
-        "buffers (authors' code); mixed: λ-mixed client buffers, evaluation-mode forward."
+        "code",
+        "code: proxy forward in training mode, the server's own running statistics are the global "
+        "buffers (authors' code); mixed: λ-mixed client buffers, evaluation-mode forward.",
     )
 
     def __post_init__(self) -> None:
@@ -132,8 +139,13 @@ def merged_forward(
 
 
 def proxy_loss(
-    flat: FlatModel, thetas: torch.Tensor, logits: torch.Tensor, shrink_logit: torch.Tensor,
-    x: torch.Tensor, y: torch.Tensor, server_buffers: torch.Tensor | None = None,
+    flat: FlatModel,
+    thetas: torch.Tensor,
+    logits: torch.Tensor,
+    shrink_logit: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    server_buffers: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Cross-entropy of the merged model on a proxy batch: the objective of z and s."""
     merged = merge(thetas, logits, shrink_logit, flat.layout.size)
@@ -141,8 +153,14 @@ def proxy_loss(
 
 
 def learn_aggregation(
-    flat: FlatModel, thetas: torch.Tensor, sizes: np.ndarray, x: torch.Tensor, y: torch.Tensor,
-    params: FedLAWParams, generator: torch.Generator, server_buffers: torch.Tensor | None = None,
+    flat: FlatModel,
+    thetas: torch.Tensor,
+    sizes: np.ndarray,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    params: FedLAWParams,
+    generator: torch.Generator,
+    server_buffers: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(λ, γ, last epoch's mean proxy loss): z from log(n_k/Σn), s from 0, Adam + StepLR over
     ``params.server_epochs`` shuffled passes of the proxy set (x, y)."""
@@ -201,7 +219,13 @@ class FedLAWServer(GlobalModelServer[FedLAWParams, ClientVectors]):
         thetas = torch.from_numpy(np.ascontiguousarray(contribution.matrix(), dtype=np.float32))
         generator = torch.Generator().manual_seed(init_seed(self.spec.seed, _PROXY_STREAM + ctx.round))
         lam, gamma, loss = learn_aggregation(
-            self.flat, thetas, contribution.sizes, self.proxy_x, self.proxy_y, self.params, generator,
+            self.flat,
+            thetas,
+            contribution.sizes,
+            self.proxy_x,
+            self.proxy_y,
+            self.params,
+            generator,
             self.server_buffers,
         )
         with torch.no_grad():

@@ -292,9 +292,16 @@ class FedNHClient(ClientHalf[FedNHParams]):
         if prototypes is not None:
             constants["prototypes"] = moved[4]
         s, zero = moved[3], torch.zeros_like(moved[3])
-        return [Phase(epochs=train.local_epochs, constants=constants, needs_start=prototypes is None,
-                      carry={"s": s, "s_buffer": zero, "s_grad": zero},
-                      on_after_backward=self.scale_gradient, on_after_optimizer_step=self.cosine_head)]
+        return [
+            Phase(
+                epochs=train.local_epochs,
+                constants=constants,
+                needs_start=prototypes is None,
+                carry={"s": s, "s_buffer": zero, "s_grad": zero},
+                on_after_backward=self.scale_gradient,
+                on_after_optimizer_step=self.cosine_head,
+            )
+        ]
 
     def __init__(self, params: FedNHParams, spec: ProblemSpec) -> None:
         super().__init__(params, spec)

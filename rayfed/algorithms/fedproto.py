@@ -81,8 +81,9 @@ class FedProtoParams:
         "model", "model: the client's own classifier (default); prototype: nearest global prototype (the paper)."
     )
     aggregation: Literal["client_mean", "count"] = documented(
-        "client_mean", "client_mean: plain mean of the clients' class means (authors' code); count: weighted by "
-                       "the clients' class counts."
+        "client_mean",
+        "client_mean: plain mean of the clients' class means (authors' code); count: weighted by "
+        "the clients' class counts.",
     )
 
     def __post_init__(self) -> None:
@@ -118,8 +119,12 @@ class ClassSums(Contribution):
         return cls(sums, counts, means, held.astype(np.float64))
 
     def __add__(self, other: ClassSums) -> ClassSums:
-        return ClassSums(self.sums + other.sums, self.counts + other.counts,
-                         self.mean_sums + other.mean_sums, self.clients + other.clients)
+        return ClassSums(
+            self.sums + other.sums,
+            self.counts + other.counts,
+            self.mean_sums + other.mean_sums,
+            self.clients + other.clients,
+        )
 
     def prototypes(self, aggregation: str = "client_mean") -> tuple[np.ndarray, np.ndarray]:
         """(C̄ (K, d), present (K,)): each seen class's mean of the clients' class means (``client_mean``)
@@ -150,7 +155,10 @@ def class_sums(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -
 
 
 def prototype_loss(
-    features: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor, present: torch.Tensor,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    prototypes: torch.Tensor,
+    present: torch.Tensor,
     weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """MSE(f(x), C̄^(y)) over the batch's B × d entries (of its samples of weight 1, when ``weight`` marks
@@ -212,14 +220,21 @@ class FedProtoClient(ClientHalf[FedProtoParams]):
         if not self.params.lam or not present.any():  # the first round: plain CE
             return super().phases(job)
         protos, mask = to_device([np.asarray(prototypes, np.float32), np.asarray(present, np.float32)], job.device)
-        return [Phase(epochs=job.train.local_epochs, loss=self.pull, features=layer,
-                      constants={"prototypes": protos, "present": mask})]
+        return [
+            Phase(
+                epochs=job.train.local_epochs,
+                loss=self.pull,
+                features=layer,
+                constants={"prototypes": protos, "present": mask},
+            )
+        ]
 
     def pull(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
         """λ·MSE(f(x), C̄^(y)) over the batch."""
         assert out.features is not None
-        return self.params.lam * prototype_loss(out.features, batch.y, constants["prototypes"], constants["present"],
-                                                batch.weight)
+        return self.params.lam * prototype_loss(
+            out.features, batch.y, constants["prototypes"], constants["present"], batch.weight
+        )
 
 
 # --- server side ----------------------------------------------------------------------------

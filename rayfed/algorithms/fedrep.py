@@ -61,8 +61,10 @@ class FedRepClient(ClientHalf[FedRepParams]):
 
     def phases(self, job: ClientJob) -> list[Phase]:
         split = self.splits[job.architecture]
-        return [head_phase(job, split, self.output_layers[job.architecture], self.params.head_epochs),
-                part_phase(split.body_params, self.params.body_epochs)]
+        return [
+            head_phase(job, split, self.output_layers[job.architecture], self.params.head_epochs),
+            part_phase(split.body_params, self.params.body_epochs),
+        ]
 
 
 class FedRepServer(PartialServer):

@@ -45,8 +45,14 @@ from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_choice, check_real
 
 __all__ = [
-    "FedUVParams", "FedUVClient", "variance_target", "variance_loss", "pair_distances", "uniformity_loss",
+    "FedUVParams",
+    "FedUVClient",
+    "variance_target",
+    "variance_loss",
+    "pair_distances",
+    "uniformity_loss",
 ]
+
 
 @section("algorithm.params")
 @dataclass(frozen=True)
@@ -65,7 +71,7 @@ class FedUVParams:
         "paper: L_U = log mean exp(−t‖ẑ_i − ẑ_j‖²) on L2-normalised features.",
     )
     temperature: float = documented(
-        2.0, "t of the paper form of L_U (fidelity=\"paper\"); 2 as in Wang & Isola's uniformity loss."
+        2.0, 't of the paper form of L_U (fidelity="paper"); 2 as in Wang & Isola\'s uniformity loss.'
     )
 
     def __post_init__(self) -> None:
@@ -110,8 +116,9 @@ def pair_distances(z: torch.Tensor) -> torch.Tensor:
     return (z.unsqueeze(1) - z.unsqueeze(0)).pow(2).sum(dim=-1)[first, second]
 
 
-def uniformity_loss(features: torch.Tensor, fidelity: str, temperature: float = 2.0,
-                    weight: torch.Tensor | None = None) -> torch.Tensor:
+def uniformity_loss(
+    features: torch.Tensor, fidelity: str, temperature: float = 2.0, weight: torch.Tensor | None = None
+) -> torch.Tensor:
     """L_U over the batch's pairs i < j (of samples of weight 1, when ``weight`` marks padding).
 
     ``code``: mean exp(−d²_ij / σ²), d on the raw features, σ² = median of the non-zero d²_ij
@@ -154,8 +161,11 @@ class FedUVClient(ClientHalf[FedUVParams]):
     def phases(self, job: ClientJob) -> list[Phase]:
         if not self.params.variance_coeff and not self.params.uniformity_coeff:
             return super().phases(job)
-        return [Phase(epochs=job.train.local_epochs, loss=self.regularisers,
-                      features=self.spec.output_layer[job.architecture])]
+        return [
+            Phase(
+                epochs=job.train.local_epochs, loss=self.regularisers, features=self.spec.output_layer[job.architecture]
+            )
+        ]
 
     def regularisers(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
         """λ·L_V + μ·L_U of the mini-batch."""

@@ -88,35 +88,47 @@ _PREDICTIONS = ScratchKey[np.ndarray]("ktpfl.predictions")
 class KTpFLParams:
     """Hyper-parameters of KT-pFL (``algorithm.params.*``)."""
 
-    public_size: int = documented(3000, "Public samples seen by server and clients (~3,000 in the FedClassAvg "
-                                        "paper, Table 5).")
+    public_size: int = documented(
+        3000, "Public samples seen by server and clients (~3,000 in the FedClassAvg paper, Table 5)."
+    )
     public_balanced: bool = documented(False, "Draw the public set class-balanced instead of uniformly.")
     public_dataset: str = documented(
-        "", "Where the public set comes from: '' holds it out of the clients' pool; a dataset name (e.g. 'mnist', "
-            "'cifar100') draws it from that dataset under data.root, as the FedClassAvg paper's runs do (MNIST for "
-            "Fashion-MNIST and EMNIST, six CIFAR-100 classes for CIFAR-10).")
+        "",
+        "Where the public set comes from: '' holds it out of the clients' pool; a dataset name (e.g. 'mnist', "
+        "'cifar100') draws it from that dataset under data.root, as the FedClassAvg paper's runs do (MNIST for "
+        "Fashion-MNIST and EMNIST, six CIFAR-100 classes for CIFAR-10).",
+    )
     public_classes: tuple[int, ...] = documented(
-        (), "The classes of public_dataset to draw from, e.g. [0, 2, 20, 63, 71, 82]; empty: all.")
+        (), "The classes of public_dataset to draw from, e.g. [0, 2, 20, 63, 71, 82]; empty: all."
+    )
     temperature: float = documented(10.0, "Softmax temperature T of the soft predictions and of the distillation.")
-    coef_lr: float = documented(0.01, "η of the knowledge-coefficient update: 0.01 MNIST-family, 0.02 CIFAR "
-                                      "(FedClassAvg's runs).")
-    penalty: float = documented(0.6, "ρ of the penalty on c - 1/M (code: ρ·mean_m (c_nm - 1/M)² per row; paper: "
-                                      "(ρ/2)||c - 1/M||²): 0.6 MNIST-family, 0.7 CIFAR.")
+    coef_lr: float = documented(
+        0.01, "η of the knowledge-coefficient update: 0.01 MNIST-family, 0.02 CIFAR (FedClassAvg's runs)."
+    )
+    penalty: float = documented(
+        0.6,
+        "ρ of the penalty on c - 1/M (code: ρ·mean_m (c_nm - 1/M)² per row; paper: "
+        "(ρ/2)||c - 1/M||²): 0.6 MNIST-family, 0.7 CIFAR.",
+    )
     coef_steps: int = documented(1, "Gradient steps on c per round.")
     distill_epochs: int = documented(1, "Passes over the public set per round distilling towards the target.")
-    share_weights: bool = documented(False, "'+weight' variant (homogeneous models): start each round from "
-                                            "Σ_m c_nm w_m instead of distilling.")
+    share_weights: bool = documented(
+        False, "'+weight' variant (homogeneous models): start each round from Σ_m c_nm w_m instead of distilling."
+    )
     fidelity: Literal["corrected", "code", "paper"] = documented(
         "corrected",
         "corrected: the rules of hukla/FedClassAvg KTpFL.py (behind P-FCA's numbers) on one normalised public set: "
         "c-loss MSE + ρ·mean penalty, no clipping or renormalising, distillation MSE(softmax(z), t); code: that file "
         "as written: each distilled image gets the target of another (rows permuted every round), distilled images "
         "as raw 0-255 values, predicted ones as ToTensor's [0, 1] (ImageNet-normalised with 3 channels); paper: "
-        "KL c-loss, T²·KL distillation.")
+        "KL c-loss, T²·KL distillation.",
+    )
     distill_batch_size: int = documented(256, "Batch of the distillation pass (256 in both authors' codes).")
     max_local_epochs: int = documented(
-        0, "Local epochs grow by one a round up to this (20 in hukla/FedClassAvg, 'KT-pFL requires 20 epochs'); "
-           "0: train.local_epochs every round.")
+        0,
+        "Local epochs grow by one a round up to this (20 in hukla/FedClassAvg, 'KT-pFL requires 20 epochs'); "
+        "0: train.local_epochs every round.",
+    )
 
     def __post_init__(self) -> None:
         check_choice("algorithm.params.fidelity", self.fidelity, FIDELITIES)
@@ -126,8 +138,10 @@ class KTpFLParams:
         for label in self.public_classes:
             check_int("algorithm.params.public_classes", label, low=0)
         if self.public_classes and not self.public_dataset:
-            raise ConfigError("algorithm.params.public_classes needs algorithm.params.public_dataset (the dataset "
-                              "whose classes they are); the pool's public set is drawn from all its classes")
+            raise ConfigError(
+                "algorithm.params.public_classes needs algorithm.params.public_dataset (the dataset "
+                "whose classes they are); the pool's public set is drawn from all its classes"
+            )
         check_real("algorithm.params.temperature", self.temperature, low=0, low_open=True)
         check_real("algorithm.params.coef_lr", self.coef_lr, low=0)
         check_real("algorithm.params.penalty", self.penalty, low=0)
@@ -196,8 +210,10 @@ class KTpFLClient(ClientHalf[KTpFLParams]):
     def __init__(self, params: KTpFLParams, spec: ProblemSpec) -> None:
         super().__init__(params, spec)
         if spec.held_out is None:
-            raise ConfigError("algorithm.name='ktpfl' needs the public set in spec.held_out (the engine carves it "
-                              "out of the pool, rayfed.data.held_out)")
+            raise ConfigError(
+                "algorithm.name='ktpfl' needs the public set in spec.held_out (the engine carves it "
+                "out of the pool, rayfed.data.held_out)"
+            )
         self._public = spec.held_out
         self._inputs: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -227,10 +243,18 @@ class KTpFLClient(ClientHalf[KTpFLParams]):
             x_distil, _ = self.public_inputs(job.device)
             code = self.params.rule == "code"
             targets = to_device([np.asarray(target, np.float32)], job.device)[0]
-            phases.append(Phase(epochs=self.params.distill_epochs, loss=self.distillation, cross_entropy=False,
-                                optimizer=SGD(momentum=0.0, weight_decay=0.0),
-                                batch_size=self.params.distill_batch_size, drop_last=code, reports=False,
-                                inputs=(x_distil, targets)))
+            phases.append(
+                Phase(
+                    epochs=self.params.distill_epochs,
+                    loss=self.distillation,
+                    cross_entropy=False,
+                    optimizer=SGD(momentum=0.0, weight_decay=0.0),
+                    batch_size=self.params.distill_batch_size,
+                    drop_last=code,
+                    reports=False,
+                    inputs=(x_distil, targets),
+                )
+            )
         epochs = job.train.local_epochs
         if self.params.max_local_epochs:  # round 0 is the codes' 1-epoch init; round t >= 1: min(t, max) epochs
             epochs = min(max(job.round, 1), self.params.max_local_epochs)
@@ -271,9 +295,15 @@ class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
 
     @classmethod
     def held_out(cls, params: KTpFLParams, spec: ProblemSpec) -> HeldOutRequest:
-        return HeldOutRequest(params.public_size, balanced=params.public_balanced, shared=True,
-                              field="algorithm.params.public_size", dataset=params.public_dataset,
-                              classes=tuple(params.public_classes), source_field="algorithm.params.public_dataset")
+        return HeldOutRequest(
+            params.public_size,
+            balanced=params.public_balanced,
+            shared=True,
+            field="algorithm.params.public_size",
+            dataset=params.public_dataset,
+            classes=tuple(params.public_classes),
+            source_field="algorithm.params.public_dataset",
+        )
 
     def __init__(self, params: KTpFLParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)
@@ -316,8 +346,12 @@ class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
             self.models[ids] = rows[:, width:]
         self.seen[ids] = True
         self.coefficients, loss = update_coefficients(
-            self.coefficients, self.predictions, self.seen,
-            lr=self.params.coef_lr, penalty=self.params.penalty, steps=self.params.coef_steps,
+            self.coefficients,
+            self.predictions,
+            self.seen,
+            lr=self.params.coef_lr,
+            penalty=self.params.penalty,
+            steps=self.params.coef_steps,
             rule=self.params.rule,
         )
         return {
@@ -327,8 +361,12 @@ class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
         }
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {"coefficients": self.coefficients, "predictions": self.predictions, "seen": self.seen,
-                "models": self.models}
+        return {
+            "coefficients": self.coefficients,
+            "predictions": self.predictions,
+            "seen": self.seen,
+            "models": self.models,
+        }
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         self.coefficients = np.array(state["coefficients"], dtype=np.float64)

@@ -36,8 +36,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["soft_predictions", "mixing_weights", "personalised_targets", "coefficient_loss", "update_coefficients",
-           "distillation_loss", "code_coefficient_loss", "code_distillation_loss"]
+__all__ = [
+    "soft_predictions",
+    "mixing_weights",
+    "personalised_targets",
+    "coefficient_loss",
+    "update_coefficients",
+    "distillation_loss",
+    "code_coefficient_loss",
+    "code_distillation_loss",
+]
 
 EPS = 1e-12
 
@@ -83,7 +91,13 @@ def code_coefficient_loss(
 
 
 def update_coefficients(
-    c: np.ndarray, predictions: np.ndarray, seen: np.ndarray, *, lr: float, penalty: float, steps: int,
+    c: np.ndarray,
+    predictions: np.ndarray,
+    seen: np.ndarray,
+    *,
+    lr: float,
+    penalty: float,
+    steps: int,
     rule: str = "paper",
 ) -> tuple[np.ndarray, float]:
     """``steps`` gradient steps on c (Eq. 8); returns the new c and the last loss.
@@ -105,8 +119,9 @@ def update_coefficients(
     return coefficients.detach().numpy(), float(loss.detach())
 
 
-def distillation_loss(logits: torch.Tensor, target: torch.Tensor, temperature: float,
-                      weight: torch.Tensor | None = None) -> torch.Tensor:
+def distillation_loss(
+    logits: torch.Tensor, target: torch.Tensor, temperature: float, weight: torch.Tensor | None = None
+) -> torch.Tensor:
     """T² · KL(t ‖ softmax(logits/T)), averaged over the batch (Eq. 6); over its samples of weight 1, when
     ``weight`` marks padding."""
     log_student = F.log_softmax(logits / temperature, dim=-1)
@@ -116,8 +131,9 @@ def distillation_loss(logits: torch.Tensor, target: torch.Tensor, temperature: f
     return (per_sample * weight).sum() / weight.sum().clamp_min(1.0) * temperature**2
 
 
-def code_distillation_loss(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None
-                           ) -> torch.Tensor:
+def code_distillation_loss(
+    logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None
+) -> torch.Tensor:
     """MSE(softmax(logits), t), the element-wise mean (``hukla/FedClassAvg`` ``KTpFL.py::distill_one_model``:
     the student at temperature 1, the target at T, no T²); over the samples of weight 1, when ``weight`` marks
     padding."""

@@ -50,8 +50,9 @@ class LDAWAParams:
     """Hyper-parameters of L-DAWA (``algorithm.params.*``)."""
 
     warmup_rounds: int = documented(
-        3, "Rounds aggregated with FedAvg's size-weighted average before L-DAWA starts (the authors' "
-        "training script: 3; 0 = L-DAWA from the first round)."
+        3,
+        "Rounds aggregated with FedAvg's size-weighted average before L-DAWA starts (the authors' "
+        "training script: 3; 0 = L-DAWA from the first round).",
     )
 
     def __post_init__(self) -> None:

@@ -30,6 +30,7 @@ from rayfed.train.problem import ProblemSpec
 
 __all__ = ["NoUpload", "OwnModels", "LocalServer"]
 
+
 @dataclass
 class NoUpload(Contribution):
     """An empty upload that only counts the clients that trained."""

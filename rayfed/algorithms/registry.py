@@ -105,8 +105,9 @@ def register_algorithm(
     ``capabilities`` what the fast path may do with its clients (:class:`Capabilities`).
     """
     describe = (lambda _params, text=label: text) if isinstance(label, str) else label
-    algorithm = Algorithm(name, params, server, client, summary, keeps_client_state, describe, single_model,
-                          capabilities)
+    algorithm = Algorithm(
+        name, params, server, client, summary, keeps_client_state, describe, single_model, capabilities
+    )
     ALGORITHMS.register(name)(algorithm)
     return algorithm
 

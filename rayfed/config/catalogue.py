@@ -73,9 +73,13 @@ def params_reference(algorithm: Algorithm) -> str:
     lines = [
         f"{algorithm.name}: {algorithm.summary}",
         f"label in figures with the defaults: {algorithm.label(algorithm.params_type())}",
-        "fast path: " + ("a call's clients train as one stack (engine.vectorize) and their steps replay from CUDA "
-                         "graphs (engine.cuda_graphs)" if capabilities.stacks and capabilities.replays
-                         else fast_path(algorithm)),
+        "fast path: "
+        + (
+            "a call's clients train as one stack (engine.vectorize) and their steps replay from CUDA "
+            "graphs (engine.cuda_graphs)"
+            if capabilities.stacks and capabilities.replays
+            else fast_path(algorithm)
+        ),
         "",
         "algorithm.params (path = default), set as algorithm.params.NAME=value:" if fields else "takes no params",
     ]

@@ -117,13 +117,16 @@ PRESETS: dict[str, Preset] = {
     ),
     "cwfedavg-cifar100": Preset(
         "cwFedAvg papers on CIFAR-100 (as cwfedavg-mnist, lambda 1000; pathological: 10 classes per client)",
-        {**_CWFEDAVG, "data.dataset": "cifar100", "data.classes_per_client": 10,
-         "algorithm.params.wdr_lambda": 1000.0},
+        {**_CWFEDAVG, "data.dataset": "cifar100", "data.classes_per_client": 10, "algorithm.params.wdr_lambda": 1000.0},
     ),
     "cwfedavg-tiny": Preset(
         "cwFedAvg papers on Tiny ImageNet (64x64, cnn4, lambda 2000; pathological: 20 classes per client)",
-        {**_CWFEDAVG, "data.dataset": "tiny_imagenet", "data.classes_per_client": 20,
-         "algorithm.params.wdr_lambda": 2000.0},
+        {
+            **_CWFEDAVG,
+            "data.dataset": "tiny_imagenet",
+            "data.classes_per_client": 20,
+            "algorithm.params.wdr_lambda": 2000.0,
+        },
     ),
     "fedawa-cifar10": Preset(
         "FedAWA paper on CIFAR-10: 20 clients, Dir(0.1) of the training set, 70/30, ResNet-20, SGD lr 0.08 "
@@ -137,8 +140,16 @@ PRESETS: dict[str, Preset] = {
     ),
     "fedawa-mnist": Preset(
         "FedAWA's clients on MNIST (this repository's MNIST stand-in: cnn4, lr 0.01, batch 50, merged splits)",
-        {**_FEDAWA, "data.dataset": "mnist", "data.seed": 1, "data.options": {}, "model.name": "cnn4",
-         "train.lr": 0.01, "train.batch_size": 50, "train.lr_decay": 1.0},
+        {
+            **_FEDAWA,
+            "data.dataset": "mnist",
+            "data.seed": 1,
+            "data.options": {},
+            "model.name": "cnn4",
+            "train.lr": 0.01,
+            "train.batch_size": 50,
+            "train.lr_decay": 1.0,
+        },
     ),
     "fedclassavg-cifar10": Preset(
         "FedClassAvg paper on CIFAR-10: 20 clients of 4 networks, Dir(0.5), Adam lr 1e-4 batch 64, rho 0.1",
@@ -150,8 +161,13 @@ PRESETS: dict[str, Preset] = {
     ),
     "fedclassavg-emnist": Preset(
         "FedClassAvg paper on EMNIST-Letters: as fedclassavg-cifar10 with lr 5e-4, rho 0.1",
-        {**_FEDCLASSAVG, "data.dataset": "emnist_letters", "train.lr": 5e-4, "algorithm.params.rho": 0.1,
-         "data.options": {"merge_splits": False, "na_class": True}},
+        {
+            **_FEDCLASSAVG,
+            "data.dataset": "emnist_letters",
+            "train.lr": 5e-4,
+            "algorithm.params.rho": 0.1,
+            "data.options": {"merge_splits": False, "na_class": True},
+        },
     ),
 }
 
@@ -163,7 +179,5 @@ def preset_overrides(name: str) -> dict[str, Any]:
     10
     """
     if name not in PRESETS:
-        raise ConfigError(
-            f"unknown preset {name!r}{closest(name, list(PRESETS))}; presets: {', '.join(PRESETS)}"
-        )
+        raise ConfigError(f"unknown preset {name!r}{closest(name, list(PRESETS))}; presets: {', '.join(PRESETS)}")
     return dict(PRESETS[name].values)

@@ -37,8 +37,16 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "AugmentConfig", "SIMCLR_AUGMENT", "AUGMENT_DRAWS", "augment_batch", "draw_augment", "apply_augment", "pixel_scale",
-    "random_resized_crop_boxes", "rgb_to_hsv", "hsv_to_rgb",
+    "AugmentConfig",
+    "SIMCLR_AUGMENT",
+    "AUGMENT_DRAWS",
+    "augment_batch",
+    "draw_augment",
+    "apply_augment",
+    "pixel_scale",
+    "random_resized_crop_boxes",
+    "rgb_to_hsv",
+    "hsv_to_rgb",
 ]
 
 _GRAY_WEIGHTS = (0.2989, 0.587, 0.114)
@@ -97,8 +105,10 @@ def augment_batch(
 def pixel_scale(mean: Sequence[float], std: Sequence[float], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The normalisation's mean and std as (1, C, 1, 1) tensors of ``like``'s dtype and device."""
     shape = (1, -1, 1, 1)
-    return (torch.as_tensor(mean, dtype=like.dtype).view(shape).to(like.device, non_blocking=True),
-            torch.as_tensor(std, dtype=like.dtype).view(shape).to(like.device, non_blocking=True))
+    return (
+        torch.as_tensor(mean, dtype=like.dtype).view(shape).to(like.device, non_blocking=True),
+        torch.as_tensor(std, dtype=like.dtype).view(shape).to(like.device, non_blocking=True),
+    )
 
 
 def draw_augment(
@@ -106,8 +116,9 @@ def draw_augment(
 ) -> torch.Tensor:
     """The random numbers of ``n`` samples' augmentations, (n, :data:`AUGMENT_DRAWS`) float64 on the CPU, drawn
     from ``generator`` in a fixed order: a batch's draws depend on its size and the generator's state only."""
-    top, left, box_h, box_w = random_resized_crop_boxes(n, height, width, config.crop_scale, config.crop_ratio,
-                                                        generator)
+    top, left, box_h, box_w = random_resized_crop_boxes(
+        n, height, width, config.crop_scale, config.crop_ratio, generator
+    )
     flip = torch.rand(n, generator=generator) < config.flip_p
     jitter = torch.rand(n, generator=generator) < config.jitter_p
     factors = _jitter_factors(n, config, generator)
@@ -118,7 +129,10 @@ def draw_augment(
 
 
 def apply_augment(
-    x: torch.Tensor, draws: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
+    x: torch.Tensor,
+    draws: torch.Tensor,
+    mean: torch.Tensor,
+    std: torch.Tensor,
     config: AugmentConfig = SIMCLR_AUGMENT,
 ) -> torch.Tensor:
     """The views of a normalised batch ``x`` (B, C, H, W) that ``draws`` (B, :data:`AUGMENT_DRAWS`, on ``x``'s

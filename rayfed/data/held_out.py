@@ -193,9 +193,7 @@ def _draw(labels: np.ndarray, num_classes: int, request: HeldOutRequest, seed: i
     return np.sort(np.concatenate(chosen)).astype(np.int64)
 
 
-def partition_without(
-    labels: np.ndarray, num_classes: int, data: DataConfig, held_out: np.ndarray
-) -> ClientPartition:
+def partition_without(labels: np.ndarray, num_classes: int, data: DataConfig, held_out: np.ndarray) -> ClientPartition:
     """The partition of the pool minus ``held_out``, with indices into the whole pool.
 
     The partitioner and the train/test split run, unchanged, on the kept samples (in pool
@@ -225,10 +223,15 @@ def save_held_out(path: str | os.PathLike[str], held_out: HeldOutSet) -> None:
     """Write the held-out indices (an ``index`` column) and the dataset they refer to (a ``dataset``
     column: "" for the pool), atomically."""
     n = len(held_out)
-    write_parquet(path, pa.table({
-        "index": pa.array(np.asarray(held_out.indices, dtype=np.int64)),
-        "dataset": pa.array([held_out.source] * n, pa.string()),
-    }))
+    write_parquet(
+        path,
+        pa.table(
+            {
+                "index": pa.array(np.asarray(held_out.indices, dtype=np.int64)),
+                "dataset": pa.array([held_out.source] * n, pa.string()),
+            }
+        ),
+    )
 
 
 def load_held_out(path: str | os.PathLike[str], pool_size: int, source: str = "") -> np.ndarray:

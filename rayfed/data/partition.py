@@ -337,11 +337,13 @@ def write_label_counts(path: str | os.PathLike[str], partition: ClientPartition,
     dataset.
     """
     m, k = partition.label_counts.shape
-    table = pa.table({
-        "client_id": pa.array(np.arange(m, dtype=np.int32)),
-        "label_counts": pa.FixedSizeListArray.from_arrays(pa.array(partition.label_counts.ravel()), k),
-        "train_label_counts": pa.FixedSizeListArray.from_arrays(pa.array(partition.train_label_counts.ravel()), k),
-    })
+    table = pa.table(
+        {
+            "client_id": pa.array(np.arange(m, dtype=np.int32)),
+            "label_counts": pa.FixedSizeListArray.from_arrays(pa.array(partition.label_counts.ravel()), k),
+            "train_label_counts": pa.FixedSizeListArray.from_arrays(pa.array(partition.train_label_counts.ravel()), k),
+        }
+    )
     shape = ",".join(str(int(s)) for s in input_shape)
     write_parquet(path, table.replace_schema_metadata({_META_INPUT_SHAPE: shape.encode()}))
 

@@ -108,8 +108,9 @@ def make_partition(labels: np.ndarray, num_classes: int, data: DataConfig) -> Cl
     [0, 1]
     """
     labels = _check_labels(labels, num_classes)
-    logger.info("partitioning %d samples among %d clients (data.partition=%r)", len(labels), data.num_clients,
-                data.partition)
+    logger.info(
+        "partitioning %d samples among %d clients (data.partition=%r)", len(labels), data.num_clients, data.partition
+    )
     rng = np.random.RandomState(data.seed)
     assigned = PARTITIONERS.get(data.partition)(labels, num_classes, data, rng)
     if isinstance(assigned, ClientPartition):  # the partitioner split its clients itself

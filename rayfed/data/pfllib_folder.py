@@ -140,8 +140,9 @@ class PfllibFolder:
         train_indices = np.arange(train_offsets[-1], dtype=np.int64)
         test_indices = train_offsets[-1] + np.arange(test_offsets[-1], dtype=np.int64)
         labels = self.dataset.labels
-        return Partition.from_csr(train_indices, train_offsets, test_indices, test_offsets, labels,
-                                  self.dataset.num_classes)
+        return Partition.from_csr(
+            train_indices, train_offsets, test_indices, test_offsets, labels, self.dataset.num_classes
+        )
 
 
 def _channel_values(name: str, value: float | list[float] | tuple[float, ...], channels: int) -> tuple[float, ...]:

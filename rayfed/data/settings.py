@@ -31,12 +31,13 @@ class DataConfig:
     """
 
     dataset: str = documented("synthetic", "A registered dataset (rayfed list): synthetic (offline), mnist, ...")
-    root: str | None = documented(None, "Folder holding the dataset files (torchvision layout; for pfllib the "
-                                        "folder a PFLlib generator wrote); unused by synthetic.")
-    download: bool = documented(False, "Let torchvision download missing files (needs network).")
-    options: Mapping[str, Any] = documented(
-        {}, 'Dataset-specific options, e.g. {"num_samples": 20000} for synthetic.'
+    root: str | None = documented(
+        None,
+        "Folder holding the dataset files (torchvision layout; for pfllib the "
+        "folder a PFLlib generator wrote); unused by synthetic.",
     )
+    download: bool = documented(False, "Let torchvision download missing files (needs network).")
+    options: Mapping[str, Any] = documented({}, 'Dataset-specific options, e.g. {"num_samples": 20000} for synthetic.')
     num_clients: int = documented(20, "M, the number of clients (at most the number of samples, except with slices).")
     partition: str = documented(
         "dirichlet",

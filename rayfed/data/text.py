@@ -183,7 +183,10 @@ def load_ag_news(
         labels.append(test_labels)
     logger.info("ag_news: vocabulary of %d tokens from %d training texts", len(vocabulary), len(train_texts))
     return ArrayDataset(
-        "ag_news", np.ascontiguousarray(np.concatenate(ids)), np.concatenate(labels), len(AG_NEWS_CLASSES),
+        "ag_news",
+        np.ascontiguousarray(np.concatenate(ids)),
+        np.concatenate(labels),
+        len(AG_NEWS_CLASSES),
         vocabulary=vocabulary,
     )
 
@@ -212,7 +215,7 @@ def _ag_news_folder(root: str | None, download: bool) -> Path:
         raise DatasetError(
             f"dataset 'ag_news': files missing under root {str(base)!r}: {', '.join(missing())}. rayfed cannot "
             f"download AG News{' (data.download=true does not help)' if download else ''}; put {_AG_ARCHIVE} or "
-            f"its {_AG_FOLDER}/ folder (train.csv and test.csv, rows \"class index\",\"title\",\"description\") "
+            f'its {_AG_FOLDER}/ folder (train.csv and test.csv, rows "class index","title","description") '
             f"into {str(base)!r}"
         )
     return folder

@@ -108,8 +108,10 @@ def _gunzip_if_needed(name: str, archive: Path, md5: str | None, target: Path | 
         return
     from torchvision.datasets.utils import check_md5
 
-    fresh = (f"delete it and run again with data.download=true to fetch a fresh copy, or copy an intact "
-             f"{archive.name} to {str(archive.parent) + '/'!r}")
+    fresh = (
+        f"delete it and run again with data.download=true to fetch a fresh copy, or copy an intact "
+        f"{archive.name} to {str(archive.parent) + '/'!r}"
+    )
     if md5 is not None and not check_md5(archive, md5):
         raise DatasetError(
             f"dataset {name!r}: {str(archive)!r} is damaged (truncated, or another file): its MD5 checksum is not "

@@ -105,12 +105,15 @@ def normalize_batch(
 _CONSTANTS: dict[tuple[tuple[float, ...], tuple[float, ...], torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _channel_constants(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def _channel_constants(
+    mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``mean`` and ``std`` as (1, C, 1, 1) float32 tensors on ``device``, moved there once (a batch is normalised
     at every call of a worker: no copy from the host each time)."""
     key = (mean, std, device)
     if key not in _CONSTANTS:
-        _CONSTANTS[key] = (torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1).to(device),
-                           torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1).to(device))
+        _CONSTANTS[key] = (
+            torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1).to(device),
+            torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1).to(device),
+        )
     return _CONSTANTS[key]

@@ -111,9 +111,13 @@ class MetricsWriter(Callback):
         if result is not None:
             write_json(
                 run.run_dir / "summary.json",
-                {"best_accuracy": result.best_accuracy, "final_accuracy": result.final_accuracy,
-                 "rounds_run": result.rounds_run, "stopped_early": result.stopped_early,
-                 "rounds_without_finite_loss": result.rounds_without_loss},
+                {
+                    "best_accuracy": result.best_accuracy,
+                    "final_accuracy": result.final_accuracy,
+                    "rounds_run": result.rounds_run,
+                    "stopped_early": result.stopped_early,
+                    "rounds_without_finite_loss": result.rounds_without_loss,
+                },
             )
 
     @staticmethod
@@ -158,7 +162,10 @@ class ProgressBar(Callback):
         from tqdm.auto import tqdm
 
         self._bar = tqdm(
-            total=run.config.train.rounds, initial=run.start_round, desc=run.run_name, unit="round",
+            total=run.config.train.rounds,
+            initial=run.start_round,
+            desc=run.run_name,
+            unit="round",
             dynamic_ncols=True,
         )
         self._best = max((r["accuracy"] for r in run.history if not math.isnan(r["accuracy"])), default=math.nan)

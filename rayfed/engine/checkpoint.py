@@ -141,8 +141,10 @@ def verified_checkpoint(path: Path, identity: str, may_hold_nan: Collection[str]
     meta = _checked_meta(path, load_arrays(path, names=(_META,), fix=""))
     written_by = meta.get("identity")
     if written_by != identity:
-        origin = "records no run identity" if written_by is None else (
-            f"was written by another run (identity {str(written_by)[:12]}..., this run's is {identity[:12]}...)"
+        origin = (
+            "records no run identity"
+            if written_by is None
+            else (f"was written by another run (identity {str(written_by)[:12]}..., this run's is {identity[:12]}...)")
         )
         raise CheckpointError(f"checkpoint {str(path)!r} {origin}")
     arrays = load_arrays(path, fix="")
@@ -173,10 +175,10 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 
 def _split(path: Path, arrays: Mapping[str, np.ndarray]) -> Checkpoint:
     round_index = int(_read_meta(path, arrays)["round"])
-    server = {k[len(_SERVER):]: v for k, v in arrays.items() if k.startswith(_SERVER)}
+    server = {k[len(_SERVER) :]: v for k, v in arrays.items() if k.startswith(_SERVER)}
     clients: dict[int, ClientState] = {}
     for key, value in arrays.items():
         if key.startswith(_CLIENT):
-            client, name = key[len(_CLIENT):].split("/", 1)
+            client, name = key[len(_CLIENT) :].split("/", 1)
             clients.setdefault(int(client), {})[name] = value
     return Checkpoint(round_index, server, clients, path)

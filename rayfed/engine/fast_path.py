@@ -33,19 +33,25 @@ def slow_paths(config: RunConfig, algorithm: ResolvedAlgorithm, data: DataShape)
     capabilities = algorithm.capabilities
     lines = []
     if not capabilities.stacks:
-        lines.append(f"algorithm {algorithm.client_algorithm.name!r} trains its clients one at a time "
-                     f"(engine.vectorize={engine.vectorize!r} does not apply): {capabilities.reason}")
+        lines.append(
+            f"algorithm {algorithm.client_algorithm.name!r} trains its clients one at a time "
+            f"(engine.vectorize={engine.vectorize!r} does not apply): {capabilities.reason}"
+        )
     elif not capabilities.replays and engine.cuda_graphs:
-        lines.append(f"algorithm {algorithm.client_algorithm.name!r} replays no CUDA graphs "
-                     f"(engine.cuda_graphs does not apply): {capabilities.reason}")
+        lines.append(
+            f"algorithm {algorithm.client_algorithm.name!r} replays no CUDA graphs "
+            f"(engine.cuda_graphs does not apply): {capabilities.reason}"
+        )
     if capabilities.stacks:
         for architecture in config.model.architectures():
             with torch.device("meta"):
                 module = build_model(architecture, data.input_shape, data.num_classes)
             reason = model_unstackable(architecture, module, config.train.drop_last)
             if reason:
-                lines.append(f"clients of model {architecture!r} train one at a time "
-                             f"(engine.vectorize={engine.vectorize!r} does not apply to them): {reason}")
+                lines.append(
+                    f"clients of model {architecture!r} train one at a time "
+                    f"(engine.vectorize={engine.vectorize!r} does not apply to them): {reason}"
+                )
     return lines
 
 

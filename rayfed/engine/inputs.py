@@ -57,9 +57,7 @@ class RunInputs:
     partition: ClientPartition
 
     @classmethod
-    def prepare(
-        cls, config: RunConfig, algorithm: ResolvedAlgorithm, run_dir: Path, *, continues: bool
-    ) -> RunInputs:
+    def prepare(cls, config: RunConfig, algorithm: ResolvedAlgorithm, run_dir: Path, *, continues: bool) -> RunInputs:
         """Make the inputs of ``config``'s run; ``continues``: read the partition and held-out indices
         that ``run_dir`` holds rather than drawing them. Raises ConfigError before anything is written."""
         data = config.data

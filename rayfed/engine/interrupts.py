@@ -60,8 +60,9 @@ def _stopped(terminated: bool) -> str:
 class RunInterrupted(KeyboardInterrupt):
     """A run stopped by Ctrl-C or SIGTERM, after its last completed round was checkpointed."""
 
-    def __init__(self, run_dir: Path, saved_round: int | None, rounds: int, command: str, *,
-                 terminated: bool = False) -> None:
+    def __init__(
+        self, run_dir: Path, saved_round: int | None, rounds: int, command: str, *, terminated: bool = False
+    ) -> None:
         self.run_dir, self.saved_round, self.rounds, self.command = run_dir, saved_round, rounds, command
         self.terminated = terminated
         if saved_round is None:

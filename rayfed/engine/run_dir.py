@@ -60,8 +60,18 @@ __all__ = [
 ]
 
 RUN_FILES = (
-    MARKER_FILE, LOCK_FILE, "config.json", "partition.parquet", "label_counts.parquet", "held_out.parquet",
-    "vocabulary.txt", "rounds.parquet", "summary.json", "clients", "checkpoints", "client_state",
+    MARKER_FILE,
+    LOCK_FILE,
+    "config.json",
+    "partition.parquet",
+    "label_counts.parquet",
+    "held_out.parquet",
+    "vocabulary.txt",
+    "rounds.parquet",
+    "summary.json",
+    "clients",
+    "checkpoints",
+    "client_state",
 )
 """What a run writes in its directory (the engine's module docstring describes each)."""
 
@@ -110,13 +120,19 @@ def _check_name_lengths(run_dir: Path, existing: Path) -> None:
     for part in run_dir.absolute().relative_to(existing.absolute()).parts:
         if len(os.fsencode(part)) > limit:
             shown = part if len(part) <= 40 else f"{part[:20]}...{part[-12:]}"
-            _refuse(run_dir, f"the name {shown!r} is {len(os.fsencode(part))} bytes long and the filesystem holds "
-                             f"names of at most {limit} bytes")
+            _refuse(
+                run_dir,
+                f"the name {shown!r} is {len(os.fsencode(part))} bytes long and the filesystem holds "
+                f"names of at most {limit} bytes",
+            )
     longest = len(os.fsencode(str(run_dir.absolute()))) + len("/checkpoints/.round_000000.npz.0123456789ab.tmp")
     limit = _path_limit(existing, "PC_PATH_MAX", 4096)
     if longest > limit:
-        _refuse(run_dir, f"its files' paths would be up to {longest} bytes long and the filesystem holds paths of "
-                         f"at most {limit} bytes")
+        _refuse(
+            run_dir,
+            f"its files' paths would be up to {longest} bytes long and the filesystem holds paths of "
+            f"at most {limit} bytes",
+        )
 
 
 def _path_limit(path: Path, name: str, default: int) -> int:
@@ -290,8 +306,10 @@ def read_resume_point(run_dir: Path, config: RunConfig, identity: str, may_hold_
         )
     for path in sorted((run_dir / _CLIENTS).glob("round_*.parquet")):
         if _round_of(path) <= checkpoint.round:
-            _table(path, "delete it to resume without that round's per-client table (rounds.parquet keeps the "
-                   "round's summary)")
+            _table(
+                path,
+                "delete it to resume without that round's per-client table (rounds.parquet keeps the round's summary)",
+            )
     marker = _rounds_changed(run_dir, recorded, config, held)
     return ResumePoint(marker, checkpoint, [row for row in history if row["round"] <= checkpoint.round])
 
@@ -315,8 +333,10 @@ def _verified(checkpoints: list[Path], identity: str, may_hold_nan: Collection[s
         if len(checkpoints) > 1:
             try:
                 previous = verified_checkpoint(checkpoints[-2], identity, may_hold_nan)
-                fix = (f"delete it to resume from the previous checkpoint, of round {previous.round}: "
-                       f"rm {shlex.quote(str(checkpoints[-1]))}; {resume_command(checkpoints[-1].parent.parent)}")
+                fix = (
+                    f"delete it to resume from the previous checkpoint, of round {previous.round}: "
+                    f"rm {shlex.quote(str(checkpoints[-1]))}; {resume_command(checkpoints[-1].parent.parent)}"
+                )
             except CheckpointError:
                 pass  # no sound previous checkpoint to offer
         raise CheckpointError(f"{error}; {fix}") from error

@@ -93,8 +93,15 @@ class RunMarker:
         return replace(self, train_rounds=(*self.train_rounds, entry))
 
     def write(self, run_dir: Path) -> None:
-        write_json(run_dir / MARKER_FILE, {"format": _MARKER_FORMAT, "identity": self.identity,
-                                           "created": self.created, "train_rounds": list(self.train_rounds)})
+        write_json(
+            run_dir / MARKER_FILE,
+            {
+                "format": _MARKER_FORMAT,
+                "identity": self.identity,
+                "created": self.created,
+                "train_rounds": list(self.train_rounds),
+            },
+        )
 
     @classmethod
     def read(cls, run_dir: Path) -> RunMarker:

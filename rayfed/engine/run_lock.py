@@ -96,8 +96,10 @@ def _refuse(run_dir: Path, owner: LockOwner | None) -> None:
     else:
         who = f"another run ({owner.describe()})"
     if owner is not None and is_running(owner.process) is None:
-        fix = (f"this host cannot tell whether that run still runs: if it has ended, delete {str(path)!r} and "
-               "start again; otherwise choose another run_dir")
+        fix = (
+            f"this host cannot tell whether that run still runs: if it has ended, delete {str(path)!r} and "
+            "start again; otherwise choose another run_dir"
+        )
     else:
         fix = "wait for it to end, or choose another run_dir"
     raise ConfigError(f"run_dir={str(run_dir)!r} is in use by {who}, which holds {str(path)!r}; {fix}")
@@ -131,7 +133,8 @@ class RunLock:
         if previous is not None:
             logger.warning(
                 "run_dir=%r: taking over the lock left by a run that no longer runs (%s)",
-                str(run_dir), previous.describe(),
+                str(run_dir),
+                previous.describe(),
             )
         owner = LockOwner(ProcessId.current(), datetime.now().isoformat(timespec="seconds"))
         os.ftruncate(fd, 0)

@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Simulation", "RunResult", "run"]
 
+
 class Simulation:
     """One run: its directory, data, executor and round loop."""
 
@@ -67,7 +68,10 @@ class Simulation:
         self.start_round = plan.resume.next_round
         inputs = plan.inputs
         self.dataset, self.spec, self.initial, self.partition = (
-            inputs.dataset, inputs.spec, inputs.initial, inputs.partition
+            inputs.dataset,
+            inputs.spec,
+            inputs.initial,
+            inputs.partition,
         )
         self.num_train = self.partition.num_train()
         builtin: list[Callback] = [MetricsWriter(), Checkpointer()]
@@ -76,13 +80,12 @@ class Simulation:
         self.callbacks = [*builtin, *callbacks]
         self._opening = (inputs, plan.resume.marker)
         """What :meth:`run` records in the run directory once it holds its lock."""
-        self.states = ClientStateStore(
-            self.run_dir / "client_state", int(config.engine.client_state_memory_mb * 2**20)
-        )
+        self.states = ClientStateStore(self.run_dir / "client_state", int(config.engine.client_state_memory_mb * 2**20))
         self.executor: Executor | None = None
         self._warned_untrained = False
-        self.view = RunView(self.run_dir, config, self.spec, plan.identity, self.start_round,
-                            lambda: tuple(self.history), self._state)
+        self.view = RunView(
+            self.run_dir, config, self.spec, plan.identity, self.start_round, lambda: tuple(self.history), self._state
+        )
         """What the callbacks see of this run."""
 
     def _state(self) -> tuple[dict[str, np.ndarray], Iterator[tuple[int, ClientState]]]:
@@ -163,8 +166,9 @@ class Simulation:
             for callback in self.callbacks:
                 callback.on_interrupt(self.view)
             done = next((r["round"] for r in reversed(self.history) if r["round"] >= 0), None)
-            raise RunInterrupted(self.run_dir, done, config.train.rounds, resume_command(self.run_dir),
-                                 terminated=was_terminated(stop)) from None
+            raise RunInterrupted(
+                self.run_dir, done, config.train.rounds, resume_command(self.run_dir), terminated=was_terminated(stop)
+            ) from None
         except DiskFullError as full:
             raise DiskFullError(
                 f"{full}; the run can be continued: free some space, then {resume_command(self.run_dir)}"
@@ -228,8 +232,12 @@ class Simulation:
                         broadcast, ctx, chunks, self.states.get_many(targets) if keeps_state else {}, bar.update
                     )
             finished = time.perf_counter()
-            timings = {"train": trained - started, "aggregate": aggregated - trained, "evaluate": finished - aggregated,
-                       "round": finished - started}
+            timings = {
+                "train": trained - started,
+                "aggregate": aggregated - trained,
+                "evaluate": finished - aggregated,
+                "round": finished - started,
+            }
             record = summarise_round(t, reports, evals, timings, extra)
             self._warn_untrained(record)
             self.history.append(record.as_row())
@@ -248,7 +256,10 @@ class Simulation:
             self._warned_untrained = True
             logger.warning(
                 "round %d: %s, so the models did not change (train.lr=%g may be too large); later rounds like it are "
-                "counted in the summary", record.round, problem, self.config.train.lr,
+                "counted in the summary",
+                record.round,
+                problem,
+                self.config.train.lr,
             )
 
 

@@ -67,5 +67,10 @@ def check_trainable(num_train: np.ndarray, train: TrainConfig) -> None:
     more = f" and {stuck.size - _NAMED} more" if stuck.size > _NAMED else ""
     logger.warning(
         "%d of %d clients (%s%s) %s, so they take no local step (their model is the one the server sends); %s",
-        stuck.size, len(num_train), shown, more, why, fixes,
+        stuck.size,
+        len(num_train),
+        shown,
+        more,
+        why,
+        fixes,
     )

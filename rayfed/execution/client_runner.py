@@ -121,8 +121,11 @@ class ClientRunner(ClientData):
         measures = self._measures(job, start_loss)
         norm = torch.linalg.vector_norm(job.flat.vector.detach() - start)
         contribution = self.client_half.contribute(broadcast, job)
-        settlement.add(Uploads.of_one(job, contribution, loss, norm, steps, broadcast.bytes_down(job),
-                                      time.perf_counter() - started, measures))
+        settlement.add(
+            Uploads.of_one(
+                job, contribution, loss, norm, steps, broadcast.bytes_down(job), time.perf_counter() - started, measures
+            )
+        )
 
     def _train_stack(self, broadcast: Broadcast, group: list[ClientJob], settlement: Settlement) -> None:
         started = time.perf_counter()
@@ -140,11 +143,26 @@ class ClientRunner(ClientData):
         for members in _same_phases(phases):
             jobs = [group[i] for i in members]
             own = starts if len(members) == len(group) else torch.stack([starts[i] for i in members])
-            self._stack(broadcast, jobs, own, [phases[i] for i in members], [start_losses[i] for i in members],
-                        seconds, settlement)
+            self._stack(
+                broadcast,
+                jobs,
+                own,
+                [phases[i] for i in members],
+                [start_losses[i] for i in members],
+                seconds,
+                settlement,
+            )
 
-    def _stack(self, broadcast: Broadcast, jobs: list[ClientJob], starts: torch.Tensor, phases: list[list[Phase]],
-               start_losses: list[Any], seconds: float, settlement: Settlement) -> None:
+    def _stack(
+        self,
+        broadcast: Broadcast,
+        jobs: list[ClientJob],
+        starts: torch.Tensor,
+        phases: list[list[Phase]],
+        start_losses: list[Any],
+        seconds: float,
+        settlement: Settlement,
+    ) -> None:
         """Train one stack and hand its clients' uploads to ``settlement``: one summed contribution where the client
         side makes one at once (``ClientHalf.contribute_stacked``), else each client's."""
         started = time.perf_counter()
@@ -169,12 +187,34 @@ class ClientRunner(ClientData):
 
         if summed is None:
             for i, (job, contribution) in enumerate(zip(jobs, parts())):
-                settlement.add(Uploads.of_one(job, contribution, trained.losses[i], norms[i], trained.steps[i],
-                                              broadcast.bytes_down(job), seconds, measures[i]))
+                settlement.add(
+                    Uploads.of_one(
+                        job,
+                        contribution,
+                        trained.losses[i],
+                        norms[i],
+                        trained.steps[i],
+                        broadcast.bytes_down(job),
+                        seconds,
+                        measures[i],
+                    )
+                )
             return
-        settlement.add(Uploads([job.client_id for job in jobs], [job.num_train for job in jobs], trained.steps, summed,
-                               parts, [job.state for job in jobs], [broadcast.bytes_down(job) for job in jobs], seconds,
-                               trained.losses, norms, measures))
+        settlement.add(
+            Uploads(
+                [job.client_id for job in jobs],
+                [job.num_train for job in jobs],
+                trained.steps,
+                summed,
+                parts,
+                [job.state for job in jobs],
+                [broadcast.bytes_down(job) for job in jobs],
+                seconds,
+                trained.losses,
+                norms,
+                measures,
+            )
+        )
 
     def _start_loss(self, job: ClientJob) -> Any:
         """``train_loss_eval`` of a personalised job: the mean cross-entropy of the model it starts the round
@@ -217,4 +257,3 @@ def _same_phases(phases: Sequence[Sequence[Phase]]) -> list[list[int]]:
     for i, own in enumerate(phases):
         groups.setdefault(tuple(p.signature() for p in own), []).append(i)
     return list(groups.values())
-

@@ -70,7 +70,8 @@ def evaluate_clients(
     for ids in by_architecture.values():
         population = replace(
             data.job(ids[0], ctx, None, evaluation=True),
-            client_id=-1, label_counts=data.label_counts.sum(axis=0),
+            client_id=-1,
+            label_counts=data.label_counts.sum(axis=0),
             train_label_counts=data.train_label_counts.sum(axis=0),
         )
         global_state = population.flat.state_numpy() if broadcast.prepare_global_eval(population) else None
@@ -120,6 +121,7 @@ def _evaluate_shared(
         if global_head is not None:
             on_global.add(F.linear(features, *global_head), target, rows)
     return own.results(sizes), on_global.results(sizes) if global_head is not None else None
+
 
 @torch.no_grad()
 def _evaluate_pooled(data: ClientData, client_ids: list[int], state: np.ndarray) -> list[tuple[int, int, float]]:

@@ -27,8 +27,7 @@ from rayfed.execution.server import Server
 from rayfed.train.job import ClientState
 from rayfed.train.problem import ProblemSpec
 
-__all__ = [
-    "no_progress","Executor", "LocalExecutor", "Chunk", "num_calls", "make_chunks", "states_of"]
+__all__ = ["no_progress", "Executor", "LocalExecutor", "Chunk", "num_calls", "make_chunks", "states_of"]
 
 Chunk = list[int]
 
@@ -91,7 +90,11 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def train(
-        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState],
+        self,
+        broadcast: Any,
+        ctx: RoundContext,
+        chunks: list[Chunk],
+        states: Mapping[int, ClientState],
         on_chunk_done: Callable[[], object] = no_progress,
     ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:
         """Train every chunk; returns contribution handles (chunk order), reports and new client states.
@@ -102,7 +105,11 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def evaluate(
-        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState],
+        self,
+        broadcast: Any,
+        ctx: RoundContext,
+        chunks: list[Chunk],
+        states: Mapping[int, ClientState],
         on_chunk_done: Callable[[], object] = no_progress,
     ) -> list[EvalReport]:
         """Evaluate every chunk's clients on the broadcast of round ``ctx.round`` (their reports, chunk order)."""
@@ -141,7 +148,11 @@ class LocalExecutor(Executor):
         return self.server.broadcast()
 
     def train(
-        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState],
+        self,
+        broadcast: Any,
+        ctx: RoundContext,
+        chunks: list[Chunk],
+        states: Mapping[int, ClientState],
         on_chunk_done: Callable[[], object] = no_progress,
     ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:
         contributions, reports, new_states = [], [], {}
@@ -157,7 +168,11 @@ class LocalExecutor(Executor):
         return self.server.aggregate(ctx, *contributions)
 
     def evaluate(
-        self, broadcast: Any, ctx: RoundContext, chunks: list[Chunk], states: Mapping[int, ClientState],
+        self,
+        broadcast: Any,
+        ctx: RoundContext,
+        chunks: list[Chunk],
+        states: Mapping[int, ClientState],
         on_chunk_done: Callable[[], object] = no_progress,
     ) -> list[EvalReport]:
         reports = []
@@ -171,4 +186,3 @@ class LocalExecutor(Executor):
 
     def load_server_state(self, state: Mapping[str, np.ndarray]) -> None:
         self.server.load_state_dict(state)
-

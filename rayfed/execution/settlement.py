@@ -62,11 +62,31 @@ class Uploads:
     measures: list[Measures]
 
     @classmethod
-    def of_one(cls, job: ClientJob, contribution: Contribution, loss: Any, norm: Any, steps: int, bytes_down: int,
-               seconds: float, measures: Measures) -> Uploads:
+    def of_one(
+        cls,
+        job: ClientJob,
+        contribution: Contribution,
+        loss: Any,
+        norm: Any,
+        steps: int,
+        bytes_down: int,
+        seconds: float,
+        measures: Measures,
+    ) -> Uploads:
         """One client's upload."""
-        return cls([job.client_id], [job.num_train], [steps], contribution, lambda: [contribution], [job.state],
-                   [bytes_down], seconds, loss, norm, [measures])
+        return cls(
+            [job.client_id],
+            [job.num_train],
+            [steps],
+            contribution,
+            lambda: [contribution],
+            [job.state],
+            [bytes_down],
+            seconds,
+            loss,
+            norm,
+            [measures],
+        )
 
 
 class Settlement:
@@ -84,7 +104,8 @@ class Settlement:
     def _numbers(self) -> dict[str, list[Any]]:
         """Per entry, in order: its clients' mean losses, update norms, starting losses and correct predictions."""
         return {
-            "loss": [e.loss for e in self.entries], "norm": [e.norm for e in self.entries],
+            "loss": [e.loss for e in self.entries],
+            "norm": [e.norm for e in self.entries],
             "start_loss": [_column([m.start_loss for m in e.measures]) for e in self.entries],
             "local_correct": [_column([m.local_correct for m in e.measures]) for e in self.entries],
         }
@@ -110,13 +131,22 @@ class Settlement:
                 logger.warning("round %d: update of client %d rejected: %s", self.ctx.round, cid, why)
             elif entry.states[k] is not None:
                 result.states[cid] = entry.states[k]  # type: ignore[assignment]
-            result.reports.append(ClientReport(
-                client_id=cid, num_train=entry.num_train[k], steps=entry.steps[k],
-                train_loss=columns["loss"][i] if entry.steps[k] else math.nan,
-                update_norm=columns["norm"][i], bytes_up=entry.contribution.nbytes, bytes_down=entry.bytes_down[k],
-                seconds=entry.seconds, rejected=why, train_loss_eval=columns["start_loss"][i],
-                local_num_test=entry.measures[k].local_num_test, local_correct=int(columns["local_correct"][i]),
-            ))
+            result.reports.append(
+                ClientReport(
+                    client_id=cid,
+                    num_train=entry.num_train[k],
+                    steps=entry.steps[k],
+                    train_loss=columns["loss"][i] if entry.steps[k] else math.nan,
+                    update_norm=columns["norm"][i],
+                    bytes_up=entry.contribution.nbytes,
+                    bytes_down=entry.bytes_down[k],
+                    seconds=entry.seconds,
+                    rejected=why,
+                    train_loss_eval=columns["start_loss"][i],
+                    local_num_test=entry.measures[k].local_num_test,
+                    local_correct=int(columns["local_correct"][i]),
+                )
+            )
         return result
 
     def _norm_rejection(self, norm: float) -> str:
@@ -148,8 +178,9 @@ def _sum_keeping_parts(parts: list[Contribution]) -> Contribution | None:
 def _read(columns: dict[str, list[Any]], tensors: list[torch.Tensor]) -> tuple[dict[str, list[float]], list[Any]]:
     """Host values of ``columns`` and host copies of ``tensors``, all in one transfer. A column holds, per
     entry, a number, a list of numbers, or a tensor on the device (0-d: one client; 1-D: a stack's)."""
-    on_device = {name: [v.reshape(-1) for v in values if isinstance(v, torch.Tensor)]
-                 for name, values in columns.items()}
+    on_device = {
+        name: [v.reshape(-1) for v in values if isinstance(v, torch.Tensor)] for name, values in columns.items()
+    }
     stacked = [torch.cat(values).to(torch.float64) for values in on_device.values() if values]
     arrays = to_host([*stacked, *tensors])
     read = iter(arrays[: len(stacked)])
@@ -162,4 +193,4 @@ def _read(columns: dict[str, list[Any]], tensors: list[torch.Tensor]) -> tuple[d
                 host[name].extend(float(next(device_values)) for _ in range(value.numel()))
             else:
                 host[name].extend(float(v) for v in (value if isinstance(value, list) else [value]))
-    return host, arrays[len(stacked):]
+    return host, arrays[len(stacked) :]

@@ -125,8 +125,7 @@ def build_model(name: str, input_shape: InputShape, num_classes: int) -> nn.Modu
         classes = None
     if classes is None or classes < 2:
         raise ConfigError(
-            f"num_classes must be an int >= 2 for model.name={name!r}, "
-            f"but got num_classes={num_classes!r}"
+            f"num_classes must be an int >= 2 for model.name={name!r}, but got num_classes={num_classes!r}"
         )
     kind = input_kind(shape)
     if kind != spec.input_kind:

@@ -95,9 +95,7 @@ def min_side_reason(input_shape: InputShape, min_px: int, why: str) -> str | Non
     return f"needs H and W >= {min_px} ({why}), got H={height}, W={width}"
 
 
-def ensure_supported(
-    label: str, supports: Callable[[InputShape], str | None], input_shape: InputShape
-) -> None:
+def ensure_supported(label: str, supports: Callable[[InputShape], str | None], input_shape: InputShape) -> None:
     """Raise ConfigError naming ``label`` if ``supports(input_shape)`` gives a reason.
 
     Model constructors call this so that building one by hand fails as clearly as

@@ -75,9 +75,7 @@ def _cnn5_side(side: int) -> int:
 
 
 def _cnn5_supports(input_shape: InputShape) -> str | None:
-    return min_side_reason(
-        input_shape, 18, "three 3x3 valid convs and two 2x2 max-pools"
-    )
+    return min_side_reason(input_shape, 18, "three 3x3 valid convs and two 2x2 max-pools")
 
 
 class FedAWACNN(nn.Module):

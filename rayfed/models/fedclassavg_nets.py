@@ -196,13 +196,22 @@ def fca_alexnet(input_shape: InputShape, num_classes: int) -> FedClassAvgNet:
 
 _FACTORIES: tuple[tuple[str, Callable[[InputShape, int], nn.Module], str, str], ...] = (
     ("fca_resnet18", fca_resnet18, "FedClassAvg ResNet-18 extractor (torchvision) + shared classifier", ""),
-    ("fca_shufflenet", fca_shufflenet, "FedClassAvg ShuffleNetV2 x1.0 extractor (torchvision) + shared classifier",
-     "its blocks split, concatenate and shuffle channels"),
-    ("fca_googlenet", fca_googlenet, "FedClassAvg GoogLeNet extractor (torchvision, aux heads unused) + classifier",
-     "its Inception blocks concatenate channels"),
+    (
+        "fca_shufflenet",
+        fca_shufflenet,
+        "FedClassAvg ShuffleNetV2 x1.0 extractor (torchvision) + shared classifier",
+        "its blocks split, concatenate and shuffle channels",
+    ),
+    (
+        "fca_googlenet",
+        fca_googlenet,
+        "FedClassAvg GoogLeNet extractor (torchvision, aux heads unused) + classifier",
+        "its Inception blocks concatenate channels",
+    ),
     ("fca_alexnet", fca_alexnet, "FedClassAvg small AlexNet-style extractor + shared classifier", ""),
 )
 
 for _name, _factory, _description, _unstackable in _FACTORIES:
-    register_model(ModelSpec(name=_name, factory=_factory, supports=_supports, description=_description,
-                             unstackable=_unstackable))
+    register_model(
+        ModelSpec(name=_name, factory=_factory, supports=_supports, description=_description, unstackable=_unstackable)
+    )

@@ -83,9 +83,11 @@ def _factory(width: int) -> Callable[[InputShape, int], nn.Module]:
 
 
 for _width, _name in zip(_WIDTHS, FEDPROTO_MODELS):
-    register_model(ModelSpec(
-        name=_name,
-        factory=_factory(_width),
-        supports=_supports,
-        description=f"FedProto's two-layer CNN with {_width} channels in conv2 (authors' CNNMnist)",
-    ))
+    register_model(
+        ModelSpec(
+            name=_name,
+            factory=_factory(_width),
+            supports=_supports,
+            description=f"FedProto's two-layer CNN with {_width} channels in conv2 (authors' CNNMnist)",
+        )
+    )

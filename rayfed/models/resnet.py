@@ -151,15 +151,11 @@ def resnet20(input_shape: InputShape, num_classes: int) -> ResNet:
     272474
     """
     ensure_supported("resnet20", _resnet20_supports, input_shape)
-    return ResNet(
-        input_shape[0], num_classes, widths=(16, 32, 64), depths=(3, 3, 3), stem_pool=False
-    )
+    return ResNet(input_shape[0], num_classes, widths=(16, 32, 64), depths=(3, 3, 3), stem_pool=False)
 
 
 def _resnet18_imagenet_supports(input_shape: InputShape) -> str | None:
-    return min_side_reason(
-        input_shape, 16, "the ImageNet stem downsamples by 4 before three stride-2 stages"
-    )
+    return min_side_reason(input_shape, 16, "the ImageNet stem downsamples by 4 before three stride-2 stages")
 
 
 def resnet18_imagenet(input_shape: InputShape, num_classes: int) -> nn.Module:

@@ -1,10 +1,10 @@
 """``rayfed reproduce``: run what a table is missing, then write its Markdown and figures.
 
-    rayfed reproduce TABLE [--rounds N] [--seeds K | --seed-list 0,3] [--data-root DIR] [--methods a,b]
-                     [--columns x,y] [--parallel P] [--gpus-per-run G] [--at-rounds 1,5,10] [--out DIR]
-                     [--set field.path=value ...] [--report-only] [--no-figures]
-    rayfed reproduce --list                  the tables, with their rows and columns
-    rayfed reproduce --list-presets          the papers' protocols (rayfed run --preset NAME)
+rayfed reproduce TABLE [--rounds N] [--seeds K | --seed-list 0,3] [--data-root DIR] [--methods a,b]
+                 [--columns x,y] [--parallel P] [--gpus-per-run G] [--at-rounds 1,5,10] [--out DIR]
+                 [--set field.path=value ...] [--report-only] [--no-figures]
+rayfed reproduce --list                  the tables, with their rows and columns
+rayfed reproduce --list-presets          the papers' protocols (rayfed run --preset NAME)
 """
 
 from __future__ import annotations
@@ -34,8 +34,12 @@ def _names(text: str) -> list[str]:
 
 def add_reproduce_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     """Add the ``reproduce`` subcommand to ``rayfed``'s parser (its handler is set with ``set_defaults``)."""
-    p = subparsers.add_parser("reproduce", help="run and report one of the papers' tables (resumable)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "reproduce",
+        help="run and report one of the papers' tables (resumable)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("table", nargs="?", metavar="TABLE", help="a table name (--list shows them)")
     p.add_argument("--list", action="store_true", help="list the tables and exit")
     p.add_argument("--list-presets", action="store_true", help="list the presets and exit")
@@ -46,13 +50,22 @@ def add_reproduce_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--methods", type=_names, help="row keys, comma-separated (default: all)")
     p.add_argument("--columns", type=_names, help="column keys, comma-separated (default: all)")
     p.add_argument("--parallel", type=int, default=1, help="runs at once, as Ray tasks (default 1: in this process)")
-    p.add_argument("--gpus-per-run", type=float, default=0.0,
-                   help="GPU share each run trains on (engine.num_gpus_per_worker; 0.125: eight runs per GPU; "
-                        "default 0: CPU)")
+    p.add_argument(
+        "--gpus-per-run",
+        type=float,
+        default=0.0,
+        help="GPU share each run trains on (engine.num_gpus_per_worker; 0.125: eight runs per GPU; default 0: CPU)",
+    )
     p.add_argument("--at-rounds", type=_ints, default=[], help="also tabulate the metric at these rounds (0 = init)")
     p.add_argument("--out", type=Path, default=Path("results/reproduce"), help="default results/reproduce")
-    p.add_argument("--set", dest="settings", action="append", default=[], metavar="FIELD=VALUE",
-                   help="a config override for every run (repeatable), e.g. --set data.options.num_samples=3000")
+    p.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a config override for every run (repeatable), e.g. --set data.options.num_samples=3000",
+    )
     p.add_argument("--report-only", action="store_true", help="run nothing, only rewrite the report")
     p.add_argument("--no-figures", action="store_true", help="do not draw the figures")
     p.set_defaults(handler=_handler)
@@ -90,9 +103,11 @@ def _listing(presets: bool) -> str:
 
     lines = []
     for t in TABLES.values():
-        lines += [f"{t.name}: {t.title} ({t.source})",
-                  f"    methods: {', '.join(r.key for r in t.rows)}",
-                  f"    columns: {', '.join(c.key for c in t.columns)}"]
+        lines += [
+            f"{t.name}: {t.title} ({t.source})",
+            f"    methods: {', '.join(r.key for r in t.rows)}",
+            f"    columns: {', '.join(c.key for c in t.columns)}",
+        ]
     return "\n".join(lines)
 
 
@@ -116,29 +131,42 @@ def reproduce(ns: argparse.Namespace, command: str = "") -> int:
     for option, known in (("methods", [r.key for r in table.rows]), ("columns", [c.key for c in table.columns])):
         unknown = [k for k in getattr(ns, option) or [] if k not in known]
         if unknown:
-            raise ConfigError(f"--{option}: {', '.join(unknown)} not in table {table.name}; choose from "
-                              f"{', '.join(known)}")
+            raise ConfigError(
+                f"--{option}: {', '.join(unknown)} not in table {table.name}; choose from {', '.join(known)}"
+            )
     if ns.rounds < 1 or ns.seeds < 1 or ns.parallel < 1:
         raise ConfigError("--rounds, --seeds and --parallel must be >= 1")
     seeds = ns.seed_list if ns.seed_list else list(range(ns.seeds))
     settings = dict(parse_override(s) for s in ns.settings)
     if ns.gpus_per_run:  # each run trains on its share, and its Ray task asks for it
         settings = {"engine.num_gpus_per_worker": ns.gpus_per_run, **settings}
-    cells = plan(table, ns.out, rounds=ns.rounds, seeds=seeds, rows=ns.methods, columns=ns.columns,
-                 data_root=ns.data_root or os.environ.get("RAYFED_DATA"), settings=settings)
+    cells = plan(
+        table,
+        ns.out,
+        rounds=ns.rounds,
+        seeds=seeds,
+        rows=ns.methods,
+        columns=ns.columns,
+        data_root=ns.data_root or os.environ.get("RAYFED_DATA"),
+        settings=settings,
+    )
     outcomes = {}
     if not ns.report_only:
         start, runnable = time.perf_counter(), sum(1 for c in cells if c.config is not None)
         print(f"{table.name}: {len(cells)} cells ({runnable} runnable), {ns.rounds} rounds, seeds {seeds}", flush=True)
 
         def done(cell: Cell, outcome: Outcome) -> None:
-            print(f"[{time.perf_counter() - start:7.0f} s] {cell.row.key} {cell.column.key} seed {cell.seed}: "
-                  f"{outcome.status} {outcome.message}".rstrip()[:400], flush=True)
+            print(
+                f"[{time.perf_counter() - start:7.0f} s] {cell.row.key} {cell.column.key} seed {cell.seed}: "
+                f"{outcome.status} {outcome.message}".rstrip()[:400],
+                flush=True,
+            )
             write_report(table, cells, ns.out, rounds=ns.rounds, at_rounds=ns.at_rounds, command=command)
 
         outcomes = execute(cells, parallel=ns.parallel, on_done=done)
-    path = write_report(table, cells, ns.out, rounds=ns.rounds, at_rounds=ns.at_rounds, outcomes=outcomes,
-                        command=command)
+    path = write_report(
+        table, cells, ns.out, rounds=ns.rounds, at_rounds=ns.at_rounds, outcomes=outcomes, command=command
+    )
     print(path.read_text())
     if not ns.no_figures:
         for figure in draw_figures(table, cells, ns.out, rounds=ns.rounds):
@@ -146,7 +174,10 @@ def reproduce(ns: argparse.Namespace, command: str = "") -> int:
     unfinished = sorted({o.status for o in outcomes.values() if o.status in ("data missing", "failed")})
     if unfinished:
         count = sum(1 for o in outcomes.values() if o.status in unfinished)
-        print(f"rayfed: error: {count} cell{'s' * (count > 1)} could not run ({', '.join(unfinished)}); the report "
-              f"{str(path)!r} lists why and the commands that fetch missing data", file=sys.stderr)
+        print(
+            f"rayfed: error: {count} cell{'s' * (count > 1)} could not run ({', '.join(unfinished)}); the report "
+            f"{str(path)!r} lists why and the commands that fetch missing data",
+            file=sys.stderr,
+        )
         return 1
     return 0

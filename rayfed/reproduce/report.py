@@ -51,8 +51,11 @@ def score_run(
     if rounds_done(directory) < rounds:
         return None
     rows = pq.read_table(directory / "rounds.parquet").to_pylist()
-    curve = [(int(r["round"]) + 1, scale * float(r[metric.column])) for r in rows
-             if r["round"] < rounds and _finite(r.get(metric.column))]
+    curve = [
+        (int(r["round"]) + 1, scale * float(r[metric.column]))
+        for r in rows
+        if r["round"] < rounds and _finite(r.get(metric.column))
+    ]
     trained = [(x, v) for x, v in curve if x >= 1]
     if metric.select == "lowest_test_loss":
         losses = {int(r["round"]) + 1: float(r[metric.loss_column]) for r in rows if _finite(r.get(metric.loss_column))}
@@ -127,15 +130,19 @@ def write_report(
     scores = _scores(cells, table, rounds, at_rounds)
     rows = list(dict.fromkeys(c.row.key for c in cells))
     columns = list(dict.fromkeys(c.column.key for c in cells))
-    by = {(c.row.key, c.column.key): [x for x in cells if x.row.key == c.row.key and x.column.key == c.column.key]
-          for c in cells}
+    by = {
+        (c.row.key, c.column.key): [x for x in cells if x.row.key == c.row.key and x.column.key == c.column.key]
+        for c in cells
+    }
     unit = "%" if table.scale == 100 else "fraction"
     statistic = "pooled over the clients' test samples" if table.metric == "accuracy" else "mean over clients"
     lines = [
-        f"# {table.name}: {table.title}", "",
+        f"# {table.name}: {table.title}",
+        "",
         f"Source: {table.source}. Ours: each row's accuracy ({unit}, {statistic}) at its scored round over rounds "
         f"1..{rounds}, mean ± std over seeds [seeds finished; median scored round]. Papers: "
-        f"{table.paper_rounds or 'unstated'} rounds." + (f" {table.notes}" if table.notes else ""), "",
+        f"{table.paper_rounds or 'unstated'} rounds." + (f" {table.notes}" if table.notes else ""),
+        "",
     ]
     lines += _row_choices(table, rows, by)
     header = [f"{table.column(k).label}: {kind}" for k in columns for kind in ("ours", "paper")]
@@ -151,11 +158,18 @@ def write_report(
                 text = "not available in this version" if "not available" in reason else "config refused"
             else:
                 found = [scores[c] for c in group if c in scores]
-                text = (f"{_mean_std([s.best for s in found], digits)} [{len(found)}/{len(group)}; "
-                        f"r{int(np.median([s.best_round for s in found]))}]") if found else _progress(group, rounds)
+                text = (
+                    (
+                        f"{_mean_std([s.best for s in found], digits)} [{len(found)}/{len(group)}; "
+                        f"r{int(np.median([s.best_round for s in found]))}]"
+                    )
+                    if found
+                    else _progress(group, rounds)
+                )
             cellsrow += [text, table.row(row).paper.get(col, "–")]
-        lines.append(f"| {table.row(row).label} ({row_metric(table, table.row(row)).model}) | "
-                     + " | ".join(cellsrow) + " |")
+        lines.append(
+            f"| {table.row(row).label} ({row_metric(table, table.row(row)).model}) | " + " | ".join(cellsrow) + " |"
+        )
     if blocked:
         lines += ["", "Not run in this version:", ""] + [f"* {label}: {reason}" for reason, label in blocked.items()]
     missing = {c.column.key: (c, o) for c, o in (outcomes or {}).items() if o.status == "data missing"}
@@ -166,41 +180,66 @@ def write_report(
             lines.append(f"* {table.column(key).label}: {outcome.message}\n  fetch: `{fetch_command(cell.config)}`")
     failed = [(c, o) for c, o in (outcomes or {}).items() if o.status == "failed"]
     if failed:
-        lines += ["", "Failed runs:", ""] + [f"* {c.row.label}, {c.column.label}, seed {c.seed}: {o.message}"
-                                             for c, o in failed]
+        lines += ["", "Failed runs:", ""] + [
+            f"* {c.row.label}, {c.column.label}, seed {c.seed}: {o.message}" for c, o in failed
+        ]
     if at_rounds:
         lines += _at_rounds(table, rows, columns, by, scores, at_rounds, digits)
-    lines += ["", "Per run (s/round: median wall time of a round):", "",
-              "| column | method | seed | scored | scored round | final | s/round | run directory |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Per run (s/round: median wall time of a round):",
+        "",
+        "| column | method | seed | scored | scored round | final | s/round | run directory |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for cell, s in scores.items():
         name = cell.run_dir.name if cell.run_dir else ""
-        lines.append(f"| {cell.column.label} | {cell.row.label} | {cell.seed} | {s.best:.{digits}f} | {s.best_round} "
-                     f"| {s.final:.{digits}f} | {s.seconds_per_round:.1f} | {name} |")
+        lines.append(
+            f"| {cell.column.label} | {cell.row.label} | {cell.seed} | {s.best:.{digits}f} | {s.best_round} "
+            f"| {s.final:.{digits}f} | {s.seconds_per_round:.1f} | {name} |"
+        )
     if command:
         lines += ["", f"Written by `{command}`."]
     path = out / f"{table.name}.md"
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
-    write_json(out / f"{table.name}.json", {
-        "table": table.name, "metric": table.metric, "rounds": rounds,
-        "runs": [{"row": c.row.key, "column": c.column.key, "seed": c.seed, "run_dir": str(c.run_dir),
-                  "scored": row_metric(table, c.row).column,
-                  **{k: v for k, v in asdict(s).items() if k != "curve"}} for c, s in scores.items()],
-    })
+    write_json(
+        out / f"{table.name}.json",
+        {
+            "table": table.name,
+            "metric": table.metric,
+            "rounds": rounds,
+            "runs": [
+                {
+                    "row": c.row.key,
+                    "column": c.column.key,
+                    "seed": c.seed,
+                    "run_dir": str(c.run_dir),
+                    "scored": row_metric(table, c.row).column,
+                    **{k: v for k, v in asdict(s).items() if k != "curve"},
+                }
+                for c, s in scores.items()
+            ],
+        },
+    )
     return path
 
 
 def _row_choices(table: Table, rows: list[str], by: dict[tuple[str, str], list[Cell]]) -> list[str]:
     """The header's list: per row, the model it reports, the fidelity it runs, and its settings that are choices."""
-    lines = ["What each row reports and runs (fidelity: the method's `fidelity` switch, docs/algorithms.md; "
-             "– = the method has no switch, one implementation):", "",
-             "| method | reports | fidelity | choices |", "|---|---|---|---|"]
+    lines = [
+        "What each row reports and runs (fidelity: the method's `fidelity` switch, docs/algorithms.md; "
+        "– = the method has no switch, one implementation):",
+        "",
+        "| method | reports | fidelity | choices |",
+        "|---|---|---|---|",
+    ]
     for key in rows:
         row = table.row(key)
         cells = [c for (r, _), group in by.items() if r == key for c in group]
-        lines.append(f"| {row.label} | {row_metric(table, row).describe()} | {_fidelity(row, cells)} | "
-                     f"{row.choices or '–'} |")
+        lines.append(
+            f"| {row.label} | {row_metric(table, row).describe()} | {_fidelity(row, cells)} | {row.choices or '–'} |"
+        )
     return lines + [""]
 
 
@@ -210,22 +249,34 @@ def _fidelity(row: Row, cells: Sequence[Cell]) -> str:
     if config is None:
         return f"fidelity={row.params['fidelity']}" if "fidelity" in row.params else "–"
     halves = (("", config.algorithm.params), (config.algorithm.client, config.algorithm.client_params))
-    parts = [f"{owner}: fidelity={params.fidelity}" if owner else f"fidelity={params.fidelity}"
-             for owner, params in halves if hasattr(params, "fidelity")]
+    parts = [
+        f"{owner}: fidelity={params.fidelity}" if owner else f"fidelity={params.fidelity}"
+        for owner, params in halves
+        if hasattr(params, "fidelity")
+    ]
     return "; ".join(parts) or "–"
 
 
 def _at_rounds(
-    table: Table, rows: list[str], columns: list[str], by: dict[tuple[str, str], list[Cell]],
-    scores: dict[Cell, Score], at_rounds: Sequence[int], digits: int,
+    table: Table,
+    rows: list[str],
+    columns: list[str],
+    by: dict[tuple[str, str], list[Cell]],
+    scores: dict[Cell, Score],
+    at_rounds: Sequence[int],
+    digits: int,
 ) -> list[str]:
     """One table per column: mean ± std over seeds at each chosen round (0 = the initial model) and of the
     best, then the best's spread over seeds (lowest – highest seed)."""
     lines = []
     for col in columns:
-        lines += ["", f"{table.column(col).label}: each row's column at chosen rounds (mean ± std over seeds)", "",
-                  "| method | " + " | ".join(f"round {a}" for a in at_rounds) + " | scored | scored: seed range |",
-                  "|---|" + "---|" * (len(at_rounds) + 2)]
+        lines += [
+            "",
+            f"{table.column(col).label}: each row's column at chosen rounds (mean ± std over seeds)",
+            "",
+            "| method | " + " | ".join(f"round {a}" for a in at_rounds) + " | scored | scored: seed range |",
+            "|---|" + "---|" * (len(at_rounds) + 2),
+        ]
         for row in rows:
             found = [scores[c] for c in by[(row, col)] if c in scores]
             if not found:

@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Cell", "Outcome", "plan", "rounds_done", "run_cell", "execute", "fetch_command"]
 
+
 @dataclass(frozen=True, eq=False)
 class Cell:
     """One (row, column, seed) of a table: its config, or why it cannot run."""
@@ -137,8 +138,14 @@ def plan(
                 if reason:
                     cells.append(Cell(row, column, seed, None, reason))
                     continue
-                values = {**base, "seed": seed, "train.rounds": rounds, "engine.backend": "local",
-                          "engine.progress": False, "engine.checkpoint_every": 1}
+                values = {
+                    **base,
+                    "seed": seed,
+                    "train.rounds": rounds,
+                    "engine.backend": "local",
+                    "engine.progress": False,
+                    "engine.checkpoint_every": 1,
+                }
                 if data_root is not None:
                     values["data.root"] = str(Path(data_root).expanduser().absolute())
                 try:
@@ -224,9 +231,7 @@ def execute(
     return _execute_on_ray(runnable, parallel, on_done)
 
 
-def _execute_on_ray(
-    cells: list[Cell], parallel: int, on_done: Callable[[Cell, Outcome], None]
-) -> dict[Cell, Outcome]:
+def _execute_on_ray(cells: list[Cell], parallel: int, on_done: Callable[[Cell, Outcome], None]) -> dict[Cell, Outcome]:
     """At most ``parallel`` cells at a time as Ray tasks on the cluster of ``RAY_ADDRESS``, or on a private
     local Ray (:func:`rayfed.actors.cluster.ray_started`: without token authentication, shut down after).
     Each task asks for one CPU and its run's GPU share (``engine.num_gpus_per_worker``)."""

@@ -122,14 +122,20 @@ class RowMetric:
         return f"{_MODEL_WORDS[self.model]} (`{self.column}`), {rounds}"
 
 
-_MODEL_WORDS = {"personalised": "personalised models", "global": "global model",
-                "local": "clients' models after local training"}
+_MODEL_WORDS = {
+    "personalised": "personalised models",
+    "global": "global model",
+    "local": "clients' models after local training",
+}
 
 
 _COLUMNS = {  # (table statistic, model) -> rounds.parquet column
-    ("accuracy", "personalised"): "accuracy", ("acc_mean", "personalised"): "acc_mean",
-    ("accuracy", "global"): "global_accuracy", ("acc_mean", "global"): "global_acc_mean",
-    ("accuracy", "local"): "local_accuracy", ("acc_mean", "local"): "local_acc_mean",
+    ("accuracy", "personalised"): "accuracy",
+    ("acc_mean", "personalised"): "acc_mean",
+    ("accuracy", "global"): "global_accuracy",
+    ("acc_mean", "global"): "global_acc_mean",
+    ("accuracy", "local"): "local_accuracy",
+    ("acc_mean", "local"): "local_acc_mean",
 }
 _LOSS_COLUMNS = {"accuracy": "test_loss", "acc_mean": "test_loss_mean"}
 
@@ -155,12 +161,16 @@ def row_metric(table: Table, row: Row) -> RowMetric:
     single = ALGORITHMS.get(row.algorithm).single_model if row.algorithm in ALGORITHMS.names() else False
     model = row.evaluates or ("global" if single else "personalised")
     if single and model == "personalised":
-        raise ValueError(f"Row {row.key!r}: {row.algorithm} evaluates every client with its global model; "
-                         "it has no personalised models to report")
+        raise ValueError(
+            f"Row {row.key!r}: {row.algorithm} evaluates every client with its global model; "
+            "it has no personalised models to report"
+        )
     column = table.metric if single and model == "global" else _COLUMNS[(table.metric, model)]
     if row.select == "lowest_test_loss" and model != ("global" if single else "personalised"):
-        raise ValueError(f"Row {row.key!r}: the test loss is that of the clients' evaluation models, so "
-                         f"select='lowest_test_loss' cannot score the {model} model")
+        raise ValueError(
+            f"Row {row.key!r}: the test loss is that of the clients' evaluation models, so "
+            f"select='lowest_test_loss' cannot score the {model} model"
+        )
     return RowMetric(model, column, _LOSS_COLUMNS[table.metric], row.select)
 
 
@@ -192,10 +202,12 @@ def unavailable(overrides: Mapping[str, Any]) -> str:
     from rayfed.data import DATASETS
     from rayfed.models import MODELS
 
-    wanted = [("algorithm", overrides.get("algorithm.name"), ALGORITHMS.names()),
-              ("algorithm", overrides.get("algorithm.client"), ALGORITHMS.names()),
-              ("dataset", overrides.get("data.dataset"), DATASETS.names()),
-              ("model", overrides.get("model.name"), MODELS.names())]
+    wanted = [
+        ("algorithm", overrides.get("algorithm.name"), ALGORITHMS.names()),
+        ("algorithm", overrides.get("algorithm.client"), ALGORITHMS.names()),
+        ("dataset", overrides.get("data.dataset"), DATASETS.names()),
+        ("model", overrides.get("model.name"), MODELS.names()),
+    ]
     wanted += [("model", m, MODELS.names()) for m in overrides.get("model.client_models", ())]
     for kind, name, known in wanted:
         if name is not None and name not in known:

@@ -17,8 +17,9 @@ __all__ = ["CWFEDAVG_TABLES"]
 _OUT = {"variant": "wdr", "classwise_blocks": 1}
 _APPLE = {"anneal_rounds": 1000}
 """APPLE's λ fades over L·R rounds; R = the papers' 1000 rounds, so a shorter run follows their schedule."""
-_APPLE_CHOICE = ("PFLlib's APPLE but its clients of a round train in parallel, where PFLlib trains them in sequence "
-                 "on shared cores")
+_APPLE_CHOICE = (
+    "PFLlib's APPLE but its clients of a round train in parallel, where PFLlib trains them in sequence on shared cores"
+)
 _ALL = {"classwise_blocks": 0}
 _BABU_EVAL = {"engine.eval_every": 5}
 """FedBABU fine-tunes every client for τ_f = 5 epochs before each evaluation, five times a round's training;
@@ -26,8 +27,13 @@ its paper fine-tunes once, after training, so its table evaluates every 5 rounds
 
 
 def _col(key: str, label: str, dataset: str, partition: str = "dirichlet", /, **settings: object) -> Column:
-    preset = {"mnist": "cwfedavg-mnist", "cifar10": "cwfedavg-cifar10", "cifar100": "cwfedavg-cifar100",
-              "tiny_imagenet": "cwfedavg-tiny", "ag_news": "cwfedavg-mnist"}[dataset]
+    preset = {
+        "mnist": "cwfedavg-mnist",
+        "cifar10": "cwfedavg-cifar10",
+        "cifar100": "cwfedavg-cifar100",
+        "tiny_imagenet": "cwfedavg-tiny",
+        "ag_news": "cwfedavg-mnist",
+    }[dataset]
     values: dict[str, object] = {"data.dataset": dataset, "data.partition": partition, **settings}
     return Column(key, label, preset, values)
 
@@ -76,8 +82,12 @@ FedAvg under the tables' optimiser). At 20 rounds the warm-up still keeps CFL at
 
 _CFL_CHOICE = "ε₁ 0.4, ε₂ 0.9 on the clients' gradients (norms=gradient), where P-arXiv and CFL's code bound updates"
 
-_IFCA_K = {"mnist": {"algorithm.params.num_clusters": 4}, "cifar10": {"algorithm.params.num_clusters": 2},
-           "cifar100": {"algorithm.params.num_clusters": 8}, "ag_news": {"algorithm.params.num_clusters": 2}}
+_IFCA_K = {
+    "mnist": {"algorithm.params.num_clusters": 4},
+    "cifar10": {"algorithm.params.num_clusters": 2},
+    "cifar100": {"algorithm.params.num_clusters": 8},
+    "ag_news": {"algorithm.params.num_clusters": 2},
+}
 
 
 _T1 = ("path_c10", "path_c100", "prac_mnist", "prac_c10", "prac_c100", "prac_tiny", "prac_tiny_r18")
@@ -87,24 +97,67 @@ ICCV_T1 = Table(
     source="P-ICCV Table 1 (seed 000)",
     columns=(PATH_C10, PATH_C100, PRAC_MNIST, PRAC_C10, PRAC_C100, PRAC_TINY, PRAC_TINY_R18),
     rows=(
-        Row("fedavg", "FedAvg", "fedavg",
-            paper=_paper(_T1, "60.68±0.84 28.22±0.32 98.70±0.04 61.94±0.56 32.44±0.42 21.35±0.12 24.71±0.15")),
-        Row("fedprox", "FedProx", "fedprox", {"mu": 0.001},
-            paper=_paper(_T1, "60.65±0.92 28.59±0.28 98.68±0.09 62.48±0.86 32.26±0.26 20.65±0.12 24.06±0.16")),
-        Row("fedamp", "FedAMP", "fedamp",
-            paper=_paper(_T1, "88.82±0.15 63.29±0.49 99.26±0.01 89.46±0.11 47.65±0.62 29.95±0.10 31.38±0.18")),
-        Row("fedfomo", "FedFomo", "fedfomo", _FOMO,
-            paper=_paper(_T1, "90.76±0.59 63.12±0.59 99.13±0.04 88.05±0.08 44.62±0.37 26.22±0.25 26.12±0.31")),
-        Row("cfl", "CFL", "cfl", _CFL,
-            paper=_paper(_T1, "60.58±0.15 28.55±0.30 98.70±0.01 61.40±0.51 44.19±0.69 29.62±0.43 33.47±0.68")),
-        Row("ifca", "IFCA", "ifca", per_dataset=_IFCA_K,
-            paper=_paper(_T1, "72.84±4.80 58.98±2.38 99.10±0.06 70.12±0.13 34.86±1.02 19.93±0.59 26.68±0.16")),
-        Row("fednh", "FedNH", "fednh", evaluates="global",
-            paper=_paper(_T1, "50.82±0.33 26.26±0.36 98.85±0.29 56.38±0.17 32.98±0.88 17.04±0.07 24.24±0.76")),
-        Row("feduv", "FedUV", "feduv", evaluates="local",
-            paper=_paper(_T1, "88.11±0.13 62.72±0.28 99.25±0.09 88.59±0.09 46.80±0.20 28.09±0.06 25.45±0.03")),
-        Row("cwfedavg", "cwFedAvg (Output)", "cwfedavg", _OUT,
-            paper=_paper(_T1, "91.23±0.04 67.50±0.14 99.52±0.03 88.65±0.19 56.29±0.18 41.38±0.12 43.51±0.14")),
+        Row(
+            "fedavg",
+            "FedAvg",
+            "fedavg",
+            paper=_paper(_T1, "60.68±0.84 28.22±0.32 98.70±0.04 61.94±0.56 32.44±0.42 21.35±0.12 24.71±0.15"),
+        ),
+        Row(
+            "fedprox",
+            "FedProx",
+            "fedprox",
+            {"mu": 0.001},
+            paper=_paper(_T1, "60.65±0.92 28.59±0.28 98.68±0.09 62.48±0.86 32.26±0.26 20.65±0.12 24.06±0.16"),
+        ),
+        Row(
+            "fedamp",
+            "FedAMP",
+            "fedamp",
+            paper=_paper(_T1, "88.82±0.15 63.29±0.49 99.26±0.01 89.46±0.11 47.65±0.62 29.95±0.10 31.38±0.18"),
+        ),
+        Row(
+            "fedfomo",
+            "FedFomo",
+            "fedfomo",
+            _FOMO,
+            paper=_paper(_T1, "90.76±0.59 63.12±0.59 99.13±0.04 88.05±0.08 44.62±0.37 26.22±0.25 26.12±0.31"),
+        ),
+        Row(
+            "cfl",
+            "CFL",
+            "cfl",
+            _CFL,
+            paper=_paper(_T1, "60.58±0.15 28.55±0.30 98.70±0.01 61.40±0.51 44.19±0.69 29.62±0.43 33.47±0.68"),
+        ),
+        Row(
+            "ifca",
+            "IFCA",
+            "ifca",
+            per_dataset=_IFCA_K,
+            paper=_paper(_T1, "72.84±4.80 58.98±2.38 99.10±0.06 70.12±0.13 34.86±1.02 19.93±0.59 26.68±0.16"),
+        ),
+        Row(
+            "fednh",
+            "FedNH",
+            "fednh",
+            evaluates="global",
+            paper=_paper(_T1, "50.82±0.33 26.26±0.36 98.85±0.29 56.38±0.17 32.98±0.88 17.04±0.07 24.24±0.76"),
+        ),
+        Row(
+            "feduv",
+            "FedUV",
+            "feduv",
+            evaluates="local",
+            paper=_paper(_T1, "88.11±0.13 62.72±0.28 99.25±0.09 88.59±0.09 46.80±0.20 28.09±0.06 25.45±0.03"),
+        ),
+        Row(
+            "cwfedavg",
+            "cwFedAvg (Output)",
+            "cwfedavg",
+            _OUT,
+            paper=_paper(_T1, "91.23±0.04 67.50±0.14 99.52±0.03 88.65±0.19 56.29±0.18 41.38±0.12 43.51±0.14"),
+        ),
     ),
     paper_rounds=1000,
     notes=_MODELS_NOTE,
@@ -125,8 +178,13 @@ ICCV_T2 = Table(
         Row("ifca", "IFCA", "ifca", per_dataset=_IFCA_K, paper=_paper(_T2, "29.17 26.56 53.89 25.87 22.27")),
         Row("fednh", "FedNH", "fednh", evaluates="global", paper=_paper(_T2, "33.14 32.73 25.48 37.13 20.41")),
         Row("feduv", "FedUV", "feduv", evaluates="local", paper=_paper(_T2, "44.30 40.91 72.67 27.23 37.41")),
-        Row("cwfedavg", "cwFedAvg (Output)", "cwfedavg", _OUT,
-            paper=_paper(_T2, "55.90±0.35 53.54±0.79 75.20±0.21 40.78±0.93 37.50±0.10")),
+        Row(
+            "cwfedavg",
+            "cwFedAvg (Output)",
+            "cwfedavg",
+            _OUT,
+            paper=_paper(_T2, "55.90±0.35 53.54±0.79 75.20±0.21 40.78±0.93 37.50±0.10"),
+        ),
     ),
     paper_rounds=1000,
     notes=_MODELS_NOTE,
@@ -139,12 +197,27 @@ ICCV_T3 = Table(
     source="P-ICCV Table 3 (seed 000)",
     columns=(PATH_C10, PATH_C100, PRAC_C10, PRAC_C100, PRAC_TINY),
     rows=(
-        Row("cw_all", "– / all", "cwfedavg", {"variant": "wdr", "classwise_blocks": 0},
-            paper=_paper(_T3, "90.98 65.91 88.40 54.99 38.94")),
-        Row("cw_3", "Conv1 / Conv2-FC-Output", "cwfedavg", {"variant": "wdr", "classwise_blocks": 3},
-            paper=_paper(_T3, "90.99 65.71 88.55 55.01 38.76")),
-        Row("cw_2", "Conv1-Conv2 / FC-Output", "cwfedavg", {"variant": "wdr", "classwise_blocks": 2},
-            paper=_paper(_T3, "90.93 65.22 88.45 54.98 38.78")),
+        Row(
+            "cw_all",
+            "– / all",
+            "cwfedavg",
+            {"variant": "wdr", "classwise_blocks": 0},
+            paper=_paper(_T3, "90.98 65.91 88.40 54.99 38.94"),
+        ),
+        Row(
+            "cw_3",
+            "Conv1 / Conv2-FC-Output",
+            "cwfedavg",
+            {"variant": "wdr", "classwise_blocks": 3},
+            paper=_paper(_T3, "90.99 65.71 88.55 55.01 38.76"),
+        ),
+        Row(
+            "cw_2",
+            "Conv1-Conv2 / FC-Output",
+            "cwfedavg",
+            {"variant": "wdr", "classwise_blocks": 2},
+            paper=_paper(_T3, "90.93 65.22 88.45 54.98 38.78"),
+        ),
         Row("cw_1", "Conv1-Conv2-FC / Output", "cwfedavg", _OUT, paper=_paper(_T3, "91.23 67.50 88.65 56.29 41.38")),
         Row("fedavg", "all / – (FedAvg)", "fedavg", paper=_paper(_T3, "60.68 28.22 61.94 32.44 21.35")),
     ),
@@ -179,12 +252,27 @@ ARXIV_T1 = Table(
         Row("fedfomo", "FedFomo", "fedfomo", _FOMO, paper=_paper(_A1, "99.80 - - - - - 97.36")),
         Row("cfl", "CFL", "cfl", _CFL, paper=_paper(_A1, "98.02 - - - - - 33.89")),
         Row("ifca", "IFCA", "ifca", per_dataset=_IFCA_K, paper=_paper(_A1, "99.71 - - - - - 60.24")),
-        Row("dist", "cwFedAvg w/ Dist.", "cwfedavg", {"variant": "dist", **_ALL},
-            paper=_paper(_A1, "99.86 91.35 67.37 99.52 89.53 48.27 98.37")),
-        Row("no_wdr", "cwFedAvg w/o WDR", "cwfedavg", {"variant": "no_wdr", **_ALL},
-            paper=_paper(_A1, "97.94 61.29 28.67 98.71 62.72 32.25 74.24")),
-        Row("wdr_all", "cwFedAvg w/ WDR", "cwfedavg", {"variant": "wdr", **_ALL},
-            paper=_paper(_A1, "99.87 90.88 65.52 99.47 89.54 55.38 98.43")),
+        Row(
+            "dist",
+            "cwFedAvg w/ Dist.",
+            "cwfedavg",
+            {"variant": "dist", **_ALL},
+            paper=_paper(_A1, "99.86 91.35 67.37 99.52 89.53 48.27 98.37"),
+        ),
+        Row(
+            "no_wdr",
+            "cwFedAvg w/o WDR",
+            "cwfedavg",
+            {"variant": "no_wdr", **_ALL},
+            paper=_paper(_A1, "97.94 61.29 28.67 98.71 62.72 32.25 74.24"),
+        ),
+        Row(
+            "wdr_all",
+            "cwFedAvg w/ WDR",
+            "cwfedavg",
+            {"variant": "wdr", **_ALL},
+            paper=_paper(_A1, "99.87 90.88 65.52 99.47 89.54 55.38 98.43"),
+        ),
     ),
     paper_rounds=1000,
 )
@@ -195,11 +283,21 @@ ARXIV_T2 = Table(
     source="P-arXiv Table 2 (seed 003)",
     columns=C100_SCALE,
     rows=(
-        Row("wdr_all", "cwFedAvg w/ WDR", "cwfedavg", {"variant": "wdr", **_ALL},
-            paper=_paper(_T2, "55.90 53.54 72.76 39.63 37.02")),
+        Row(
+            "wdr_all",
+            "cwFedAvg w/ WDR",
+            "cwfedavg",
+            {"variant": "wdr", **_ALL},
+            paper=_paper(_T2, "55.90 53.54 72.76 39.63 37.02"),
+        ),
         Row("apple", "APPLE", "apple", _APPLE, paper=_paper(_T2, "55.60 54.78 72.51 41.60 37.88")),
-        Row("dist", "cwFedAvg w/ Dist.", "cwfedavg", {"variant": "dist", **_ALL},
-            paper=_paper(_T2, "46.19 43.87 72.54 37.59 36.98")),
+        Row(
+            "dist",
+            "cwFedAvg w/ Dist.",
+            "cwfedavg",
+            {"variant": "dist", **_ALL},
+            paper=_paper(_T2, "46.19 43.87 72.54 37.59 36.98"),
+        ),
         Row("fedavg", "FedAvg", "fedavg", paper=_paper(_T2, "32.63 32.32 - - -")),
     ),
     paper_rounds=1000,
@@ -212,10 +310,20 @@ CWFEDAVG_MNIST = Table(
     columns=(PATH_MNIST, PRAC_MNIST),
     rows=(
         Row("fedavg", "FedAvg", "fedavg", paper={"path_mnist": "98.08 [A]", "prac_mnist": "98.70±0.04"}),
-        Row("cwfedavg", "cwFedAvg (Output), λ = 10", "cwfedavg", {**_OUT, "wdr_lambda": 10.0},
-            paper={"prac_mnist": "99.52±0.03"}),
-        Row("wdr_all", "cwFedAvg w/ WDR (all layers)", "cwfedavg", {"variant": "wdr", **_ALL},
-            paper={"path_mnist": "99.87 [A]", "prac_mnist": "99.47 [A]"}),
+        Row(
+            "cwfedavg",
+            "cwFedAvg (Output), λ = 10",
+            "cwfedavg",
+            {**_OUT, "wdr_lambda": 10.0},
+            paper={"prac_mnist": "99.52±0.03"},
+        ),
+        Row(
+            "wdr_all",
+            "cwFedAvg w/ WDR (all layers)",
+            "cwfedavg",
+            {"variant": "wdr", **_ALL},
+            paper={"path_mnist": "99.87 [A]", "prac_mnist": "99.47 [A]"},
+        ),
     ),
     paper_rounds=1000,
     notes="[A] = P-arXiv Table 1; others P-ICCV Table 1. Measured with "
@@ -233,20 +341,45 @@ PFL_BASELINES_MNIST = Table(
         Row("cwfedavg", "cwFedAvg (Output)", "cwfedavg", _OUT, paper={"prac_mnist": "99.52±0.03"}),
         Row("fedamp", "FedAMP", "fedamp", paper={"path_mnist": "99.91 [A]", "prac_mnist": "99.26±0.01"}),
         Row("fedfomo", "FedFomo", "fedfomo", _FOMO, paper={"path_mnist": "99.80 [A]", "prac_mnist": "99.13±0.04"}),
-        Row("apple", "APPLE", "apple", _APPLE, choices=_APPLE_CHOICE,
-            paper={"path_mnist": "99.75 [A]", "prac_mnist": "99.49 [A]"}),
-        Row("cfl", "CFL", "cfl", _CFL, choices=_CFL_CHOICE,
-            paper={"path_mnist": "98.02 [A]", "prac_mnist": "98.70±0.01"}),
+        Row(
+            "apple",
+            "APPLE",
+            "apple",
+            _APPLE,
+            choices=_APPLE_CHOICE,
+            paper={"path_mnist": "99.75 [A]", "prac_mnist": "99.49 [A]"},
+        ),
+        Row(
+            "cfl",
+            "CFL",
+            "cfl",
+            _CFL,
+            choices=_CFL_CHOICE,
+            paper={"path_mnist": "98.02 [A]", "prac_mnist": "98.70±0.01"},
+        ),
         Row("ifca", "IFCA", "ifca", per_dataset=_IFCA_K, paper={"path_mnist": "99.71 [A]", "prac_mnist": "99.10±0.06"}),
         Row("fednh", "FedNH", "fednh", evaluates="global", paper={"prac_mnist": "98.85±0.29"}),
         Row("feduv", "FedUV", "feduv", evaluates="local", paper={"prac_mnist": "99.25±0.09"}),
-        Row("ditto", "Ditto", "ditto", choices="λ = 0.1, the middle of the Ditto paper's grid (PFLlib's mu "
-            "defaults to 0)"),
-        Row("fedrep", "FedRep", "fedrep", choices="τ_h = 10 head epochs, the FedRep paper's (PFLlib's plocal_epochs "
-            "defaults to 1)"),
+        Row(
+            "ditto",
+            "Ditto",
+            "ditto",
+            choices="λ = 0.1, the middle of the Ditto paper's grid (PFLlib's mu defaults to 0)",
+        ),
+        Row(
+            "fedrep",
+            "FedRep",
+            "fedrep",
+            choices="τ_h = 10 head epochs, the FedRep paper's (PFLlib's plocal_epochs defaults to 1)",
+        ),
         Row("fedper", "FedPer", "fedper"),
-        Row("fedbabu", "FedBABU", "fedbabu", settings=_BABU_EVAL, choices="τ_f = 5 fine-tuning epochs (PFLlib's "
-            "fine_tuning_epochs defaults to 10); evaluated every 5 rounds"),
+        Row(
+            "fedbabu",
+            "FedBABU",
+            "fedbabu",
+            settings=_BABU_EVAL,
+            choices="τ_f = 5 fine-tuning epochs (PFLlib's fine_tuning_epochs defaults to 10); evaluated every 5 rounds",
+        ),
         Row("lgfedavg", "LG-FedAvg", "lgfedavg"),
     ),
     paper_rounds=1000,

@@ -33,8 +33,10 @@ _SGDM = {"algorithm.client": "sgdm"}
 """FedAWA's code gives FedAvg and the other server-side baselines the clients FedAWA has: momentum kept
 across rounds. FedProx and FedDyn have clients of their own: FedProx's plain SGD (the code's
 PerturbedGradientDescent), FedDyn's regulariser with the same persistent momentum (its ``fidelity=code``)."""
-_FEDADAM_LR = ("server lr η = 0.01: no reference fixes it (FedLAW's code defaults to 1.0 and cites 0.01 as the FedAdam "
-               "paper's CIFAR-10 value; η = 1 leaves the network at chance, docs/algorithms.md, FedAdam)")
+_FEDADAM_LR = (
+    "server lr η = 0.01: no reference fixes it (FedLAW's code defaults to 1.0 and cites 0.01 as the FedAdam "
+    "paper's CIFAR-10 value; η = 1 leaves the network at chance, docs/algorithms.md, FedAdam)"
+)
 _FEDPROX_SGD = "plain SGD without weight decay, as the authors' code trains FedProx (the other rows keep momentum)"
 AWA_T1 = Table(
     name="fedawa-t1",
@@ -42,23 +44,60 @@ AWA_T1 = Table(
     source="P-AWA Table 1 (seed 004)",
     columns=_AWA_COLS,
     rows=(
-        Row("fedlaw", "FedLAW (proxy data)", "fedlaw", settings=_SGDM,
+        Row(
+            "fedlaw",
+            "FedLAW (proxy data)",
+            "fedlaw",
+            settings=_SGDM,
             per_dataset={"cifar10": {"algorithm.params.server_lr": 0.01}},  # C-LAW: 0.01 on CIFAR-10 only
-            paper=_paper(_A, "64.76 75.27 81.30 34.59 37.56 41.05 29.13 33.49 37.20")),
-        Row("fedavg", "FedAvg", "fedavg", settings=_SGDM,
-            paper=_paper(_A, "61.04 74.47 76.01 36.71 41.08 41.46 29.44 34.43 36.31")),
-        Row("feddisco", "FedDisco", "feddisco", settings=_SGDM,
-            paper=_paper(_A, "62.86 74.72 75.40 36.46 41.02 41.46 31.19 34.29 36.31")),
-        Row("ldawa", "L-DAWA", "ldawa", settings=_SGDM,
-            paper=_paper(_A, "62.87 75.61 76.10 36.31 39.81 42.39 32.02 31.43 36.25")),
-        Row("fedprox", "FedProx", "fedprox", {"mu": 0.001}, {"train.momentum": 0.0, "train.weight_decay": 0.0},
-            choices=_FEDPROX_SGD, paper=_paper(_A, "60.62 73.27 73.96 34.60 39.35 38.15 29.37 34.32 35.03")),
-        Row("fedadam", "FedAdam", "fedadam", settings=_SGDM, choices=_FEDADAM_LR,
-            paper=_paper(_A, "61.76 73.04 70.40 32.12 34.92 30.37 21.77 27.39 24.08")),
+            paper=_paper(_A, "64.76 75.27 81.30 34.59 37.56 41.05 29.13 33.49 37.20"),
+        ),
+        Row(
+            "fedavg",
+            "FedAvg",
+            "fedavg",
+            settings=_SGDM,
+            paper=_paper(_A, "61.04 74.47 76.01 36.71 41.08 41.46 29.44 34.43 36.31"),
+        ),
+        Row(
+            "feddisco",
+            "FedDisco",
+            "feddisco",
+            settings=_SGDM,
+            paper=_paper(_A, "62.86 74.72 75.40 36.46 41.02 41.46 31.19 34.29 36.31"),
+        ),
+        Row(
+            "ldawa",
+            "L-DAWA",
+            "ldawa",
+            settings=_SGDM,
+            paper=_paper(_A, "62.87 75.61 76.10 36.31 39.81 42.39 32.02 31.43 36.25"),
+        ),
+        Row(
+            "fedprox",
+            "FedProx",
+            "fedprox",
+            {"mu": 0.001},
+            {"train.momentum": 0.0, "train.weight_decay": 0.0},
+            choices=_FEDPROX_SGD,
+            paper=_paper(_A, "60.62 73.27 73.96 34.60 39.35 38.15 29.37 34.32 35.03"),
+        ),
+        Row(
+            "fedadam",
+            "FedAdam",
+            "fedadam",
+            settings=_SGDM,
+            choices=_FEDADAM_LR,
+            paper=_paper(_A, "61.76 73.04 70.40 32.12 34.92 30.37 21.77 27.39 24.08"),
+        ),
         Row("feddyn", "FedDyn", "feddyn", paper=_paper(_A, "56.37 74.61 77.92 36.92 44.80 41.04 27.32 32.80 34.32")),
         Row("fedawa", "FedAWA", "fedawa", paper=_paper(_A, "63.55 75.65 80.10 37.04 41.89 42.84 33.07 34.57 36.59")),
-        Row("fedawa_l", "FedAWA-L", "fedawa_l",
-            paper=_paper(_A, "65.13 75.99 79.70 36.85 42.52 45.27 33.42 34.86 36.04")),
+        Row(
+            "fedawa_l",
+            "FedAWA-L",
+            "fedawa_l",
+            paper=_paper(_A, "65.13 75.99 79.70 36.85 42.52 45.27 33.42 34.86 36.04"),
+        ),
     ),
     paper_rounds=300,
     notes="P-AWA does not state its rounds (its code's default is 300) nor its seeds.",
@@ -73,8 +112,7 @@ AWA_T5 = Table(
     columns=_T5_COLS,
     rows=(
         Row("none", "no regulariser", "fedawa", {"distance": "none"}, paper=_paper(_B, "63.05 75.06 36.75 41.36")),
-        Row("euclidean", "Euclidean", "fedawa", {"distance": "euclidean"},
-            paper=_paper(_B, "63.53 75.35 37.20 41.55")),
+        Row("euclidean", "Euclidean", "fedawa", {"distance": "euclidean"}, paper=_paper(_B, "63.53 75.35 37.20 41.55")),
         Row("cos", "cosine", "fedawa", {"distance": "cos"}, paper=_paper(_B, "63.55 75.65 37.04 41.89")),
     ),
     paper_rounds=300,
@@ -110,9 +148,13 @@ _KT_E1_PARAMS = {"max_local_epochs": 0}
 10.5x as many epochs (docs/algorithms.md, KT-pFL, gives the measured cost of a round)."""
 _MNIST_PUBLIC = {"algorithm.params.public_dataset": "mnist"}
 _KT_PER_DATASET: dict[str, dict[str, Any]] = {
-    "cifar10": {"train.lr": 0.02, "algorithm.params.coef_lr": 0.02, "algorithm.params.penalty": 0.7,
-                "algorithm.params.public_dataset": "cifar100",
-                "algorithm.params.public_classes": [0, 2, 20, 63, 71, 82]},
+    "cifar10": {
+        "train.lr": 0.02,
+        "algorithm.params.coef_lr": 0.02,
+        "algorithm.params.penalty": 0.7,
+        "algorithm.params.public_dataset": "cifar100",
+        "algorithm.params.public_classes": [0, 2, 20, 63, 71, 82],
+    },
     "fashion_mnist": _MNIST_PUBLIC,
     "emnist_letters": _MNIST_PUBLIC,
     "synthetic": _MNIST_PUBLIC,
@@ -121,8 +163,10 @@ _KT_PER_DATASET: dict[str, dict[str, Any]] = {
 learning rate for the models and for c). Its public set is another dataset (load_public_dataset): six CIFAR-100
 classes for CIFAR-10, MNIST for Fashion-MNIST and EMNIST (and here for the offline dataset in Fashion-MNIST's shape);
 the MNIST column holds it out of its own pool."""
-_PROTO_NETS = {"model.name": "fedproto_cnn18",
-               "model.client_models": ["fedproto_cnn18", "fedproto_cnn20", "fedproto_cnn22"]}
+_PROTO_NETS = {
+    "model.name": "fedproto_cnn18",
+    "model.client_models": ["fedproto_cnn18", "fedproto_cnn20", "fedproto_cnn22"],
+}
 _PROTO_PER_DATASET: dict[str, dict[str, Any]] = {
     dataset: _PROTO_NETS for dataset in ("fashion_mnist", "emnist_letters", "mnist", "synthetic")
 }
@@ -149,30 +193,74 @@ def _fmnist_reference(values: str) -> dict[str, str]:
     paper = _paper(_C2, values)
     return {**paper, **{key: f"{paper['fm_dir']} [FMNIST]" for key in ("mnist_dir", "offline_dir")}}
 
-_SGD_CHOICE = ("SGD lr 0.01, momentum 0.5 (FedProto's defaults): P-FCA ran its baselines with their authors' code "
-               "and gives no local-only settings")
-_KT_CHOICE = ("fidelity=corrected: the code's rules on one consistent, normalised public set; the code as written "
-              "(fidelity=code) distils each public image towards another image's target, on raw 0-255 pixels")
-_FCA_LR = ("Fashion-MNIST-shaped columns: Adam lr 6e-4 as P-FCA Table 1 states; the authors' "
-           "configs/fashion-mnist.json has 1e-4")
+
+_SGD_CHOICE = (
+    "SGD lr 0.01, momentum 0.5 (FedProto's defaults): P-FCA ran its baselines with their authors' code "
+    "and gives no local-only settings"
+)
+_KT_CHOICE = (
+    "fidelity=corrected: the code's rules on one consistent, normalised public set; the code as written "
+    "(fidelity=code) distils each public image towards another image's target, on raw 0-255 pixels"
+)
+_FCA_LR = (
+    "Fashion-MNIST-shaped columns: Adam lr 6e-4 as P-FCA Table 1 states; the authors' "
+    "configs/fashion-mnist.json has 1e-4"
+)
 FCA_T2 = Table(
     name="fedclassavg-t2",
     title="FedClassAvg on 20 heterogeneous clients (4 networks)",
     source="P-FCA Table 2 (seed 002); ± there is the std across clients",
     columns=_F2,
     rows=(
-        Row("local", "local only", "local", settings=_SGD, choices=_SGD_CHOICE,
-            paper=_fmnist_reference(".6894±.0665 .8871±.0417 .8840±.0698 .9430±.0288 .9149±.0378 .9671±.1073")),
-        Row("fedproto", "FedProto", "fedproto", settings=_PROTO, per_dataset=_PROTO_PER_DATASET,
-            paper=_fmnist_reference(".4742 .8359 .6042 .6364 .2249 .2183")),
-        Row("ktpfl", "KT-pFL", "ktpfl", _KT_PARAMS, _KT, per_dataset=_KT_PER_DATASET, choices=_KT_CHOICE,
-            paper=_fmnist_reference(".6228±.0783 .8721±.0717 .9039±.0435 .9737±.0434 .9055±.0500 .9921±.0076")),
-        Row("ktpfl_e1", "KT-pFL, 1 epoch a round", "ktpfl", _KT_E1_PARAMS, _KT, per_dataset=_KT_PER_DATASET,
-            choices=_KT_CHOICE + "; one local epoch a round, not the code's growing 1..20"),
-        Row("fedclassavg", "FedClassAvg", "fedclassavg", choices=_FCA_LR,
-            paper=_fmnist_reference(".7670±.0532 .9202±.0562 .9303±.0308 .9800±.0281 .9305±.0178 .9957±.0040")),
-        Row("fedclassavg_loss", "FedClassAvg, round of lowest test loss", "fedclassavg", choices=_FCA_LR,
-            select="lowest_test_loss"),
+        Row(
+            "local",
+            "local only",
+            "local",
+            settings=_SGD,
+            choices=_SGD_CHOICE,
+            paper=_fmnist_reference(".6894±.0665 .8871±.0417 .8840±.0698 .9430±.0288 .9149±.0378 .9671±.1073"),
+        ),
+        Row(
+            "fedproto",
+            "FedProto",
+            "fedproto",
+            settings=_PROTO,
+            per_dataset=_PROTO_PER_DATASET,
+            paper=_fmnist_reference(".4742 .8359 .6042 .6364 .2249 .2183"),
+        ),
+        Row(
+            "ktpfl",
+            "KT-pFL",
+            "ktpfl",
+            _KT_PARAMS,
+            _KT,
+            per_dataset=_KT_PER_DATASET,
+            choices=_KT_CHOICE,
+            paper=_fmnist_reference(".6228±.0783 .8721±.0717 .9039±.0435 .9737±.0434 .9055±.0500 .9921±.0076"),
+        ),
+        Row(
+            "ktpfl_e1",
+            "KT-pFL, 1 epoch a round",
+            "ktpfl",
+            _KT_E1_PARAMS,
+            _KT,
+            per_dataset=_KT_PER_DATASET,
+            choices=_KT_CHOICE + "; one local epoch a round, not the code's growing 1..20",
+        ),
+        Row(
+            "fedclassavg",
+            "FedClassAvg",
+            "fedclassavg",
+            choices=_FCA_LR,
+            paper=_fmnist_reference(".7670±.0532 .9202±.0562 .9303±.0308 .9800±.0281 .9305±.0178 .9957±.0040"),
+        ),
+        Row(
+            "fedclassavg_loss",
+            "FedClassAvg, round of lowest test loss",
+            "fedclassavg",
+            choices=_FCA_LR,
+            select="lowest_test_loss",
+        ),
     ),
     metric="acc_mean",
     scale=1.0,
@@ -190,7 +278,8 @@ _FEDAVG_CNN = {"model.name": "cnn4", "model.client_models": []}
 """P-FCA Table 3: "FedAvg and KT-pFL measured on the same convolutional architecture as FedAvg paper"."""
 _F3 = tuple(
     _fca(f"{s}_m{m}", d, False, **{"data.num_clients": m, "engine.join_ratio": 1.0 if m == 20 else 0.1, **_HOMO})
-    for s, d in _DATA for m in (20, 100)
+    for s, d in _DATA
+    for m in (20, 100)
 )
 _C3 = tuple(c.key for c in _F3)
 FCA_T3 = Table(
@@ -199,17 +288,47 @@ FCA_T3 = Table(
     source="P-FCA Table 3 (seed 002)",
     columns=_F3,
     rows=(
-        Row("fedavg", "FedAvg", "fedavg", settings={**_SGD, **_FEDAVG_CNN},
-            paper=_paper(_C3, ".7729 .6336 .8988 .7471 .9343 .8662")),
-        Row("fedprox", "FedProx", "fedprox", {"mu": 0.001}, {**_SGD, **_FEDAVG_CNN},
-            paper=_paper(_C3, ".8123 .6505 .9025 .7477 .9462 .8677")),
-        Row("ktpfl", "KT-pFL", "ktpfl", _KT_PARAMS, {**_KT, **_FEDAVG_CNN}, per_dataset=_KT_PER_DATASET,
-            paper=_paper(_C3, ".5433 .4777 .8954 .6114 .8505 .6589")),
-        Row("ktpfl_w", "KT-pFL +weight", "ktpfl", {**_KT_PARAMS, "share_weights": True}, {**_KT, **_FEDAVG_CNN},
-            per_dataset=_KT_PER_DATASET, paper=_paper(_C3, ".6809 .5624 .9113 .8647 .6774 .8441")),
+        Row(
+            "fedavg",
+            "FedAvg",
+            "fedavg",
+            settings={**_SGD, **_FEDAVG_CNN},
+            paper=_paper(_C3, ".7729 .6336 .8988 .7471 .9343 .8662"),
+        ),
+        Row(
+            "fedprox",
+            "FedProx",
+            "fedprox",
+            {"mu": 0.001},
+            {**_SGD, **_FEDAVG_CNN},
+            paper=_paper(_C3, ".8123 .6505 .9025 .7477 .9462 .8677"),
+        ),
+        Row(
+            "ktpfl",
+            "KT-pFL",
+            "ktpfl",
+            _KT_PARAMS,
+            {**_KT, **_FEDAVG_CNN},
+            per_dataset=_KT_PER_DATASET,
+            paper=_paper(_C3, ".5433 .4777 .8954 .6114 .8505 .6589"),
+        ),
+        Row(
+            "ktpfl_w",
+            "KT-pFL +weight",
+            "ktpfl",
+            {**_KT_PARAMS, "share_weights": True},
+            {**_KT, **_FEDAVG_CNN},
+            per_dataset=_KT_PER_DATASET,
+            paper=_paper(_C3, ".6809 .5624 .9113 .8647 .6774 .8441"),
+        ),
         Row("fedclassavg", "FedClassAvg", "fedclassavg", paper=_paper(_C3, ".7653 .5096 .9294 .6712 .9361 .7097")),
-        Row("fedclassavg_w", "FedClassAvg +weight", "fedclassavg", {"mode": "weight"},
-            paper=_paper(_C3, ".8546 .7817 .9361 .9057 .9464 .9166")),
+        Row(
+            "fedclassavg_w",
+            "FedClassAvg +weight",
+            "fedclassavg",
+            {"mode": "weight"},
+            paper=_paper(_C3, ".8546 .7817 .9361 .9057 .9464 .9166"),
+        ),
     ),
     metric="acc_mean",
     scale=1.0,
@@ -259,16 +378,29 @@ AWA_MNIST = Table(
         Row("fedawa_code", "FedAWA, fidelity=code", "fedawa", {"fidelity": "code"}, paper=_c10_reference("fedawa")),
         Row("fedawa_paper1", "FedAWA, fidelity=paper, 1 step", "fedawa", {"fidelity": "paper", "server_steps": 1}),
         Row("fedawa_paper5", "FedAWA, fidelity=paper, 5 steps", "fedawa", {"fidelity": "paper", "server_steps": 5}),
-        Row("fedawa_l_code", "FedAWA-L, fidelity=code", "fedawa_l", {"fidelity": "code"},
-            paper=_c10_reference("fedawa_l")),
-        Row("fedawa_l_paper1", "FedAWA-L, fidelity=paper, 1 step", "fedawa_l",
-            {"fidelity": "paper", "server_steps": 1}),
+        Row(
+            "fedawa_l_code",
+            "FedAWA-L, fidelity=code",
+            "fedawa_l",
+            {"fidelity": "code"},
+            paper=_c10_reference("fedawa_l"),
+        ),
+        Row(
+            "fedawa_l_paper1", "FedAWA-L, fidelity=paper, 1 step", "fedawa_l", {"fidelity": "paper", "server_steps": 1}
+        ),
         Row("feddisco", "FedDisco", "feddisco", settings=_SGDM, paper=_c10_reference("feddisco")),
         Row("ldawa", "L-DAWA", "ldawa", settings=_SGDM, paper=_c10_reference("ldawa")),
         Row("fedlaw", "FedLAW (proxy data)", "fedlaw", settings=_SGDM, paper=_c10_reference("fedlaw")),
         Row("feddyn", "FedDyn", "feddyn", paper=_c10_reference("feddyn")),
-        Row("fedprox", "FedProx", "fedprox", {"mu": 0.001}, {"train.momentum": 0.0, "train.weight_decay": 0.0},
-            choices=_FEDPROX_SGD, paper=_c10_reference("fedprox")),
+        Row(
+            "fedprox",
+            "FedProx",
+            "fedprox",
+            {"mu": 0.001},
+            {"train.momentum": 0.0, "train.weight_decay": 0.0},
+            choices=_FEDPROX_SGD,
+            paper=_c10_reference("fedprox"),
+        ),
         Row("fedadam", "FedAdam", "fedadam", settings=_SGDM, choices=_FEDADAM_LR, paper=_c10_reference("fedadam")),
         Row("fedawa_disco", "FedDisco + FedAWA", "fedawa", {"initial_weights": "feddisco"}),
     ),

@@ -139,12 +139,14 @@ def curve_groups(runs: Sequence[RunData]) -> list[CurveGroup]:
     result = []
     for group, label in zip(grouped, labels):
         config = group[0].config
-        paths = sorted({
-            line.split(": ", 1)[0]
-            for other, other_label in zip(grouped, labels)
-            if other is not group and other_label == label
-            for line in config.diff(other[0].config, ignore=_SEED_ONLY)
-        })
+        paths = sorted(
+            {
+                line.split(": ", 1)[0]
+                for other, other_label in zip(grouped, labels)
+                if other is not group and other_label == label
+                for line in config.diff(other[0].config, ignore=_SEED_ONLY)
+            }
+        )
         tree = config.to_dict()
         legend = ", ".join([label, *(f"{path}={_override_text(_value_at(tree, path))}" for path in paths)])
         result.append(CurveGroup(legend + (f" ({len(group)} seeds)" if len(group) > 1 else ""), group))
@@ -231,17 +233,27 @@ def plot_accuracy_curves(runs: Sequence[RunData], path: str | Path) -> Path:
             ax.plot(x, y, color=colour, marker="." if len(x) < 30 else None, linewidth=1.2, alpha=0.85, label=legend)
             gx, gy = accuracy_points(run, "global_accuracy")
             if gx:  # the global model on the same clients: what personalisation adds is the gap
-                ax.plot(gx, gy, color=colour, linestyle="--", linewidth=1.0, alpha=0.7,
-                        label=f"{legend}: global model" if legend is not None else None)
+                ax.plot(
+                    gx,
+                    gy,
+                    color=colour,
+                    linestyle="--",
+                    linewidth=1.0,
+                    alpha=0.7,
+                    label=f"{legend}: global model" if legend is not None else None,
+                )
             legend = None  # one legend entry per group
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round (as in rounds.parquet; 0 = the first)")
     ax.set_ylabel("pooled test accuracy (%)")
     data = {(run.config.data.dataset, run.config.data.partition) for run in runs}
     on = f"\n{' '.join(data.pop())}" if len(data) == 1 else ""
-    ax.set_title(f"Accuracy of the clients' models (pooled over test samples; dashed: global model){on}"
-                 if any(accuracy_points(run, "global_accuracy")[0] for run in runs)
-                 else f"Accuracy of the clients' models (pooled over test samples){on}", fontsize="medium")
+    ax.set_title(
+        f"Accuracy of the clients' models (pooled over test samples; dashed: global model){on}"
+        if any(accuracy_points(run, "global_accuracy")[0] for run in runs)
+        else f"Accuracy of the clients' models (pooled over test samples){on}",
+        fontsize="medium",
+    )
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[1]:
         ax.legend(fontsize="small")
@@ -259,8 +271,14 @@ def _clients_to_show(p: np.ndarray, count: int) -> list[int]:
     return sorted(chosen)
 
 
-def plot_p_vs_p_tilde(p: np.ndarray, p_tilde: np.ndarray, path: str | Path, title: str = "",
-                      client_ids: Sequence[int] | None = None, estimate_label: str = "p̃ (output layer)") -> Path:
+def plot_p_vs_p_tilde(
+    p: np.ndarray,
+    p_tilde: np.ndarray,
+    path: str | Path,
+    title: str = "",
+    client_ids: Sequence[int] | None = None,
+    estimate_label: str = "p̃ (output layer)",
+) -> Path:
     """Paired bars of p_i and its estimate p̃_i for a few clients, and a scatter of every (p_ij, p̃_ij)
     (P-ICCV Fig. 2c).
 
@@ -286,7 +304,7 @@ def plot_p_vs_p_tilde(p: np.ndarray, p_tilde: np.ndarray, path: str | Path, titl
         if n == 0:
             ax.set_ylabel("share of the client's data")
             ax.legend(fontsize="small")
-    ax = fig.add_subplot(grid[0, len(shown):])
+    ax = fig.add_subplot(grid[0, len(shown) :])
     ax.scatter(p.ravel(), p_tilde.ravel(), s=8, alpha=0.5, color="tab:purple")
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1)
     error = np.abs(p - p_tilde).sum(axis=1).mean()
@@ -330,16 +348,24 @@ def plot_run_figures(run: RunData, out: str | Path, stem: str | None = None) -> 
     config = run.config
     figures = ALGORITHMS.get(config.algorithm.name).server_half.figures(config.algorithm.params, finished_run(run))
     label, rounds = method_label(config), (run.checkpoint_round or 0) + 1
-    return [_draw(figure, out / f"{stem}-{figure.name}.png", f"{run.name}: {label} after {rounds} rounds")
-            for figure in figures]
+    return [
+        _draw(figure, out / f"{stem}-{figure.name}.png", f"{run.name}: {label} after {rounds} rounds")
+        for figure in figures
+    ]
 
 
 def _draw(figure: Figure, path: Path, context: str) -> Path:
     """One figure a method described, drawn as its kind is."""
     title = f"{context}: {figure.title}"
     if isinstance(figure, DistributionPairs):
-        return plot_p_vs_p_tilde(figure.p, figure.estimate, path, title=title, client_ids=figure.client_ids,
-                                 estimate_label=figure.estimate_label)
+        return plot_p_vs_p_tilde(
+            figure.p,
+            figure.estimate,
+            path,
+            title=title,
+            client_ids=figure.client_ids,
+            estimate_label=figure.estimate_label,
+        )
     if isinstance(figure, Heatmap):
         return plot_row_norms(figure.values, path, rows=figure.rows, title=title)
     raise TypeError(f"no drawing for a figure of type {type(figure).__name__}")
@@ -371,9 +397,12 @@ def write_figures(run_dirs: Sequence[str | Path], out: str | Path) -> tuple[list
         drawn = plot_run_figures(run, out, stem)
         paths.extend(drawn)
         if not run.server:
-            notes.append(f"{run.run_dir}: no checkpoint (engine.checkpoint_every=0?), so no figures of the "
-                         f"{run.algorithm} run's own: accuracy curve only")
+            notes.append(
+                f"{run.run_dir}: no checkpoint (engine.checkpoint_every=0?), so no figures of the "
+                f"{run.algorithm} run's own: accuracy curve only"
+            )
         elif not drawn:
-            notes.append(f"{run.run_dir}: {run.algorithm} run, accuracy curve only ({run.algorithm} draws no "
-                         "figures of its own)")
+            notes.append(
+                f"{run.run_dir}: {run.algorithm} run, accuracy curve only ({run.algorithm} draws no figures of its own)"
+            )
     return paths, notes

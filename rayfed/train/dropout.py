@@ -53,8 +53,14 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shift(x, 31)
 
 
-def dropout_mask(seeds: torch.Tensor, step: torch.Tensor, layer: int, shape: tuple[int, ...], p: float,
-                 rows: torch.Tensor | None = None) -> torch.Tensor:
+def dropout_mask(
+    seeds: torch.Tensor,
+    step: torch.Tensor,
+    layer: int,
+    shape: tuple[int, ...],
+    p: float,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
     """(clients, *shape) masks, ``1 / (1 − p)`` where an element is kept and 0 where it is dropped: client c's
     mask of the step ``step`` (a 0-d int64 tensor) for an activation of ``shape`` at the ``layer``-th dropout.
     ``rows`` (shape[0],) numbers the activation's rows (default 0, 1, ...): a row keeps its mask whatever else

@@ -16,8 +16,13 @@ from rayfed.train.stack_plan import parameter_major
 from rayfed.train.stacked_layers import model_unstackable, stacked_layers
 
 __all__ = [
-    "EvalStats", "eval_batch_size", "evaluate_model", "mean_cross_entropy", "correct_predictions",
-    "features_before_output", "model_losses",
+    "EvalStats",
+    "eval_batch_size",
+    "evaluate_model",
+    "mean_cross_entropy",
+    "correct_predictions",
+    "features_before_output",
+    "model_losses",
 ]
 
 
@@ -26,7 +31,6 @@ def eval_batch_size(device: torch.device) -> int:
     batches; 128 on a CPU, where a larger batch's activations fall out of the caches and the same
     forward passes take up to 2x longer (benchmarks/README.md, "Evaluation batch on CPU")."""
     return 1024 if device.type == "cuda" else 128
-
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,6 @@ class EvalStats:
     def mean_loss(self) -> float:
         """The mean cross-entropy over the samples; NaN without samples."""
         return self.loss_sum / self.count if self.count else math.nan
-
 
 
 @torch.no_grad()
@@ -104,8 +107,14 @@ def features_before_output(
 
 
 @torch.no_grad()
-def model_losses(flat: FlatModel, architecture: str, states: np.ndarray, x: torch.Tensor, y: torch.Tensor,
-                 sizes: Sequence[int] | None = None) -> np.ndarray:
+def model_losses(
+    flat: FlatModel,
+    architecture: str,
+    states: np.ndarray,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    sizes: Sequence[int] | None = None,
+) -> np.ndarray:
     """The mean cross-entropy (eval mode) of each of K models of ``architecture`` on the samples (x, y), or, with
     ``sizes``, on each of the consecutive groups of samples of those sizes (G, K): ``states`` (K, S) holds the
     models' parameters, then buffers. Where the architecture stacks, the K models run as one stack
@@ -132,8 +141,9 @@ def model_losses(flat: FlatModel, architecture: str, states: np.ndarray, x: torc
     return means if grouped else means[0]
 
 
-def _stacked_losses(flat: FlatModel, states: np.ndarray, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor,
-                    sums: torch.Tensor) -> None:
+def _stacked_losses(
+    flat: FlatModel, states: np.ndarray, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor, sums: torch.Tensor
+) -> None:
     """Add each sample's cross-entropy under each of the stacked models to its owner's row of ``sums`` (G, K)."""
     k, layout, module = len(states), flat.layout, flat.module
     rows = to_device([np.asarray(states, dtype=np.float32)], x.device)[0]
@@ -146,8 +156,10 @@ def _stacked_losses(flat: FlatModel, states: np.ndarray, x: torch.Tensor, y: tor
             if isinstance(layer, torch.nn.BatchNorm2d):
                 mean, var = (flat.buffer_layout.index(f"{name}.{stat}") for stat in ("running_mean", "running_var"))
                 shift = layout.size
-                current[f"{name}#running"] = (rows[:, shift + mean.start : shift + mean.stop].reshape(-1),
-                                              rows[:, shift + var.start : shift + var.stop].reshape(-1))
+                current[f"{name}#running"] = (
+                    rows[:, shift + mean.start : shift + mean.stop].reshape(-1),
+                    rows[:, shift + var.start : shift + var.stop].reshape(-1),
+                )
         for start in range(0, int(y.shape[0]), batch):
             xb, yb = x[start : start + batch], y[start : start + batch]
             logits = module(xb.repeat(1, k, *([1] * (xb.dim() - 2))))  # every model sees every sample

@@ -71,8 +71,10 @@ class StepGraphs:
             torch.cuda.synchronize(self.device)
             _restore(mutable, saved)
             if not self._warned:
-                logger.warning("a training step could not be captured as a CUDA graph (%s); such steps run "
-                               "eagerly", str(error).splitlines()[0])
+                logger.warning(
+                    "a training step could not be captured as a CUDA graph (%s); such steps run eagerly",
+                    str(error).splitlines()[0],
+                )
                 self._warned = True
             return None
 

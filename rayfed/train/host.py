@@ -33,8 +33,9 @@ def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     if not tensors:
         return []
     pieces = [t.detach().contiguous().reshape(-1) for t in tensors]
-    buffer = host_copy(torch.cat([(p.to(torch.uint8) if p.dtype == torch.bool else p).view(torch.uint8)
-                                  for p in pieces]))
+    buffer = host_copy(
+        torch.cat([(p.to(torch.uint8) if p.dtype == torch.bool else p).view(torch.uint8) for p in pieces])
+    )
     arrays, offset = [], 0
     for tensor, piece in zip(tensors, pieces):
         size = piece.numel() * piece.element_size()
@@ -66,8 +67,10 @@ def to_device(arrays: Sequence[np.ndarray | torch.Tensor], device: torch.device)
     tensors = [a if isinstance(a, torch.Tensor) else read_only_tensor(_contiguous(np.asarray(a))) for a in arrays]
     if device.type == "cpu" or not tensors:
         return tensors
-    pieces = [(t.to(torch.uint8) if t.dtype == torch.bool else t).detach().contiguous().reshape(-1).view(torch.uint8)
-              for t in tensors]
+    pieces = [
+        (t.to(torch.uint8) if t.dtype == torch.bool else t).detach().contiguous().reshape(-1).view(torch.uint8)
+        for t in tensors
+    ]
     starts = [0]
     for piece in pieces:  # each piece starts on an 8-byte boundary, so it views as its own dtype
         starts.append(starts[-1] + -(-piece.numel() // 8) * 8)
@@ -88,7 +91,11 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
 
 
 _NUMPY: dict[torch.dtype, np.dtype[Any]] = {
-    torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64), torch.float16: np.dtype(np.float16),
-    torch.int64: np.dtype(np.int64), torch.int32: np.dtype(np.int32), torch.uint8: np.dtype(np.uint8),
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+    torch.float16: np.dtype(np.float16),
+    torch.int64: np.dtype(np.int64),
+    torch.int32: np.dtype(np.int32),
+    torch.uint8: np.dtype(np.uint8),
 }
 """The numpy dtype of each tensor dtype a worker brings to the host."""

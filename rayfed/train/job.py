@@ -86,8 +86,6 @@ class TrainStats:
     steps: int
 
 
-
-
 def seed_global_generators(seed: int, device: torch.device) -> None:
     """Seed the global generators that layers such as dropout draw from on ``device``: the CPU
     one, and on a GPU the CUDA ones.
@@ -99,4 +97,3 @@ def seed_global_generators(seed: int, device: torch.device) -> None:
     torch.default_generator.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.manual_seed_all(seed)
-

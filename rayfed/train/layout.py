@@ -80,8 +80,12 @@ class ParamLayout:
         this layout lays it out (channels-last kernels stored (O, H, W, I))."""
         import torch  # only the workers call this; the server uses layouts without torch
 
-        return torch.cat([(t.permute(0, 2, 3, 1) if self.channels_last and self.channels_last[i] else t).reshape(-1)
-                          for i, t in enumerate(tensors)])
+        return torch.cat(
+            [
+                (t.permute(0, 2, 3, 1) if self.channels_last and self.channels_last[i] else t).reshape(-1)
+                for i, t in enumerate(tensors)
+            ]
+        )
 
     @property
     def size(self) -> int:

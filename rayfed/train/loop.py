@@ -88,8 +88,9 @@ class LocalLoop:
         for index, phase in enumerate(own):
             if phase.model != current:
                 models[current] = flat.state()
-                flat.load_state(models[phase.model] if phase.model in models
-                                else _kept_model(job, phase, flat, models[None]))
+                flat.load_state(
+                    models[phase.model] if phase.model in models else _kept_model(job, phase, flat, models[None])
+                )
                 current = phase.model
             if phase.cached_features is not None:
                 phase = _on_features(phase, job, flat)
@@ -111,8 +112,14 @@ class LocalLoop:
         with torch.no_grad():
             return (torch.stack(reported).sum() / count if summed else torch.stack(reported).mean()), count
 
-    def train_stack(self, jobs: Sequence[ClientJob], starts: torch.Tensor, phases: Sequence[Sequence[Phase]], *,
-                    replays: bool = True) -> Trained:
+    def train_stack(
+        self,
+        jobs: Sequence[ClientJob],
+        starts: torch.Tensor,
+        phases: Sequence[Sequence[Phase]],
+        *,
+        replays: bool = True,
+    ) -> Trained:
         """Train ``jobs`` (clients of one architecture, sharing ``jobs[0].flat``, their phases of equal
         signatures) as one stack from ``starts`` (C, S)."""
         flat = jobs[0].flat
@@ -121,8 +128,14 @@ class LocalLoop:
         return self._stack(jobs, starts, [list(own) for own in phases], flat, replays)
 
     # --- a stack -----------------------------------------------------------------------------------------
-    def _stack(self, jobs: Sequence[ClientJob], starts: torch.Tensor, phases: Sequence[list[Phase]], flat: FlatModel,
-               replays: bool) -> Trained:
+    def _stack(
+        self,
+        jobs: Sequence[ClientJob],
+        starts: torch.Tensor,
+        phases: Sequence[list[Phase]],
+        flat: FlatModel,
+        replays: bool,
+    ) -> Trained:
         runner = self._stacked.setdefault(id(flat), StackedTraining(flat, self.graphs, self.pixel_scale))
         models: dict[str | None, torch.Tensor] = {None: starts}
         loss_sums = torch.zeros(len(jobs), device=starts.device)
@@ -133,14 +146,16 @@ class LocalLoop:
             column = [own[index] for own in phases]
             phase = column[0]
             if phase.model not in models:
-                models[phase.model] = torch.stack([_kept_model(job, p, flat, start)
-                                                   for job, p, start in zip(jobs, column, starts)])
+                models[phase.model] = torch.stack(
+                    [_kept_model(job, p, flat, start) for job, p, start in zip(jobs, column, starts)]
+                )
             momentum = None
             if _keeps_momentum(phase, jobs[0]):
                 buffers = [_kept_momentum(job, phase, flat) for job in jobs]
                 lo, hi = trained_range(phase, flat)
-                momentum = torch.stack([b if b is not None else torch.zeros(hi - lo, device=starts.device)
-                                        for b in buffers])
+                momentum = torch.stack(
+                    [b if b is not None else torch.zeros(hi - lo, device=starts.device) for b in buffers]
+                )
             if phase.cached_features is not None:
                 for c, job in enumerate(jobs):
                     flat.load_state(models[phase.model][c])
@@ -173,8 +188,9 @@ class LocalLoop:
             anchor = torch.cat([p.detach().reshape(-1) for p in flat.params])
         else:
             anchor = logical_rows(start.unsqueeze(0), flat.layout)[0]
-        return [dataclasses.replace(p, constants={**p.constants, "start": anchor}) if p.needs_start else p
-                for p in phases]
+        return [
+            dataclasses.replace(p, constants={**p.constants, "start": anchor}) if p.needs_start else p for p in phases
+        ]
 
 
 def _on_features(phase: Phase, job: ClientJob, flat: FlatModel) -> Phase:
@@ -194,8 +210,10 @@ def _on_features(phase: Phase, job: ClientJob, flat: FlatModel) -> Phase:
 @functools.cache
 def _layer_forward(name: str) -> Forward:
     """The forward of a model's layer ``name`` alone (one function per name, so phases using it stack)."""
+
     def forward(module: torch.nn.Module, x: torch.Tensor) -> Outputs:
         return Outputs(module.get_submodule(name)(x))
+
     return forward
 
 

@@ -42,8 +42,21 @@ import torch
 from rayfed.data.augment import AugmentConfig
 
 __all__ = [
-    "SGD", "Adam", "NoStep", "Optimizer", "Outputs", "Batch", "Phase", "Loss", "EditHook", "GradHook", "Forward",
-    "Edits", "Carry", "Constants", "Params",
+    "SGD",
+    "Adam",
+    "NoStep",
+    "Optimizer",
+    "Outputs",
+    "Batch",
+    "Phase",
+    "Loss",
+    "EditHook",
+    "GradHook",
+    "Forward",
+    "Edits",
+    "Carry",
+    "Constants",
+    "Params",
 ]
 
 Params = Sequence[torch.Tensor]
@@ -179,13 +192,32 @@ class Phase:
     def signature(self) -> tuple[Any, ...]:
         """What must be equal for clients to train this phase in one stack: everything but their values, and
         their values' shapes."""
+
         def shapes(values: Mapping[str, torch.Tensor]) -> tuple[Any, ...]:
             return tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(values.items()))
 
         return (
-            self.epochs, self.loss, self.cross_entropy, self.optimizer, self.trains, self.batch_size, self.drop_last,
-            self.views, self.augment, self.features, self.forward, self.cached_features, self.model, self.reports,
-            self.on_train_batch_start, self.on_after_backward, self.on_after_optimizer_step, self.on_train_end,
-            shapes(self.constants), shapes(self.carry), self.load[0] if self.load is not None else None,
-            self.inputs is None, self.needs_start,
+            self.epochs,
+            self.loss,
+            self.cross_entropy,
+            self.optimizer,
+            self.trains,
+            self.batch_size,
+            self.drop_last,
+            self.views,
+            self.augment,
+            self.features,
+            self.forward,
+            self.cached_features,
+            self.model,
+            self.reports,
+            self.on_train_batch_start,
+            self.on_after_backward,
+            self.on_after_optimizer_step,
+            self.on_train_end,
+            shapes(self.constants),
+            shapes(self.carry),
+            self.load[0] if self.load is not None else None,
+            self.inputs is None,
+            self.needs_start,
         )

@@ -49,8 +49,9 @@ class PhaseRule:
         self._hooks: dict[tuple[str, tuple[Any, ...]], Any] = {}
 
     # --- the loss ----------------------------------------------------------------------------------------
-    def cross_entropy(self, logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None, width: int
-                      ) -> torch.Tensor:
+    def cross_entropy(
+        self, logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None, width: int
+    ) -> torch.Tensor:
         """Each client's mean cross-entropy over its samples (weighted by ``weight`` where padded): a 0-d tensor
         for one client, (width,) for a stack, whose logits are (batch, width·K) and labels (batch·width,)."""
         if not self.stacked:
@@ -61,8 +62,16 @@ class PhaseRule:
             return losses.mean(dim=0)
         return (losses * weight).sum(dim=0) / weight.sum(dim=0).clamp_min(1.0)
 
-    def term(self, outputs: Outputs, y: torch.Tensor, weight: torch.Tensor | None, step: torch.Tensor,
-             params: Sequence[torch.Tensor], constants: dict[str, torch.Tensor], width: int) -> torch.Tensor:
+    def term(
+        self,
+        outputs: Outputs,
+        y: torch.Tensor,
+        weight: torch.Tensor | None,
+        step: torch.Tensor,
+        params: Sequence[torch.Tensor],
+        constants: dict[str, torch.Tensor],
+        width: int,
+    ) -> torch.Tensor:
         """The phase's own term: one client's, or each client's of a stack, (width,)."""
         if not self.stacked:
             return self._term(outputs.logits, outputs.features, y, weight, step, params, constants)
@@ -70,8 +79,9 @@ class PhaseRule:
         logits = outputs.logits.view(batch, width, -1)
         features = None if outputs.features is None else outputs.features.unflatten(1, (width, -1))
         labels = y.view(batch, width, *y.shape[1:])
-        fn = self._vmapped("term", self._term, (1, None if features is None else 1, 1,
-                                                None if weight is None else 1, None, 0, 0))
+        fn = self._vmapped(
+            "term", self._term, (1, None if features is None else 1, 1, None if weight is None else 1, None, 0, 0)
+        )
         return fn(logits, features, labels, weight, step, list(params), constants)
 
     # --- the hooks ---------------------------------------------------------------------------------------
@@ -118,8 +128,14 @@ class PhaseRule:
             return {"momentum": torch.zeros_like(params)}
         return {}
 
-    def update(self, params: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], lr: torch.Tensor,
-               adam: torch.Tensor | None) -> None:
+    def update(
+        self,
+        params: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        lr: torch.Tensor,
+        adam: torch.Tensor | None,
+    ) -> None:
         """The optimiser's step on ``params`` (the trained range, in place) from ``grad``: SGD at the learning rate
         ``lr``, Adam with the step's scalars ``adam`` (:func:`~rayfed.train.update.adam_scalars`)."""
         optimizer = self.phase.optimizer
@@ -129,5 +145,6 @@ class PhaseRule:
             assert adam is not None
             adam_update(params, grad, state["exp_avg"], state["exp_avg_sq"], optimizer.betas, optimizer.eps, adam)
             return
-        sgd_update(params, grad, lr, momentum=self.momentum, weight_decay=self.weight_decay,
-                   buffer=state.get("momentum"))
+        sgd_update(
+            params, grad, lr, momentum=self.momentum, weight_decay=self.weight_decay, buffer=state.get("momentum")
+        )

@@ -30,8 +30,15 @@ from rayfed.train.rule import CARRY, CONSTANTS, PhaseRule
 from rayfed.train.step_io import StepIO
 from rayfed.train.update import adam_scalars
 
-__all__ = ["PhaseOutcome", "SequentialTraining", "phase_seed", "trained_range", "frozen_outside", "captured_features",
-           "unit"]
+__all__ = [
+    "PhaseOutcome",
+    "SequentialTraining",
+    "phase_seed",
+    "trained_range",
+    "frozen_outside",
+    "captured_features",
+    "unit",
+]
 
 _UNITS: dict[torch.device, torch.Tensor] = {}
 
@@ -55,8 +62,9 @@ def trained_range(phase: Phase, flat: FlatModel) -> tuple[int, int]:
         return 0, flat.size
     lo, hi = phase.trains
     if lo not in flat.layout.offsets or hi not in flat.layout.offsets or not lo < hi:
-        raise ValueError(f"Phase.trains={phase.trains} must be a non-empty range on parameter boundaries "
-                         f"{flat.layout.offsets}")
+        raise ValueError(
+            f"Phase.trains={phase.trains} must be a non-empty range on parameter boundaries {flat.layout.offsets}"
+        )
     return lo, hi
 
 
@@ -106,24 +114,31 @@ class PhaseOutcome:
 class SequentialTraining:
     """Phases of one client at a time on a worker's models (module docstring)."""
 
-    def __init__(self, graphs: StepGraphs, pixel_scale: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-                 ) -> None:
+    def __init__(
+        self, graphs: StepGraphs, pixel_scale: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    ) -> None:
         self.graphs = graphs
         self.pixel_scale = pixel_scale
         self._spaces: dict[Hashable, StepIO] = {}
         self._lrs: dict[tuple[torch.device, float], torch.Tensor] = {}
 
-    def run(self, job: ClientJob, phase: Phase, phase_index: int, momentum: torch.Tensor | None,
-            replays: bool) -> PhaseOutcome:
+    def run(
+        self, job: ClientJob, phase: Phase, phase_index: int, momentum: torch.Tensor | None, replays: bool
+    ) -> PhaseOutcome:
         """Train ``job.flat`` through ``phase`` in place from the model it holds; ``momentum`` (the trained range's
         buffer, kept from the client's last round) or None starts from zero; ``replays`` allows CUDA graphs."""
         flat, device = job.flat, job.device
         x_all, y_all = phase.inputs if phase.inputs is not None else (job.x_train, job.y_train)
         train = job.train
-        batches, = draw_batches([(job.generator, int(y_all.shape[0]))], epochs=phase.epochs,
-                                batch=phase.batch_size or train.batch_size,
-                                drop_last=train.drop_last if phase.drop_last is None else phase.drop_last,
-                                views=phase.views, augment=phase.augment, image_size=tuple(x_all.shape[1:]))
+        (batches,) = draw_batches(
+            [(job.generator, int(y_all.shape[0]))],
+            epochs=phase.epochs,
+            batch=phase.batch_size or train.batch_size,
+            drop_last=train.drop_last if phase.drop_last is None else phase.drop_last,
+            views=phase.views,
+            augment=phase.augment,
+            image_size=tuple(x_all.shape[1:]),
+        )
         lo, hi = trained_range(phase, flat)
         rule = PhaseRule(phase, train, stacked=False)
         if phase.load is not None:
@@ -151,12 +166,22 @@ class SequentialTraining:
         io.put("loss_sum", torch.zeros((), device=device) if static else None)
         losses: list[torch.Tensor] = []
         flat.module.train()
-        with frozen_outside(flat, lo, hi), captured_features(flat.module, phase.features) as captured, \
-                client_dropout(flat.module) as dropout:
-            dropout.update(seeds=io["seeds"], width=1, step=io["step"], views=phase.views,
-                           batch=int(batches.index.shape[1]))
-            mutable = [flat.vector, flat.buffers, *io.tensors("opt."), *io.tensors(CARRY),
-                       *([io["step"]] if counted else []), *([io["loss_sum"]] if static else [])]
+        with (
+            frozen_outside(flat, lo, hi),
+            captured_features(flat.module, phase.features) as captured,
+            client_dropout(flat.module) as dropout,
+        ):
+            dropout.update(
+                seeds=io["seeds"], width=1, step=io["step"], views=phase.views, batch=int(batches.index.shape[1])
+            )
+            mutable = [
+                flat.vector,
+                flat.buffers,
+                *io.tensors("opt."),
+                *io.tensors(CARRY),
+                *([io["step"]] if counted else []),
+                *([io["loss_sum"]] if static else []),
+            ]
             index, draws = moved["index"], moved.get("draws")
             for first, stop in _blocks(batches):
                 size = int(batches.sizes[first])
@@ -199,8 +224,17 @@ class SequentialTraining:
             arrays.append(adam_scalars(job.lr, phase.optimizer.betas, batches.steps))
         return dict(zip(names, to_device(arrays, job.device)))
 
-    def _step(self, flat: FlatModel, rule: PhaseRule, io: StepIO, feed: StepIO, trained: tuple[int, int],
-              captured: list[torch.Tensor], losses: list[torch.Tensor], views: int) -> Callable[[], None]:
+    def _step(
+        self,
+        flat: FlatModel,
+        rule: PhaseRule,
+        io: StepIO,
+        feed: StepIO,
+        trained: tuple[int, int],
+        captured: list[torch.Tensor],
+        losses: list[torch.Tensor],
+        views: int,
+    ) -> Callable[[], None]:
         """One step of ``rule``'s phase on ``flat``, reading its batch from ``feed`` and the rest from ``io``."""
         phase, module, params = rule.phase, flat.module, flat.params
         grads = [p.grad for p in params]
@@ -257,4 +291,3 @@ def _blocks(batches: ClientBatches) -> Iterator[tuple[int, int]]:
 
 def _dropouts(module: nn.Module) -> Iterator[nn.Module]:
     return (m for m in module.modules() if isinstance(m, (nn.Dropout, nn.Dropout2d)) and m.p > 0)
-

@@ -47,8 +47,13 @@ class StackPlan:
     """The host arrays :meth:`of` was asked to bring along, on the device."""
 
     @classmethod
-    def of(cls, batches: Sequence[ClientBatches], sizes: Sequence[int], device: torch.device,
-           extra: Sequence[np.ndarray] = ()) -> StackPlan:
+    def of(
+        cls,
+        batches: Sequence[ClientBatches],
+        sizes: Sequence[int],
+        device: torch.device,
+        extra: Sequence[np.ndarray] = (),
+    ) -> StackPlan:
         """The plan of clients with ``batches`` over ``sizes`` samples each; ``extra`` host arrays ride along in
         the same transfer."""
         steps = [b.steps for b in batches]
@@ -72,13 +77,19 @@ class StackPlan:
         back = np.empty(len(batches), dtype=np.int64)
         back[order] = np.arange(len(batches))
         active = [sum(1 for c in order if steps[c] > s) for s in range(longest)]
-        arrays: list[np.ndarray] = [index, back, *([weight] if padded else []), *([draws] if draws is not None else []),
-                                    *extra]
+        arrays: list[np.ndarray] = [
+            index,
+            back,
+            *([weight] if padded else []),
+            *([draws] if draws is not None else []),
+            *extra,
+        ]
         moved = to_device(arrays, device)
         moved_weight = moved[2] if padded else None
         moved_draws = moved[2 + padded] if draws is not None else None
-        return cls(order, steps, active, batch, moved[0], moved_weight, moved_draws, moved[1],
-                   moved[len(moved) - len(extra):])
+        return cls(
+            order, steps, active, batch, moved[0], moved_weight, moved_draws, moved[1], moved[len(moved) - len(extra) :]
+        )
 
 
 def parameter_major(stack: torch.Tensor, layout: ParamLayout) -> torch.Tensor:

@@ -73,8 +73,12 @@ class StackOutcome:
 class StackedTraining:
     """Stacked phases on a worker's model of one architecture (:meth:`run`)."""
 
-    def __init__(self, flat: FlatModel, graphs: StepGraphs,
-                 pixel_scale: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def __init__(
+        self,
+        flat: FlatModel,
+        graphs: StepGraphs,
+        pixel_scale: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    ) -> None:
         self.flat = flat
         self.graphs = graphs
         self.pixel_scale = pixel_scale
@@ -82,16 +86,28 @@ class StackedTraining:
         self._kept: dict[Hashable, StepIO] = {}
         self._kept_bytes = 0
 
-    def run(self, jobs: Sequence[ClientJob], phases: Sequence[Phase], phase_index: int, starts: torch.Tensor,
-            momentum: torch.Tensor | None, replays: bool) -> StackOutcome:
+    def run(
+        self,
+        jobs: Sequence[ClientJob],
+        phases: Sequence[Phase],
+        phase_index: int,
+        starts: torch.Tensor,
+        momentum: torch.Tensor | None,
+        replays: bool,
+    ) -> StackOutcome:
         """Train ``jobs`` through their ``phases`` (one signature) from ``starts`` (C, S); ``momentum`` (C, trained
         range) continues the clients' kept buffers; ``replays`` allows CUDA graphs."""
         phase, flat, train, device = phases[0], self.flat, jobs[0].train, starts.device
         data = [p.inputs if p.inputs is not None else (j.x_train, j.y_train) for p, j in zip(phases, jobs)]
-        batches = draw_batches([(job.generator, int(y.shape[0])) for job, (_, y) in zip(jobs, data)],
-                               epochs=phase.epochs, batch=phase.batch_size or train.batch_size,
-                               drop_last=train.drop_last if phase.drop_last is None else phase.drop_last,
-                               views=phase.views, augment=phase.augment, image_size=tuple(data[0][0].shape[1:]))
+        batches = draw_batches(
+            [(job.generator, int(y.shape[0])) for job, (_, y) in zip(jobs, data)],
+            epochs=phase.epochs,
+            batch=phase.batch_size or train.batch_size,
+            drop_last=train.drop_last if phase.drop_last is None else phase.drop_last,
+            views=phase.views,
+            augment=phase.augment,
+            image_size=tuple(data[0][0].shape[1:]),
+        )
         longest = max(b.steps for b in batches)
         adam = [adam_scalars(jobs[0].lr, phase.optimizer.betas, longest)] if isinstance(phase.optimizer, Adam) else []
         seeds = np.array([phase_seed(job, phase_index) for job in jobs], dtype=np.int64)
@@ -107,8 +123,12 @@ class StackedTraining:
         order_index = plan.back.argsort()
         trained = ordered.clone()  # the rows of finished clients are written as they finish
         carry = {k: v[order_index] for k, v in _stacked_carry(phases).items()}
-        out = _Out(trained, torch.zeros(len(jobs), device=device), carry,
-                   None if momentum is None else momentum[order_index].clone())
+        out = _Out(
+            trained,
+            torch.zeros(len(jobs), device=device),
+            carry,
+            None if momentum is None else momentum[order_index].clone(),
+        )
         if longest == 0:
             return self._outcome(out, plan)
         x = torch.cat([data[c][0] for c in order])
@@ -116,8 +136,11 @@ class StackedTraining:
         first = self._first(phases, ordered, momentum, rule, (lo, hi), sub, plan, jobs[0].lr)
         space: StepIO | None = None
         flat.module.train()
-        with stacked_layers(flat.module) as current, client_dropout(flat.module) as dropout, \
-                captured_features(flat.module, phase.features) as captured:
+        with (
+            stacked_layers(flat.module) as current,
+            client_dropout(flat.module) as dropout,
+            captured_features(flat.module, phase.features) as captured,
+        ):
             for s, width in enumerate(plan.active):
                 if space is None or width < space["width"]:
                     space = self._enter(space, width, first, out, plan, x, y, (lo, hi), sub, replays, rule)
@@ -130,8 +153,9 @@ class StackedTraining:
                     space["draws"].copy_(plan.draws[s, :, :, :width].reshape(space["draws"].shape))
                 if adam:
                     space["adam"].copy_(plan.extra[1][s])
-                dropout.update(seeds=space["seeds"], width=width, step=space["step"], views=phase.views,
-                               batch=plan.batch)
+                dropout.update(
+                    seeds=space["seeds"], width=width, step=space["step"], views=phase.views, batch=plan.batch
+                )
                 step = self._step(space, current, captured, rule, (lo, hi), sub, plan.batch)
                 self.graphs.run(self._key(space, phase), step, self._mutable(space))
         if space is not None:
@@ -139,8 +163,17 @@ class StackedTraining:
         return self._outcome(out, plan)
 
     # --- workspaces ------------------------------------------------------------------------------
-    def _first(self, phases: Sequence[Phase], ordered: torch.Tensor, momentum: torch.Tensor | None, rule: PhaseRule,
-               trained: tuple[int, int], sub: ParamLayout, plan: StackPlan, lr: float) -> dict[str, torch.Tensor]:
+    def _first(
+        self,
+        phases: Sequence[Phase],
+        ordered: torch.Tensor,
+        momentum: torch.Tensor | None,
+        rule: PhaseRule,
+        trained: tuple[int, int],
+        sub: ParamLayout,
+        plan: StackPlan,
+        lr: float,
+    ) -> dict[str, torch.Tensor]:
         """Everything a step of the whole stack starts from, in stack order."""
         layout, size, device = self.flat.layout, self.flat.layout.size, ordered.device
         order = plan.order
@@ -163,9 +196,20 @@ class StackedTraining:
         first["step"] = torch.zeros((), dtype=torch.int64, device=device)
         return first
 
-    def _enter(self, previous: StepIO | None, width: int, first: dict[str, torch.Tensor], out: _Out, plan: StackPlan,
-               x: torch.Tensor, y: torch.Tensor, trained: tuple[int, int], sub: ParamLayout, replays: bool,
-               rule: PhaseRule) -> StepIO:
+    def _enter(
+        self,
+        previous: StepIO | None,
+        width: int,
+        first: dict[str, torch.Tensor],
+        out: _Out,
+        plan: StackPlan,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        trained: tuple[int, int],
+        sub: ParamLayout,
+        replays: bool,
+        rule: PhaseRule,
+    ) -> StepIO:
         """The workspace of the first ``width`` clients, filled from ``previous`` (the clients from ``width`` on
         finished: their rows are written out) or, at the first step, from ``first``."""
         source: dict[str, torch.Tensor] = first
@@ -175,7 +219,8 @@ class StackedTraining:
         prior = previous["width"] if previous is not None else len(plan.order)
         views = plan.draws.shape[1] if plan.draws is not None else 1
         shapes = {
-            "inputs": (plan.batch * width, *x.shape[1:]), "labels": (plan.batch * width, *y.shape[1:]),
+            "inputs": (plan.batch * width, *x.shape[1:]),
+            "labels": (plan.batch * width, *y.shape[1:]),
             "weight": (plan.batch, width) if plan.weight is not None else None,
             "draws": (views, plan.batch * width, plan.draws.shape[-1]) if plan.draws is not None else None,
             "adam": (2,) if rule.phase.optimizer.__class__ is Adam else None,
@@ -196,8 +241,16 @@ class StackedTraining:
         space.values["width"] = width
         return space
 
-    def _workspace(self, width: int, phase: Phase, shapes: dict[str, tuple[int, ...] | None], x: torch.Tensor,
-                   y: torch.Tensor, source: dict[str, torch.Tensor], replays: bool) -> StepIO:
+    def _workspace(
+        self,
+        width: int,
+        phase: Phase,
+        shapes: dict[str, tuple[int, ...] | None],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        source: dict[str, torch.Tensor],
+        replays: bool,
+    ) -> StepIO:
         """A workspace for ``width`` clients: the one kept for this shape, else a new one (kept while they fit)."""
         static = replays and self.graphs.fixed
         key = (width, phase.signature(), tuple(shapes.items()), x.dtype, y.dtype)
@@ -206,8 +259,13 @@ class StackedTraining:
         space = StepIO(static)
         for name, shape in shapes.items():
             if shape is not None:
-                dtype = x.dtype if name == "inputs" else y.dtype if name == "labels" else (
-                    torch.float64 if name == "draws" else torch.float32)
+                dtype = (
+                    x.dtype
+                    if name == "inputs"
+                    else y.dtype
+                    if name == "labels"
+                    else (torch.float64 if name == "draws" else torch.float32)
+                )
                 space.values[name] = torch.empty(shape, dtype=dtype, device=x.device)
         if static:
             nbytes = sum(t.numel() * t.element_size() for t in source.values() if isinstance(t, torch.Tensor))
@@ -217,15 +275,19 @@ class StackedTraining:
                 self._kept_bytes += nbytes
         return space
 
-    def _leave(self, space: StepIO, keep: int, out: _Out, trained: tuple[int, int], sub: ParamLayout,
-               rule: PhaseRule) -> None:
+    def _leave(
+        self, space: StepIO, keep: int, out: _Out, trained: tuple[int, int], sub: ParamLayout, rule: PhaseRule
+    ) -> None:
         """Write the clients from ``keep`` on, whose training ended, from ``space`` into ``out``, after the phase's
         ``on_train_end`` (run on a copy: the clients before ``keep`` train on)."""
         width, size = space["width"], self.flat.layout.size
         if rule.phase.on_train_end is not None:
             ended = StepIO(False)
-            ended.values = {**space.values, "stack": space["stack"].clone(),
-                            **{CARRY + k: v.clone() for k, v in space.group(CARRY).items()}}
+            ended.values = {
+                **space.values,
+                "stack": space["stack"].clone(),
+                **{CARRY + k: v.clone() for k, v in space.group(CARRY).items()},
+            }
             rule.edit_params("on_train_end", self.flat.layout.stacked_views(ended["stack"], width), ended)
             space = ended
         with torch.no_grad():
@@ -245,8 +307,9 @@ class StackedTraining:
         """``out`` (in stack order) back in the order of the jobs."""
         back = plan.back
         momentum = None if out.momentum is None else out.momentum[back]
-        return StackOutcome(out.trained[back], out.loss_sums[back], plan.steps,
-                            {k: v[back] for k, v in out.carry.items()}, momentum)
+        return StackOutcome(
+            out.trained[back], out.loss_sums[back], plan.steps, {k: v[back] for k, v in out.carry.items()}, momentum
+        )
 
     def _buffer(self, layer: str, stat: str) -> slice:
         """Where a BatchNorm layer's running statistic lies in a state (parameters, then buffers)."""
@@ -260,12 +323,19 @@ class StackedTraining:
     @staticmethod
     def _mutable(space: StepIO) -> list[torch.Tensor]:
         """The workspace tensors a step changes."""
-        return [space["stack"], space["loss_sums"], space["step"], *space.tensors("opt."), *space.tensors("bn."),
-                *space.tensors(CARRY)]
+        return [
+            space["stack"],
+            space["loss_sums"],
+            space["step"],
+            *space.tensors("opt."),
+            *space.tensors("bn."),
+            *space.tensors(CARRY),
+        ]
 
     # --- the step ------------------------------------------------------------------------------
-    def _views(self, space: StepIO, current: dict, trained: tuple[int, int], sub: ParamLayout
-               ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    def _views(
+        self, space: StepIO, current: dict, trained: tuple[int, int], sub: ParamLayout
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Every parameter of the stack as (width, *shape), those in the trained range views of a leaf that
         requires gradients (returned too); the layers read them from ``current``."""
         width, layout, stack = space["width"], self.flat.layout, space["stack"]
@@ -283,8 +353,16 @@ class StackedTraining:
             current[f"{name}#running"] = (space[f"bn.{name}.mean"].view(-1), space[f"bn.{name}.var"].view(-1))
         return views, leaf
 
-    def _step(self, space: StepIO, current: dict, captured: list[torch.Tensor], rule: PhaseRule,
-              trained: tuple[int, int], sub: ParamLayout, batch: int) -> Callable[[], None]:
+    def _step(
+        self,
+        space: StepIO,
+        current: dict,
+        captured: list[torch.Tensor],
+        rule: PhaseRule,
+        trained: tuple[int, int],
+        sub: ParamLayout,
+        batch: int,
+    ) -> Callable[[], None]:
         """One stacked step on ``space`` (its inputs already gathered)."""
         phase, module, width = rule.phase, self.flat.module, space["width"]
         stack = space["stack"]
@@ -304,8 +382,9 @@ class StackedTraining:
             x = space["inputs"]
             if phase.augment is not None:
                 mean, std = self.pixel_scale(x)
-                x = torch.cat([apply_augment(x, space["draws"][v], mean, std, phase.augment)
-                               for v in range(phase.views)])
+                x = torch.cat(
+                    [apply_augment(x, space["draws"][v], mean, std, phase.augment) for v in range(phase.views)]
+                )
             x = x.view(x.shape[0] // width, width * x.shape[1], *x.shape[2:])
             outputs = phase.forward(module, x) if phase.forward is not None else Outputs(module(x), None)
             if phase.features is not None and phase.forward is None:
@@ -349,9 +428,12 @@ class _Out:
 def _sub_layout(layout: ParamLayout, lo: int, hi: int) -> ParamLayout:
     """The layout of the parameters in [lo, hi) of ``layout``'s vector, as a vector of their own."""
     first, last = layout.offsets.index(lo), layout.offsets.index(hi)
-    return ParamLayout(layout.names[first:last], layout.shapes[first:last],
-                       tuple(o - lo for o in layout.offsets[first : last + 1]),
-                       layout.channels_last[first:last] if layout.channels_last else ())
+    return ParamLayout(
+        layout.names[first:last],
+        layout.shapes[first:last],
+        tuple(o - lo for o in layout.offsets[first : last + 1]),
+        layout.channels_last[first:last] if layout.channels_last else (),
+    )
 
 
 def _stacked_carry(phases: Sequence[Phase]) -> dict[str, torch.Tensor]:

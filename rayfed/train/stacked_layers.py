@@ -39,14 +39,16 @@ def stack_blocker(module: nn.Module, drop_last: bool) -> str:
         if isinstance(layer, _DROPOUT) and not isinstance(layer, SEEDED_DROPOUT) and layer.p > 0:
             return f"its layer {name} ({type(layer).__name__}) has no stacked form"
         holds = any(True for _ in layer.parameters(recurse=False)) or any(
-            b.is_floating_point() for b in layer.buffers(recurse=False))
+            b.is_floating_point() for b in layer.buffers(recurse=False)
+        )
         zero_padded_conv = isinstance(layer, nn.Conv2d) and layer.padding_mode == "zeros"
         if not holds or isinstance(layer, nn.Linear) or zero_padded_conv:
             continue
         if isinstance(layer, nn.BatchNorm2d) and layer.track_running_stats and layer.momentum is not None:
             if not drop_last:
-                return (f"its BatchNorm layer {name} would take padded samples into its statistics "
-                        "(train.drop_last=false)")
+                return (
+                    f"its BatchNorm layer {name} would take padded samples into its statistics (train.drop_last=false)"
+                )
             continue
         return f"its layer {name} ({type(layer).__name__}) has no stacked form"
     return ""
@@ -80,10 +82,19 @@ def stacked_forward(name: str, layer: nn.Module, current: Mapping[str, Any]) -> 
     features) one client after the other; it reads its stacked parameters from ``current`` at every call."""
     prefix = f"{name}." if name else ""  # the module itself may be the layer (its parameters: "weight", "bias")
     if isinstance(layer, nn.Conv2d):
+
         def conv(x: torch.Tensor) -> torch.Tensor:
             weight, bias = current[f"{prefix}weight"], current.get(f"{prefix}bias")
-            return F.conv2d(x, weight.flatten(0, 1), None if bias is None else bias.flatten(),
-                            layer.stride, layer.padding, layer.dilation, layer.groups * current["width"])
+            return F.conv2d(
+                x,
+                weight.flatten(0, 1),
+                None if bias is None else bias.flatten(),
+                layer.stride,
+                layer.padding,
+                layer.dilation,
+                layer.groups * current["width"],
+            )
+
         return conv
     if isinstance(layer, nn.Linear):
         normalized = isinstance(layer, NormalizedLinear)
@@ -98,9 +109,13 @@ def stacked_forward(name: str, layer: nn.Module, current: Mapping[str, Any]) -> 
             rows = x.view(x.shape[0], width, -1).transpose(0, 1)  # (width, batch, in)
             if normalized:
                 rows = F.normalize(rows, dim=2)
-            out = torch.bmm(rows, weight.transpose(1, 2)) if bias is None else torch.baddbmm(
-                bias.unsqueeze(1), rows, weight.transpose(1, 2))
+            out = (
+                torch.bmm(rows, weight.transpose(1, 2))
+                if bias is None
+                else torch.baddbmm(bias.unsqueeze(1), rows, weight.transpose(1, 2))
+            )
             return out.transpose(0, 1).reshape(x.shape[0], -1)
+
         return linear
     assert isinstance(layer, nn.BatchNorm2d) and layer.momentum is not None  # stack_blocker: running statistics
     momentum = layer.momentum
@@ -108,6 +123,15 @@ def stacked_forward(name: str, layer: nn.Module, current: Mapping[str, Any]) -> 
     def batch_norm(x: torch.Tensor) -> torch.Tensor:  # in eval mode: the running statistics, left as they are
         weight, bias = current.get(f"{prefix}weight"), current.get(f"{prefix}bias")
         mean, var = current[f"{name}#running"]
-        return F.batch_norm(x, mean, var, None if weight is None else weight.flatten(),
-                            None if bias is None else bias.flatten(), layer.training, momentum, layer.eps)
+        return F.batch_norm(
+            x,
+            mean,
+            var,
+            None if weight is None else weight.flatten(),
+            None if bias is None else bias.flatten(),
+            layer.training,
+            momentum,
+            layer.eps,
+        )
+
     return batch_norm

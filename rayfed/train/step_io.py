@@ -45,7 +45,7 @@ class StepIO:
 
     def group(self, prefix: str) -> dict[str, torch.Tensor]:
         """The values put under ``prefix`` (a constants or carry dict), by their own names."""
-        return {name[len(prefix):]: value for name, value in self.values.items() if name.startswith(prefix)}
+        return {name[len(prefix) :]: value for name, value in self.values.items() if name.startswith(prefix)}
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]

@@ -17,7 +17,12 @@ __all__ = ["sgd_update", "adam_update", "adam_scalars"]
 
 
 def sgd_update(
-    params: torch.Tensor, grad: torch.Tensor, lr: torch.Tensor, *, momentum: float, weight_decay: float,
+    params: torch.Tensor,
+    grad: torch.Tensor,
+    lr: torch.Tensor,
+    *,
+    momentum: float,
+    weight_decay: float,
     buffer: torch.Tensor | None,
 ) -> None:
     """One step of ``torch.optim.SGD`` (dampening 0, no Nesterov) on ``params`` in place.
@@ -36,8 +41,13 @@ def sgd_update(
 
 
 def adam_update(
-    params: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-    betas: tuple[float, float], eps: float, scalars: torch.Tensor,
+    params: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    betas: tuple[float, float],
+    eps: float,
+    scalars: torch.Tensor,
 ) -> None:
     """One step of ``torch.optim.Adam`` (no weight decay, no amsgrad) on ``params`` in place.
 

@@ -36,10 +36,16 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     tune.add_argument(  # the names of rayfed.tuning.pruning.PRUNERS, which imports Optuna; checked when tuning starts
         "--pruner", default="median", metavar="NAME", help="median (default), successive_halving, hyperband or none"
     )
-    tune.add_argument("--objective", choices=("best", "final"), default="best",
-                      help="best round accuracy (default) or the last evaluated round's")
+    tune.add_argument(
+        "--objective",
+        choices=("best", "final"),
+        default="best",
+        help="best round accuracy (default) or the last evaluated round's",
+    )
     tune.add_argument(  # the names of rayfed.tuning.study.SAMPLERS, which imports Optuna; checked when tuning starts
-        "--sampler", default="tpe", metavar="NAME",
+        "--sampler",
+        default="tpe",
+        metavar="NAME",
         help="tpe (default) or random; each session's seed follows from --seed and the trials already finished",
     )
     tune.add_argument("--seed", type=int, help="sampler seed (default: the config's seed)")

@@ -39,13 +39,20 @@ def best_trials_table(study: optuna.Study, top: int = 10) -> str:
     names = list(dict.fromkeys(name for t in rows for name in t.params))
     header = ["trial", "state", "value", "rounds", *names]
     body = [
-        [str(t.number), _state(t), _fmt(t.value), _fmt(t.user_attrs.get(attrs.ROUNDS_RUN)),
-         *(_fmt(t.params.get(n)) for n in names)]
+        [
+            str(t.number),
+            _state(t),
+            _fmt(t.value),
+            _fmt(t.user_attrs.get(attrs.ROUNDS_RUN)),
+            *(_fmt(t.params.get(n)) for n in names),
+        ]
         for t in rows
     ]
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-    lines = ["  ".join(cell.rjust(w) if i != 1 else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths)))
-             for r in [header, *body]]
+    lines = [
+        "  ".join(cell.rjust(w) if i != 1 else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths)))
+        for r in [header, *body]
+    ]
     counts = {s.name.lower(): len(study.get_trials(deepcopy=False, states=(s,))) for s in TrialState}
     summary = ", ".join(f"{n} {name}" for name, n in counts.items() if n)
     return "\n".join([f"study {study.study_name!r}: {summary or 'no trials'}", *lines])

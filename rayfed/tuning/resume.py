@@ -37,7 +37,8 @@ def driver_id() -> str:
 def finished_trials(study: optuna.Study) -> list[FrozenTrial]:
     """The trials that count toward ``n_trials``: complete, pruned, or failed with an error."""
     return [
-        t for t in study.get_trials(deepcopy=False)
+        t
+        for t in study.get_trials(deepcopy=False)
         if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
         or (t.state == TrialState.FAIL and attrs.ERROR in t.user_attrs)
     ]

@@ -164,8 +164,10 @@ class SearchSpace(Mapping[str, Param]):
         """The file format: ``{path: {"type": kind, ...fields}}`` (JSON-ready)."""
         kind_of = {cls: kind for kind, cls in _KINDS.items()}
         return {
-            path: {"type": kind_of[type(p)], **{k: list(v) if isinstance(v, tuple) else v
-                                               for k, v in dataclasses.asdict(p).items()}}
+            path: {
+                "type": kind_of[type(p)],
+                **{k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(p).items()},
+            }
             for path, p in self._entries.items()
         }
 

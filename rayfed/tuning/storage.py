@@ -40,7 +40,7 @@ def open_storage(storage: str | BaseStorage | None, study_dir: str | Path) -> Ba
     if not isinstance(storage, str) or not storage:
         raise ConfigError(f"storage must be an Optuna storage URL or None, but got storage={storage!r}")
     if storage.startswith(_JOURNAL):
-        path = Path(storage[len(_JOURNAL):])
+        path = Path(storage[len(_JOURNAL) :])
         if not path.name:
             raise ConfigError(
                 f"a journal storage needs a file, e.g. journal:///tmp/study.log, but got storage={storage!r}"

@@ -175,8 +175,14 @@ def tune(
 
     def optimize() -> None:
         with _stopping_parallel_trials(runner.stop, parallel_trials), _quiet_interrupted_trials(runner.interrupted):
-            study.optimize(runner, n_trials=remaining, n_jobs=parallel_trials, timeout=timeout_s, catch=catch,
-                           callbacks=list(callbacks))
+            study.optimize(
+                runner,
+                n_trials=remaining,
+                n_jobs=parallel_trials,
+                timeout=timeout_s,
+                catch=catch,
+                callbacks=list(callbacks),
+            )
 
     try:
         if base_config.engine.backend == "local":
@@ -356,8 +362,11 @@ def _check_same_study(study: optuna.Study, base: RunConfig, space: SearchSpace, 
 
 def _space_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """``"space <path>: old -> new"`` for each searched field whose distribution differs (``SearchSpace.to_dict``)."""
-    return [f"space {path}: {old.get(path)!r} -> {new.get(path)!r}"
-            for path in sorted(set(old) | set(new)) if old.get(path) != new.get(path)]
+    return [
+        f"space {path}: {old.get(path)!r} -> {new.get(path)!r}"
+        for path in sorted(set(old) | set(new))
+        if old.get(path) != new.get(path)
+    ]
 
 
 def _check_trial_dirs(study: optuna.Study, study_dir: Path) -> None:

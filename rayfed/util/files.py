@@ -33,7 +33,13 @@ import pyarrow.parquet as pq
 from rayfed.util.errors import CheckpointError, DiskFullError
 
 __all__ = [
-    "atomic_write", "create_temp_file", "write_json", "write_parquet", "save_arrays", "load_arrays", "digest_of",
+    "atomic_write",
+    "create_temp_file",
+    "write_json",
+    "write_parquet",
+    "save_arrays",
+    "load_arrays",
+    "digest_of",
     "format_bytes",
 ]
 

@@ -34,5 +34,13 @@ def progress_shown(shown: bool) -> Iterator[None]:
 
 def progress_bar(total: int, desc: str, unit: str) -> tqdm:
     """A bar over ``total`` ``unit`` that appears only after :data:`DELAY_S` seconds and is removed when done."""
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, delay=DELAY_S, leave=False,
-                disable=not _SHOWN.get(), dynamic_ncols=True)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=True,
+        delay=DELAY_S,
+        leave=False,
+        disable=not _SHOWN.get(),
+        dynamic_ncols=True,
+    )

@@ -53,5 +53,9 @@ def _warn_if_rounded(join_ratio: float, num_clients: int, count: int) -> None:
         logger.warning(
             "engine.join_ratio=%g of data.num_clients=%d asks for %.3g clients per round; each round samples %d "
             "(a join ratio of %.3g)",
-            join_ratio, num_clients, asked, count, count / num_clients,
+            join_ratio,
+            num_clients,
+            asked,
+            count,
+            count / num_clients,
         )

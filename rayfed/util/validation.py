@@ -104,8 +104,10 @@ def check_field_types(instance: Any, prefix: str) -> None:
             path = f"{prefix}.{name}" if prefix else name
             fix = ""
             if isinstance(value, str):
-                fix = ("; give the value itself in Python, or give strings to RunConfig().override(...), which "
-                       "converts them as the command line does")
+                fix = (
+                    "; give the value itself in Python, or give strings to RunConfig().override(...), which "
+                    "converts them as the command line does"
+                )
             elif isinstance(value, Mapping):
                 fix = "; build the config from tables with RunConfig.from_dict(...) or RunConfig().override(...)"
             raise ConfigError(f"{path} must be {allowed}, but got {path}={value!r}{fix}")

@@ -26,8 +26,16 @@ def test_private_cluster_prints_no_auth_warning(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     command = [
-        sys.executable, "-m", "rayfed", "run", "data.num_clients=4", "train.rounds=1",
-        "data.options.num_samples=400", "engine.num_workers=1", "engine.progress=false", f"run_dir={tmp_path / 'run'}",
+        sys.executable,
+        "-m",
+        "rayfed",
+        "run",
+        "data.num_clients=4",
+        "train.rounds=1",
+        "data.options.num_samples=400",
+        "engine.num_workers=1",
+        "engine.progress=false",
+        f"run_dir={tmp_path / 'run'}",
     ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

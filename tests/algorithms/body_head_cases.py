@@ -39,8 +39,14 @@ def tiny_problem(num_clients: int = 3, *, batchnorm: bool = False, seed: int = 0
     torch.manual_seed(seed)
     flat = FlatModel(Tiny(batchnorm))
     spec = ProblemSpec(
-        num_clients, 2, (1, 1, 3), {"tiny": flat.layout}, {"tiny": ("body", "fc")}, {"tiny": "fc"},
-        default_architecture="tiny", buffer_layouts={"tiny": flat.buffer_layout},
+        num_clients,
+        2,
+        (1, 1, 3),
+        {"tiny": flat.layout},
+        {"tiny": ("body", "fc")},
+        {"tiny": "fc"},
+        default_architecture="tiny",
+        buffer_layouts={"tiny": flat.buffer_layout},
     )
     return flat, spec
 
@@ -54,13 +60,28 @@ def job(flat: FlatModel, cid: int, n: int = 12, **train: Any) -> ClientJob:
     settings = TrainConfig(**{"lr": 0.1, "batch_size": n, **train})
     counts = np.bincount(y.numpy(), minlength=2)
     return ClientJob(
-        client_id=cid, round=0, flat=flat, architecture="tiny", x_train=x, y_train=y, x_test=x, y_test=y,
-        label_counts=counts, train_label_counts=counts, train=settings, lr=settings.lr, generator=gen,
+        client_id=cid,
+        round=0,
+        flat=flat,
+        architecture="tiny",
+        x_train=x,
+        y_train=y,
+        x_test=x,
+        y_test=y,
+        label_counts=counts,
+        train_label_counts=counts,
+        train=settings,
+        lr=settings.lr,
+        generator=gen,
     )
 
 
 def upload_trained(
-    server: ServerHalf[Any, Any], flat: FlatModel, trained: np.ndarray, sizes: Sequence[int], *,
+    server: ServerHalf[Any, Any],
+    flat: FlatModel,
+    trained: np.ndarray,
+    sizes: Sequence[int],
+    *,
     whole_state: bool = False,
 ) -> tuple[list[Contribution], list[ClientJob]]:
     """Clients 0, 1, ... with ``sizes`` samples: each is personalised by the server's broadcast, then row i of
@@ -99,10 +120,16 @@ class RoundLog(Callback):
 def run_logged(path: Path, algorithm: str, params: dict[str, Any] | None = None, **extra: Any):  # noqa: ANN201
     """A tiny run (10 clients, 1000 synthetic samples, 2 rounds) of ``algorithm``; returns (result, log)."""
     log = RoundLog()
-    overrides = tiny_overrides(path, **{
-        "algorithm.name": algorithm, "algorithm.params": params or {},
-        "data.options": {"num_samples": 1000}, "engine.checkpoint_every": 0, **extra,
-    })
+    overrides = tiny_overrides(
+        path,
+        **{
+            "algorithm.name": algorithm,
+            "algorithm.params": params or {},
+            "data.options": {"num_samples": 1000},
+            "engine.checkpoint_every": 0,
+            **extra,
+        },
+    )
     return run(RunConfig().override(overrides), callbacks=[log]), log
 
 
@@ -131,4 +158,4 @@ def assert_local_parts_kept(log: RoundLog, key: str, size: int) -> None:
                 kept += 1
     assert kept  # some client sat a round out while holding its part
     last = [state[key] for state in log.states[-1].values()]
-    assert all(not np.array_equal(a, b) for i, a in enumerate(last) for b in last[i + 1:])
+    assert all(not np.array_equal(a, b) for i, a in enumerate(last) for b in last[i + 1 :])

@@ -41,18 +41,26 @@ class ClientCopies(Callback):
         self.server: list[np.ndarray] = []
 
     def after_round(self, run, record, clients) -> bool:
-        self.rounds.append({
-            cid: (np.array(state[CORES_KEY]), np.array(state[DR_KEY])) for cid, state in run.client_states()
-        })
+        self.rounds.append(
+            {cid: (np.array(state[CORES_KEY]), np.array(state[DR_KEY])) for cid, state in run.client_states()}
+        )
         self.server.append(np.array(run.server_state()["cores"]))
         return False
 
 
 def _config(tmp_path, **extra: object) -> RunConfig:
-    return RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "apple", "data.num_clients": 5, "data.partition": "dirichlet",
-        "data.options": {"num_samples": 750}, **extra,
-    }))
+    return RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **{
+                "algorithm.name": "apple",
+                "data.num_clients": 5,
+                "data.partition": "dirichlet",
+                "data.options": {"num_samples": 750},
+                **extra,
+            },
+        )
+    )
 
 
 def test_the_dr_gradient_is_the_chain_rule_through_the_personal_model() -> None:
@@ -138,8 +146,9 @@ def test_pfllib_parallel_steps_the_core_first_and_shares_the_personal_model_of_i
 def test_clients_keep_copies_learn_p_and_download_only_newer_core_models(tmp_path, join_ratio) -> None:
     # Arrange: 5 clients, 3 rounds; with join_ratio 0.6, 3 per round (stale copies).
     copies = ClientCopies()
-    config = _config(tmp_path, **{"engine.join_ratio": join_ratio, "train.rounds": 3,
-                                  "algorithm.params": {"fidelity": "paper"}})
+    config = _config(
+        tmp_path, **{"engine.join_ratio": join_ratio, "train.rounds": 3, "algorithm.params": {"fidelity": "paper"}}
+    )
     # Act
     Simulation(config, callbacks=[copies]).run()
     # Assert: a trained client's own copy is the core model it uploaded; p_i moved off 1/M.
@@ -177,16 +186,22 @@ def test_the_personal_model_mixes_parameters_and_keeps_its_own_buffers() -> None
 
 def test_a_run_whose_client_states_fit_neither_memory_nor_disk_is_refused_before_any_file(tmp_path, monkeypatch):
     # Arrange: 300 clients each keeping 300 models; 1 MiB of state memory and 10 MiB of free disk.
-    config = _config(tmp_path, **{"data.num_clients": 300, "data.options": {"num_samples": 3000},
-                                  "engine.client_state_memory_mb": 1})
+    config = _config(
+        tmp_path, **{"data.num_clients": 300, "data.options": {"num_samples": 3000}, "engine.client_state_memory_mb": 1}
+    )
     per_client, total = client_states_bytes(config)
     monkeypatch.setattr("rayfed.engine.sizing.free_disk", lambda path: 10 * 2**20)
     # Act / Assert
     with pytest.raises(ResourceError) as raised:
         Simulation(config)
     message = str(raised.value)
-    for fragment in ("algorithm.name='apple'", "data.num_clients=300", "engine.client_state_memory_mb=1",
-                     "lower data.num_clients", "run_dir"):
+    for fragment in (
+        "algorithm.name='apple'",
+        "data.num_clients=300",
+        "engine.client_state_memory_mb=1",
+        "lower data.num_clients",
+        "run_dir",
+    ):
         assert fragment in message
     assert total == 300 * per_client and per_client > 300 * 4 * 1000
     assert not (tmp_path / "run").exists()

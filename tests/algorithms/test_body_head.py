@@ -27,10 +27,16 @@ torch.set_num_threads(1)
 
 
 def _synthetic(algorithm: str, params: dict[str, object], num_clients: int = 8):  # noqa: ANN202
-    config = RunConfig().override({
-        "data.dataset": "synthetic", "data.options": {"num_samples": 800}, "data.num_clients": num_clients,
-        "algorithm.name": algorithm, "algorithm.params": params, "engine.backend": "local",
-    })
+    config = RunConfig().override(
+        {
+            "data.dataset": "synthetic",
+            "data.options": {"num_samples": 800},
+            "data.num_clients": num_clients,
+            "algorithm.name": algorithm,
+            "algorithm.params": params,
+            "engine.backend": "local",
+        }
+    )
     dataset = load_dataset("synthetic", None, options=config.data.options)
     partition = make_partition(dataset.labels, dataset.num_classes, config.data)
     spec, initial = build_problem(config, dataset)
@@ -49,7 +55,8 @@ def test_trailing_blocks_is_the_slice_cwfedavg_uses() -> None:
     assert trailing_blocks(layout, blocks, 0) == trailing_blocks(layout, blocks, 4) == slice(0, layout.size)
     for m in range(5):
         assert model_parts(spec, "cnn4", CwFedAvgParams(classwise_blocks=m)).classwise == trailing_blocks(
-            layout, blocks, m)
+            layout, blocks, m
+        )
     assert split_body_head(spec, "cnn4", 2).head_params == layout.slice_of(("last_feat", "fc"))
 
 
@@ -119,12 +126,15 @@ class _OneByOne(PartialModels):
         return None
 
 
-@pytest.mark.parametrize(("algorithm", "params", "shared"), [
-    ("fedper", {}, True),
-    ("fedrep", {"head_epochs": 1}, True),
-    ("fedper", {"head_blocks": 2}, False),
-    ("lgfedavg", {}, False),
-])
+@pytest.mark.parametrize(
+    ("algorithm", "params", "shared"),
+    [
+        ("fedper", {}, True),
+        ("fedrep", {"head_epochs": 1}, True),
+        ("fedper", {"head_blocks": 2}, False),
+        ("lgfedavg", {}, False),
+    ],
+)
 def test_shared_body_evaluation_equals_a_forward_per_client(algorithm, params, shared) -> None:  # noqa: ANN001
     """Averaged body + each client's own output layer: one body forward and batched heads give the
     per-client forwards' accuracies exactly, and their losses to float tolerance."""

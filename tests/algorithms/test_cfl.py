@@ -38,8 +38,14 @@ P, S = LAYOUT.size, LAYOUT.size + BUFFERS.size
 
 def _spec(num_clients: int) -> ProblemSpec:
     return ProblemSpec(
-        num_clients, 2, (1, 2, 2), {"m": LAYOUT}, {"m": ("a",)}, {"m": "a"},
-        default_architecture="m", buffer_layouts={"m": BUFFERS},
+        num_clients,
+        2,
+        (1, 2, 2),
+        {"m": LAYOUT},
+        {"m": ("a",)},
+        {"m": "a"},
+        default_architecture="m",
+        buffer_layouts={"m": BUFFERS},
     )
 
 
@@ -176,8 +182,9 @@ def test_gradient_norms_divide_each_update_by_its_step_length() -> None:
 
     def upload() -> ClientUpdates:
         rows = (ClientVectors.of(u, i, n) for u, i, n in zip(updates, [0, 1, 2], [1.0, 1.0, 2.0]))
-        return sum_contributions(ClientUpdates(r.blocks, r.client_ids, r.sizes, None, np.array([length]))
-                                 for r, length in zip(rows, lengths))
+        return sum_contributions(
+            ClientUpdates(r.blocks, r.client_ids, r.sizes, None, np.array([length])) for r, length in zip(rows, lengths)
+        )
 
     params = {"warmup_rounds": 0, "eps1": 0.5, "eps2": 1.5}
     by_update = CFLServer(CFLParams(**params), _spec(3), {"m": np.zeros(S, np.float32)})
@@ -229,10 +236,21 @@ def test_under_the_tables_settings_two_label_swapped_groups_split_apart_and_beat
     cfl = table.row("cfl").params
     assert cfl["norms"] == "gradient" and CFLParams(**cfl).warmup_rounds == 20
     states = ServerStates()
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **two_group_overrides(**{
-        "algorithm.name": "cfl", "algorithm.params": cfl, "data.num_clients": 4, "train.rounds": 30,
-        "data.options": {"num_samples": 2400}, "engine.eval_every": 5,
-    })))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **two_group_overrides(
+                **{
+                    "algorithm.name": "cfl",
+                    "algorithm.params": cfl,
+                    "data.num_clients": 4,
+                    "train.rounds": 30,
+                    "data.options": {"num_samples": 2400},
+                    "engine.eval_every": 5,
+                }
+            ),
+        )
+    )
     assert (config.train.lr, config.train.batch_size, config.train.momentum) == (0.005, 10, 0.0)
     # Execute
     history = run(config, callbacks=[states]).history
@@ -252,10 +270,20 @@ def test_under_the_tables_settings_two_label_swapped_groups_split_apart_and_beat
 def test_partial_participation_runs_and_keeps_unsampled_clusters(tmp_path) -> None:
     # Prepare: half the clients per round, the split opened from round 1.
     states = ServerStates()
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **two_group_overrides(**{
-        "algorithm.name": "cfl", "data.num_clients": 8, "engine.join_ratio": 0.5, "train.rounds": 3,
-        "algorithm.params": {"warmup_rounds": 1, "eps1": 100.0, "eps2": 0.0},
-    })))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **two_group_overrides(
+                **{
+                    "algorithm.name": "cfl",
+                    "data.num_clients": 8,
+                    "engine.join_ratio": 0.5,
+                    "train.rounds": 3,
+                    "algorithm.params": {"warmup_rounds": 1, "eps1": 100.0, "eps2": 0.0},
+                }
+            ),
+        )
+    )
     # Execute
     result = run(config, callbacks=[states])
     # Assert: 4 uploads a round; a cluster none of whose members trained keeps its model.

@@ -28,8 +28,11 @@ _NUM_CLIENTS = 6
 _OVERRIDES: dict[str, dict[str, Any]] = {  # what a method needs, or where a default would make the test slow
     "apple": {"algorithm.params": {"anneal_rounds": 2}},
     "fedlaw": {"algorithm.params": {"server_epochs": 2}},
-    "fedclassavg": {"model.client_models": ["fca_alexnet"], "algorithm.params": {"warmup": False},
-                    "data.options": {"num_samples": 200}},
+    "fedclassavg": {
+        "model.client_models": ["fca_alexnet"],
+        "algorithm.params": {"warmup": False},
+        "data.options": {"num_samples": 200},
+    },
     "ktpfl": {"algorithm.params": {"public_size": 60}},
 }
 _CASES = [pytest.param(name, {}, id=name) for name in sorted(ALGORITHMS)] + [
@@ -42,10 +45,18 @@ _CASES = [pytest.param(name, {}, id=name) for name in sorted(ALGORITHMS)] + [
 @pytest.mark.parametrize(("name", "extra"), _CASES)
 def test_the_client_state_estimate_covers_what_the_store_holds(name: str, extra: dict[str, Any], tmp_path: Path):
     # Prepare: two rounds of every client, as the engine runs them, their states kept in a store.
-    config = RunConfig().override({
-        "data.dataset": "synthetic", "data.options": {"num_samples": 600}, "data.num_clients": _NUM_CLIENTS,
-        "algorithm.name": name, "engine.backend": "local", "train.batch_size": 16, **_OVERRIDES.get(name, {}), **extra,
-    })
+    config = RunConfig().override(
+        {
+            "data.dataset": "synthetic",
+            "data.options": {"num_samples": 600},
+            "data.num_clients": _NUM_CLIENTS,
+            "algorithm.name": name,
+            "engine.backend": "local",
+            "train.batch_size": 16,
+            **_OVERRIDES.get(name, {}),
+            **extra,
+        }
+    )
     inputs = RunInputs.prepare(config, resolve(config.algorithm), tmp_path, continues=False)
     runner = ClientRunner(config, inputs.spec.for_clients(), inputs.dataset, inputs.partition)
     server = Server(config, inputs.spec, inputs.initial)

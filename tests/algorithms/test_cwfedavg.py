@@ -150,8 +150,10 @@ def test_empirical_distribution_of_an_empty_client_is_uniform() -> None:
 def test_partial_sums_merged_in_two_orders_give_the_same_state() -> None:
     rng = np.random.default_rng(2)
     rows = distribution_from_norms(rng.uniform(size=(5, 3)))
-    parts = [_client_sum(rng.normal(size=6).astype(np.float32), n, rows[i], i, rng.normal(size=2).astype(np.float32))
-             for i, n in enumerate((3, 1, 4, 1, 5))]
+    parts = [
+        _client_sum(rng.normal(size=6).astype(np.float32), n, rows[i], i, rng.normal(size=2).astype(np.float32))
+        for i, n in enumerate((3, 1, 4, 1, 5))
+    ]
     left = sum_contributions([parts[0] + parts[1], parts[2] + parts[3] + parts[4]])
     right = sum_contributions([parts[4] + parts[2], parts[1] + parts[3], parts[0]])
     np.testing.assert_allclose(left.numerators(), right.numerators(), rtol=1e-5)
@@ -187,8 +189,10 @@ def test_server_aggregates_uploaded_clients_and_keeps_stale_rows() -> None:
     rng = np.random.default_rng(3)
     thetas = rng.normal(size=(2, flat.size)).astype(np.float32)
     rows = np.array([[0.9, 0.1], [0.2, 0.8]])
-    uploads = [_client_sum(t[parts.classwise], n, r, cid, parts.gather_shared(t))
-               for cid, (t, n, r) in enumerate(zip(thetas, (10, 30), rows))]
+    uploads = [
+        _client_sum(t[parts.classwise], n, r, cid, parts.gather_shared(t))
+        for cid, (t, n, r) in enumerate(zip(thetas, (10, 30), rows))
+    ]
     # Execute
     metrics = server.aggregate(_ctx([0, 1]), uploads[0] + uploads[1])
     # Assert
@@ -220,8 +224,11 @@ def test_classwise_blocks_beyond_the_model_names_the_field_and_blocks() -> None:
     ("field", "value", "message"),
     [
         ("wdr_lambda", -0.1, "wdr_lambda must be a finite number >= 0, but got algorithm.params.wdr_lambda=-0.1"),
-        ("wdr_lambda", float("nan"), "wdr_lambda must be a finite number >= 0, but got "
-                                     "algorithm.params.wdr_lambda=nan"),
+        (
+            "wdr_lambda",
+            float("nan"),
+            "wdr_lambda must be a finite number >= 0, but got algorithm.params.wdr_lambda=nan",
+        ),
         ("fidelity", "papr", "fidelity must be one of 'code', 'paper', but got algorithm.params.fidelity='papr'"),
         ("variant", "wdr2", "variant must be one of 'wdr', 'dist', 'no_wdr'"),
         ("classwise_blocks", -1, "classwise_blocks must be an integer >= 0"),
@@ -261,7 +268,7 @@ def test_wdr_pulls_the_estimated_distribution_towards_the_label_distribution() -
         flat.load(start)
         client = CwFedAvgClient(CwFedAvgParams(wdr_lambda=20, variant=variant), spec)
         job = _job(flat, 0, [20, 0])
-        phase, = client.phases(job)
+        (phase,) = client.phases(job)
         train_phases(job, [phase])
         moved[variant] = float(estimate_class_distribution(flat.params[2].detach())[0])
         if variant == "wdr":  # the loss term is c·‖p − p̃(W)‖ on the live output weight
@@ -302,8 +309,9 @@ def test_batchnorm_statistics_stay_with_their_client() -> None:
     module = TinyNet(2)
     module.body = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
     flat = FlatModel(module)
-    spec = ProblemSpec(2, 2, (1, 1, 3), {"tiny": flat.layout}, {"tiny": ("body", "fc")}, {"tiny": "fc"},
-                       default_architecture="tiny")
+    spec = ProblemSpec(
+        2, 2, (1, 1, 3), {"tiny": flat.layout}, {"tiny": ("body", "fc")}, {"tiny": "fc"}, default_architecture="tiny"
+    )
     server = CwFedAvgServer(CwFedAvgParams(), spec, {"tiny": flat.state_numpy()})
     initial_buffers = flat.buffers.clone()
     trained = _job(flat, 0, [6, 4])
@@ -326,8 +334,12 @@ def test_batchnorm_statistics_stay_with_their_client() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_simulation(tmp_path_factory):
-    config = RunConfig().override(tiny_overrides(tmp_path_factory.mktemp("sim") / "run", **{
-        "algorithm.name": "cwfedavg", "data.options": {"num_samples": 800}, "data.num_clients": 5}))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path_factory.mktemp("sim") / "run",
+            **{"algorithm.name": "cwfedavg", "data.options": {"num_samples": 800}, "data.num_clients": 5},
+        )
+    )
     return config, Simulation(config)
 
 
@@ -366,8 +378,9 @@ def test_dist_variant_uploads_label_counts_and_their_distribution(tiny_simulatio
 
 
 def _run(tmp_path, name: str, **extra: object):
-    overrides = tiny_overrides(tmp_path / name, **{
-        "data.options": {"num_samples": 1500}, "engine.checkpoint_every": 0, **extra})
+    overrides = tiny_overrides(
+        tmp_path / name, **{"data.options": {"num_samples": 1500}, "engine.checkpoint_every": 0, **extra}
+    )
     return run(RunConfig().override(overrides))
 
 
@@ -384,15 +397,30 @@ def test_cwfedavg_beats_fedavg_on_a_pathological_split(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     "params",
-    [{"classwise_blocks": 0}, {"classwise_blocks": 2},
-     {"classwise_blocks": 3, "p_source": "train", "fidelity": "paper"}],
+    [
+        {"classwise_blocks": 0},
+        {"classwise_blocks": 2},
+        {"classwise_blocks": 3, "p_source": "train", "fidelity": "paper"},
+    ],
     ids=["all_layers", "fc_output", "conv2_fc_output"],
 )
 def test_class_wise_blocks_run_end_to_end(tmp_path, params: dict[str, object]) -> None:
     extra = {f"algorithm.params.{k}": v for k, v in params.items()}
-    result = run(RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "cwfedavg", "data.options": {"num_samples": 600}, "data.num_clients": 5, "train.rounds": 1,
-        "engine.checkpoint_every": 0, **extra})))
+    result = run(
+        RunConfig().override(
+            tiny_overrides(
+                tmp_path / "run",
+                **{
+                    "algorithm.name": "cwfedavg",
+                    "data.options": {"num_samples": 600},
+                    "data.num_clients": 5,
+                    "train.rounds": 1,
+                    "engine.checkpoint_every": 0,
+                    **extra,
+                },
+            )
+        )
+    )
     assert result.history[0]["num_evaluated"] == 5 and 0.0 <= result.final_accuracy <= 1.0
 
 
@@ -412,9 +440,22 @@ class _RoundOne(Callback):
 
 def _one_round(tmp_path, name: str, **params: object) -> _RoundOne:
     seen = _RoundOne()
-    run(RunConfig().override(tiny_overrides(tmp_path / name, **{
-        "algorithm.name": "cwfedavg", "data.options": {"num_samples": 600}, "data.num_clients": 5, "train.rounds": 1,
-        "engine.checkpoint_every": 0, **{f"algorithm.params.{k}": v for k, v in params.items()}})), callbacks=[seen])
+    run(
+        RunConfig().override(
+            tiny_overrides(
+                tmp_path / name,
+                **{
+                    "algorithm.name": "cwfedavg",
+                    "data.options": {"num_samples": 600},
+                    "data.num_clients": 5,
+                    "train.rounds": 1,
+                    "engine.checkpoint_every": 0,
+                    **{f"algorithm.params.{k}": v for k, v in params.items()},
+                },
+            )
+        ),
+        callbacks=[seen],
+    )
     return seen
 
 
@@ -436,15 +477,27 @@ def test_variants_differ_as_their_definitions_say(tmp_path) -> None:
         np.testing.assert_allclose(seen.p_tilde, distribution_from_norms(seen.norms), rtol=1e-5)
     assert wdr.bytes_up == no_wdr.bytes_up
     # ... but only WDR pulls p̃ towards p: the mean ‖p_i − p̃_i‖₂ that Eq. 8 penalises is clearly smaller.
-    gap = {name: float(np.linalg.norm(seen.p_tilde - seen.p, axis=1).mean()) for name, seen in
-           (("wdr", wdr), ("no_wdr", no_wdr))}
+    gap = {
+        name: float(np.linalg.norm(seen.p_tilde - seen.p, axis=1).mean())
+        for name, seen in (("wdr", wdr), ("no_wdr", no_wdr))
+    }
     assert gap["wdr"] < 0.7 * gap["no_wdr"], gap
 
 
 def test_partial_participation_personalises_and_evaluates_every_client(tmp_path) -> None:
-    result = run(RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "cwfedavg", "data.options": {"num_samples": 800}, "engine.join_ratio": 0.5,
-        "engine.checkpoint_every": 1})))
+    result = run(
+        RunConfig().override(
+            tiny_overrides(
+                tmp_path / "run",
+                **{
+                    "algorithm.name": "cwfedavg",
+                    "data.options": {"num_samples": 800},
+                    "engine.join_ratio": 0.5,
+                    "engine.checkpoint_every": 1,
+                },
+            )
+        )
+    )
     assert [r["num_sampled"] for r in result.history] == [5, 5]
     assert all(r["num_evaluated"] == 10 for r in result.history)
     assert all(r["server_clients_aggregated"] == 5 for r in result.history)
@@ -453,11 +506,20 @@ def test_partial_participation_personalises_and_evaluates_every_client(tmp_path)
 
 def test_ray_run_matches_local_run(tmp_path, ray_cluster) -> None:
     # Partial sums travel between processes (read-only arrays on the server) and still add up alike.
-    extra = {"algorithm.name": "cwfedavg", "data.options": {"num_samples": 600}, "data.num_clients": 5,
-             "engine.clients_per_call": 2, "engine.checkpoint_every": 0, "train.rounds": 1}
+    extra = {
+        "algorithm.name": "cwfedavg",
+        "data.options": {"num_samples": 600},
+        "data.num_clients": 5,
+        "engine.clients_per_call": 2,
+        "engine.checkpoint_every": 0,
+        "train.rounds": 1,
+    }
     local = run(RunConfig().override(tiny_overrides(tmp_path / "local", **extra)))
-    on_ray = run(RunConfig().override(tiny_overrides(tmp_path / "ray", **{
-        **extra, "engine.backend": "ray", "engine.num_workers": 2})))
+    on_ray = run(
+        RunConfig().override(
+            tiny_overrides(tmp_path / "ray", **{**extra, "engine.backend": "ray", "engine.num_workers": 2})
+        )
+    )
     assert on_ray.accuracies == local.accuracies
 
 
@@ -479,18 +541,27 @@ class _FullModels(ClasswiseModels):
         return None
 
 
-@pytest.mark.parametrize(("params", "shared"), [
-    ({"wdr_lambda": 100}, True),
-    ({"variant": "dist"}, True),
-    ({"classwise_blocks": 2}, False),
-])
+@pytest.mark.parametrize(
+    ("params", "shared"),
+    [
+        ({"wdr_lambda": 100}, True),
+        ({"variant": "dist"}, True),
+        ({"classwise_blocks": 2}, False),
+    ],
+)
 def test_shared_body_evaluation_equals_a_forward_per_client(params, shared) -> None:
     """cwFedAvg (Output): one forward of G_avg's body and each client's head Σ_j p̃_ij G_j as a batched
     product give the per-client forwards' accuracies (exactly) and losses (to float tolerance)."""
-    config = RunConfig().override({
-        "data.dataset": "synthetic", "data.options": {"num_samples": 1200}, "data.num_clients": 12,
-        "algorithm.name": "cwfedavg", "algorithm.params": params, "engine.backend": "local",
-    })
+    config = RunConfig().override(
+        {
+            "data.dataset": "synthetic",
+            "data.options": {"num_samples": 1200},
+            "data.num_clients": 12,
+            "algorithm.name": "cwfedavg",
+            "algorithm.params": params,
+            "engine.backend": "local",
+        }
+    )
     dataset = load_dataset("synthetic", None, options=config.data.options)
     partition = make_partition(dataset.labels, dataset.num_classes, config.data)
     spec, initial = build_problem(config, dataset)

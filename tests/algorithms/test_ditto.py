@@ -53,8 +53,10 @@ def test_lambda_is_checked() -> None:
 
 def test_personal_models_stay_local_and_larger_lambda_keeps_them_closer_to_global(tmp_path) -> None:
     # Prepare / Execute: λ = 0 (purely local personal models) and λ = 20, half the clients per round.
-    runs = {lam: run_logged(tmp_path / f"lam{lam}", "ditto", {"lam": lam}, **{"engine.join_ratio": 0.5})
-            for lam in (0.0, 20.0)}
+    runs = {
+        lam: run_logged(tmp_path / f"lam{lam}", "ditto", {"lam": lam}, **{"engine.join_ratio": 0.5})
+        for lam in (0.0, 20.0)
+    }
     distance = {}
     for lam, (result, log) in runs.items():
         state_size = log.server[0]["global"].size

@@ -19,8 +19,16 @@ BUFFERS = ParamLayout(("running_mean",), ((2,),), (0, 2))
 
 
 def _spec(num_clients: int = 3) -> ProblemSpec:
-    return ProblemSpec(num_clients, 2, (1, 1, 2), {"m": LAYOUT}, {"m": ("w",)}, {"m": "w"},
-                       default_architecture="m", buffer_layouts={"m": BUFFERS})
+    return ProblemSpec(
+        num_clients,
+        2,
+        (1, 1, 2),
+        {"m": LAYOUT},
+        {"m": ("w",)},
+        {"m": "w"},
+        default_architecture="m",
+        buffer_layouts={"m": BUFFERS},
+    )
 
 
 def _ctx(ids: list[int]) -> RoundContext:
@@ -52,14 +60,27 @@ def test_two_server_steps_match_adam_written_out() -> None:
 
 def test_first_round_moves_every_trained_parameter_by_about_the_server_lr(tmp_path) -> None:
     # Prepare: real uploads of 4 trained clients; η = 1, the baseline code's flag default.
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "fedadam", "data.num_clients": 4, "data.partition": "dirichlet",
-        "data.options": {"num_samples": 600}, "train.lr": 0.05, "algorithm.params.server_lr": 1.0}))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **{
+                "algorithm.name": "fedadam",
+                "data.num_clients": 4,
+                "data.partition": "dirichlet",
+                "data.options": {"num_samples": 600},
+                "train.lr": 0.05,
+                "algorithm.params.server_lr": 1.0,
+            },
+        )
+    )
     sim = Simulation(config)
     server = FedAdamServer(config.algorithm.params, sim.spec, sim.initial)
     before = server.global_vector.copy()
-    upload = ClientRunner(config, sim.spec, sim.dataset, sim.partition).train(
-        server.broadcast(), RoundContext(0, 0, config.train.lr, np.arange(4)), [0, 1, 2, 3]).contribution
+    upload = (
+        ClientRunner(config, sim.spec, sim.dataset, sim.partition)
+        .train(server.broadcast(), RoundContext(0, 0, config.train.lr, np.arange(4)), [0, 1, 2, 3])
+        .contribution
+    )
     # Execute
     server.aggregate(RoundContext(0, 0, config.train.lr, np.arange(4)), upload)
     # Assert: m/√v = 0.1Δ/(√0.01·|Δ|) = ±1 where |Δ| ≫ τ: a sign step of size η = 1, FedAdam's hallmark
@@ -76,9 +97,18 @@ def test_first_round_moves_every_trained_parameter_by_about_the_server_lr(tmp_pa
 
 def test_partial_participation_runs_and_bytes_are_whole_models(tmp_path) -> None:
     # Prepare: 6 clients, half of them per round.
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "fedadam", "data.num_clients": 6, "data.partition": "dirichlet",
-        "data.options": {"num_samples": 900}, "engine.join_ratio": 0.5}))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **{
+                "algorithm.name": "fedadam",
+                "data.num_clients": 6,
+                "data.partition": "dirichlet",
+                "data.options": {"num_samples": 900},
+                "engine.join_ratio": 0.5,
+            },
+        )
+    )
     size = next(iter(Simulation(config).initial.values())).size
     # Execute
     result = Simulation(config).run()
@@ -92,9 +122,19 @@ def test_partial_participation_runs_and_bytes_are_whole_models(tmp_path) -> None
 def test_the_default_server_lr_learns_where_the_flag_default_of_one_collapses(tmp_path) -> None:
     # Prepare: the same 10 clients, 3 rounds, with the default η = 0.01 and with η = 1.
     def final_accuracy(name: str, **params: float) -> float:
-        config = RunConfig().override(tiny_overrides(tmp_path / name, **{
-            "algorithm.name": "fedadam", "data.partition": "dirichlet", "data.alpha": 0.5, "train.rounds": 3,
-            "train.lr": 0.05, "algorithm.params": params}))
+        config = RunConfig().override(
+            tiny_overrides(
+                tmp_path / name,
+                **{
+                    "algorithm.name": "fedadam",
+                    "data.partition": "dirichlet",
+                    "data.alpha": 0.5,
+                    "train.rounds": 3,
+                    "train.lr": 0.05,
+                    "algorithm.params": params,
+                },
+            )
+        )
         return run(config).accuracies[-1]
 
     # Execute

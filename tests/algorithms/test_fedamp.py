@@ -28,10 +28,18 @@ class ServerModels(Callback):
 
 
 def _config(tmp_path, name: str = "run", **extra: object) -> RunConfig:
-    return RunConfig().override(tiny_overrides(tmp_path / name, **{
-        "algorithm.name": "fedamp", "data.num_clients": 6, "data.partition": "dirichlet",
-        "data.options": {"num_samples": 900}, **extra,
-    }))
+    return RunConfig().override(
+        tiny_overrides(
+            tmp_path / name,
+            **{
+                "algorithm.name": "fedamp",
+                "data.num_clients": 6,
+                "data.partition": "dirichlet",
+                "data.options": {"num_samples": 900},
+                **extra,
+            },
+        )
+    )
 
 
 def test_attention_weights_and_cloud_models_match_a_direct_loop() -> None:
@@ -87,8 +95,10 @@ def test_attention_pulls_clients_together_and_each_is_evaluated_with_its_own_mod
 def test_bytes_are_one_model_each_way_and_stale_models_are_mixed_under_partial_participation(tmp_path) -> None:
     # Arrange: half the clients per round.
     snapshots = ServerModels()
-    config = _config(tmp_path, **{"engine.join_ratio": 0.5, "train.rounds": 2,
-                                  "algorithm.params": {"alpha_k": 80.0, "sigma": 1000.0}})
+    config = _config(
+        tmp_path,
+        **{"engine.join_ratio": 0.5, "train.rounds": 2, "algorithm.params": {"alpha_k": 80.0, "sigma": 1000.0}},
+    )
     # Act
     Simulation(config, callbacks=[snapshots]).run()
     # Assert: bytes per sampled client: its cloud model down; its model, id and size up.

@@ -100,8 +100,10 @@ class _UpdateNorms(Callback):
 
 def _update_norms(tmp_path, name: str, **extra: object) -> _UpdateNorms:
     norms = _UpdateNorms()
-    run(RunConfig().override(tiny_overrides(tmp_path / name, **{"engine.checkpoint_every": 0, **extra})),
-        callbacks=[norms])
+    run(
+        RunConfig().override(tiny_overrides(tmp_path / name, **{"engine.checkpoint_every": 0, **extra})),
+        callbacks=[norms],
+    )
     return norms
 
 

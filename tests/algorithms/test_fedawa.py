@@ -43,8 +43,14 @@ P, S = LAYOUT.size, LAYOUT.size + BUFFERS.size
 
 def _spec(num_clients: int = 6) -> ProblemSpec:
     return ProblemSpec(
-        num_clients, 2, (1, 2, 2), {"m": LAYOUT}, {"m": ("a", "bn")}, {"m": "a"},
-        default_architecture="m", buffer_layouts={"m": BUFFERS},
+        num_clients,
+        2,
+        (1, 2, 2),
+        {"m": LAYOUT},
+        {"m": ("a", "bn")},
+        {"m": "a"},
+        default_architecture="m",
+        buffer_layouts={"m": BUFFERS},
     )
 
 
@@ -63,8 +69,9 @@ def _random_problem(seed: int, m: int = 5) -> tuple[np.ndarray, np.ndarray]:
     return global_vector, vectors
 
 
-def _torch_objective(weights: torch.Tensor, vectors: np.ndarray, theta_g: np.ndarray, distance: str,
-                     fidelity: str) -> torch.Tensor:
+def _torch_objective(
+    weights: torch.Tensor, vectors: np.ndarray, theta_g: np.ndarray, distance: str, fidelity: str
+) -> torch.Tensor:
     """Eq. 3 as the paper writes it (``paper``) or the code's loss (``code``), on the full vectors: the reference."""
     tau = torch.tensor(vectors, dtype=torch.float64)
     g = torch.tensor(theta_g, dtype=torch.float64)
@@ -100,8 +107,7 @@ def _direct(lam: np.ndarray, vectors: np.ndarray, theta_g: np.ndarray, distance:
 @pytest.mark.parametrize("distance", ["cos", "euclidean", "none"])
 @pytest.mark.parametrize("layer_wise", [False, True])
 @pytest.mark.parametrize("matrix_free", [False, True])
-def test_objective_equals_direct_computation(fidelity: str, distance: str, layer_wise: bool,
-                                             matrix_free: bool) -> None:
+def test_objective_equals_direct_computation(fidelity: str, distance: str, layer_wise: bool, matrix_free: bool) -> None:
     # Prepare: random client vectors, random weights on the simplex (one row per layer group).
     theta_g, vectors = _random_problem(seed=1)
     groups = layer_groups(LAYOUT, BUFFERS, layer_wise=layer_wise)
@@ -130,8 +136,10 @@ def test_gram_statistics_and_matrix_free_products_match_numpy() -> None:
     theta_g, vectors = _random_problem(seed=3)
     t = vectors[:, :P].astype(np.float64)
     x = np.random.default_rng(4).normal(size=(1, len(vectors)))
-    for products in (gram_statistics(vectors, theta_g, [slice(0, P)]),
-                     MatrixFreeProducts(vectors, theta_g, [slice(0, P)])):
+    for products in (
+        gram_statistics(vectors, theta_g, [slice(0, P)]),
+        MatrixFreeProducts(vectors, theta_g, [slice(0, P)]),
+    ):
         np.testing.assert_allclose(products.diag[0], np.diag(t @ t.T), rtol=1e-5)
         np.testing.assert_allclose(products.gram(x)[0], t @ t.T @ x[0], rtol=1e-5)
         np.testing.assert_allclose(products.b[0], t @ theta_g[:P], rtol=1e-5)
@@ -382,8 +390,14 @@ def test_invalid_params_name_the_field_the_value_and_what_is_allowed(field: str,
 
 
 def test_params_come_from_the_config() -> None:
-    config = RunConfig().override({"algorithm.name": "fedawa_l", "algorithm.params.fidelity": "paper",
-                                   "algorithm.params.distance": "euclidean", "algorithm.params.server_steps": 5})
+    config = RunConfig().override(
+        {
+            "algorithm.name": "fedawa_l",
+            "algorithm.params.fidelity": "paper",
+            "algorithm.params.distance": "euclidean",
+            "algorithm.params.server_steps": 5,
+        }
+    )
     assert config.algorithm.params == FedAWAParams(fidelity="paper", distance="euclidean", server_steps=5)
 
 
@@ -394,10 +408,20 @@ def _job(flat: FlatModel, state: dict[str, np.ndarray] | None) -> ClientJob:
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(12, 3, generator=gen), torch.randint(0, 2, (12,), generator=gen)
     return ClientJob(
-        client_id=0, round=0, flat=flat, architecture="tiny", x_train=x, y_train=y, x_test=x, y_test=y,
-        label_counts=np.array([6, 6]), train_label_counts=np.array([6, 6]),
-        train=TrainConfig(lr=0.1, batch_size=4, momentum=0.9, weight_decay=5e-4), lr=0.1,
-        generator=torch.Generator().manual_seed(1), state=state,
+        client_id=0,
+        round=0,
+        flat=flat,
+        architecture="tiny",
+        x_train=x,
+        y_train=y,
+        x_test=x,
+        y_test=y,
+        label_counts=np.array([6, 6]),
+        train_label_counts=np.array([6, 6]),
+        train=TrainConfig(lr=0.1, batch_size=4, momentum=0.9, weight_decay=5e-4),
+        lr=0.1,
+        generator=torch.Generator().manual_seed(1),
+        state=state,
     )
 
 
@@ -438,18 +462,31 @@ def test_momentum_buffer_persists_like_one_torch_sgd_across_rounds() -> None:
 
 
 def test_fedawa_with_fedprox_clients_runs_end_to_end(tmp_path) -> None:
-    overrides = tiny_overrides(tmp_path / "run", **{"algorithm.name": "fedawa", "algorithm.client": "fedprox",
-                                                    "algorithm.client_params": {"mu": 0.01},
-                                                    "data.options": {"num_samples": 1000}})
+    overrides = tiny_overrides(
+        tmp_path / "run",
+        **{
+            "algorithm.name": "fedawa",
+            "algorithm.client": "fedprox",
+            "algorithm.client_params": {"mu": 0.01},
+            "data.options": {"num_samples": 1000},
+        },
+    )
     result = run(RunConfig().override(overrides))
     assert result.rounds_run == 2 and not math.isnan(result.final_accuracy)
     assert all(r["server_clients_aggregated"] == 10 for r in result.history)
 
 
 def test_fedawa_l_code_mode_keeps_momentum_in_the_client_state_store(tmp_path) -> None:
-    overrides = tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "fedawa_l", "algorithm.params.fidelity": "code", "train.momentum": 0.9,
-        "data.options": {"num_samples": 1000}, "engine.checkpoint_every": 2})
+    overrides = tiny_overrides(
+        tmp_path / "run",
+        **{
+            "algorithm.name": "fedawa_l",
+            "algorithm.params.fidelity": "code",
+            "train.momentum": 0.9,
+            "data.options": {"num_samples": 1000},
+            "engine.checkpoint_every": 2,
+        },
+    )
     result = run(RunConfig().override(overrides))
     assert result.rounds_run == 2 and not math.isnan(result.final_accuracy)
     saved = load_arrays(tmp_path / "run" / "checkpoints" / "round_000001.npz")
@@ -471,19 +508,36 @@ def test_borrowed_sgdm_client_keeps_its_momentum_under_fedavg(tmp_path) -> None:
 
 def _dirichlet_overrides(run_dir, **extra: object) -> dict[str, object]:
     """8 clients on 600 synthetic samples, Dirichlet 0.1, FedAWA's momentum clients, in-process."""
-    return tiny_overrides(run_dir, **{
-        "data.options": {"num_samples": 600}, "data.num_clients": 8, "data.partition": "dirichlet",
-        "data.alpha": 0.1, "train.batch_size": 20, "train.lr": 0.05, "train.momentum": 0.9, **extra})
+    return tiny_overrides(
+        run_dir,
+        **{
+            "data.options": {"num_samples": 600},
+            "data.num_clients": 8,
+            "data.partition": "dirichlet",
+            "data.alpha": 0.1,
+            "train.batch_size": 20,
+            "train.lr": 0.05,
+            "train.momentum": 0.9,
+            **extra,
+        },
+    )
 
 
 def test_paper_mode_learns_without_collapsing_on_dirichlet_01(tmp_path) -> None:
     # Prepare: the initial model's accuracy, from a round whose clients do not move (lr 1e-12).
-    frozen = run(RunConfig().override(_dirichlet_overrides(tmp_path / "frozen", **{"train.lr": 1e-12,
-                                                                                    "train.rounds": 1})))
+    frozen = run(
+        RunConfig().override(_dirichlet_overrides(tmp_path / "frozen", **{"train.lr": 1e-12, "train.rounds": 1}))
+    )
     initial_accuracy = frozen.history[0]["accuracy"]
     # Execute
-    result = run(RunConfig().override(_dirichlet_overrides(tmp_path / "paper", **{
-        "algorithm.name": "fedawa", "algorithm.params.fidelity": "paper", "train.rounds": 10})))
+    result = run(
+        RunConfig().override(
+            _dirichlet_overrides(
+                tmp_path / "paper",
+                **{"algorithm.name": "fedawa", "algorithm.params.fidelity": "paper", "train.rounds": 10},
+            )
+        )
+    )
     # Assert: no client takes half the weight in any round, and the global model learns.
     assert max(r["server_fedawa_max_weight"] for r in result.history) < 0.5
     assert result.best_accuracy > initial_accuracy + 0.1
@@ -491,17 +545,36 @@ def test_paper_mode_learns_without_collapsing_on_dirichlet_01(tmp_path) -> None:
 
 @pytest.mark.parametrize("algorithm", ["fedawa", "fedawa_l", "fedprox", "sgdm"])
 def test_mixed_architectures_are_refused_before_the_run_directory_exists(tmp_path, algorithm: str) -> None:
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": algorithm, "model.client_models": ["cnn4", "cnn5"], "data.options": {"num_samples": 200}}))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **{
+                "algorithm.name": algorithm,
+                "model.client_models": ["cnn4", "cnn5"],
+                "data.options": {"num_samples": 200},
+            },
+        )
+    )
     with pytest.raises(ConfigError, match=rf"algorithm\.name='{algorithm}' averages whole models"):
         run(config)
     assert not (tmp_path / "run").exists()
 
 
 def test_fedawa_with_one_client_runs_with_weight_one(tmp_path) -> None:
-    result = run(RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "fedawa", "data.num_clients": 1, "data.partition": "dirichlet",
-        "data.options": {"num_samples": 200}, "train.rounds": 1})))
+    result = run(
+        RunConfig().override(
+            tiny_overrides(
+                tmp_path / "run",
+                **{
+                    "algorithm.name": "fedawa",
+                    "data.num_clients": 1,
+                    "data.partition": "dirichlet",
+                    "data.options": {"num_samples": 200},
+                    "train.rounds": 1,
+                },
+            )
+        )
+    )
     assert result.history[0]["server_fedawa_max_weight"] == 1.0 and not math.isnan(result.final_accuracy)
 
 
@@ -510,8 +583,10 @@ def test_initial_weights_of_another_method_are_known_in_a_fresh_process() -> Non
     import subprocess
     import sys
 
-    code = ("import rayfed; c = rayfed.RunConfig().override({'algorithm.name': 'fedawa', "
-            "'algorithm.params.initial_weights': 'feddisco'}); print(c.algorithm.params.initial_weights)")
+    code = (
+        "import rayfed; c = rayfed.RunConfig().override({'algorithm.name': 'fedawa', "
+        "'algorithm.params.initial_weights': 'feddisco'}); print(c.algorithm.params.initial_weights)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "feddisco"

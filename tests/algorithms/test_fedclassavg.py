@@ -243,8 +243,14 @@ def test_heterogeneous_backbones_persist_with_partial_participation(tmp_path) ->
 def test_all_four_backbones_end_to_end_and_bytes_per_client(tmp_path) -> None:
     # Prepare / Execute: a round with the code's warm-up, and FedAvg on the 4-layer CNN.
     fca = run(RunConfig().override(_overrides(tmp_path / "fca", **{"algorithm.params": {}})))
-    fedavg = run(RunConfig().override(_overrides(tmp_path / "fedavg", **{
-        "algorithm.name": "fedavg", "algorithm.params": {}, "model.client_models": [], "model.name": "cnn4"})))
+    fedavg = run(
+        RunConfig().override(
+            _overrides(
+                tmp_path / "fedavg",
+                **{"algorithm.name": "fedavg", "algorithm.params": {}, "model.client_models": [], "model.name": "cnn4"},
+            )
+        )
+    )
     # Assert: FedClassAvg moves the classifier only, FedAvg the whole model (params + buffers).
     assert all(math.isfinite(r["acc_mean"]) and math.isfinite(r["train_loss"]) for r in fca.history)
     clients = pq.read_table(tmp_path / "fca" / "clients").to_pylist()

@@ -83,8 +83,10 @@ def test_feddisco_weights_start_fedawa(tmp_path) -> None:
     server.aggregate(RoundContext(0, 0, 0.1, np.arange(4)), _uploads(rng.normal(size=(4, 4)).astype(np.float32)))
     # Assert: every client's logit is its FedDisco weight (all 4 clients at hand: scale M/N = 1).
     np.testing.assert_allclose(server.client_state[0], _direct_weights(COUNTS, 0.5, 0.1), rtol=1e-6)
-    assert server.broadcast().send_label_counts and not FedAWAServer(FedAWAParams(), _spec(), {
-        "m": np.zeros(4, np.float32)}).broadcast().send_label_counts
+    assert (
+        server.broadcast().send_label_counts
+        and not FedAWAServer(FedAWAParams(), _spec(), {"m": np.zeros(4, np.float32)}).broadcast().send_label_counts
+    )
 
 
 @pytest.mark.parametrize(
@@ -92,9 +94,19 @@ def test_feddisco_weights_start_fedawa(tmp_path) -> None:
 )
 def test_partial_participation_runs_and_uploads_count_the_histogram(tmp_path, name: str, extra: dict) -> None:
     # Prepare: 6 clients, half per round.
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": name, "data.num_clients": 6, "data.partition": "dirichlet",
-        "data.options": {"num_samples": 900}, "engine.join_ratio": 0.5, **extra}))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **{
+                "algorithm.name": name,
+                "data.num_clients": 6,
+                "data.partition": "dirichlet",
+                "data.options": {"num_samples": 900},
+                "engine.join_ratio": 0.5,
+                **extra,
+            },
+        )
+    )
     sim = Simulation(config)
     size, k = next(iter(sim.initial.values())).size, sim.spec.num_classes
     # Execute

@@ -27,8 +27,16 @@ BUFFERS = ParamLayout(("running_mean",), ((2,),), (0, 2))
 
 
 def _spec(num_clients: int) -> ProblemSpec:
-    return ProblemSpec(num_clients, 2, (1, 1, 2), {"m": LAYOUT}, {"m": ("w",)}, {"m": "w"},
-                       default_architecture="m", buffer_layouts={"m": BUFFERS})
+    return ProblemSpec(
+        num_clients,
+        2,
+        (1, 1, 2),
+        {"m": LAYOUT},
+        {"m": ("w",)},
+        {"m": "w"},
+        default_architecture="m",
+        buffer_layouts={"m": BUFFERS},
+    )
 
 
 def test_server_step_matches_algorithm_1_with_m_all_clients() -> None:
@@ -54,15 +62,35 @@ def _conv_job(state: dict[str, np.ndarray] | None) -> tuple[ClientJob, ProblemSp
     """A cnn4 client (convolution kernels are stored channels-last in the flat vector) with 40 samples."""
     torch.manual_seed(0)
     flat = FlatModel(build_model("cnn4", (1, 28, 28), 10))
-    spec = ProblemSpec(4, 10, (1, 28, 28), {"cnn4": flat.layout}, {"cnn4": tuple(block_names(flat.module))},
-                       {"cnn4": output_layer_name(flat.module)}, default_architecture="cnn4",
-                       buffer_layouts={"cnn4": flat.buffer_layout})
+    spec = ProblemSpec(
+        4,
+        10,
+        (1, 28, 28),
+        {"cnn4": flat.layout},
+        {"cnn4": tuple(block_names(flat.module))},
+        {"cnn4": output_layer_name(flat.module)},
+        default_architecture="cnn4",
+        buffer_layouts={"cnn4": flat.buffer_layout},
+    )
     gen = torch.Generator().manual_seed(3)
     x, y = torch.randn(40, 1, 28, 28, generator=gen), torch.randint(0, 10, (40,), generator=gen)
     counts = np.bincount(y.numpy(), minlength=10)
-    job = ClientJob(client_id=0, round=0, flat=flat, architecture="cnn4", x_train=x, y_train=y, x_test=x, y_test=y,
-                    label_counts=counts, train_label_counts=counts, train=TrainConfig(lr=0.05, batch_size=10),
-                    lr=0.05, generator=gen, state=state)
+    job = ClientJob(
+        client_id=0,
+        round=0,
+        flat=flat,
+        architecture="cnn4",
+        x_train=x,
+        y_train=y,
+        x_test=x,
+        y_test=y,
+        label_counts=counts,
+        train_label_counts=counts,
+        train=TrainConfig(lr=0.05, batch_size=10),
+        lr=0.05,
+        generator=gen,
+        state=state,
+    )
     return job, spec
 
 
@@ -72,7 +100,7 @@ def test_client_term_gradient_is_the_drift_term_minus_the_stored_gradient(fideli
     g = np.random.default_rng(2).normal(size=FlatModel(build_model("cnn4", (1, 28, 28), 10)).size).astype(np.float32)
     job, spec = _conv_job({GRAD_KEY: g})
     half = FedDynClient(FedDynParams(alpha=0.3, fidelity=fidelity), spec)
-    phase, = half.phases(job)
+    (phase,) = half.phases(job)
     start = job.flat.vector.detach().clone()
     constants = {**phase.constants, "start": logical_rows(start.unsqueeze(0), job.flat.layout)[0]}  # as the loop
     with torch.no_grad():
@@ -125,9 +153,18 @@ class _StateIds(Callback):
 
 def test_partial_participation_only_sampled_clients_keep_a_gradient_state(tmp_path) -> None:
     # Prepare: 6 clients, half per round.
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "feddyn", "data.num_clients": 6, "data.partition": "dirichlet",
-        "data.options": {"num_samples": 900}, "engine.join_ratio": 0.5}))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **{
+                "algorithm.name": "feddyn",
+                "data.num_clients": 6,
+                "data.partition": "dirichlet",
+                "data.options": {"num_samples": 900},
+                "engine.join_ratio": 0.5,
+            },
+        )
+    )
     size = next(iter(Simulation(config).initial.values())).size
     ids = _StateIds()
     # Execute

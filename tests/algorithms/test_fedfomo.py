@@ -32,9 +32,20 @@ from tests.conftest import tiny_overrides
 def _job(flat: FlatModel, x: torch.Tensor, y: torch.Tensor, state: dict[str, np.ndarray]) -> ClientJob:
     empty = torch.empty(0)
     return ClientJob(
-        client_id=0, round=3, flat=flat, architecture="linear", x_train=x, y_train=y, x_test=empty,
-        y_test=empty.long(), label_counts=np.zeros(3), train_label_counts=np.zeros(3), train=TrainConfig(),
-        lr=TrainConfig().lr, generator=torch.Generator().manual_seed(0), state=state,
+        client_id=0,
+        round=3,
+        flat=flat,
+        architecture="linear",
+        x_train=x,
+        y_train=y,
+        x_test=empty,
+        y_test=empty.long(),
+        label_counts=np.zeros(3),
+        train_label_counts=np.zeros(3),
+        train=TrainConfig(),
+        lr=TrainConfig().lr,
+        generator=torch.Generator().manual_seed(0),
+        state=state,
     )
 
 
@@ -145,10 +156,18 @@ def test_exploration_fades_with_the_rounds() -> None:
 @pytest.mark.parametrize("join_ratio", [1.0, 0.5])
 def test_clients_download_every_uploaded_model_and_train_on_the_rest(tmp_path, join_ratio) -> None:
     # Arrange: 6 clients; with join_ratio 0.5, 3 per round (stale models offered).
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "fedfomo", "data.num_clients": 6, "data.partition": "dirichlet",
-        "data.options": {"num_samples": 900}, "engine.join_ratio": join_ratio,
-    }))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **{
+                "algorithm.name": "fedfomo",
+                "data.num_clients": 6,
+                "data.partition": "dirichlet",
+                "data.options": {"num_samples": 900},
+                "engine.join_ratio": join_ratio,
+            },
+        )
+    )
     states = StateSnapshots()
     # Act
     Simulation(config, callbacks=[states]).run()

@@ -56,8 +56,9 @@ def test_the_client_whose_model_fits_the_proxy_set_gets_the_weight() -> None:
     # Execute
     lam, gamma, loss = learn_aggregation(flat, thetas, sizes, x, y, params, torch.Generator().manual_seed(0))
     # Assert: its weight grows from 0.1 to dominate, and the proxy loss falls below FedAvg's starting point.
-    start = proxy_loss(flat, thetas, torch.log(torch.tensor(sizes / sizes.sum(), dtype=torch.float32)),
-                       torch.zeros(()), x, y)
+    start = proxy_loss(
+        flat, thetas, torch.log(torch.tensor(sizes / sizes.sum(), dtype=torch.float32)), torch.zeros(()), x, y
+    )
     assert lam[0] > 0.8 and abs(float(lam.sum()) - 1) < 1e-5
     assert loss < float(start) and gamma > 0
 
@@ -72,8 +73,14 @@ def test_fedlaw_starts_from_fedavg_and_moves_away_with_server_epochs(tmp_path) -
     ctx = RoundContext(round=0, seed=0, lr=0.1, sampled=np.arange(2))
     # Execute
     metrics = server.aggregate(ctx, ClientVectors.of(v1, 0, 10) + ClientVectors.of(v2, 1, 30))
-    learnt = run(RunConfig().override(tiny_overrides(tmp_path / "learnt", **{
-        **law, "algorithm.params": {"proxy_size": 100, "server_epochs": 5, "server_lr": 0.05}})))
+    learnt = run(
+        RunConfig().override(
+            tiny_overrides(
+                tmp_path / "learnt",
+                **{**law, "algorithm.params": {"proxy_size": 100, "server_epochs": 5, "server_lr": 0.05}},
+            )
+        )
+    )
     # Assert: γ = 1 and λ = n_k / Σn are FedAvg's aggregate (the paper's starting point); with
     # server epochs the learnt shrink factor moves off 1 every round, and the time is recorded.
     assert metrics["fedlaw_gamma"] == 1.0
@@ -84,10 +91,17 @@ def test_fedlaw_starts_from_fedavg_and_moves_away_with_server_epochs(tmp_path) -
 
 def test_fedlaw_bytes_and_partial_participation(tmp_path) -> None:
     # Prepare: half the clients per round.
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "fedlaw", "algorithm.params": {"proxy_size": 100, "server_epochs": 2},
-        "engine.join_ratio": 0.5, "data.partition": "dirichlet",
-    }))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **{
+                "algorithm.name": "fedlaw",
+                "algorithm.params": {"proxy_size": 100, "server_epochs": 2},
+                "engine.join_ratio": 0.5,
+                "data.partition": "dirichlet",
+            },
+        )
+    )
     # Execute
     sim = Simulation(config)
     result = sim.run()
@@ -120,8 +134,9 @@ def test_code_batchnorm_mode_trains_on_batch_statistics_and_keeps_the_servers_ow
     x, y = torch.randn(20, 1, 6, 6) * 3 + 2, torch.randint(0, 4, (20,))
     params = FedLAWParams(server_lr=0.01, server_epochs=2, proxy_batch_size=10)
     # Execute
-    lam, gamma, loss = learn_aggregation(flat, thetas, np.array([1.0, 1.0]), x, y, params,
-                                         torch.Generator().manual_seed(0), server_buffers)
+    lam, gamma, loss = learn_aggregation(
+        flat, thetas, np.array([1.0, 1.0]), x, y, params, torch.Generator().manual_seed(0), server_buffers
+    )
     # Assert: the forward ran in training mode (the server's statistics moved towards the proxy data's)
     # and the learnt weights are finite.
     assert not torch.allclose(server_buffers, state[p:]) and torch.isfinite(server_buffers).all()

@@ -157,7 +157,8 @@ def test_server_averages_body_and_scale_and_smooths_prototypes(weighting: str) -
     sums = np.zeros((3, 4), np.float32)
     sums[0] = [2.0, 0, 0, 0]
     upload = PrototypeSum(WeightedSum.of(b1, w1), sums, np.array([2.0, 0, 0])) + PrototypeSum(
-        WeightedSum.of(b2, w2), np.zeros((3, 4), np.float32), np.zeros(3))
+        WeightedSum.of(b2, w2), np.zeros((3, 4), np.float32), np.zeros(3)
+    )
     before = server.prototypes.copy()
     # Execute
     metrics = server.aggregate(_ctx([0, 1]), upload)
@@ -194,8 +195,12 @@ def test_invalid_params_and_output_layer_name_the_field() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_simulation(tmp_path_factory):
-    config = RunConfig().override(tiny_overrides(tmp_path_factory.mktemp("sim") / "run", **{
-        "algorithm.name": "fednh", "data.options": {"num_samples": 800}, "data.num_clients": 5}))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path_factory.mktemp("sim") / "run",
+            **{"algorithm.name": "fednh", "data.options": {"num_samples": 800}, "data.num_clients": 5},
+        )
+    )
     return config, Simulation(config)
 
 
@@ -217,9 +222,18 @@ def test_prototypes_move_towards_the_clients_class_means(tiny_simulation) -> Non
 
 
 def _run(tmp_path, **extra: object) -> tuple[Simulation, ServerStates]:
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "fednh", "data.options": {"num_samples": 1200}, "train.rounds": 3,
-        "engine.checkpoint_every": 0, **extra}))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **{
+                "algorithm.name": "fednh",
+                "data.options": {"num_samples": 1200},
+                "train.rounds": 3,
+                "engine.checkpoint_every": 0,
+                **extra,
+            },
+        )
+    )
     states = ServerStates()
     sim = Simulation(config, callbacks=[states])
     sim.run()

@@ -22,8 +22,16 @@ def _spec(widths: dict[str, int], k: int = 3) -> ProblemSpec:
     layouts = {
         a: ParamLayout(("fc.weight", "fc.bias"), ((k, d), (k,)), (0, k * d, k * d + k)) for a, d in widths.items()
     }
-    return ProblemSpec(4, k, (1, 1, 1), layouts, {a: ("fc",) for a in widths}, {a: "fc" for a in widths},
-                       client_architectures=tuple(widths), default_architecture=next(iter(widths)))
+    return ProblemSpec(
+        4,
+        k,
+        (1, 1, 1),
+        layouts,
+        {a: ("fc",) for a in widths},
+        {a: "fc" for a in widths},
+        client_architectures=tuple(widths),
+        default_architecture=next(iter(widths)),
+    )
 
 
 @pytest.mark.parametrize("aggregation", ["client_mean", "count"])
@@ -70,9 +78,18 @@ def _distance_to_prototypes(runner: ClientRunner, result, server: FedProtoServer
 
 def test_the_prototype_term_pulls_embeddings_towards_their_class_prototype(tmp_path) -> None:
     # Prepare: round 0 (no prototypes yet: plain CE) gives models and global prototypes.
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "fedproto", "data.num_clients": 4, "data.partition": "dirichlet",
-        "data.options": {"num_samples": 600}, "train.local_epochs": 2}))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **{
+                "algorithm.name": "fedproto",
+                "data.num_clients": 4,
+                "data.partition": "dirichlet",
+                "data.options": {"num_samples": 600},
+                "train.local_epochs": 2,
+            },
+        )
+    )
     sim = Simulation(config)
     runner = ClientRunner(config, sim.spec, sim.dataset, sim.partition)
     ids = [0, 1, 2, 3]
@@ -92,9 +109,19 @@ def test_the_prototype_term_pulls_embeddings_towards_their_class_prototype(tmp_p
 
 def test_partial_participation_bytes_and_prototype_inference(tmp_path) -> None:
     # Prepare: 6 clients, half per round, evaluated by their nearest global prototype.
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "fedproto", "data.num_clients": 6, "data.partition": "dirichlet",
-        "data.options": {"num_samples": 900}, "engine.join_ratio": 0.5, "algorithm.params.inference": "prototype"}))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **{
+                "algorithm.name": "fedproto",
+                "data.num_clients": 6,
+                "data.partition": "dirichlet",
+                "data.options": {"num_samples": 900},
+                "engine.join_ratio": 0.5,
+                "algorithm.params.inference": "prototype",
+            },
+        )
+    )
     sim = Simulation(config)
     k, counts = sim.spec.num_classes, sim.partition.train_label_counts
     d = FedProtoServer(config.algorithm.params, sim.spec, sim.initial).prototypes.shape[1]

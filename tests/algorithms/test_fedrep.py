@@ -65,11 +65,19 @@ def _cnn4_client(flat: FlatModel, n: int = 37) -> ClientJob:
     """A cnn4 client with 37 samples: with batch 10 and drop_last off, 4 steps per epoch, the last of 7."""
     data = torch.Generator().manual_seed(5)
     return ClientJob(
-        client_id=0, round=0, flat=flat, architecture="cnn4", x_train=torch.randn(n, 1, 16, 16, generator=data),
-        y_train=torch.randint(0, 4, (n,), generator=data), x_test=torch.empty(0),
+        client_id=0,
+        round=0,
+        flat=flat,
+        architecture="cnn4",
+        x_train=torch.randn(n, 1, 16, 16, generator=data),
+        y_train=torch.randint(0, 4, (n,), generator=data),
+        x_test=torch.empty(0),
         y_test=torch.empty(0, dtype=torch.long),
-        label_counts=np.ones(4), train_label_counts=np.ones(4), generator=torch.Generator().manual_seed(7),
-        train=TrainConfig(lr=0.05, batch_size=10, momentum=0.9, weight_decay=0.01, drop_last=False), lr=0.05,
+        label_counts=np.ones(4),
+        train_label_counts=np.ones(4),
+        generator=torch.Generator().manual_seed(7),
+        train=TrainConfig(lr=0.05, batch_size=10, momentum=0.9, weight_decay=0.01, drop_last=False),
+        lr=0.05,
     )
 
 
@@ -77,8 +85,15 @@ def test_head_epochs_on_features_computed_once_equal_the_frozen_body_steps() -> 
     # Prepare: cnn4 (no BatchNorm, no dropout), 3 head epochs with momentum and weight decay.
     torch.manual_seed(0)
     flat = FlatModel(build_model("cnn4", (1, 16, 16), 4))
-    spec = ProblemSpec(1, 4, (1, 16, 16), {"cnn4": flat.layout}, {"cnn4": ("conv1", "conv2", "last_feat", "fc")},
-                       {"cnn4": "fc"}, default_architecture="cnn4")
+    spec = ProblemSpec(
+        1,
+        4,
+        (1, 16, 16),
+        {"cnn4": flat.layout},
+        {"cnn4": ("conv1", "conv2", "last_feat", "fc")},
+        {"cnn4": "fc"},
+        default_architecture="cnn4",
+    )
     split, start = split_body_head(spec, "cnn4", 1), flat.numpy()
     # Execute: every step through the whole model with the body frozen, then on the features.
     reference = train_phases(_cnn4_client(flat), [part_phase(split.head_params, 3)])
@@ -118,8 +133,9 @@ def test_epochs_are_checked() -> None:
 
 def test_heads_stay_local_body_is_shared_and_only_the_body_travels(tmp_path) -> None:
     # Prepare / Execute: 10 clients, half of them per round, 3 rounds, τ_h = 2.
-    result, log = run_logged(tmp_path / "run", "fedrep", {"head_epochs": 2},
-                             **{"engine.join_ratio": 0.5, "train.rounds": 3})
+    result, log = run_logged(
+        tmp_path / "run", "fedrep", {"head_epochs": 2}, **{"engine.join_ratio": 0.5, "train.rounds": 3}
+    )
     layout = log.spec.layouts["cnn4"]
     head = layout.slice_of("fc")
     body_size = layout.size - (head.stop - head.start)

@@ -83,13 +83,25 @@ def test_client_adds_both_terms_on_the_penultimate_features() -> None:
     # Prepare: one mini-batch of 6 samples holding the whole client; lr 0 (loss only).
     flat, spec = tiny_problem(1, 3)
     x, y = torch.randn(6, 3), torch.tensor([0, 0, 1, 1, 2, 2])
-    job = ClientJob(client_id=0, round=0, flat=flat, architecture="tiny", x_train=x, y_train=y, x_test=x, y_test=y,
-                    label_counts=np.array([2, 2, 2]), train_label_counts=np.array([2, 2, 2]),
-                    train=TrainConfig(lr=1e-9, batch_size=6), lr=1e-9, generator=torch.Generator().manual_seed(0))
+    job = ClientJob(
+        client_id=0,
+        round=0,
+        flat=flat,
+        architecture="tiny",
+        x_train=x,
+        y_train=y,
+        x_test=x,
+        y_test=y,
+        label_counts=np.array([2, 2, 2]),
+        train_label_counts=np.array([2, 2, 2]),
+        train=TrainConfig(lr=1e-9, batch_size=6),
+        lr=1e-9,
+        generator=torch.Generator().manual_seed(0),
+    )
     params = FedUVParams(variance_coeff=2.5, uniformity_coeff=0.5)
     seen: list[torch.Tensor] = []
     client = FedUVClient(params, spec)
-    phase, = client.phases(job)
+    (phase,) = client.phases(job)
     assert phase.features == "fc"  # the loop hands the term what the output layer reads
 
     def spy(out: Outputs, batch: Batch, weights: Params, constants: Constants) -> torch.Tensor:
@@ -108,7 +120,8 @@ def test_client_adds_both_terms_on_the_penultimate_features() -> None:
     with torch.no_grad():
         logits = flat.module(x)
     assert float(uniformity_loss(features, "code")) == pytest.approx(
-        float((seen[0] - 2.5 * variance_loss(logits, variance_target(3))) / 0.5), rel=1e-3)
+        float((seen[0] - 2.5 * variance_loss(logits, variance_target(3))) / 0.5), rel=1e-3
+    )
     assert not flat.module.fc._forward_pre_hooks  # the loop's capture is removed after training
 
 
@@ -132,9 +145,18 @@ class _Global(Callback):
 
 
 def _run(tmp_path, name: str, **extra: object) -> tuple[Simulation, _Global]:
-    config = RunConfig().override(tiny_overrides(tmp_path / name, **{
-        "algorithm.name": name, "data.options": {"num_samples": 1200}, "train.rounds": 2,
-        "engine.checkpoint_every": 0, **extra}))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / name,
+            **{
+                "algorithm.name": name,
+                "data.options": {"num_samples": 1200},
+                "train.rounds": 2,
+                "engine.checkpoint_every": 0,
+                **extra,
+            },
+        )
+    )
     states = _Global()
     sim = Simulation(config, callbacks=[states])
     sim.run()
@@ -156,8 +178,11 @@ def test_regularisers_change_fedavgs_updates_and_the_run_learns(tmp_path) -> Non
 
 def test_zero_coefficients_reduce_to_fedavg(tmp_path) -> None:
     _, avg_states = _run(tmp_path, "fedavg", **{"train.rounds": 1})
-    _, uv_states = _run(tmp_path, "feduv", **{"train.rounds": 1, "algorithm.params.variance_coeff": 0.0,
-                                              "algorithm.params.uniformity_coeff": 0.0})
+    _, uv_states = _run(
+        tmp_path,
+        "feduv",
+        **{"train.rounds": 1, "algorithm.params.variance_coeff": 0.0, "algorithm.params.uniformity_coeff": 0.0},
+    )
     np.testing.assert_allclose(uv_states.rounds[0], avg_states.rounds[0], rtol=1e-5, atol=1e-6)
 
 

@@ -26,9 +26,19 @@ from tests.conftest import tiny_overrides
 
 def _job(flat: FlatModel, x: torch.Tensor, y: torch.Tensor, client_id: int = 0) -> ClientJob:
     return ClientJob(
-        client_id=client_id, round=0, flat=flat, architecture="tiny", x_train=x, y_train=y, x_test=x, y_test=y,
-        label_counts=np.bincount(y.numpy(), minlength=3), train_label_counts=np.bincount(y.numpy(), minlength=3),
-        train=TrainConfig(), lr=TrainConfig().lr, generator=torch.Generator().manual_seed(1),
+        client_id=client_id,
+        round=0,
+        flat=flat,
+        architecture="tiny",
+        x_train=x,
+        y_train=y,
+        x_test=x,
+        y_test=y,
+        label_counts=np.bincount(y.numpy(), minlength=3),
+        train_label_counts=np.bincount(y.numpy(), minlength=3),
+        train=TrainConfig(),
+        lr=TrainConfig().lr,
+        generator=torch.Generator().manual_seed(1),
     )
 
 
@@ -87,8 +97,9 @@ def test_cluster_sums_add_per_cluster_and_the_server_averages_each_chosen_cluste
     size = server.models.shape[1]
     trained = rng.normal(size=(3, size)).astype(np.float32)
     chosen, sizes = [1, 0, 1], [10.0, 5.0, 30.0]
-    upload = sum_contributions(ClusterSums.of(j, v, cid, n) for cid, (j, v, n) in enumerate(zip(chosen, trained,
-                                                                                                   sizes)))
+    upload = sum_contributions(
+        ClusterSums.of(j, v, cid, n) for cid, (j, v, n) in enumerate(zip(chosen, trained, sizes))
+    )
     # Execute
     metrics = server.aggregate(RoundContext(0, 0, 0.1, np.arange(3)), upload)
     # Assert: θ_j = Σ n_i θ̃_i / Σ n_i over its choosers; an unchosen cluster keeps its model.
@@ -135,8 +146,9 @@ class WarmStart(Simulation):
         models = np.array(state["models"])
         for group in (0, 1):
             flat.load_state(state["models"][0])
-            indices = np.concatenate([sim.partition.train(c) for c in range(sim.spec.num_clients)
-                                      if group_of(c) == group])
+            indices = np.concatenate(
+                [sim.partition.train(c) for c in range(sim.spec.num_clients) if group_of(c) == group]
+            )
             x = normalize_batch(sim.dataset.images[indices], sim.dataset.mean, sim.dataset.std, device="cpu")
             y = torch.from_numpy(sim.dataset.labels[indices])
             optimiser = torch.optim.SGD(flat.module.parameters(), lr=0.05)
@@ -151,10 +163,19 @@ class WarmStart(Simulation):
 def test_two_label_swapped_groups_choose_and_keep_their_own_clusters(tmp_path) -> None:
     # Prepare: 8 clients, even ids with the original labels, odd ids with shifted ones; k = 2.
     states = ServerStates()
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **two_group_overrides(**{
-        "algorithm.name": "ifca", "algorithm.params.num_clusters": 2, "data.num_clients": 8,
-        "train.lr": 0.05,
-    })))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **two_group_overrides(
+                **{
+                    "algorithm.name": "ifca",
+                    "algorithm.params.num_clusters": 2,
+                    "data.num_clients": 8,
+                    "train.lr": 0.05,
+                }
+            ),
+        )
+    )
     # Execute
     result = WarmStart(config, callbacks=[states]).run()
     # Assert: every round each group picks the cluster warmed on its own labels, both clusters
@@ -173,9 +194,18 @@ def test_two_label_swapped_groups_choose_and_keep_their_own_clusters(tmp_path) -
 def test_partial_participation_runs_and_unchosen_clusters_keep_their_models(tmp_path) -> None:
     # Prepare: the default k = 4, half the clients per round.
     states = ServerStates()
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **two_group_overrides(**{
-        "algorithm.name": "ifca", "data.num_clients": 8, "engine.join_ratio": 0.5,
-    })))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **two_group_overrides(
+                **{
+                    "algorithm.name": "ifca",
+                    "data.num_clients": 8,
+                    "engine.join_ratio": 0.5,
+                }
+            ),
+        )
+    )
     # Execute
     result = run(config, callbacks=[states])
     # Assert: 4 uploads a round; a cluster no sampled client chose is unchanged.

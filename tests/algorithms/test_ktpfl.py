@@ -21,8 +21,12 @@ from tests.conftest import tiny_overrides
 
 
 def _overrides(run_dir, **extra: object) -> dict[str, object]:
-    base = {"algorithm.name": "ktpfl", "algorithm.params": {"public_size": 100}, "data.num_clients": 5,
-            "data.options": {"num_samples": 900}}
+    base = {
+        "algorithm.name": "ktpfl",
+        "algorithm.params": {"public_size": 100},
+        "data.num_clients": 5,
+        "data.options": {"num_samples": 900},
+    }
     return tiny_overrides(run_dir, **{**base, **extra})
 
 
@@ -46,11 +50,13 @@ def test_coefficients_grow_between_clients_that_predict_alike() -> None:
     preds = np.stack([np.repeat(group[g][None], 5, axis=0) for g in (0, 0, 1, 1)])
     # Execute
     c, _ = update_coefficients(np.full((4, 4), 0.25), preds, np.ones(4, bool), lr=0.05, penalty=0.6, steps=20)
-    c_code, _ = update_coefficients(np.full((4, 4), 0.25), preds, np.ones(4, bool), lr=0.5, penalty=0.6, steps=20,
-                                    rule="code")
+    c_code, _ = update_coefficients(
+        np.full((4, 4), 0.25), preds, np.ones(4, bool), lr=0.5, penalty=0.6, steps=20, rule="code"
+    )
     same = np.full((4, 4), 0.25)
-    c_same, loss_same = update_coefficients(same, np.repeat(preds[:1], 4, axis=0), np.ones(4, bool), lr=0.05,
-                                            penalty=0.6, steps=5)
+    c_same, loss_same = update_coefficients(
+        same, np.repeat(preds[:1], 4, axis=0), np.ones(4, bool), lr=0.05, penalty=0.6, steps=5
+    )
     # Assert: knowledge flows within the groups; with identical predictions nothing moves c off 1/M.
     assert c[0, 1] > c[0, 2] and c[2, 3] > c[2, 0]
     assert c_code[0, 1] > c_code[0, 2] and c_code[2, 3] > c_code[2, 0]
@@ -60,8 +66,15 @@ def test_coefficients_grow_between_clients_that_predict_alike() -> None:
 
 def test_distillation_moves_a_clients_public_predictions_towards_its_target(tmp_path) -> None:
     # Prepare: client 0 gets the target "class k*" on every public sample, for a class it does not hold.
-    config = RunConfig().override(_overrides(tmp_path / "run", **{
-        "algorithm.params": {"public_size": 100, "distill_epochs": 3, "fidelity": "paper"}, "train.local_epochs": 1}))
+    config = RunConfig().override(
+        _overrides(
+            tmp_path / "run",
+            **{
+                "algorithm.params": {"public_size": 100, "distill_epochs": 3, "fidelity": "paper"},
+                "train.local_epochs": 1,
+            },
+        )
+    )
     sim = Simulation(config)
     runner = ClientRunner(config, sim.spec, sim.dataset, sim.partition)
     k_star = int(np.flatnonzero(sim.partition.label_counts[0] == 0)[0])
@@ -116,8 +129,9 @@ def test_bytes_and_partial_participation(tmp_path) -> None:
 
 def test_weight_variant_sends_models_and_needs_one_architecture(tmp_path) -> None:
     # Prepare
-    config = RunConfig().override(_overrides(tmp_path / "run", **{
-        "algorithm.params": {"public_size": 100, "share_weights": True}}))
+    config = RunConfig().override(
+        _overrides(tmp_path / "run", **{"algorithm.params": {"public_size": 100, "share_weights": True}})
+    )
     sim = Simulation(config)
     # Execute
     sim.run()

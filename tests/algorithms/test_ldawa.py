@@ -30,7 +30,7 @@ def _direct(models: np.ndarray, theta_g: np.ndarray, layout: ParamLayout) -> np.
             delta = 1.0 if norms == 0 else min(1.0, float(np.dot(x, g)) / norms)
             total += delta * x
         out[lo:hi] = total / len(models)
-    out[layout.size:] = models[:, layout.size:].mean(axis=0)
+    out[layout.size :] = models[:, layout.size :].mean(axis=0)
     return out
 
 
@@ -53,15 +53,27 @@ def test_aggregate_matches_the_per_layer_rule_written_out() -> None:
 
 def test_identical_clients_reproduce_the_global_model_and_diverging_ones_shrink_it(tmp_path) -> None:
     # Prepare: real uploads of 4 clients trained from the same global model.
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "ldawa", "data.num_clients": 4, "data.partition": "dirichlet",
-        "data.options": {"num_samples": 600}, "train.lr": 0.1}))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **{
+                "algorithm.name": "ldawa",
+                "data.num_clients": 4,
+                "data.partition": "dirichlet",
+                "data.options": {"num_samples": 600},
+                "train.lr": 0.1,
+            },
+        )
+    )
     sim = Simulation(config)
     server = LDAWAServer(LDAWAParams(warmup_rounds=0), sim.spec, sim.initial)
     before = server.global_vector.copy()
     ctx = RoundContext(0, 0, 0.1, np.arange(4))
-    upload = ClientRunner(config, sim.spec, sim.dataset, sim.partition).train(
-        server.broadcast(), ctx, [0, 1, 2, 3]).contribution
+    upload = (
+        ClientRunner(config, sim.spec, sim.dataset, sim.partition)
+        .train(server.broadcast(), ctx, [0, 1, 2, 3])
+        .contribution
+    )
     # Execute
     same, _ = ldawa_aggregate(np.stack([before] * 3), before, server.layout)
     metrics = server.aggregate(ctx, upload)
@@ -79,9 +91,18 @@ def test_identical_clients_reproduce_the_global_model_and_diverging_ones_shrink_
 
 def test_partial_participation_runs_and_uploads_whole_models(tmp_path) -> None:
     # Prepare: 6 clients, half per round.
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "ldawa", "data.num_clients": 6, "data.partition": "dirichlet",
-        "data.options": {"num_samples": 900}, "engine.join_ratio": 0.5}))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **{
+                "algorithm.name": "ldawa",
+                "data.num_clients": 6,
+                "data.partition": "dirichlet",
+                "data.options": {"num_samples": 900},
+                "engine.join_ratio": 0.5,
+            },
+        )
+    )
     size = next(iter(Simulation(config).initial.values())).size
     # Execute
     result = Simulation(config).run()

@@ -14,10 +14,17 @@ from tests.conftest import tiny_overrides
 def test_local_clients_keep_their_own_models_and_send_nothing(tmp_path) -> None:
     # Prepare: 4 clients, half sampled per round.
     config = RunConfig().override(
-        tiny_overrides(tmp_path / "run", **{
-            "algorithm.name": "local", "data.num_clients": 4, "data.partition": "dirichlet",
-            "data.options": {"num_samples": 600}, "engine.join_ratio": 0.5, "train.rounds": 2,
-        })
+        tiny_overrides(
+            tmp_path / "run",
+            **{
+                "algorithm.name": "local",
+                "data.num_clients": 4,
+                "data.partition": "dirichlet",
+                "data.options": {"num_samples": 600},
+                "engine.join_ratio": 0.5,
+                "train.rounds": 2,
+            },
+        )
     )
     states = StateSnapshots()
     # Execute

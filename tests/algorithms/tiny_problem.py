@@ -37,8 +37,16 @@ def tiny_problem(num_clients: int, num_classes: int, algorithm: str = "") -> tup
     """The model (initialised from seed 0) and the spec of ``num_clients`` clients of the architecture ``tiny``."""
     torch.manual_seed(0)
     flat = FlatModel(TinyNet(num_classes))
-    spec = ProblemSpec(num_clients, num_classes, (1, 1, 3), {"tiny": flat.layout}, {"tiny": ("body", "fc")},
-                       {"tiny": "fc"}, default_architecture="tiny", algorithm=algorithm)
+    spec = ProblemSpec(
+        num_clients,
+        num_classes,
+        (1, 1, 3),
+        {"tiny": flat.layout},
+        {"tiny": ("body", "fc")},
+        {"tiny": "fc"},
+        default_architecture="tiny",
+        algorithm=algorithm,
+    )
     return flat, spec
 
 
@@ -48,6 +56,17 @@ def tiny_job(flat: FlatModel, cid: int, counts: list[int], train: TrainConfig) -
     x = torch.randn(sum(counts), 3, generator=gen)
     y = torch.as_tensor(np.repeat(np.arange(len(counts)), counts))
     return ClientJob(
-        client_id=cid, round=0, flat=flat, architecture="tiny", x_train=x, y_train=y, x_test=x, y_test=y,
-        label_counts=np.array(counts), train_label_counts=np.array(counts), train=train, lr=train.lr, generator=gen,
+        client_id=cid,
+        round=0,
+        flat=flat,
+        architecture="tiny",
+        x_train=x,
+        y_train=y,
+        x_test=x,
+        y_test=y,
+        label_counts=np.array(counts),
+        train_label_counts=np.array(counts),
+        train=train,
+        lr=train.lr,
+        generator=gen,
     )

@@ -108,19 +108,44 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
     [
         (
             "mnist_practical.toml",
-            {"algorithm.name": "cwfedavg", "algorithm.params.wdr_lambda": 10.0, "data.dataset": "mnist",
-             "data.partition": "dirichlet", "data.alpha": 0.1, "data.num_clients": 20, "data.seed": 1,
-             "data.train_fraction": 0.75, "model.name": "cnn4", "train.batch_size": 10, "train.lr": 0.005},
+            {
+                "algorithm.name": "cwfedavg",
+                "algorithm.params.wdr_lambda": 10.0,
+                "data.dataset": "mnist",
+                "data.partition": "dirichlet",
+                "data.alpha": 0.1,
+                "data.num_clients": 20,
+                "data.seed": 1,
+                "data.train_fraction": 0.75,
+                "model.name": "cnn4",
+                "train.batch_size": 10,
+                "train.lr": 0.005,
+            },
         ),
         (
             "mnist_pathological.toml",
-            {"algorithm.name": "cwfedavg", "algorithm.params.wdr_lambda": 10.0, "data.partition": "pathological",
-             "data.classes_per_client": 2, "data.num_clients": 20, "data.seed": 1, "train.batch_size": 10},
+            {
+                "algorithm.name": "cwfedavg",
+                "algorithm.params.wdr_lambda": 10.0,
+                "data.partition": "pathological",
+                "data.classes_per_client": 2,
+                "data.num_clients": 20,
+                "data.seed": 1,
+                "train.batch_size": 10,
+            },
         ),
         (
             "fedawa_mnist.toml",
-            {"algorithm.name": "fedawa", "algorithm.client": None, "train.momentum": 0.9, "train.weight_decay": 5e-4,
-             "train.batch_size": 50, "train.lr": 0.01, "data.train_fraction": 0.7, "data.num_clients": 20},
+            {
+                "algorithm.name": "fedawa",
+                "algorithm.client": None,
+                "train.momentum": 0.9,
+                "train.weight_decay": 5e-4,
+                "train.batch_size": 50,
+                "train.lr": 0.01,
+                "data.train_fraction": 0.7,
+                "data.num_clients": 20,
+            },
         ),
     ],
 )
@@ -136,7 +161,9 @@ def test_shipped_config_files_build_the_papers_protocols(name: str, expected: di
 
 def test_every_shipped_config_file_is_tested() -> None:
     assert sorted(p.name for p in CONFIGS.glob("*.toml")) == [
-        "fedawa_mnist.toml", "mnist_pathological.toml", "mnist_practical.toml"
+        "fedawa_mnist.toml",
+        "mnist_pathological.toml",
+        "mnist_practical.toml",
     ]
 
 
@@ -148,8 +175,14 @@ def test_readme_first_command_line_example_names_a_shipped_config() -> None:
 
 # --- every field documented where help() and the CLI show it -----------------------------------
 
-SECTIONS = [(DataConfig, "data."), (ModelConfig, "model."), (TrainConfig, "train."), (AlgorithmConfig, "algorithm."),
-            (EngineConfig, "engine."), (RunConfig, "")]
+SECTIONS = [
+    (DataConfig, "data."),
+    (ModelConfig, "model."),
+    (TrainConfig, "train."),
+    (AlgorithmConfig, "algorithm."),
+    (EngineConfig, "engine."),
+    (RunConfig, ""),
+]
 
 
 def _flat(text: str) -> str:
@@ -171,8 +204,12 @@ def test_help_shows_every_field_with_its_default_and_meaning(cls: type, prefix: 
 def _leaf_fields() -> list[tuple[str, dataclasses.Field]]:
     """(path, field) of every field that holds a value (not a section)."""
     sections = {f.name for f in dataclasses.fields(RunConfig)} - {"seed", "run_dir"}
-    return [(f"{prefix}{f.name}", f) for cls, prefix in SECTIONS for f in dataclasses.fields(cls)
-            if prefix or f.name not in sections]
+    return [
+        (f"{prefix}{f.name}", f)
+        for cls, prefix in SECTIONS
+        for f in dataclasses.fields(cls)
+        if prefix or f.name not in sections
+    ]
 
 
 def test_rayfed_run_help_lists_every_field_with_its_default_and_meaning(capsys) -> None:
@@ -186,8 +223,11 @@ def test_rayfed_run_help_lists_every_field_with_its_default_and_meaning(capsys) 
 
 
 def test_readme_field_table_names_every_field() -> None:
-    rows = {line.split("|")[1].strip(" `"): line for line in (CONFIGS.parent / "README.md").read_text().splitlines()
-            if line.startswith(("| `", "| top level"))}
+    rows = {
+        line.split("|")[1].strip(" `"): line
+        for line in (CONFIGS.parent / "README.md").read_text().splitlines()
+        if line.startswith(("| `", "| top level"))
+    }
     for path, _ in _leaf_fields():
         section_name, _, name = path.rpartition(".")
         assert f"`{name}`" in rows[section_name or "top level"], f"{path} is missing from the README's field table"
@@ -221,7 +261,10 @@ def test_yaml_config_file_accepts_flat_dotted_keys_mixed_with_tables(tmp_path) -
     path.write_text("train.lr: 0.02\ntrain:\n  rounds: 4\nalgorithm.name: fedprox\nalgorithm:\n  params: {mu: 0.5}\n")
     config = load_config(path)
     assert (config.train.lr, config.train.rounds, config.algorithm.name, config.algorithm.params.mu) == (
-        0.02, 4, "fedprox", 0.5
+        0.02,
+        4,
+        "fedprox",
+        0.5,
     )
 
 
@@ -252,8 +295,11 @@ def test_unknown_algorithm_param_names_the_algorithm_that_takes_it() -> None:
 
 
 def test_unknown_client_param_names_algorithm_client_and_the_algorithm_that_takes_it() -> None:
-    with pytest.raises(ConfigError, match=r"algorithm.client_params.wdr_lambda': algorithm.client='fedprox' takes "
-                                          r"mu; wdr_lambda is a parameter of 'cwfedavg'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"algorithm.client_params.wdr_lambda': algorithm.client='fedprox' takes "
+        r"mu; wdr_lambda is a parameter of 'cwfedavg'",
+    ):
         RunConfig().override({"algorithm.client": "fedprox", "algorithm.client_params.wdr_lambda": 1})
 
 

@@ -43,8 +43,13 @@ def _topic_rows(n: int, seed: int) -> list[tuple[object, str, str]]:
     for i in range(n):
         label = i % 4 + 1
         words = _TOPICS[label].split() + _FILLER
-        rows.append((label, " ".join(rng.choice(words) for _ in range(3)).title(),
-                     " ".join(rng.choice(words) for _ in range(10))))
+        rows.append(
+            (
+                label,
+                " ".join(rng.choice(words) for _ in range(3)).title(),
+                " ".join(rng.choice(words) for _ in range(10)),
+            )
+        )
     return rows
 
 
@@ -62,8 +67,29 @@ def test_tokenizer_undoes_ag_news_escapes_and_splits_words_and_punctuation() -> 
     tokens = tokenize("U.S. Stocks Fall \\ Oil at $50 (Reuters) - it#39;s quot;badquot; &lt;b&gt;")
 
     # Assert
-    assert tokens == ["u", ".", "s", ".", "stocks", "fall", "oil", "at", "$", "50", "(", "reuters", ")", "-",
-                      "it's", '"', "bad", '"', "<", "b", ">"]
+    assert tokens == [
+        "u",
+        ".",
+        "s",
+        ".",
+        "stocks",
+        "fall",
+        "oil",
+        "at",
+        "$",
+        "50",
+        "(",
+        "reuters",
+        ")",
+        "-",
+        "it's",
+        '"',
+        "bad",
+        '"',
+        "<",
+        "b",
+        ">",
+    ]
 
 
 def test_vocabulary_is_sorted_by_frequency_then_token_and_capped() -> None:
@@ -194,10 +220,17 @@ def test_image_models_refuse_token_sequences_naming_the_text_models() -> None:
 
 def test_memory_estimate_counts_int32_token_ids(tmp_path) -> None:
     # Prepare
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "data.dataset": "ag_news", "data.root": str(tmp_path), "data.options": {"max_len": 50},
-        "model.name": "fasttext",
-    }))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **{
+                "data.dataset": "ag_news",
+                "data.root": str(tmp_path),
+                "data.options": {"max_len": 50},
+                "model.name": "fasttext",
+            },
+        )
+    )
 
     # Execute
     dataset = next(part for part in estimate_memory(config).parts if part.name == "dataset")
@@ -210,11 +243,25 @@ def test_memory_estimate_counts_int32_token_ids(tmp_path) -> None:
 
 
 def _text_run(tmp_path: Path, name: str, **extra: object) -> RunConfig:
-    return RunConfig().override(tiny_overrides(tmp_path / name, **{
-        "data.dataset": "ag_news", "data.root": str(tmp_path / "data"), "data.options": {"max_len": 16},
-        "model.name": "fasttext", "algorithm.name": "fedavg", "data.partition": "dirichlet", "data.alpha": 1.0,
-        "data.num_clients": 6, "train.rounds": 2, "train.lr": 0.5, "train.local_epochs": 2, **extra,
-    }))
+    return RunConfig().override(
+        tiny_overrides(
+            tmp_path / name,
+            **{
+                "data.dataset": "ag_news",
+                "data.root": str(tmp_path / "data"),
+                "data.options": {"max_len": 16},
+                "model.name": "fasttext",
+                "algorithm.name": "fedavg",
+                "data.partition": "dirichlet",
+                "data.alpha": 1.0,
+                "data.num_clients": 6,
+                "train.rounds": 2,
+                "train.lr": 0.5,
+                "train.local_epochs": 2,
+                **extra,
+            },
+        )
+    )
 
 
 def test_text_clients_learn_through_dirichlet_and_fedavg_and_the_run_keeps_its_vocabulary(tmp_path) -> None:

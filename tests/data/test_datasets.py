@@ -166,8 +166,10 @@ def test_torchvision_dataset_without_root_raises_config_error():
 # --------------------------------------------------------------------------- MNIST / Fashion-MNIST
 
 
-@pytest.mark.skipif(TEST_DATA is None or not (TEST_DATA / "MNIST").is_dir(),
-                    reason="no real MNIST: set RAYFED_TEST_DATA to a data root holding MNIST/raw/*.gz")
+@pytest.mark.skipif(
+    TEST_DATA is None or not (TEST_DATA / "MNIST").is_dir(),
+    reason="no real MNIST: set RAYFED_TEST_DATA to a data root holding MNIST/raw/*.gz",
+)
 def test_mnist_loads_the_merged_70k_pool_from_gzip_files_offline(tmp_path: Path, no_network: None):
     # Prepare: only the original .gz files, in a writable copy
     root = tmp_path / "data"
@@ -253,9 +255,11 @@ def test_a_damaged_mnist_archive_is_refused_with_the_fix(tmp_path: Path, no_netw
 
 def trust_stand_in_gz_md5s(monkeypatch: pytest.MonkeyPatch, cls: type, raw: Path) -> None:
     """Point torchvision's checksums of the MNIST family at the stand-in ``.gz`` files that exist in ``raw``."""
-    monkeypatch.setattr(cls, "resources", [
-        (name, md5(raw / name) if (raw / name).exists() else checksum) for name, checksum in cls.resources
-    ])
+    monkeypatch.setattr(
+        cls,
+        "resources",
+        [(name, md5(raw / name) if (raw / name).exists() else checksum) for name, checksum in cls.resources],
+    )
 
 
 def write_idx_pair(raw: Path, prefix: str, images: np.ndarray, labels: np.ndarray) -> None:

@@ -123,9 +123,16 @@ def test_a_file_with_label_0_is_refused_as_not_the_letters_split(tmp_path) -> No
 
 def test_memory_estimate_knows_emnist_letters(tmp_path) -> None:
     # Prepare
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "data.dataset": "emnist_letters", "data.root": str(tmp_path), "data.options": {},
-    }))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **{
+                "data.dataset": "emnist_letters",
+                "data.root": str(tmp_path),
+                "data.options": {},
+            },
+        )
+    )
 
     # Execute
     dataset = next(part for part in estimate_memory(config).parts if part.name == "dataset")

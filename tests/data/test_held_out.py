@@ -71,10 +71,15 @@ def test_partition_without_never_gives_a_client_a_held_out_sample() -> None:
 
 def test_engine_records_the_held_out_set_reads_it_back_and_keeps_it_from_workers(tmp_path) -> None:
     # Prepare: FedLAW asks for a server-only proxy set.
-    overrides = tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "fedlaw", "algorithm.params": {"proxy_size": 60, "server_epochs": 1},
-        "data.partition": "dirichlet", "train.rounds": 1,
-    })
+    overrides = tiny_overrides(
+        tmp_path / "run",
+        **{
+            "algorithm.name": "fedlaw",
+            "algorithm.params": {"proxy_size": 60, "server_epochs": 1},
+            "data.partition": "dirichlet",
+            "train.rounds": 1,
+        },
+    )
     config = RunConfig().override(overrides)
     # Execute
     first = Simulation(config)
@@ -107,8 +112,12 @@ def test_choose_from_source_draws_the_chosen_classes_balanced_and_deterministic(
     np.testing.assert_array_equal(first, choose_from_source(labels, 6, request, seed=3))
     assert len(choose_from_source(labels, 6, HeldOutRequest(120, dataset="other"), seed=0)) == 120
     with pytest.raises(ConfigError, match=r"algorithm.params.public_size=61 .*has 60"):
-        choose_from_source(labels, 6, HeldOutRequest(61, dataset="other", classes=(0, 1, 2),
-                                                     field="algorithm.params.public_size"), seed=0)
+        choose_from_source(
+            labels,
+            6,
+            HeldOutRequest(61, dataset="other", classes=(0, 1, 2), field="algorithm.params.public_size"),
+            seed=0,
+        )
     with pytest.raises(ConfigError, match=r"classes \[7\]"):
         choose_from_source(labels, 6, HeldOutRequest(3, dataset="other", classes=(0, 7)), seed=0)
 
@@ -117,11 +126,17 @@ def test_public_set_from_another_dataset_is_recorded_leaves_the_pool_whole_and_r
     from tests.algorithms.two_groups import DATASET as OTHER
 
     # Prepare: KT-pFL on the synthetic pool with its public set drawn from another registered dataset.
-    overrides = tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "ktpfl", "data.num_clients": 4, "data.options": {"num_samples": 600}, "train.rounds": 1,
-        "data.partition": "dirichlet",
-        "algorithm.params": {"public_size": 40, "public_dataset": OTHER, "public_classes": [1, 3]},
-    })
+    overrides = tiny_overrides(
+        tmp_path / "run",
+        **{
+            "algorithm.name": "ktpfl",
+            "data.num_clients": 4,
+            "data.options": {"num_samples": 600},
+            "train.rounds": 1,
+            "data.partition": "dirichlet",
+            "algorithm.params": {"public_size": 40, "public_dataset": OTHER, "public_classes": [1, 3]},
+        },
+    )
     # Execute
     first = Simulation(RunConfig().override(overrides))
     first.run()
@@ -140,18 +155,29 @@ def test_public_set_from_another_dataset_is_recorded_leaves_the_pool_whole_and_r
         load_held_out(tmp_path / "run" / HELD_OUT_FILE, len(source), "")
 
 
-@pytest.mark.parametrize("public, options, message", [
-    ("synthetic", {"num_samples": 600}, "clients' own dataset"),
-    ("two_label_group", {"num_samples": 600}, "did you mean"),
-    ("two_label_groups", {"num_samples": 600, "channels": 3}, "same shape"),
-])
+@pytest.mark.parametrize(
+    "public, options, message",
+    [
+        ("synthetic", {"num_samples": 600}, "clients' own dataset"),
+        ("two_label_group", {"num_samples": 600}, "did you mean"),
+        ("two_label_groups", {"num_samples": 600, "channels": 3}, "same shape"),
+    ],
+)
 def test_public_dataset_is_refused_before_anything_is_written(tmp_path, public, options, message) -> None:
     import tests.algorithms.two_groups  # noqa: F401  (registers two_label_groups)
 
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "algorithm.name": "ktpfl", "data.num_clients": 4, "data.options": options, "data.partition": "dirichlet",
-        "algorithm.params": {"public_size": 40, "public_dataset": public},
-    }))
+    config = RunConfig().override(
+        tiny_overrides(
+            tmp_path / "run",
+            **{
+                "algorithm.name": "ktpfl",
+                "data.num_clients": 4,
+                "data.options": options,
+                "data.partition": "dirichlet",
+                "algorithm.params": {"public_size": 40, "public_dataset": public},
+            },
+        )
+    )
     with pytest.raises(ConfigError, match=f"algorithm.params.public_dataset.*{message}"):
         Simulation(config)
     assert not (tmp_path / "run").exists()

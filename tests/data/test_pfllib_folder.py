@@ -31,13 +31,22 @@ def _write_folder(root: Path, sizes: list[tuple[int, int]], seed: int = 0) -> di
     for i, counts in enumerate(sizes):
         for split, n in zip(("train", "test"), counts):
             pixels = rng.integers(0, 256, size=(n, 1, 28, 28)).astype(np.uint8)
-            data = {"x": ((pixels.astype(np.float32) / 255 - 0.5) / 0.5).astype(np.float32),
-                    "y": rng.integers(0, 10, size=n).astype(np.int64)}
+            data = {
+                "x": ((pixels.astype(np.float32) / 255 - 0.5) / 0.5).astype(np.float32),
+                "y": rng.integers(0, 10, size=n).astype(np.int64),
+            }
             with open(root / split / f"{i}.npz", "wb") as f:
                 np.savez_compressed(f, data=data)
             files[split].append(data)
-    config = {"num_clients": len(sizes), "num_classes": 10, "non_iid": True, "balance": False, "partition": "dir",
-              "alpha": 0.1, "batch_size": 10}
+    config = {
+        "num_clients": len(sizes),
+        "num_classes": 10,
+        "non_iid": True,
+        "balance": False,
+        "partition": "dir",
+        "alpha": 0.1,
+        "batch_size": 10,
+    }
     (root / "config.json").write_text(json.dumps(config))
     return files
 
@@ -61,9 +70,21 @@ def test_each_client_trains_and_tests_on_its_own_files_exactly(tmp_path: Path) -
 def test_a_run_on_a_pfllib_folder_trains_its_clients(tmp_path: Path) -> None:
     # Prepare / Execute: one round of FedAvg on the folder.
     _write_folder(tmp_path / "MNIST", [(30, 10), (20, 10)])
-    result = run(RunConfig().override(tiny_overrides(tmp_path / "run", **{
-        "data.dataset": "pfllib", "data.partition": "pfllib", "data.root": str(tmp_path / "MNIST"),
-        "data.num_clients": 2, "data.options": {}, "train.rounds": 1})))
+    result = run(
+        RunConfig().override(
+            tiny_overrides(
+                tmp_path / "run",
+                **{
+                    "data.dataset": "pfllib",
+                    "data.partition": "pfllib",
+                    "data.root": str(tmp_path / "MNIST"),
+                    "data.num_clients": 2,
+                    "data.options": {},
+                    "train.rounds": 1,
+                },
+            )
+        )
+    )
     # Assert: the clients' own sizes drove the steps (3 and 2 batches of 10).
     clients = {r["client_id"]: r for r in pq.read_table(tmp_path / "run" / "clients").to_pylist() if r["sampled"]}
     assert (clients[0]["steps"], clients[1]["steps"]) == (3, 2) and result.rounds_run == 1

@@ -20,14 +20,27 @@ _GONE_WITHIN_S = 30
 
 def _start_driver(run_dir: Path) -> subprocess.Popen[str]:
     """``rayfed run`` of many rounds on a private Ray of one worker, in its own process."""
-    overrides = tiny_overrides(run_dir, **{
-        "data.options": {"num_samples": 1000}, "train.batch_size": 25, "train.rounds": 50,
-        "engine.backend": "ray", "engine.num_workers": 1, "engine.checkpoint_every": 0,
-    })
+    overrides = tiny_overrides(
+        run_dir,
+        **{
+            "data.options": {"num_samples": 1000},
+            "train.batch_size": 25,
+            "train.rounds": 50,
+            "engine.backend": "ray",
+            "engine.num_workers": 1,
+            "engine.checkpoint_every": 0,
+        },
+    )
     args = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items()]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return subprocess.Popen([sys.executable, "-m", "rayfed", "run", "--quiet", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "rayfed", "run", "--quiet", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _descendants_once_training(driver: subprocess.Popen[str], run_dir: Path) -> dict[int, str]:

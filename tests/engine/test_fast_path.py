@@ -29,8 +29,10 @@ def test_a_model_without_a_stacked_form_is_named_with_its_reason() -> None:
     lines = slow_paths(config, resolve(config.algorithm), IMAGES)
 
     # Assert
-    assert lines == ["clients of model 'fca_googlenet' train one at a time (engine.vectorize='on' does not apply "
-                     "to them): its Inception blocks concatenate channels"]
+    assert lines == [
+        "clients of model 'fca_googlenet' train one at a time (engine.vectorize='on' does not apply "
+        "to them): its Inception blocks concatenate channels"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -74,5 +76,7 @@ def test_an_algorithm_that_declares_it_cannot_stack_is_named_with_its_reason() -
     lines = slow_paths(config, algorithm, IMAGES)
 
     # Assert
-    assert lines == ["algorithm 'fedavg' trains its clients one at a time (engine.vectorize='on' does not apply): "
-                     "its clients draw their batches from one another"]
+    assert lines == [
+        "algorithm 'fedavg' trains its clients one at a time (engine.vectorize='on' does not apply): "
+        "its clients draw their batches from one another"
+    ]

@@ -106,8 +106,9 @@ def test_worker_that_always_dies_stops_the_run_after_max_retries_and_it_resumes(
     # Prepare: from round 1 on, every worker is killed as soon as it is given the round's one batch.
     _Capture.sim = None
     run_dir = tmp_path / "run"
-    overrides = _ray_overrides(run_dir, **{"engine.clients_per_call": 10, "engine.checkpoint_every": 1,
-                                           "engine.max_retries": 2})
+    overrides = _ray_overrides(
+        run_dir, **{"engine.clients_per_call": 10, "engine.checkpoint_every": 1, "engine.max_retries": 2}
+    )
     armed = [True]
     original_wait = ray.wait
 
@@ -207,8 +208,12 @@ def test_driver_killed_mid_run_resumes_to_identical_metrics(tmp_path) -> None:
     overrides = tiny_overrides(run_dir, **{"train.rounds": 5, "engine.checkpoint_every": 1})
     args = [f"{k}={_cli_value(v)}" for k, v in overrides.items()]
     # Execute: start the same run as a separate driver process and SIGKILL it once round 1 is checkpointed.
-    driver = subprocess.Popen([sys.executable, "-m", "rayfed", "run", "--quiet", *args], cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "rayfed", "run", "--quiet", *args],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 120
     while not (run_dir / "checkpoints" / "round_000001.npz").exists():
         assert driver.poll() is None, driver.stderr.read().decode()
@@ -217,8 +222,13 @@ def test_driver_killed_mid_run_resumes_to_identical_metrics(tmp_path) -> None:
     driver.kill()
     driver.wait()
     assert not (run_dir / "summary.json").exists()  # it really died before the end
-    resumed = subprocess.run([sys.executable, "-m", "rayfed", "run", "--quiet", "--resume", str(run_dir)], cwd=REPO,
-                             capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "rayfed", "run", "--quiet", "--resume", str(run_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     # Assert
     assert resumed.returncode == 0, resumed.stderr
     rows = pq.read_table(run_dir / "rounds.parquet").to_pylist()

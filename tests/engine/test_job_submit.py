@@ -56,7 +56,7 @@ def _cluster_line(proc: subprocess.Popen, timeout_s: float) -> str:
         if not line:  # the process exited
             return ""
         if line.startswith("CLUSTER "):
-            return line[len("CLUSTER "):]
+            return line[len("CLUSTER ") :]
     return ""
 
 
@@ -84,8 +84,11 @@ def _missing_dashboard_packages() -> list[str]:
     """The packages of ``ray[default]`` the dashboard's job API needs that this environment lacks."""
     import importlib.util
 
-    return [name for name in ("aiohttp", "aiohttp_cors", "opencensus", "prometheus_client")
-            if importlib.util.find_spec(name) is None]
+    return [
+        name
+        for name in ("aiohttp", "aiohttp_cors", "opencensus", "prometheus_client")
+        if importlib.util.find_spec(name) is None
+    ]
 
 
 @pytest.mark.timeout(240)
@@ -97,7 +100,11 @@ def test_ray_job_submit_runs_the_example_on_the_cluster() -> None:
     # Prepare: a private cluster with a dashboard, held by another process.
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_CLUSTER, str(_free_port()), str(_free_port())],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_quiet_env(), cwd="/",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_quiet_env(),
+        cwd="/",
     )
     try:
         line = _cluster_line(holder, timeout_s=60)
@@ -108,15 +115,41 @@ def test_ray_job_submit_runs_the_example_on_the_cluster() -> None:
 
         # Execute: submit the example as README.md does, with 2 rounds on small data.
         job_id = f"rayfed-test-{uuid.uuid4().hex[:8]}"
-        entrypoint = " ".join(shlex.quote(a) for a in [
-            sys.executable, "examples/cwfedavg_1000clients.py", "--rounds", "2", "--clients", "40",
-            "--join-ratio", "0.5", "--workers", "2", 'data.options={"num_samples": 2000}',
-            "engine.progress=false",
-        ])
+        entrypoint = " ".join(
+            shlex.quote(a)
+            for a in [
+                sys.executable,
+                "examples/cwfedavg_1000clients.py",
+                "--rounds",
+                "2",
+                "--clients",
+                "40",
+                "--join-ratio",
+                "0.5",
+                "--workers",
+                "2",
+                'data.options={"num_samples": 2000}',
+                "engine.progress=false",
+            ]
+        )
         submit = subprocess.run(
-            [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", url,
-             "--submission-id", job_id, "--working-dir", str(REPO), "--", *shlex.split(entrypoint)],
-            capture_output=True, text=True, env=_quiet_env(), timeout=180,
+            [
+                str(Path(sys.executable).parent / "ray"),
+                "job",
+                "submit",
+                "--address",
+                url,
+                "--submission-id",
+                job_id,
+                "--working-dir",
+                str(REPO),
+                "--",
+                *shlex.split(entrypoint),
+            ],
+            capture_output=True,
+            text=True,
+            env=_quiet_env(),
+            timeout=180,
         )
         output = submit.stdout + submit.stderr
 

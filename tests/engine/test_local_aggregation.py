@@ -21,16 +21,21 @@ MODEL_FLOATS = 582_026  # cnn4 on 1x28x28, 10 classes
 
 
 def _config(tmp_path, algorithm: str, clients: int, **extra: object) -> RunConfig:
-    return RunConfig().override(tiny_overrides(tmp_path / f"{algorithm}-{clients}", **{
-        "algorithm.name": algorithm,
-        "data.num_clients": clients,
-        "data.options": {"num_samples": 15 * clients},
-        "data.partition": "iid",
-        "data.train_fraction": 2 / 3,  # 10 training samples: one step of batch 10 per client
-        "engine.clients_per_call": clients // CALLS,
-        "train.rounds": 1,
-        **extra,
-    }))
+    return RunConfig().override(
+        tiny_overrides(
+            tmp_path / f"{algorithm}-{clients}",
+            **{
+                "algorithm.name": algorithm,
+                "data.num_clients": clients,
+                "data.options": {"num_samples": 15 * clients},
+                "data.partition": "iid",
+                "data.train_fraction": 2 / 3,  # 10 training samples: one step of batch 10 per client
+                "engine.clients_per_call": clients // CALLS,
+                "train.rounds": 1,
+                **extra,
+            },
+        )
+    )
 
 
 @pytest.fixture
@@ -85,7 +90,10 @@ def test_cwfedavg_keeps_nothing_per_client_between_rounds(tmp_path) -> None:
     k, p = 10, MODEL_FLOATS
     head = 512 * k + k
     assert {name: value.shape for name, value in state.items()} == {
-        "heads": (k, head), "shared": (p - head,), "p_tilde": (clients, k), "norms": (clients, k),
+        "heads": (k, head),
+        "shared": (p - head,),
+        "p_tilde": (clients, k),
+        "norms": (clients, k),
     }
     assert len(sim.states) == 0  # no per-client state on the driver (cnn4 has no BatchNorm buffers)
     runner = sim.executor.runner  # type: ignore[attr-defined]

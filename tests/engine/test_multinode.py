@@ -70,16 +70,27 @@ def two_node_run(run_dir: str) -> dict:
         cluster.add_node(num_cpus=1, num_gpus=1)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, logging_level="WARNING")
-        config = RunConfig().override(tiny_overrides(Path(run_dir), **{
-            "engine.backend": "ray", "engine.num_gpus_per_worker": 0.5,  # 2 workers: min(2 CPUs / 1, 2 GPUs / 0.5)
-        }))
+        config = RunConfig().override(
+            tiny_overrides(
+                Path(run_dir),
+                **{
+                    "engine.backend": "ray",
+                    "engine.num_gpus_per_worker": 0.5,  # 2 workers: min(2 CPUs / 1, 2 GPUs / 0.5)
+                },
+            )
+        )
         recorder = NodeRecorder()
         simulation = recorder.simulation = Simulation(config, callbacks=[recorder])  # Ray is up: no session of its own
         result = simulation.run()
         cluster_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        return {"worker_nodes": sorted(recorder.nodes), "cluster_nodes": sorted(cluster_nodes),
-                "rounds": result.rounds_run, "accuracy": result.final_accuracy, "placements": recorder.placements,
-                "expected_device": "cuda" if torch.cuda.is_available() else "cpu"}
+        return {
+            "worker_nodes": sorted(recorder.nodes),
+            "cluster_nodes": sorted(cluster_nodes),
+            "rounds": result.rounds_run,
+            "accuracy": result.final_accuracy,
+            "placements": recorder.placements,
+            "expected_device": "cuda" if torch.cuda.is_available() else "cpu",
+        }
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -91,11 +102,15 @@ def test_workers_run_on_both_nodes_of_a_two_node_cluster(tmp_path) -> None:
     env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO))
     done = subprocess.run(
         [sys.executable, __file__, str(tmp_path / "run")],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=200,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=200,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("MULTINODE ")]
     assert done.returncode == 0 and lines, (done.stdout + done.stderr)[-4000:]
-    seen = json.loads(lines[-1][len("MULTINODE "):])
+    seen = json.loads(lines[-1][len("MULTINODE ") :])
     assert len(seen["cluster_nodes"]) == 2
     assert seen["worker_nodes"] == seen["cluster_nodes"]  # one ClientWorker on each node
     assert seen["rounds"] == 2 and 0.0 <= seen["accuracy"] <= 1.0

@@ -28,8 +28,12 @@ from rayfed.engine.run_lock import LOCK_FILE
 from rayfed.util.files import load_arrays
 from tests.conftest import tiny_overrides
 
-_SMALL = {"data.options": {"num_samples": 1000}, "train.batch_size": 25, "train.rounds": 3,
-          "engine.checkpoint_every": 1}
+_SMALL = {
+    "data.options": {"num_samples": 1000},
+    "train.batch_size": 25,
+    "train.rounds": 3,
+    "engine.checkpoint_every": 1,
+}
 
 
 def _config(run_dir: Path, **extra: object) -> RunConfig:
@@ -98,8 +102,9 @@ def test_a_lock_left_by_a_dead_run_is_named_and_taken_over(tmp_path, caplog) -> 
     dead.wait()
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / LOCK_FILE).write_text(json.dumps({"process": f"{socket.gethostname()}:{dead.pid}:1",
-                                                 "started": "2026-01-01T00:00:00"}))
+    (run_dir / LOCK_FILE).write_text(
+        json.dumps({"process": f"{socket.gethostname()}:{dead.pid}:1", "started": "2026-01-01T00:00:00"})
+    )
     run(_config(run_dir, **{"train.rounds": 1}))
     assert f"taking over the lock left by a run that no longer runs (pid {dead.pid}" in caplog.text
     assert not (run_dir / LOCK_FILE).exists()
@@ -209,6 +214,7 @@ def test_resume_never_states_fewer_rounds_than_it_holds_and_records_a_change(tmp
     run(_config(copy, **{"train.rounds": 4}), resume=True)
     marker = json.loads((copy / MARKER_FILE).read_text())
     assert [(e["rounds"], e["from_round"], e.get("change")) for e in marker["train_rounds"]] == [
-        (3, 0, None), (4, 3, "extended from 3 to 4")
+        (3, 0, None),
+        (4, 3, "extended from 3 to 4"),
     ]
     assert json.loads((copy / "config.json").read_text())["train"]["rounds"] == 4

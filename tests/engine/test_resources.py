@@ -33,8 +33,12 @@ def test_more_workers_than_this_machine_has_cpus_are_refused_before_ray_starts(t
         run(_config(tmp_path, **{"engine.backend": "ray", "engine.num_workers": asked}))
     assert time.monotonic() - started < 10
     message = str(raised.value)
-    for fragment in (f"engine.num_workers={asked}", f"need {asked:g} CPUs", f"this machine has {cpus:g} CPUs",
-                     f"room for {int(cpus)} workers"):
+    for fragment in (
+        f"engine.num_workers={asked}",
+        f"need {asked:g} CPUs",
+        f"this machine has {cpus:g} CPUs",
+        f"room for {int(cpus)} workers",
+    ):
         assert fragment in message
     assert not (tmp_path / "run").exists()
     assert not ray.is_initialized()  # refused without starting Ray
@@ -44,8 +48,11 @@ def test_more_workers_than_this_machine_has_cpus_are_refused_before_ray_starts(t
 def test_more_workers_than_the_ray_cluster_holds_are_refused_before_anything_is_written(tmp_path, ray_cluster) -> None:
     cpus = ray_cluster.cluster_resources()["CPU"]
     asked = int(cpus) + 4
-    with pytest.raises(ResourceError, match=rf"engine.num_workers={asked} asks for {asked} workers, which need "
-                                            rf"{asked} CPUs .*the Ray cluster has {cpus:g} CPUs"):
+    with pytest.raises(
+        ResourceError,
+        match=rf"engine.num_workers={asked} asks for {asked} workers, which need "
+        rf"{asked} CPUs .*the Ray cluster has {cpus:g} CPUs",
+    ):
         run(_config(tmp_path, **{"engine.backend": "ray", "engine.num_workers": asked}))
     assert not (tmp_path / "run").exists()
 
@@ -53,12 +60,21 @@ def test_more_workers_than_the_ray_cluster_holds_are_refused_before_anything_is_
 @pytest.mark.parametrize(
     ("engine", "nodes", "fragments"),
     [
-        ({"num_gpus_per_worker": 2}, [{"CPU": 8, "GPU": 1}],
-         ["engine.num_gpus_per_worker=2 exceeds the 1 GPUs of the largest node of the cluster", "at most 1"]),
-        ({"num_gpus_per_worker": 0.5, "num_workers": 5}, [{"CPU": 8, "GPU": 1}, {"CPU": 8, "GPU": 1}],
-         ["engine.num_workers=5", "5 CPUs", "2.5 GPUs (engine.num_gpus_per_worker=0.5 each)", "room for 4 workers"]),
-        ({"num_cpus_per_worker": 4}, [{"CPU": 2}, {"CPU": 2}],
-         ["engine.num_cpus_per_worker=4 exceeds the 2 CPUs of the largest node", "one worker runs on one node"]),
+        (
+            {"num_gpus_per_worker": 2},
+            [{"CPU": 8, "GPU": 1}],
+            ["engine.num_gpus_per_worker=2 exceeds the 1 GPUs of the largest node of the cluster", "at most 1"],
+        ),
+        (
+            {"num_gpus_per_worker": 0.5, "num_workers": 5},
+            [{"CPU": 8, "GPU": 1}, {"CPU": 8, "GPU": 1}],
+            ["engine.num_workers=5", "5 CPUs", "2.5 GPUs (engine.num_gpus_per_worker=0.5 each)", "room for 4 workers"],
+        ),
+        (
+            {"num_cpus_per_worker": 4},
+            [{"CPU": 2}, {"CPU": 2}],
+            ["engine.num_cpus_per_worker=4 exceeds the 2 CPUs of the largest node", "one worker runs on one node"],
+        ),
         ({"num_gpus_per_worker": 1}, [{"CPU": 2}], ["engine.num_gpus_per_worker=1 but the cluster has no GPUs"]),
     ],
 )
@@ -116,8 +132,9 @@ def test_a_run_using_more_than_half_the_memory_warns_with_the_estimate(tmp_path,
 @pytest.mark.timeout(120)
 def test_the_estimate_is_within_a_factor_two_of_the_measured_peak(tmp_path) -> None:
     # numpy's allocations (dataset, generator, partition) are traced; the model and torch are small here.
-    config = _config(tmp_path, **{"data.options": {"num_samples": 40_000}, "data.num_clients": 2_000,
-                                  "data.partition": "iid"})
+    config = _config(
+        tmp_path, **{"data.options": {"num_samples": 40_000}, "data.num_clients": 2_000, "data.partition": "iid"}
+    )
     estimate = estimate_memory(config).total
     tracemalloc.start()
     try:

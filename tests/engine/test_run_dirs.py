@@ -29,8 +29,12 @@ from tests.conftest import tiny_overrides
 _RESULTS = ("round", "accuracy", "acc_mean", "acc_std", "test_loss", "train_loss")
 
 
-_SMALL = {"data.options": {"num_samples": 1000}, "train.batch_size": 25, "train.rounds": 3,
-          "engine.checkpoint_every": 0}
+_SMALL = {
+    "data.options": {"num_samples": 1000},
+    "train.batch_size": 25,
+    "train.rounds": 3,
+    "engine.checkpoint_every": 0,
+}
 
 
 def _config(run_dir: Path, **extra: object) -> RunConfig:
@@ -113,7 +117,8 @@ def test_both_paths_refuse_another_config_with_the_same_message(tmp_path) -> Non
         ({"algorithm.name": "cwfedavg", "algorithm.params.classwise_blocks": 7}, ConfigError),
         ({"data.dataset": "mnist", "data.options": {}, "data.root": __file__}, ConfigError),
         pytest.param(
-            {"engine.num_gpus_per_worker": 0.25}, ResourceError,
+            {"engine.num_gpus_per_worker": 0.25},
+            ResourceError,
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU"),
         ),
     ],
@@ -179,17 +184,32 @@ def test_cli_prints_one_line_with_the_saved_round_and_the_resume_command(tmp_pat
 def test_ctrl_c_in_a_study_names_the_finished_trials_and_the_command(tmp_path, monkeypatch, capsys) -> None:
     base = _config(tmp_path / "unused", **{"train.rounds": 2})
     with pytest.raises(StudyInterrupted) as stopped:
-        tune(base, {"train.lr": FloatParam(0.01, 0.1, log=True)}, n_trials=3, study_name="s",
-             study_dir=tmp_path / "study", trial_callbacks=lambda trial: [_StopAfter(0)] * (trial.number == 1))
+        tune(
+            base,
+            {"train.lr": FloatParam(0.01, 0.1, log=True)},
+            n_trials=3,
+            study_name="s",
+            study_dir=tmp_path / "study",
+            trial_callbacks=lambda trial: [_StopAfter(0)] * (trial.number == 1),
+        )
     assert (stopped.value.finished, stopped.value.wanted) == (1, 3)
     assert (tmp_path / "study" / "trial_0001" / "checkpoints" / "round_000000.npz").is_file()
 
     monkeypatch.setattr(MetricsWriter, "after_round", _interrupting_after(MetricsWriter.after_round, 0))
     space = tmp_path / "lr.yaml"
     space.write_text("train.lr: {type: float, low: 0.01, high: 0.1}\n")
-    argv = ["tune", str(space), 'data.options={"num_samples": 1000}', "train.batch_size=25", "train.rounds=2",
-            "engine.backend=local",
-            "--trials", "3", "--study-dir", str(tmp_path / "study2")]
+    argv = [
+        "tune",
+        str(space),
+        'data.options={"num_samples": 1000}',
+        "train.batch_size=25",
+        "train.rounds=2",
+        "engine.backend=local",
+        "--trials",
+        "3",
+        "--study-dir",
+        str(tmp_path / "study2"),
+    ]
     assert main(argv) == 130
     printed = capsys.readouterr()
     assert "Traceback" not in printed.err
@@ -246,8 +266,15 @@ def test_damaged_file_found_on_resume_is_named_and_nothing_is_changed(tmp_path, 
 
 def test_data_root_that_is_a_file_says_so(tmp_path) -> None:
     (tmp_path / "mnist.zip").write_bytes(b"PK")
-    with pytest.raises(ConfigError, match=r"data.root must be a folder, but got data.root='.*mnist.zip', which is a "
-                                          r"file"):
-        run(_config(tmp_path / "run", **{"data.dataset": "mnist", "data.options": {},
-                                         "data.root": str(tmp_path / "mnist.zip")}))
+    with pytest.raises(
+        ConfigError,
+        match=r"data.root must be a folder, but got data.root='.*mnist.zip', which is a "
+        r"file",
+    ):
+        run(
+            _config(
+                tmp_path / "run",
+                **{"data.dataset": "mnist", "data.options": {}, "data.root": str(tmp_path / "mnist.zip")},
+            )
+        )
     assert not (tmp_path / "run").exists()

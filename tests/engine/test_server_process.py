@@ -47,8 +47,9 @@ def test_the_server_process_imports_torch_only_for_a_server_half_that_needs_it(
     arguments = tmp_path / "server_arguments.pkl"
     arguments.write_bytes(pickle.dumps((config, inputs.spec, inputs.initial)))
     # Execute
-    done = subprocess.run([sys.executable, "-c", _SERVER_PROCESS, str(arguments)], capture_output=True, text=True,
-                          check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _SERVER_PROCESS, str(arguments)], capture_output=True, text=True, check=True
+    )
     # Assert: FedProx's module trains with torch at its top; FedAvg's and FedAdam's are numpy only.
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["torch"] is torch_expected

@@ -44,10 +44,17 @@ class _OneByOne:
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_the_evaluation_plan_equals_a_forward_per_client(name: str, tmp_path: Path) -> None:
     # Prepare: one round of every client on synthetic data, as the engine runs it.
-    config = RunConfig().override({
-        "data.dataset": "synthetic", "data.options": {"num_samples": 600}, "data.num_clients": _NUM_CLIENTS,
-        "algorithm.name": name, "engine.backend": "local", "train.batch_size": 16, **_OVERRIDES.get(name, {}),
-    })
+    config = RunConfig().override(
+        {
+            "data.dataset": "synthetic",
+            "data.options": {"num_samples": 600},
+            "data.num_clients": _NUM_CLIENTS,
+            "algorithm.name": name,
+            "engine.backend": "local",
+            "train.batch_size": 16,
+            **_OVERRIDES.get(name, {}),
+        }
+    )
     inputs = RunInputs.prepare(config, resolve(config.algorithm), tmp_path, continues=False)
     runner = ClientRunner(config, inputs.spec.for_clients(), inputs.dataset, inputs.partition)
     server = Server(config, inputs.spec, inputs.initial)

@@ -32,11 +32,18 @@ CTX = RoundContext(round=0, seed=0, lr=TrainConfig().lr, sampled=np.arange(NUM_C
 
 def _trained(params: dict[str, object]) -> tuple[ClientRunner, Server]:
     """A runner and a cwFedAvg server after one round of every client on a small synthetic problem."""
-    config = RunConfig().override({
-        "data.dataset": "synthetic", "data.options": {"num_samples": 1200}, "data.num_clients": NUM_CLIENTS,
-        "data.partition": "pathological", "data.classes_per_client": 2,
-        "algorithm.name": "cwfedavg", "algorithm.params": params, "engine.backend": "local",
-    })
+    config = RunConfig().override(
+        {
+            "data.dataset": "synthetic",
+            "data.options": {"num_samples": 1200},
+            "data.num_clients": NUM_CLIENTS,
+            "data.partition": "pathological",
+            "data.classes_per_client": 2,
+            "algorithm.name": "cwfedavg",
+            "algorithm.params": params,
+            "engine.backend": "local",
+        }
+    )
     dataset = load_dataset("synthetic", None, options=config.data.options)
     partition = make_partition(dataset.labels, dataset.num_classes, config.data)
     spec, initial = build_problem(config, dataset)
@@ -45,10 +52,13 @@ def _trained(params: dict[str, object]) -> tuple[ClientRunner, Server]:
     return runner, server
 
 
-@pytest.mark.parametrize("params", [
-    {"wdr_lambda": 100},  # cwFedAvg (Output): the global head rides on the shared body's features
-    {"classwise_blocks": 2},  # no shared body: the global model gets a forward of its own
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"wdr_lambda": 100},  # cwFedAvg (Output): the global head rides on the shared body's features
+        {"classwise_blocks": 2},  # no shared body: the global model gets a forward of its own
+    ],
+)
 def test_cwfedavg_global_accuracy_is_eq7_with_the_overall_distribution(params) -> None:
     runner, server = _trained(params)
     broadcast = server.broadcast()
@@ -141,10 +151,14 @@ def test_round_summary_takes_unweighted_means_of_the_clients() -> None:
     from rayfed.execution.reports import ClientReport, EvalReport
 
     # Prepare: two clients with 10 and 30 test samples.
-    evals = [EvalReport(0, 10, 5, 20.0, global_correct=10, global_loss_sum=1.0),
-             EvalReport(1, 30, 30, 3.0, global_correct=0, global_loss_sum=1.0)]
-    reports = [ClientReport(0, 50, 1.0, 5, 1.0, 0, 0, 0.0, local_num_test=10, local_correct=8),
-               ClientReport(1, 50, 1.0, 5, 1.0, 0, 0, 0.0, local_num_test=30, local_correct=3)]
+    evals = [
+        EvalReport(0, 10, 5, 20.0, global_correct=10, global_loss_sum=1.0),
+        EvalReport(1, 30, 30, 3.0, global_correct=0, global_loss_sum=1.0),
+    ]
+    reports = [
+        ClientReport(0, 50, 1.0, 5, 1.0, 0, 0, 0.0, local_num_test=10, local_correct=8),
+        ClientReport(1, 50, 1.0, 5, 1.0, 0, 0, 0.0, local_num_test=30, local_correct=3),
+    ]
     # Execute
     record = summarise_round(0, reports, evals, {}, {})
     # Assert: pooled over samples, and means over clients

@@ -29,14 +29,22 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA 
 @pytest.mark.parametrize("graphs", [True, False])
 @pytest.mark.parametrize("vectorize", ["off", "on"])
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "cwfedavg"])
-def test_a_training_call_reads_back_once(algorithm: str, vectorize: str, graphs: bool, tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_training_call_reads_back_once(
+    algorithm: str, vectorize: str, graphs: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Prepare: a worker on the GPU, its first call done (models built, steps captured).
-    config = RunConfig().override({
-        "data.options": {"num_samples": 600}, "data.num_clients": 6, "algorithm.name": algorithm,
-        "engine.num_gpus_per_worker": 1.0, "engine.vectorize": vectorize, "engine.cuda_graphs": graphs,
-        "engine.backend": "local", "run_dir": str(tmp_path / "run"),
-    })
+    config = RunConfig().override(
+        {
+            "data.options": {"num_samples": 600},
+            "data.num_clients": 6,
+            "algorithm.name": algorithm,
+            "engine.num_gpus_per_worker": 1.0,
+            "engine.vectorize": vectorize,
+            "engine.cuda_graphs": graphs,
+            "engine.backend": "local",
+            "run_dir": str(tmp_path / "run"),
+        }
+    )
     inputs = RunInputs.prepare(config, resolve(config.algorithm), tmp_path / "run", continues=False)
     runner = ClientRunner(config, inputs.spec.for_clients(), inputs.dataset, inputs.partition)
     message = Server(config, inputs.spec, inputs.initial).broadcast()

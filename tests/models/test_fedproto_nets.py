@@ -17,9 +17,14 @@ def test_layers_are_the_authors_cnnmnist_with_their_conv2_width(name: str, width
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     # CNNMnist: conv1 1->10 5x5, conv2 10->w 5x5, fc1 (w*4*4 = 320/20*w) -> 50, fc2 50 -> K.
     assert shapes == {
-        "conv1.weight": (10, 1, 5, 5), "conv1.bias": (10,), "conv2.weight": (width, 10, 5, 5), "conv2.bias": (width,),
-        "fc1.weight": (EMBEDDING_DIM, width * 16), "fc1.bias": (EMBEDDING_DIM,),
-        "fc.weight": (10, EMBEDDING_DIM), "fc.bias": (10,),
+        "conv1.weight": (10, 1, 5, 5),
+        "conv1.bias": (10,),
+        "conv2.weight": (width, 10, 5, 5),
+        "conv2.bias": (width,),
+        "fc1.weight": (EMBEDDING_DIM, width * 16),
+        "fc1.bias": (EMBEDDING_DIM,),
+        "fc.weight": (10, EMBEDDING_DIM),
+        "fc.bias": (10,),
     }
     assert output_layer_name(model) == "fc"
 

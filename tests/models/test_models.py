@@ -71,9 +71,7 @@ def test_forward_gives_batch_by_classes_logits(name: str, shape: tuple[int, int,
     assert torch.isfinite(y).all()
 
 
-@pytest.mark.parametrize(
-    ("shape", "flat"), [(MNIST, 1024), (CIFAR, 1600), (TINY, 10816)]
-)
+@pytest.mark.parametrize(("shape", "flat"), [(MNIST, 1024), (CIFAR, 1600), (TINY, 10816)])
 def test_cnn4_flatten_size_follows_input_shape(shape: tuple[int, int, int], flat: int) -> None:
     model = _build("cnn4", shape)
     assert model.last_feat[0].in_features == flat
@@ -156,9 +154,7 @@ def test_too_small_input_names_field_model_and_allowed_shapes() -> None:
     assert "H and W >= 16" in message
 
 
-@pytest.mark.parametrize(
-    "bad_shape", [(28, 28), (0, 28, 28), (1, 28.0, 28), (True, 28, 28), "1x28x28"]
-)
+@pytest.mark.parametrize("bad_shape", [(28, 28), (0, 28, 28), (1, 28.0, 28), (True, 28, 28), "1x28x28"])
 def test_malformed_input_shape_is_rejected(bad_shape: object) -> None:
     with pytest.raises(ConfigError, match="input_shape="):
         build_model("cnn4", bad_shape, 10)  # type: ignore[arg-type]
@@ -231,7 +227,5 @@ def test_importing_models_does_not_import_torchvision() -> None:
         "import rayfed.models\n"
         "print('torchvision' in sys.modules)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

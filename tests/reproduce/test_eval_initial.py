@@ -27,14 +27,18 @@ def _rounds(run_dir: Path) -> list[dict]:
 
 def test_initial_evaluation_is_the_same_for_every_algorithm_on_the_same_init(tmp_path: Path) -> None:
     # Arrange: algorithms whose clients all start from the common initial model
-    algorithms = {"fedavg": {}, "fedprox": {"algorithm.params.mu": 0.01},
-                  "cwfedavg": {"algorithm.params.wdr_lambda": 10.0}}
+    algorithms = {
+        "fedavg": {},
+        "fedprox": {"algorithm.params.mu": 0.01},
+        "cwfedavg": {"algorithm.params.wdr_lambda": 10.0},
+    }
 
     # Act
     first = {}
     for name, params in algorithms.items():
-        config = rayfed.RunConfig().override(tiny_overrides(tmp_path / name, **_EVAL, **params,
-                                                            **{"algorithm.name": name}))
+        config = rayfed.RunConfig().override(
+            tiny_overrides(tmp_path / name, **_EVAL, **params, **{"algorithm.name": name})
+        )
         result = rayfed.run(config)
         first[name] = _rounds(tmp_path / name)[0]
         assert result.rounds_run == 2  # the initial row is not a round

@@ -19,15 +19,23 @@ from rayfed.reproduce.report import write_report
 from rayfed.reproduce.runner import Cell, plan, run_dir_name
 from rayfed.reproduce.spec import cell_overrides
 
-_SYNTHETIC = {"data.dataset": "synthetic", "data.options": {"num_samples": 1500}, "data.num_clients": 10,
-              "engine.eval_train_loss": False}
+_SYNTHETIC = {
+    "data.dataset": "synthetic",
+    "data.options": {"num_samples": 1500},
+    "data.num_clients": 10,
+    "engine.eval_train_loss": False,
+}
 TINY = Table(
     name="tiny-test",
     title="FedAvg against cwFedAvg on the offline dataset",
     source="a test table",
     columns=(
-        Column("path", "Path synthetic", "cwfedavg-mnist",
-               {**_SYNTHETIC, "data.partition": "pathological", "data.classes_per_client": 2}),
+        Column(
+            "path",
+            "Path synthetic",
+            "cwfedavg-mnist",
+            {**_SYNTHETIC, "data.partition": "pathological", "data.classes_per_client": 2},
+        ),
     ),
     rows=(
         Row("fedavg", "FedAvg", "fedavg", paper={"path": "98.08"}),
@@ -62,8 +70,9 @@ def test_cell_config_takes_the_preset_then_column_then_row() -> None:
     assert cw["algorithm.params.wdr_lambda"] == 10.0 and cw["algorithm.params.classwise_blocks"] == 1
 
 
-def test_a_table_declared_as_data_runs_end_to_end(tiny_table: Table, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_table_declared_as_data_runs_end_to_end(
+    tiny_table: Table, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Arrange
     out = tmp_path / "out"
 
@@ -81,8 +90,12 @@ def test_a_table_declared_as_data_runs_end_to_end(tiny_table: Table, tmp_path: P
     runs = json.loads((out / "tiny-test.json").read_text())["runs"]
     fedavg_best = sorted(r["best"] for r in runs if r["row"] == "fedavg")
     assert f"| {fedavg_best[0]:.2f} – {fedavg_best[1]:.2f} |" in markdown
-    assert sorted((r["row"], r["seed"]) for r in runs) == [("cwfedavg", 0), ("cwfedavg", 1), ("fedavg", 0),
-                                                          ("fedavg", 1)]
+    assert sorted((r["row"], r["seed"]) for r in runs) == [
+        ("cwfedavg", 0),
+        ("cwfedavg", 1),
+        ("fedavg", 0),
+        ("fedavg", 1),
+    ]
     assert all(r["at"]["0"] == runs[0]["at"]["0"] for r in runs if r["seed"] == runs[0]["seed"])  # same init
     for r in runs:  # a round's median wall time, the initial evaluation (round -1) left out
         recorded = pq.read_table(Path(r["run_dir"]) / "rounds.parquet").to_pylist()
@@ -125,25 +138,59 @@ def test_an_interrupted_reproduce_resumes_without_repeating_finished_runs(
     assert "[2/2; r" in (out / "tiny-test.md").read_text().split("| cwFedAvg (Output) |")[1]
 
 
-def test_more_rounds_extend_finished_runs(tiny_table: Table, tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_more_rounds_extend_finished_runs(
+    tiny_table: Table, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Arrange
     out = tmp_path / "out"
-    assert main(["reproduce", TINY.name, "--rounds", "1", "--seeds", "1", "--methods", "fedavg", "--out", str(out),
-                 "--no-figures"]) == 0
+    assert (
+        main(
+            [
+                "reproduce",
+                TINY.name,
+                "--rounds",
+                "1",
+                "--seeds",
+                "1",
+                "--methods",
+                "fedavg",
+                "--out",
+                str(out),
+                "--no-figures",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
 
     # Act
-    assert main(["reproduce", TINY.name, "--rounds", "2", "--seeds", "1", "--methods", "fedavg", "--out", str(out),
-                 "--no-figures"]) == 0
+    assert (
+        main(
+            [
+                "reproduce",
+                TINY.name,
+                "--rounds",
+                "2",
+                "--seeds",
+                "1",
+                "--methods",
+                "fedavg",
+                "--out",
+                str(out),
+                "--no-figures",
+            ]
+        )
+        == 0
+    )
 
     # Assert
     assert "fedavg path seed 0: extended" in capsys.readouterr().out
     assert len(list((out / "runs").iterdir())) == 1
 
 
-def test_unknown_table_and_columns_are_refused(tiny_table: Table, tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_table_and_columns_are_refused(
+    tiny_table: Table, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Act
     bad_table = main(["reproduce", "tiny-tset", "--out", str(tmp_path)])
     bad_column = main(["reproduce", TINY.name, "--columns", "prac", "--out", str(tmp_path)])
@@ -154,15 +201,31 @@ def test_unknown_table_and_columns_are_refused(tiny_table: Table, tmp_path: Path
     assert bad_column == 2 and "--columns: prac not in table tiny-test" in err
 
 
-def test_missing_data_is_listed_with_the_command_that_fetches_it(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_data_is_listed_with_the_command_that_fetches_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Arrange: MNIST in an empty data folder
     empty = tmp_path / "data"
     empty.mkdir()
 
     # Act
-    code = main(["reproduce", "cwfedavg-mnist", "--rounds", "1", "--seeds", "1", "--methods", "fedavg",
-                 "--data-root", str(empty), "--out", str(tmp_path / "out"), "--no-figures"])
+    code = main(
+        [
+            "reproduce",
+            "cwfedavg-mnist",
+            "--rounds",
+            "1",
+            "--seeds",
+            "1",
+            "--methods",
+            "fedavg",
+            "--data-root",
+            str(empty),
+            "--out",
+            str(tmp_path / "out"),
+            "--no-figures",
+        ]
+    )
 
     # Assert
     markdown = (tmp_path / "out" / "cwfedavg-mnist.md").read_text()
@@ -190,7 +253,11 @@ def test_presets_set_the_papers_protocol() -> None:
     # Assert
     assert config.engine.eval_initial is False
     assert (preset.data.dataset, preset.data.num_clients, preset.data.seed, preset.data.train_fraction) == (
-        "mnist", 20, 1, 0.75)
+        "mnist",
+        20,
+        1,
+        0.75,
+    )
     assert (preset.train.batch_size, preset.train.lr, preset.train.rounds) == (10, 0.005, 30)
     assert preset.algorithm.name == "fedavg" and preset.engine.eval_initial is True
 
@@ -236,15 +303,25 @@ def test_a_gpu_share_per_run_is_the_runs_engine_setting_and_keeps_its_run_direct
 def test_each_row_is_scored_on_the_model_it_reports_and_the_report_names_it(tmp_path: Path) -> None:
     # Arrange: finished runs with hand-written curves; FedAvg reports its one model, FedNH its global model,
     # FedUV its clients' models after local training, and one row the round of lowest test loss.
-    table = Table("models-test", "rows reporting different models", "a test table", columns=TINY.columns, rows=(
-        Row("fedavg", "FedAvg", "fedavg"),
-        Row("fednh", "FedNH", "fednh", evaluates="global"),
-        Row("feduv", "FedUV", "feduv", evaluates="local", choices="a choice"),
-        Row("fedavg_loss", "FedAvg at lowest loss", "fedavg", select="lowest_test_loss"),
-    ))
+    table = Table(
+        "models-test",
+        "rows reporting different models",
+        "a test table",
+        columns=TINY.columns,
+        rows=(
+            Row("fedavg", "FedAvg", "fedavg"),
+            Row("fednh", "FedNH", "fednh", evaluates="global"),
+            Row("feduv", "FedUV", "feduv", evaluates="local", choices="a choice"),
+            Row("fedavg_loss", "FedAvg at lowest loss", "fedavg", select="lowest_test_loss"),
+        ),
+    )
     cells = plan(table, tmp_path, rounds=3, seeds=[0])
-    curves = {"accuracy": [0.5, 0.7, 0.6], "global_accuracy": [0.4, 0.45, 0.9], "local_accuracy": [0.8, 0.95, 0.9],
-              "test_loss": [1.0, 0.8, 0.5]}
+    curves = {
+        "accuracy": [0.5, 0.7, 0.6],
+        "global_accuracy": [0.4, 0.45, 0.9],
+        "local_accuracy": [0.8, 0.95, 0.9],
+        "test_loss": [1.0, 0.8, 0.5],
+    }
     for cell in cells:
         cell.run_dir.mkdir(parents=True, exist_ok=True)  # the two FedAvg rows share their runs
         rows = [{"round": t, "round_s": 1.0, **{k: v[t] for k, v in curves.items()}} for t in range(3)]
@@ -254,8 +331,9 @@ def test_each_row_is_scored_on_the_model_it_reports_and_the_report_names_it(tmp_
     markdown = write_report(table, cells, tmp_path, rounds=3).read_text()
     # Assert: each row's score and round, its model in the header and beside its name; FedUV's cell measures
     # the local models (engine.eval_local, which enters the run's name).
-    scores = {r["row"]: (r["best"], r["best_round"]) for r in json.loads((tmp_path / "models-test.json").read_text())[
-        "runs"]}
+    scores = {
+        r["row"]: (r["best"], r["best_round"]) for r in json.loads((tmp_path / "models-test.json").read_text())["runs"]
+    }
     assert scores == {"fedavg": (70.0, 2), "fednh": (90.0, 3), "feduv": (95.0, 2), "fedavg_loss": (60.0, 3)}
     assert "| FedAvg | global model (`accuracy`), best round | – | – |" in markdown
     assert "| FedNH | global model (`global_accuracy`), best round | – | – |" in markdown
@@ -272,13 +350,21 @@ def test_fields_added_and_values_renamed_keep_the_names_of_committed_runs() -> N
     # The runs behind the committed reports (benchmarks/results/*-curves) are found by name: a new field at its
     # default (model.init, CFL's norms) and KT-pFL's fidelity renamed code -> corrected leave the names as they were.
     results = Path(__file__).parents[2] / "benchmarks" / "results"
-    cases = [("pfl-baselines-mnist", "fednh", None, "pfl-baselines-mnist-curves"),
-             ("pfl-baselines-mnist", "fedamp", None, "pfl-baselines-mnist-curves"),
-             ("fedclassavg-t2", "ktpfl_e1", "offline_dir", "fedclassavg-t2-curves"),
-             ("fedawa-mnist", "fedadam", "mnist01", "fedawa-mnist-curves")]
+    cases = [
+        ("pfl-baselines-mnist", "fednh", None, "pfl-baselines-mnist-curves"),
+        ("pfl-baselines-mnist", "fedamp", None, "pfl-baselines-mnist-curves"),
+        ("fedclassavg-t2", "ktpfl_e1", "offline_dir", "fedclassavg-t2-curves"),
+        ("fedawa-mnist", "fedadam", "mnist01", "fedawa-mnist-curves"),
+    ]
     for table, row, column, curves in cases:
-        cells = plan(TABLES[table], Path("/tmp/unused"), rounds=20, seeds=[0, 1], rows=[row],
-                     columns=[column] if column else None)
+        cells = plan(
+            TABLES[table],
+            Path("/tmp/unused"),
+            rounds=20,
+            seeds=[0, 1],
+            rows=[row],
+            columns=[column] if column else None,
+        )
         names = {cell.run_dir.name for cell in cells if cell.run_dir is not None}
         assert names and names <= {p.name for p in (results / curves).iterdir()}, (table, row, names)
 
@@ -287,8 +373,11 @@ def test_every_cell_of_the_committed_mnist_baselines_report_has_its_run_committe
     # The committed pfl-baselines-mnist report (20 rounds, seeds 0 and 1) rests on runs whose configs are the
     # table's today: FedAvg's and cwFedAvg's from cwfedavg-mnist's curves, every other row's from its own.
     results = Path(__file__).parents[2] / "benchmarks" / "results"
-    committed = {p.name for curves in ("pfl-baselines-mnist-curves", "cwfedavg-mnist-curves")
-                 for p in (results / curves).iterdir()}
+    committed = {
+        p.name
+        for curves in ("pfl-baselines-mnist-curves", "cwfedavg-mnist-curves")
+        for p in (results / curves).iterdir()
+    }
     cells = plan(TABLES["pfl-baselines-mnist"], Path("/tmp/unused"), rounds=20, seeds=[0, 1])
     names = {cell.run_dir.name for cell in cells if cell.run_dir is not None}
     assert len(names) == 2 * 2 * len(TABLES["pfl-baselines-mnist"].rows)

@@ -34,33 +34,57 @@ OVERRIDES: dict[str, dict[str, Any]] = {  # what a method needs here (its own ne
     # of float-rounding size takes a full step either way, and as one client's convolutions and a stack's grouped
     # ones sum in other orders, SupCon's sharp loss parts them by up to 0.5% of an update; with ε = 0.1 the steps
     # follow the gradients, and the test checks the same loop.
-    "fedclassavg": {"model.name": "fca_alexnet", "train.lr": 5e-4, "algorithm.params": {"adam_eps": 0.1},
-                    "data.options": {"num_samples": 96}, "data.num_clients": 6, "train.batch_size": 4},
+    "fedclassavg": {
+        "model.name": "fca_alexnet",
+        "train.lr": 5e-4,
+        "algorithm.params": {"adam_eps": 0.1},
+        "data.options": {"num_samples": 96},
+        "data.num_clients": 6,
+        "train.batch_size": 4,
+    },
     "ktpfl": {"algorithm.params": {"public_size": 24, "distill_batch_size": 8}},
     "apple": {"algorithm.params": {"anneal_rounds": 2}},
     "fedlaw": {"algorithm.params": {"server_epochs": 2, "proxy_size": 24}},
     "fedproto": {"model.name": "fedproto_cnn20"},  # dropout
-    "sgdm": {"train.momentum": 0.9}, "fedawa": {"train.momentum": 0.9}, "feddyn": {"train.momentum": 0.9},
+    "sgdm": {"train.momentum": 0.9},
+    "fedawa": {"train.momentum": 0.9},
+    "feddyn": {"train.momentum": 0.9},
 }
 PADDED = ("fedavg", "feduv", "fedproto", "fedclassavg", "ktpfl")
 """Methods also run with ``train.drop_last=false``: a stack pads its clients' short last batches."""
 
 
 def _config(name: str, vectorize: str, tmp_path: Path, **extra: Any) -> RunConfig:
-    return RunConfig().override({
-        "data.dataset": "synthetic", "data.options": {"num_samples": 480}, "data.num_clients": _CLIENTS,
-        "data.partition": "dirichlet", "data.alpha": 1.0, "model.name": "cnn4", "algorithm.name": name,
-        "train.batch_size": 8, "train.lr": 0.005, "engine.backend": "local", "engine.vectorize": vectorize,
-        "engine.stack_size": _CLIENTS, "engine.torch_threads": 1, "run_dir": str(tmp_path / vectorize),
-        **OVERRIDES.get(name, {}), **extra,
-    })
+    return RunConfig().override(
+        {
+            "data.dataset": "synthetic",
+            "data.options": {"num_samples": 480},
+            "data.num_clients": _CLIENTS,
+            "data.partition": "dirichlet",
+            "data.alpha": 1.0,
+            "model.name": "cnn4",
+            "algorithm.name": name,
+            "train.batch_size": 8,
+            "train.lr": 0.005,
+            "engine.backend": "local",
+            "engine.vectorize": vectorize,
+            "engine.stack_size": _CLIENTS,
+            "engine.torch_threads": 1,
+            "run_dir": str(tmp_path / vectorize),
+            **OVERRIDES.get(name, {}),
+            **extra,
+        }
+    )
 
 
 def _runner(name: str, vectorize: str, tmp_path: Path, **extra: Any) -> tuple[ClientRunner, Server, RunConfig]:
     config = _config(name, vectorize, tmp_path, **extra)
     inputs = RunInputs.prepare(config, resolve(config.algorithm), tmp_path / vectorize, continues=False)
-    return ClientRunner(config, inputs.spec.for_clients(), inputs.dataset, inputs.partition), \
-        Server(config, inputs.spec, inputs.initial), config
+    return (
+        ClientRunner(config, inputs.spec.for_clients(), inputs.dataset, inputs.partition),
+        Server(config, inputs.spec, inputs.initial),
+        config,
+    )
 
 
 def _train(runner: ClientRunner, *args: Any, ops: list[float] | None) -> TrainResult:
@@ -74,8 +98,9 @@ def _train(runner: ClientRunner, *args: Any, ops: list[float] | None) -> TrainRe
     return result
 
 
-def _rounds(name: str, tmp_path: Path, ops: list[float] | None = None, **extra: Any
-            ) -> list[tuple[TrainResult, TrainResult]]:
+def _rounds(
+    name: str, tmp_path: Path, ops: list[float] | None = None, **extra: Any
+) -> list[tuple[TrainResult, TrainResult]]:
     """Two rounds of every client, as the engine runs them, each trained sequentially and stacked from the same
     message and states (the second round profiled when ``ops`` is given); the sequential results carry the run
     on."""
@@ -87,8 +112,10 @@ def _rounds(name: str, tmp_path: Path, ops: list[float] | None = None, **extra: 
     for t in range(2):
         ctx = RoundContext(round=t, seed=0, lr=config.train.lr, sampled=np.arange(clients))
         message = server.broadcast()
-        one, other = (_train(runner, message, ctx, list(range(clients)), states, ops=ops if t else None)
-                      for runner in (sequential, stacked))
+        one, other = (
+            _train(runner, message, ctx, list(range(clients)), states, ops=ops if t else None)
+            for runner in (sequential, stacked)
+        )
         states.update(one.states)
         server.aggregate(ctx, one.contribution)
         results.append((one, other))

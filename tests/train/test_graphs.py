@@ -24,11 +24,18 @@ def _jobs(flat: FlatModel, device: torch.device, **train: object) -> list[Client
     settings = TrainConfig(**{"lr": 0.05, "batch_size": 10, **train})
     return [
         ClientJob(
-            client_id=cid, round=0, flat=flat, architecture="cnn4",
+            client_id=cid,
+            round=0,
+            flat=flat,
+            architecture="cnn4",
             x_train=torch.randn(n, 1, 16, 16, generator=rng).to(device),
             y_train=torch.randint(0, 4, (n,), generator=rng).to(device),
-            x_test=torch.empty(0, device=device), y_test=torch.empty(0, dtype=torch.long, device=device),
-            label_counts=np.ones(4), train_label_counts=np.ones(4), train=settings, lr=settings.lr,
+            x_test=torch.empty(0, device=device),
+            y_test=torch.empty(0, dtype=torch.long, device=device),
+            label_counts=np.ones(4),
+            train_label_counts=np.ones(4),
+            train=settings,
+            lr=settings.lr,
             generator=torch.Generator().manual_seed(100 + cid),
         )
         for cid, n in enumerate(SIZES)
@@ -41,13 +48,16 @@ def _prox(out: Outputs, batch: Batch, params: Params, constants: Constants) -> t
 
 PHASES = {
     "plain": [Phase(epochs=1)],
-    "proximal, kept momentum, two phases": [Phase(epochs=1, loss=_prox, needs_start=True,
-                                                  optimizer=SGD(keep_momentum="momentum")), Phase(epochs=1)],
+    "proximal, kept momentum, two phases": [
+        Phase(epochs=1, loss=_prox, needs_start=True, optimizer=SGD(keep_momentum="momentum")),
+        Phase(epochs=1),
+    ],
 }
 
 
-def _sequential(loop: LocalLoop, flat: FlatModel, start: torch.Tensor, phases: list[Phase], device: torch.device,
-                **train: object) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _sequential(
+    loop: LocalLoop, flat: FlatModel, start: torch.Tensor, phases: list[Phase], device: torch.device, **train: object
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     models, losses = [], []
     for job in _jobs(flat, device, **train):
         flat.load(start)
@@ -99,8 +109,9 @@ def test_replayed_steps_on_a_gpu_train_as_eager_ones(name: str) -> None:
     device = torch.device("cuda")
     flat = FlatModel(build_model("cnn4", (1, 16, 16), 4).to(device))
     start = flat.vector.detach().clone()
-    expected, _ = _sequential(LocalLoop(StepGraphs(device, enabled=False), (0.5,), (0.5,)), flat, start,
-                              PHASES[name], device, momentum=0.9)
+    expected, _ = _sequential(
+        LocalLoop(StepGraphs(device, enabled=False), (0.5,), (0.5,)), flat, start, PHASES[name], device, momentum=0.9
+    )
     replaying = LocalLoop(StepGraphs(device), (0.5,), (0.5,))
     got, _ = _sequential(replaying, flat, start, PHASES[name], device, momentum=0.9)
     assert replaying.graphs._graphs and all(g is not None for g in replaying.graphs._graphs.values())

@@ -23,21 +23,43 @@ from tests.conftest import tiny_overrides
 SIZES = (13, 25, 7, 40)  # 7 < batch: with drop_last that client takes no step
 
 
-def _jobs(flat: FlatModel, *, lr=0.05, momentum=0.0, weight_decay=0.0, drop_last=True, epochs=1, channels=1,
-          sizes=SIZES, arch="cnn4") -> list[ClientJob]:
+def _jobs(
+    flat: FlatModel,
+    *,
+    lr=0.05,
+    momentum=0.0,
+    weight_decay=0.0,
+    drop_last=True,
+    epochs=1,
+    channels=1,
+    sizes=SIZES,
+    arch="cnn4",
+) -> list[ClientJob]:
     rng = torch.Generator().manual_seed(0)
     jobs = []
     for cid, n in enumerate(sizes):
         jobs.append(
             ClientJob(
-                client_id=cid, round=0, flat=flat, architecture=arch,
+                client_id=cid,
+                round=0,
+                flat=flat,
+                architecture=arch,
                 x_train=torch.randn(n, channels, 16, 16, generator=rng),
                 y_train=torch.randint(0, 4, (n,), generator=rng),
-                x_test=torch.empty(0), y_test=torch.empty(0, dtype=torch.long),
-                label_counts=np.ones(4), train_label_counts=np.ones(4),
-                train=TrainConfig(lr=lr, local_epochs=epochs, batch_size=10, momentum=momentum,
-                                  weight_decay=weight_decay, drop_last=drop_last),
-                lr=lr, generator=torch.Generator().manual_seed(100 + cid),
+                x_test=torch.empty(0),
+                y_test=torch.empty(0, dtype=torch.long),
+                label_counts=np.ones(4),
+                train_label_counts=np.ones(4),
+                train=TrainConfig(
+                    lr=lr,
+                    local_epochs=epochs,
+                    batch_size=10,
+                    momentum=momentum,
+                    weight_decay=weight_decay,
+                    drop_last=drop_last,
+                ),
+                lr=lr,
+                generator=torch.Generator().manual_seed(100 + cid),
             )
         )
     return jobs
@@ -115,12 +137,24 @@ def test_dropout_draws_each_clients_own_masks_alone_or_stacked() -> None:
     torch.manual_seed(0)
     flat = FlatModel(build_model("fedproto_cnn20", (1, 28, 28), 4))
     starts = torch.stack([flat.vector.detach() for _ in range(3)])
-    jobs = [ClientJob(client_id=c, round=0, flat=flat, architecture="fedproto_cnn20",
-                      x_train=torch.randn(30, 1, 28, 28, generator=torch.Generator().manual_seed(c)),
-                      y_train=torch.randint(0, 4, (30,), generator=torch.Generator().manual_seed(c)),
-                      x_test=torch.empty(0), y_test=torch.empty(0, dtype=torch.long), label_counts=np.ones(4),
-                      train_label_counts=np.ones(4), train=TrainConfig(lr=0.05, batch_size=10), lr=0.05,
-                      generator=torch.Generator().manual_seed(7)) for c in range(3)]
+    jobs = [
+        ClientJob(
+            client_id=c,
+            round=0,
+            flat=flat,
+            architecture="fedproto_cnn20",
+            x_train=torch.randn(30, 1, 28, 28, generator=torch.Generator().manual_seed(c)),
+            y_train=torch.randint(0, 4, (30,), generator=torch.Generator().manual_seed(c)),
+            x_test=torch.empty(0),
+            y_test=torch.empty(0, dtype=torch.long),
+            label_counts=np.ones(4),
+            train_label_counts=np.ones(4),
+            train=TrainConfig(lr=0.05, batch_size=10),
+            lr=0.05,
+            generator=torch.Generator().manual_seed(7),
+        )
+        for c in range(3)
+    ]
     loop = _loop()
     # Execute: the clients alone, and stacked (all three draw the same batches: the same generator seed).
     alone = []
@@ -159,9 +193,14 @@ def test_auto_stacks_on_cuda_only() -> None:
 
 def test_vectorized_run_matches_sequential_run(tmp_path) -> None:
     # engine.eval_local too: a stack's clients are each evaluated after training, as one at a time.
-    on, off = (run(RunConfig().override(tiny_overrides(tmp_path / mode, **{"engine.vectorize": mode,
-                                                                             "engine.eval_local": True})))
-               for mode in ("on", "off"))
+    on, off = (
+        run(
+            RunConfig().override(
+                tiny_overrides(tmp_path / mode, **{"engine.vectorize": mode, "engine.eval_local": True})
+            )
+        )
+        for mode in ("on", "off")
+    )
     np.testing.assert_allclose(on.accuracies, off.accuracies, atol=0.02)
     np.testing.assert_allclose([r["train_loss"] for r in on.history], [r["train_loss"] for r in off.history], rtol=1e-3)
     local_on, local_off = ([r["local_accuracy"] for r in result.history] for result in (on, off))

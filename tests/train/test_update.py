@@ -19,8 +19,9 @@ def _twins() -> tuple[torch.nn.Module, torch.nn.Module, FlatModel]:
     return reference, ours, FlatModel(ours)
 
 
-def _steps(reference: torch.nn.Module, ours: torch.nn.Module, flat: FlatModel, optimiser: torch.optim.Optimizer,
-           update) -> None:  # noqa: ANN001
+def _steps(
+    reference: torch.nn.Module, ours: torch.nn.Module, flat: FlatModel, optimiser: torch.optim.Optimizer, update
+) -> None:  # noqa: ANN001
     for step in range(4):
         x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(step))
         optimiser.zero_grad()
@@ -34,8 +35,13 @@ def _steps(reference: torch.nn.Module, ours: torch.nn.Module, flat: FlatModel, o
 def test_sgd_update_is_torch_sgd_with_momentum_and_weight_decay() -> None:
     reference, ours, flat = _twins()
     buffer, lr = torch.zeros_like(flat.vector), torch.tensor(0.1)
-    _steps(reference, ours, flat, torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01),
-           lambda _: sgd_update(flat.vector, flat.grad, lr, momentum=0.9, weight_decay=0.01, buffer=buffer))
+    _steps(
+        reference,
+        ours,
+        flat,
+        torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01),
+        lambda _: sgd_update(flat.vector, flat.grad, lr, momentum=0.9, weight_decay=0.01, buffer=buffer),
+    )
     for theirs, mine in zip(reference.parameters(), ours.parameters()):
         torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-7)
 
@@ -44,7 +50,12 @@ def test_adam_update_is_torch_adam() -> None:
     reference, ours, flat = _twins()
     m, v = torch.zeros_like(flat.vector), torch.zeros_like(flat.vector)
     scalars = torch.from_numpy(adam_scalars(0.01, (0.5, 0.999), 4))
-    _steps(reference, ours, flat, torch.optim.Adam(reference.parameters(), lr=0.01, betas=(0.5, 0.999), foreach=False),
-           lambda step: adam_update(flat.vector, flat.grad, m, v, (0.5, 0.999), 1e-8, scalars[step]))
+    _steps(
+        reference,
+        ours,
+        flat,
+        torch.optim.Adam(reference.parameters(), lr=0.01, betas=(0.5, 0.999), foreach=False),
+        lambda step: adam_update(flat.vector, flat.grad, m, v, (0.5, 0.999), 1e-8, scalars[step]),
+    )
     for theirs, mine in zip(reference.parameters(), ours.parameters()):
         torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-7)

@@ -63,11 +63,15 @@ def test_space_files_in_yaml_and_toml_describe_the_same_space(tmp_path) -> None:
         '"algorithm.params.mu" = { type = "categorical", choices = [0.0, 0.01, 0.1] }\n'
     )
     yaml_space, toml_space = load_space(tmp_path / "space.yaml"), load_space(tmp_path / "space.toml")
-    assert dict(yaml_space) == dict(toml_space) == {
-        "train.lr": FloatParam(1e-4, 0.1, log=True),
-        "train.local_epochs": IntParam(1, 5),
-        "algorithm.params.mu": CategoricalParam((0.0, 0.01, 0.1)),
-    }
+    assert (
+        dict(yaml_space)
+        == dict(toml_space)
+        == {
+            "train.lr": FloatParam(1e-4, 0.1, log=True),
+            "train.local_epochs": IntParam(1, 5),
+            "algorithm.params.mu": CategoricalParam((0.0, 0.01, 0.1)),
+        }
+    )
     yaml_space.validate(base_config(tmp_path, **{"algorithm.name": "fedprox"}))
 
 
@@ -79,21 +83,31 @@ FLOAT = {"type": "float", "low": 0.01, "high": 0.1}
     [
         ({"train.lrr": FLOAT}, r"'train.lrr' names no config field \(did you mean 'train.lr'\?\)"),
         ({"lr": [0.01, 0.1]}, r"'lr' names no config field \(did you mean 'train.lr'\?\)"),
-        ({"train.local_epochs": {**FLOAT, "low": 1, "high": 5}},
-         r"'train.local_epochs'.*float distribution does not fit; use IntParam"),
+        (
+            {"train.local_epochs": {**FLOAT, "low": 1, "high": 5}},
+            r"'train.local_epochs'.*float distribution does not fit; use IntParam",
+        ),
         ({"algorithm.name": {"type": "int", "low": 1, "high": 5}}, r"'algorithm.name'.*use CategoricalParam"),
         ({"train.lr": {**FLOAT, "low": 0.1}}, r"'train.lr': FloatParam needs low < high, but got low=0.1, high=0.1"),
         ({"train.lr": {**FLOAT, "low": 0, "log": True}}, r"'train.lr': FloatParam with log=True needs low > 0"),
-        ({"train.lr": {**FLOAT, "low": 0.0}},
-         r"'train.lr': the field rejects the value 0.0: train.lr must be a finite number > 0"),
+        (
+            {"train.lr": {**FLOAT, "low": 0.0}},
+            r"'train.lr': the field rejects the value 0.0: train.lr must be a finite number > 0",
+        ),
         ({"train.local_epochs": []}, r"'train.local_epochs': CategoricalParam needs at least one choice"),
-        ({"train.lr": {**FLOAT, "type": "uniform"}},
-         r"'train.lr': it has type='uniform'; allowed types: float, int, categorical"),
+        (
+            {"train.lr": {**FLOAT, "type": "uniform"}},
+            r"'train.lr': it has type='uniform'; allowed types: float, int, categorical",
+        ),
         ({"train.lr": {"low": 0.01, "high": 0.1}}, r"'train.lr': it has no type; allowed types"),
-        ({"train.lr": {"type": "float", "low": 0.01, "hi": 0.1}},
-         r"'train.lr': a float distribution has no option 'hi' \(did you mean 'high'\?\)"),
-        ({"train": {"type": "int", "low": 1, "high": 2}},
-         r"'train' names a section, not a field; its fields: train.rounds"),
+        (
+            {"train.lr": {"type": "float", "low": 0.01, "hi": 0.1}},
+            r"'train.lr': a float distribution has no option 'hi' \(did you mean 'high'\?\)",
+        ),
+        (
+            {"train": {"type": "int", "low": 1, "high": 2}},
+            r"'train' names a section, not a field; its fields: train.rounds",
+        ),
         ({"train.rounds": 5}, r"'train.rounds': it must be a table with type = float \| int \| categorical"),
     ],
 )
@@ -129,8 +143,12 @@ def test_pruners_are_chosen_by_registered_name(tmp_path) -> None:
 
     assert PRUNERS.names() == ["hyperband", "median", "none", "successive_halving"]
     kinds = {name: type(make_pruner(name, rounds=7)).__name__ for name in PRUNERS}
-    assert kinds == {"hyperband": "HyperbandPruner", "median": "MedianPruner", "none": "NopPruner",
-                     "successive_halving": "SuccessiveHalvingPruner"}
+    assert kinds == {
+        "hyperband": "HyperbandPruner",
+        "median": "MedianPruner",
+        "none": "NopPruner",
+        "successive_halving": "SuccessiveHalvingPruner",
+    }
     with pytest.raises(ConfigError, match=r"unknown pruner pruner='medain' \(did you mean 'median'\?\)"):
         tune(base_config(tmp_path), LR_SPACE, n_trials=1, study_name="p", study_dir=tmp_path / "study", pruner="medain")
     assert not (tmp_path / "study").exists()
@@ -147,15 +165,20 @@ def peak_cpus_in_use(ray, stop: threading.Event, peak: list[float]) -> None:
 
 
 def test_parallel_trials_on_ray_overlap_and_match_sequential_runs(tmp_path, ray_cluster) -> None:
-    layout = {"engine.backend": "ray", "engine.num_workers": 1, "engine.num_cpus_per_worker": 1,
-              "engine.clients_per_call": 5}
+    layout = {
+        "engine.backend": "ray",
+        "engine.num_workers": 1,
+        "engine.num_cpus_per_worker": 1,
+        "engine.clients_per_call": 5,
+    }
     base = base_config(tmp_path, **layout)
     stop, peak = threading.Event(), [0.0]
     poller = threading.Thread(target=peak_cpus_in_use, args=(ray_cluster, stop, peak))
     poller.start()
     try:
-        study = tune(base, LR_SPACE, n_trials=6, study_name="par", study_dir=tmp_path / "study", pruner="none",
-                     parallel_trials=2)
+        study = tune(
+            base, LR_SPACE, n_trials=6, study_name="par", study_dir=tmp_path / "study", pruner="none", parallel_trials=2
+        )
     finally:
         stop.set()
         poller.join()
@@ -168,8 +191,11 @@ def test_parallel_trials_on_ray_overlap_and_match_sequential_runs(tmp_path, ray_
     # takes most of a 2-round trial, so the rounds of two parallel trials need not interleave.)
     assert peak[0] == 2, f"at most {peak[0]} of 2 CPUs were held at once: the trials did not run together"
     for trial in trials[:2]:  # the same trials, one at a time and in-process, give the same rounds
-        alone = run(base.override({**trial.params, "engine.backend": "local",
-                                   "run_dir": str(tmp_path / f"alone_{trial.number}")}))
+        alone = run(
+            base.override(
+                {**trial.params, "engine.backend": "local", "run_dir": str(tmp_path / f"alone_{trial.number}")}
+            )
+        )
         assert alone.accuracies == [r["accuracy"] for r in rounds_of(trial)]
         assert trial.value == alone.best_accuracy
 
@@ -179,9 +205,15 @@ def test_median_pruner_stops_a_hopeless_trial_after_its_first_round(tmp_path) ->
     waiting = optuna.create_study(storage=storage, study_name="prune", direction="maximize")
     waiting.enqueue_trial({"train.lr": 0.05})
     waiting.enqueue_trial({"train.lr": 1e-7})  # learns nothing: below the first trial's accuracy from round 0 on
-    study = tune(base_config(tmp_path), {"train.lr": FloatParam(1e-7, 0.1, log=True)}, n_trials=2,
-                 study_name="prune", study_dir=tmp_path / "study", storage=storage,
-                 pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
+    study = tune(
+        base_config(tmp_path),
+        {"train.lr": FloatParam(1e-7, 0.1, log=True)},
+        n_trials=2,
+        study_name="prune",
+        study_dir=tmp_path / "study",
+        storage=storage,
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=1),
+    )
     good, hopeless = study.get_trials()
     assert good.state == TrialState.COMPLETE and len(rounds_of(good)) == 2
     assert hopeless.state == TrialState.PRUNED
@@ -193,8 +225,9 @@ def test_median_pruner_stops_a_hopeless_trial_after_its_first_round(tmp_path) ->
 
 def test_failing_trial_counts_as_finished_and_is_not_retried(tmp_path) -> None:
     space = {"data.options.image_size": [30]}  # the synthetic loader refuses it when the run starts
-    study = tune(base_config(tmp_path), space, n_trials=1, study_name="fail", study_dir=tmp_path / "study",
-                 catch=(ConfigError,))
+    study = tune(
+        base_config(tmp_path), space, n_trials=1, study_name="fail", study_dir=tmp_path / "study", catch=(ConfigError,)
+    )
     (trial,) = study.get_trials()
     assert trial.state == TrialState.FAIL and "image_size" in trial.user_attrs[attrs.ERROR]
     assert recover_interrupted(study) == [] and len(finished_trials(study)) == 1
@@ -223,8 +256,14 @@ def test_recover_interrupted_fails_dead_drivers_and_retries_once() -> None:
     assert recover_interrupted(study) == [1, 4]
     assert recover_interrupted(study) == []  # each interrupted trial is retried once
     states = [t.state for t in study.get_trials()]
-    assert states[:6] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING, TrialState.FAIL,
-                          TrialState.FAIL, TrialState.FAIL]
+    assert states[:6] == [
+        TrialState.COMPLETE,
+        TrialState.FAIL,
+        TrialState.RUNNING,
+        TrialState.FAIL,
+        TrialState.FAIL,
+        TrialState.FAIL,
+    ]
     retries = study.get_trials(states=(TrialState.WAITING,))
     assert [t.user_attrs[attrs.RETRY_OF] for t in retries] == [1, 4]
     assert [t.number for t in finished_trials(study)] == [0, 3]
@@ -232,12 +271,33 @@ def test_recover_interrupted_fails_dead_drivers_and_retries_once() -> None:
 
 def test_killed_study_resumes_without_repeating_finished_trials(tmp_path) -> None:
     (tmp_path / "space.yaml").write_text("train.lr: {type: float, low: 0.01, high: 0.1, log: true}\n")
-    overrides = ["data.options={\"num_samples\": 1000}", "train.batch_size=25", "data.num_clients=10",
-                 "data.partition=pathological", "train.rounds=2", "engine.backend=local",
-                 "engine.checkpoint_every=0"]
+    overrides = [
+        'data.options={"num_samples": 1000}',
+        "train.batch_size=25",
+        "data.num_clients=10",
+        "data.partition=pathological",
+        "train.rounds=2",
+        "engine.backend=local",
+        "engine.checkpoint_every=0",
+    ]
     study_dir = tmp_path / "study"
-    command = [sys.executable, "-m", "rayfed", "tune", str(tmp_path / "space.yaml"), *overrides, "--trials", "4",
-               "--study-name", "kill", "--study-dir", str(study_dir), "--pruner", "none", "--no-plots"]
+    command = [
+        sys.executable,
+        "-m",
+        "rayfed",
+        "tune",
+        str(tmp_path / "space.yaml"),
+        *overrides,
+        "--trials",
+        "4",
+        "--study-name",
+        "kill",
+        "--study-dir",
+        str(study_dir),
+        "--pruner",
+        "none",
+        "--no-plots",
+    ]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 90
@@ -250,8 +310,9 @@ def test_killed_study_resumes_without_repeating_finished_trials(tmp_path) -> Non
     storage = f"sqlite:///{study_dir / 'study.db'}"
     before = optuna.load_study(study_name="kill", storage=storage).get_trials()
     assert [t.state for t in before] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.RUNNING]
-    finished_files = {t.number: (study_dir / f"trial_{t.number:04d}" / "summary.json").stat().st_mtime_ns
-                      for t in before[:2]}
+    finished_files = {
+        t.number: (study_dir / f"trial_{t.number:04d}" / "summary.json").stat().st_mtime_ns for t in before[:2]
+    }
 
     base = base_config(tmp_path, **{"engine.progress": False})
     study = tune(base, tmp_path / "space.yaml", n_trials=4, study_name="kill", study_dir=study_dir, pruner="none")
@@ -263,11 +324,22 @@ def test_killed_study_resumes_without_repeating_finished_trials(tmp_path) -> Non
     assert len(finished_trials(study)) == 4
     for number, mtime in finished_files.items():  # not run again
         assert (study_dir / f"trial_{number:04d}" / "summary.json").stat().st_mtime_ns == mtime
-    assert len(tune(base, tmp_path / "space.yaml", n_trials=4, study_name="kill", study_dir=study_dir,
-                    pruner="none").get_trials()) == 5  # nothing left to run
+    assert (
+        len(
+            tune(
+                base, tmp_path / "space.yaml", n_trials=4, study_name="kill", study_dir=study_dir, pruner="none"
+            ).get_trials()
+        )
+        == 5
+    )  # nothing left to run
     with pytest.raises(ConfigError, match=r"\(train.rounds: 2 -> 3\); only engine.\* may change"):
-        tune(base.override({"train.rounds": 3}), tmp_path / "space.yaml", n_trials=5, study_name="kill",
-             study_dir=study_dir)
+        tune(
+            base.override({"train.rounds": 3}),
+            tmp_path / "space.yaml",
+            n_trials=5,
+            study_name="kill",
+            study_dir=study_dir,
+        )
 
 
 @pytest.mark.parametrize("sampler", ["tpe", "random"])
@@ -292,9 +364,23 @@ def test_cli_tune_runs_a_study_from_a_yaml_space(tmp_path, capsys) -> None:
     space = tmp_path / "lr.yaml"
     space.write_text("train.lr: {type: float, low: 0.01, high: 0.1, log: true}\n")
     study_dir = tmp_path / "study"
-    code = main(["tune", str(space), "data.options={\"num_samples\": 1000}", "train.batch_size=25",
-                 "data.num_clients=10", "train.rounds=2", "engine.backend=local", "--trials", "2",
-                 "--study-dir", str(study_dir), "--pruner", "median"])
+    code = main(
+        [
+            "tune",
+            str(space),
+            'data.options={"num_samples": 1000}',
+            "train.batch_size=25",
+            "data.num_clients=10",
+            "train.rounds=2",
+            "engine.backend=local",
+            "--trials",
+            "2",
+            "--study-dir",
+            str(study_dir),
+            "--pruner",
+            "median",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "study 'lr': 2 complete" in out and "train.lr" in out.splitlines()[1]

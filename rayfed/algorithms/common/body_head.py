@@ -177,8 +177,11 @@ def head_phase(job: ClientJob, split: BodyHead, output_layer: str, epochs: int) 
     dropout): the same steps up to float rounding, at the cost of one forward of the body instead of one per
     step and epoch (FedRep's 10 head epochs cost about one body forward)."""
     cached = split.head_params == split.output_params and _same_in_training(job.model)
-    return Phase(epochs=epochs, trains=(split.head_params.start, split.head_params.stop),
-                 cached_features=output_layer if cached else None)
+    return Phase(
+        epochs=epochs,
+        trains=(split.head_params.start, split.head_params.stop),
+        cached_features=output_layer if cached else None,
+    )
 
 
 def _same_in_training(model: nn.Module) -> bool:
