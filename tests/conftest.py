@@ -59,3 +59,48 @@ def train_phases(job, phases, *, mean=(0.5,), std=(0.5,)):
 def train_client(half, job, *, mean=(0.5,), std=(0.5,)):
     """Train ``job`` through ``half``'s phases (``ClientHalf.phases``), as :func:`train_phases`."""
     return train_phases(job, half.phases(job), mean=mean, std=std)
+
+
+def client_job(
+    flat,
+    x,
+    y,
+    *,
+    train=None,
+    test=None,
+    architecture="tiny",
+    client_id=0,
+    round=0,
+    generator=0,
+    num_classes=0,
+    state=None,
+):
+    """Client ``client_id``'s job of round ``round``: it trains on ``(x, y)`` with ``train`` (a TrainConfig, by
+    default the run defaults) and its learning rate, and tests on ``test`` (by default the same samples); its
+    label counts are those of ``y`` over ``num_classes`` classes; ``generator`` is its batch generator or the
+    seed of one."""
+    import numpy as np
+    import torch
+
+    from rayfed.train.job import ClientJob
+    from rayfed.train.settings import TrainConfig
+
+    settings = train or TrainConfig()
+    x_test, y_test = (x, y) if test is None else test
+    counts = np.bincount(y.cpu().numpy(), minlength=num_classes)
+    return ClientJob(
+        client_id=client_id,
+        round=round,
+        flat=flat,
+        architecture=architecture,
+        x_train=x,
+        y_train=y,
+        x_test=x_test,
+        y_test=y_test,
+        label_counts=counts,
+        train_label_counts=counts,
+        train=settings,
+        lr=settings.lr,
+        generator=generator if isinstance(generator, torch.Generator) else torch.Generator().manual_seed(generator),
+        state=state,
+    )

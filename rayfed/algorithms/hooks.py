@@ -4,7 +4,7 @@ Round t, as the engine runs it (``rayfed.engine``, ``rayfed.execution``)::
 
     message = server.broadcast()                         # on the server, ray.put once
     for each sampled client i (on a worker):
-        message.personalise(job_i)                       # its starting model, e.g. Eq. 7 of cwFedAvg
+        client.personalise(message, job_i)               # its starting model, e.g. Eq. 7 of cwFedAvg
         the one loop trains client.phases(job_i)         # local objective, e.g. CE + WDR (rayfed.train.loop)
         c_i = client.contribute(message, job_i)          # what it sends
     contribution = c_1 + c_2 + ...                       # summed on the workers, then on the server
@@ -17,10 +17,10 @@ Round t, as the engine runs it (``rayfed.engine``, ``rayfed.execution``)::
   reads it: its starting model (for a stack, all of them at once), and by default its upload and its
   evaluation model. That is the server's protocol, which a client half borrowed from another algorithm
   (``algorithm.client``) follows too.
-* :class:`ClientHalf`: the client's side. It declares its local training as phases (:class:`Phase`),
-  which the one loop runs for every method, one client at a time or stacked, and makes its upload and
-  loads its evaluation model (as the message says, unless it adds its own: KT-pFL's predictions,
-  FedBABU's fine-tuning).
+* :class:`ClientHalf`: the whole client. It loads its starting model, declares its local training as
+  phases (:class:`Phase`), which the one loop runs for every method, one client at a time or stacked,
+  makes its upload and loads its evaluation model: as the message says, unless it adds its own
+  (KT-pFL's predictions, FedBABU's fine-tuning).
 * :class:`Contribution`: an upload with an associative, commutative ``+``, so workers sum their
   clients before returning and the server sums the rest.
 """
@@ -172,6 +172,16 @@ class ClientHalf(Generic[P]):
     def __init__(self, params: P, spec: ProblemSpec) -> None:
         self.params = params
         self.spec = spec
+
+    def personalise(self, message: Broadcast, job: ClientJob) -> None:
+        """Load the client's starting model for this round into ``job.flat``; by default as the message says."""
+        message.personalise(job)
+
+    def personalise_stacked(self, message: Broadcast, jobs: Sequence[ClientJob]) -> Any:
+        """The starting states of ``jobs`` as one (C, S) tensor, or None to :meth:`personalise` them one by one;
+        by default as the message says. A client half that overrides :meth:`personalise` makes this agree
+        with it (None does)."""
+        return message.personalise_stacked(jobs)
 
     def phases(self, job: ClientJob) -> list[Phase]:
         """The client's local training this round."""

@@ -3,7 +3,7 @@
 A runner is created once per worker per run. It keeps the dataset (read zero-copy from Ray's
 object store, on a GPU copied to it once) and the partition (client index arrays), builds one
 model per architecture once, and on each call turns client ids into
-:class:`~rayfed.train.job.ClientJob` objects: the message personalises them, the one loop
+:class:`~rayfed.train.job.ClientJob` objects: their client half personalises them, the one loop
 (:class:`~rayfed.train.loop.LocalLoop`) trains the phases the client half declares, one client at a
 time or a stack of clients at once, and the client half makes their uploads, which a
 :class:`~rayfed.execution.settlement.Settlement` checks, sums (local aggregation) and reads back once.
@@ -112,7 +112,7 @@ class ClientRunner(ClientData):
     # --- training ---------------------------------------------------------------------------
     def _train_one(self, broadcast: Broadcast, job: ClientJob, settlement: Settlement) -> None:
         started = time.perf_counter()
-        broadcast.personalise(job)
+        self.client_half.personalise(broadcast, job)
         start = job.flat.vector.detach().clone()
         start_loss = self._start_loss(job)
         # Layers without client masks that draw from torch's global generator get the client's seed too.
@@ -129,12 +129,12 @@ class ClientRunner(ClientData):
 
     def _train_stack(self, broadcast: Broadcast, group: list[ClientJob], settlement: Settlement) -> None:
         started = time.perf_counter()
-        starts = None if self.config.engine.eval_train_loss else broadcast.personalise_stacked(group)
+        starts = None if self.config.engine.eval_train_loss else self.client_half.personalise_stacked(broadcast, group)
         start_losses: list[Any] = [math.nan] * len(group)
         if starts is None:  # one by one: each client's starting loss reads its personalised model
             rows, start_losses = [], []
             for job in group:
-                broadcast.personalise(job)
+                self.client_half.personalise(broadcast, job)
                 rows.append(job.flat.state())
                 start_losses.append(self._start_loss(job))
             starts = torch.stack(rows)

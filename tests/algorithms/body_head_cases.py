@@ -17,7 +17,7 @@ from rayfed.engine.callbacks import Callback
 from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
-from tests.conftest import tiny_overrides
+from tests.conftest import client_job, tiny_overrides
 
 
 class Tiny(nn.Module):
@@ -58,22 +58,7 @@ def job(flat: FlatModel, cid: int, n: int = 12, **train: Any) -> ClientJob:
     x = torch.randn(n, 3, generator=gen)
     y = torch.arange(n) % 2
     settings = TrainConfig(**{"lr": 0.1, "batch_size": n, **train})
-    counts = np.bincount(y.numpy(), minlength=2)
-    return ClientJob(
-        client_id=cid,
-        round=0,
-        flat=flat,
-        architecture="tiny",
-        x_train=x,
-        y_train=y,
-        x_test=x,
-        y_test=y,
-        label_counts=counts,
-        train_label_counts=counts,
-        train=settings,
-        lr=settings.lr,
-        generator=gen,
-    )
+    return client_job(flat, x, y, train=settings, client_id=cid, generator=gen, num_classes=2)
 
 
 def upload_trained(

@@ -33,7 +33,7 @@ from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.files import load_arrays
-from tests.conftest import tiny_overrides, train_client
+from tests.conftest import client_job, tiny_overrides, train_client
 
 # A model of two "modules": a (weight 6, bias 2) and bn (weight 2, bias 2, running mean 2 and var 2).
 LAYOUT = ParamLayout(("a.weight", "a.bias", "bn.weight", "bn.bias"), ((2, 3), (2,), (2,), (2,)), (0, 6, 8, 10, 12))
@@ -407,22 +407,8 @@ def test_params_come_from_the_config() -> None:
 def _job(flat: FlatModel, state: dict[str, np.ndarray] | None) -> ClientJob:
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(12, 3, generator=gen), torch.randint(0, 2, (12,), generator=gen)
-    return ClientJob(
-        client_id=0,
-        round=0,
-        flat=flat,
-        architecture="tiny",
-        x_train=x,
-        y_train=y,
-        x_test=x,
-        y_test=y,
-        label_counts=np.array([6, 6]),
-        train_label_counts=np.array([6, 6]),
-        train=TrainConfig(lr=0.1, batch_size=4, momentum=0.9, weight_decay=5e-4),
-        lr=0.1,
-        generator=torch.Generator().manual_seed(1),
-        state=state,
-    )
+    train = TrainConfig(lr=0.1, batch_size=4, momentum=0.9, weight_decay=5e-4)
+    return client_job(flat, x, y, train=train, generator=1, num_classes=2, state=state)
 
 
 def test_momentum_buffer_persists_like_one_torch_sgd_across_rounds() -> None:

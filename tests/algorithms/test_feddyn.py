@@ -20,7 +20,7 @@ from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.stack_plan import logical_rows
-from tests.conftest import tiny_overrides, train_client
+from tests.conftest import client_job, tiny_overrides, train_client
 
 LAYOUT = ParamLayout(("w", "b"), ((2, 2), (2,)), (0, 4, 6))
 BUFFERS = ParamLayout(("running_mean",), ((2,),), (0, 2))
@@ -74,23 +74,8 @@ def _conv_job(state: dict[str, np.ndarray] | None) -> tuple[ClientJob, ProblemSp
     )
     gen = torch.Generator().manual_seed(3)
     x, y = torch.randn(40, 1, 28, 28, generator=gen), torch.randint(0, 10, (40,), generator=gen)
-    counts = np.bincount(y.numpy(), minlength=10)
-    job = ClientJob(
-        client_id=0,
-        round=0,
-        flat=flat,
-        architecture="cnn4",
-        x_train=x,
-        y_train=y,
-        x_test=x,
-        y_test=y,
-        label_counts=counts,
-        train_label_counts=counts,
-        train=TrainConfig(lr=0.05, batch_size=10),
-        lr=0.05,
-        generator=gen,
-        state=state,
-    )
+    train = TrainConfig(lr=0.05, batch_size=10)
+    job = client_job(flat, x, y, train=train, architecture="cnn4", generator=gen, num_classes=10, state=state)
     return job, spec
 
 

@@ -21,32 +21,16 @@ from rayfed.algorithms.fedfomo import (
     tail_split,
     validation_split,
 )
-from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
 from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
 from tests.algorithms.client_states import StateSnapshots
-from tests.conftest import tiny_overrides
+from tests.conftest import client_job, tiny_overrides
 
 
 def _job(flat: FlatModel, x: torch.Tensor, y: torch.Tensor, state: dict[str, np.ndarray]) -> ClientJob:
     empty = torch.empty(0)
-    return ClientJob(
-        client_id=0,
-        round=3,
-        flat=flat,
-        architecture="linear",
-        x_train=x,
-        y_train=y,
-        x_test=empty,
-        y_test=empty.long(),
-        label_counts=np.zeros(3),
-        train_label_counts=np.zeros(3),
-        train=TrainConfig(),
-        lr=TrainConfig().lr,
-        generator=torch.Generator().manual_seed(0),
-        state=state,
-    )
+    return client_job(flat, x, y, test=(empty, empty.long()), architecture="linear", round=3, state=state)
 
 
 def test_the_start_model_weights_models_by_validation_loss_gain_per_distance() -> None:

@@ -19,7 +19,7 @@ from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
 from tests.algorithms.body_head_cases import assert_local_parts_kept, job, run_logged, sampled_rows, tiny_problem
-from tests.conftest import train_client, train_phases
+from tests.conftest import client_job, train_client, train_phases
 
 torch.set_num_threads(1)
 
@@ -64,20 +64,14 @@ def test_each_phase_moves_only_its_part(head_epochs: int, body_epochs: int, move
 def _cnn4_client(flat: FlatModel, n: int = 37) -> ClientJob:
     """A cnn4 client with 37 samples: with batch 10 and drop_last off, 4 steps per epoch, the last of 7."""
     data = torch.Generator().manual_seed(5)
-    return ClientJob(
-        client_id=0,
-        round=0,
-        flat=flat,
-        architecture="cnn4",
-        x_train=torch.randn(n, 1, 16, 16, generator=data),
-        y_train=torch.randint(0, 4, (n,), generator=data),
-        x_test=torch.empty(0),
-        y_test=torch.empty(0, dtype=torch.long),
-        label_counts=np.ones(4),
-        train_label_counts=np.ones(4),
-        generator=torch.Generator().manual_seed(7),
+    return client_job(
+        flat,
+        torch.randn(n, 1, 16, 16, generator=data),
+        torch.randint(0, 4, (n,), generator=data),
         train=TrainConfig(lr=0.05, batch_size=10, momentum=0.9, weight_decay=0.01, drop_last=False),
-        lr=0.05,
+        test=(torch.empty(0), torch.empty(0, dtype=torch.long)),
+        architecture="cnn4",
+        generator=7,
     )
 
 

@@ -17,10 +17,9 @@ from rayfed.algorithms.feduv import FedUVClient, FedUVParams, uniformity_loss, v
 from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
 from rayfed.engine.callbacks import Callback
-from rayfed.train.job import ClientJob
 from rayfed.train.phase import Batch, Constants, Outputs, Params
 from tests.algorithms.tiny_problem import tiny_problem
-from tests.conftest import tiny_overrides, train_phases
+from tests.conftest import client_job, tiny_overrides, train_phases
 
 torch.set_num_threads(1)
 
@@ -83,21 +82,7 @@ def test_client_adds_both_terms_on_the_penultimate_features() -> None:
     # Prepare: one mini-batch of 6 samples holding the whole client; lr 0 (loss only).
     flat, spec = tiny_problem(1, 3)
     x, y = torch.randn(6, 3), torch.tensor([0, 0, 1, 1, 2, 2])
-    job = ClientJob(
-        client_id=0,
-        round=0,
-        flat=flat,
-        architecture="tiny",
-        x_train=x,
-        y_train=y,
-        x_test=x,
-        y_test=y,
-        label_counts=np.array([2, 2, 2]),
-        train_label_counts=np.array([2, 2, 2]),
-        train=TrainConfig(lr=1e-9, batch_size=6),
-        lr=1e-9,
-        generator=torch.Generator().manual_seed(0),
-    )
+    job = client_job(flat, x, y, train=TrainConfig(lr=1e-9, batch_size=6))
     params = FedUVParams(variance_coeff=2.5, uniformity_coeff=0.5)
     seen: list[torch.Tensor] = []
     client = FedUVClient(params, spec)

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from rayfed import ConfigError, RunConfig, run
 from rayfed.algorithms import RoundContext, sum_contributions
 from rayfed.algorithms.ifca import ClusterSums, IFCAModels, IFCAParams, IFCAServer
-from rayfed.config import TrainConfig
 from rayfed.data import load_dataset, normalize_batch
 from rayfed.engine import Simulation
 from rayfed.engine.problem_build import build_problem
@@ -21,25 +20,11 @@ from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
 from tests.algorithms.client_states import ServerStates
 from tests.algorithms.two_groups import group_of, two_group_overrides
-from tests.conftest import tiny_overrides
+from tests.conftest import client_job, tiny_overrides
 
 
 def _job(flat: FlatModel, x: torch.Tensor, y: torch.Tensor, client_id: int = 0) -> ClientJob:
-    return ClientJob(
-        client_id=client_id,
-        round=0,
-        flat=flat,
-        architecture="tiny",
-        x_train=x,
-        y_train=y,
-        x_test=x,
-        y_test=y,
-        label_counts=np.bincount(y.numpy(), minlength=3),
-        train_label_counts=np.bincount(y.numpy(), minlength=3),
-        train=TrainConfig(),
-        lr=TrainConfig().lr,
-        generator=torch.Generator().manual_seed(1),
-    )
+    return client_job(flat, x, y, client_id=client_id, generator=1, num_classes=3)
 
 
 def _real_problem(tmp_path, num_clients: int = 4):

@@ -15,6 +15,7 @@ from rayfed.config import TrainConfig
 from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
+from tests.conftest import client_job
 
 __all__ = ["TinyNet", "tiny_problem", "tiny_job"]
 
@@ -55,18 +56,4 @@ def tiny_job(flat: FlatModel, cid: int, counts: list[int], train: TrainConfig) -
     gen = torch.Generator().manual_seed(cid)
     x = torch.randn(sum(counts), 3, generator=gen)
     y = torch.as_tensor(np.repeat(np.arange(len(counts)), counts))
-    return ClientJob(
-        client_id=cid,
-        round=0,
-        flat=flat,
-        architecture="tiny",
-        x_train=x,
-        y_train=y,
-        x_test=x,
-        y_test=y,
-        label_counts=np.array(counts),
-        train_label_counts=np.array(counts),
-        train=train,
-        lr=train.lr,
-        generator=gen,
-    )
+    return client_job(flat, x, y, train=train, client_id=cid, generator=gen, num_classes=len(counts))

@@ -3,7 +3,6 @@ device (``StepGraphs(fixed=True)``), the capture and replay where there is a GPU
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -14,6 +13,7 @@ from rayfed.train.graphs import StepGraphs
 from rayfed.train.job import ClientJob
 from rayfed.train.loop import LocalLoop
 from rayfed.train.phase import SGD, Batch, Constants, Outputs, Params, Phase
+from tests.conftest import client_job
 
 SIZES = (40, 25, 30)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="capturing a CUDA graph needs a CUDA GPU")
@@ -23,20 +23,15 @@ def _jobs(flat: FlatModel, device: torch.device, **train: object) -> list[Client
     rng = torch.Generator().manual_seed(0)
     settings = TrainConfig(**{"lr": 0.05, "batch_size": 10, **train})
     return [
-        ClientJob(
-            client_id=cid,
-            round=0,
-            flat=flat,
-            architecture="cnn4",
-            x_train=torch.randn(n, 1, 16, 16, generator=rng).to(device),
-            y_train=torch.randint(0, 4, (n,), generator=rng).to(device),
-            x_test=torch.empty(0, device=device),
-            y_test=torch.empty(0, dtype=torch.long, device=device),
-            label_counts=np.ones(4),
-            train_label_counts=np.ones(4),
+        client_job(
+            flat,
+            torch.randn(n, 1, 16, 16, generator=rng).to(device),
+            torch.randint(0, 4, (n,), generator=rng).to(device),
             train=settings,
-            lr=settings.lr,
-            generator=torch.Generator().manual_seed(100 + cid),
+            test=(torch.empty(0, device=device), torch.empty(0, dtype=torch.long, device=device)),
+            architecture="cnn4",
+            client_id=cid,
+            generator=100 + cid,
         )
         for cid, n in enumerate(SIZES)
     ]

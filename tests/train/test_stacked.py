@@ -18,8 +18,9 @@ from rayfed.train.job import ClientJob
 from rayfed.train.loop import LocalLoop
 from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
 from rayfed.train.stacked_layers import stack_blocker
-from tests.conftest import tiny_overrides
+from tests.conftest import client_job, tiny_overrides
 
+NO_TEST = (torch.empty(0), torch.empty(0, dtype=torch.long))
 SIZES = (13, 25, 7, 40)  # 7 < batch: with drop_last that client takes no step
 
 
@@ -38,29 +39,12 @@ def _jobs(
     rng = torch.Generator().manual_seed(0)
     jobs = []
     for cid, n in enumerate(sizes):
+        x, y = torch.randn(n, channels, 16, 16, generator=rng), torch.randint(0, 4, (n,), generator=rng)
+        train = TrainConfig(
+            lr=lr, local_epochs=epochs, batch_size=10, momentum=momentum, weight_decay=weight_decay, drop_last=drop_last
+        )
         jobs.append(
-            ClientJob(
-                client_id=cid,
-                round=0,
-                flat=flat,
-                architecture=arch,
-                x_train=torch.randn(n, channels, 16, 16, generator=rng),
-                y_train=torch.randint(0, 4, (n,), generator=rng),
-                x_test=torch.empty(0),
-                y_test=torch.empty(0, dtype=torch.long),
-                label_counts=np.ones(4),
-                train_label_counts=np.ones(4),
-                train=TrainConfig(
-                    lr=lr,
-                    local_epochs=epochs,
-                    batch_size=10,
-                    momentum=momentum,
-                    weight_decay=weight_decay,
-                    drop_last=drop_last,
-                ),
-                lr=lr,
-                generator=torch.Generator().manual_seed(100 + cid),
-            )
+            client_job(flat, x, y, train=train, test=NO_TEST, architecture=arch, client_id=cid, generator=100 + cid)
         )
     return jobs
 
@@ -138,20 +122,15 @@ def test_dropout_draws_each_clients_own_masks_alone_or_stacked() -> None:
     flat = FlatModel(build_model("fedproto_cnn20", (1, 28, 28), 4))
     starts = torch.stack([flat.vector.detach() for _ in range(3)])
     jobs = [
-        ClientJob(
-            client_id=c,
-            round=0,
-            flat=flat,
-            architecture="fedproto_cnn20",
-            x_train=torch.randn(30, 1, 28, 28, generator=torch.Generator().manual_seed(c)),
-            y_train=torch.randint(0, 4, (30,), generator=torch.Generator().manual_seed(c)),
-            x_test=torch.empty(0),
-            y_test=torch.empty(0, dtype=torch.long),
-            label_counts=np.ones(4),
-            train_label_counts=np.ones(4),
+        client_job(
+            flat,
+            torch.randn(30, 1, 28, 28, generator=torch.Generator().manual_seed(c)),
+            torch.randint(0, 4, (30,), generator=torch.Generator().manual_seed(c)),
             train=TrainConfig(lr=0.05, batch_size=10),
-            lr=0.05,
-            generator=torch.Generator().manual_seed(7),
+            test=NO_TEST,
+            architecture="fedproto_cnn20",
+            client_id=c,
+            generator=7,
         )
         for c in range(3)
     ]
