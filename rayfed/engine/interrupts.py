@@ -38,9 +38,15 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised as Ctrl-C is (:func:`terminate_as_interrupt`)."""
 
 
+_SIGTERM_RECEIVED = threading.Event()
+"""Set by SIGTERM inside :func:`terminate_as_interrupt`. A signal that arrives while Ray blocks in a call
+(``ray.get``) comes out of it as a plain KeyboardInterrupt, whatever its handler raised: Ray turns the
+handler's exception into a status and raises KeyboardInterrupt for it, so the type alone cannot tell."""
+
+
 def was_terminated(error: BaseException) -> bool:
     """Whether ``error`` stopped a run or study because of SIGTERM rather than Ctrl-C."""
-    return isinstance(error, Terminated) or bool(getattr(error, "terminated", False))
+    return isinstance(error, Terminated) or bool(getattr(error, "terminated", False)) or _SIGTERM_RECEIVED.is_set()
 
 
 def exit_status(error: BaseException) -> int:
@@ -108,6 +114,7 @@ def interrupts_deferred() -> Iterator[None]:
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    _SIGTERM_RECEIVED.set()
     raise Terminated
 
 
@@ -118,6 +125,8 @@ def terminate_as_interrupt() -> Iterator[None]:
     if not _in_main_thread():
         yield
         return
+    if signal.getsignal(signal.SIGTERM) is not _raise_terminated:  # the outermost block: no SIGTERM yet
+        _SIGTERM_RECEIVED.clear()
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
