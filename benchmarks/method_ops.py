@@ -41,7 +41,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "fedclassavg": {"model.name": "fca_resnet18", "train.batch_size": 10},
     "ktpfl": {"algorithm.params": {"public_size": 40}},
     "apple": {"algorithm.params": {"anneal_rounds": 2}},
-    "fedlaw": {"algorithm.params": {"server_epochs": 2}},
+    "fedlaw": {"algorithm.params": {"server_epochs": 2, "proxy_size": 40}},  # the default proxy leaves 2 steps a client
 }
 """What a method needs to run on this workload (its own networks), or to keep its server cheap."""
 

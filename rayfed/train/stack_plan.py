@@ -43,6 +43,8 @@ class StackPlan:
     """(steps, views, batch, clients, draws) each sample's view draws; None without augmentation."""
     back: torch.Tensor
     """For each client, its row in the stack."""
+    order_index: torch.Tensor
+    """:attr:`order` on the device: for each row of the stack, its client (the inverse of :attr:`back`)."""
     extra: list[torch.Tensor]
     """The host arrays :meth:`of` was asked to bring along, on the device."""
 
@@ -77,18 +79,22 @@ class StackPlan:
         back = np.empty(len(batches), dtype=np.int64)
         back[order] = np.arange(len(batches))
         active = [sum(1 for c in order if steps[c] > s) for s in range(longest)]
-        arrays: list[np.ndarray] = [
-            index,
-            back,
-            *([weight] if padded else []),
-            *([draws] if draws is not None else []),
-            *extra,
-        ]
-        moved = to_device(arrays, device)
-        moved_weight = moved[2] if padded else None
-        moved_draws = moved[2 + padded] if draws is not None else None
+        optional = [a for a in (weight if padded else None, draws) if a is not None]
+        moved = to_device([index, back, np.asarray(order, np.int64), *optional, *extra], device)
+        moved_index, moved_back, moved_order = moved[:3]
+        moved_weight = moved[3] if padded else None
+        moved_draws = moved[3 + padded] if draws is not None else None
         return cls(
-            order, steps, active, batch, moved[0], moved_weight, moved_draws, moved[1], moved[len(moved) - len(extra) :]
+            order,
+            steps,
+            active,
+            batch,
+            moved_index,
+            moved_weight,
+            moved_draws,
+            moved_back,
+            moved_order,
+            moved[len(moved) - len(extra) :],
         )
 
 

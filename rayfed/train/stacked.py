@@ -116,11 +116,11 @@ class StackedTraining:
         rule = PhaseRule(phase, train, stacked=True)
         lo, hi = trained_range(phase, flat)
         sub = _sub_layout(flat.layout, lo, hi)
-        ordered = starts[plan.back.argsort()]
+        order_index = plan.order_index
+        ordered = starts[order_index]
         if phase.load is not None:
             (a, b), _ = phase.load
             ordered[:, a:b] = torch.stack([phases[c].load[1] for c in order])  # type: ignore[index]
-        order_index = plan.back.argsort()
         trained = ordered.clone()  # the rows of finished clients are written as they finish
         carry = {k: v[order_index] for k, v in _stacked_carry(phases).items()}
         out = _Out(
@@ -182,7 +182,7 @@ class StackedTraining:
         for name, value in rule.optimizer_state(block).items():
             first[f"opt.{name}"] = value
         if momentum is not None and "opt.momentum" in first:
-            first["opt.momentum"] = parameter_major(momentum[plan.back.argsort()], sub)
+            first["opt.momentum"] = parameter_major(momentum[plan.order_index], sub)
         for name in self.batch_norms:
             first[f"bn.{name}.mean"] = ordered[:, self._buffer(name, "running_mean")].contiguous()
             first[f"bn.{name}.var"] = ordered[:, self._buffer(name, "running_var")].contiguous()
@@ -190,7 +190,7 @@ class StackedTraining:
             first[CONSTANTS + key] = torch.stack([phases[c].constants[key] for c in order])
         for key in phases[0].carry:
             first[CARRY + key] = torch.stack([phases[c].carry[key] for c in order])
-        first["seeds"] = plan.extra[0][plan.back.argsort()]
+        first["seeds"] = plan.extra[0][plan.order_index]
         first["lr"] = torch.full((), lr, device=device)
         first["loss_sums"] = torch.zeros(len(order), device=device)
         first["step"] = torch.zeros((), dtype=torch.int64, device=device)
