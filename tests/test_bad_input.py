@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 import math
 import os
@@ -147,6 +148,31 @@ def test_resume_from_a_checkpoint_of_another_state_format_is_refused_untouched(t
     before = {str(p): p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
     with pytest.raises(CheckpointFormatError, match=r"format 1.*\(O, I, H, W\).*version that wrote it"):
         run(config.override({"train.rounds": 3}), resume=True)
+    assert {str(p): p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("renamed", [False, True])
+def test_a_checkpoint_whose_round_was_edited_is_refused_untouched(tmp_path, renamed: bool) -> None:
+    # Prepare: the newest checkpoint (round 1) says round 0, under its own name or renamed to match.
+    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{"engine.checkpoint_every": 1}))
+    run(config)
+    first, newest = sorted((tmp_path / "run" / "checkpoints").glob("*.npz"))
+    arrays = load_arrays(newest)
+    meta = json.loads(arrays["meta"].tobytes())
+    arrays["meta"] = np.frombuffer(json.dumps({**meta, "round": 0}).encode(), dtype=np.uint8)
+    save_arrays(newest, arrays)
+    if renamed:
+        first.unlink()
+        newest = newest.rename(first)
+    before = {str(p): p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+
+    # Execute
+    with pytest.raises(CheckpointError) as raised:
+        run(config.override({"train.rounds": 3}), resume=True)
+
+    # Assert: the file is named with what is wrong with it, and nothing in the run directory changed.
+    assert newest.name in str(raised.value)
+    assert ("checksum" if renamed else "not the round its name says") in str(raised.value)
     assert {str(p): p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
 
 

@@ -13,6 +13,8 @@ import pytest
 
 from rayfed import ConfigError, RunConfig, TrainConfig, run
 from rayfed.cli import main
+from rayfed.execution.executor import LocalExecutor
+from rayfed.util.errors import WorkerError
 from tests.conftest import tiny_overrides
 
 _SMALL = {"data.options": {"num_samples": 1000}, "train.batch_size": 25}
@@ -72,7 +74,10 @@ def test_a_full_disk_names_the_file_and_the_run_resumes_to_the_same_results(tmp_
         f"rayfed: error: cannot write {str(run_dir / 'checkpoints' / 'round_000001.npz')!r}: "
         "the disk holding it is full (it needs about "
     )
-    assert err.endswith(f"free some space, then rayfed run --resume {run_dir}") and "\n" not in err
+    assert err.endswith(
+        f"free some space, then continue from its checkpoint of round 0 with: rayfed run --resume {run_dir}"
+    )
+    assert "\n" not in err
     monkeypatch.undo()
     assert main(["run", "--resume", str(run_dir)]) == 0
     assert pq.read_table(run_dir / "rounds.parquet").column("accuracy").to_pylist() == reference.accuracies
@@ -111,3 +116,29 @@ def test_a_list_of_client_models_on_the_command_line_is_read_as_a_list(capsys) -
     assert main(["run", "model.client_models=[cnn4,nosuchnet]"]) == 2
     err = capsys.readouterr().err
     assert "model.client_models must be one of" in err and "but got model.client_models='nosuchnet'" in err
+
+
+@pytest.mark.parametrize(("every", "continuation"), [(0, "start it again from round 0"), (1, "continue from")])
+def test_a_run_stopped_by_failing_workers_says_how_it_goes_on_from_what_was_saved(
+    tmp_path, monkeypatch, capsys, every: int, continuation: str
+) -> None:
+    # Prepare: from round 1 on, every call of clients fails on every worker it is given.
+    train = LocalExecutor.train
+
+    def failing(self, broadcast, ctx, *args, **kwargs):
+        if ctx.round >= 1:
+            raise WorkerError(f"ClientWorker 0 failed (hung) in round {ctx.round}.")
+        return train(self, broadcast, ctx, *args, **kwargs)
+
+    monkeypatch.setattr(LocalExecutor, "train", failing)
+    run_dir = tmp_path / "run"
+
+    # Execute
+    code = main(["run", *_args(run_dir, **{"train.rounds": 3, "engine.checkpoint_every": every})])
+
+    # Assert: the real run directory and what it holds, not a placeholder or a checkpoint that is not there.
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and "\n" not in err and "RUN_DIR" not in err
+    saved = "(no checkpoint was saved: engine.checkpoint_every=0)" if every == 0 else "its checkpoint of round 0"
+    assert f"The run stopped; after fixing the cause, {continuation}" in err and saved in err
+    assert err.endswith(f"with: rayfed run --resume {run_dir}")

@@ -94,6 +94,17 @@ def test_resume_takes_no_config_file(tmp_path, capsys):
     assert "--resume takes field.path=value overrides only" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("same", [True, False])
+def test_resume_with_a_run_dir_names_the_conflict_unless_it_is_the_same_folder(tmp_path, capsys, same):
+    other = tmp_path / ("" if same else "elsewhere")
+    code = main(["run", "--resume", str(tmp_path), f"run_dir={other}"])
+    err = capsys.readouterr().err
+    if same:  # nothing to resume there: the run_dir override is not what is refused
+        assert "holds no run" in err and "names another" not in err
+    else:
+        assert code == 2 and f"run_dir='{other}' names another" in err and "drop run_dir=" in err
+
+
 def test_tune_pruner_help_names_every_pruner(capsys):
     pytest.importorskip("optuna")
     from rayfed.tuning.pruning import PRUNERS

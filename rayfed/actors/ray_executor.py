@@ -39,10 +39,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["RayExecutor"]
 
-_RESUME = (
-    "The run stopped; its last checkpoint is kept, so after fixing the cause (often the server's memory) it "
-    "continues with: rayfed run --resume RUN_DIR"
-)
+_CAUSE = "(often the server's memory)."
 
 
 class RayExecutor(Executor):
@@ -102,7 +99,7 @@ class RayExecutor(Executor):
                 if failures >= self._max_retries:
                     raise ServerError(
                         f"the ServerActor died ({reason}) {when}, {failures + 1} times; engine.max_retries="
-                        f"{self._max_retries} allows {self._max_retries} restarts. {_RESUME}"
+                        f"{self._max_retries} allows {self._max_retries} restarts {_CAUSE}"
                     ) from e
                 logger.warning("ServerActor died (%s) %s; replacing it by one holding the last state", reason, when)
 
@@ -112,7 +109,7 @@ class RayExecutor(Executor):
             return None if self._state is None else ray.get(self._state)
         except ACTOR_FAILURES as e:
             raise ServerError(
-                f"the ServerActor died ({type(e).__name__}) {when}, before it had copied its state. {_RESUME}"
+                f"the ServerActor died ({type(e).__name__}) {when}, before it had copied its state {_CAUSE}"
             ) from e
 
     def _restart_server(self, when: str) -> None:

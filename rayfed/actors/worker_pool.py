@@ -103,8 +103,7 @@ class WorkerPool:
                 raise WorkerError(
                     f"ClientWorker {w} failed ({reason}) in round {round_index} while running clients "
                     f"{_preview(chunks[i])}; these clients failed {failures[i]} times, and engine.max_retries="
-                    f"{self._max_retries} allows {self._max_retries} re-runs. The run stopped; its last checkpoint is "
-                    "kept, so after fixing the cause it continues with: rayfed run --resume RUN_DIR"
+                    f"{self._max_retries} allows {self._max_retries} re-runs."
                 )
             self._replace(w, reason, chunks[i])
             queue.appendleft(i)

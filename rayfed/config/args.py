@@ -61,6 +61,11 @@ def config_from_args(args: Sequence[str], resume: str | None = None, preset: str
                 f"--resume takes field.path=value overrides only, but got the config file {files[0]!r}: "
                 f"a resumed run keeps the config saved in {str(Path(resume) / 'config.json')!r}"
             )
+        if "run_dir" in overrides and Path(str(overrides["run_dir"])) != Path(resume):
+            raise ConfigError(
+                f"--resume {resume!r} continues the run in that folder, but run_dir={overrides['run_dir']!r} names "
+                "another; drop run_dir=..., or start a new run there without --resume"
+            )
         saved = Path(resume) / "config.json"
         if not saved.is_file():
             raise CheckpointError(f"cannot resume: {resume!r} holds no run (no config.json)")

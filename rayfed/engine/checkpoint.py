@@ -3,13 +3,14 @@
 A checkpoint ``<run_dir>/checkpoints/round_XXXXXX.npz`` holds the arrays
 ``server/<name>``, ``client/<id>/<name>`` and ``meta``: JSON bytes with the round it was
 written after, :data:`CHECKPOINT_FORMAT`, the identity of the run that wrote it
-(:mod:`rayfed.engine.run_identity`) and a SHA-256 checksum of its other arrays. The engine
+(:mod:`rayfed.engine.run_identity`) and a SHA-256 checksum of its other arrays and of those three
+fields. The engine
 writes one every ``engine.checkpoint_every`` rounds and resumes from the newest; ``rayfed
 plot`` reads the newest one's server state. Only the two newest are kept.
 
 A resume trusts a checkpoint only when it proves where it came from
-(:func:`verified_checkpoint`): its run's identity, arrays that match their checksum (none
-changed or cut short) and finite values.
+(:func:`verified_checkpoint`): its run's identity, the round its file is named after, arrays and
+metadata that match their checksum (none changed or cut short) and finite values.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "checkpoints_of",
     "newest_checkpoint",
     "checkpoint_round",
+    "checkpoint_identity",
     "load_checkpoint",
     "verified_checkpoint",
 ]
@@ -73,7 +75,8 @@ def save_checkpoint(
     for cid, state in clients:
         for name, value in state.items():
             arrays[f"{_CLIENT}{cid}/{name}"] = np.asarray(value)
-    meta = {"round": round_index, "format": CHECKPOINT_FORMAT, "identity": identity, "checksum": _checksum(arrays)}
+    meta: dict[str, Any] = {"round": round_index, "format": CHECKPOINT_FORMAT, "identity": identity, "sealed": True}
+    meta["checksum"] = _checksum(arrays, meta)
     arrays[_META] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     directory = Path(run_dir) / _DIRECTORY
     path = directory / f"round_{round_index:06d}.npz"
@@ -94,9 +97,14 @@ def newest_checkpoint(run_dir: str | Path) -> Path | None:
     return checkpoints[-1] if checkpoints else None
 
 
-def _checksum(arrays: Mapping[str, np.ndarray]) -> str:
-    """SHA-256 over every array but ``meta``, by name."""
-    return digest_of(part for name in sorted(arrays) if name != _META for part in (name.encode(), arrays[name]))
+def _checksum(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> str:
+    """SHA-256 over every array but ``meta``, by name, and, for a ``sealed`` checkpoint, over its round,
+    format and identity (checkpoints written before they were sealed cover their arrays only)."""
+    parts = [part for name in sorted(arrays) if name != _META for part in (name.encode(), arrays[name])]
+    if meta.get("sealed"):
+        fields = {key: meta.get(key) for key in ("round", "format", "identity", "sealed")}
+        parts.append(json.dumps(fields, sort_keys=True).encode())
+    return digest_of(parts)
 
 
 def _read_meta(path: Path, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
@@ -112,6 +120,16 @@ def checkpoint_round(path: str | Path) -> int:
     """The round a checkpoint was written after; refuses one of another state format (reads only ``meta``)."""
     path = Path(path)
     return int(_checked_meta(path, load_arrays(path, names=(_META,)))["round"])
+
+
+def checkpoint_identity(path: str | Path) -> str | None:
+    """The identity of the run that wrote a checkpoint (reads only ``meta``), or None where it records none or
+    cannot be read."""
+    try:
+        identity = _read_meta(Path(path), load_arrays(Path(path), names=(_META,), fix="")).get("identity")
+    except CheckpointError:
+        return None
+    return None if identity is None else str(identity)
 
 
 def _checked_meta(path: Path, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
@@ -147,11 +165,16 @@ def verified_checkpoint(path: Path, identity: str, may_hold_nan: Collection[str]
             else (f"was written by another run (identity {str(written_by)[:12]}..., this run's is {identity[:12]}...)")
         )
         raise CheckpointError(f"checkpoint {str(path)!r} {origin}")
-    arrays = load_arrays(path, fix="")
-    if meta.get("checksum") != _checksum(arrays):
+    named = path.stem.removeprefix("round_")
+    if not named.isdigit() or int(named) != int(meta["round"]):
         raise CheckpointError(
-            f"checkpoint {str(path)!r} is damaged: its arrays do not match the checksum written with them (an array "
-            "was changed, resized or cut short)"
+            f"checkpoint {str(path)!r} says it was written after round {meta['round']}, not the round its name says"
+        )
+    arrays = load_arrays(path, fix="")
+    if meta.get("checksum") != _checksum(arrays, meta):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is damaged: its arrays or its metadata do not match the checksum written with "
+            "them (an array or its round was changed, resized or cut short)"
         )
     allowed = {f"{_SERVER}{name}" for name in may_hold_nan}
     for name, array in arrays.items():

@@ -38,7 +38,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rayfed.config import RunConfig, read_run_config
-from rayfed.engine.checkpoint import Checkpoint, checkpoints_of, newest_checkpoint, verified_checkpoint
+from rayfed.engine.checkpoint import (
+    Checkpoint,
+    checkpoint_identity,
+    checkpoints_of,
+    newest_checkpoint,
+    verified_checkpoint,
+)
 from rayfed.engine.inputs import RunInputs
 from rayfed.engine.run_identity import CONTINUABLE, MARKER_FILE, RunMarker
 from rayfed.engine.run_lock import LOCK_FILE, RunLock, check_unlocked
@@ -92,6 +98,13 @@ def check_creatable(run_dir: Path) -> None:
     """Raise ConfigError naming ``run_dir`` and the reason if the folder cannot be made (nothing is written)."""
     existing = run_dir
     while not _exists(existing) and existing != existing.parent:
+        if existing.is_symlink():  # exists() follows links: this one points nowhere
+            what = "it" if existing == run_dir else repr(str(existing))
+            _refuse(
+                run_dir,
+                f"{what} is a symbolic link to {os.readlink(existing)!r}, which does not exist (a dangling link); "
+                "remove the link, or make the folder it points to",
+            )
         existing = existing.parent
     what = "it" if existing == run_dir else repr(str(existing))
     if not existing.is_dir():
@@ -270,10 +283,18 @@ def read_resume_point(run_dir: Path, config: RunConfig, identity: str, may_hold_
     (:func:`~rayfed.engine.checkpoint.verified_checkpoint`: torn, of another format or run, changed,
     not finite; the fix offers the previous checkpoint if it passes the same checks);
     ``rounds.parquet`` (unreadable, or without a row of every round up to the checkpoint's) or a
-    ``clients/round_*.parquet`` of those rounds. ConfigError if ``config.train.rounds`` is fewer than
+    ``clients/round_*.parquet`` of those rounds (one that is missing is said in the log: the run goes on
+    without it). ConfigError if ``config.train.rounds`` is fewer than
     the rounds the checkpoint holds.
     """
     recorded = RunMarker.read(run_dir)
+    newest = newest_checkpoint(run_dir)
+    if recorded.identity != identity and newest is not None and checkpoint_identity(newest) == identity:
+        raise CheckpointError(
+            f"run_dir={str(run_dir)!r}: its {MARKER_FILE} records run identity {recorded.identity[:12]}..., but its "
+            f"config.json, partition.parquet and checkpoint {newest.name!r} agree on {identity[:12]}...: the marker "
+            f"was changed; restore {MARKER_FILE} from a copy, or choose another run_dir"
+        )
     if recorded.identity != identity:
         raise CheckpointError(
             f"run_dir={str(run_dir)!r}: its config.json and partition.parquet are not those its run started with "
@@ -304,12 +325,21 @@ def read_resume_point(run_dir: Path, config: RunConfig, identity: str, may_hold_
             f"{str(run_dir / _ROUNDS)!r} has no row of round {_listed(missing)}, which the checkpoint "
             f"of round {checkpoint.round} follows; {restart}"
         )
-    for path in sorted((run_dir / _CLIENTS).glob("round_*.parquet")):
-        if _round_of(path) <= checkpoint.round:
-            _table(
-                path,
-                "delete it to resume without that round's per-client table (rounds.parquet keeps the round's summary)",
-            )
+    tables = {_round_of(path): path for path in (run_dir / _CLIENTS).glob("round_*.parquet")}
+    lost = [r for r in range(held) if r not in tables]
+    if lost:
+        logger.warning(
+            "%s has no per-client table of round %s: the run continues without %s (rounds.parquet keeps the "
+            "rounds' summaries)",
+            run_dir / _CLIENTS,
+            _listed(lost),
+            "it" if len(lost) == 1 else "them",
+        )
+    for round_index in sorted(set(tables) & set(range(held))):
+        _table(
+            tables[round_index],
+            "delete it to resume without that round's per-client table (rounds.parquet keeps the round's summary)",
+        )
     marker = _rounds_changed(run_dir, recorded, config, held)
     return ResumePoint(marker, checkpoint, [row for row in history if row["round"] <= checkpoint.round])
 

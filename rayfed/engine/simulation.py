@@ -33,7 +33,7 @@ import numpy as np
 from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.engine.callbacks import Callback, Checkpointer, MetricsWriter, ProgressBar, RunView
-from rayfed.engine.checkpoint import Checkpoint
+from rayfed.engine.checkpoint import Checkpoint, checkpoint_round, newest_checkpoint
 from rayfed.engine.interrupts import RunInterrupted, interrupts_deferred, terminate_as_interrupt, was_terminated
 from rayfed.engine.metrics import RoundRecord, client_table, summarise_round
 from rayfed.engine.plan import plan_run
@@ -42,7 +42,7 @@ from rayfed.engine.run_dir import drop_client_tables_from, open_run_dir, resume_
 from rayfed.engine.state_store import ClientStateStore
 from rayfed.execution.executor import Executor, LocalExecutor, make_chunks, num_calls
 from rayfed.train.job import ClientState
-from rayfed.util.errors import CheckpointError, DiskFullError
+from rayfed.util.errors import CheckpointError, DiskFullError, ServerError, WorkerError
 from rayfed.util.progress import progress_bar, progress_shown
 from rayfed.util.seeding import sample_clients
 
@@ -143,6 +143,19 @@ class Simulation:
             finally:
                 lock.release()
 
+    def _continuation(self) -> str:
+        """How the stopped run goes on, from what its directory holds: its newest checkpoint, or none yet."""
+        newest = newest_checkpoint(self.run_dir)
+        if newest is not None:
+            return (
+                f"continue from its checkpoint of round {checkpoint_round(newest)} with: {resume_command(self.run_dir)}"
+            )
+        every = self.config.engine.checkpoint_every
+        return (
+            f"start it again from round 0 (no checkpoint was saved: engine.checkpoint_every={every}) with: "
+            f"{resume_command(self.run_dir)}"
+        )
+
     def _run(self) -> RunResult:
         config = self.config
         result: RunResult | None = None
@@ -170,9 +183,9 @@ class Simulation:
                 self.run_dir, done, config.train.rounds, resume_command(self.run_dir), terminated=was_terminated(stop)
             ) from None
         except DiskFullError as full:
-            raise DiskFullError(
-                f"{full}; the run can be continued: free some space, then {resume_command(self.run_dir)}"
-            ) from full
+            raise DiskFullError(f"{full}; free some space, then {self._continuation()}") from full
+        except (WorkerError, ServerError) as failed:
+            raise type(failed)(f"{failed} The run stopped; after fixing the cause, {self._continuation()}") from failed
         finally:
             if self.executor is not None:
                 for callback in self.callbacks:

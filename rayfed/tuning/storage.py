@@ -11,15 +11,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
+import sqlalchemy.exc
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
 from rayfed.util.errors import ConfigError
 
-__all__ = ["open_storage", "default_storage_url"]
+__all__ = ["open_storage", "default_storage_url", "storage_errors"]
 
 _JOURNAL = "journal://"
 _SQLITE_TIMEOUT_S = 60  # parallel trials write from several threads; wait for the lock, don't fail
@@ -30,10 +33,32 @@ def default_storage_url(study_dir: str | Path) -> str:
     return f"sqlite:///{(Path(study_dir).resolve() / 'study.db').as_posix()}"
 
 
+@contextmanager
+def storage_errors(storage: object, study_dir: str | Path) -> Iterator[None]:
+    """Turn a storage or study folder that cannot be written (a read-only or missing place, a file where a
+    folder should be) into one ConfigError naming it and the fix, instead of a raw OSError or a database
+    driver's error."""
+    try:
+        yield
+    except (OSError, sqlalchemy.exc.SQLAlchemyError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[0]
+        where = f"storage={storage!r}" if storage is not None else f"the study's folder {str(study_dir)!r}"
+        raise ConfigError(
+            f"cannot write the study to {where} ({reason}); choose a writable place with --study-dir "
+            "(tune(study_dir=...)) or --storage (tune(storage=...))"
+        ) from error
+
+
 def open_storage(storage: str | BaseStorage | None, study_dir: str | Path) -> BaseStorage:
-    """Open (creating if needed) the storage named by ``storage``; see the module docstring."""
+    """Open (creating if needed) the storage named by ``storage``; see the module docstring. A place that
+    cannot be written raises ConfigError (:func:`storage_errors`)."""
     if isinstance(storage, BaseStorage):
         return storage
+    with storage_errors(storage, study_dir):
+        return _open(storage, study_dir)
+
+
+def _open(storage: str | None, study_dir: str | Path) -> BaseStorage:
     if storage is None:
         Path(study_dir).mkdir(parents=True, exist_ok=True)
         storage = default_storage_url(study_dir)

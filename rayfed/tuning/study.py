@@ -46,7 +46,7 @@ from rayfed.engine.metrics import RoundRecord
 from rayfed.tuning.pruning import PruningCallback, make_pruner
 from rayfed.tuning.resume import driver_id, finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
-from rayfed.tuning.storage import open_storage
+from rayfed.tuning.storage import open_storage, storage_errors
 from rayfed.util.errors import ConfigError, ResourceError
 
 __all__ = ["tune", "OBJECTIVES", "SAMPLERS", "session_seed"]
@@ -153,14 +153,15 @@ def tune(
             "direction='minimize' needs pruner='none': pruners compare round accuracies, which are maximised"
         )
     study_dir = Path(study_dir if study_dir is not None else Path("runs") / "tune" / study_name)
-    study = optuna.create_study(
-        storage=open_storage(storage, study_dir),
-        sampler=None if isinstance(sampler, str) else sampler,
-        pruner=resolved_pruner,
-        study_name=study_name,
-        direction=direction,
-        load_if_exists=True,
-    )
+    with storage_errors(storage, study_dir):
+        study = optuna.create_study(
+            storage=open_storage(storage, study_dir),
+            sampler=None if isinstance(sampler, str) else sampler,
+            pruner=resolved_pruner,
+            study_name=study_name,
+            direction=direction,
+            load_if_exists=True,
+        )
     _check_same_study(study, base_config, space, direction)
     _check_trial_dirs(study, study_dir)
     recover_interrupted(study)
@@ -228,6 +229,13 @@ class _TrialRunner:
         """Numbers of the trials stopped by Ctrl-C (retried when the study resumes)."""
 
     def __call__(self, trial: optuna.Trial) -> float:
+        try:
+            return self._trial(trial)
+        except KeyboardInterrupt:  # in its run or around it (Ctrl-C between two trials lands in one of them)
+            self.interrupted.add(trial.number)
+            raise
+
+    def _trial(self, trial: optuna.Trial) -> float:
         trial.set_user_attr(attrs.DRIVER, self.driver)
         params = self.space.suggest(trial)
         run_dir = (self.study_dir / f"trial_{trial.number:04d}").resolve()
@@ -239,9 +247,6 @@ class _TrialRunner:
             result = run(self.base.override({**params, "run_dir": str(run_dir)}), callbacks=callbacks)
         except Exception as e:  # an error, not an interruption: the trial counts as finished and is not retried
             trial.set_user_attr(attrs.ERROR, f"{type(e).__name__}: {e}")
-            raise
-        except KeyboardInterrupt:
-            self.interrupted.add(trial.number)
             raise
         for name in ("best_accuracy", "final_accuracy"):
             value = getattr(result, name)
@@ -294,7 +299,10 @@ def _quiet_interrupted_trials(interrupted: set[int]) -> Iterator[None]:
     optimize_logger = logging.getLogger("optuna.study._optimize")
 
     def keep(record: logging.LogRecord) -> bool:
-        return not any(record.getMessage().startswith(f"Trial {number} failed") for number in interrupted)
+        stopped_by_user = record.exc_info is not None and isinstance(record.exc_info[1], KeyboardInterrupt)
+        return not stopped_by_user and not any(
+            record.getMessage().startswith(f"Trial {number} failed") for number in interrupted
+        )
 
     optimize_logger.addFilter(keep)
     try:

@@ -127,6 +127,7 @@ def test_worker_that_always_dies_stops_the_run_after_max_retries_and_it_resumes(
     message = str(raised.value)
     assert "ClientWorker 0 failed" in message and "in round 1" in message
     assert "clients [0, 1, 2, 3, 4, 5, 6, 7, ...] (10 clients)" in message and "engine.max_retries=2" in message
+    assert message.endswith(f"continue from its checkpoint of round 0 with: rayfed run --resume {run_dir}")
     assert _Capture.sim.executor.pool.replacements == 2
     assert [r["round"] for r in pq.read_table(run_dir / "rounds.parquet").to_pylist()] == [0]
     armed[0] = False  # the cause is fixed: the run resumes from its round-0 checkpoint and ends
@@ -194,7 +195,7 @@ def test_server_that_always_dies_stops_the_run_after_max_retries_with_one_line(
     # Assert: the error names the round, the bound and the resume command; round 0 and its checkpoint are kept.
     message = str(raised.value)
     assert "\n" not in message and "in round 1, 2 times" in message and "engine.max_retries=1" in message
-    assert message.endswith("rayfed run --resume RUN_DIR")
+    assert message.endswith(f"continue from its checkpoint of round 0 with: rayfed run --resume {run_dir}")
     assert _Capture.sim.executor.server_restarts == 1
     assert [r["round"] for r in pq.read_table(run_dir / "rounds.parquet").to_pylist()] == [0]
     assert (run_dir / "checkpoints" / "round_000000.npz").exists()

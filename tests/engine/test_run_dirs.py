@@ -8,6 +8,7 @@ the fix, and a refused resume changes nothing in the run directory.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -22,6 +23,7 @@ from rayfed import CheckpointError, ConfigError, DatasetError, ResourceError, Ru
 from rayfed.cli import main
 from rayfed.engine.callbacks import Callback, MetricsWriter
 from rayfed.engine.interrupts import RunInterrupted, StudyInterrupted
+from rayfed.engine.run_identity import MARKER_FILE
 from rayfed.execution.executor import LocalExecutor
 from rayfed.tuning import FloatParam, tune
 from tests.conftest import tiny_overrides
@@ -241,6 +243,33 @@ def test_run_dir_in_a_read_only_folder_is_refused(tmp_path) -> None:
         run(_config(tmp_path / "ro" / "run"))
 
 
+def test_a_dangling_link_as_run_dir_is_named_as_one_before_anything_is_written(tmp_path) -> None:
+    (tmp_path / "run").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match=r"is a symbolic link to '.*nowhere', which does not exist"):
+        run(_config(tmp_path / "run"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"] and not (tmp_path / "nowhere").exists()
+
+
+def test_a_changed_run_marker_is_blamed_and_not_the_config(tmp_path) -> None:
+    # Prepare: a run with a checkpoint, then its marker's identity forged.
+    run_dir = tmp_path / "run"
+    run(_config(run_dir, **{"train.rounds": 2, "engine.checkpoint_every": 1}))
+    marker = json.loads((run_dir / MARKER_FILE).read_text())
+    (run_dir / MARKER_FILE).write_text(json.dumps({**marker, "identity": "0" * 64}))
+    before = _snapshot(run_dir)
+
+    # Execute
+    with pytest.raises(CheckpointError) as refused:
+        run(_config(run_dir, **{"train.rounds": 3}), resume=True)
+
+    # Assert: the marker is named as what changed; nothing is changed.
+    message = str(refused.value)
+    assert f"its {MARKER_FILE} records run identity 000000000000..." in message and "the marker was changed" in message
+    assert f"restore {MARKER_FILE} from a copy" in message
+    assert "config.json and partition.parquet are not" not in message
+    assert _snapshot(run_dir) == before
+
+
 def _damage(path: Path) -> None:
     path.write_bytes(path.read_bytes()[:40])
 
@@ -262,6 +291,25 @@ def test_damaged_file_found_on_resume_is_named_and_nothing_is_changed(tmp_path, 
         run(_config(run_dir, **{"train.rounds": 3}), resume=True)
     assert str(run_dir / damaged) in str(refused.value) and fix in str(refused.value)
     assert _snapshot(run_dir) == before
+
+
+def test_a_deleted_per_client_table_is_said_on_resume_and_the_run_goes_on(tmp_path, caplog) -> None:
+    # Prepare: a run of 2 rounds whose round-0 per-client table was deleted, as the fix of a damaged one says.
+    run_dir = tmp_path / "run"
+    run(_config(run_dir, **{"train.rounds": 2, "engine.checkpoint_every": 1}))
+    (run_dir / "clients" / "round_000000.parquet").unlink()
+
+    # Execute
+    with caplog.at_level("WARNING", logger="rayfed"):
+        result = run(_config(run_dir, **{"train.rounds": 3}), resume=True)
+
+    # Assert: said once, naming the round; the run ends with every round's summary and the later tables.
+    assert f"{run_dir / 'clients'} has no per-client table of round 0: the run continues without it" in caplog.text
+    assert result.rounds_run == 3
+    assert sorted(p.name for p in (run_dir / "clients").glob("round_*")) == [
+        "round_000001.parquet",
+        "round_000002.parquet",
+    ]
 
 
 def test_data_root_that_is_a_file_says_so(tmp_path) -> None:

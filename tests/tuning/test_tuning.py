@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ from optuna.trial import TrialState
 
 from rayfed import ConfigError, RunConfig, run
 from rayfed.cli import main
+from rayfed.engine.interrupts import StudyInterrupted
 from rayfed.tuning import (
     CategoricalParam,
     FloatParam,
@@ -387,3 +389,60 @@ def test_cli_tune_runs_a_study_from_a_yaml_space(tmp_path, capsys) -> None:
     assert f"optuna-dashboard sqlite:///{study_dir.resolve() / 'study.db'}" in out
     assert (study_dir / "trial_0000" / "rounds.parquet").exists() and (study_dir / "trial_0001").is_dir()
     assert (study_dir / "optimization_history.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("place", ["study_dir", "storage"])
+def test_a_study_place_that_cannot_be_written_is_one_line_naming_it(tmp_path, capsys, place: str) -> None:
+    # Prepare: a file where the study's folder, or the SQLite file's folder, should be.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("mine")
+    space = tmp_path / "lr.yaml"
+    space.write_text("train.lr: {type: float, low: 0.01, high: 0.1}\n")
+    where = ["--study-dir", str(blocker / "study")]
+    if place == "storage":
+        where = ["--study-dir", str(tmp_path / "study"), "--storage", f"sqlite:///{blocker}/study.db"]
+
+    # Execute
+    code = main(["tune", str(space), "engine.backend=local", "--trials", "1", *where])
+
+    # Assert: refused with one line that names the place and the fix; the user's file is untouched.
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "Traceback" not in err and "cannot write the study to" in err
+    assert ("--study-dir" in err) and (str(blocker) in err)
+    assert blocker.read_text() == "mine"
+
+
+def test_ctrl_c_between_two_trials_says_nothing_but_the_stop_and_retries_the_trial(tmp_path) -> None:
+    # Prepare: Ctrl-C lands in trial 1 before its run starts (while its callbacks are made); what Optuna's
+    # trial loop would print is collected where its handlers would get it.
+    def interrupt_second(trial: optuna.Trial) -> list:
+        if trial.number == 1:
+            raise KeyboardInterrupt
+        return []
+
+    printed: list[logging.LogRecord] = []
+    collector = logging.Handler()
+    collector.emit = printed.append  # type: ignore[method-assign]
+    optuna_logger = logging.getLogger("optuna.study._optimize")
+    optuna_logger.addHandler(collector)
+
+    # Execute
+    try:
+        with pytest.raises(StudyInterrupted, match="1 of 3 trials finished"):
+            tune(
+                base_config(tmp_path),
+                LR_SPACE,
+                n_trials=3,
+                study_name="c",
+                study_dir=tmp_path / "study",
+                trial_callbacks=interrupt_second,
+                pruner="none",
+            )
+    finally:
+        optuna_logger.removeHandler(collector)
+
+    # Assert: no warning with a traceback about the stopped trial, which the study retries when it resumes.
+    assert not [r for r in printed if r.exc_info is not None], [r.getMessage() for r in printed]
+    resumed = tune(base_config(tmp_path), LR_SPACE, n_trials=3, study_name="c", study_dir=tmp_path / "study")
+    assert len(finished_trials(resumed)) == 3
