@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import logging
 import pickle
 import zipfile
 from dataclasses import dataclass
@@ -46,6 +47,8 @@ from rayfed.util.errors import ConfigError, DatasetError
 
 if TYPE_CHECKING:
     from rayfed.data.settings import DataConfig
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["PFLLIB", "PfllibFolder", "read_folder", "load_pfllib"]
 """The name of the dataset and of the partition that read a PFLlib folder; one needs the other."""
@@ -206,11 +209,37 @@ def _read_folder(path: Path, signature: tuple[Any, ...], mean: Any, std: Any) ->
                 f"PFLlib folder {str(path)!r}: config.json gives num_clients={num_clients}, but {split}/ lacks "
                 f"{', '.join(f'{i}.npz' for i in missing[:5])}{' ...' if len(missing) > 5 else ''}"
             )
+        extra = sorted({p.name for p in (path / split).glob("*.npz")} - {f"{i}.npz" for i in range(num_clients)})
+        if extra:
+            logger.warning(
+                "PFLlib folder %r: %s/ also holds %s, which config.json's num_clients=%d leaves out; they are not read",
+                str(path),
+                split,
+                ", ".join(extra[:5]) + (" ..." if len(extra) > 5 else ""),
+                num_clients,
+            )
         splits[split] = [_read_split_file(path / split / f"{i}.npz") for i in range(num_clients)]
+        for i, (_, y) in enumerate(splits[split]):
+            outside = y[(y < 0) | (y >= num_classes)]
+            if outside.size:
+                raise DatasetError(
+                    f"PFLlib file {str(path / split / f'{i}.npz')!r} holds label {int(outside[0])}, outside the "
+                    f"num_classes={num_classes} classes config.json gives (labels 0 to {num_classes - 1}); fix "
+                    "num_classes in config.json or regenerate the folder"
+                )
     pieces = splits["train"] + splits["test"]
-    shapes = {x.shape[1:] for x, _ in pieces if len(x)}
-    if len(shapes) > 1:
-        raise DatasetError(f"PFLlib folder {str(path)!r} mixes images of shapes {sorted(shapes)}")
+    names = [f"{split}/{i}.npz" for split in ("train", "test") for i in range(num_clients)]
+    first_of_shape: dict[tuple[int, ...], str] = {}
+    for name, (x, _) in zip(names, pieces):
+        if len(x):
+            first_of_shape.setdefault(tuple(x.shape[1:]), name)
+    if len(first_of_shape) > 1:
+        seen = "; ".join(f"{shape} in {name}" for shape, name in first_of_shape.items())
+        raise DatasetError(
+            f"PFLlib folder {str(path)!r} mixes images of shapes {seen}; every file of a folder holds images of one "
+            "shape"
+        )
+    shapes = set(first_of_shape)
     channels = next(iter(shapes))[0] if shapes else 1
     mean_c, std_c = _channel_values("mean", mean, channels), _channel_values("std", std, channels)
     images = np.concatenate([_to_bytes(x, mean_c, std_c, f"{str(path)!r}") for x, _ in pieces])

@@ -111,6 +111,20 @@ def _listing(presets: bool) -> str:
     return "\n".join(lines)
 
 
+def _check_gpus(gpus_per_run: float) -> None:
+    """Refuse ``--gpus-per-run`` on a machine without a CUDA GPU (unless the runs go to a Ray cluster, whose
+    nodes may have them), before any cell is planned."""
+    import os
+
+    import torch
+
+    if gpus_per_run > 0 and not torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS"):
+        raise ConfigError(
+            f"--gpus-per-run {gpus_per_run:g} but this machine has no CUDA GPU; drop --gpus-per-run to train on "
+            "the CPU, or run on a machine (or a Ray cluster, RAY_ADDRESS) with GPUs"
+        )
+
+
 def reproduce(ns: argparse.Namespace, command: str = "") -> int:
     """Plan the table's cells, run what is missing (printing each outcome), write the report and figures;
     returns 1 if a cell could not run (its data missing, or it failed), else 0."""
@@ -139,6 +153,7 @@ def reproduce(ns: argparse.Namespace, command: str = "") -> int:
     seeds = ns.seed_list if ns.seed_list else list(range(ns.seeds))
     settings = dict(parse_override(s) for s in ns.settings)
     if ns.gpus_per_run:  # each run trains on its share, and its Ray task asks for it
+        _check_gpus(ns.gpus_per_run)
         settings = {"engine.num_gpus_per_worker": ns.gpus_per_run, **settings}
     cells = plan(
         table,

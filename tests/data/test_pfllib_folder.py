@@ -123,3 +123,23 @@ def test_a_file_that_asks_for_anything_but_arrays_is_refused(tmp_path: Path) -> 
         np.savez(f, data=np.array({"x": _Shell(), "y": np.zeros(1)}, dtype=object))
     with pytest.raises(DatasetError, match="refusing to load builtins.eval"):
         load_dataset("pfllib", str(root))
+
+
+def test_extra_files_are_said_and_bad_shapes_and_labels_name_their_file(tmp_path: Path, caplog) -> None:
+    root = tmp_path / "MNIST"
+    _write_folder(root, [(10, 5), (10, 5)])
+    # Extra files beyond config.json's num_clients: read without them, and said.
+    (root / "test" / "2.npz").write_bytes((root / "test" / "1.npz").read_bytes())
+    with caplog.at_level("WARNING", logger="rayfed.data.pfllib_folder"):
+        assert len(load_dataset("pfllib", str(root))) == 30
+    assert "test/ also holds 2.npz, which config.json's num_clients=2 leaves out" in caplog.text
+    # A label outside num_classes names the file and config.json's num_classes.
+    with open(root / "train" / "1.npz", "wb") as f:
+        np.savez_compressed(f, data={"x": np.zeros((3, 1, 28, 28), np.float32) - 1, "y": np.array([0, 10, 2])})
+    with pytest.raises(DatasetError, match=r"train/1.npz' holds label 10, outside the num_classes=10 classes"):
+        load_dataset("pfllib", str(root))
+    # Images of another shape name the files that differ.
+    with open(root / "train" / "1.npz", "wb") as f:
+        np.savez_compressed(f, data={"x": np.zeros((3, 1, 14, 14), np.float32) - 1, "y": np.array([0, 1, 2])})
+    with pytest.raises(DatasetError, match=r"\(1, 28, 28\) in train/0.npz; \(1, 14, 14\) in train/1.npz"):
+        load_dataset("pfllib", str(root))

@@ -201,6 +201,19 @@ def test_unknown_table_and_columns_are_refused(
     assert bad_column == 2 and "--columns: prac not in table tiny-test" in err
 
 
+def test_a_gpu_share_without_a_gpu_is_refused_before_any_cell_is_planned(
+    tiny_table: Table, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+    code = main(["reproduce", TINY.name, "--gpus-per-run", "0.5", "--out", str(tmp_path / "out")])
+
+    err = capsys.readouterr().err
+    assert code == 2 and "--gpus-per-run 0.5 but this machine has no CUDA GPU" in err and "data" not in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_missing_data_is_listed_with_the_command_that_fetches_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -291,6 +304,7 @@ def test_a_gpu_share_per_run_is_the_runs_engine_setting_and_keeps_its_run_direct
         return {}
 
     monkeypatch.setattr("rayfed.reproduce.runner.execute", record)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # the runs are planned, not trained
     plain = plan(TINY, tmp_path / "out", rounds=2, seeds=[0, 1])
     # Execute
     assert _reproduce(tmp_path / "out", "--gpus-per-run", "0.125", "--parallel", "8", "--no-figures") == 0
