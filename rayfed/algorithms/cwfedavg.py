@@ -395,4 +395,10 @@ register_algorithm(
     summary="cwFedAvg with WDR (Lee & Choi, ICCV 2025): class-wise aggregation personalised by p-tilde",
     keeps_client_state=True,
     label=CwFedAvgParams.label,
+    label_note=(
+        "cwFedAvg (X): X names the class-wise layers, aggregated per class (Eq. 6); the others are averaged as in "
+        "FedAvg (Output: the output layer alone; FC+Output, ...: the last blocks; a+b: the layers named). w/o WDR: "
+        "without the weight distribution regulariser; w/ Dist.: the clients' true class distributions, sent to the "
+        "server, in place of those read off the output layer, and no regulariser."
+    ),
 )

@@ -67,6 +67,9 @@ class Algorithm:
     algorithm has a global model besides them, is the global model's)."""
     capabilities: Capabilities = Capabilities()
     """What the fast path may do with its client half's training."""
+    label_note: str = ""
+    """What the parts of its label mean, where they are the papers' shorthand (a figure prints it under its
+    legend)."""
 
     def label(self, params: Any) -> str:
         """How figures and tables name this algorithm run with ``params``."""
@@ -97,16 +100,18 @@ def register_algorithm(
     label: str | Callable[[Any], str] | None = None,
     single_model: bool = False,
     capabilities: Capabilities = Capabilities(),
+    label_note: str = "",
 ) -> Algorithm:
     """Register an algorithm under ``name``; one call at the bottom of its module.
 
     ``label`` is its display name, or a function of its params giving one (a variant's name);
     ``single_model`` says that every client is evaluated with the one global model (:attr:`Algorithm.single_model`);
-    ``capabilities`` what the fast path may do with its clients (:class:`Capabilities`).
+    ``capabilities`` what the fast path may do with its clients (:class:`Capabilities`); ``label_note`` what the
+    parts of its label mean (:attr:`Algorithm.label_note`).
     """
     describe = (lambda _params, text=label: text) if isinstance(label, str) else label
     algorithm = Algorithm(
-        name, params, server, client, summary, keeps_client_state, describe, single_model, capabilities
+        name, params, server, client, summary, keeps_client_state, describe, single_model, capabilities, label_note
     )
     ALGORITHMS.register(name)(algorithm)
     return algorithm

@@ -4,12 +4,14 @@
 
 writes, into ``DIR``:
 
-* ``accuracy.png``: pooled test accuracy against the round (``round`` as ``rounds.parquet``
-  stores it, 0 = the first round), one line per run. Runs whose configs differ in the seed
-  alone (:meth:`~rayfed.config.RunConfig.diff`, ignoring ``seed`` and ``run_dir``) are seeds
-  of one method and share a colour and a legend entry; the legend names the method
+* ``accuracy.png``: pooled test accuracy against the round, counted as the progress bar counts
+  it (1 = the first round; 0 = the initial model, evaluated with ``engine.eval_initial``), one
+  line per run. Runs whose configs differ in the seed alone (:meth:`~rayfed.config.RunConfig.diff`,
+  ignoring ``seed`` and the fields that change no number, :data:`SAME_NUMBERS`) are seeds of one
+  method and share a colour and a legend entry; the legend, below the axes, names the method
   (``Algorithm.label``) and, where lines share that name, the fields that tell them apart
-  (``cwFedAvg (Output), train.lr=0.01``);
+  (``cwFedAvg (Output), train.lr=0.01``); a note under it explains the labels' parts
+  (``Algorithm.label_note``);
 * the figures a run's method draws of itself from its newest checkpoint, as its server half
   says (``ServerHalf.figures``), as ``<run>-<figure>.png`` (``<run>`` is the run directory's
   name). cwFedAvg draws those of Lee & Choi, "Class-Wise Federated Averaging for Efficient
@@ -29,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +65,25 @@ __all__ = [
 ]
 
 _BARS_SHOWN = 4
-_SEED_ONLY = ("seed", "run_dir")
+SAME_NUMBERS = (
+    "run_dir",
+    "data.root",
+    "data.download",
+    "engine.backend",
+    "engine.num_workers",
+    "engine.num_cpus_per_worker",
+    "engine.checkpoint_every",
+    "engine.ray_address",
+    "engine.resource_wait_s",
+    "engine.dashboard",
+    "engine.round_timeout_s",
+    "engine.max_retries",
+    "engine.client_state_memory_mb",
+    "engine.progress",
+)
+"""Config paths that change no number of a run (where it runs and writes, how it is watched and kept: the same
+config gives the same metrics on ``local`` and on Ray with any ``num_workers``), so no legend names them."""
+_SEED_ONLY = ("seed", *SAME_NUMBERS)
 """Config paths in which the seeds of one method may differ (``RunConfig.diff``'s ``ignore``)."""
 
 
@@ -165,12 +186,13 @@ def _override_text(value: Any) -> str:
 
 
 def accuracy_points(run: RunData, column: str = "accuracy") -> tuple[list[int], list[float]]:
-    """(round, pooled accuracy in %) of the run's evaluated rounds; ``round`` as ``rounds.parquet`` stores it.
+    """(round, pooled accuracy in %) of the run's evaluated rounds, the round counted as the progress bar counts
+    it: ``rounds.parquet``'s 0-based round + 1, so 1 is the first round and 0 the initial model (its row -1).
 
     ``column="global_accuracy"`` gives the global model's curve on the same clients (none for an
     algorithm without a global model besides the evaluated ones, or a run written before it existed).
     """
-    values = [(int(r["round"]), r.get(column)) for r in run.rounds]
+    values = [(int(r["round"]) + 1, r.get(column)) for r in run.rounds]
     points = [(x, 100 * y) for x, y in values if y is not None and not math.isnan(y)]
     return [x for x, _ in points], [y for _, y in points]
 
@@ -211,7 +233,7 @@ def _figure_class() -> type:
 
 def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
     return path
 
 
@@ -244,7 +266,7 @@ def plot_accuracy_curves(runs: Sequence[RunData], path: str | Path) -> Path:
                 )
             legend = None  # one legend entry per group
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round (as in rounds.parquet; 0 = the first)")
+    ax.set_xlabel("round (1 = the first; 0 = the initial model)")
     ax.set_ylabel("pooled test accuracy (%)")
     data = {(run.config.data.dataset, run.config.data.partition) for run in runs}
     on = f"\n{' '.join(data.pop())}" if len(data) == 1 else ""
@@ -255,8 +277,13 @@ def plot_accuracy_curves(runs: Sequence[RunData], path: str | Path) -> Path:
         fontsize="medium",
     )
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[1]:
-        ax.legend(fontsize="small")
+    if ax.get_legend_handles_labels()[1]:  # below the axes, wrapped: long labels are never cut at the edge
+        handles, labels = ax.get_legend_handles_labels()
+        wrapped = [textwrap.fill(label, 70, subsequent_indent="  ") for label in labels]
+        ax.legend(handles, wrapped, fontsize="small", loc="upper left", bbox_to_anchor=(0.0, -0.14), frameon=False)
+    notes = sorted({note for run in runs if (note := ALGORITHMS.get(run.config.algorithm.name).label_note)})
+    if notes:
+        fig.text(0.01, 0.0, textwrap.fill(" ".join(notes), 110), fontsize="x-small", va="top", color="0.3")
     return _save(fig, Path(path))
 
 

@@ -33,12 +33,18 @@ def progress_shown(shown: bool) -> Iterator[None]:
 
 
 def progress_bar(total: int, desc: str, unit: str) -> tqdm:
-    """A bar over ``total`` ``unit`` that appears only after :data:`DELAY_S` seconds and is removed when done."""
+    """A bar over ``total`` ``unit`` that appears only after :data:`DELAY_S` seconds and is removed when done.
+
+    Counts show as integers (``3/8 batch``); only totals of thousands are scaled (``12.0k/70.0k sample``).
+
+    >>> progress_bar(8, "training", "batch").unit_scale, progress_bar(70_000, "generating", "sample").unit_scale
+    (False, True)
+    """
     return tqdm(
         total=total,
         desc=desc,
         unit=unit,
-        unit_scale=True,
+        unit_scale=total >= 1000,
         delay=DELAY_S,
         leave=False,
         disable=not _SHOWN.get(),

@@ -145,13 +145,37 @@ def test_a_run_that_differs_in_more_than_the_seed_gets_its_own_line():
     ]
 
 
-def test_round_axis_is_the_stored_round(runs, tmp_path):
+def test_rounds_are_counted_as_the_progress_bar_counts_them(runs, tmp_path):
     from rayfed.results.plots import accuracy_points, plot_accuracy_curves
 
     data = load_run(runs["cw"])
     stored = pq.read_table(runs["cw"] / "rounds.parquet").column("round").to_pylist()
-    assert accuracy_points(data)[0] == stored == [0]
-    assert plot_accuracy_curves([data, _run("b", [0.1, 0.2])], tmp_path / "a.png").stat().st_size > 1000
+    initial = _run("b", [0.1, 0.2])
+    initial.rounds.insert(0, {"round": -1, "accuracy": 0.05})  # engine.eval_initial's row
+    assert stored == [0] and accuracy_points(data)[0] == [1]
+    assert accuracy_points(initial)[0] == [0, 1, 2]
+    assert plot_accuracy_curves([data, initial], tmp_path / "a.png").stat().st_size > 1000
+
+
+def test_legends_name_only_fields_that_change_numbers_and_fit_the_figure(tmp_path):
+    from matplotlib.image import imread
+
+    from rayfed.results.plots import curve_groups, plot_accuracy_curves
+
+    # Prepare: two seeds that differ in where and how often they were checkpointed, and a long-labelled variant.
+    runs = [
+        _run("a", [0.1, 0.2]),
+        _run("b", [0.2, 0.3], seed=1, **{"engine.checkpoint_every": 1, "engine.backend": "local"}),
+        _run("c", [0.3, 0.4], **{"algorithm.params": {"variant": "no_wdr", "classwise_layers": ["conv2", "fc"]}}),
+    ]
+    # Execute
+    groups = curve_groups(runs)
+    path = plot_accuracy_curves(runs, tmp_path / "a.png")
+    # Assert: one line for the two seeds, named without engine fields; the figure grew to hold its legend and
+    # the note that explains "(Output)".
+    assert [g.legend for g in groups] == ["cwFedAvg (Output) (2 seeds)", "cwFedAvg w/o WDR (conv2+fc)"]
+    height, width = imread(path).shape[:2]
+    assert height > 4.5 * 120 and width >= 7.5 * 120 * 0.9
 
 
 def test_accuracy_figure_draws_the_global_model_dashed_where_the_run_has_one(runs, tmp_path):
@@ -164,6 +188,6 @@ def test_accuracy_figure_draws_the_global_model_dashed_where_the_run_has_one(run
     global_points = accuracy_points(cw, "global_accuracy")
     path = plot_accuracy_curves([cw, fedavg], tmp_path / "a.png")
     # Assert
-    assert global_points == ([0], [100 * stored[0]])
+    assert global_points == ([1], [100 * stored[0]])
     assert accuracy_points(fedavg, "global_accuracy") == ([], [])
     assert path.stat().st_size > 1000
