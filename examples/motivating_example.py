@@ -124,13 +124,13 @@ def run(
     return accuracies, np.stack(rows)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--wdr-lambda", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     clients = make_clients(np.random.default_rng(args.seed))
     results = {m: run(m, clients, args.rounds, args.lr, args.wdr_lambda, args.seed) for m in ("fedavg", "cw", "cw+wdr")}

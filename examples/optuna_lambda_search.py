@@ -8,6 +8,7 @@ in ``<study-dir>/study.db``: run the script again to resume it, and watch it wit
 
     python examples/optuna_lambda_search.py --trials 12 --rounds 10
     python examples/optuna_lambda_search.py --algorithm fedprox   # the same search over FedProx's μ
+    python examples/optuna_lambda_search.py --trials 2 --parallel 1 engine.backend=local   # any field=value
 
 The command-line equivalent, with the space in a file::
 
@@ -18,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 
 from rayfed import RunConfig
+from rayfed.config import parse_override
 from rayfed.tuning import FloatParam, best_trials_table, tune, write_plots
 
 SPACES = {
@@ -35,7 +38,7 @@ SPACES = {
 }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algorithm", choices=sorted(SPACES), default="cwfedavg")
     parser.add_argument("--trials", type=int, default=12)
@@ -43,7 +46,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--samples", type=int, default=5000, help="synthetic samples over all clients")
     parser.add_argument("--study-dir", default=None, help="default runs/tune/<algorithm>-lambda")
-    args = parser.parse_args()
+    parser.add_argument("overrides", nargs="*", metavar="field.path=value", help="any field of the trials' base config")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
     base = RunConfig().override(
@@ -59,6 +63,7 @@ def main() -> None:
             "engine.num_cpus_per_worker": 1,
             "engine.checkpoint_every": 0,
             "engine.progress": False,
+            **dict(parse_override(text) for text in args.overrides),
         }
     )
     name = f"{args.algorithm}-lambda"
@@ -76,7 +81,8 @@ def main() -> None:
     for path in write_plots(study, study_dir):
         print(f"plot: {path}")
     print(f"watch it with: optuna-dashboard sqlite:///{(study_dir / 'study.db').resolve()}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

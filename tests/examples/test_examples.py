@@ -1,0 +1,71 @@
+"""Every example runs offline in its smallest form, takes ``field.path=value`` overrides as ``rayfed run`` does, and
+says in one line what it needs when that is missing (no Ray here: each run uses ``engine.backend=local``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@cache
+def _example(name: str) -> ModuleType:
+    """The example's module, imported once (a module that registers a dataset must not do it twice)."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_example_is_covered_here() -> None:
+    covered = {"cwfedavg_1000clients", "fedclassavg_mnist", "motivating_example", "optuna_lambda_search"}
+    assert {path.stem for path in EXAMPLES.glob("*.py")} == covered
+
+
+def test_cwfedavg_1000clients_in_its_smallest_form(tmp_path, capsys) -> None:
+    code = _example("cwfedavg_1000clients").main(
+        ["--clients", "20", "--rounds", "1", "--epochs", "1", "--run-dir", str(tmp_path / "run"),
+         'data.options={"num_samples": 1000}', "engine.backend=local", "engine.progress=false"]
+    )  # fmt: skip
+    result = json.loads(capsys.readouterr().out.split("RESULT ", 1)[1].splitlines()[0])
+    assert code == 0 and result["rounds_run"] == 1 and (tmp_path / "run" / "rounds.parquet").is_file()
+
+
+def test_fedclassavg_mnist_offline_and_what_it_needs_without_data(tmp_path, capsys, monkeypatch) -> None:
+    example = _example("fedclassavg_mnist")
+    common = ["--rounds", "1", "--algorithms", "fedavg", "--partitions", "dir0.5"]
+    # Offline, with an override as rayfed run takes it.
+    offline = ["--offline", "--num-samples", "400", "--out", str(tmp_path / "offline"), "train.batch_size=4"]
+    assert example.main([*offline, *common]) == 0
+    assert '"rounds": 1' in capsys.readouterr().out
+    # A root without MNIST: one line naming the files and the fix, no traceback.
+    assert example.main(["--root", str(tmp_path / "empty"), "--out", str(tmp_path / "mnist"), *common]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedclassavg_mnist.py: error: dataset 'mnist': files missing") and "download" in err
+    # No root at all: told the two ways on.
+    monkeypatch.delenv("RAYFED_DATA", raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        example.main(common)
+    assert stopped.value.code == 2 and "--offline" in capsys.readouterr().err
+
+
+def test_motivating_example_in_its_smallest_form(capsys) -> None:
+    _example("motivating_example").main(["--rounds", "1"])
+    assert "FedAvg" in capsys.readouterr().out
+
+
+def test_optuna_lambda_search_in_its_smallest_form(tmp_path, capsys) -> None:
+    code = _example("optuna_lambda_search").main(
+        ["--trials", "1", "--parallel", "1", "--rounds", "1", "--samples", "1000", "--study-dir", str(tmp_path),
+         "engine.backend=local"]
+    )  # fmt: skip
+    assert code == 0 and "train.lr" in capsys.readouterr().out and (tmp_path / "study.db").is_file()
