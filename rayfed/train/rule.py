@@ -91,8 +91,8 @@ class PhaseRule:
         if hook is None:
             return
         fn = self._vmapped(name, hook, (0, 0, 0))
-        edits, carry = fn([p.detach() for p in params], io.group(CONSTANTS), io.group(CARRY))
-        with torch.no_grad():
+        with torch.no_grad():  # hooks edit values; autograd never sees them (no detached copies either)
+            edits, carry = fn(list(params), io.group(CONSTANTS), io.group(CARRY))
             for index, value in edits.items():
                 params[index].copy_(value)
         io.put_all(CARRY, carry)
@@ -104,8 +104,8 @@ class PhaseRule:
         if hook is None:
             return
         fn = self._vmapped("on_after_backward", hook, (0, 0, 0, 0))
-        edits, carry = fn([p.detach() for p in params], list(grads), io.group(CONSTANTS), io.group(CARRY))
         with torch.no_grad():
+            edits, carry = fn(list(params), list(grads), io.group(CONSTANTS), io.group(CARRY))
             for index, value in edits.items():
                 target = grads[index]
                 assert target is not None, "on_after_backward edited the gradient of a frozen parameter"
