@@ -98,7 +98,7 @@ def check_creatable(run_dir: Path) -> None:
     """Raise ConfigError naming ``run_dir`` and the reason if the folder cannot be made (nothing is written)."""
     existing = run_dir
     while not _exists(existing) and existing != existing.parent:
-        if existing.is_symlink():  # exists() follows links: this one points nowhere
+        if _is_link(existing):  # exists() follows links: this one points nowhere
             what = "it" if existing == run_dir else repr(str(existing))
             _refuse(
                 run_dir,
@@ -121,6 +121,16 @@ def _exists(path: Path) -> bool:
     """``path.exists()``, False for a name too long to exist (which ``exists`` raises for)."""
     try:
         return path.exists()
+    except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:
+            return False
+        raise
+
+
+def _is_link(path: Path) -> bool:
+    """``path.is_symlink()``, False for a name too long to exist."""
+    try:
+        return path.is_symlink()
     except OSError as error:
         if error.errno == errno.ENAMETOOLONG:
             return False
