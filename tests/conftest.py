@@ -104,3 +104,16 @@ def client_job(
         generator=generator if isinstance(generator, torch.Generator) else torch.Generator().manual_seed(generator),
         state=state,
     )
+
+
+def runner_and_server(config, run_dir):
+    """The plain worker and server of ``config``'s run, its inputs prepared into ``run_dir``: one round's halves
+    as the engine builds them, without the engine."""
+    from rayfed.algorithms import resolve
+    from rayfed.engine.inputs import RunInputs
+    from rayfed.execution.client_runner import ClientRunner
+    from rayfed.execution.server import Server
+
+    inputs = RunInputs.prepare(config, resolve(config.algorithm), run_dir, continues=False)
+    runner = ClientRunner(config, inputs.spec.for_clients(), inputs.dataset, inputs.partition)
+    return runner, Server(config, inputs.spec, inputs.initial)

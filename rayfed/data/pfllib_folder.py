@@ -239,8 +239,7 @@ def _read_folder(path: Path, signature: tuple[Any, ...], mean: Any, std: Any) ->
             f"PFLlib folder {str(path)!r} mixes images of shapes {seen}; every file of a folder holds images of one "
             "shape"
         )
-    shapes = set(first_of_shape)
-    channels = next(iter(shapes))[0] if shapes else 1
+    channels = next(iter(first_of_shape))[0] if first_of_shape else 1
     mean_c, std_c = _channel_values("mean", mean, channels), _channel_values("std", std, channels)
     images = np.concatenate([_to_bytes(x, mean_c, std_c, f"{str(path)!r}") for x, _ in pieces])
     labels = np.concatenate([y for _, y in pieces])

@@ -298,20 +298,20 @@ def read_resume_point(run_dir: Path, config: RunConfig, identity: str, may_hold_
     the rounds the checkpoint holds.
     """
     recorded = RunMarker.read(run_dir)
-    newest = newest_checkpoint(run_dir)
-    if recorded.identity != identity and newest is not None and checkpoint_identity(newest) == identity:
-        raise CheckpointError(
-            f"run_dir={str(run_dir)!r}: its {MARKER_FILE} records run identity {recorded.identity[:12]}..., but its "
-            f"config.json, partition.parquet and checkpoint {newest.name!r} agree on {identity[:12]}...: the marker "
-            f"was changed; restore {MARKER_FILE} from a copy, or choose another run_dir"
-        )
+    checkpoints = checkpoints_of(run_dir)
     if recorded.identity != identity:
+        if checkpoints and checkpoint_identity(checkpoints[-1]) == identity:
+            raise CheckpointError(
+                f"run_dir={str(run_dir)!r}: its {MARKER_FILE} records run identity {recorded.identity[:12]}..., but "
+                f"its config.json, partition.parquet and checkpoint {checkpoints[-1].name!r} agree on "
+                f"{identity[:12]}...: the marker was changed; restore {MARKER_FILE} from a copy, or choose another "
+                "run_dir"
+            )
         raise CheckpointError(
             f"run_dir={str(run_dir)!r}: its config.json and partition.parquet are not those its run started with "
             f"(run identity {identity[:12]}..., its {MARKER_FILE} records {recorded.identity[:12]}...); restore "
             "them from a copy, or choose another run_dir"
         )
-    checkpoints = checkpoints_of(run_dir)
     if not checkpoints:
         return ResumePoint(_rounds_changed(run_dir, recorded, config, 0))
     restart = (

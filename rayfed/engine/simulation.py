@@ -145,16 +145,11 @@ class Simulation:
 
     def _continuation(self) -> str:
         """How the stopped run goes on, from what its directory holds: its newest checkpoint, or none yet."""
-        newest = newest_checkpoint(self.run_dir)
+        newest, command = newest_checkpoint(self.run_dir), resume_command(self.run_dir)
         if newest is not None:
-            return (
-                f"continue from its checkpoint of round {checkpoint_round(newest)} with: {resume_command(self.run_dir)}"
-            )
+            return f"continue from its checkpoint of round {checkpoint_round(newest)} with: {command}"
         every = self.config.engine.checkpoint_every
-        return (
-            f"start it again from round 0 (no checkpoint was saved: engine.checkpoint_every={every}) with: "
-            f"{resume_command(self.run_dir)}"
-        )
+        return f"start it again from round 0 (no checkpoint was saved: engine.checkpoint_every={every}) with: {command}"
 
     def _run(self) -> RunResult:
         config = self.config

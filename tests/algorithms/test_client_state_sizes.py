@@ -17,12 +17,10 @@ import numpy as np
 import pytest
 
 from rayfed import RunConfig
-from rayfed.algorithms import ALGORITHMS, RoundContext, resolve
-from rayfed.engine.inputs import RunInputs
+from rayfed.algorithms import ALGORITHMS, RoundContext
 from rayfed.engine.sizing import client_states_bytes
 from rayfed.engine.state_store import ClientStateStore
-from rayfed.execution.client_runner import ClientRunner
-from rayfed.execution.server import Server
+from tests.conftest import runner_and_server
 
 _NUM_CLIENTS = 6
 _OVERRIDES: dict[str, dict[str, Any]] = {  # what a method needs, or where a default would make the test slow
@@ -57,9 +55,7 @@ def test_the_client_state_estimate_covers_what_the_store_holds(name: str, extra:
             **extra,
         }
     )
-    inputs = RunInputs.prepare(config, resolve(config.algorithm), tmp_path, continues=False)
-    runner = ClientRunner(config, inputs.spec.for_clients(), inputs.dataset, inputs.partition)
-    server = Server(config, inputs.spec, inputs.initial)
+    runner, server = runner_and_server(config, tmp_path)
     store = ClientStateStore(tmp_path / "spill", memory_bytes=2**40)
     ids = list(range(_NUM_CLIENTS))
     # Execute

@@ -14,10 +14,8 @@ import numpy as np
 import pytest
 
 from rayfed import RunConfig
-from rayfed.algorithms import ALGORITHMS, Broadcast, RoundContext, resolve
-from rayfed.engine.inputs import RunInputs
-from rayfed.execution.client_runner import ClientRunner
-from rayfed.execution.server import Server
+from rayfed.algorithms import ALGORITHMS, Broadcast, RoundContext
+from tests.conftest import runner_and_server
 
 _NUM_CLIENTS = 6
 _OVERRIDES: dict[str, dict[str, Any]] = {  # what a method needs, or where a default would make the test slow
@@ -55,9 +53,7 @@ def test_the_evaluation_plan_equals_a_forward_per_client(name: str, tmp_path: Pa
             **_OVERRIDES.get(name, {}),
         }
     )
-    inputs = RunInputs.prepare(config, resolve(config.algorithm), tmp_path, continues=False)
-    runner = ClientRunner(config, inputs.spec.for_clients(), inputs.dataset, inputs.partition)
-    server = Server(config, inputs.spec, inputs.initial)
+    runner, server = runner_and_server(config, tmp_path)
     ids = list(range(_NUM_CLIENTS))
     ctx = RoundContext(round=0, seed=0, lr=config.train.lr, sampled=np.arange(_NUM_CLIENTS))
     trained = runner.train(server.broadcast(), ctx, ids)

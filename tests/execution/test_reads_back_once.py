@@ -17,11 +17,9 @@ import pytest
 import torch
 
 from rayfed import RunConfig
-from rayfed.algorithms import RoundContext, resolve
-from rayfed.engine.inputs import RunInputs
+from rayfed.algorithms import RoundContext
 from rayfed.execution import settlement
-from rayfed.execution.client_runner import ClientRunner
-from rayfed.execution.server import Server
+from tests.conftest import runner_and_server
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA sync debug mode needs a CUDA GPU")
 
@@ -45,9 +43,8 @@ def test_a_training_call_reads_back_once(
             "run_dir": str(tmp_path / "run"),
         }
     )
-    inputs = RunInputs.prepare(config, resolve(config.algorithm), tmp_path / "run", continues=False)
-    runner = ClientRunner(config, inputs.spec.for_clients(), inputs.dataset, inputs.partition)
-    message = Server(config, inputs.spec, inputs.initial).broadcast()
+    runner, server = runner_and_server(config, tmp_path / "run")
+    message = server.broadcast()
     ctx = RoundContext(round=0, seed=0, lr=config.train.lr, sampled=np.arange(6))
     runner.train(message, ctx, list(range(6)))
     reads = []

@@ -23,10 +23,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from rayfed import RunConfig
 from rayfed.algorithms import ALGORITHMS, RoundContext, resolve
-from rayfed.engine.inputs import RunInputs
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.reports import TrainResult
 from rayfed.execution.server import Server
+from tests.conftest import runner_and_server
 
 _CLIENTS = 8
 OVERRIDES: dict[str, dict[str, Any]] = {  # what a method needs here (its own networks), or to stay cheap
@@ -79,12 +79,7 @@ def _config(name: str, vectorize: str, tmp_path: Path, **extra: Any) -> RunConfi
 
 def _runner(name: str, vectorize: str, tmp_path: Path, **extra: Any) -> tuple[ClientRunner, Server, RunConfig]:
     config = _config(name, vectorize, tmp_path, **extra)
-    inputs = RunInputs.prepare(config, resolve(config.algorithm), tmp_path / vectorize, continues=False)
-    return (
-        ClientRunner(config, inputs.spec.for_clients(), inputs.dataset, inputs.partition),
-        Server(config, inputs.spec, inputs.initial),
-        config,
-    )
+    return (*runner_and_server(config, tmp_path / vectorize), config)
 
 
 def _train(runner: ClientRunner, *args: Any, ops: list[float] | None) -> TrainResult:
