@@ -10,8 +10,9 @@ papers' single epoch at lr 0.005 it takes some ten SGD steps in the whole run an
 personalised models barely separate their two classes (pooled accuracy ~0.56 after 20
 rounds). The example therefore trains 5 local epochs at lr 0.02 (``--epochs``, ``--lr``):
 on this box (2 cores) that took the personalised models to 0.914 pooled accuracy after
-20 rounds, against 0.500 for the global model on the same clients, in 3 min 26 s from
-the command to the last line (7.6 min with other jobs on the box; same numbers). λ stays
+20 rounds, against 0.492 for the global model on the same clients (2026-11-27; 0.500 with
+the rayfed of 2026-11-22), in 3 min 26 s from the command to the last line on an idle box
+(403 s on 2026-11-27, 7.6 min with other jobs on it). λ stays
 at the papers' 10 for MNIST-like data.
 
 On this machine (starts a private local Ray for the run)::

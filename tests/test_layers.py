@@ -22,8 +22,7 @@ LAYERS = (
     ("config",),
     ("execution",),
     ("actors",),
-    ("engine",),
-    ("results",),
+    ("engine", "results", "tracking"),
     ("reproduce", "tuning"),
     ("",),  # the root: __init__, __main__, cli
 )

@@ -10,6 +10,7 @@ so no module below the config imports it, not even for type checking; the config
 """
 
 from rayfed.config.run_config import (
+    TRACKERS,
     AlgorithmConfig,
     DataConfig,
     EngineConfig,
@@ -24,6 +25,7 @@ from rayfed.config.run_config import (
 )
 
 __all__ = [
+    "TRACKERS",
     "AlgorithmConfig",
     "DataConfig",
     "EngineConfig",

@@ -52,7 +52,11 @@ __all__ = [
     "read_table_file",
     "parse_override",
     "field_reference",
+    "TRACKERS",
 ]
+
+TRACKERS = ("tensorboard", "mlflow", "wandb")
+"""The experiment trackers ``engine.loggers`` may name (:mod:`rayfed.tracking` logs to each)."""
 
 
 @section("model")
@@ -152,6 +156,12 @@ class EngineConfig:
         2048.0, "Memory for per-client state on the driver; beyond it, states spill to the run directory."
     )
     progress: bool = documented(True, "Show a progress bar over rounds.")
+    loggers: tuple[str, ...] = documented(
+        (),
+        "Experiment trackers that also receive the run (README.md, 'Experiment tracking'): any of tensorboard, "
+        "mlflow, wandb, each installed with its extra (pip install 'rayfed[tensorboard]'); every round's metrics, "
+        "the config as hyper-parameters, per-client distributions and, when the run ends, its figures.",
+    )
 
     def __post_init__(self) -> None:
         check_choice("engine.backend", self.backend, ("ray", "local"))
@@ -176,6 +186,9 @@ class EngineConfig:
         check(self.client_state_memory_mb > 0, "engine.client_state_memory_mb", self.client_state_memory_mb, "> 0")
         if self.max_update_norm is not None:
             check(self.max_update_norm > 0, "engine.max_update_norm", self.max_update_norm, "> 0 or unset")
+        for name in self.loggers:
+            check_choice("engine.loggers", name, TRACKERS)
+        check(len(set(self.loggers)) == len(self.loggers), "engine.loggers", list(self.loggers), "each tracker once")
 
 
 @section("")

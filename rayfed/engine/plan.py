@@ -9,7 +9,8 @@ A run that cannot be carried out is refused here, with every file of its directo
 * its resources: workers, memory and client states (:func:`rayfed.engine.sizing.check_fits`);
 * its inputs: the dataset, the problem (the algorithm checks its params against it), the held-out
   server data and the partition (:class:`~rayfed.engine.inputs.RunInputs`);
-* whether any client can take a local step (:func:`rayfed.engine.trainability.check_trainable`).
+* whether any client can take a local step (:func:`rayfed.engine.trainability.check_trainable`);
+* the packages of the experiment trackers ``engine.loggers`` names (:func:`rayfed.tracking.check_installed`).
 
 It also says, once, what of the fast path the run cannot take (:mod:`rayfed.engine.fast_path`).
 
@@ -30,6 +31,7 @@ from rayfed.engine.run_dir import ResumePoint, check_creatable, check_run_dir, r
 from rayfed.engine.run_identity import RunMarker, run_identity
 from rayfed.engine.sizing import MemoryEstimate, check_fits
 from rayfed.engine.trainability import check_trainable
+from rayfed.tracking.registry import check_installed
 from rayfed.util.progress import progress_shown
 
 __all__ = ["RunPlan", "plan_run", "default_run_dir"]
@@ -62,6 +64,7 @@ def plan_run(config: RunConfig, *, resume: bool = False) -> RunPlan:
     """Check ``config``'s run in the order that writes nothing and fails cheapest first; raises a
     :class:`~rayfed.util.errors.RayfedError` naming the field or file and its fix."""
     algorithm = resolve(config.algorithm)
+    check_installed(config.engine.loggers)
     run_dir = Path(config.run_dir) if config.run_dir else default_run_dir(config)
     check_creatable(run_dir)
     continues = check_run_dir(run_dir, config, resume=resume)

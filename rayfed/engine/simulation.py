@@ -18,6 +18,8 @@ A run directory holds::
     clients/round_*.parquet  one row per client per round (clients/initial.parquet: the initial model)
     checkpoints/round_*.npz  server state, client states and the round (no pickle)
     summary.json             best and final accuracy, rounds run, rounds without a finite training loss
+    tracking.json            with engine.loggers: each tracker's logged run and last step (rayfed.tracking),
+                             beside tensorboard/, mlflow.db, mlartifacts/, wandb/ and figures/
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from rayfed.engine.result import RunResult
 from rayfed.engine.run_dir import drop_client_tables_from, open_run_dir, resume_command
 from rayfed.engine.state_store import ClientStateStore
 from rayfed.execution.executor import Executor, LocalExecutor, make_chunks, num_calls
+from rayfed.tracking import Tracking
 from rayfed.train.job import ClientState
 from rayfed.util.errors import CheckpointError, DiskFullError, ServerError, WorkerError
 from rayfed.util.progress import progress_bar, progress_shown
@@ -77,6 +80,8 @@ class Simulation:
         builtin: list[Callback] = [MetricsWriter(), Checkpointer()]
         if config.engine.progress:
             builtin.append(ProgressBar())
+        if config.engine.loggers and not any(isinstance(callback, Tracking) for callback in callbacks):
+            builtin.append(Tracking(config.engine.loggers))  # a study gives its trials their own (StudyLink)
         self.callbacks = [*builtin, *callbacks]
         self._opening = (inputs, plan.resume.marker)
         """What :meth:`run` records in the run directory once it holds its lock."""

@@ -43,6 +43,7 @@ from rayfed.engine import RunResult, run
 from rayfed.engine.callbacks import Callback, RunView
 from rayfed.engine.interrupts import StudyInterrupted, was_terminated
 from rayfed.engine.metrics import RoundRecord
+from rayfed.tracking import StudyLink, Tracking, check_installed
 from rayfed.tuning.pruning import PruningCallback, make_pruner
 from rayfed.tuning.resume import driver_id, finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
@@ -138,6 +139,7 @@ def tune(
         current round), checkpoints its run and is retried when the study resumes.
     """
     _check_arguments(n_trials, parallel_trials, study_name, direction, objective, sampler)
+    check_installed(base_config.engine.loggers)
     objective_fn = OBJECTIVES[objective] if isinstance(objective, str) else objective
     space = load_space(space) if isinstance(space, (str, Path)) else space
     space = space if isinstance(space, SearchSpace) else SearchSpace(space)
@@ -172,7 +174,12 @@ def tune(
     if remaining <= 0:
         logger.info("study %r already holds %d finished trials; nothing to run", study_name, n_trials - remaining)
         return study
-    runner = _TrialRunner(base_config, space, study_dir, objective_fn, trial_callbacks)
+    parent = None
+    if "mlflow" in base_config.engine.loggers:
+        from rayfed.tracking.mlflow_tracker import study_run
+
+        parent = study_run(study_name, study_dir, {"space": space.to_dict(), **base_config.to_dict()})
+    runner = _TrialRunner(base_config, space, study_name, study_dir, objective_fn, trial_callbacks, parent)
 
     def optimize() -> None:
         with _stopping_parallel_trials(runner.stop, parallel_trials), _quiet_interrupted_trials(runner.interrupted):
@@ -216,12 +223,16 @@ class _TrialRunner:
         self,
         base: RunConfig,
         space: SearchSpace,
+        study_name: str,
         study_dir: Path,
         objective: Callable[[RunResult], float],
         trial_callbacks: Callable[[optuna.Trial], Sequence[Callback]] | None,
+        mlflow_parent_run_id: str | None,
     ) -> None:
-        self.base, self.space, self.study_dir = base, space, study_dir
+        self.base, self.space, self.study_name, self.study_dir = base, space, study_name, study_dir
         self.objective, self.trial_callbacks = objective, trial_callbacks
+        self.mlflow_parent_run_id = mlflow_parent_run_id
+        """The study's own MLflow run, in which each trial's is nested (with MLflow among engine.loggers)."""
         self.driver = driver_id()
         self.stop = threading.Event()
         """Set by Ctrl-C while trials run in threads: each stops after its current round."""
@@ -243,6 +254,9 @@ class _TrialRunner:
         pruning = PruningCallback(trial)
         extra = list(self.trial_callbacks(trial)) if self.trial_callbacks else []
         callbacks = [pruning, _StopWhenSet(self.stop), *extra]
+        if self.base.engine.loggers:
+            link = StudyLink(self.study_name, self.study_dir, trial.number, self.mlflow_parent_run_id)
+            callbacks.append(Tracking(self.base.engine.loggers, link))
         try:
             result = run(self.base.override({**params, "run_dir": str(run_dir)}), callbacks=callbacks)
         except Exception as e:  # an error, not an interruption: the trial counts as finished and is not retried

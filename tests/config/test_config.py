@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import pydoc
+import re
 from pathlib import Path
 
 import pytest
@@ -167,10 +168,10 @@ def test_every_shipped_config_file_is_tested() -> None:
     ]
 
 
-def test_readme_first_command_line_example_names_a_shipped_config() -> None:
+def test_every_config_file_the_readme_runs_is_shipped() -> None:
     readme = (CONFIGS.parent / "README.md").read_text()
-    first = next(line for line in readme.splitlines() if line.startswith("rayfed run "))
-    assert (CONFIGS.parent / first.split()[2]).is_file(), first
+    files = [line.split()[2] for line in readme.splitlines() if re.match(r"rayfed run \S+\.(toml|yaml|json)\b", line)]
+    assert files and all((CONFIGS.parent / name).is_file() for name in files), files
 
 
 # --- every field documented where help() and the CLI show it -----------------------------------
