@@ -2,7 +2,8 @@
 
 rayfed reproduce TABLE [--rounds N] [--seeds K | --seed-list 0,3] [--data-root DIR] [--methods a,b]
                  [--columns x,y] [--parallel P] [--gpus-per-run G] [--at-rounds 1,5,10] [--out DIR]
-                 [--set field.path=value ...] [--report-only] [--no-figures]
+                 [--set field.path=value ...] [--report-only] [--no-figures] [--plan]
+rayfed reproduce TABLE --plan ...        what it would run and what that costs here, without running it
 rayfed reproduce --list                  the tables, with their rows and columns
 rayfed reproduce --list-presets          the papers' protocols (rayfed run --preset NAME)
 """
@@ -67,6 +68,12 @@ def add_reproduce_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
         help="a config override for every run (repeatable), e.g. --set data.options.num_samples=3000",
     )
     p.add_argument("--report-only", action="store_true", help="run nothing, only rewrite the report")
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="run nothing: list the cells, those done, and their cost here and at the papers' horizon (calibrated "
+        "by 2 rounds of each row x column no run under --out has timed yet)",
+    )
     p.add_argument("--no-figures", action="store_true", help="do not draw the figures")
     p.set_defaults(handler=_handler)
     return p
@@ -100,11 +107,12 @@ def _listing(presets: bool) -> str:
 
         return "\n".join(f"{name:22s} {p.summary}" for name, p in PRESETS.items())
     from rayfed.reproduce import TABLES
+    from rayfed.reproduce.spec import PAPERS
 
-    lines = []
+    lines = ["The papers:", *(f"  {name}: {citation}" for name, citation in PAPERS.items()), ""]
     for t in TABLES.values():
         lines += [
-            f"{t.name}: {t.title} ({t.source})",
+            f"{t.name}: {t.source}: {t.title}",
             f"    methods: {', '.join(r.key for r in t.rows)}",
             f"    columns: {', '.join(c.key for c in t.columns)}",
         ]
@@ -165,6 +173,12 @@ def reproduce(ns: argparse.Namespace, command: str = "") -> int:
         data_root=ns.data_root or os.environ.get("RAYFED_DATA"),
         settings=settings,
     )
+    if ns.plan:
+        from rayfed.reproduce.costing import plan_report
+
+        print(f"{table.name}: {table.source}; {ns.rounds} rounds, seeds {seeds}", flush=True)
+        print(plan_report(table, cells, rounds=ns.rounds, parallel=ns.parallel, gpus_per_run=ns.gpus_per_run))
+        return 0
     outcomes = {}
     if not ns.report_only:
         start, runnable = time.perf_counter(), sum(1 for c in cells if c.config is not None)

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from rayfed.reproduce.runner import Cell, Outcome, fetch_command, rounds_done
-from rayfed.reproduce.spec import Row, RowMetric, Table, row_metric
+from rayfed.reproduce.spec import Row, RowMetric, Table, papers_cited, row_metric
 from rayfed.util.files import atomic_write, write_json
 
 __all__ = ["Score", "score_run", "write_report", "draw_figures"]
@@ -142,6 +142,8 @@ def write_report(
         f"Source: {table.source}. Ours: each row's accuracy ({unit}, {statistic}) at its scored round over rounds "
         f"1..{rounds}, mean ± std over seeds [seeds finished; median scored round]. Papers: "
         f"{table.paper_rounds or 'unstated'} rounds." + (f" {table.notes}" if table.notes else ""),
+        "",
+        *(f"- {citation}" for citation in papers_cited(f"{table.source} {table.notes}")),
         "",
     ]
     lines += _row_choices(table, rows, by)

@@ -9,19 +9,51 @@ composes them, so every table is run the same way.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from rayfed.config.presets import preset_overrides
 
-__all__ = ["Row", "Column", "Table", "RowMetric", "cell_overrides", "paper_values", "row_metric", "unavailable"]
+__all__ = [
+    "PAPERS",
+    "Row",
+    "Column",
+    "Table",
+    "RowMetric",
+    "cell_overrides",
+    "paper_values",
+    "papers_cited",
+    "row_metric",
+    "unavailable",
+]
+
+PAPERS = {
+    "P-ICCV": 'G. Lee and D. Choi, "Class-Wise Federated Averaging for Efficient Personalization", ICCV 2025',
+    "P-arXiv": 'G. Lee and D. Choi, "Regularizing and Aggregating Clients with Class Distribution for Personalized '
+    'Federated Learning", arXiv:2406.07800 (the earlier version of P-ICCV)',
+    "P-AWA": 'C. Shi et al., "FedAWA: Adaptive Optimization of Aggregation Weights in Federated Learning Using '
+    'Client Vectors", CVPR 2025',
+    "P-FCA": 'Jang et al., "FedClassAvg: Local Representation Learning for Personalized Federated Learning on '
+    'Heterogeneous Neural Networks", ICPP 2022',
+}
+"""The papers the tables come from, by the short names the tables, reports and docs use."""
 
 EVALUATED = ("personalised", "global", "local")
 """What a row may report: the clients' own models, the global model, or the clients' models right after local
 training (docs/algorithms.md, "Data and evaluation", "Which model a row reports")."""
 SELECTIONS = ("best", "lowest_test_loss")
 """Which round of a run is scored: its best, as the papers' logs report, or the round of its lowest test loss."""
+
+
+def papers_cited(text: str) -> list[str]:
+    """``"P-ICCV: <citation>"`` for each paper ``text`` names, in :data:`PAPERS`' order.
+
+    >>> [line[:30] for line in papers_cited("P-AWA Table 1, beside P-ICCV")]
+    ['P-ICCV: G. Lee and D. Choi, "C', 'P-AWA: C. Shi et al., "FedAWA:']
+    """
+    return [f"{name}: {citation}" for name, citation in PAPERS.items() if re.search(rf"\b{re.escape(name)}\b", text)]
 
 
 def paper_values(keys: tuple[str, ...], values: str) -> dict[str, str]:
@@ -95,6 +127,8 @@ class Table:
     """Printed value = metric x scale (100: per cent, as the cwFedAvg and FedAWA papers; 1: fractions)."""
     paper_rounds: int = 0
     """Rounds the papers ran (0 = not stated)."""
+    paper_seeds: int = 3
+    """Seeds the papers' mean ± std is over (the cwFedAvg, FedAWA and FedClassAvg papers: 3)."""
     notes: str = ""
 
     def row(self, key: str) -> Row:

@@ -1,4 +1,4 @@
-"""The cwFedAvg papers' tables as data: P-ICCV (seed 000) Tables 1-4 and P-arXiv (seed 003) Tables 1-2.
+"""The cwFedAvg papers' tables as data: P-ICCV Tables 1-4 and P-arXiv Tables 1-2.
 
 Lee & Choi, "Class-Wise Federated Averaging for Efficient Personalization", ICCV 2025, and its
 earlier version "Regularizing and Aggregating Clients with Class Distribution for Personalized
@@ -62,10 +62,11 @@ _MODELS_NOTE = (
     "FedNH reports its global model: P-ICCV's FedNH row lies below FedAvg on both pathological columns "
     "(Path C10 50.82 against 60.68), where any model of a client's own, which sees only its two classes, "
     "scores far above the global one (FedNH's personalised models reach the FedAMP/FedFomo level), so the row "
-    "can only be the global model. FedUV reports its clients' models right after their local training "
-    "(engine.eval_local): FedUV has one model, the global one, yet its row sits with the personalised methods "
-    "(Path C10 88.11 against FedAvg's 60.68, FedAMP's 88.82), beyond what one 4-layer CNN reaches on CIFAR-10's "
-    "pooled test set, so the row must score each client's model on its own test split after it trained."
+    "can only be the global model. FedUV's row is scored on its clients' models right after their local training "
+    "(engine.eval_local), an inference, not a stated fact: neither P-ICCV nor its code says which model the row "
+    "reports, and FedUV has one model, the global one, yet its row sits with the personalised methods (Path C10 "
+    "88.11 against FedAvg's 60.68, FedAMP's 88.82), beyond what we expect one 4-layer CNN to reach on CIFAR-10's "
+    "pooled test set; each client's model on its own test split after it trained is the model that fits."
 )
 """Why the FedNH and FedUV rows report the models they do (docs/algorithms.md, "Which model a row reports")."""
 
@@ -94,7 +95,7 @@ _T1 = ("path_c10", "path_c100", "prac_mnist", "prac_c10", "prac_c100", "prac_tin
 ICCV_T1 = Table(
     name="cwfedavg-iccv-t1",
     title="cwFedAvg (Output) against the baselines, 20 clients, 4-layer CNN (* = ResNet-18)",
-    source="P-ICCV Table 1 (seed 000)",
+    source="P-ICCV Table 1",
     columns=(PATH_C10, PATH_C100, PRAC_MNIST, PRAC_C10, PRAC_C100, PRAC_TINY, PRAC_TINY_R18),
     rows=(
         Row(
@@ -167,7 +168,7 @@ _T2 = tuple(c.key for c in C100_SCALE)
 ICCV_T2 = Table(
     name="cwfedavg-iccv-t2",
     title="CIFAR-100, practical: more clients and other Dirichlet α",
-    source="P-ICCV Table 2 (seed 000)",
+    source="P-ICCV Table 2",
     columns=C100_SCALE,
     rows=(
         Row("fedavg", "FedAvg", "fedavg", paper=_paper(_T2, "32.63 32.32 28.00 36.18 36.75")),
@@ -194,7 +195,7 @@ _T3 = ("path_c10", "path_c100", "prac_c10", "prac_c100", "prac_tiny")
 ICCV_T3 = Table(
     name="cwfedavg-iccv-t3",
     title="Which layers are class-wise (FedAvg layers / cwFedAvg layers)",
-    source="P-ICCV Table 3 (seed 000)",
+    source="P-ICCV Table 3",
     columns=(PATH_C10, PATH_C100, PRAC_C10, PRAC_C100, PRAC_TINY),
     rows=(
         Row(
@@ -228,7 +229,7 @@ _T4 = ("prac_c100", "prac_tiny")
 ICCV_T4 = Table(
     name="cwfedavg-iccv-t4",
     title="Class distribution and WDR, all layers class-wise, practical",
-    source="P-ICCV Table 4 (seed 000)",
+    source="P-ICCV Table 4",
     columns=(PRAC_C100, PRAC_TINY),
     rows=(
         Row("dist", "empirical p, no WDR", "cwfedavg", {"variant": "dist", **_ALL}, paper=_paper(_T4, "48.27 31.09")),
@@ -242,7 +243,7 @@ _A1 = ("path_mnist", "path_c10", "path_c100", "prac_mnist", "prac_c10", "prac_c1
 ARXIV_T1 = Table(
     name="cwfedavg-arxiv-t1",
     title="cwFedAvg, all layers class-wise, against the baselines",
-    source="P-arXiv Table 1 (seed 003); baselines not listed there match P-ICCV Table 1",
+    source="P-arXiv Table 1; baselines not listed there match P-ICCV Table 1",
     columns=(PATH_MNIST, PATH_C10, PATH_C100, PRAC_MNIST, PRAC_C10, PRAC_C100, PRAC_AGNEWS),
     rows=(
         Row("apple", "APPLE", "apple", _APPLE, paper=_paper(_A1, "99.75 90.21 63.12 99.49 90.57 54.92 96.00")),
@@ -280,7 +281,7 @@ ARXIV_T1 = Table(
 ARXIV_T2 = Table(
     name="cwfedavg-arxiv-t2",
     title="CIFAR-100, practical: more clients and other Dirichlet α, all layers class-wise",
-    source="P-arXiv Table 2 (seed 003)",
+    source="P-arXiv Table 2",
     columns=C100_SCALE,
     rows=(
         Row(
@@ -306,7 +307,7 @@ ARXIV_T2 = Table(
 CWFEDAVG_MNIST = Table(
     name="cwfedavg-mnist",
     title="FedAvg and cwFedAvg (Output) on MNIST, with the initial model as round 0",
-    source="P-ICCV Table 1 and P-arXiv Table 1, MNIST columns (seeds 000, 003)",
+    source="P-ICCV Table 1 and P-arXiv Table 1, MNIST columns",
     columns=(PATH_MNIST, PRAC_MNIST),
     rows=(
         Row("fedavg", "FedAvg", "fedavg", paper={"path_mnist": "98.08 [A]", "prac_mnist": "98.70±0.04"}),

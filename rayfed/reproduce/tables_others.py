@@ -1,4 +1,4 @@
-"""The FedAWA and FedClassAvg papers' tables as data: P-AWA (seed 004) Tables 1 and 5, P-FCA (seed 002) Tables 2-4.
+"""The FedAWA and FedClassAvg papers' tables as data: P-AWA Tables 1 and 5, P-FCA Tables 2-4.
 
 Shi et al., "FedAWA: Adaptive Optimization of Aggregation Weights in Federated Learning Using
 Client Vectors", CVPR 2025 (global-model top-1 accuracy, %); Jang et al., "FedClassAvg: Local
@@ -41,7 +41,7 @@ _FEDPROX_SGD = "plain SGD without weight decay, as the authors' code trains FedP
 AWA_T1 = Table(
     name="fedawa-t1",
     title="FedAWA against aggregation-weight baselines, 20 clients, ResNet-20 (CIFAR) / ResNet-18 (Tiny)",
-    source="P-AWA Table 1 (seed 004)",
+    source="P-AWA Table 1",
     columns=_AWA_COLS,
     rows=(
         Row(
@@ -108,7 +108,7 @@ _B = tuple(c.key for c in _T5_COLS)
 AWA_T5 = Table(
     name="fedawa-t5",
     title="FedAWA's regulariser: none, Euclidean, cosine",
-    source="P-AWA Table 5 (seed 004)",
+    source="P-AWA Table 5",
     columns=_T5_COLS,
     rows=(
         Row("none", "no regulariser", "fedawa", {"distance": "none"}, paper=_paper(_B, "63.05 75.06 36.75 41.36")),
@@ -209,7 +209,7 @@ _FCA_LR = (
 FCA_T2 = Table(
     name="fedclassavg-t2",
     title="FedClassAvg on 20 heterogeneous clients (4 networks)",
-    source="P-FCA Table 2 (seed 002); ± there is the std across clients",
+    source="P-FCA Table 2; ± there is the std across clients",
     columns=_F2,
     rows=(
         Row(
@@ -285,7 +285,7 @@ _C3 = tuple(c.key for c in _F3)
 FCA_T3 = Table(
     name="fedclassavg-t3",
     title="Homogeneous clients (ResNet-18), Dir(0.5), 20 and 100 clients",
-    source="P-FCA Table 3 (seed 002)",
+    source="P-FCA Table 3",
     columns=_F3,
     rows=(
         Row(
@@ -339,7 +339,7 @@ _C4 = tuple(c.key for c in _F4)
 FCA_T4 = Table(
     name="fedclassavg-t4",
     title="FedClassAvg ablation: classifier averaging (CA), proximal term (PR), contrastive loss (CL)",
-    source="P-FCA Table 4 (seed 002)",
+    source="P-FCA Table 4",
     columns=_F4,
     rows=(
         Row("ca", "CA", "fedclassavg", {"rho": 0.0, "contrastive": False}, paper=_paper(_C4, ".615 .8578 .915")),

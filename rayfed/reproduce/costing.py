@@ -1,0 +1,229 @@
+"""What a table costs before it runs: ``rayfed reproduce TABLE --plan``.
+
+A cell's cost is its rounds still to run times the seconds a round of its shape takes, plus its start (data
+loading, partition, first-round warm-up) when it has rounds to run. The cells of one shape (row and column:
+the seeds differ only in their random numbers) share one measurement, taken from a run of that shape already
+under ``OUT/runs`` (the median ``round_s`` of its ``rounds.parquet``), else by **calibration**: two rounds of the
+shape's first cell, in a temporary folder, on this machine as the cell would run (CPU, or its GPU share).
+
+Wall time spreads the cells over the slots that run at once: ``--parallel``, bounded by this machine's CPUs (each
+run takes one) and, with ``--gpus-per-run G``, by ``GPUs / G``; longest cells first, each to the slot free
+soonest. The papers' horizon is the same table at :attr:`~rayfed.reproduce.spec.Table.paper_rounds` rounds and
+:attr:`~rayfed.reproduce.spec.Table.paper_seeds` seeds, every cell from scratch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rayfed.engine.callbacks import Callback, RunView
+from rayfed.engine.metrics import RoundRecord
+from rayfed.reproduce.runner import Cell
+from rayfed.reproduce.spec import Table
+from rayfed.util.errors import DatasetError, RayfedError
+
+__all__ = ["ShapeCost", "CellCost", "plan_report", "shape_costs", "cell_costs", "wall_seconds", "run_slots"]
+
+CALIBRATION_ROUNDS = 2
+
+
+@dataclass(frozen=True)
+class ShapeCost:
+    """Seconds a round of one (row, column) takes here, and a run's start; ``note`` says where they come from."""
+
+    round_s: float
+    start_s: float
+    note: str
+
+
+@dataclass(frozen=True)
+class CellCost:
+    """One cell's rounds done and seconds still to run."""
+
+    cell: Cell
+    done: int
+    """Rounds its run directory holds."""
+    seconds: float | None
+    """Seconds to bring it to the rounds asked (None: its shape could not be measured)."""
+
+
+def rounds_recorded(run_dir: Path | None) -> list[float]:
+    """``round_s`` of every training round a run directory records (none when it has no ``rounds.parquet``)."""
+    path = None if run_dir is None else run_dir / "rounds.parquet"
+    if path is None or not path.is_file():
+        return []
+    table = pq.read_table(path, columns=["round", "round_s"]).to_pylist()
+    return [row["round_s"] for row in table if row["round"] >= 0]
+
+
+def round_walls(run_dir: Path) -> list[float]:
+    """Wall seconds of a run's rounds, checkpoints and files included: the gaps between its per-round client
+    tables' times of writing; where it has fewer than two, its ``round_s`` (the rounds alone)."""
+    tables = sorted((run_dir / "clients").glob("round_*.parquet")) if run_dir.is_dir() else []
+    stamps = [path.stat().st_mtime for path in tables]
+    if len(stamps) >= 2:
+        return [later - earlier for earlier, later in zip(stamps, stamps[1:])]
+    return rounds_recorded(run_dir)
+
+
+def _shape(cell: Cell) -> tuple[str, str]:
+    return cell.row.key, cell.column.key
+
+
+def shape_costs(
+    cells: Sequence[Cell], *, calibrate: Callable[[Cell], ShapeCost] | None = None
+) -> dict[tuple[str, str], ShapeCost | str]:
+    """Each runnable shape's cost, from its runs under ``OUT/runs`` or by ``calibrate`` (default :func:`calibrate`);
+    a shape that cannot be measured maps to the reason (its data missing)."""
+    calibrate = calibrate or calibrate_cell
+    costs: dict[tuple[str, str], ShapeCost | str] = {}
+    by_shape: dict[tuple[str, str], list[Cell]] = {}
+    for cell in cells:
+        if cell.config is not None:
+            by_shape.setdefault(_shape(cell), []).append(cell)
+    for shape, members in by_shape.items():
+        directories = (c.run_dir for c in members if c.run_dir is not None)
+        recorded = next((times for times in map(round_walls, directories) if times), None)
+        if recorded:
+            costs[shape] = ShapeCost(statistics.median(recorded), 0.0, f"its runs ({len(recorded)} rounds)")
+            continue
+        try:
+            costs[shape] = calibrate(members[0])
+        except DatasetError as error:
+            costs[shape] = f"data missing: {str(error).splitlines()[0][:160]}"
+        except RayfedError as error:
+            costs[shape] = f"cannot run: {str(error).splitlines()[0][:160]}"
+    return costs
+
+
+def calibrate_cell(cell: Cell) -> ShapeCost:
+    """Run :data:`CALIBRATION_ROUNDS` rounds of ``cell`` in a temporary folder, with its checkpoints and files: a
+    round's cost is the wall time between the ends of the later rounds; the start is what the first round took
+    beyond it (data, partition, workers, warm-up)."""
+    from rayfed.engine import run
+
+    assert cell.config is not None
+    stamps = _RoundEnds()
+    with tempfile.TemporaryDirectory(prefix="rayfed-plan-") as folder:
+        overrides = {"train.rounds": CALIBRATION_ROUNDS, "run_dir": str(Path(folder) / "run"), "engine.loggers": []}
+        stamps.started = time.perf_counter()
+        run(cell.config.override(overrides), callbacks=[stamps])
+    ends = [stamps.started, *stamps.ends]
+    gaps = [later - earlier for earlier, later in zip(ends, ends[1:])]
+    round_s = statistics.median(gaps[1:] or gaps)
+    return ShapeCost(round_s, max(gaps[0] - round_s, 0.0), f"calibrated here ({len(gaps)} rounds)")
+
+
+class _RoundEnds(Callback):
+    """When each round of a run ended, its files and checkpoint written."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.ends: list[float] = []
+
+    def after_round(self, run: RunView, record: RoundRecord, clients: pa.Table) -> bool:
+        self.ends.append(time.perf_counter())
+        return False
+
+
+def cell_costs(cells: Sequence[Cell], costs: dict[tuple[str, str], ShapeCost | str], rounds: int) -> list[CellCost]:
+    """Each runnable cell's seconds to reach ``rounds``, from the rounds its directory holds."""
+    out = []
+    for cell in cells:
+        if cell.config is None:
+            continue
+        done = len(rounds_recorded(cell.run_dir))
+        cost = costs.get(_shape(cell))
+        left = max(rounds - done, 0)
+        if not isinstance(cost, ShapeCost):
+            seconds = None
+        else:
+            seconds = left * cost.round_s + (cost.start_s if left else 0.0)
+        out.append(CellCost(cell, done, seconds))
+    return out
+
+
+def run_slots(parallel: int, gpus_per_run: float) -> int:
+    """Runs at once: ``parallel``, at most this machine's CPUs and, on GPU shares, its GPUs / share."""
+    slots = min(parallel, os.cpu_count() or 1)
+    if gpus_per_run > 0:
+        import torch
+
+        slots = min(slots, max(int(torch.cuda.device_count() / gpus_per_run), 1))
+    return max(slots, 1)
+
+
+def wall_seconds(seconds: Sequence[float], slots: int) -> float:
+    """The time ``seconds`` of work take on ``slots`` runners, longest first, each to the runner free soonest."""
+    free = [0.0] * slots
+    for cost in sorted(seconds, reverse=True):
+        heapq.heapreplace(free, free[0] + cost)
+    return max(free, default=0.0)
+
+
+def describe(cost: ShapeCost | str | None) -> str:
+    if isinstance(cost, ShapeCost):
+        return f"{cost.round_s:.2f} s/round, {json.dumps(cost.note)[1:-1]}"
+    return cost or "not measured"
+
+
+def plan_report(
+    table: Table,
+    cells: Sequence[Cell],
+    *,
+    rounds: int,
+    parallel: int,
+    gpus_per_run: float,
+    calibrate: Callable[[Cell], ShapeCost] | None = None,
+) -> str:
+    """The ``--plan`` answer: each cell with its rounds done and seconds left, the total and its wall time here,
+    and the same table at the papers' horizon; the last line is ``key=value`` for scripts."""
+    costs = shape_costs(cells, calibrate=calibrate)
+    per_cell = cell_costs(cells, costs, rounds)
+    slots = run_slots(parallel, gpus_per_run)
+    lines = [f"{'row':18s} {'column':14s} {'seed':>4s} {'rounds':>9s} {'seconds':>9s}  per round"]
+    for item in per_cell:
+        cell, left = item.cell, "?" if item.seconds is None else f"{item.seconds:.0f}"
+        done = f"{min(item.done, rounds)}/{rounds}"
+        lines.append(
+            f"{cell.row.key:18s} {cell.column.key:14s} {cell.seed:4d} {done:>9s} {left:>9s}  "
+            f"{describe(costs.get(_shape(cell)))}"
+        )
+    for cell in cells:
+        if cell.config is None:
+            lines.append(f"{cell.row.key:18s} {cell.column.key:14s} {cell.seed:4d}  blocked: {cell.blocked}")
+    known = [item.seconds for item in per_cell if item.seconds is not None]
+    to_run = sum(1 for seconds in known if seconds > 0)
+    work, wall = sum(known), wall_seconds(known, slots)
+    unknown = len(per_cell) - len(known)
+    lines.append(
+        f"to run: {to_run} of {len(per_cell)} cells, {work:,.0f} s of runs, {wall / 3600:.2f} h wall with {slots} "
+        f"run{'s' * (slots > 1)} at once" + (f"; {unknown} cells not costed (above)" if unknown else "")
+    )
+    measured = {shape: cost for shape, cost in costs.items() if isinstance(cost, ShapeCost)}
+    paper = [
+        cost.start_s + table.paper_rounds * cost.round_s for cost in measured.values() for _ in range(table.paper_seeds)
+    ]
+    paper_work, paper_wall = sum(paper), wall_seconds(paper, slots)
+    if table.paper_rounds:
+        lines.append(
+            f"the papers' horizon ({table.paper_rounds} rounds, {table.paper_seeds} seeds, {len(paper)} runs of the "
+            f"{len(measured)} costed shapes, from scratch): {paper_work / 3600:,.1f} hours of runs (each on one "
+            f"CPU, or its GPU share), {paper_wall / 3600:,.1f} h wall with {slots} at once"
+        )
+    lines.append(
+        f"plan: cells={len(per_cell)} to_run={to_run} work_s={work:.0f} wall_s={wall:.0f} "
+        f"paper_run_hours={paper_work / 3600:.1f} paper_wall_hours={paper_wall / 3600:.1f}"
+    )
+    return "\n".join(lines)
