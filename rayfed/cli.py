@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -127,6 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # one line instead of a traceback (rayfed.engine.interrupts)
         print(_interrupted(e, ns.command, shlex.join(["rayfed", *argv])))
         return exit_status(e)
+    except BrokenPipeError:  # the reader of stdout left (rayfed list | head): stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return 141
 
 
 def _run(ns: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import subprocess
 import sys
 
@@ -125,3 +126,13 @@ def test_a_rounded_join_ratio_warns_once(caplog):
         "engine.join_ratio=0.01 of data.num_clients=4 asks for 0.04 clients per round; each round samples 1 "
         "(a join ratio of 0.25)"
     ]
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly() -> None:
+    # `rayfed reproduce --list | head -2`: the pipe's reader is gone when rayfed writes; no traceback, status 141
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    command = [sys.executable, "-m", "rayfed", "reproduce", "--list"]
+    done = subprocess.run(command, stdout=write_end, stderr=subprocess.PIPE, timeout=120)
+    os.close(write_end)
+    assert done.returncode == 141 and done.stderr == b""
