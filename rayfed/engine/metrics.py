@@ -42,7 +42,7 @@ from rayfed.execution.reports import ClientReport, EvalReport
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RoundRecord", "loss_problem", "summarise_round", "client_table"]
+__all__ = ["RoundRecord", "counted_round", "loss_problem", "summarise_round", "client_table"]
 
 
 @dataclass
@@ -80,6 +80,12 @@ class RoundRecord:
         row = asdict(self)
         row.update({f"server_{k}" if not k.startswith("server_") else k: v for k, v in row.pop("extra").items()})
         return row
+
+
+def counted_round(round_index: int) -> int:
+    """A ``rounds.parquet`` round (0-based; -1 the initial model) counted as the progress bar counts it, which is how
+    the figures, the reports and the experiment trackers show it: 1 for the first round, 0 for the initial model."""
+    return round_index + 1
 
 
 def loss_problem(round_index: int, train_loss: float, num_sampled: int, num_rejected: int) -> str | None:

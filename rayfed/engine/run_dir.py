@@ -97,8 +97,11 @@ def resume_command(run_dir: str | Path) -> str:
 def check_creatable(run_dir: Path) -> None:
     """Raise ConfigError naming ``run_dir`` and the reason if the folder cannot be made (nothing is written)."""
     existing = run_dir
-    while not _exists(existing) and existing != existing.parent:
-        if _is_link(existing):  # exists() follows links: this one points nowhere
+    while existing != existing.parent:
+        exists, link = _found(existing)
+        if exists:
+            break
+        if link:  # exists() follows links: this one points nowhere
             what = "it" if existing == run_dir else repr(str(existing))
             _refuse(
                 run_dir,
@@ -117,23 +120,13 @@ def check_creatable(run_dir: Path) -> None:
     _check_name_lengths(run_dir, existing)
 
 
-def _exists(path: Path) -> bool:
-    """``path.exists()``, False for a name too long to exist (which ``exists`` raises for)."""
+def _found(path: Path) -> tuple[bool, bool]:
+    """(``path.exists()``, ``path.is_symlink()``), both False for a name too long to exist (which they raise for)."""
     try:
-        return path.exists()
+        return path.exists(), path.is_symlink()
     except OSError as error:
         if error.errno == errno.ENAMETOOLONG:
-            return False
-        raise
-
-
-def _is_link(path: Path) -> bool:
-    """``path.is_symlink()``, False for a name too long to exist."""
-    try:
-        return path.is_symlink()
-    except OSError as error:
-        if error.errno == errno.ENAMETOOLONG:
-            return False
+            return False, False
         raise
 
 

@@ -15,7 +15,6 @@ soonest. The papers' horizon is the same table at :attr:`~rayfed.reproduce.spec.
 from __future__ import annotations
 
 import heapq
-import json
 import os
 import statistics
 import tempfile
@@ -174,7 +173,7 @@ def wall_seconds(seconds: Sequence[float], slots: int) -> float:
 
 def describe(cost: ShapeCost | str | None) -> str:
     if isinstance(cost, ShapeCost):
-        return f"{cost.round_s:.2f} s/round, {json.dumps(cost.note)[1:-1]}"
+        return f"{cost.round_s:.2f} s/round, {cost.note}"
     return cost or "not measured"
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from rayfed.engine.metrics import counted_round
 from rayfed.reproduce.runner import Cell, Outcome, fetch_command, rounds_done
 from rayfed.reproduce.spec import Row, RowMetric, Table, papers_cited, row_metric
 from rayfed.util.files import atomic_write, write_json
@@ -52,13 +53,17 @@ def score_run(
         return None
     rows = pq.read_table(directory / "rounds.parquet").to_pylist()
     curve = [
-        (int(r["round"]) + 1, scale * float(r[metric.column]))
+        (counted_round(int(r["round"])), scale * float(r[metric.column]))
         for r in rows
         if r["round"] < rounds and _finite(r.get(metric.column))
     ]
     trained = [(x, v) for x, v in curve if x >= 1]
     if metric.select == "lowest_test_loss":
-        losses = {int(r["round"]) + 1: float(r[metric.loss_column]) for r in rows if _finite(r.get(metric.loss_column))}
+        losses = {
+            counted_round(int(r["round"])): float(r[metric.loss_column])
+            for r in rows
+            if _finite(r.get(metric.loss_column))
+        }
         trained = [(x, v) for x, v in trained if x in losses]
         pick = functools.partial(min, key=lambda point: losses[point[0]])  # the first of equal minima
     else:

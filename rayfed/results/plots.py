@@ -44,6 +44,7 @@ from rayfed.algorithms import ALGORITHMS
 from rayfed.algorithms.figures import DistributionPairs, Figure, FinishedRun, Heatmap
 from rayfed.data import LABEL_COUNTS_FILE, read_label_counts
 from rayfed.engine.checkpoint import load_checkpoint, newest_checkpoint
+from rayfed.engine.metrics import counted_round
 from rayfed.util.errors import CheckpointError, ConfigError, RayfedError
 from rayfed.util.files import atomic_write
 
@@ -192,7 +193,7 @@ def accuracy_points(run: RunData, column: str = "accuracy") -> tuple[list[int], 
     ``column="global_accuracy"`` gives the global model's curve on the same clients (none for an
     algorithm without a global model besides the evaluated ones, or a run written before it existed).
     """
-    values = [(int(r["round"]) + 1, r.get(column)) for r in run.rounds]
+    values = [(counted_round(int(r["round"])), r.get(column)) for r in run.rounds]
     points = [(x, 100 * y) for x, y in values if y is not None and not math.isnan(y)]
     return [x for x, _ in points], [y for _, y in points]
 

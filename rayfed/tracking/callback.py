@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from rayfed.engine.callbacks import Callback, RunView
-from rayfed.engine.metrics import RoundRecord
+from rayfed.engine.metrics import RoundRecord, counted_round
 from rayfed.tracking.registry import STATE_FILE, StudyLink
 from rayfed.tracking.tracker import RoundPoint, Tracker
 from rayfed.util.errors import ConfigError
@@ -22,17 +22,12 @@ from rayfed.util.files import write_json
 if TYPE_CHECKING:  # pragma: no cover
     from rayfed.engine.result import RunResult
 
-__all__ = ["Tracking", "DISTRIBUTIONS", "step_of"]
+__all__ = ["Tracking", "DISTRIBUTIONS"]
 
 logger = logging.getLogger(__name__)
 
 DISTRIBUTIONS = ("test_acc", "train_loss", "update_norm", "local_test_acc")
 """Columns of ``clients/round_*.parquet`` sent as per-client distributions (``clients/<column>``)."""
-
-
-def step_of(round_index: int) -> int:
-    """A round's step: rounds counted from 1 as the progress bar counts them; the initial model (round -1) is 0."""
-    return round_index + 1
 
 
 class Tracking(Callback):
@@ -63,7 +58,7 @@ class Tracking(Callback):
                 tracker.log_config(flat, plain)
         # the rounds recorded before this process (a resume) that a tracker has not received: a tracker added
         # on resume, or rounds sent by a process that stopped before saving its state
-        self._send(run, [(step_of(row["round"]), _metrics(row), {}) for row in run.history])
+        self._send(run, [(counted_round(row["round"]), _metrics(row), {}) for row in run.history])
 
     def on_initial_evaluation(self, run: RunView, record: RoundRecord, clients: pa.Table) -> None:
         self._send(run, [_point(record, clients)])
@@ -144,7 +139,7 @@ def _point(record: RoundRecord, clients: pa.Table) -> RoundPoint:
             values = values[np.isfinite(values)]
             if values.size:
                 distributions[f"clients/{column}"] = values
-    return step_of(record.round), _metrics(record.as_row()), distributions
+    return counted_round(record.round), _metrics(record.as_row()), distributions
 
 
 def _metrics(row: Mapping[str, Any]) -> dict[str, float]:

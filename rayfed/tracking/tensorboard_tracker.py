@@ -29,7 +29,6 @@ class TensorBoardTracker(Tracker):
     A resumed run writes a new event file in the same folder, which TensorBoard reads as the same run."""
 
     name = "tensorboard"
-    keeps_distributions = True
 
     def __init__(self, run: RunView, saved: Mapping[str, Any]) -> None:
         self.writer = SummaryWriter(log_dir=str(run.run_dir / LOG_DIR))

@@ -21,8 +21,6 @@ class Tracker(ABC):
 
     name: str
     """The tracker's name in ``engine.loggers``."""
-    keeps_distributions: bool = False
-    """Whether the tool shows per-client distributions (histograms)."""
 
     @abstractmethod
     def state(self) -> dict[str, Any]:

@@ -28,7 +28,6 @@ class WandbTracker(Tracker):
     run continues the W&B run of the same id (kept in ``tracking.json``)."""
 
     name = "wandb"
-    keeps_distributions = True
 
     def __init__(self, run: RunView, saved: Mapping[str, Any], study: StudyLink | None) -> None:
         self.run_id = str(saved.get("run_id") or secrets.token_hex(4))
