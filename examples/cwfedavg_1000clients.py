@@ -76,7 +76,8 @@ def build_config(args: argparse.Namespace) -> RunConfig:
     return RunConfig().override(overrides)
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
+    """The example's command line (the cluster recipes in ``examples/cluster`` pass theirs through it)."""
     parser = argparse.ArgumentParser(
         description="cwFedAvg + WDR on 1,000 clients (any field.path=value overrides RunConfig)"
     )
@@ -96,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-dir", default=None, help="where results go (default runs/<algorithm>-<dataset>-...)")
     parser.add_argument("overrides", nargs="*", metavar="field.path=value")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments().parse_args(argv)
 
     config = build_config(args)
     where = os.environ.get("RAY_ADDRESS") or config.engine.ray_address or "a private local Ray"

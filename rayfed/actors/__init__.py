@@ -17,7 +17,7 @@ from rayfed.util.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ imports them
     from rayfed.actors.client_worker import ClientWorker  # noqa: F401
-    from rayfed.actors.cluster import check_resources, default_num_workers, ray_session  # noqa: F401
+    from rayfed.actors.cluster import check_resources, ray_session  # noqa: F401
     from rayfed.actors.ray_executor import RayExecutor  # noqa: F401
     from rayfed.actors.server_actor import ServerActor  # noqa: F401
     from rayfed.actors.worker_pool import WorkerPool  # noqa: F401
@@ -29,6 +29,6 @@ __all__, __getattr__, __dir__ = lazy_exports(
         "rayfed.actors.server_actor": ("ServerActor",),
         "rayfed.actors.worker_pool": ("WorkerPool",),
         "rayfed.actors.ray_executor": ("RayExecutor",),
-        "rayfed.actors.cluster": ("ray_session", "check_resources", "default_num_workers"),
+        "rayfed.actors.cluster": ("ray_session", "check_resources"),
     },
 )

@@ -56,7 +56,8 @@ __all__ = [
     "workers_on",
     "check_fit",
     "check_resources",
-    "default_num_workers",
+    "pool_target",
+    "ask_for_workers",
 ]
 
 Node = Mapping[str, float]
@@ -203,15 +204,9 @@ def check_resources(engine: EngineConfig) -> None:
 
 
 def _wait_for_autoscaler(engine: EngineConfig) -> None:
-    from ray.autoscaler.sdk import request_resources
-
-    bundle = {"CPU": engine.num_cpus_per_worker}
-    if engine.num_gpus_per_worker > 0:
-        bundle["GPU"] = engine.num_gpus_per_worker
-    request_resources(bundles=[bundle] * max(1, engine.num_workers))
     logger.warning(
-        "the Ray cluster cannot hold the workers yet; asked its autoscaler for them and waiting up to "
-        "engine.resource_wait_s=%g s",
+        "the Ray cluster cannot hold the workers yet; %s, waiting up to engine.resource_wait_s=%g s",
+        ask_for_workers(engine),
         engine.resource_wait_s,
     )
     deadline = time.monotonic() + engine.resource_wait_s
@@ -225,6 +220,21 @@ def _wait_for_autoscaler(engine: EngineConfig) -> None:
         time.sleep(_POLL_S)
 
 
-def default_num_workers(engine: EngineConfig) -> int:
-    """``engine.num_workers``, or as many workers as the cluster's nodes hold (at least 1)."""
-    return engine.num_workers or max(1, workers_on(cluster_nodes(), engine))
+def ask_for_workers(engine: EngineConfig) -> str:
+    """Ask Ray's autoscaler (a no-op without one) for the pool's workers; say what was asked for."""
+    from ray.autoscaler.sdk import request_resources
+
+    bundle = {"CPU": engine.num_cpus_per_worker}
+    if engine.num_gpus_per_worker > 0:
+        bundle["GPU"] = engine.num_gpus_per_worker
+    count = max(1, engine.num_workers or engine.max_workers)
+    request_resources(bundles=[bundle] * count)
+    shape = " and ".join(f"{amount:g} {name}" for name, amount in bundle.items())
+    return f"asked the autoscaler for {count} worker(s) of {shape} each"
+
+
+def pool_target(engine: EngineConfig) -> int:
+    """How many workers the pool should have now: ``engine.num_workers`` (else every worker the alive nodes
+    hold, up to ``engine.max_workers``), but never more than those nodes hold."""
+    room = workers_on(cluster_nodes(), engine)
+    return min(engine.num_workers or engine.max_workers or room, room)

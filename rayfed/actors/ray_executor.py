@@ -1,6 +1,10 @@
 """The Ray executor: a ``ServerActor``, a pool of ``ClientWorker`` actors, data by reference.
 
-Losing the server is handled like losing a worker (:mod:`rayfed.actors.worker_pool`).
+Losing a worker, or a node with workers on it, is handled by :mod:`rayfed.actors.worker_pool`; a
+node that left after its workers finished their calls takes their contributions with it, as
+they live in its object store until the server fetches them: those clients are trained again on
+the remaining workers from the round's same inputs before the server aggregates, so nothing is
+lost or counted twice. Losing the server is handled like losing a worker.
 Each server step (an aggregation, or loading a resumed state) is followed on the actor
 by the next broadcast, which the driver waits for, and by a copy of the server's state,
 which it does not wait for: the server makes it while the workers train, and the driver
@@ -17,15 +21,17 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rayfed.actors.cluster import check_resources, default_num_workers
+from rayfed.actors.cluster import ask_for_workers, check_resources, pool_target
 from rayfed.actors.server_actor import ServerActor
-from rayfed.actors.worker_pool import ACTOR_FAILURES, WorkerPool, kill_actor
+from rayfed.actors.worker_pool import ACTOR_FAILURES, CallResult, WorkerPool, kill_actor
 from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
@@ -33,13 +39,15 @@ from rayfed.execution.executor import Chunk, Executor, no_progress, states_of
 from rayfed.execution.reports import ClientReport, EvalReport
 from rayfed.train.job import ClientState
 from rayfed.train.problem import ProblemSpec
-from rayfed.util.errors import ServerError
+from rayfed.util.errors import ServerError, WorkerError
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["RayExecutor"]
 
 _CAUSE = "(often the server's memory)."
+_NODE_DEATH_WAIT_S = 60.0
+"""How long a failed aggregation waits for Ray to mark the node that held a lost contribution dead."""
 
 
 class RayExecutor(Executor):
@@ -55,7 +63,6 @@ class RayExecutor(Executor):
     ) -> None:
         engine = config.engine
         check_resources(engine)
-        self.num_workers = default_num_workers(engine)
         self._dataset_ref = ray.put(dataset)
         self._partition_ref = ray.put(partition)
         self._server_args = (config, spec, dict(initial))
@@ -64,19 +71,29 @@ class RayExecutor(Executor):
         """Reference to the server's state after its last step: the start state of the coming round."""
         self._broadcast: Any = None
         self.server_restarts = 0
+        self.contributions_rerun = 0
+        """Batches of clients trained again because the node holding their contribution left."""
+        self._round_inputs: tuple[Any, RoundContext, list[Chunk], Mapping[int, ClientState]] | None = None
+        self._ran_on: list[str] = []
+        """The node each chunk of the round trained on, whose object store holds its contribution."""
         self.server = self._spawn_server()
         options = {"num_cpus": engine.num_cpus_per_worker, "num_gpus": engine.num_gpus_per_worker, "max_restarts": 0}
         self.pool = WorkerPool(
-            self.num_workers,
+            lambda: pool_target(engine),
             options,
             (config, spec, self._dataset_ref, self._partition_ref),
             timeout_s=engine.round_timeout_s,
             max_retries=engine.max_retries,
+            wait_s=engine.resource_wait_s,
+            ask_for_workers=lambda: ask_for_workers(engine),
         )
         self._on_server("while it was created", None)
 
     def _spawn_server(self) -> Any:
-        return ServerActor.remote(*self._server_args)  # type: ignore[attr-defined]
+        """The ``ServerActor``, on the driver's node (soft: elsewhere if that one cannot take it), so that a worker
+        node that leaves never takes the server or its state with it: the head's loss is the run's."""
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        return ServerActor.options(scheduling_strategy=here).remote(*self._server_args)  # type: ignore[attr-defined]
 
     def _on_server(self, when: str, step: Callable[[Any], Any] | None) -> Any:
         """Run ``step(server)`` (an actor call, or nothing), make the next broadcast and a copy of the state.
@@ -131,22 +148,70 @@ class RayExecutor(Executor):
         states: Mapping[int, ClientState],
         on_chunk_done: Callable[[], object] = no_progress,
     ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:
-        results = self.pool.map(
-            "train",
-            chunks,
-            lambda i: (broadcast, ctx, chunks[i], states_of(states, chunks[i])),
-            round_index=ctx.round,
-            on_chunk_done=on_chunk_done,
-        )
+        self._round_inputs = (broadcast, ctx, chunks, states)
+        results = self._train_chunks(list(range(len(chunks))), on_chunk_done)
+        self._ran_on = [result.node for result in results]
         contributions, reports, new_states = [], [], {}
-        for (contribution_ref,), (chunk_reports, chunk_states) in results:
-            contributions.append(contribution_ref)
+        for result in results:
+            chunk_reports, chunk_states = result.value
+            contributions.extend(result.refs)
             reports.extend(chunk_reports)
             new_states.update(chunk_states)
         return contributions, reports, new_states
 
+    def _train_chunks(self, indices: list[int], on_chunk_done: Callable[[], object] = no_progress) -> list[CallResult]:
+        """Train the round's chunks ``indices`` (:meth:`train`'s inputs) on the pool."""
+        assert self._round_inputs is not None
+        broadcast, ctx, chunks, states = self._round_inputs
+        return self.pool.map(
+            "train",
+            [chunks[i] for i in indices],
+            lambda k: (broadcast, ctx, chunks[indices[k]], states_of(states, chunks[indices[k]])),
+            round_index=ctx.round,
+            on_chunk_done=on_chunk_done,
+        )
+
     def aggregate(self, ctx: RoundContext, contributions: list[Any]) -> dict[str, float]:
-        return self._on_server(f"in round {ctx.round}", lambda server: server.aggregate.remote(ctx, *contributions))
+        contributions = list(contributions)
+        for attempt in itertools.count():
+            self._retrain_lost(contributions, wait_s=_NODE_DEATH_WAIT_S if attempt else 0.0)
+            try:
+                return self._on_server(
+                    f"in round {ctx.round}", lambda server: server.aggregate.remote(ctx, *contributions)
+                )
+            except ray.exceptions.ObjectLostError as e:
+                if attempt >= self._max_retries:
+                    raise WorkerError(
+                        f"round {ctx.round}: contributions were lost {attempt + 1} times before the server could "
+                        f"fetch them ({type(e).__name__}); engine.max_retries={self._max_retries} allows "
+                        f"{self._max_retries} re-runs."
+                    ) from e
+                logger.warning("round %d: a contribution was lost (%s); re-running its clients", ctx.round, e)
+        raise AssertionError("unreachable")
+
+    def _retrain_lost(self, contributions: list[Any], *, wait_s: float) -> None:
+        """Train again, in place, the chunks whose node has left since they trained there (waiting up to
+        ``wait_s`` for Ray to mark such a node dead, after an aggregation that lost an object)."""
+        deadline = time.monotonic() + wait_s
+        while not (lost := self._on_nodes_gone()) and time.monotonic() < deadline:
+            time.sleep(1.0)
+        if not lost:
+            return
+        logger.warning("the node holding the contributions of %d batch(es) left; training them again", len(lost))
+        for i, result in zip(lost, self._train_chunks(lost)):
+            (contributions[i],) = result.refs
+            self._ran_on[i] = result.node
+        self.contributions_rerun += len(lost)
+
+    @property
+    def calls_ran_on(self) -> list[str]:
+        """The node each train call of the round ran on (whose object store holds its contribution)."""
+        return list(self._ran_on)
+
+    def _on_nodes_gone(self) -> list[int]:
+        """The round's chunks that trained on a node which is no longer alive."""
+        alive = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+        return [i for i, node in enumerate(self._ran_on) if node not in alive]
 
     def evaluate(
         self,
@@ -163,7 +228,7 @@ class RayExecutor(Executor):
             round_index=ctx.round,
             on_chunk_done=on_chunk_done,
         )
-        return [report for _, chunk_reports in results for report in chunk_reports]
+        return [report for result in results for report in result.value]
 
     def server_state(self) -> dict[str, np.ndarray]:
         state = self._last_state("after its last step")
@@ -174,5 +239,6 @@ class RayExecutor(Executor):
         self._on_server("while the resumed state was loaded", lambda server: server.load_state_dict.remote(dict(state)))
 
     def close(self) -> None:
+        self._round_inputs = None
         self.pool.shutdown()
         kill_actor(self.server)

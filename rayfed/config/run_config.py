@@ -91,7 +91,12 @@ class EngineConfig:
     """How the simulation is laid out on Ray: workers, resources, sampling, evaluation, checkpoints."""
 
     backend: str = documented("ray", "ray (worker actors) or local (everything in this process, for debugging).")
-    num_workers: int = documented(0, "ClientWorker actors; 0 = as many as the cluster's CPUs allow.")
+    num_workers: int = documented(
+        0,
+        "ClientWorker actors; 0 = as many as the cluster's nodes hold, following nodes as they join and leave "
+        "(docs/cluster.md, 'Nodes that come and go').",
+    )
+    max_workers: int = documented(0, "With num_workers=0, the most ClientWorkers the pool grows to; 0 = no bound.")
     num_cpus_per_worker: float = documented(1.0, "CPUs Ray reserves for each worker.")
     num_gpus_per_worker: float = documented(
         0.0, "Fractional GPUs per worker, e.g. 0.25 = four workers per GPU; 0 = CPU only."
@@ -136,7 +141,9 @@ class EngineConfig:
         None, "Ray cluster to join; null = join RAY_ADDRESS if set, else start a local Ray."
     )
     resource_wait_s: float = documented(
-        0.0, "Seconds to wait for an autoscaling Ray cluster to add nodes the workers need; 0 = refuse at once."
+        0.0,
+        "Seconds to wait for an autoscaling Ray cluster to add nodes the workers need, at the start and when a run "
+        "has lost every worker; 0 = stop at once.",
     )
     dashboard: bool = documented(False, "Start the Ray dashboard with the local Ray.")
     dashboard_host: str = documented("127.0.0.1", "Address the Ray dashboard binds to (localhost only by default).")
@@ -166,6 +173,13 @@ class EngineConfig:
     def __post_init__(self) -> None:
         check_choice("engine.backend", self.backend, ("ray", "local"))
         check(self.num_workers >= 0, "engine.num_workers", self.num_workers, ">= 0")
+        check(self.max_workers >= 0, "engine.max_workers", self.max_workers, ">= 0 (0 = no bound)")
+        check(
+            not (self.num_workers and self.max_workers),
+            "engine.max_workers",
+            self.max_workers,
+            f"0 while engine.num_workers={self.num_workers} fixes the pool's size (or set engine.num_workers=0)",
+        )
         check(self.num_cpus_per_worker > 0, "engine.num_cpus_per_worker", self.num_cpus_per_worker, "> 0")
         check(self.num_gpus_per_worker >= 0, "engine.num_gpus_per_worker", self.num_gpus_per_worker, ">= 0")
         check(self.torch_threads >= 1, "engine.torch_threads", self.torch_threads, ">= 1")

@@ -176,7 +176,8 @@ def _local_workers(config: RunConfig) -> int:
     engine = config.engine
     if engine.backend == "local" or engine.ray_address or os.environ.get("RAY_ADDRESS"):
         return 0
-    return engine.num_workers or max(1, int((os.cpu_count() or 1) // engine.num_cpus_per_worker))
+    room = max(1, int((os.cpu_count() or 1) // engine.num_cpus_per_worker))
+    return engine.num_workers or min(engine.max_workers or room, room)
 
 
 def estimate_memory(config: RunConfig) -> MemoryEstimate:

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from rayfed.engine.metrics import counted_round
-from rayfed.reproduce.runner import Cell, Outcome, fetch_command, rounds_done
+from rayfed.reproduce.runner import Cell, Outcome, fetch_command
 from rayfed.reproduce.spec import Row, RowMetric, Table, papers_cited, row_metric
 from rayfed.util.files import atomic_write, write_json
 
@@ -47,9 +47,10 @@ class Score:
 def score_run(
     directory: Path, metric: RowMetric, rounds: int, scale: float, at_rounds: Sequence[int] = ()
 ) -> Score | None:
-    """The score of the run in ``directory`` on ``metric`` over rounds 1..``rounds``; None until it has that many
-    (or, selecting by test loss, while no scored round has one)."""
-    if rounds_done(directory) < rounds:
+    """The score of the run in ``directory`` on ``metric`` over rounds 1..``rounds``; None until its
+    ``rounds.parquet`` has that many (a longer run, or one stopped past them, is scored on its first ``rounds``),
+    or, selecting by test loss, while no scored round has one."""
+    if rounds_recorded(directory) < rounds:
         return None
     rows = pq.read_table(directory / "rounds.parquet").to_pylist()
     curve = [

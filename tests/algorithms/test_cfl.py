@@ -227,13 +227,23 @@ def test_defaults_are_the_papers_thresholds_and_bad_values_are_refused() -> None
 # --- end to end ---------------------------------------------------------------------------------
 
 
+def test_the_tables_cfl_row_is_the_papers_and_the_gradient_variant_is_a_row_of_its_own() -> None:
+    # The papers' criterion (raw update norms) by default; the gradient-norm variant named and labelled apart.
+    for name in ("pfl-baselines-mnist", "cwfedavg-iccv-t1"):
+        table = next(t for t in CWFEDAVG_TABLES if t.name == name)
+        paper, gradient = CFLParams(**table.row("cfl").params), CFLParams(**table.row("cfl_gradient").params)
+        assert (paper.norms, gradient.norms) == ("update", "gradient")
+        assert (paper.eps1, paper.eps2, paper.warmup_rounds) == (0.4, 0.9, 20)
+        assert "gradient" in table.row("cfl_gradient").label and table.row("cfl_gradient").paper == {}
+
+
 def test_under_the_tables_settings_two_label_swapped_groups_split_apart_and_beat_fedavg(tmp_path) -> None:
     # Prepare: 4 clients, even ids with the original labels, odd ids with shifted ones, the tables' optimiser
-    # (plain SGD, lr 0.005, batch 10) and the tables' CFL settings. Until it splits, CFL is FedAvg (one cluster,
-    # the same weighted mean of the same updates); and no single model, FedAvg's, can pass 1/2 here: the two
-    # groups give the images of a class two different labels.
+    # (plain SGD, lr 0.005, batch 10) and the gradient-norm CFL row's settings. Until it splits, CFL is FedAvg
+    # (one cluster, the same weighted mean of the same updates); and no single model, FedAvg's, can pass 1/2
+    # here: the two groups give the images of a class two different labels.
     table = next(t for t in CWFEDAVG_TABLES if t.name == "pfl-baselines-mnist")
-    cfl = table.row("cfl").params
+    cfl = table.row("cfl_gradient").params
     assert cfl["norms"] == "gradient" and CFLParams(**cfl).warmup_rounds == 20
     states = ServerStates()
     config = RunConfig().override(

@@ -37,6 +37,7 @@ from rayfed.util.documented import meaning, section
         ("engine.join_ratio", 0, "engine.join_ratio must be in (0, 1], but got engine.join_ratio=0"),
         ("engine.join_ratio", 1.5, "engine.join_ratio=1.5"),
         ("algorithm.params.mu", -1, "algorithm.params.mu must be a finite number >= 0"),
+        ("engine.max_workers", -1, "engine.max_workers must be >= 0 (0 = no bound), but got engine.max_workers=-1"),
     ],
 )
 def test_bad_values_name_field_value_and_rule(path: str, value: object, fragment: str) -> None:
@@ -46,6 +47,13 @@ def test_bad_values_name_field_value_and_rule(path: str, value: object, fragment
     with pytest.raises(ConfigError) as err:
         RunConfig().override(overrides)
     assert fragment in str(err.value)
+
+
+def test_a_bound_on_the_pool_and_a_fixed_pool_are_not_both_set() -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig().override({"engine.num_workers": 2, "engine.max_workers": 8})
+    assert "engine.max_workers must be 0 while engine.num_workers=2 fixes the pool's size (or set " in str(err.value)
+    assert RunConfig().override({"engine.max_workers": 8}).engine.max_workers == 8
 
 
 def test_unknown_key_suggests_closest() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -55,12 +56,12 @@ def _ray_overrides(run_dir: Path, **extra: object) -> dict[str, object]:
 
 
 def _inject_once(monkeypatch: pytest.MonkeyPatch, fault) -> list[str]:
-    """Run ``fault(pool)`` once, right after the first batch of worker calls has been submitted."""
+    """Run ``fault(pool)`` once, right after the first worker calls have been submitted (once a worker started)."""
     done: list[str] = []
     original_wait = ray.wait
 
     def wait_with_fault(refs, **kwargs):
-        if not done and _Capture.sim is not None:
+        if not done and _Capture.sim is not None and _Capture.sim.executor.pool.workers:
             done.append(fault(_Capture.sim.executor.pool))
         return original_wait(refs, **kwargs)
 
@@ -78,7 +79,7 @@ def test_killed_worker_is_replaced_and_round_result_is_unchanged(tmp_path, ray_c
     # Assert
     assert done == ["killed"]
     assert _Capture.sim.executor.pool.replacements >= 1
-    assert "replacing it and re-running them" in caplog.text
+    assert "re-running them" in caplog.text
     assert faulted.accuracies == reference.accuracies
     assert [r["train_loss"] for r in faulted.history] == [r["train_loss"] for r in reference.history]
 
@@ -125,7 +126,7 @@ def test_worker_that_always_dies_stops_the_run_after_max_retries_and_it_resumes(
         run(RunConfig().override(overrides))
     # Assert: the error names the worker, the clients and the round, after max_retries replacements.
     message = str(raised.value)
-    assert "ClientWorker 0 failed" in message and "in round 1" in message
+    assert re.search(r"ClientWorker [01] failed \(ActorDiedError\) in round 1 ", message), message
     assert "clients [0, 1, 2, 3, 4, 5, 6, 7, ...] (10 clients)" in message and "engine.max_retries=2" in message
     assert message.endswith(f"continue from its checkpoint of round 0 with: rayfed run --resume {run_dir}")
     assert _Capture.sim.executor.pool.replacements == 2
