@@ -188,7 +188,7 @@ class WorkerPool:
             if not inflight and not idle and not starting:
                 stalled_since = self._wait_for_room(round_index, stalled_since)
                 continue
-            ready, _ = ray.wait([*inflight, *starting], num_returns=1, timeout=self._poll_s())
+            ready = _all_ready([*inflight, *starting], self._poll_s())
             for ref in ready:
                 if ref in starting:
                     self._started(starting[ref], idle)
@@ -257,6 +257,15 @@ class WorkerPool:
         for worker in self._pool:
             kill_actor(worker.actor)
         self._pool = []
+
+
+def _all_ready(refs: list[Any], timeout_s: float) -> list[Any]:
+    """Wait up to ``timeout_s`` for one of ``refs``, then take every other one ready by then: calls that end
+    together (a round's, on many workers) are collected in one pass, not one ``ray.wait`` over all refs each."""
+    ready, rest = ray.wait(refs, num_returns=1, timeout=timeout_s)
+    if ready and rest:
+        ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+    return ready
 
 
 def kill_actor(actor: Any) -> None:
