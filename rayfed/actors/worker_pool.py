@@ -175,7 +175,7 @@ class WorkerPool:
             self._drop(worker)
             size = len(self._pool)
             self._resize()
-            self.replacements += len(self._pool) - size
+            self.replacements += max(0, len(self._pool) - size)
             queue.appendleft(i)
 
         while queue or inflight:
