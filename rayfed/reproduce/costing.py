@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from rayfed.engine.callbacks import Callback, RunView
 from rayfed.engine.metrics import RoundRecord
+from rayfed.reproduce.report import rounds_recorded
 from rayfed.reproduce.runner import Cell
 from rayfed.reproduce.spec import Table
 from rayfed.util.errors import DatasetError, RayfedError
@@ -57,7 +58,7 @@ class CellCost:
     """Seconds to bring it to the rounds asked (None: its shape could not be measured)."""
 
 
-def rounds_recorded(run_dir: Path | None) -> list[float]:
+def round_seconds(run_dir: Path | None) -> list[float]:
     """``round_s`` of every training round a run directory records (none when it has no ``rounds.parquet``)."""
     path = None if run_dir is None else run_dir / "rounds.parquet"
     if path is None or not path.is_file():
@@ -73,7 +74,7 @@ def round_walls(run_dir: Path) -> list[float]:
     stamps = [path.stat().st_mtime for path in tables]
     if len(stamps) >= 2:
         return [later - earlier for earlier, later in zip(stamps, stamps[1:])]
-    return rounds_recorded(run_dir)
+    return round_seconds(run_dir)
 
 
 def _shape(cell: Cell) -> tuple[str, str]:
@@ -142,7 +143,7 @@ def cell_costs(cells: Sequence[Cell], costs: dict[tuple[str, str], ShapeCost | s
     for cell in cells:
         if cell.config is None:
             continue
-        done = len(rounds_recorded(cell.run_dir))
+        done = rounds_recorded(cell.run_dir)
         cost = costs.get(_shape(cell))
         left = max(rounds - done, 0)
         if not isinstance(cost, ShapeCost):
