@@ -53,6 +53,7 @@ __all__ = [
     "PRIVATE_CLUSTER_ENV",
     "local_node",
     "cluster_nodes",
+    "alive_node_ids",
     "workers_on",
     "check_fit",
     "check_resources",
@@ -139,6 +140,11 @@ def local_node() -> list[Node]:
 def cluster_nodes() -> list[Node]:
     """The total resources of every alive node of the Ray cluster this process is connected to."""
     return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+
+
+def alive_node_ids() -> set[str]:
+    """The ids of the alive nodes of the Ray cluster this process is connected to."""
+    return {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
 
 
 def workers_on(nodes: Sequence[Node], engine: EngineConfig) -> int:
@@ -236,5 +242,4 @@ def ask_for_workers(engine: EngineConfig) -> str:
 def pool_target(engine: EngineConfig) -> int:
     """How many workers the pool should have now: ``engine.num_workers`` (else every worker the alive nodes
     hold, up to ``engine.max_workers``), but never more than those nodes hold."""
-    room = workers_on(cluster_nodes(), engine)
-    return min(engine.num_workers or engine.max_workers or room, room)
+    return engine.workers_for(workers_on(cluster_nodes(), engine))

@@ -29,7 +29,7 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rayfed.actors.cluster import ask_for_workers, check_resources, pool_target
+from rayfed.actors.cluster import alive_node_ids, ask_for_workers, check_resources, pool_target
 from rayfed.actors.server_actor import ServerActor
 from rayfed.actors.worker_pool import ACTOR_FAILURES, CallResult, WorkerPool, kill_actor
 from rayfed.algorithms import RoundContext
@@ -210,7 +210,7 @@ class RayExecutor(Executor):
 
     def _on_nodes_gone(self) -> list[int]:
         """The round's chunks that trained on a node which is no longer alive."""
-        alive = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+        alive = alive_node_ids()
         return [i for i, node in enumerate(self._ran_on) if node not in alive]
 
     def evaluate(

@@ -204,6 +204,11 @@ class EngineConfig:
             check_choice("engine.loggers", name, TRACKERS)
         check(len(set(self.loggers)) == len(self.loggers), "engine.loggers", list(self.loggers), "each tracker once")
 
+    def workers_for(self, room: int) -> int:
+        """The pool's size on nodes with ``room`` for that many workers: ``num_workers``, or with 0 every worker
+        the room holds, up to ``max_workers``; never more than ``room``."""
+        return min(self.num_workers or self.max_workers or room, room)
+
 
 @section("")
 @dataclass(frozen=True)

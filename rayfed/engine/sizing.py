@@ -176,8 +176,7 @@ def _local_workers(config: RunConfig) -> int:
     engine = config.engine
     if engine.backend == "local" or engine.ray_address or os.environ.get("RAY_ADDRESS"):
         return 0
-    room = max(1, int((os.cpu_count() or 1) // engine.num_cpus_per_worker))
-    return engine.num_workers or min(engine.max_workers or room, room)
+    return engine.num_workers or engine.workers_for(max(1, int((os.cpu_count() or 1) // engine.num_cpus_per_worker)))
 
 
 def estimate_memory(config: RunConfig) -> MemoryEstimate:
