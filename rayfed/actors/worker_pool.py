@@ -112,9 +112,11 @@ class WorkerPool:
         return [w.actor for w in sorted(self._pool, key=lambda w: w.slot) if w.node]
 
     def _spawn(self) -> None:
-        slot = min(self._free_slots) if self._free_slots else len(self._pool)
-        if slot in self._free_slots:
+        if self._free_slots:  # a replacement takes the lowest slot a dropped worker left
+            slot = min(self._free_slots)
             self._free_slots.remove(slot)
+        else:
+            slot = len(self._pool)
         actor = ClientWorker.options(**self._options).remote(*self._init_args)  # type: ignore[attr-defined]
         self._pool.append(_Worker(slot, actor, actor.node_and_pid.remote()))
 
