@@ -75,11 +75,11 @@ def _scenarios(out: Path) -> dict[str, Any]:
         action = events.pop(round_index, None) if method == "train" else None
         if action is None:
             return original_map(pool, method, chunks, args, round_index=round_index, **kwargs)
-        dispatched = args
+        dispatched, pending = args, [action]
 
         def args_then_event(i: int):
-            if i == len(chunks) - 1:  # every worker has a call in flight: now the node leaves
-                action()
+            if i == len(chunks) - 1 and pending:  # every worker has a call in flight: now the node leaves
+                pending.pop()()  # once: the last batch's re-run (if it ran there) must not remove another node
             return dispatched(i)
 
         return original_map(pool, method, chunks, args_then_event, round_index=round_index, **kwargs)
