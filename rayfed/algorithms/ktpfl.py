@@ -70,7 +70,7 @@ from rayfed.util.errors import ConfigError
 from rayfed.util.seeding import init_seed
 from rayfed.util.validation import check_choice, check_int, check_real
 
-__all__ = ["KTpFLParams", "KTpFLBroadcast", "KTpFLClient", "KTpFLServer", "code_pairing"]
+__all__ = ["KTpFLParams", "KTpFLBroadcast", "KTpFLClient", "KTpFLServer", "code_pairing", "local_epochs"]
 
 FIDELITIES = ("corrected", "code", "paper")
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -255,10 +255,7 @@ class KTpFLClient(ClientHalf[KTpFLParams]):
                     inputs=(x_distil, targets),
                 )
             )
-        epochs = job.train.local_epochs
-        if self.params.max_local_epochs:  # round 0 is the codes' 1-epoch init; round t >= 1: min(t, max) epochs
-            epochs = min(max(job.round, 1), self.params.max_local_epochs)
-        return [*phases, Phase(epochs=epochs)]
+        return [*phases, Phase(epochs=local_epochs(self.params, job.round, job.train.local_epochs))]
 
     def distillation(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
         """``code`` and ``corrected``: MSE(softmax(z), t), as the authors' code; ``paper``: T²·KL(t ‖ softmax(z/T))
@@ -375,6 +372,14 @@ class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
         self.models = np.array(state["models"], dtype=np.float32)
 
 
+def local_epochs(params: KTpFLParams, round_index: int, default: int) -> int:
+    """The local epochs of round ``round_index``: with ``max_local_epochs``, the codes' ramp (round 0 is their
+    1-epoch init, round t >= 1 trains min(t, max_local_epochs)); without, ``default`` (``train.local_epochs``)."""
+    if not params.max_local_epochs:
+        return default
+    return min(max(round_index, 1), params.max_local_epochs)
+
+
 register_algorithm(
     "ktpfl",
     params=KTpFLParams,
@@ -383,4 +388,5 @@ register_algorithm(
     summary="KT-pFL (Zhang et al. 2021): soft predictions on a public set mixed by a learnt coefficient matrix",
     keeps_client_state=True,
     label=lambda params: params.label(),
+    epochs_by_round=local_epochs,
 )

@@ -70,6 +70,9 @@ class Algorithm:
     label_note: str = ""
     """What the parts of its label mean, where they are the papers' shorthand (a figure prints it under its
     legend)."""
+    epochs_by_round: Callable[[Any, int, int], int] | None = None
+    """``(params, round, train.local_epochs) -> epochs`` where its client half's local epochs vary from round to
+    round (KT-pFL's ramp); None: ``train.local_epochs`` every round. ``reproduce --plan`` costs rounds by it."""
 
     def label(self, params: Any) -> str:
         """How figures and tables name this algorithm run with ``params``."""
@@ -101,17 +104,29 @@ def register_algorithm(
     single_model: bool = False,
     capabilities: Capabilities = Capabilities(),
     label_note: str = "",
+    epochs_by_round: Callable[[Any, int, int], int] | None = None,
 ) -> Algorithm:
     """Register an algorithm under ``name``; one call at the bottom of its module.
 
     ``label`` is its display name, or a function of its params giving one (a variant's name);
     ``single_model`` says that every client is evaluated with the one global model (:attr:`Algorithm.single_model`);
     ``capabilities`` what the fast path may do with its clients (:class:`Capabilities`); ``label_note`` what the
-    parts of its label mean (:attr:`Algorithm.label_note`).
+    parts of its label mean (:attr:`Algorithm.label_note`); ``epochs_by_round`` its local epochs' schedule where
+    they vary by round (:attr:`Algorithm.epochs_by_round`).
     """
     describe = (lambda _params, text=label: text) if isinstance(label, str) else label
     algorithm = Algorithm(
-        name, params, server, client, summary, keeps_client_state, describe, single_model, capabilities, label_note
+        name,
+        params,
+        server,
+        client,
+        summary,
+        keeps_client_state,
+        describe,
+        single_model,
+        capabilities,
+        label_note,
+        epochs_by_round,
     )
     ALGORITHMS.register(name)(algorithm)
     return algorithm
@@ -136,6 +151,12 @@ class ResolvedAlgorithm:
     @property
     def name(self) -> str:
         return self.algorithm.name
+
+    def local_epochs(self, train: TrainConfig, round_index: int) -> int:
+        """The local epochs a client trains in round ``round_index``: ``train.local_epochs``, or the schedule of the
+        algorithm whose client half runs (:attr:`Algorithm.epochs_by_round`)."""
+        schedule = self.client_algorithm.epochs_by_round
+        return train.local_epochs if schedule is None else schedule(self.client_params, round_index, train.local_epochs)
 
     @property
     def capabilities(self) -> Capabilities:

@@ -1,10 +1,12 @@
 """What a table costs before it runs: ``rayfed reproduce TABLE --plan``.
 
-A cell's cost is its rounds still to run times the seconds a round of its shape takes, plus its start (data
-loading, partition, first-round warm-up) when it has rounds to run. The cells of one shape (row and column:
-the seeds differ only in their random numbers) share one measurement, taken from a run of that shape already
-under ``OUT/runs`` (the median ``round_s`` of its ``rounds.parquet``), else by **calibration**: two rounds of the
-shape's first cell, in a temporary folder, on this machine as the cell would run (CPU, or its GPU share).
+A cell's cost is the seconds of its rounds still to run, plus its start (data loading, partition, first-round
+warm-up) when it has rounds to run. The cells of one shape (row and column: the seeds differ only in their random
+numbers) share one measurement, taken from a run of that shape already under ``OUT/runs`` (its rounds' wall
+times), else by **calibration**: two rounds of the shape's first cell, in a temporary folder, on this machine as
+the cell would run (CPU, or its GPU share). A round costs the median of the rounds timed; where the method's local
+epochs vary by round (KT-pFL's ramp, :attr:`~rayfed.algorithms.Algorithm.epochs_by_round`), a round costs
+``fixed + per_epoch x epochs``, fitted to rounds of different epochs (calibration then times one round more).
 
 Wall time spreads the cells over the slots that run at once: ``--parallel``, bounded by this machine's CPUs (each
 run takes one) and, with ``--gpus-per-run G``, by ``GPUs / G``; longest cells first, each to the slot free
@@ -19,13 +21,14 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rayfed.algorithms.settings import resolve
 from rayfed.engine.callbacks import Callback, RunView
 from rayfed.engine.metrics import RoundRecord
 from rayfed.reproduce.report import rounds_recorded
@@ -43,8 +46,15 @@ class ShapeCost:
     """Seconds a round of one (row, column) takes here, and a run's start; ``note`` says where they come from."""
 
     round_s: float
+    """A round's seconds; with :attr:`epoch_s`, those of its part that does not grow with its epochs."""
     start_s: float
     note: str
+    epoch_s: float = 0.0
+    """Seconds each local epoch adds to a round, where the method's epochs vary by round (0: a round is a round)."""
+
+    def seconds(self, epochs: Sequence[int]) -> float:
+        """Seconds of rounds of ``epochs`` local epochs each (no start)."""
+        return len(epochs) * self.round_s + self.epoch_s * sum(epochs)
 
 
 @dataclass(frozen=True)
@@ -58,23 +68,49 @@ class CellCost:
     """Seconds to bring it to the rounds asked (None: its shape could not be measured)."""
 
 
-def round_seconds(run_dir: Path | None) -> list[float]:
-    """``round_s`` of every training round a run directory records (none when it has no ``rounds.parquet``)."""
+def _recorded_rounds(run_dir: Path | None) -> list[tuple[int, float]]:
     path = None if run_dir is None else run_dir / "rounds.parquet"
     if path is None or not path.is_file():
         return []
     table = pq.read_table(path, columns=["round", "round_s"]).to_pylist()
-    return [row["round_s"] for row in table if row["round"] >= 0]
+    return [(row["round"], row["round_s"]) for row in table if row["round"] >= 0]
 
 
-def round_walls(run_dir: Path) -> list[float]:
-    """Wall seconds of a run's rounds, checkpoints and files included: the gaps between its per-round client
-    tables' times of writing; where it has fewer than two, its ``round_s`` (the rounds alone)."""
-    tables = sorted((run_dir / "clients").glob("round_*.parquet")) if run_dir.is_dir() else []
-    stamps = [path.stat().st_mtime for path in tables]
-    if len(stamps) >= 2:
-        return [later - earlier for earlier, later in zip(stamps, stamps[1:])]
-    return round_seconds(run_dir)
+def round_walls(run_dir: Path) -> list[tuple[int, float]]:
+    """(round, wall seconds) of a run's rounds: each round's ``round_s`` plus what writing its checkpoint and files
+    adds, the least a gap between two consecutive per-round client tables' times of writing exceeds the later
+    round's ``round_s`` (a gap across a stop and resume holds the pause too, so the least one is taken). Round 0
+    is left out when later ones exist: it holds the warm-up."""
+    recorded = _recorded_rounds(run_dir)
+    stamps = {
+        int(path.stem.split("_")[1]): path.stat().st_mtime for path in (run_dir / "clients").glob("round_*.parquet")
+    }
+    files = [stamps[t] - stamps[t - 1] - s for t, s in recorded if t in stamps and t - 1 in stamps]
+    overhead = max(min(files, default=0.0), 0.0)
+    return [(t, s + overhead) for t, s in recorded[1:] or recorded]
+
+
+def epoch_schedule(cell: Cell, rounds: Iterable[int]) -> list[int]:
+    """The local epochs each of ``rounds`` trains in ``cell``'s run: its method's schedule, else
+    ``train.local_epochs``."""
+    assert cell.config is not None
+    algorithm = resolve(cell.config.algorithm)
+    return [algorithm.local_epochs(cell.config.train, t) for t in rounds]
+
+
+def fitted(cell: Cell, timed: Sequence[tuple[int, float]], note: str) -> ShapeCost:
+    """A round's cost for ``cell``'s shape from rounds ``timed`` (round, seconds): their median; where they trained
+    different local epochs, the least-squares line ``fixed + per_epoch x epochs`` through them. No start."""
+    seconds = [wall for _, wall in timed]
+    epochs = epoch_schedule(cell, (t for t, _ in timed))
+    if len(set(epochs)) > 1:
+        per_epoch, fixed = statistics.linear_regression(epochs, seconds)
+        if per_epoch > 0:
+            return ShapeCost(fixed, 0.0, f"{note}, {per_epoch:.1f} s per local epoch", epoch_s=per_epoch)
+    cost = ShapeCost(statistics.median(seconds), 0.0, note)
+    if len(set(epoch_schedule(cell, range(cell.config.train.rounds)))) > 1:  # type: ignore[union-attr]
+        return replace(cost, note=f"{note}; its epochs grow by round, timed at one count: a lower bound")
+    return cost
 
 
 def _shape(cell: Cell) -> tuple[str, str]:
@@ -96,7 +132,7 @@ def shape_costs(
         directories = (c.run_dir for c in members if c.run_dir is not None)
         recorded = next((times for times in map(round_walls, directories) if times), None)
         if recorded:
-            costs[shape] = ShapeCost(statistics.median(recorded), 0.0, f"its runs ({len(recorded)} rounds)")
+            costs[shape] = fitted(members[0], recorded, f"its runs ({len(recorded)} rounds)")
             continue
         try:
             costs[shape] = calibrate(members[0])
@@ -108,21 +144,25 @@ def shape_costs(
 
 
 def calibrate_cell(cell: Cell) -> ShapeCost:
-    """Run :data:`CALIBRATION_ROUNDS` rounds of ``cell`` in a temporary folder, with its checkpoints and files: a
-    round's cost is the wall time between the ends of the later rounds; the start is what the first round took
-    beyond it (data, partition, workers, warm-up)."""
+    """Run :data:`CALIBRATION_ROUNDS` rounds of ``cell`` (one more where its rounds 1 and 2 train different
+    epochs, so that a round's growth with its epochs is timed) in a temporary folder, with its checkpoints and
+    files: a round's cost comes from the wall times between the ends of the later rounds (:func:`fitted`); the
+    start is what the first round took beyond it (data, partition, workers, warm-up)."""
     from rayfed.engine import run
 
     assert cell.config is not None
+    rounds = CALIBRATION_ROUNDS + (len(set(epoch_schedule(cell, (1, 2)))) > 1)
     stamps = _RoundEnds()
     with tempfile.TemporaryDirectory(prefix="rayfed-plan-") as folder:
-        overrides = {"train.rounds": CALIBRATION_ROUNDS, "run_dir": str(Path(folder) / "run"), "engine.loggers": []}
+        overrides = {"train.rounds": rounds, "run_dir": str(Path(folder) / "run"), "engine.loggers": []}
         stamps.started = time.perf_counter()
         run(cell.config.override(overrides), callbacks=[stamps])
     ends = [stamps.started, *stamps.ends]
     gaps = [later - earlier for earlier, later in zip(ends, ends[1:])]
-    round_s = statistics.median(gaps[1:] or gaps)
-    return ShapeCost(round_s, max(gaps[0] - round_s, 0.0), f"calibrated here ({len(gaps)} rounds)")
+    timed = list(enumerate(gaps))[1:] or [(0, gaps[0])]
+    cost = fitted(cell, timed, f"calibrated here ({len(gaps)} rounds)")
+    first = cost.seconds(epoch_schedule(cell, (0,)))
+    return replace(cost, start_s=max(gaps[0] - first, 0.0))
 
 
 class _RoundEnds(Callback):
@@ -145,11 +185,10 @@ def cell_costs(cells: Sequence[Cell], costs: dict[tuple[str, str], ShapeCost | s
             continue
         done = rounds_recorded(cell.run_dir)
         cost = costs.get(_shape(cell))
-        left = max(rounds - done, 0)
-        if not isinstance(cost, ShapeCost):
-            seconds = None
-        else:
-            seconds = left * cost.round_s + (cost.start_s if left else 0.0)
+        seconds = None
+        if isinstance(cost, ShapeCost):
+            left = epoch_schedule(cell, range(done, rounds))
+            seconds = cost.seconds(left) + (cost.start_s if left else 0.0)
         out.append(CellCost(cell, done, seconds))
     return out
 
@@ -211,9 +250,12 @@ def plan_report(
         f"to run: {to_run} of {len(per_cell)} cells, {work:,.0f} s of runs, {wall / 3600:.2f} h wall with {slots} "
         f"run{'s' * (slots > 1)} at once" + (f"; {unknown} cells not costed (above)" if unknown else "")
     )
+    first_of = {_shape(cell): cell for cell in reversed(cells) if cell.config is not None}
     measured = {shape: cost for shape, cost in costs.items() if isinstance(cost, ShapeCost)}
     paper = [
-        cost.start_s + table.paper_rounds * cost.round_s for cost in measured.values() for _ in range(table.paper_seeds)
+        cost.start_s + cost.seconds(epoch_schedule(first_of[shape], range(table.paper_rounds)))
+        for shape, cost in measured.items()
+        for _ in range(table.paper_seeds)
     ]
     paper_work, paper_wall = sum(paper), wall_seconds(paper, slots)
     if table.paper_rounds:

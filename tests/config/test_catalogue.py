@@ -60,13 +60,17 @@ def test_an_unwritable_cache_only_costs_time(tmp_path: Path) -> None:
 
 
 def test_rayfed_list_answers_quickly_once_cached(tmp_path: Path) -> None:
-    """Under 1.5 s on the 2-core box (torch is not imported)."""
+    """Under 1.5 s on the 2-core box (torch is not imported): the fastest of three answers, as the shared box's
+    load can slow any one of them."""
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     command = [sys.executable, "-m", "rayfed", "list"]
     subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)  # builds the cache
-    start = time.perf_counter()
     script = "import sys; from rayfed.cli import main; main(['list']); print('torch' in sys.modules)"
-    done = subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, text=True)
-    elapsed = time.perf_counter() - start
-    assert done.stdout.strip().endswith("False"), "rayfed list imported torch"
-    assert "fedavg" in done.stdout and elapsed < 1.5
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, text=True)
+        times.append(time.perf_counter() - start)
+        assert done.stdout.strip().endswith("False"), "rayfed list imported torch"
+        assert "fedavg" in done.stdout
+    assert min(times) < 1.5, times
