@@ -101,16 +101,16 @@ def epoch_schedule(cell: Cell, rounds: Iterable[int]) -> list[int]:
 def fitted(cell: Cell, timed: Sequence[tuple[int, float]], note: str) -> ShapeCost:
     """A round's cost for ``cell``'s shape from rounds ``timed`` (round, seconds): their median; where they trained
     different local epochs, the least-squares line ``fixed + per_epoch x epochs`` through them. No start."""
+    assert cell.config is not None
     seconds = [wall for _, wall in timed]
     epochs = epoch_schedule(cell, (t for t, _ in timed))
     if len(set(epochs)) > 1:
         per_epoch, fixed = statistics.linear_regression(epochs, seconds)
         if per_epoch > 0:
             return ShapeCost(fixed, 0.0, f"{note}, {per_epoch:.1f} s per local epoch", epoch_s=per_epoch)
-    cost = ShapeCost(statistics.median(seconds), 0.0, note)
-    if len(set(epoch_schedule(cell, range(cell.config.train.rounds)))) > 1:  # type: ignore[union-attr]
-        return replace(cost, note=f"{note}; its epochs grow by round, timed at one count: a lower bound")
-    return cost
+    elif len(set(epoch_schedule(cell, range(cell.config.train.rounds)))) > 1:
+        note = f"{note}; its epochs grow by round, timed at one count: a lower bound"
+    return ShapeCost(statistics.median(seconds), 0.0, note)
 
 
 def _shape(cell: Cell) -> tuple[str, str]:
