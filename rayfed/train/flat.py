@@ -53,7 +53,8 @@ class FlatModel:
         self.params = [p for _, p in named]
         device = self.params[0].device if self.params else torch.device("cpu")
         self.vector = torch.empty(self.layout.size, dtype=torch.float32, device=device)
-        self.grad = torch.zeros_like(self.vector)
+        # not zeros_like: on the meta device (memory estimates) that goes through torch._refs, which imports sympy
+        self.grad = torch.zeros(self.layout.size, dtype=torch.float32, device=device)
         for i, (_, param) in enumerate(named):
             self.layout.view(self.vector, i).copy_(param.detach())
             param.data = self.layout.view(self.vector, i)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.autograd.graph import _engine_run_backward
 
 from rayfed.data.augment import apply_augment
 from rayfed.train.batches import ClientBatches, draw_batches
@@ -38,6 +39,7 @@ __all__ = [
     "frozen_outside",
     "captured_features",
     "unit",
+    "backward_from",
 ]
 
 _UNITS: dict[torch.device, torch.Tensor] = {}
@@ -49,6 +51,14 @@ def unit(device: torch.device) -> torch.Tensor:
     if device not in _UNITS:
         _UNITS[device] = torch.ones((), device=device)
     return _UNITS[device]
+
+
+def backward_from(loss: torch.Tensor, one: torch.Tensor) -> None:
+    """``loss.backward(one)`` for a 0-d ``loss`` and its :func:`unit`, calling autograd's engine as
+    ``torch.autograd.backward`` does but without that function's check of a given gradient's shape, whose
+    first use imports ``torch.fx``'s symbolic shapes and sympy: about 35 MB in every worker process
+    (benchmarks/README.md, "Where the S2 peak goes")."""
+    _engine_run_backward((loss,), (one,), False, False, (), allow_unreachable=True, accumulate_grad=True)
 
 
 def phase_seed(job: ClientJob, phase_index: int) -> int:
@@ -259,7 +269,7 @@ class SequentialTraining:
                 term = rule.term(outputs, y, None, io["step"], params, io.group(CONSTANTS), 1)
                 total = term if total is None else total + term
             assert total is not None
-            total.backward(one)
+            backward_from(total, one)
             rule.edit_grads(params, grads, io)
             rule.update(vector, grad, state, io["lr"], feed.get("adam"))
             rule.edit_params("on_after_optimizer_step", params, io)

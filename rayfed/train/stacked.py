@@ -41,7 +41,7 @@ from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
 from rayfed.train.phase import Adam, Outputs, Phase
 from rayfed.train.rule import CARRY, CONSTANTS, PhaseRule
-from rayfed.train.sequential import captured_features, phase_seed, trained_range, unit
+from rayfed.train.sequential import backward_from, captured_features, phase_seed, trained_range, unit
 from rayfed.train.stack_plan import StackPlan, client_major, first_models, parameter_major
 from rayfed.train.stacked_layers import stacked_layers
 from rayfed.train.step_io import StepIO
@@ -397,7 +397,7 @@ class StackedTraining:
                 total = term.sum() if total is None else total + term.sum()
                 reported = term if reported is None else reported
             assert total is not None and reported is not None
-            total.backward(one)
+            backward_from(total, one)
             grad = leaf.grad
             assert grad is not None
             if phase.on_after_backward is not None:  # every parameter's gradient; None where one is frozen
