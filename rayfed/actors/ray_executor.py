@@ -64,6 +64,7 @@ class RayExecutor(Executor):
         engine = config.engine
         check_resources(engine)
         self._dataset_ref = ray.put(dataset)
+        self.dataset = ray.get(self._dataset_ref)
         self._partition_ref = ray.put(partition)
         self._server_args = (config, spec, dict(initial))
         self._max_retries = engine.max_retries

@@ -28,6 +28,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -126,6 +127,14 @@ class Simulation:
 
         return RayExecutor(*args)
 
+    def _hold_executors_dataset(self) -> None:
+        """Keep the executor's dataset (on Ray, the object store's) in place of the one loaded, which is then
+        freed: the driver holds no second copy of the data through the run."""
+        assert self.executor is not None
+        inputs, marker = self._opening
+        self.dataset = self.executor.dataset
+        self._opening = (replace(inputs, dataset=self.dataset), marker)
+
     def _chunks(self, client_ids: np.ndarray) -> list[list[int]]:
         """The clients' batches, one per worker call: the same on every backend and number of workers."""
         return make_chunks(client_ids, self.num_train, num_calls(len(client_ids), self.config.engine.clients_per_call))
@@ -161,6 +170,7 @@ class Simulation:
         result: RunResult | None = None
         try:
             self.executor = self._make_executor()
+            self._hold_executors_dataset()
             self._restore()
             for callback in self.callbacks:
                 callback.on_run_start(self.view)

@@ -84,6 +84,10 @@ def no_progress() -> None:
 class Executor(abc.ABC):
     """The driver's handle on the server and the workers for one run."""
 
+    dataset: ArrayDataset
+    """The run's dataset as the executor holds it: on Ray the object store's copy, read without a copy, so that
+    the driver keeps no private one beside it."""
+
     @abc.abstractmethod
     def broadcast(self) -> Any:
         """A handle on the server's current broadcast (an object, or a Ray ObjectRef)."""
@@ -141,6 +145,7 @@ class LocalExecutor(Executor):
         initial: Mapping[str, np.ndarray],
     ) -> None:
         check_local_gpu(config.engine)
+        self.dataset = dataset
         self.server = Server(config, spec, initial)
         self.runner = ClientRunner(config, spec, dataset, partition)
 
