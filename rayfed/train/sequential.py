@@ -56,7 +56,7 @@ def unit(device: torch.device) -> torch.Tensor:
 def backward_from(loss: torch.Tensor, one: torch.Tensor) -> None:
     """``loss.backward(one)`` for a 0-d ``loss`` and its :func:`unit`, calling autograd's engine as
     ``torch.autograd.backward`` does but without that function's check of a given gradient's shape, whose
-    first use imports ``torch.fx``'s symbolic shapes and sympy: about 35 MB in every worker process
+    first use imports ``torch.fx``'s symbolic shapes and sympy: about 32 MB in every worker process
     (benchmarks/README.md, "Where the S2 peak goes")."""
     _engine_run_backward((loss,), (one,), False, False, (), allow_unreachable=True, accumulate_grad=True)
 

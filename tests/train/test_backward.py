@@ -29,7 +29,7 @@ def test_backward_from_gives_the_gradients_of_backward() -> None:
 
 def test_a_run_imports_no_sympy(tmp_path: Path) -> None:
     """Training (sequential and stacked) and the memory estimate (models on the meta device) leave sympy
-    unimported: importing it through ``torch.fx``'s symbolic shapes costs every worker about 35 MB."""
+    unimported: importing it through ``torch.fx``'s symbolic shapes costs every worker about 32 MB."""
     script = textwrap.dedent(
         f"""
         import sys
