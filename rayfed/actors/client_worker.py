@@ -13,30 +13,9 @@ import ray
 from rayfed.algorithms import RoundContext
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.reports import EvalReport
+from rayfed.util.allocator import keep_freed_memory
 
 __all__ = ["ClientWorker"]
-
-
-def keep_freed_memory() -> bool:
-    """Let glibc keep freed buffers of up to 32 MiB in this process's heap (Linux only).
-
-    A worker allocates and frees the same MB-sized buffers thousands of times per round
-    (activations, gradients, each client's contribution). By default glibc maps many of them
-    fresh and unmaps them on free, so their pages fault in again on every use; with these
-    limits they stay in the heap and are reused (benchmarks/README.md has the measurement).
-    A worker owns its process, so it changes only its own allocator. Returns False where
-    ``mallopt`` is unavailable, and then does nothing.
-    """
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
-    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 256 << 20))
 
 
 @ray.remote

@@ -46,6 +46,7 @@ from rayfed.engine.state_store import ClientStateStore
 from rayfed.execution.executor import Executor, LocalExecutor, make_chunks, num_calls
 from rayfed.tracking import Tracking
 from rayfed.train.job import ClientState
+from rayfed.util.allocator import return_freed_memory
 from rayfed.util.errors import CheckpointError, DiskFullError, ServerError, WorkerError
 from rayfed.util.progress import progress_bar, progress_shown
 from rayfed.util.seeding import sample_clients
@@ -180,6 +181,7 @@ class Simulation:
                 self._evaluate_initial(broadcast, all_clients)
             stopped_early = False
             for t in range(self.start_round, config.train.rounds):
+                return_freed_memory()  # the pages the set-up or the last round freed go back before this round
                 broadcast, stopped_early = self._round(t, broadcast, all_clients)
                 if stopped_early:
                     break
