@@ -1,15 +1,17 @@
 """glibc's allocator, set per process role (Linux only; elsewhere these do nothing and return False).
 
 A ClientWorker allocates and frees the same MB-sized buffers thousands of times a round, so it keeps
-freed buffers for reuse (:func:`keep_freed_memory`). The driver does the opposite once: its large
-allocations happen while it loads the data and builds the run, after which it holds little, so it gives
-the freed pages back (:func:`return_freed_memory`). benchmarks/README.md has the measurements.
+freed buffers for reuse (:func:`keep_freed_memory`). The driver does the opposite: its large
+allocations happen while it loads the data and builds the run, after which it holds little, so before
+each round it gives the freed pages back (:func:`return_freed_memory`). benchmarks/README.md has the
+measurements.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 from typing import Any
 
 __all__ = ["keep_freed_memory", "return_freed_memory"]
@@ -17,8 +19,10 @@ __all__ = ["keep_freed_memory", "return_freed_memory"]
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # from glibc's malloc.h
 
 
+@functools.cache
 def _glibc_function(name: str) -> Any | None:
-    """The C library's function ``name``, or None where it has none (not glibc)."""
+    """The C library's function ``name``, or None where it has none (not glibc). Looked up once a process:
+    ``find_library`` runs ``ldconfig``, about 7 ms, and the driver asks before every round."""
     try:
         return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
     except (OSError, AttributeError):
