@@ -3,31 +3,36 @@
 Rounds with trivial client compute (2 clients a call, 4 samples each, one SGD step; FedAvg on the 4-layer CNN,
 whose 2.3 MB model makes every broadcast and contribution an object-store object) on W workers with fractional
 CPUs, W = 1, 2, 4, 8, 16 and ``--workers`` beyond, spread over ``--nodes`` Ray nodes of a
-``ray.cluster_utils.Cluster`` on this box (each node has its own object store, as on a real cluster). Each
-worker makes one call a round. Per round, after a warm-up round:
+``ray.cluster_utils.Cluster`` on this box (each node has its own object store, as on a real cluster; the head,
+which holds the driver and the ServerActor, runs no worker). Each worker makes one call a round. Per round,
+after a warm-up round:
 
 * ``driver_ms``: CPU time of the driver process over the round (dispatching calls, collecting reports, the
   round's files): the driver's serial work;
-* ``server_ms``: wall time of the round's aggregation, from the driver's side (the server fetching and summing
-  the W contributions and storing the next broadcast): the server's serial work;
+* ``server_ms``: wall time of the round's aggregation, from the driver's side (folding the calls' sums on their
+  nodes, the server fetching and adding what reaches it, storing the next broadcast): the server's serial work;
+* ``plain_ms``: the same two costs of a plain Ray loop on the same cluster (W actors each return a 2.3 MB array
+  per call, an actor adds them; no rayfed), the floor that Ray itself sets on this machine;
 * ``broadcast_fetches_per_node``: copies of the round's broadcast on nodes that ran workers, per such node
   (Ray's object locations; 1 = each node fetched it once, whatever its number of workers);
-* ``contributions_per_worker`` and ``mb_per_node``: contribution objects per worker and the bytes a worker node
-  sends and receives per round (one broadcast plus its workers' contributions, from the objects' sizes).
+* ``to_server``: objects the server fetched from other nodes (W without folding, one per node or fewer with it:
+  ``rayfed.actors.folding``), and ``mb_per_node``: the most bytes a worker node moved (one broadcast, then
+  either its workers' sums or one folded total in and one out).
 
-A least-squares line through ``driver_ms + server_ms`` against W gives the serial cost per added worker. On
-this 2-core box the workers share the cores, so the round's wall time grows with W by the workers' compute;
-the serial costs are CPU time and the server's own step, which do not. The last line is
-``serial_ms_per_worker=<fitted ms per added worker> broadcast_fetches_per_node=<per round>
-workers_max=<largest W measured>``.
+``--unfolded`` measures each W again with folding switched off, to show what it changes. A least-squares line
+through ``driver_ms + server_ms`` against W gives the serial cost per added worker, beside the plain loop's. On
+this 2-core box every process shares the cores, so the round's wall time grows with W by the workers' compute;
+the serial costs are CPU time and the server's own step. The last line is ``serial_ms_per_worker=<fitted ms per
+added worker> broadcast_fetches_per_node=<per round> workers_max=<largest W measured>``.
 
     python benchmarks/control_plane.py                    # W = 1..16 on 2 nodes
-    python benchmarks/control_plane.py --workers 1,2,4,8,16,32,48 --nodes 4
+    python benchmarks/control_plane.py --workers 1,2,4,8,16,32 --nodes 4 --unfolded
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import statistics
 import sys
@@ -41,27 +46,39 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rayfed import RunConfig, Simulation  # noqa: E402
-from rayfed.actors import ray_executor  # noqa: E402
+from rayfed.actors import folding, ray_executor, worker_pool  # noqa: E402
 from rayfed.engine.callbacks import Callback  # noqa: E402
 
 CPUS_PER_WORKER = 0.05
 ROUNDS = 5
 """Round 0 warms up; the last one evaluates every client; rounds 1..ROUNDS-2 are measured."""
+MODEL_FLOATS = 2_300_000 // 4
+"""The plain loop's array: as many float32 as the 4-layer CNN's parameters, about."""
 
 
 class _Observed:
-    """What the aggregation of each round saw: its contributions (refs) and the nodes their calls ran on."""
+    """What the aggregation of each round saw: the calls' sums (refs), their nodes, and what the server got."""
 
     contributions: list[Any] = []
     nodes: list[str] = []
+    folded: bool = False
 
 
 def _observing_aggregate(original):
     def aggregate(executor, ctx, contributions):
         _Observed.contributions, _Observed.nodes = list(contributions), list(executor.calls_ran_on)
+        _Observed.folded = False
         return original(executor, ctx, contributions)
 
     return aggregate
+
+
+def _observing_fold(original):
+    def fold(pool, runs, parts, nodes, round_index):
+        _Observed.folded = True
+        return original(pool, runs, parts, nodes, round_index)
+
+    return fold
 
 
 class _RoundCosts(Callback):
@@ -81,17 +98,22 @@ class _RoundCosts(Callback):
         import ray
 
         cpu = time.process_time()
+        executor = self.simulation.executor
         refs = [self._broadcast, *_Observed.contributions]
         where = ray.experimental.get_object_locations(refs)
-        worker_nodes = set(_Observed.nodes)
+        nodes = _Observed.nodes
         broadcast = where[self._broadcast]
+        worker_nodes = set(nodes)
         copies = len(worker_nodes.intersection(broadcast["node_ids"]))
-        contribution_bytes = [where[ref]["object_size"] for ref in _Observed.contributions]
-        per_node = {
-            node: broadcast["object_size"]
-            + sum(b for b, n in zip(contribution_bytes, _Observed.nodes, strict=True) if n == node)
-            for node in worker_nodes
-        }
+        part = max(where[ref]["object_size"] for ref in _Observed.contributions)
+        server_node = executor.server_node  # type: ignore[union-attr]
+        if _Observed.folded:
+            runs = folding.runs_of(nodes)
+            moved = {n: sum(1 + (r.start > 0) for r in runs if nodes[r.start] == n) for n in worker_nodes}
+            to_server = int(nodes[runs[-1].start] != server_node)
+        else:
+            moved = {n: nodes.count(n) for n in worker_nodes}
+            to_server = folding.fetches_unfolded(nodes, server_node)
         self.rows.append(
             {
                 "round": record.round,
@@ -99,17 +121,17 @@ class _RoundCosts(Callback):
                 "server_ms": 1e3 * record.aggregate_s,
                 "round_s": record.round_s,
                 "broadcast_fetches_per_node": copies / len(worker_nodes),
-                "contributions_per_worker": len(contribution_bytes) / self.workers,
-                "mb_per_node": max(per_node.values()) / 2**20,
+                "to_server": to_server,
+                "mb_per_node": (broadcast["object_size"] + part * max(moved.values())) / 2**20,
             }
         )
-        self._broadcast = self.simulation.executor.broadcast()  # type: ignore[union-attr]
+        self._broadcast = executor.broadcast()  # type: ignore[union-attr]
         self._cpu = time.process_time()
         return False
 
 
 def measure(workers: int, out: Path) -> dict[str, float]:
-    """Median per-round costs of ``ROUNDS`` rounds on ``workers`` workers (rounds 1..ROUNDS-2)."""
+    """Median per-round costs of ``ROUNDS`` rounds of rayfed on ``workers`` workers (rounds 1..ROUNDS-2)."""
     config = RunConfig().override(
         {
             "algorithm.name": "fedavg",
@@ -126,7 +148,7 @@ def measure(workers: int, out: Path) -> dict[str, float]:
             "engine.eval_every": ROUNDS,
             "engine.checkpoint_every": 0,
             "engine.progress": False,
-            "run_dir": str(out / f"w{workers}"),
+            "run_dir": str(out),
         }
     )
     simulation = Simulation(config)
@@ -137,10 +159,78 @@ def measure(workers: int, out: Path) -> dict[str, float]:
     return {key: statistics.median(row[key] for row in measured) for key in measured[0] if key != "round"}
 
 
+def measure_plain(workers: int) -> float:
+    """Median serial ms (driver CPU + aggregation wall) of a plain Ray loop's rounds 1..ROUNDS-2 on ``workers``
+    actors: each call reads the broadcast and returns an array of the model's size, an actor adds them."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote
+    class Worker:
+        @ray.method(num_returns=2)
+        def train(self, broadcast: np.ndarray, clients: list[int]) -> tuple[np.ndarray, int]:
+            return broadcast * np.float32(1.5), len(clients)
+
+    @ray.remote(num_cpus=0)
+    class Server:
+        def __init__(self) -> None:
+            self.model = np.zeros(MODEL_FLOATS, np.float32)
+
+        def broadcast(self) -> np.ndarray:
+            return self.model
+
+        def aggregate(self, *parts: np.ndarray) -> None:
+            total = parts[0].copy()
+            for part in parts[1:]:
+                total += part
+            self.model = total / np.float32(len(parts))
+
+    head = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    server = Server.options(scheduling_strategy=head).remote()  # type: ignore[attr-defined]
+    pool = [Worker.options(num_cpus=CPUS_PER_WORKER).remote() for _ in range(workers)]  # type: ignore[attr-defined]
+    broadcast = server.broadcast.remote()
+    serial = []
+    try:
+        for round_index in range(ROUNDS):
+            cpu = time.process_time()
+            calls = [worker.train.remote(broadcast, [2 * k, 2 * k + 1]) for k, worker in enumerate(pool)]
+            ray.get([reply for _, reply in calls])
+            cpu = time.process_time() - cpu
+            started = time.perf_counter()
+            aggregated = server.aggregate.remote(*[part for part, _ in calls])
+            broadcast = server.broadcast.remote()
+            ray.get([aggregated, broadcast])
+            if 1 <= round_index <= ROUNDS - 2:
+                serial.append(1e3 * (cpu + time.perf_counter() - started))
+    finally:
+        for actor in [*pool, server]:
+            ray.kill(actor)
+        _wait_for_cpus_back()
+    return statistics.median(serial)
+
+
+def _wait_for_cpus_back(timeout_s: float = 60.0) -> None:
+    """Wait until every CPU of the cluster is free again: the killed actors' processes are gone, and the next
+    measurement's memory check does not count them."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0.0) < ray.cluster_resources().get("CPU", 0.0) - 1e-6:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+
+
+def _fit(rows: list[dict[str, float]], key: str) -> tuple[float, float]:
+    slope, intercept = np.polyfit([r["workers"] for r in rows], [r[key] for r in rows], 1)
+    return float(slope), float(intercept)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="1,2,4,8,16", help="comma-separated pool sizes")
     parser.add_argument("--nodes", type=int, default=2, help="Ray nodes the workers spread over")
+    parser.add_argument("--unfolded", action="store_true", help="also measure each W with folding switched off")
     args = parser.parse_args(argv)
     sizes = [int(w) for w in args.workers.split(",")]
 
@@ -149,33 +239,61 @@ def main(argv: list[str] | None = None) -> int:
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     per_node = math.ceil(max(sizes) * CPUS_PER_WORKER / args.nodes)  # Ray wants whole CPUs per node
-    original = ray_executor.RayExecutor.aggregate
-    ray_executor.RayExecutor.aggregate = _observing_aggregate(original)  # type: ignore[method-assign]
-    rows = []
+    patched = [
+        (ray_executor.RayExecutor, "aggregate", _observing_aggregate),
+        (worker_pool.WorkerPool, "fold", _observing_fold),
+    ]
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
+    for owner, name, wrap in patched:
+        setattr(owner, name, wrap(getattr(owner, name)))
+    fold_runs = ray_executor.fold_runs
+    variants = {"folded": fold_runs, **({"unfolded": lambda *a, **k: None} if args.unfolded else {})}
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     try:
+        ray.init(address=cluster.address, logging_level=logging.WARNING)  # first: the driver attaches to the head
         for _ in range(args.nodes):
             cluster.add_node(num_cpus=per_node, object_store_memory=200 * 2**20)
         cluster.wait_for_nodes()
-        ray.init(address=cluster.address, logging_level="WARNING")
-        print("workers  driver_ms  server_ms  serial_ms  round_s  fetches/node  contrib/worker  MB/node", flush=True)
+        print(
+            "variant   workers  driver_ms  server_ms  serial_ms  plain_ms  ratio  round_s  fetches/node  to_server"
+            "  MB/node",
+            flush=True,
+        )
         with tempfile.TemporaryDirectory() as tmp:
-            for workers in sizes:
-                row = {"workers": workers, **measure(workers, Path(tmp))}
-                row["serial_ms"] = row["driver_ms"] + row["server_ms"]
-                rows.append(row)
-                print(
-                    f"{workers:7d}  {row['driver_ms']:9.1f}  {row['server_ms']:9.1f}  {row['serial_ms']:9.1f}  "
-                    f"{row['round_s']:7.3f}  {row['broadcast_fetches_per_node']:12.2f}  "
-                    f"{row['contributions_per_worker']:14.2f}  {row['mb_per_node']:7.1f}",
-                    flush=True,
-                )
+            for workers in sorted(sizes, reverse=True):  # the largest pool first, while the box's memory is free
+                costs_of = {}
+                for name, plan in variants.items():
+                    ray_executor.fold_runs = plan  # type: ignore[assignment]
+                    costs_of[name] = measure(workers, Path(tmp) / f"{name}{workers}")
+                    _wait_for_cpus_back()
+                plain = measure_plain(workers)
+                for name, costs in costs_of.items():
+                    row = {"workers": workers, **costs, "plain_ms": plain}
+                    row["serial_ms"] = row["driver_ms"] + row["server_ms"]
+                    rows[name].append(row)
+                    print(
+                        f"{name:8s}  {workers:7d}  {row['driver_ms']:9.1f}  {row['server_ms']:9.1f}  "
+                        f"{row['serial_ms']:9.1f}  {plain:8.1f}  {row['serial_ms'] / plain:5.2f}  "
+                        f"{row['round_s']:7.3f}  {row['broadcast_fetches_per_node']:12.2f}  "
+                        f"{row['to_server']:9.0f}  {row['mb_per_node']:7.1f}",
+                        flush=True,
+                    )
     finally:
-        ray_executor.RayExecutor.aggregate = original  # type: ignore[method-assign]
+        ray_executor.fold_runs = fold_runs  # type: ignore[assignment]
+        for owner, name, original in originals:
+            setattr(owner, name, original)
         ray.shutdown()
         cluster.shutdown()
-    slope, intercept = np.polyfit([r["workers"] for r in rows], [r["serial_ms"] for r in rows], 1)
-    print(f"fit: serial_ms = {intercept:.1f} + {slope:.2f} x workers")
-    fetches = max(r["broadcast_fetches_per_node"] for r in rows)
+    for name, measured in rows.items():
+        (slope, intercept), (driver, _), (server, _) = (
+            _fit(measured, k) for k in ("serial_ms", "driver_ms", "server_ms")
+        )
+        split = f"driver {driver:.2f}, server {server:.2f}"
+        print(f"fit {name}: serial_ms = {intercept:.1f} + {slope:.2f} x workers ({split})")
+    plain_slope, plain_intercept = _fit(rows["folded"], "plain_ms")
+    print(f"fit plain Ray loop: serial_ms = {plain_intercept:.1f} + {plain_slope:.2f} x workers")
+    slope, _ = _fit(rows["folded"], "serial_ms")
+    fetches = max(r["broadcast_fetches_per_node"] for r in rows["folded"])
     print(f"serial_ms_per_worker={slope:.2f} broadcast_fetches_per_node={fetches:.2f} workers_max={max(sizes)}")
     return 0
 

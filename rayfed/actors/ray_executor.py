@@ -4,7 +4,9 @@ Losing a worker, or a node with workers on it, is handled by :mod:`rayfed.actors
 node that left after its workers finished their calls takes their contributions with it, as
 they live in its object store until the server fetches them: those clients are trained again on
 the remaining workers from the round's same inputs before the server aggregates, so nothing is
-lost or counted twice. Losing the server is handled like losing a worker.
+lost or counted twice. Losing the server is handled like losing a worker. Before the server adds the
+calls' sums, those that ran on one node are folded there when that moves fewer objects
+(:mod:`rayfed.actors.folding`).
 Each server step (an aggregation, or loading a resumed state) is followed on the actor
 by the next broadcast, which the driver waits for, and by a copy of the server's state,
 which it does not wait for: the server makes it while the workers train, and the driver
@@ -30,6 +32,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayfed.actors.cluster import alive_node_ids, ask_for_workers, check_resources, pool_target
+from rayfed.actors.folding import fold_runs
 from rayfed.actors.server_actor import ServerActor
 from rayfed.actors.worker_pool import ACTOR_FAILURES, CallResult, WorkerPool, kill_actor
 from rayfed.algorithms import RoundContext
@@ -74,9 +77,12 @@ class RayExecutor(Executor):
         self.server_restarts = 0
         self.contributions_rerun = 0
         """Batches of clients trained again because the node holding their contribution left."""
-        self._round_inputs: tuple[Any, RoundContext, list[Chunk], Mapping[int, ClientState]] | None = None
+        self._round_inputs: tuple[Any, RoundContext, Any, list[Chunk], Mapping[int, ClientState]] | None = None
+        """The round's broadcast, context (and its object-store copy, which the calls carry), chunks and states."""
         self._ran_on: list[str] = []
         """The node each chunk of the round trained on, whose object store holds its contribution."""
+        self._sums_are_one_part = True
+        """Whether every contribution of the round is a sum, which may be folded along the nodes on its way."""
         self.server = self._spawn_server()
         options = {"num_cpus": engine.num_cpus_per_worker, "num_gpus": engine.num_gpus_per_worker, "max_restarts": 0}
         self.pool = WorkerPool(
@@ -91,10 +97,14 @@ class RayExecutor(Executor):
         self._on_server("while it was created", None)
 
     def _spawn_server(self) -> Any:
-        """The ``ServerActor``, on the driver's node (soft: elsewhere if that one cannot take it), so that a worker
-        node that leaves never takes the server or its state with it: the head's loss is the run's."""
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        return ServerActor.options(scheduling_strategy=here).remote(*self._server_args)  # type: ignore[attr-defined]
+        """The ``ServerActor``, on the driver's node, so that a worker node that leaves never takes the server or its
+        state with it: the head's loss is the run's. The affinity is strict: the actor asks for no resource, so the
+        driver's node can always take it, and Ray's soft affinity placed it on a worker node when the head had no
+        CPU (measured with ``ray.cluster_utils.Cluster``)."""
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        server = ServerActor.options(scheduling_strategy=here).remote(*self._server_args)  # type: ignore[attr-defined]
+        self._server_node: str = ray.get(server.node_id.remote())
+        return server
 
     def _on_server(self, when: str, step: Callable[[Any], Any] | None) -> Any:
         """Run ``step(server)`` (an actor call, or nothing), make the next broadcast and a copy of the state.
@@ -149,25 +159,27 @@ class RayExecutor(Executor):
         states: Mapping[int, ClientState],
         on_chunk_done: Callable[[], object] = no_progress,
     ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:
-        self._round_inputs = (broadcast, ctx, chunks, states)
+        self._round_inputs = (broadcast, ctx, ray.put(ctx), chunks, states)
         results = self._train_chunks(list(range(len(chunks))), on_chunk_done)
         self._ran_on = [result.node for result in results]
         contributions, reports, new_states = [], [], {}
+        self._sums_are_one_part = True
         for result in results:
-            chunk_reports, chunk_states = result.value
+            chunk_reports, chunk_states, one_part = result.value
             contributions.extend(result.refs)
             reports.extend(chunk_reports)
             new_states.update(chunk_states)
+            self._sums_are_one_part &= one_part
         return contributions, reports, new_states
 
     def _train_chunks(self, indices: list[int], on_chunk_done: Callable[[], object] = no_progress) -> list[CallResult]:
         """Train the round's chunks ``indices`` (:meth:`train`'s inputs) on the pool."""
         assert self._round_inputs is not None
-        broadcast, ctx, chunks, states = self._round_inputs
+        broadcast, ctx, ctx_ref, chunks, states = self._round_inputs  # the context travels once, not once a call
         return self.pool.map(
             "train",
             [chunks[i] for i in indices],
-            lambda k: (broadcast, ctx, chunks[indices[k]], states_of(states, chunks[indices[k]])),
+            lambda k: (broadcast, ctx_ref, chunks[indices[k]], states_of(states, chunks[indices[k]])),
             round_index=ctx.round,
             on_chunk_done=on_chunk_done,
         )
@@ -176,10 +188,10 @@ class RayExecutor(Executor):
         contributions = list(contributions)
         for attempt in itertools.count():
             self._retrain_lost(contributions, wait_s=_NODE_DEATH_WAIT_S if attempt else 0.0)
+            runs = fold_runs(self._ran_on, self._server_node, sums_are_one_part=self._sums_are_one_part)
+            parts = contributions if runs is None else self.pool.fold(runs, contributions, self._ran_on, ctx.round)
             try:
-                return self._on_server(
-                    f"in round {ctx.round}", lambda server: server.aggregate.remote(ctx, *contributions)
-                )
+                return self._on_server(f"in round {ctx.round}", lambda server: server.aggregate.remote(ctx, *parts))
             except ray.exceptions.ObjectLostError as e:
                 if attempt >= self._max_retries:
                     raise WorkerError(
@@ -205,6 +217,11 @@ class RayExecutor(Executor):
         self.contributions_rerun += len(lost)
 
     @property
+    def server_node(self) -> str:
+        """The node the ``ServerActor`` runs on: the driver's."""
+        return self._server_node
+
+    @property
     def calls_ran_on(self) -> list[str]:
         """The node each train call of the round ran on (whose object store holds its contribution)."""
         return list(self._ran_on)
@@ -222,10 +239,11 @@ class RayExecutor(Executor):
         states: Mapping[int, ClientState],
         on_chunk_done: Callable[[], object] = no_progress,
     ) -> list[EvalReport]:
+        ctx_ref = ray.put(ctx)
         results = self.pool.map(
             "evaluate",
             chunks,
-            lambda i: (broadcast, ctx, chunks[i], states_of(states, chunks[i])),
+            lambda i: (broadcast, ctx_ref, chunks[i], states_of(states, chunks[i])),
             round_index=ctx.round,
             on_chunk_done=on_chunk_done,
         )

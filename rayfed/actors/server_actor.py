@@ -48,3 +48,7 @@ class ServerActor:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def node_id(self) -> str:
+        """The Ray node this actor runs on, whose object store receives what it fetches."""
+        return ray.get_runtime_context().get_node_id()

@@ -155,7 +155,8 @@ class WorkerPool:
         results: list[CallResult | None] = [None] * len(chunks)
         failures = [0] * len(chunks)
         queue = deque(range(len(chunks)))
-        idle = deque(w for w in self._pool if w.node)
+        # Consecutive chunks go to the workers of one node, so that their sums can be folded there (folding.py).
+        idle = deque(sorted((w for w in self._pool if w.node), key=lambda w: (w.node, w.slot)))
         inflight: dict[Any, tuple[int, _Worker, list[Any], float]] = {}
         stalled_since: float | None = None
 
@@ -194,12 +195,11 @@ class WorkerPool:
             for ref in ready:
                 if ref in starting:
                     self._started(starting[ref], idle)
-                    continue
+            answered = [ref for ref in ready if ref in inflight]
+            for ref, value in zip(answered, _values(answered)):
                 i, worker, refs, _ = inflight.pop(ref)
-                try:
-                    value = ray.get(ref)
-                except ACTOR_FAILURES as e:
-                    failed(i, worker, type(e).__name__)
+                if isinstance(value, ACTOR_FAILURES):
+                    failed(i, worker, type(value).__name__)
                 else:
                     results[i] = CallResult(refs[:-1], value, worker.node)
                     idle.append(worker)
@@ -211,6 +211,35 @@ class WorkerPool:
             if not ready:
                 self._resize()
         return [r for r in results if r is not None]
+
+    def fold(self, runs: Sequence[range], parts: Sequence[Any], nodes: Sequence[str], round_index: int) -> list[Any]:
+        """Fold ``parts`` (refs, one per call) run by run, each on a worker of the node that holds it
+        (:mod:`rayfed.actors.folding`); return what the server adds, left to right: the total of the runs folded,
+        then the parts after them. Folding stops at the first run whose node has no started worker or whose fold
+        fails or exceeds ``engine.round_timeout_s``: the server then fetches the rest itself, with the same sum."""
+        folds: list[tuple[Any, Any, int]] = []
+        total: Any = None
+        for run in runs:
+            worker = next((w for w in sorted(self._pool, key=lambda w: w.slot) if w.node == nodes[run[0]]), None)
+            if worker is None:
+                break
+            total, ack = worker.actor.fold.remote(total, *parts[run.start : run.stop])
+            folds.append((total, ack, run.stop))
+        folded, done = None, 0
+        for total, ack, stop in folds:
+            try:
+                ray.get(ack, timeout=self._timeout_s)
+            except ray.exceptions.RayError as e:
+                logger.warning(
+                    "round %d: folding the sums of calls %d-%d failed (%s); the server fetches them itself",
+                    round_index,
+                    done,
+                    len(parts) - 1,
+                    type(e).__name__,
+                )
+                break
+            folded, done = total, stop
+        return [folded, *parts[done:]] if done else list(parts)
 
     def _started(self, worker: _Worker, idle: deque[_Worker]) -> None:
         """A new worker has been placed (or its creation failed: it is dropped, and its node's room re-read)."""
@@ -268,6 +297,21 @@ def _all_ready(refs: list[Any], timeout_s: float) -> list[Any]:
     if ready and rest:
         ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
     return ready
+
+
+def _values(refs: list[Any]) -> list[Any]:
+    """The values of ready ``refs``, fetched together; where a worker failed, its error in place of its value."""
+    try:
+        return ray.get(refs)
+    except ACTOR_FAILURES:
+        return [_value_or_failure(ref) for ref in refs]
+
+
+def _value_or_failure(ref: Any) -> Any:
+    try:
+        return ray.get(ref)
+    except ACTOR_FAILURES as e:
+        return e
 
 
 def kill_actor(actor: Any) -> None:

@@ -3,14 +3,16 @@
 A worker sums the contributions of its batch of clients before returning (local
 aggregation), and the server sums the workers' partial sums, so what the server
 receives grows with the number of workers, not clients. Partial sums are merged in a
-fixed order (by batch), so a run is bit-for-bit reproducible whatever worker ran what.
+fixed order (by batch), so a run is bit-for-bit reproducible whatever worker ran what; on a
+cluster, the sums of consecutive batches may be added on the node that holds them, in that
+same order (:mod:`rayfed.actors.folding`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -84,6 +86,8 @@ class ClientVectors(Contribution):
     copies them into one (M, S) array once, on the server. Concatenation is associative; the row order (the merge order,
     fixed by the engine) changes results only by float rounding.
     """
+
+    sum_is_one_part: ClassVar[bool] = False  # rows are concatenated: a partial sum grows with its clients
 
     blocks: tuple[np.ndarray, ...]
     client_ids: np.ndarray

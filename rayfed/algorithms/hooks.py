@@ -76,6 +76,10 @@ class Contribution(abc.ABC):
     when every part is: the worker checks the call's sum, and the parts only when it is not.
     """
 
+    sum_is_one_part: ClassVar[bool] = True
+    """True if a sum of parts takes the bytes of one part (a sum, not a concatenation): then a node may add the
+    parts it holds to the sum of those before them and send one object on (:mod:`rayfed.actors.folding`)."""
+
     @abc.abstractmethod
     def __add__(self, other: Any) -> Contribution: ...
 

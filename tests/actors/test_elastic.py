@@ -48,7 +48,11 @@ def _scenarios(out: Path) -> dict[str, Any]:
     def numbers(result) -> dict[str, Any]:
         return {"accuracies": result.accuracies, "losses": [r["train_loss"] for r in result.history]}
 
-    seen: dict[str, Any] = {"reference": numbers(run(config("reference")))}  # in-process: a pool of one
+    def received(result) -> list[float]:
+        return [r["server_bytes_received"] for r in result.history]
+
+    reference = run(config("reference"))  # in-process: a pool of one
+    seen: dict[str, Any] = {"reference": numbers(reference), "reference_received": received(reference)}
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 0, "include_dashboard": False, "_system_config": _FAST_NODE_DEATH},
@@ -96,14 +100,22 @@ def _scenarios(out: Path) -> dict[str, Any]:
         sizes.clear()
         simulation = Simulation(config(name, **{"engine.backend": "ray", **extra}), callbacks=[Sizes()])
         sim.append(simulation)
-        result = numbers(simulation.run())
+        result = simulation.run()
         executor = simulation.executor
-        return {**result, "sizes": list(sizes), "rerun": executor.contributions_rerun}  # type: ignore[union-attr]
+        rerun = executor.contributions_rerun  # type: ignore[union-attr]
+        on_head = executor.server_node == cluster.head_node.node_id  # type: ignore[union-attr]
+        return {
+            **numbers(result),
+            "sizes": list(sizes),
+            "rerun": rerun,
+            "received": received(result),
+            "on_head": on_head,
+        }
 
     try:
+        ray.init(address=cluster.address, logging_level="ERROR")  # before any worker node: the driver is the head's
         nodes = [cluster.add_node(num_cpus=1)]
         cluster.wait_for_nodes()
-        ray.init(address=cluster.address, logging_level="ERROR")
 
         def add() -> None:
             nodes.append(cluster.add_node(num_cpus=1))
@@ -150,6 +162,8 @@ def test_pool_follows_nodes_that_join_and_leave_with_the_numbers_of_a_fixed_pool
     reference = seen["reference"]
     # A node joins after round 0: the pool grows from the next round on.
     assert seen["join"]["sizes"] == [1, 2, 2, 2]
+    # Round 0 ran its 5 calls on the one worker node: folded there, one call's bytes reached the server, not 5.
+    assert 5 * seen["join"]["received"][0] == seen["reference_received"][0]
     # A node leaves while its worker trains: its clients re-run on the other worker in the same round.
     assert seen["leave_mid_round"]["sizes"] == [2, 1, 1, 1]
     # A node leaves after its worker's calls, before the server fetched them: those batches train again.
@@ -157,6 +171,8 @@ def test_pool_follows_nodes_that_join_and_leave_with_the_numbers_of_a_fixed_pool
     assert seen["leave_and_rejoin"]["sizes"] == [2, 1, 1, 2]
     for name in ("join", "leave_mid_round", "leave_and_rejoin", "all_leave_resumed"):
         assert {k: seen[name][k] for k in reference} == reference, name
+    # The ServerActor stays on the driver's node (the head, which has no CPU), never on a node that may leave.
+    assert all(seen[name]["on_head"] for name in ("join", "leave_mid_round", "leave_and_rejoin"))
     # Every node leaves: the run waits engine.resource_wait_s, stops with its checkpoint, and resumes.
     error = seen["all_leave_error"]
     assert "round 1: no ClientWorker is left" in error and "engine.resource_wait_s=2 s" in error
