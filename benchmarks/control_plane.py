@@ -9,24 +9,24 @@ after a warm-up round:
 
 * ``driver_ms``: CPU time of the driver process over the round (dispatching calls, collecting reports, the
   round's files): the driver's serial work;
-* ``server_ms``: wall time of the round's aggregation, from the driver's side (folding the calls' sums on their
-  nodes, the server fetching and adding what reaches it, storing the next broadcast): the server's serial work;
+* ``server_ms``: wall time of the round's aggregation, from the driver's side (the server fetching and adding
+  the calls' sums, or what folding left of them, and storing the next broadcast): the server's serial work;
 * ``plain_ms``: the same two costs of a plain Ray loop on the same cluster (W actors each return a 2.3 MB array
   per call, an actor adds them; no rayfed), the floor that Ray itself sets on this machine;
 * ``broadcast_fetches_per_node``: copies of the round's broadcast on nodes that ran workers, per such node
   (Ray's object locations; 1 = each node fetched it once, whatever its number of workers);
-* ``to_server``: objects the server fetched from other nodes (W without folding, one per node or fewer with it:
+* ``to_server``: objects the server fetched from other nodes (W; one with ``engine.fold_sums``:
   ``rayfed.actors.folding``), and ``mb_per_node``: the most bytes a worker node moved (one broadcast, then
   either its workers' sums or one folded total in and one out).
 
-``--unfolded`` measures each W again with folding switched off, to show what it changes. A least-squares line
+``--folded`` measures each W again with ``engine.fold_sums=true``, to show what folding changes. A least-squares line
 through ``driver_ms + server_ms`` against W gives the serial cost per added worker, beside the plain loop's. On
 this 2-core box every process shares the cores, so the round's wall time grows with W by the workers' compute;
 the serial costs are CPU time and the server's own step. The last line is ``serial_ms_per_worker=<fitted ms per
 added worker> broadcast_fetches_per_node=<per round> workers_max=<largest W measured>``.
 
     python benchmarks/control_plane.py                    # W = 1..16 on 2 nodes
-    python benchmarks/control_plane.py --workers 1,2,4,8,16,32 --nodes 4 --unfolded
+    python benchmarks/control_plane.py --workers 1,2,4,8,16,32 --nodes 4 --folded
 """
 
 from __future__ import annotations
@@ -130,8 +130,9 @@ class _RoundCosts(Callback):
         return False
 
 
-def measure(workers: int, out: Path) -> dict[str, float]:
-    """Median per-round costs of ``ROUNDS`` rounds of rayfed on ``workers`` workers (rounds 1..ROUNDS-2)."""
+def measure(workers: int, out: Path, *, fold: bool = False) -> dict[str, float]:
+    """Median per-round costs of ``ROUNDS`` rounds of rayfed on ``workers`` workers (rounds 1..ROUNDS-2), with
+    ``engine.fold_sums=fold``."""
     config = RunConfig().override(
         {
             "algorithm.name": "fedavg",
@@ -145,6 +146,7 @@ def measure(workers: int, out: Path) -> dict[str, float]:
             "engine.num_workers": workers,
             "engine.num_cpus_per_worker": CPUS_PER_WORKER,
             "engine.clients_per_call": 2,
+            "engine.fold_sums": fold,
             "engine.eval_every": ROUNDS,
             "engine.checkpoint_every": 0,
             "engine.progress": False,
@@ -159,7 +161,7 @@ def measure(workers: int, out: Path) -> dict[str, float]:
     return {key: statistics.median(row[key] for row in measured) for key in measured[0] if key != "round"}
 
 
-def measure_plain(workers: int) -> float:
+def measure_plain(workers: int, memory_mb: float) -> float:
     """Median serial ms (driver CPU + aggregation wall) of a plain Ray loop's rounds 1..ROUNDS-2 on ``workers``
     actors: each call reads the broadcast and returns an array of the model's size, an actor adds them."""
     import ray
@@ -205,20 +207,27 @@ def measure_plain(workers: int) -> float:
     finally:
         for actor in [*pool, server]:
             ray.kill(actor)
-        _wait_for_cpus_back()
+        _wait_for_cpus_back(memory_mb)
     return statistics.median(serial)
 
 
-def _wait_for_cpus_back(timeout_s: float = 60.0) -> None:
-    """Wait until every CPU of the cluster is free again: the killed actors' processes are gone, and the next
-    measurement's memory check does not count them."""
+def _available_mb() -> float:
+    """The machine's available memory (``MemAvailable``), in MiB."""
+    with open("/proc/meminfo") as meminfo:
+        return next(float(line.split()[1]) / 1024 for line in meminfo if line.startswith("MemAvailable:"))
+
+
+def _wait_for_cpus_back(memory_mb: float, timeout_s: float = 120.0) -> None:
+    """Wait until every CPU of the cluster is free again and the machine has most of ``memory_mb`` available
+    again: the killed actors' processes are gone, and the next measurement's memory check does not count them."""
     import ray
 
     deadline = time.monotonic() + timeout_s
-    while ray.available_resources().get("CPU", 0.0) < ray.cluster_resources().get("CPU", 0.0) - 1e-6:
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    while time.monotonic() < deadline and (
+        ray.available_resources().get("CPU", 0.0) < ray.cluster_resources().get("CPU", 0.0) - 1e-6
+        or _available_mb() < 0.95 * memory_mb
+    ):
+        time.sleep(0.5)
 
 
 def _fit(rows: list[dict[str, float]], key: str) -> tuple[float, float]:
@@ -230,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="1,2,4,8,16", help="comma-separated pool sizes")
     parser.add_argument("--nodes", type=int, default=2, help="Ray nodes the workers spread over")
-    parser.add_argument("--unfolded", action="store_true", help="also measure each W with folding switched off")
+    parser.add_argument("--folded", action="store_true", help="also measure each W with engine.fold_sums=true")
     args = parser.parse_args(argv)
     sizes = [int(w) for w in args.workers.split(",")]
 
@@ -246,14 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
     for owner, name, wrap in patched:
         setattr(owner, name, wrap(getattr(owner, name)))
-    fold_runs = ray_executor.fold_runs
-    variants = {"folded": fold_runs, **({"unfolded": lambda *a, **k: None} if args.unfolded else {})}
+    variants = {"default": False, **({"folded": True} if args.folded else {})}
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     try:
         ray.init(address=cluster.address, logging_level=logging.WARNING)  # first: the driver attaches to the head
         for _ in range(args.nodes):
             cluster.add_node(num_cpus=per_node, object_store_memory=200 * 2**20)
         cluster.wait_for_nodes()
+        memory_mb = _available_mb()
         print(
             "variant   workers  driver_ms  server_ms  serial_ms  plain_ms  ratio  round_s  fetches/node  to_server"
             "  MB/node",
@@ -262,11 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             for workers in sorted(sizes, reverse=True):  # the largest pool first, while the box's memory is free
                 costs_of = {}
-                for name, plan in variants.items():
-                    ray_executor.fold_runs = plan  # type: ignore[assignment]
-                    costs_of[name] = measure(workers, Path(tmp) / f"{name}{workers}")
-                    _wait_for_cpus_back()
-                plain = measure_plain(workers)
+                for name, fold in variants.items():
+                    costs_of[name] = measure(workers, Path(tmp) / f"{name}{workers}", fold=fold)
+                    _wait_for_cpus_back(memory_mb)
+                plain = measure_plain(workers, memory_mb)
                 for name, costs in costs_of.items():
                     row = {"workers": workers, **costs, "plain_ms": plain}
                     row["serial_ms"] = row["driver_ms"] + row["server_ms"]
@@ -279,7 +287,6 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
     finally:
-        ray_executor.fold_runs = fold_runs  # type: ignore[assignment]
         for owner, name, original in originals:
             setattr(owner, name, original)
         ray.shutdown()
@@ -290,10 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         split = f"driver {driver:.2f}, server {server:.2f}"
         print(f"fit {name}: serial_ms = {intercept:.1f} + {slope:.2f} x workers ({split})")
-    plain_slope, plain_intercept = _fit(rows["folded"], "plain_ms")
+    plain_slope, plain_intercept = _fit(rows["default"], "plain_ms")
     print(f"fit plain Ray loop: serial_ms = {plain_intercept:.1f} + {plain_slope:.2f} x workers")
-    slope, _ = _fit(rows["folded"], "serial_ms")
-    fetches = max(r["broadcast_fetches_per_node"] for r in rows["folded"])
+    slope, _ = _fit(rows["default"], "serial_ms")
+    fetches = max(r["broadcast_fetches_per_node"] for r in rows["default"])
     print(f"serial_ms_per_worker={slope:.2f} broadcast_fetches_per_node={fetches:.2f} workers_max={max(sizes)}")
     return 0
 

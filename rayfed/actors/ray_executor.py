@@ -4,9 +4,9 @@ Losing a worker, or a node with workers on it, is handled by :mod:`rayfed.actors
 node that left after its workers finished their calls takes their contributions with it, as
 they live in its object store until the server fetches them: those clients are trained again on
 the remaining workers from the round's same inputs before the server aggregates, so nothing is
-lost or counted twice. Losing the server is handled like losing a worker. Before the server adds the
-calls' sums, those that ran on one node are folded there when that moves fewer objects
-(:mod:`rayfed.actors.folding`).
+lost or counted twice. Losing the server is handled like losing a worker. With ``engine.fold_sums``, the
+calls' sums that ran on one node are folded there before the server adds them, when that moves fewer
+objects (:mod:`rayfed.actors.folding`).
 Each server step (an aggregation, or loading a resumed state) is followed on the actor
 by the next broadcast, which the driver waits for, and by a copy of the server's state,
 which it does not wait for: the server makes it while the workers train, and the driver
@@ -71,6 +71,7 @@ class RayExecutor(Executor):
         self._partition_ref = ray.put(partition)
         self._server_args = (config, spec, dict(initial))
         self._max_retries = engine.max_retries
+        self._fold_sums = engine.fold_sums
         self._state: Any = None
         """Reference to the server's state after its last step: the start state of the coming round."""
         self._broadcast: Any = None
@@ -188,7 +189,8 @@ class RayExecutor(Executor):
         contributions = list(contributions)
         for attempt in itertools.count():
             self._retrain_lost(contributions, wait_s=_NODE_DEATH_WAIT_S if attempt else 0.0)
-            runs = fold_runs(self._ran_on, self._server_node, sums_are_one_part=self._sums_are_one_part)
+            one_part = self._sums_are_one_part
+            runs = fold_runs(self._ran_on, self._server_node, sums_are_one_part=one_part) if self._fold_sums else None
             parts = contributions if runs is None else self.pool.fold(runs, contributions, self._ran_on, ctx.round)
             try:
                 return self._on_server(f"in round {ctx.round}", lambda server: server.aggregate.remote(ctx, *parts))

@@ -107,6 +107,13 @@ class EngineConfig:
         "Clients per worker call; 0 = at least 8 calls of at most 64 clients. The batches never depend on "
         "num_workers or the backend, so the same config gives the same numbers on local and on any Ray cluster.",
     )
+    fold_sums: bool = documented(
+        False,
+        "On a cluster, add the sums of consecutive calls on the node that ran them, run after run, so that the "
+        "server fetches one object instead of one a call; the same numbers to the last bit (docs/cluster.md, "
+        "'Sums folded on their nodes'). Each node adds one hop in sequence: worth it when the calls' sums "
+        "(workers x model bytes a round) saturate the head's link.",
+    )
     vectorize: str = documented(
         "auto",
         "Train clients of one architecture stacked, as one model as many times as wide (grouped convolutions, "
@@ -184,6 +191,7 @@ class EngineConfig:
         check(self.num_gpus_per_worker >= 0, "engine.num_gpus_per_worker", self.num_gpus_per_worker, ">= 0")
         check(self.torch_threads >= 1, "engine.torch_threads", self.torch_threads, ">= 1")
         check(self.clients_per_call >= 0, "engine.clients_per_call", self.clients_per_call, ">= 0")
+        check(isinstance(self.fold_sums, bool), "engine.fold_sums", self.fold_sums, "true or false")
         check_choice("engine.vectorize", self.vectorize, ("auto", "on", "off"))
         check(self.stack_size >= 1, "engine.stack_size", self.stack_size, ">= 1")
         check(0 < self.join_ratio <= 1, "engine.join_ratio", self.join_ratio, "in (0, 1]")

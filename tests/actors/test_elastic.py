@@ -41,6 +41,7 @@ def _scenarios(out: Path) -> dict[str, Any]:
             "engine.clients_per_call": 2,  # 5 calls a round
             "engine.checkpoint_every": 1,
             "engine.round_timeout_s": 60.0,  # bounds every wait: a hang fails the test, it does not stall it
+            "engine.fold_sums": True,  # sums folded on their nodes: still the numbers of the one-process run
             **extra,
         }
         return RunConfig().override(tiny_overrides(out / name, **overrides))
