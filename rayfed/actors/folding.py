@@ -16,9 +16,10 @@ are concatenated rather than summed (:attr:`rayfed.algorithms.Contribution.sum_i
 sums would grow at every hop.
 
 The order that makes the sum exact also makes it a chain: each node waits for the total of the nodes before it.
-On the 2-core box a hop between two nodes costs about 25 ms of latency (a chain of two hops 49-65 ms against
-5-7 ms for the server fetching the same eight sums), so folding is off unless ``engine.fold_sums`` asks for it:
-it is for clusters whose head link is the bottleneck (workers x model bytes a round), not for small models.
+On the 2-core box a hop between two nodes adds about 28 ms of latency (``benchmarks/fold_hop.py``: a chain of
+two folds, median 62 ms, against 6 ms for the server fetching the same eight sums), so folding is off unless
+``engine.fold_sums`` asks for it: it is for clusters whose head link is the bottleneck (workers x model bytes a
+round), not for small models.
 """
 
 from __future__ import annotations
