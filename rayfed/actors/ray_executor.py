@@ -72,6 +72,8 @@ class RayExecutor(Executor):
         self._server_args = (config, spec, dict(initial))
         self._max_retries = engine.max_retries
         self._fold_sums = engine.fold_sums
+        self._server_node: str = ray.get_runtime_context().get_node_id()
+        """The driver's node, where the ``ServerActor`` is placed (strictly)."""
         self._state: Any = None
         """Reference to the server's state after its last step: the start state of the coming round."""
         self._broadcast: Any = None
@@ -102,10 +104,8 @@ class RayExecutor(Executor):
         state with it: the head's loss is the run's. The affinity is strict: the actor asks for no resource, so the
         driver's node can always take it, and Ray's soft affinity placed it on a worker node when the head had no
         CPU (measured with ``ray.cluster_utils.Cluster``)."""
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        server = ServerActor.options(scheduling_strategy=here).remote(*self._server_args)  # type: ignore[attr-defined]
-        self._server_node: str = ray.get(server.node_id.remote())
-        return server
+        here = NodeAffinitySchedulingStrategy(self._server_node, soft=False)
+        return ServerActor.options(scheduling_strategy=here).remote(*self._server_args)  # type: ignore[attr-defined]
 
     def _on_server(self, when: str, step: Callable[[Any], Any] | None) -> Any:
         """Run ``step(server)`` (an actor call, or nothing), make the next broadcast and a copy of the state.

@@ -217,10 +217,14 @@ class WorkerPool:
         (:mod:`rayfed.actors.folding`); return what the server adds, left to right: the total of the runs folded,
         then the parts after them. Folding stops at the first run whose node has no started worker or whose fold
         fails or exceeds ``engine.round_timeout_s``: the server then fetches the rest itself, with the same sum."""
+        first_on: dict[str, _Worker] = {}  # each node's started worker of the lowest slot
+        for started in sorted(self._pool, key=lambda w: w.slot, reverse=True):
+            if started.node:
+                first_on[started.node] = started
         folds: list[tuple[Any, Any, int]] = []
         total: Any = None
         for run in runs:
-            worker = next((w for w in sorted(self._pool, key=lambda w: w.slot) if w.node == nodes[run[0]]), None)
+            worker = first_on.get(nodes[run[0]])
             if worker is None:
                 break
             total, ack = worker.actor.fold.remote(total, *parts[run.start : run.stop])

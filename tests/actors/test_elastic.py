@@ -65,11 +65,14 @@ def _scenarios(out: Path) -> dict[str, Any]:
     before_aggregation: dict[int, Any] = {}
     """round -> what to do once that round's calls are done, before the server fetches their contributions."""
     sizes: list[int] = []
+    server_nodes: set[str] = set()
+    """Where the ServerActor ran after each round (asked of the actor itself)."""
     sim: list[Simulation] = []
 
     class Sizes(Callback):
         def after_round(self, run_view, record, clients) -> bool:
             sizes.append(sim[-1].executor.pool.size)  # type: ignore[union-attr]
+            server_nodes.add(ray.get(sim[-1].executor.server.node_id.remote()))  # type: ignore[union-attr]
             if (action := after.pop(record.round, None)) is not None:
                 action()
             return False
@@ -99,12 +102,13 @@ def _scenarios(out: Path) -> dict[str, Any]:
 
     def simulate(name: str, **extra: object) -> dict[str, Any]:
         sizes.clear()
+        server_nodes.clear()
         simulation = Simulation(config(name, **{"engine.backend": "ray", **extra}), callbacks=[Sizes()])
         sim.append(simulation)
         result = simulation.run()
         executor = simulation.executor
         rerun = executor.contributions_rerun  # type: ignore[union-attr]
-        on_head = executor.server_node == cluster.head_node.node_id  # type: ignore[union-attr]
+        on_head = server_nodes == {executor.server_node} == {cluster.head_node.node_id}  # type: ignore[union-attr]
         return {
             **numbers(result),
             "sizes": list(sizes),
