@@ -99,7 +99,7 @@ _FEDCLASSAVG = {  # P-FCA Tab. 1 and §4.2: 20 heterogeneous clients (4 networks
     "engine.eval_initial": False,
     "model.name": "fca_resnet18",
     "model.client_models": _FCA_MODELS,
-    "train.rounds": 300,
+    "train.rounds": 1000,  # the authors' code's max_rounds (P-FCA states none)
     "train.local_epochs": 1,
     "train.batch_size": 64,
     "algorithm.name": "fedclassavg",

@@ -75,6 +75,8 @@ def test_every_table_plans_and_costs_its_cells(name, tmp_path, monkeypatch) -> N
         TABLES[name], cells, rounds=20, parallel=1, gpus_per_run=0.0, calibrate=lambda cell: ShapeCost(1.0, 0.0, "s")
     )
     assert report.splitlines()[-1].startswith(f"plan: cells={sum(c.config is not None for c in cells)} ")
+    # every table has a horizon to cost: its paper's rounds, or its authors' code's where the paper states none
+    assert f"the papers' horizon ({TABLES[name].paper_rounds} rounds, " in report and TABLES[name].paper_rounds > 0
 
 
 RAMP = Table(

@@ -383,6 +383,27 @@ def test_fields_added_and_values_renamed_keep_the_names_of_committed_runs() -> N
         assert names and names <= {p.name for p in (results / curves).iterdir()}, (table, row, names)
 
 
+@pytest.mark.parametrize("table", ["cwfedavg-mnist", "fedawa-mnist", "fedclassavg-t2", "pfl-baselines-mnist"])
+def test_every_run_of_a_committed_report_is_committed_under_the_name_its_cell_has_today(table: str) -> None:
+    # Each run a committed report (benchmarks/results/TABLE.json) scores is in a *-curves folder, under the name the
+    # table's cell gives it now: regenerating the report with --report-only finds every one of them.
+    results = Path(__file__).parents[2] / "benchmarks" / "results"
+    report = json.loads((results / f"{table}.json").read_text())
+    committed = {p.name for p in results.glob("*-curves/*")}
+    cells = plan(
+        TABLES[table],
+        Path("/tmp/unused"),
+        rounds=report["rounds"],
+        seeds=sorted({run["seed"] for run in report["runs"]}),
+        rows=sorted({run["row"] for run in report["runs"]}),
+        columns=sorted({run["column"] for run in report["runs"]}),
+    )
+    name_of = {(c.row.key, c.column.key, c.seed): c.run_dir.name for c in cells if c.run_dir is not None}
+    for run in report["runs"]:
+        name = Path(run["run_dir"]).name
+        assert name in committed and name_of[run["row"], run["column"], run["seed"]] == name, run
+
+
 def test_every_cell_of_the_committed_mnist_baselines_report_has_its_run_committed() -> None:
     # The committed pfl-baselines-mnist report (20 rounds, seeds 0 and 1) rests on runs whose configs are the
     # table's today: FedAvg's and cwFedAvg's from cwfedavg-mnist's curves, every other row's from its own.
