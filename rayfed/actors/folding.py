@@ -48,13 +48,17 @@ def fetches_unfolded(nodes: Sequence[str], server_node: str) -> int:
 def fetches_folded(nodes: Sequence[str], server_node: str) -> int:
     """Objects that cross nodes when the calls are folded run by run: each run after the first fetches the total
     before it from the previous run's node, and the server fetches the last total unless it made it."""
-    runs = runs_of(nodes)
+    return _fetches_along(runs_of(nodes), nodes, server_node)
+
+
+def _fetches_along(runs: Sequence[range], nodes: Sequence[str], server_node: str) -> int:
     return len(runs) - 1 + (nodes[runs[-1][0]] != server_node) if runs else 0
 
 
 def fold_runs(nodes: Sequence[str], server_node: str, *, sums_are_one_part: bool) -> list[range] | None:
     """The runs to fold, in call order, or None when the server should fetch every call's sum itself: when the
     parts are concatenations, or when folding would not move fewer objects across nodes."""
-    if not sums_are_one_part or fetches_folded(nodes, server_node) >= fetches_unfolded(nodes, server_node):
+    if not sums_are_one_part:
         return None
-    return runs_of(nodes)
+    runs = runs_of(nodes)
+    return runs if _fetches_along(runs, nodes, server_node) < fetches_unfolded(nodes, server_node) else None
