@@ -7,7 +7,7 @@ client), after one round of 100 clients so that the clients' output layers diffe
 ways, interleaved, repeats times:
 
 * ``per_client``: each client's full personalised model, loaded and run on its own test
-  split (what every algorithm without ``Broadcast.shared_body`` does);
+  split (what every algorithm without ``ClientHalf.shared_body`` does);
 * ``shared_body``: cwFedAvg's ``shared_body``: one forward of G_avg's body over all the
   clients' test images, then each client's head Σ_j p̃_ij G_j as a batched product;
 * ``forward_only``: the bare forward of one model over the same images in batches of

@@ -41,6 +41,7 @@ from contextlib import contextmanager
 import ray
 
 from rayfed.config import EngineConfig
+from rayfed.util import plugins
 from rayfed.util.errors import ResourceError
 from rayfed.util.processes import children
 from rayfed.util.reaper import Reaper
@@ -76,6 +77,8 @@ def ray_session(engine: EngineConfig) -> Iterator[None]:
         logger.info("joining the Ray cluster at %s", address)
     options = {} if address else {"include_dashboard": engine.dashboard, "dashboard_host": engine.dashboard_host}
     with ray_started(address, **options):
+        for module in plugins.by_value_modules():  # a plugin's messages and uploads reach nodes without its code
+            ray.cloudpickle.register_pickle_by_value(module)
         yield
 
 

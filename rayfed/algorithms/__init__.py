@@ -10,13 +10,14 @@ algorithm imports only its module (the server process of FedAvg imports no torch
 
 from rayfed.algorithms.contributions import ClientVectors, WeightedSum, sum_contributions
 from rayfed.algorithms.hooks import (
-    Broadcast,
     ClientHalf,
     Contribution,
     NoParams,
     RoundContext,
     ServerHalf,
     SharedBody,
+    Start,
+    model_of,
 )
 from rayfed.algorithms.registry import ALGORITHMS, Algorithm, ResolvedAlgorithm, register_algorithm
 from rayfed.algorithms.settings import resolve
@@ -24,7 +25,6 @@ from rayfed.algorithms.settings import resolve
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
-    "Broadcast",
     "ClientHalf",
     "ClientVectors",
     "Contribution",
@@ -33,8 +33,10 @@ __all__ = [
     "RoundContext",
     "ServerHalf",
     "SharedBody",
+    "Start",
     "WeightedSum",
     "register_algorithm",
     "resolve",
+    "model_of",
     "sum_contributions",
 ]

@@ -38,23 +38,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.hooks import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.registry import register_algorithm
-from rayfed.train.host import to_device, to_host
+from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
-from rayfed.train.loop import FINAL_CARRY
-from rayfed.train.phase import Carry, Constants, Edits, NoStep, Params, Phase
+from rayfed.train.phase import NO_PARAMETERS, SGD, Constants, Edits, Params, Phase, Trainable
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.scratch import ScratchKey
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_choice, check_int, check_real
 
@@ -74,14 +72,9 @@ __all__ = [
 ]
 
 FIDELITIES = ("pfllib_parallel", "paper")
-CORES_KEY, DR_KEY, VERSIONS_KEY = "cores", "p", "versions"
-"""Client state: the copies of every core model (M, S), the DR vector p_i (M,), each copy's version (M,)."""
-
-_CORES = ScratchKey[tuple[np.ndarray, np.ndarray, np.ndarray]]("apple.cores")
-"""``job.scratch`` key: (the refreshed copies, p_i, the copies' versions), personalise -> train -> contribute."""
-_TARGET = ScratchKey[np.ndarray]("apple.p0")
-"""``job.scratch`` key: p⁽⁰⁾, the proximal term's target, from the broadcast."""
-_DOWNLOADED = ScratchKey[int]("apple.downloaded")
+CORES_KEY, OWN_KEY, DR_KEY, VERSIONS_KEY = "cores", "own", "p", "versions"
+"""Client state: the copies of every core model (M, S), its own core as it last trained it (S,), the DR vector p_i
+(M,), each copy's version (M,)."""
 
 
 @section("algorithm.params")
@@ -167,9 +160,9 @@ def dr_gradient(
 
 
 @dataclass(frozen=True)
-class CoreModels(Broadcast):
-    """Every client's latest core model and its version (the round after which it was uploaded;
-    0 = the common initial model); a client downloads the rows newer than its copies."""
+class CoreModels:
+    """Every client's latest core model and its version (the round after which it was uploaded; 0 = the common
+    initial model); a client downloads the rows newer than its copies."""
 
     cores: np.ndarray
     versions: np.ndarray
@@ -180,51 +173,29 @@ class CoreModels(Broadcast):
     """p⁽⁰⁾ (M,): the size shares, the proximal term's target."""
     start: np.ndarray
     """p_i before a client's first round (M,): 1/M (``fidelity="pfllib_parallel"``) or p⁽⁰⁾ (``"paper"``)."""
-    rebased: bool
-    """``fidelity="pfllib_parallel"``: a client's core is its last personal model, and it is evaluated with it."""
 
-    def local_state(self, job: ClientJob) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(copies, p_i, their versions) the client holds; before its first round, the initial model
-        for every client, p_i = :attr:`start` and versions 0."""
-        m = len(self.versions)
-        if job.state is not None and CORES_KEY in job.state:
-            return job.state[CORES_KEY], job.state[DR_KEY], job.state[VERSIONS_KEY]
-        return np.tile(self.initial, (m, 1)), self.start, np.zeros(m, np.int64)
 
-    def personalise(self, job: ClientJob) -> None:
-        """Refresh the copies that changed (a download each), then load φ_i = Σ_j p_ij θ_j."""
-        copies, p, versions = self.local_state(job)
-        stale = self.versions > versions
-        stale[job.client_id] = False  # its own core model is local
-        cores = np.array(copies, dtype=np.float32)
-        cores[stale] = self.cores[stale]
-        job.scratch[_CORES] = (cores, np.array(p, dtype=np.float64), np.where(stale, self.versions, versions))
-        job.scratch[_TARGET] = self.p0
-        job.scratch[_DOWNLOADED] = int(stale.sum())
-        job.flat.load_state(personal_model(cores, p, job.client_id, self.num_params))
+@dataclass
+class AppleStart(Start):
+    """A client's start φ_i, with the copies it refreshed, p_i, the copies' versions and how many it downloaded."""
 
-    def contribute(self, job: ClientJob) -> ClientVectors:
-        """Keep the copies (its own core updated) and p_i; upload the core model θ_i."""
-        cores, p, versions = job.scratch[_CORES]
-        job.state = {**(job.state or {}), CORES_KEY: cores, DR_KEY: p, VERSIONS_KEY: versions}
-        return ClientVectors.of(cores[job.client_id].copy(), job.client_id, job.num_train)
+    cores: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    p: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    versions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    downloaded: int = 0
 
-    def prepare_eval(self, job: ClientJob) -> None:
-        """The personal model φ_i from the client's copies and p_i; re-based (``pfllib_parallel``), the personal
-        model of its last step, which its own core has become (the initial model before it trained)."""
-        copies, p, _ = self.local_state(job)
-        if self.rebased:
-            job.flat.load_state(np.array(copies[job.client_id], dtype=np.float32))
-        else:
-            job.flat.load_state(personal_model(copies, p, job.client_id, self.num_params))
 
-    def bytes_down(self, job: ClientJob) -> int:
-        count = job.scratch.get(_DOWNLOADED)
-        if count is None:
-            _, _, versions = self.local_state(job)
-            newer = self.versions > versions
-            count = int(newer.sum()) - int(newer[job.client_id])
-        return int(count) * int(self.cores.shape[1]) * 4
+def local_state(message: CoreModels, job: ClientJob) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(copies, p_i, their versions) the client holds, its own core as it last trained it; before its first round,
+    the initial model for every client, p_i = ``message.start`` and versions 0."""
+    m = len(message.versions)
+    state = job.state
+    if state is None or CORES_KEY not in state:
+        return np.tile(message.initial, (m, 1)), message.start, np.zeros(m, np.int64)
+    copies = np.array(state[CORES_KEY], dtype=np.float32)
+    if OWN_KEY in state:
+        copies[job.client_id] = state[OWN_KEY]
+    return copies, np.asarray(state[DR_KEY]), np.asarray(state[VERSIONS_KEY])
 
 
 def personal_model(cores: np.ndarray, p: np.ndarray, own: int, num_params: int) -> np.ndarray:
@@ -235,13 +206,13 @@ def personal_model(cores: np.ndarray, p: np.ndarray, own: int, num_params: int) 
     return out
 
 
-class AppleClient(ClientHalf[AppleParams]):
+class AppleClient(ClientHalf[AppleParams, CoreModels]):
     """Plain SGD steps on θ_i and p_i through φ_i = Σ_j p_ij θ_j (``train.momentum`` and ``train.weight_decay``
     are not used).
 
-    The model the loop trains is φ_i, formed before every step (:meth:`mix`); after backward, the step moves
-    θ_i and p_i (:meth:`descend`), not φ_i (``NoStep``). The other clients' copies θ_j are constants of the
-    phase; θ_i and p_i are its carry.
+    The model the loop trains is φ_i, formed before every step (:meth:`mix`); no parameter of it steps
+    (``NO_PARAMETERS``): θ_i and p_i are the phase's trainables, which its SGD moves by the gradients
+    :meth:`descend` reads off ∇_φ L after backward. The other clients' copies θ_j are constants of the phase.
     """
 
     def __init__(self, params: AppleParams, spec: ProblemSpec) -> None:
@@ -250,29 +221,42 @@ class AppleClient(ClientHalf[AppleParams]):
         self.pfllib = params.fidelity == "pfllib_parallel"
         self.weights = tensor_mean_weights(self.layout) if self.pfllib else None
 
-    def phases(self, job: ClientJob) -> list[Phase]:
+    def start(self, message: CoreModels, job: ClientJob) -> AppleStart:
+        """Refresh the copies that changed (a download each), then φ_i = Σ_j p_ij θ_j."""
+        copies, p, versions = local_state(message, job)
+        stale = message.versions > versions
+        stale[job.client_id] = False  # its own core model is local
+        copies[stale] = message.cores[stale]
+        p = np.array(p, dtype=np.float64)
+        fresh = np.where(stale, message.versions, versions)
+        phi = personal_model(copies, p, job.client_id, message.num_params)
+        return AppleStart(phi, copies, p, fresh, int(stale.sum()))
+
+    def phases(self, message: CoreModels, job: ClientJob) -> list[Phase]:
         params, own, size = self.params, job.client_id, self.layout.size
-        cores, p, _ = job.scratch[_CORES]
-        m = cores.shape[0]
+        start: AppleStart = job.start
+        m = start.cores.shape[0]
         horizon = params.anneal_rounds or job.train.rounds
         schedule = lagged_anneal if self.pfllib else anneal
         lam_mu = schedule(job.round, horizon, params.anneal_fraction) * params.mu
         onehot = np.zeros(m, np.float32)
         onehot[own] = 1.0
-        numbers = np.array([lam_mu, job.lr * (m if self.pfllib else 1)], dtype=np.float64)
-        arrays = [cores[:, :size], onehot, job.scratch[_TARGET], numbers, cores[own, :size], p]
+        core_lr = job.lr * (m if self.pfllib else 1)
+        numbers = np.array([lam_mu, core_lr], dtype=np.float64)
+        arrays = [start.cores[:, :size], onehot, message.p0, numbers, start.cores[own, :size], start.p]
         if self.weights is not None:
             arrays.append(self.weights)
         moved = to_device([np.ascontiguousarray(a) for a in arrays], job.device)
         constants = {"cores": moved[0], "own": moved[1], "p0": moved[2], "numbers": moved[3]}
-        if self.pfllib:
+        if self.weights is not None:
             constants["weights"] = moved[6]
         return [
             Phase(
                 epochs=job.train.local_epochs,
-                optimizer=NoStep(),
+                optimizer=SGD(momentum=0.0, weight_decay=0.0),
+                trains=NO_PARAMETERS,
                 constants=constants,
-                carry={"core": moved[4], "p": moved[5]},
+                extra={"core": Trainable(moved[4], lr=core_lr), "p": Trainable(moved[5], lr=params.dr_lr)},
                 on_train_batch_start=self.mix,
                 on_after_backward=self.descend,
                 on_train_end=self.finish,
@@ -283,49 +267,57 @@ class AppleClient(ClientHalf[AppleParams]):
         """Every client's core model, this client's as it trains (M, P)."""
         return torch.where(constants["own"].unsqueeze(1) > 0, core, constants["cores"])
 
-    def _personal(self, constants: Constants, carry: Carry) -> Edits:
+    def _personal(self, constants: Constants, extra: Mapping[str, torch.Tensor]) -> Edits:
         """φ_i = Σ_j p_ij θ_j, as the parameters' new values."""
-        phi = carry["p"].to(torch.float32) @ self._theta(constants, carry["core"])
+        phi = extra["p"].to(torch.float32) @ self._theta(constants, extra["core"])
         return dict(enumerate(self.layout.views(phi)))
 
-    def mix(self, params: Params, constants: Constants, carry: Carry) -> tuple[Edits, Carry]:
+    def mix(self, params: Params, constants: Constants, extra: Mapping[str, torch.Tensor]) -> Edits:
         """Before each step: the model is φ_i."""
-        return self._personal(constants, carry), carry
+        return self._personal(constants, extra)
 
-    def descend(self, params: Params, grads: Params, constants: Constants, carry: Carry) -> tuple[Edits, Carry]:
-        """θ_i ← θ_i − η1·p_ii·∇_φ L and p_i ← p_i − η2·∂/∂p_i (``pfllib_parallel``: θ_i first, p's gradient at the
-        moved θ_i; ``paper``: both gradients at the same point)."""
-        grad = self.layout.flatten(grads)
-        core, p = carry["core"], carry["p"]
+    def descend(
+        self,
+        params: Params,
+        grads: Sequence[torch.Tensor | None],
+        constants: Constants,
+        extra: Mapping[str, torch.Tensor],
+    ) -> Edits:
+        """The gradients of θ_i (p_ii·∇_φ L) and of p_i (Eq. for ∂/∂p, :func:`dr_gradient`): ``pfllib_parallel`` at
+        the θ_i its step moves to, ``paper`` at the same point."""
+        grad = self.layout.flatten([g for g in grads if g is not None])
+        core, p = extra["core"], extra["p"]
         lam_mu, core_lr = constants["numbers"][0], constants["numbers"][1]
-        step = (core_lr * (p * constants["own"]).sum()).to(torch.float32)
-        moved = core.addcmul(grad, step, value=-1.0)
-        at = moved if self.pfllib else core
+        core_grad = ((p * constants["own"]).sum() * grad).to(torch.float32)
+        at = core - (core_lr * core_grad).to(torch.float32) if self.pfllib else core
         grad_p = dr_gradient(self._theta(constants, at), grad, p, constants["p0"], lam_mu, constants.get("weights"))
-        return {}, {"core": moved, "p": p - self.params.dr_lr * grad_p}
+        return {"core": core_grad, "p": grad_p}
 
-    def finish(self, params: Params, constants: Constants, carry: Carry) -> tuple[Edits, Carry]:
+    def finish(self, params: Params, constants: Constants, extra: Mapping[str, torch.Tensor]) -> Edits:
         """``pfllib_parallel``: the core it shares is its personal model of the last step (re-based); ``paper``:
         the model left is the personal model after the last step (what the engine's update norm measures)."""
         if self.pfllib:
-            return {}, {**carry, "core": self.layout.flatten(params)}
-        return self._personal(constants, carry), carry
+            return {"core": self.layout.flatten(params)}
+        return self._personal(constants, extra)
 
-    def contribute_stacked(self, message: Broadcast, jobs: Sequence[ClientJob], states: Any) -> None:
-        """One by one (:meth:`contribute`)."""
-        return None
+    def upload(self, message: CoreModels, job: ClientJob) -> Contribution:
+        """Keep the copies, its trained core (with the BatchNorm statistics its steps updated) and its new p_i;
+        upload that core θ_i."""
+        start: AppleStart = job.start
+        own = torch.cat([job.extra["core"], job.flat.buffers.detach()])
+        job.state = {CORES_KEY: start.cores, OWN_KEY: own, DR_KEY: job.extra["p"], VERSIONS_KEY: start.versions}
+        return ClientVectors.of(own, job.client_id, job.num_train)
 
-    def contribute(self, message: Broadcast, job: ClientJob) -> Contribution:
-        """The message's upload, from the copies with this client's trained core (and the BatchNorm statistics its
-        steps updated) and its new p_i."""
-        cores, p, versions = job.scratch[_CORES]
-        carry = job.scratch.get(FINAL_CARRY, {}).get(0)
-        if carry is not None:
-            core, p, buffers = to_host([carry["core"], carry["p"], job.flat.buffers])
-            cores = np.array(cores, dtype=np.float32)
-            cores[job.client_id] = np.concatenate([core, buffers])
-            job.scratch[_CORES] = (cores, p, versions)
-        return message.contribute(job)
+    def evaluation(self, message: CoreModels, job: ClientJob) -> np.ndarray:
+        """The personal model φ_i from the client's copies and p_i; re-based (``pfllib_parallel``), the personal
+        model of its last step, which its own core has become (the initial model before it trained)."""
+        copies, p, _ = local_state(message, job)
+        if self.pfllib:
+            return np.array(copies[job.client_id], dtype=np.float32)
+        return personal_model(copies, p, job.client_id, message.num_params)
+
+    def bytes_down(self, message: CoreModels, job: ClientJob) -> int:
+        return job.start.downloaded * int(message.cores.shape[1]) * 4
 
 
 # --- server side ----------------------------------------------------------------------------
@@ -340,8 +332,10 @@ class AppleServer(ServerHalf[AppleParams, ClientVectors]):
 
     @classmethod
     def client_state_bytes(cls, params: AppleParams, spec: ProblemSpec, train: TrainConfig) -> int:
-        """M copies of the model, p_i (float64) and the copies' versions (int64): grows as M per client."""
-        return spec.num_clients * (super().client_state_bytes(params, spec, train) + 16)
+        """M copies of the model, p_i (float64) and the copies' versions (int64): grows as M per client; and its own
+        trained core beside its copy."""
+        model = super().client_state_bytes(params, spec, train)
+        return spec.num_clients * (model + 16) + model
 
     def __init__(self, params: AppleParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)
@@ -360,7 +354,7 @@ class AppleServer(ServerHalf[AppleParams, ClientVectors]):
         self.start = np.full(spec.num_clients, 1.0 / spec.num_clients) if self.rebased else self.p0
 
     def broadcast(self) -> CoreModels:
-        return CoreModels(self.cores, self.versions, self.num_params, self.initial, self.p0, self.start, self.rebased)
+        return CoreModels(self.cores, self.versions, self.num_params, self.initial, self.p0, self.start)
 
     def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
         if contribution is None:

@@ -46,16 +46,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.common.cluster_state import ClusterModelState
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.hooks import Broadcast, ClientHalf, RoundContext, ServerHalf
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.batches import steps_per_epoch
+from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
@@ -65,6 +66,7 @@ __all__ = [
     "CFLParams",
     "ClientUpdates",
     "ClusterModels",
+    "CFLClient",
     "CFLServer",
     "cosine_similarity_matrix",
     "update_norms",
@@ -243,13 +245,9 @@ class ClientUpdates(ClientVectors):
 
     __iadd__ = __add__
 
-    @property
-    def nbytes(self) -> int:
-        return super().nbytes + int(self.step_lengths.nbytes)
-
 
 @dataclass(frozen=True)
-class ClusterModels(Broadcast):
+class ClusterModels:
     """Every cluster's model (C, S) and each client's cluster (M,); a client receives only its own."""
 
     models: np.ndarray
@@ -258,20 +256,25 @@ class ClusterModels(Broadcast):
     def model_of(self, client_id: int) -> np.ndarray:
         return self.models[self.assignment[client_id]]
 
-    def personalise(self, job: ClientJob) -> None:
-        """θ_i ← θ_{c(i)}."""
-        job.flat.load_state(self.model_of(job.client_id))
 
-    def contribute(self, job: ClientJob) -> ClientUpdates:
+class CFLClient(ClientHalf[Any, ClusterModels]):
+    """Starts from its cluster's model θ_{c(i)}, trains, and sends its update Δθ_i with its local SGD's λ_i."""
+
+    def start(self, message: ClusterModels, job: ClientJob) -> np.ndarray:
+        """θ_i ← θ_{c(i)}."""
+        return message.model_of(job.client_id)
+
+    def upload(self, message: ClusterModels, job: ClientJob) -> Contribution:
         """Δθ_i = θ_i − θ_{c(i)} (parameters then buffers), and λ_i of the client's local SGD."""
         train = job.train
         steps = train.local_epochs * steps_per_epoch(job.num_train, train.batch_size, train.drop_last)
-        row = ClientVectors.of(job.flat.state_numpy() - self.model_of(job.client_id), job.client_id, job.num_train)
+        change = job.flat.state() - to_device([message.model_of(job.client_id)], job.device)[0]
+        row = ClientVectors.of(change, job.client_id, job.num_train)
         lengths = np.array([step_length(job.lr, steps, train.momentum)], np.float64)
         return ClientUpdates(row.blocks, row.client_ids, row.sizes, None, lengths)
 
-    def bytes_down(self, job: ClientJob) -> int:
-        return int(self.models.shape[1]) * 4
+    def bytes_down(self, message: ClusterModels, job: ClientJob) -> int:
+        return int(message.models.shape[1]) * 4
 
 
 class CFLServer(ClusterModelState, ServerHalf[CFLParams, ClientUpdates]):
@@ -343,7 +346,7 @@ register_algorithm(
     "cfl",
     params=CFLParams,
     server=CFLServer,
-    client=ClientHalf,
+    client=CFLClient,
     summary="CFL (Sattler et al. 2020): FedAvg per cluster; a cluster near stationarity is bipartitioned by the "
     "cosine similarity of its clients' updates",
     label="CFL",

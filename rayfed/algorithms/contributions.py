@@ -10,7 +10,7 @@ same order (:mod:`rayfed.actors.folding`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -18,17 +18,34 @@ import numpy as np
 
 from rayfed.algorithms.hooks import Contribution
 
-__all__ = ["WeightedSum", "ClientVectors", "sum_contributions"]
+__all__ = ["WeightedSum", "ClientVectors", "sum_contributions", "join", "as_float32"]
 
 C = TypeVar("C", bound=Contribution)
+
+
+def join(a: Any, b: Any) -> Any:
+    """``a`` and ``b`` joined along their first axis: numpy arrays (the server's), or tensors of one device (a
+    worker's, while its call sums its clients' uploads there); None if either is None."""
+    if a is None or b is None:
+        return None
+    if isinstance(a, np.ndarray):
+        return np.concatenate([a, b])
+    import torch  # a tensor upload exists only where torch is loaded
+
+    return torch.cat([a, b])
+
+
+def as_float32(a: Any) -> Any:
+    """``a`` (a numpy array or a tensor) in float32."""
+    return a.astype(np.float32) if isinstance(a, np.ndarray) else a.float()
 
 
 @dataclass
 class WeightedSum(Contribution):
     """Σ_i w_i x_i and Σ_i w_i: FedAvg's sufficient statistics (Flower/pfl ``WeightedStatistics``).
 
-    On a worker the sum may be a tensor on its device; :meth:`with_host_arrays` turns it into the
-    numpy array the server aggregates.
+    On a worker the sum may be a tensor on its device, which the call reads back once, with its other values,
+    as the numpy array the server aggregates.
     """
 
     total: Any
@@ -58,23 +75,6 @@ class WeightedSum(Contribution):
         """Σ w_i x_i / Σ w_i, in float32."""
         return (self.total / np.float32(self.weight)).astype(np.float32, copy=False)
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.total.nbytes) + 8
-
-    def is_finite(self) -> Any:
-        if isinstance(self.total, np.ndarray):
-            return bool(np.isfinite(self.total).all()) and np.isfinite(self.weight)
-        import torch  # a tensor sum exists only where torch is loaded
-
-        return torch.isfinite(self.total).all()  # a client's weight n_i is a finite number
-
-    def device_tensors(self) -> list[Any]:
-        return [] if isinstance(self.total, np.ndarray) else [self.total]
-
-    def with_host_arrays(self, arrays: Sequence[np.ndarray]) -> WeightedSum:
-        return WeightedSum(np.asarray(arrays[0], dtype=np.float32), self.weight, self.count) if arrays else self
-
 
 @dataclass
 class ClientVectors(Contribution):
@@ -82,14 +82,16 @@ class ClientVectors(Contribution):
 
     For server halves that need each client's vector, not only their sum (FedAWA, FedAMP,
     CFL, ...). Rows are whole states (parameters, then buffers) unless the algorithm says
-    otherwise. ``+`` concatenates, lazily: it joins the tuples of blocks, and :meth:`matrix`
-    copies them into one (M, S) array once, on the server. Concatenation is associative; the row order (the merge order,
-    fixed by the engine) changes results only by float rounding.
+    otherwise. ``+`` concatenates, lazily: it joins the tuples of blocks (on a worker, tensors on its device,
+    read back once with the call), and :meth:`matrix` copies them into one (M, S) array once, on the server.
+    Concatenation is associative; the row order (the merge order, fixed by the engine) changes results only by
+    float rounding.
     """
 
     sum_is_one_part: ClassVar[bool] = False  # rows are concatenated: a partial sum grows with its clients
 
-    blocks: tuple[np.ndarray, ...]
+    blocks: tuple[Any, ...]
+    """(rows, S) arrays, or tensors on a worker's device."""
     client_ids: np.ndarray
     sizes: np.ndarray
     label_counts: np.ndarray | None = None
@@ -97,10 +99,9 @@ class ClientVectors(Contribution):
     (FedDisco); ``None`` when they are not uploaded (then they cost no bytes)."""
 
     @classmethod
-    def of(
-        cls, vector: np.ndarray, client_id: int, size: float, label_counts: np.ndarray | None = None
-    ) -> ClientVectors:
-        """One client's upload; ``label_counts`` (K,) only if the method sends them."""
+    def of(cls, vector: Any, client_id: int, size: float, label_counts: np.ndarray | None = None) -> ClientVectors:
+        """One client's upload (its vector: a numpy array, or a tensor it owns on the worker's device);
+        ``label_counts`` (K,) only if the method sends them."""
         counts = None if label_counts is None else np.asarray(label_counts, np.int64)[None, :]
         return cls((vector[None, :],), np.array([client_id], np.int64), np.array([size], np.float64), counts)
 
@@ -133,14 +134,6 @@ class ClientVectors(Contribution):
         """Σ_k n_k x_k / Σ_k n_k over the rows (FedAvg's rule on stacked uploads), in float32."""
         sizes = np.asarray(self.sizes, np.float64)
         return ((sizes / sizes.sum()).astype(np.float32) @ self.matrix()).astype(np.float32)
-
-    @property
-    def nbytes(self) -> int:
-        counts = 0 if self.label_counts is None else int(self.label_counts.nbytes)
-        return sum(int(b.nbytes) for b in self.blocks) + int(self.client_ids.nbytes) + int(self.sizes.nbytes) + counts
-
-    def is_finite(self) -> bool:
-        return all(bool(np.isfinite(b).all()) for b in self.blocks) and bool(np.isfinite(self.sizes).all())
 
 
 def sum_contributions(parts: Iterable[C | None]) -> C | None:

@@ -39,33 +39,23 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
-from rayfed.algorithms.contributions import WeightedSum
+from rayfed.algorithms.contributions import WeightedSum, as_float32, join
 from rayfed.algorithms.cwfedavg_equations import (
     classwise_average,
-    classwise_partial_sums,
-    distribution_from_norms,
     empirical_distribution,
-    output_row_norms,
     personalise,
     wdr_penalty,
 )
 from rayfed.algorithms.cwfedavg_figures import cwfedavg_figures
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, ModelParts, model_parts
 from rayfed.algorithms.figures import Figure, FinishedRun
-from rayfed.algorithms.hooks import (
-    Broadcast,
-    ClientHalf,
-    Contribution,
-    RoundContext,
-    ServerHalf,
-    SharedBody,
-)
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, SharedBody
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.algorithms.sizing import buffer_bytes
 from rayfed.train.host import to_device
@@ -96,10 +86,6 @@ def _client_distribution(job: ClientJob, p_source: str) -> np.ndarray:
 # --- what a worker uploads ----------------------------------------------------------------------
 
 
-def _concat(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
-    return None if a is None or b is None else np.concatenate([a, b])
-
-
 @dataclass
 class ClasswiseSum(Contribution):
     """The sufficient statistics of Eq. 6 (and FedAvg) for a set of clients; ``+`` merges sets.
@@ -113,48 +99,26 @@ class ClasswiseSum(Contribution):
     One client's numerator is rank one, (n_i p̃_i) ⊗ θ_i^cw, so a single upload keeps just
     θ_i^cw (``model``; its masses are n_i p̃_i) and is as large as a FedAvg upload plus a
     few K-vectors, as the paper states (P-ICCV §4.3). The K × P_cw sum (``heads``) is
-    formed when uploads are merged.
+    formed when uploads are merged. On a worker its arrays are tensors on the device, summed there.
     """
 
-    masses: np.ndarray
+    masses: Any
     shared: WeightedSum | None
     client_ids: np.ndarray
-    rows: np.ndarray
-    norms: np.ndarray
+    rows: Any
+    norms: Any
     label_counts: np.ndarray | None = None
-    heads: np.ndarray | None = None
+    heads: Any = None
     """Σ_i (n_i p̃_ij) θ_i^cw, (K, P_cw); None while this is a single client's upload."""
-    model: np.ndarray | None = None
+    model: Any = None
     """θ_i^cw of a single client's upload; None once merged."""
 
-    @classmethod
-    def of_client(
-        cls,
-        client_id: int,
-        num_train: int,
-        row: np.ndarray,
-        norms: np.ndarray,
-        model: np.ndarray,
-        shared: np.ndarray | None,
-        label_counts: np.ndarray | None = None,
-    ) -> ClasswiseSum:
-        """One client's upload: θ_i^cw, n_i p̃_i (Eq. 6 weights), its FedAvg part, its row and norms."""
-        return cls(
-            masses=num_train * np.asarray(row, dtype=np.float64),
-            shared=None if shared is None else WeightedSum.of(shared, num_train),
-            client_ids=np.array([client_id], dtype=np.int64),
-            rows=np.asarray(row, dtype=np.float32)[None],
-            norms=np.asarray(norms, dtype=np.float32)[None],
-            label_counts=None if label_counts is None else np.asarray(label_counts, dtype=np.int64)[None],
-            model=np.asarray(model, dtype=np.float32),
-        )
-
-    def numerators(self) -> np.ndarray:
-        """Σ_i (n_i p̃_ij) θ_i^cw as a (K, P_cw) float32 array."""
+    def numerators(self) -> Any:
+        """Σ_i (n_i p̃_ij) θ_i^cw as a (K, P_cw) float32 array (Eq. 6's numerators)."""
         if self.heads is not None:
             return self.heads
         assert self.model is not None
-        return classwise_partial_sums(self.model[None], np.ones(1), self.masses[None])[0]
+        return as_float32(self.masses)[:, None] * self.model[None, :]
 
     def __add__(self, other: ClasswiseSum) -> ClasswiseSum:
         shared = None if self.shared is None or other.shared is None else self.shared + other.shared
@@ -162,45 +126,22 @@ class ClasswiseSum(Contribution):
             self.masses + other.masses,
             shared,
             np.concatenate([self.client_ids, other.client_ids]),
-            np.concatenate([self.rows, other.rows]),
-            np.concatenate([self.norms, other.norms]),
-            _concat(self.label_counts, other.label_counts),
+            join(self.rows, other.rows),
+            join(self.norms, other.norms),
+            join(self.label_counts, other.label_counts),
             heads=self.numerators() + other.numerators(),
         )
-
-    def __iadd__(self, other: ClasswiseSum) -> ClasswiseSum:
-        if self.heads is None or not self.heads.flags.writeable:  # a single upload, or read zero-copy from Ray
-            return self + other
-        self.heads += other.numerators()
-        self.masses = self.masses + other.masses
-        if self.shared is not None and other.shared is not None:
-            self.shared = self.shared.__iadd__(other.shared)
-        self.client_ids = np.concatenate([self.client_ids, other.client_ids])
-        self.rows = np.concatenate([self.rows, other.rows])
-        self.norms = np.concatenate([self.norms, other.norms])
-        self.label_counts = _concat(self.label_counts, other.label_counts)
-        return self
 
     @property
     def count(self) -> int:
         return len(self.client_ids)
 
-    @property
-    def nbytes(self) -> int:
-        arrays = (self.heads, self.model, self.masses, self.client_ids, self.rows, self.norms, self.label_counts)
-        return sum(int(a.nbytes) for a in arrays if a is not None) + (self.shared.nbytes if self.shared else 0)
 
-    def is_finite(self) -> bool:
-        arrays = (self.heads, self.model, self.masses, self.rows, self.norms)
-        finite = all(bool(np.isfinite(a).all()) for a in arrays if a is not None)
-        return finite and (self.shared is None or self.shared.is_finite())
-
-
-# --- the round's broadcast: personalisation and contribution on the worker ----------------------
+# --- the round's message and the client half ------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class ClasswiseModels(Broadcast):
+class ClasswiseModels:
     """The K class-specific models G_j, the FedAvg part G_avg and the p̃ matrix (M × K)."""
 
     heads: np.ndarray
@@ -212,84 +153,12 @@ class ClasswiseModels(Broadcast):
     p_tilde: np.ndarray
     """(M, K): each client's latest uploaded row (1/K before its first upload)."""
     parts: ModelParts
-    params: CwFedAvgParams
-
-    def _row(self, job: ClientJob) -> np.ndarray:
-        if self.params.variant == "dist":  # "w/ Dist.": the true p_i, which the client knows itself
-            return _client_distribution(job, self.params.p_source)
-        return self.p_tilde[job.client_id]
-
-    def personalise(self, job: ClientJob) -> None:
-        """θ_i^cw ← Σ_j p̃_ij G_j (Eq. 7); θ_i^other ← G_avg; buffers stay the client's own."""
-        flat, parts = job.flat, self.parts
-        flat.load(personalise(self._row(job), self.heads), parts.classwise)
-        self._load_shared(job)
-
-    def _load_shared(self, job: ClientJob) -> None:
-        """θ^other ← G_avg, and the client's own buffers (the initial ones before it has trained)."""
-        flat, offset = job.flat, 0
-        for part in self.parts.shared:
-            size = part.stop - part.start
-            flat.load(self.shared[offset : offset + size], part)
-            offset += size
-        if flat.buffer_layout.size:
-            buffers = job.state["buffers"] if job.state and "buffers" in job.state else self.initial_buffers
-            flat.buffers.copy_(to_device([buffers], flat.buffers.device)[0])
-
-    def prepare_global_eval(self, job: ClientJob) -> bool:
-        """The global model: Eq. 7 with the clients' overall class distribution p_j = Σ_i n_ij / Σ_ij n_ij
-        (``job`` holds every client's counts, summed) in place of a client's row, G_avg elsewhere and the
-        initial buffers. It costs no training, and shows what personalisation adds over one model."""
-        flat, parts = job.flat, self.parts
-        flat.load(personalise(_client_distribution(job, self.params.p_source), self.heads), parts.classwise)
-        self._load_shared(job)
-        return True
-
-    def contribute(self, job: ClientJob) -> ClasswiseSum:
-        """p̃_i from the trained output weight (Eq. 4), then this client's share of Eq. 6 and FedAvg."""
-        parts = self.parts
-        theta = job.flat.numpy()
-        norms = output_row_norms(theta[parts.output_weight].reshape(parts.output_shape))
-        counts = None
-        if self.params.variant == "dist":  # the client reveals n_ij; q_ij then uses p_i (P-arXiv Tab. 1)
-            counts = _client_counts(job, self.params.p_source)
-            row = empirical_distribution(counts)
-        else:
-            row = distribution_from_norms(norms)
-        if job.flat.buffer_layout.size:  # BatchNorm statistics are never averaged, as in the authors' code
-            job.state = {"buffers": job.flat.buffers.detach().cpu().numpy().copy()}
-        shared = parts.gather_shared(theta) if parts.shared else None
-        return ClasswiseSum.of_client(job.client_id, job.num_train, row, norms, theta[parts.classwise], shared, counts)
-
-    def bytes_down(self, job: ClientJob) -> int:
-        """A real client receives only its personalised model (buffers stay local)."""
-        return job.flat.size * 4
-
-    def shared_body(self, jobs: Sequence[ClientJob]) -> SharedBody | None:
-        """When only the output layer is class-wise (cwFedAvg (Output)) and the model has no
-        client-local buffers, every personalised model is G_avg outside the output layer, and
-        client i's output layer is Σ_j p̃_ij G_j restricted to it (Eq. 7): one body for all."""
-        parts, flat = self.parts, jobs[0].flat
-        k, h = parts.output_shape
-        head_size = parts.classwise.stop - parts.classwise.start
-        if parts.classwise.start != parts.output_weight.start or head_size != k * h + k or flat.buffer_layout.size:
-            return None
-        state = np.zeros(flat.size, dtype=np.float32)
-        offset = 0
-        for part in parts.shared:
-            size = part.stop - part.start
-            state[part] = self.shared[offset : offset + size]
-            offset += size
-        heads = personalise(np.stack([self._row(job) for job in jobs]), self.heads)
-        return SharedBody(state, heads[:, : k * h].reshape(len(jobs), k, h), heads[:, k * h :])
 
 
-# --- the two halves -----------------------------------------------------------------------------
-
-
-class CwFedAvgClient(ClientHalf[CwFedAvgParams]):
-    """Plain SGD on CE + c·‖p_i − p̃_i(W)‖₂ (Eq. 8), recomputed from the live output weight each mini-batch;
-    the per-client constant is p_i."""
+class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels]):
+    """Starts from Σ_j p̃_ij G_j (Eq. 7); plain SGD on CE + c·‖p_i − p̃_i(W)‖₂ (Eq. 8), recomputed from the live
+    output weight each mini-batch (the per-client constant is p_i); sends p̃_i (Eq. 4) and its share of Eq. 6
+    and FedAvg."""
 
     def __init__(self, params: CwFedAvgParams, spec: ProblemSpec) -> None:
         super().__init__(params, spec)
@@ -302,15 +171,88 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams]):
             )
         self.output_index = indices.pop()
 
-    def phases(self, job: ClientJob) -> list[Phase]:
+    def _row(self, message: ClasswiseModels, job: ClientJob) -> np.ndarray:
+        if self.params.variant == "dist":  # "w/ Dist.": the true p_i, which the client knows itself
+            return _client_distribution(job, self.params.p_source)
+        return message.p_tilde[job.client_id]
+
+    def _state(self, message: ClasswiseModels, job: ClientJob, row: np.ndarray, buffers: np.ndarray) -> np.ndarray:
+        """θ^cw ← Σ_j row_j G_j (Eq. 7), θ^other ← G_avg, then the floating-point ``buffers``."""
+        parts, size = message.parts, job.flat.size
+        state = np.empty(job.flat.state_size, dtype=np.float32)
+        state[parts.classwise] = personalise(row, message.heads)
+        offset = 0
+        for part in parts.shared:
+            width = part.stop - part.start
+            state[part] = message.shared[offset : offset + width]
+            offset += width
+        state[size:] = buffers
+        return state
+
+    def start(self, message: ClasswiseModels, job: ClientJob) -> np.ndarray:
+        """θ_i^cw ← Σ_j p̃_ij G_j (Eq. 7); θ_i^other ← G_avg; buffers stay the client's own (the initial ones before
+        it has trained)."""
+        own = job.state["buffers"] if job.state and "buffers" in job.state else message.initial_buffers
+        return self._state(message, job, self._row(message, job), np.asarray(own))
+
+    def phases(self, message: ClasswiseModels, job: ClientJob) -> list[Phase]:
         if not self.coefficient:
-            return super().phases(job)
+            return super().phases(message, job)
         p = to_device([_client_distribution(job, self.params.p_source).astype(np.float32)], job.device)[0]
         return [Phase(epochs=job.train.local_epochs, loss=self.wdr, constants={"p": p})]
 
     def wdr(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
         """c·‖p_i − p̃_i(W)‖₂ of the live output weight W (Eq. 8)."""
         return wdr_penalty(constants["p"], params[self.output_index], self.coefficient)
+
+    def upload(self, message: ClasswiseModels, job: ClientJob) -> Contribution:
+        """p̃_i from the trained output weight (Eq. 4), then this client's share of Eq. 6 and FedAvg."""
+        parts, flat = message.parts, job.flat
+        theta = flat.vector.detach()
+        norms = torch.linalg.vector_norm(theta[parts.output_weight].view(parts.output_shape).double(), dim=-1)
+        counts = None
+        if self.params.variant == "dist":  # the client reveals n_ij; q_ij then uses p_i (P-arXiv Tab. 1)
+            counts = _client_counts(job, self.params.p_source)
+            row = to_device([empirical_distribution(counts)], job.device)[0]
+        else:
+            total = norms.sum()
+            row = torch.where(total > 0, norms / total, torch.full_like(norms, 1.0 / len(norms)))
+        if flat.buffer_layout.size:  # BatchNorm statistics are never averaged, as in the authors' code
+            job.state = {"buffers": flat.buffers.detach().clone()}
+        shared = torch.cat([theta[s] for s in parts.shared]) if parts.shared else None
+        return ClasswiseSum(
+            masses=job.num_train * row,
+            shared=None if shared is None else WeightedSum.of(shared, job.num_train),
+            client_ids=np.array([job.client_id], dtype=np.int64),
+            rows=row.float()[None],
+            norms=norms.float()[None],
+            label_counts=None if counts is None else np.asarray(counts, dtype=np.int64)[None],
+            model=theta[parts.classwise].clone(),
+        )
+
+    def global_model(self, message: ClasswiseModels, job: ClientJob) -> np.ndarray:
+        """The global model: Eq. 7 with the clients' overall class distribution p_j = Σ_i n_ij / Σ_ij n_ij
+        (``job`` holds every client's counts, summed) in place of a client's row, G_avg elsewhere and the
+        initial buffers. It costs no training, and shows what personalisation adds over one model."""
+        return self._state(message, job, _client_distribution(job, self.params.p_source), message.initial_buffers)
+
+    def shared_body(self, message: ClasswiseModels, jobs: Sequence[ClientJob]) -> SharedBody | None:
+        """When only the output layer is class-wise (cwFedAvg (Output)) and the model has no
+        client-local buffers, every personalised model is G_avg outside the output layer, and
+        client i's output layer is Σ_j p̃_ij G_j restricted to it (Eq. 7): one body for all."""
+        parts, flat = message.parts, jobs[0].flat
+        k, h = parts.output_shape
+        head_size = parts.classwise.stop - parts.classwise.start
+        if parts.classwise.start != parts.output_weight.start or head_size != k * h + k or flat.buffer_layout.size:
+            return None
+        state = np.zeros(flat.size, dtype=np.float32)
+        offset = 0
+        for part in parts.shared:
+            size = part.stop - part.start
+            state[part] = message.shared[offset : offset + size]
+            offset += size
+        heads = personalise(np.stack([self._row(message, job) for job in jobs]), message.heads)
+        return SharedBody(state, heads[:, : k * h].reshape(len(jobs), k, h), heads[:, k * h :])
 
 
 class CwFedAvgServer(ServerHalf[CwFedAvgParams, ClasswiseSum]):
@@ -355,7 +297,7 @@ class CwFedAvgServer(ServerHalf[CwFedAvgParams, ClasswiseSum]):
         self.norms = np.zeros((m, k), dtype=np.float32)
 
     def broadcast(self) -> ClasswiseModels:
-        return ClasswiseModels(self.heads, self.shared, self.initial_buffers, self.p_tilde, self.parts, self.params)
+        return ClasswiseModels(self.heads, self.shared, self.initial_buffers, self.p_tilde, self.parts)
 
     def aggregate(self, ctx: RoundContext, contribution: ClasswiseSum | None) -> dict[str, float]:
         if contribution is None:

@@ -25,28 +25,22 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
-from rayfed.algorithms.common.global_model import GlobalModel
+from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelClient
 from rayfed.algorithms.common.own_models import MODEL_KEY, saved_model
 from rayfed.algorithms.common.proximal import proximal_term
 from rayfed.algorithms.fedavg import FedAvgServer
-from rayfed.algorithms.hooks import ClientHalf
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.job import ClientJob
-from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
+from rayfed.train.phase import Batch, Constants, Kept, Outputs, Params, Phase
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.scratch import ScratchKey
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_int, check_real
 
 __all__ = ["DittoParams", "DittoModels", "DittoClient", "DittoServer"]
-
-_PERSONAL = ScratchKey[np.ndarray]("ditto.personal")
-"""``job.scratch`` key: the personal model v_k the broadcast hands to the client half."""
 
 
 @section("algorithm.params")
@@ -74,53 +68,44 @@ class DittoModels(GlobalModel):
 
     initial: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.float32))
 
-    def personalise(self, job: ClientJob) -> None:
-        """w^t into the model (the start of the global update); v_k to the client half via scratch."""
-        job.flat.load_state(self.vector)
-        job.scratch[_PERSONAL] = saved_model(job, self.initial)
 
-    def personalise_stacked(self, jobs: Sequence[ClientJob]) -> Any:
-        """w^t for every client at once; each client's v_k to the client half via scratch."""
-        for job in jobs:
-            job.scratch[_PERSONAL] = saved_model(job, self.initial)
-        return super().personalise_stacked(jobs)
-
-    def prepare_eval(self, job: ClientJob) -> None:
-        """The client's personal model v_k."""
-        job.flat.load_state(saved_model(job, self.initial))
-
-    def prepare_global_eval(self, job: ClientJob) -> bool:
-        """The global model w^t."""
-        job.flat.load_state(self.vector)
-        return True
-
-    def shared_body(self, jobs: Sequence[ClientJob]) -> None:
-        """Every client is evaluated with its own personal model: one forward each."""
-        return None
-
-
-class DittoClient(ClientHalf[DittoParams]):
+class DittoClient(GlobalModelClient[DittoParams, GlobalModel]):
     """Per round: s epochs on v_k with (λ/2)‖v_k − w^t‖², then FedAvg's local update of w^t.
 
-    v_k is a model the client keeps in its state (``MODEL_KEY``); the round's model (uploaded) is the
-    locally updated global model w_k, whose loss and steps are the ones reported, as FedAvg's.
+    v_k is a model the client keeps in its state (``MODEL_KEY``); the round's model (uploaded) is the locally
+    updated global model w_k, whose loss and steps are the ones reported, as FedAvg's. Evaluated with v_k; w^t
+    is the run's global model.
     """
 
-    def phases(self, job: ClientJob) -> list[Phase]:
-        # v_k from the broadcast; with another server half (algorithm.client="ditto"): its own or w^t.
+    def phases(self, message: GlobalModel, job: ClientJob) -> list[Phase]:
+        # v_k starts from the common initialisation; lent to another server half (algorithm.client="ditto"), a
+        # client without a personal model starts it from the model it received.
+        initial = message.initial if isinstance(message, DittoModels) else None
         personal = Phase(
             epochs=self.params.personal_epochs,
             loss=self.proximal if self.params.lam else None,
-            needs_start=bool(self.params.lam),
-            model=MODEL_KEY,
-            start=job.scratch.get(_PERSONAL),
+            model=Kept(MODEL_KEY, initial),
             reports=False,
         )
-        return [personal, Phase(epochs=job.train.local_epochs)]
+        own = [personal] if self.params.personal_epochs else []
+        return [*own, Phase(epochs=job.train.local_epochs)]
 
     def proximal(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
         """(λ/2)‖v_k − w^t‖² (Eq. 1), w^t = the round's starting model."""
         return proximal_term(list(params), constants["start"], self.params.lam)
+
+    def evaluation(self, message: GlobalModel, job: ClientJob) -> np.ndarray:
+        """The client's personal model v_k."""
+        assert isinstance(message, DittoModels)
+        return saved_model(job, message.initial)
+
+    def global_model(self, message: GlobalModel, job: ClientJob) -> np.ndarray:
+        """The global model w^t."""
+        return message.vector
+
+    def shared_body(self, message: GlobalModel, jobs: Sequence[ClientJob]) -> None:
+        """Every client is evaluated with its own personal model: one forward each."""
+        return None
 
 
 class DittoServer(FedAvgServer):

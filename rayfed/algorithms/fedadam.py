@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rayfed.algorithms.common.global_model import GlobalModelServer
+from rayfed.algorithms.common.global_model import GlobalModelClient, GlobalModelServer
 from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.hooks import ClientHalf, RoundContext
+from rayfed.algorithms.hooks import RoundContext
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
@@ -102,7 +102,7 @@ register_algorithm(
     "fedadam",
     params=FedAdamParams,
     server=FedAdamServer,
-    client=ClientHalf,
+    client=GlobalModelClient,
     summary="FedAdam (Reddi et al. 2021): server Adam on the pseudo-gradient (weighted average - global)",
     label="FedAdam",
     single_model=True,

@@ -36,14 +36,15 @@ import torch
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.common.own_models import save_model_state, saved_model
-from rayfed.algorithms.common.proximal import flatten_logically, proximal_term
+from rayfed.algorithms.common.proximal import proximal_term
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.hooks import Broadcast, ClientHalf, RoundContext, ServerHalf
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf
 from rayfed.algorithms.registry import register_algorithm
+from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.scratch import ScratchKey
+from rayfed.train.stack_plan import logical_rows
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_choice, check_real
 
@@ -59,9 +60,6 @@ __all__ = [
 
 COLUMN_CHUNK = 1 << 16
 """Columns of the (M, S) model matrix per float64 product (bounds the temporary copies)."""
-
-_CLOUD = ScratchKey[torch.Tensor]("fedamp.cloud")
-"""``job.scratch`` key: u_i's parameters, flattened in logical order (the proximal term's centre)."""
 
 
 @section("algorithm.params")
@@ -129,43 +127,46 @@ def cloud_models(xi: np.ndarray, models: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class CloudModels(Broadcast):
+class CloudModels:
     """Every client's cloud model u_i (one row each); a client downloads only its own row."""
 
     clouds: np.ndarray
     initial: np.ndarray
     """The common initial model, which a client holds until it first trains."""
-    start: str
-
-    def personalise(self, job: ClientJob) -> None:
-        """Receive u_i, the proximal term's centre (Eq. 8); start from w_i or from u_i."""
-        job.flat.load_state(self.clouds[job.client_id])
-        job.scratch[_CLOUD] = flatten_logically([p.detach() for p in job.flat.params])
-        if self.start == "own":
-            job.flat.load_state(saved_model(job, self.initial))
-
-    def contribute(self, job: ClientJob) -> ClientVectors:
-        """Keep w_i for evaluation and upload it whole (parameters, then buffers)."""
-        save_model_state(job)
-        return ClientVectors.of(job.flat.state_numpy(), job.client_id, job.num_train)
-
-    def prepare_eval(self, job: ClientJob) -> None:
-        """The client's own w_i, its last trained model (the initial model if it never trained)."""
-        job.flat.load_state(saved_model(job, self.initial))
-
-    def bytes_down(self, job: ClientJob) -> int:
-        return int(self.clouds[job.client_id].nbytes)
 
 
-class FedAMPClient(ClientHalf[FedAMPParams]):
-    """Cross-entropy + (λ/(2α_K))‖w − u_i‖² (Eq. 8), u_i = the cloud model the client received."""
+class FedAMPClient(ClientHalf[FedAMPParams, CloudModels]):
+    """Receives u_i and starts from it (or from its own w_i), trains on cross-entropy + (λ/(2α_K))‖w − u_i‖²
+    (Eq. 8), keeps w_i for evaluation and uploads it whole (parameters, then buffers)."""
 
-    def phases(self, job: ClientJob) -> list[Phase]:
+    def start(self, message: CloudModels, job: ClientJob) -> np.ndarray:
+        """u_i, or (``start="own"``) the client's own w_i."""
+        if self.params.start == "own":
+            return saved_model(job, message.initial)
+        return message.clouds[job.client_id]
+
+    def phases(self, message: CloudModels, job: ClientJob) -> list[Phase]:
         if self.params.lamda == 0:
-            return super().phases(job)
+            return super().phases(message, job)
+        cloud = to_device([message.clouds[job.client_id]], job.device)[0]
         return [
-            Phase(epochs=job.train.local_epochs, loss=self.attraction, constants={"cloud": job.scratch[_CLOUD]})
-        ]  # set by CloudModels.personalise
+            Phase(
+                epochs=job.train.local_epochs,
+                loss=self.attraction,
+                constants={"cloud": logical_rows(cloud[None], job.flat.layout)[0]},
+            )
+        ]
+
+    def upload(self, message: CloudModels, job: ClientJob) -> Contribution:
+        save_model_state(job)
+        return ClientVectors.of(job.flat.state(), job.client_id, job.num_train)
+
+    def evaluation(self, message: CloudModels, job: ClientJob) -> np.ndarray:
+        """The client's own w_i, its last trained model (the initial model if it never trained)."""
+        return saved_model(job, message.initial)
+
+    def bytes_down(self, message: CloudModels, job: ClientJob) -> int:
+        return int(message.clouds[job.client_id].nbytes)
 
     def attraction(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
         """(λ/(2α_K))‖w − u_i‖² (Eq. 8)."""
@@ -194,7 +195,7 @@ class FedAMPServer(ServerHalf[FedAMPParams, ClientVectors]):
         self.xi = np.eye(spec.num_clients)
 
     def broadcast(self) -> CloudModels:
-        return CloudModels(self.clouds, self.initial, self.params.start)
+        return CloudModels(self.clouds, self.initial)
 
     def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
         if contribution is None:

@@ -11,9 +11,9 @@ Floating-point buffers (BatchNorm running statistics) are averaged with the same
 
 from __future__ import annotations
 
-from rayfed.algorithms.common.global_model import GlobalModelServer
+from rayfed.algorithms.common.global_model import GlobalModelClient, GlobalModelServer
 from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.hooks import ClientHalf, NoParams, RoundContext
+from rayfed.algorithms.hooks import NoParams, RoundContext
 from rayfed.algorithms.registry import register_algorithm
 
 __all__ = ["FedAvgServer"]
@@ -33,7 +33,7 @@ register_algorithm(
     "fedavg",
     params=NoParams,
     server=FedAvgServer,
-    client=ClientHalf,
+    client=GlobalModelClient,
     summary="FedAvg (McMahan et al. 2017): size-weighted average of full models",
     label="FedAvg",
     single_model=True,

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from rayfed.algorithms.common.architecture import sole_architecture
-from rayfed.algorithms.common.global_model import GlobalModelServer, GlobalStart
+from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelServer
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedawa_objective import (
     EXACT_SMOOTHING,
@@ -74,10 +74,11 @@ from rayfed.algorithms.fedawa_objective import (
     softmax,
 )
 from rayfed.algorithms.fedawa_weights import INITIAL_WEIGHTS, needs_label_counts
-from rayfed.algorithms.hooks import RoundContext
+from rayfed.algorithms.hooks import Contribution, RoundContext
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.algorithms.sgdm import PersistentMomentumClient
 from rayfed.algorithms.sizing import momentum_bytes
+from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
@@ -88,7 +89,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FIDELITIES", "FedAWAParams", "ClientVectorBroadcast", "FedAWAServer", "FedAWALServer"]
+__all__ = ["FIDELITIES", "FedAWAParams", "FedAWAModel", "FedAWAClient", "FedAWAServer", "FedAWALServer"]
 
 FIDELITIES = ("code", "paper", "exact")
 
@@ -150,15 +151,22 @@ class FedAWAParams:
 
 
 @dataclass(frozen=True)
-class ClientVectorBroadcast(GlobalStart):
-    """The global model; a trained client sends its client vector τ_k = θ_k − θ_g (and, if the
-    initial weights read them, its training-label counts)."""
+class FedAWAModel(GlobalModel):
+    """The global model, and whether the clients send their training-label counts (the initial weights read
+    them)."""
 
     send_label_counts: bool = False
 
-    def contribute(self, job: ClientJob) -> ClientVectors:
-        counts = job.train_label_counts if self.send_label_counts else None
-        return ClientVectors.of(job.flat.state_numpy() - self.vector, job.client_id, job.num_train, counts)
+
+class FedAWAClient(PersistentMomentumClient):
+    """SGD with persistent momentum (:mod:`rayfed.algorithms.sgdm`); a trained client sends its client vector
+    τ_k = θ_k − θ_g (and, if asked, its training-label counts)."""
+
+    def upload(self, message: GlobalModel, job: ClientJob) -> Contribution:
+        assert isinstance(message, FedAWAModel)
+        counts = job.train_label_counts if message.send_label_counts else None
+        vector = job.flat.state() - to_device([message.vector], job.device)[0]
+        return ClientVectors.of(vector, job.client_id, job.num_train, counts)
 
 
 # --- the server half ----------------------------------------------------------------------------
@@ -199,8 +207,8 @@ class FedAWAServer(GlobalModelServer[FedAWAParams, ClientVectors]):
         """Per group and client id: the logit (``code``, ``paper``) or weight (``exact``); NaN = not seen yet."""
         self._warned_vertex = False
 
-    def broadcast(self) -> ClientVectorBroadcast:
-        return ClientVectorBroadcast(self.global_vector, needs_label_counts(self.params.initial_weights))
+    def broadcast(self) -> FedAWAModel:
+        return FedAWAModel(self.global_vector, needs_label_counts(self.params.initial_weights))
 
     def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
         if contribution is None:
@@ -304,7 +312,7 @@ register_algorithm(
     "fedawa",
     params=FedAWAParams,
     server=FedAWAServer,
-    client=PersistentMomentumClient,
+    client=FedAWAClient,
     summary="FedAWA (Shi et al. 2025): aggregation weights learnt from client vectors (Eq. 3); "
     "fidelity=code (default), paper or exact",
     keeps_client_state=True,
@@ -315,7 +323,7 @@ register_algorithm(
     "fedawa_l",
     params=FedAWAParams,
     server=FedAWALServer,
-    client=PersistentMomentumClient,
+    client=FedAWAClient,
     summary="FedAWA-L (Shi et al. 2025): layer-wise aggregation weights from client vectors (Eq. 4); "
     "fidelity=code (default), paper or exact",
     keeps_client_state=True,

@@ -25,7 +25,7 @@ import numpy as np
 
 from rayfed.algorithms.registry import ALGORITHMS
 from rayfed.train.problem import ProblemSpec
-from rayfed.util.registry import Registry
+from rayfed.util.registry import Registry, caller_module
 
 __all__ = [
     "InitialWeights",
@@ -61,7 +61,7 @@ def register_initial_weights(
     ``needs_label_counts`` the clients must upload their label histograms for it."""
     if needs_label_counts:
         _READS_LABEL_COUNTS.add(name)
-    return INITIAL_WEIGHTS.register(name)
+    return INITIAL_WEIGHTS.register(name, origin=caller_module())
 
 
 def needs_label_counts(name: str) -> bool:

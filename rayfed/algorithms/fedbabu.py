@@ -15,7 +15,7 @@ the global body and h_0, fine-tunes the *whole* model for τ_f epochs on its own
 split, and is evaluated on its test split. The fine-tuned model is thrown away (the
 client keeps no state), so every evaluation starts again from the global model, as the
 paper evaluates personalisation. The global model (body + h_0, without fine-tuning) is
-reported beside it (``prepare_global_eval``), as the paper reports both.
+reported beside it (``global_model``), as the paper reports both.
 """
 
 from __future__ import annotations
@@ -23,8 +23,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rayfed.algorithms.common.body_head import BodyHeadParams, PartialModels, PartialServer, part_phase, split_body_head
-from rayfed.algorithms.hooks import Broadcast, ClientHalf, SharedBody
+import numpy as np
+
+from rayfed.algorithms.common.body_head import (
+    BodyHeadParams,
+    PartialClient,
+    PartialModels,
+    PartialServer,
+    part_phase,
+    split_body_head,
+)
+from rayfed.algorithms.hooks import SharedBody
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Phase
@@ -32,7 +41,7 @@ from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_int
 
-__all__ = ["FedBabuParams", "FedBabuClient", "FedBabuModels", "FedBabuServer"]
+__all__ = ["FedBabuParams", "FedBabuClient", "FedBabuServer"]
 
 
 @section("algorithm.params")
@@ -51,45 +60,38 @@ class FedBabuParams(BodyHeadParams):
         check_int("algorithm.params.finetune_epochs", self.finetune_epochs, low=0)
 
 
-@dataclass(frozen=True)
-class FedBabuModels(PartialModels):
-    """The global body and the fixed initial head h_0; evaluation fine-tunes a copy per client."""
+class FedBabuClient(PartialClient):
+    """Local SGD on the body only; the head stays exactly at h_0 (no step, no weight decay). Evaluated after
+    fine-tuning the whole model on its training split, which evaluation jobs carry."""
 
-    finetune_epochs: int = 5
-
-    eval_needs_train = True  # the evaluation job carries the client's training split, for the fine-tuning
-
-    def prepare_global_eval(self, job: ClientJob) -> bool:
-        """The federated model itself: the global body with the initial head, not fine-tuned."""
-        job.flat.load_state(self.model_state(self.initial_local))
-        return True
-
-    def shared_body(self, jobs: Sequence[ClientJob]) -> SharedBody | None:
-        """Each client fine-tunes the whole model, so no two evaluation models share a body."""
-        if self.finetune_epochs:
-            return None
-        return super().shared_body(jobs)
-
-
-class FedBabuClient(ClientHalf[FedBabuParams]):
-    """Local SGD on the body only; the head stays exactly at h_0 (no step, no weight decay)."""
+    eval_reads_train = True
 
     def __init__(self, params: FedBabuParams, spec: ProblemSpec) -> None:
         super().__init__(params, spec)
         self.splits = {arch: split_body_head(spec, arch, params.head_blocks) for arch in spec.layouts}
 
-    def phases(self, job: ClientJob) -> list[Phase]:
+    def phases(self, message: PartialModels, job: ClientJob) -> list[Phase]:
         return [part_phase(self.splits[job.architecture].body_params, job.train.local_epochs)]
 
-    def prepare_eval(self, message: Broadcast, job: ClientJob) -> list[Phase]:
-        """Global body + h_0, then τ_f epochs of SGD on the whole model over the client's training split.
+    def fine_tuning(self, message: PartialModels, job: ClientJob) -> list[Phase]:
+        """τ_f epochs of SGD on the whole model (global body + h_0) over the client's training split.
 
-        The evaluation job's batches come from its own generator (run seed, client id, the evaluation
-        round), so the same global model gives the same personalised model on any worker and at every call;
-        the client's state is not touched.
+        The evaluation job's batches come from its own generator (run seed, client id, the evaluation round), so
+        the same global model gives the same personalised model on any worker and at every call; the client's
+        state is not touched.
         """
-        message.prepare_eval(job)
-        return [Phase(epochs=self.params.finetune_epochs)] if self.params.finetune_epochs else []
+        epochs = self.params.finetune_epochs
+        return [Phase(epochs=epochs)] if epochs else []
+
+    def global_model(self, message: PartialModels, job: ClientJob) -> np.ndarray:
+        """The federated model itself: the global body with the initial head, not fine-tuned."""
+        return message.model_state(message.initial_local)
+
+    def shared_body(self, message: PartialModels, jobs: Sequence[ClientJob]) -> SharedBody | None:
+        """Each client fine-tunes the whole model, so no two evaluation models share a body."""
+        if self.params.finetune_epochs:
+            return None
+        return super().shared_body(message, jobs)
 
 
 class FedBabuServer(PartialServer):
@@ -97,16 +99,6 @@ class FedBabuServer(PartialServer):
 
     shared_part = "body"
     keep_local = False
-
-    def broadcast(self) -> FedBabuModels:
-        return FedBabuModels(
-            self.shared,
-            self.initial_local,
-            self.split,
-            self.shared_part,
-            self.keep_local,
-            finetune_epochs=self.params.finetune_epochs,
-        )
 
 
 register_algorithm(

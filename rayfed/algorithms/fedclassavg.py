@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from rayfed.algorithms.common.architecture import sole_architecture
+from rayfed.algorithms.common.global_model import GLOBAL_STATE
 from rayfed.algorithms.common.own_models import (
     CLIENT_INIT_STREAM,
     ClientInit,
@@ -57,17 +58,16 @@ from rayfed.algorithms.common.own_models import (
     save_model_state,
 )
 from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.fedavg import FedAvgServer
-from rayfed.algorithms.hooks import Broadcast, ClientHalf, ServerHalf
+from rayfed.algorithms.fedclassavg_equations import classifier_prox, supcon_loss
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.data.augment import SIMCLR_AUGMENT
 from rayfed.models import seeded_init
 from rayfed.models.fedclassavg_nets import FedClassAvgNet
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
-from rayfed.train.phase import Adam, Batch, Constants, Outputs, Params, Phase
+from rayfed.train.phase import Adam, Batch, Constants, Outputs, Params, Phase, Views
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.scratch import ScratchKey
 from rayfed.util.documented import documented, section
 from rayfed.util.errors import ConfigError
 from rayfed.util.seeding import init_seed
@@ -87,11 +87,6 @@ CLASSIFIER_LAYER = FedClassAvgNet.output_layer
 
 SERVER_INIT_STREAM = CLIENT_INIT_STREAM - 1
 """Initialisation stream of the server's first global classifier."""
-
-_OWN_CLASSIFIER = ScratchKey[np.ndarray]("fedclassavg.own_classifier")
-"""``job.scratch`` key: the client's own initial classifier, set when a warm-up is due."""
-_RECEIVED = ScratchKey[np.ndarray]("fedclassavg.received")
-"""``job.scratch`` key: the classifier the client received (the global one, or the global model's)."""
 
 
 @section("algorithm.params")
@@ -159,116 +154,29 @@ class FedClassAvgParams:
         return self.fidelity == "code" and self.mode == "classifier"
 
 
-# --- the math: pure functions on tensors -------------------------------------------------------
-
-
-def supcon_loss(
-    features: torch.Tensor,
-    labels: torch.Tensor,
-    temperature: float,
-    base_temperature: float,
-    weight: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Supervised contrastive loss over two views, as the authors' ``SupConLoss`` (Khosla et al. 2020).
-
-    ``features`` is (2B, d): the B first views, then the B second views; ``labels`` is (B,).
-    Every view a is an anchor; its positives P(a) are the other views with its label (its
-    own second view included) and its contrast set A(a) is every view but itself:
-
-        ℓ_a = −(1/|P(a)|) Σ_{p∈P(a)} [s_ap − log Σ_{b∈A(a)} exp s_ab],   s_ab = z_a·z_b / τ
-
-        L = (τ/τ_base) · mean_a ℓ_a
-
-    With ``weight`` (B,), views of weight 0 (a stack's padding) are neither anchors nor in any set.
-    """
-    n = features.shape[0]
-    if n != 2 * labels.shape[0]:
-        raise ValueError(f"features must hold two views per label: got {n} rows for {labels.shape[0]} labels")
-    all_labels = labels.repeat(2)
-    logits = features @ features.T / temperature
-    logits = logits - logits.max(dim=1, keepdim=True).values.detach()  # stability; cancels below
-    not_self = ~torch.eye(n, dtype=torch.bool, device=features.device)
-    if weight is not None:
-        valid = weight.repeat(2) > 0
-        not_self = not_self & valid.view(1, -1)
-    positives = (all_labels.view(-1, 1) == all_labels.view(1, -1)) & not_self
-    log_denominator = torch.logsumexp(logits.masked_fill(~not_self, float("-inf")), dim=1, keepdim=True)
-    log_prob = logits - log_denominator
-    if weight is None:
-        mean_log_prob_pos = (log_prob * positives).sum(dim=1) / positives.sum(dim=1)
-        return -(temperature / base_temperature) * mean_log_prob_pos.mean()
-    anchors = weight.repeat(2)
-    mean_log_prob_pos = (log_prob.masked_fill(~positives, 0.0)).sum(dim=1) / positives.sum(dim=1).clamp_min(1)
-    return -(temperature / base_temperature) * (mean_log_prob_pos * anchors).sum() / anchors.sum().clamp_min(1.0)
-
-
-def classifier_prox(
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    anchor_weight: torch.Tensor,
-    anchor_bias: torch.Tensor,
-    rho: float,
-    fidelity: str,
-) -> torch.Tensor:
-    """ρ·L_R(C_k, C) of Eq. 4.
-
-    ``code``: (ρ/2)·[MSE(W_k, W) + MSE(b_k, b)], each MSE the element-wise mean (torch ``MSELoss``);
-    ``paper``: ρ·‖w_Ck − w_C‖₂ over weight and bias together (Eq. 5, not squared).
-    """
-    if fidelity == "code":
-        return 0.5 * rho * (F.mse_loss(weight, anchor_weight) + F.mse_loss(bias, anchor_bias))
-    squared = ((weight - anchor_weight) ** 2).sum() + ((bias - anchor_bias) ** 2).sum()
-    return rho * torch.sqrt(squared)
-
-
 # --- worker side ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class FedClassAvgMessage(Broadcast):
+class FedClassAvgMessage:
     """The global classifier (``mode="classifier"``) or the whole global model (``"weight"``)."""
 
     vector: np.ndarray
-    mode: str
     init: ClientInit
-    warmup: bool
-
-    def personalise(self, job: ClientJob) -> None:
-        """The client's own model with the global classifier (or the global model, ``"weight"``)."""
-        part = job.flat.slice_of(CLASSIFIER_LAYER)
-        if self.mode == "weight":
-            job.flat.load_state(self.vector)
-            job.scratch[_RECEIVED] = self.vector[part]
-            return
-        own = own_model_state(job, self.init)
-        job.flat.load_state(own)
-        if self.warmup and not has_saved_model(job):
-            job.scratch[_OWN_CLASSIFIER] = own[part]
-        job.flat.load(self.vector, part)
-        job.scratch[_RECEIVED] = self.vector
-
-    def contribute(self, job: ClientJob) -> WeightedSum:
-        """Keep the trained model in the client's state; upload n_k·w_Ck (or n_k·θ_k, ``"weight"``)."""
-        save_model_state(job)
-        if self.mode == "weight":
-            return WeightedSum.of(job.flat.state_numpy(), job.num_train)
-        shared = job.flat.numpy(job.flat.slice_of(CLASSIFIER_LAYER))
-        return WeightedSum.of(shared, job.num_train)
-
-    def prepare_eval(self, job: ClientJob) -> None:
-        """The client's own model with its locally trained classifier (as the authors' code evaluates)."""
-        if self.mode == "weight" and not has_saved_model(job):
-            job.flat.load_state(self.vector)
-        else:
-            job.flat.load_state(own_model_state(job, self.init))
-
-    def bytes_down(self, job: ClientJob) -> int:
-        return int(self.vector.nbytes)
 
 
-class FedClassAvgClient(ClientHalf[FedClassAvgParams]):
-    """SupCon on two views + CE on the first + ρ·L_R on the classifier, with a fresh Adam (Eq. 4): a warm-up
-    phase with the client's own classifier before its first round (the code's), then the round's phase."""
+@dataclass
+class ClassifierStart(Start):
+    """A client's start, and its own initial classifier when a warm-up with it is due (its first round)."""
+
+    own_classifier: np.ndarray | None = None
+
+
+class FedClassAvgClient(ClientHalf[FedClassAvgParams, FedClassAvgMessage]):
+    """Its own model with the global classifier (or the global model, ``"weight"``); SupCon on two views + CE on
+    the first + ρ·L_R on the classifier, with a fresh Adam (Eq. 4): a warm-up phase with the client's own
+    classifier before its first round (the code's), then the round's phase. Keeps its model and sends n_k·w_Ck
+    (or n_k·θ_k, ``"weight"``)."""
 
     def __init__(self, params: FedClassAvgParams, spec: ProblemSpec) -> None:
         super().__init__(params, spec)
@@ -280,17 +188,26 @@ class FedClassAvgClient(ClientHalf[FedClassAvgParams]):
                     f"model {arch!r} does not end in {CLASSIFIER_LAYER!r}"
                 )
 
-    def phases(self, job: ClientJob) -> list[Phase]:
+    def start(self, message: FedClassAvgMessage, job: ClientJob) -> ClassifierStart:
+        """The client's own model with the global classifier (or the global model, ``"weight"``)."""
+        if self.params.mode == "weight":
+            return ClassifierStart(message.vector)
+        part = job.flat.slice_of(CLASSIFIER_LAYER)
+        own = np.array(own_model_state(job, message.init), dtype=np.float32)
+        warmup = own[part].copy() if self.params.warmup_enabled and not has_saved_model(job) else None
+        own[part] = message.vector
+        return ClassifierStart(own, warmup)
+
+    def phases(self, message: FedClassAvgMessage, job: ClientJob) -> list[Phase]:
         if not isinstance(job.model, FedClassAvgNet):
             raise ConfigError(
                 f"algorithm.name='fedclassavg' needs models with an extractor and a classifier (fca_*), but "
                 f"client {job.client_id} has {job.architecture!r}"
             )
         part = job.flat.slice_of(CLASSIFIER_LAYER)
-        classifiers = [job.scratch[_RECEIVED]]
-        own = job.scratch.get(_OWN_CLASSIFIER)
-        if own is not None:
-            classifiers.insert(0, own)
+        received = message.vector[part] if self.params.mode == "weight" else message.vector
+        start: ClassifierStart = job.start
+        classifiers = [received] if start.own_classifier is None else [start.own_classifier, received]
         moved = to_device([np.asarray(c, np.float32) for c in classifiers], job.device)
         epochs = [1] * (len(moved) - 1) + [job.train.local_epochs]  # the code's warm-up: one epoch
         return [self._phase(anchor, (part.start, part.stop), n) for anchor, n in zip(moved, epochs)]
@@ -301,8 +218,7 @@ class FedClassAvgClient(ClientHalf[FedClassAvgParams]):
             epochs=epochs,
             loss=self.objective,
             optimizer=Adam(self.params.adam_betas, self.params.adam_eps),
-            views=self.views,
-            augment=SIMCLR_AUGMENT,
+            views=Views(SIMCLR_AUGMENT, self.views),
             forward=self.forward,
             constants={"anchor": anchor},
             load=(part, anchor),
@@ -332,18 +248,32 @@ class FedClassAvgClient(ClientHalf[FedClassAvgParams]):
             total = total + torch.where(batch.step > 0, prox, torch.zeros_like(prox))
         return total
 
+    def upload(self, message: FedClassAvgMessage, job: ClientJob) -> Contribution:
+        """Keep the trained model in the client's state; upload n_k·w_Ck (or n_k·θ_k, ``"weight"``)."""
+        save_model_state(job)
+        if self.params.mode == "weight":
+            return WeightedSum.of(job.flat.state(copy=False), job.num_train)
+        return WeightedSum.of(job.flat.vector.detach()[job.flat.slice_of(CLASSIFIER_LAYER)], job.num_train)
+
+    def evaluation(self, message: FedClassAvgMessage, job: ClientJob) -> np.ndarray:
+        """The client's own model with its locally trained classifier (as the authors' code evaluates)."""
+        if self.params.mode == "weight" and not has_saved_model(job):
+            return message.vector
+        return own_model_state(job, message.init)
+
+    def bytes_down(self, message: FedClassAvgMessage, job: ClientJob) -> int:
+        return int(message.vector.nbytes)
+
 
 # --- server side ----------------------------------------------------------------------------
 
 
-class FedClassAvgServer(FedAvgServer):
-    """Keeps the global classifier w_C (or, ``"weight"``, the global model); FedAvg's weighted
-    average of the uploads (Eq. 3), broadcast as a :class:`FedClassAvgMessage`."""
-
-    params: FedClassAvgParams
+class FedClassAvgServer(ServerHalf[FedClassAvgParams, WeightedSum]):
+    """Keeps the global classifier w_C (or, ``"weight"``, the global model); FedAvg's weighted average of the
+    uploads (Eq. 3), broadcast as a :class:`FedClassAvgMessage`."""
 
     @classmethod
-    def validate(cls, params: FedClassAvgParams, spec: ProblemSpec) -> None:  # type: ignore[override]
+    def validate(cls, params: FedClassAvgParams, spec: ProblemSpec) -> None:
         """Images only (its augmented views are image transforms); every model must end in the shared
         ``classifier.1`` (one shape); ``"weight"`` needs one model."""
         if spec.input_kind != "image":
@@ -359,15 +289,27 @@ class FedClassAvgServer(FedAvgServer):
             )
 
     def __init__(self, params: FedClassAvgParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
-        ServerHalf.__init__(self, params, spec, initial)  # validates; not FedAvg's, which needs one architecture
+        super().__init__(params, spec, initial)  # validates
         if params.mode == "weight":
             self.global_vector = np.array(initial[sole_architecture(spec)], dtype=np.float32)
         else:
             self.global_vector = initial_classifier(spec.seed, _shared_feature_dim(spec), spec.num_classes)
         self.init = ClientInit.of(spec)
 
-    def broadcast(self) -> FedClassAvgMessage:  # type: ignore[override]
-        return FedClassAvgMessage(self.global_vector, self.params.mode, self.init, self.params.warmup_enabled)
+    def broadcast(self) -> FedClassAvgMessage:
+        return FedClassAvgMessage(self.global_vector, self.init)
+
+    def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
+        if contribution is None:
+            return {"clients_aggregated": 0.0}
+        self.global_vector = contribution.average()
+        return {"clients_aggregated": float(contribution.count)}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {GLOBAL_STATE: self.global_vector}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        self.global_vector = np.array(state[GLOBAL_STATE], dtype=np.float32)
 
 
 def initial_classifier(seed: int, feature_dim: int, num_classes: int) -> np.ndarray:

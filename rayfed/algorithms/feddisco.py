@@ -28,10 +28,10 @@ from typing import Literal
 
 import numpy as np
 
-from rayfed.algorithms.common.global_model import GlobalModelServer, GlobalStart
+from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelClient, GlobalModelServer
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedawa_weights import register_initial_weights
-from rayfed.algorithms.hooks import ClientHalf, RoundContext
+from rayfed.algorithms.hooks import Contribution, RoundContext
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
@@ -44,7 +44,7 @@ __all__ = [
     "discrepancy",
     "disco_weights",
     "feddisco_initial_weights",
-    "ModelAndHistogram",
+    "ModelAndHistogramClient",
     "FedDiscoServer",
 ]
 
@@ -129,12 +129,11 @@ def feddisco_initial_weights(
 # --- worker side ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ModelAndHistogram(GlobalStart):
-    """The global model; a trained client sends its whole model and its training-label counts."""
+class ModelAndHistogramClient(GlobalModelClient[FedDiscoParams, GlobalModel]):
+    """FedAvg's client, which sends its whole model and its training-label counts."""
 
-    def contribute(self, job: ClientJob) -> ClientVectors:
-        return ClientVectors.of(job.flat.state_numpy(), job.client_id, job.num_train, job.train_label_counts)
+    def upload(self, message: GlobalModel, job: ClientJob) -> Contribution:
+        return ClientVectors.of(job.flat.state(), job.client_id, job.num_train, job.train_label_counts)
 
 
 # --- server side ----------------------------------------------------------------------------------
@@ -142,9 +141,6 @@ class ModelAndHistogram(GlobalStart):
 
 class FedDiscoServer(GlobalModelServer[FedDiscoParams, ClientVectors]):
     """Keeps θ_g; aggregates the round's models with the discrepancy-aware weights (every state entry)."""
-
-    def broadcast(self) -> ModelAndHistogram:
-        return ModelAndHistogram(self.global_vector)
 
     def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
         if contribution is None:
@@ -165,7 +161,7 @@ register_algorithm(
     "feddisco",
     params=FedDiscoParams,
     server=FedDiscoServer,
-    client=ClientHalf,
+    client=ModelAndHistogramClient,
     summary="FedDisco (Ye et al. 2023): weights ReLU(n_k/n - a d_k + b) from label-distribution discrepancy",
     label="FedDisco",
     single_model=True,

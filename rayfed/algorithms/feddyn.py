@@ -25,11 +25,11 @@ optimiser is created once), as FedAWA's clients.
 
 The gradient state (P floats, starting at 0) is kept in the client state store under
 ``"feddyn_grad"`` (flat-vector order), so only sampled clients update it. The two loss terms
-are one functional term (:meth:`FedDynClient.functional_extra_loss`); under ``paper`` clients can
-be trained stacked, under ``code`` the momentum buffer (state key ``"momentum"``) makes them train
-one by one. h and the correction act on the parameters; floating-point buffers (BatchNorm
-statistics) take the clients' average. Clients upload θ_k as a :class:`WeightedSum` of weight n_k
-(``code``) or 1 (``paper``); the server's |P_t| is the sum's count.
+are one phase's loss (:meth:`FedDynClient.dynamic`), and under ``code`` the momentum buffer persists
+in the client state (key ``"momentum"``, ``SGD.keep_momentum``); both fidelities train stacked. h and the
+correction act on the parameters; floating-point buffers (BatchNorm statistics) take the clients' average.
+Clients upload θ_k as a :class:`WeightedSum` of weight n_k (``code``) or 1 (``paper``); the server's |P_t| is
+the sum's count.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from rayfed.algorithms.common.global_model import GlobalModelServer, GlobalStart
+from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelServer
 from rayfed.algorithms.common.proximal import flatten_logically, proximal_term
 from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.hooks import RoundContext
+from rayfed.algorithms.hooks import Contribution, RoundContext
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.algorithms.sgdm import MOMENTUM_KEY, PersistentMomentumClient
 from rayfed.algorithms.sizing import momentum_bytes, parameter_bytes
@@ -59,7 +59,7 @@ from rayfed.util.validation import check_choice, check_real
 if TYPE_CHECKING:
     from rayfed.train.settings import TrainConfig
 
-__all__ = ["GRAD_KEY", "FedDynParams", "FedDynBroadcast", "FedDynClient", "FedDynServer", "feddyn_server_step"]
+__all__ = ["GRAD_KEY", "FedDynParams", "FedDynModel", "FedDynClient", "FedDynServer", "feddyn_server_step"]
 
 GRAD_KEY = "feddyn_grad"
 """Name of the client's gradient state ∇L_k (P floats, flat-vector order) in its state."""
@@ -112,28 +112,21 @@ def _grad_state(job: ClientJob) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class FedDynBroadcast(GlobalStart):
-    """θ^{t−1}; a trained client updates its gradient state and sends θ_k^t with weight n_k
-    (``size_weighted``, the ``code`` fidelity) or 1 (``paper``)."""
+class FedDynModel(GlobalModel):
+    """θ^{t−1}, with α and whether clients weigh their upload by n_k (``code``) or 1 (``paper``)."""
 
     alpha: float = 0.001
     size_weighted: bool = False
 
-    def contribute(self, job: ClientJob) -> WeightedSum:
-        state = job.flat.state_numpy()
-        p = job.flat.size
-        change = state[:p] - self.vector[:p]
-        job.state = {**(job.state or {}), GRAD_KEY: _grad_state(job) - np.float32(self.alpha) * change}
-        return WeightedSum.of(state, float(job.num_train) if self.size_weighted else 1.0)
-
 
 class FedDynClient(PersistentMomentumClient):
     """Adds −⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)‖θ − θ^{t−1}‖² (``code``: ‖·‖ unsquared) to each mini-batch's loss;
-    ``code`` keeps the SGD momentum buffer across the client's rounds."""
+    ``code`` keeps the SGD momentum buffer across the client's rounds. A trained client updates its gradient
+    state and sends θ_k^t with weight n_k (``code``) or 1 (``paper``)."""
 
     params: FedDynParams
 
-    def phases(self, job: ClientJob) -> list[Phase]:
+    def phases(self, message: GlobalModel, job: ClientJob) -> list[Phase]:
         """One phase of CE plus the dynamic regulariser; ``code`` keeps the momentum buffer (a fresh one every
         round under ``paper``)."""
         grad = logical_rows(to_device([_grad_state(job)], job.device)[0].unsqueeze(0), job.flat.layout)[0]
@@ -144,7 +137,6 @@ class FedDynClient(PersistentMomentumClient):
                 loss=self.dynamic,
                 optimizer=optimizer,
                 constants={"grad": grad},
-                needs_start=True,
             )
         ]
 
@@ -155,6 +147,15 @@ class FedDynClient(PersistentMomentumClient):
             drift = torch.linalg.vector_norm(flatten_logically(list(params)) - constants["start"])
             return 0.5 * self.params.alpha * drift - linear
         return proximal_term(list(params), constants["start"], self.params.alpha) - linear
+
+    def upload(self, message: GlobalModel, job: ClientJob) -> Contribution:
+        """∇L_k(θ_k^t) = ∇L_k(θ_k^{t−1}) − α(θ_k^t − θ^{t−1}) into the client's state; θ_k^t weighted."""
+        assert isinstance(message, FedDynModel)
+        p = job.flat.size
+        start, grad = to_device([message.vector[:p], _grad_state(job)], job.device)
+        change = job.flat.vector.detach() - start
+        job.state = {**(job.state or {}), GRAD_KEY: grad - np.float32(message.alpha) * change}
+        return WeightedSum.of(job.flat.state(), float(job.num_train) if message.size_weighted else 1.0)
 
 
 class FedDynServer(GlobalModelServer[FedDynParams, WeightedSum]):
@@ -170,8 +171,8 @@ class FedDynServer(GlobalModelServer[FedDynParams, WeightedSum]):
         self.num_params = spec.layouts[self.architecture].size
         self.h = np.zeros(self.num_params, np.float32)
 
-    def broadcast(self) -> FedDynBroadcast:
-        return FedDynBroadcast(self.global_vector, self.params.alpha, self.params.fidelity == "code")
+    def broadcast(self) -> FedDynModel:
+        return FedDynModel(self.global_vector, self.params.alpha, self.params.fidelity == "code")
 
     def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
         if contribution is None:

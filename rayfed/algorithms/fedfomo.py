@@ -32,8 +32,8 @@ validation set is the last ⌊``val_ratio`` · n⌋ samples of the client's trai
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -42,13 +42,12 @@ import torch
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.common.own_models import save_model_state, saved_model
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.hooks import Broadcast, ClientHalf, RoundContext, ServerHalf
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.evaluate import model_losses
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.scratch import ScratchKey
 from rayfed.util.documented import documented, section
 from rayfed.util.seeding import init_seed
 from rayfed.util.validation import check_choice, check_int, check_real
@@ -64,6 +63,7 @@ __all__ = [
     "decayed_epsilon",
     "choose_models",
     "FomoModels",
+    "FedFomoClient",
     "FedFomoServer",
     "AFFINITY_KEY",
     "START_KEY",
@@ -80,13 +80,6 @@ VAL_SPLIT_STREAM = 1 << 21
 """Stream of the validation split's seed: ``init_seed(seed, VAL_SPLIT_STREAM + client id)``."""
 CHOICE_STREAM = 1 << 22
 """Stream of the ε-greedy choice: ``init_seed(seed, CHOICE_STREAM + round * num_clients + client id)``."""
-
-_DOWNLOADED = ScratchKey[int]("fedfomo.downloaded")
-"""``job.scratch`` key: how many models the client downloaded this round."""
-_WEIGHTS = ScratchKey[tuple[np.ndarray, np.ndarray]]("fedfomo.weights")
-"""``job.scratch`` key: (the downloaded models' client ids, their raw weights w_n), for the affinities."""
-_START = ScratchKey[np.ndarray]("fedfomo.start")
-"""``job.scratch`` key, ``fidelity="pfllib"``: the model the client starts this round from, kept as its base."""
 
 
 @section("algorithm.params")
@@ -125,18 +118,17 @@ class FedFomoParams:
 
 
 def fomo_weights(
-    own_loss: float, losses: np.ndarray, distances: np.ndarray, offset: float = 0.0
-) -> tuple[np.ndarray, np.ndarray]:
-    """(raw, normalised) weights of Eq. 6: raw w_n = (L(θ_i) − L(θ_n)) / (‖θ_n − θ_i‖ + ``offset``) (0 where
-    that is 0), normalised = max(0, w_n) / Σ max(0, w_m), all zero if none is positive."""
-    losses = np.asarray(losses, np.float64)
-    distances = np.asarray(distances, np.float64) + offset
-    raw = np.zeros_like(losses)
+    own_loss: torch.Tensor, losses: torch.Tensor, distances: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(raw, normalised) weights of Eq. 6, in float64 on the tensors' device: raw w_n = (L(θ_i) − L(θ_n)) /
+    ‖θ_n − θ_i‖ (0 where that distance is 0), normalised = max(0, w_n) / Σ max(0, w_m), all zero if none is
+    positive."""
+    losses, distances = losses.double(), distances.double()
     moved = distances > 0
-    raw[moved] = (own_loss - losses[moved]) / distances[moved]
-    positive = np.maximum(raw, 0.0)
+    raw = torch.where(moved, (own_loss - losses) / torch.where(moved, distances, 1.0), torch.zeros_like(losses))
+    positive = raw.clamp_min(0.0)
     total = positive.sum()
-    return raw, (positive / total if total > 0 else positive)
+    return raw, torch.where(total > 0, positive / torch.where(total > 0, total, 1.0), positive)
 
 
 def validation_split(num_train: int, val_ratio: float, seed: int, client_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -187,105 +179,90 @@ class _Plan:
 
 
 @dataclass(frozen=True)
-class FomoModels(Broadcast):
-    """Every client's latest model (one row each) and whether the server has one; a client
-    downloads only the rows it chooses."""
+class FomoModels:
+    """Every client's latest model (one row each) and whether the server has one; a client downloads only the
+    rows it chooses."""
 
     models: np.ndarray
     available: np.ndarray
-    params: FedFomoParams
     seed: int
     num_params: int
 
-    def personalise(self, job: ClientJob) -> None:
-        """Weight the downloaded models on the validation split (Eq. 6), start from Eq. 5, and leave
-        only the training part of the data in the job."""
-        job.flat.load_state(self._starts([job])[0])
 
-    def personalise_stacked(self, jobs: Sequence[ClientJob]) -> Any:
-        """:meth:`personalise` of every client at once: each client's base and candidates weighed on its validation
-        split in one stacked evaluation of all the clients' models."""
-        return to_device([np.stack(self._starts(jobs))], jobs[0].device)[0]
+@dataclass
+class FomoStart(Start):
+    """A client's start (Eq. 5), with what its upload and its download count read: the ids of the models it
+    downloaded and their raw weights w_n (Eq. 6, on the device)."""
 
-    def _starts(self, jobs: Sequence[ClientJob]) -> list[np.ndarray]:
-        """Each client's starting model (Eq. 5); its choice and weights go to its scratch, and its job keeps only
-        its training part of the data."""
-        pfllib = self.params.fidelity == "pfllib"
-        plans = [self._plan(job, pfllib) for job in jobs]
-        union = np.unique(np.concatenate([plan.chosen for plan in plans]))
-        vals = [plan.val if len(plan.chosen) else plan.val[:0] for plan in plans]  # a client without candidates
-        losses = None
-        if any(len(val) for val in vals):  # every client's base and candidates, one stack over all validation splits
-            offsets = np.cumsum([0] + [job.num_train for job in jobs[:-1]])
-            rows = to_device([np.concatenate([val + offset for val, offset in zip(vals, offsets)])], jobs[0].device)[0]
-            x = torch.cat([job.x_train for job in jobs]) if len(jobs) > 1 else jobs[0].x_train
-            y = torch.cat([job.y_train for job in jobs]) if len(jobs) > 1 else jobs[0].y_train
-            states = np.vstack([self.models[union], *[plan.base[None] for plan in plans]])
-            losses = model_losses(
-                jobs[0].flat, jobs[0].architecture, states, x[rows], y[rows], [len(val) for val in vals]
-            )
-        starts = []
-        for c, (job, plan, val) in enumerate(zip(jobs, plans, vals)):
-            start, raw = plan.own, np.zeros(len(plan.chosen))
-            if len(val) and losses is not None:
-                base_loss, candidates = float(losses[c, len(union) + c]), losses[c, np.searchsorted(union, plan.chosen)]
-                diffs = self.models[plan.chosen, : self.num_params].astype(np.float64) - plan.base[: self.num_params]
-                offset = PFLLIB_DISTANCE_OFFSET if pfllib else 0.0
-                raw, weights = fomo_weights(base_loss, candidates, np.linalg.norm(diffs, axis=1), offset)
-                if weights.sum() > 0:
-                    delta = weights @ (self.models[plan.chosen].astype(np.float64) - plan.base)
-                    start = (plan.base + delta).astype(np.float32)
-            job.scratch[_DOWNLOADED] = len(plan.chosen)
-            job.scratch[_WEIGHTS] = (plan.chosen, raw)
-            if pfllib:
-                job.scratch[_START] = start
-            starts.append(start)
-            keep = to_device([plan.train], job.device)[0]
-            job.x_train, job.y_train = job.x_train[keep], job.y_train[keep]
-        return starts
+    chosen: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    raw: Any = None
 
-    def _plan(self, job: ClientJob, pfllib: bool) -> _Plan:
+
+class FedFomoClient(ClientHalf[FedFomoParams, FomoModels]):
+    """Weights the downloaded models on its validation split (Eq. 6) on the device, starts from Eq. 5 and trains
+    on the rest of its data; keeps θ_i and its affinities, and uploads θ_i whole."""
+
+    def _plan(self, message: FomoModels, job: ClientJob, pfllib: bool) -> _Plan:
         """The client's own model, the base it weighs against, its chosen candidates and its data's split."""
-        own = np.asarray(saved_model(job, self.models[job.client_id]), dtype=np.float32)
+        own = np.asarray(saved_model(job, message.models[job.client_id]), dtype=np.float32)
         base = np.asarray(job.state[START_KEY], np.float32) if pfllib and job.state and START_KEY in job.state else own
+        params = self.params
         val, train = (
-            tail_split(job.num_train, self.params.val_ratio)
+            tail_split(job.num_train, params.val_ratio)
             if pfllib
-            else validation_split(job.num_train, self.params.val_ratio, self.seed, job.client_id)
+            else validation_split(job.num_train, params.val_ratio, message.seed, job.client_id)
         )
-        others = np.arange(len(self.available)) != job.client_id
-        candidates = np.flatnonzero(self.available if pfllib else self.available & others)
-        stream = CHOICE_STREAM + job.round * len(self.available) + job.client_id
-        rng = np.random.default_rng(init_seed(self.seed, stream))
-        epsilon = decayed_epsilon(self.params.epsilon, self.params.epsilon_decay, job.round)
-        chosen = choose_models(candidates, _affinity(job, len(self.available)), self.params.num_models, epsilon, rng)
+        others = np.arange(len(message.available)) != job.client_id
+        candidates = np.flatnonzero(message.available if pfllib else message.available & others)
+        stream = CHOICE_STREAM + job.round * len(message.available) + job.client_id
+        rng = np.random.default_rng(init_seed(message.seed, stream))
+        epsilon = decayed_epsilon(params.epsilon, params.epsilon_decay, job.round)
+        chosen = choose_models(candidates, _affinity(job, len(message.available)), params.num_models, epsilon, rng)
         return _Plan(own, base, chosen, np.asarray(val, np.int64), np.asarray(train, np.int64))
 
-    def contribute(self, job: ClientJob) -> ClientVectors:
-        """Keep θ_i and the affinities (P_in += w_n); upload θ_i whole."""
-        affinity = _affinity(job, len(self.available)).copy()
-        chosen, raw = job.scratch.get(_WEIGHTS, (np.zeros(0, np.int64), np.zeros(0)))
-        affinity[chosen] += raw
+    def start(self, message: FomoModels, job: ClientJob) -> FomoStart:
+        """Weight the downloaded models on the validation split (Eq. 6), start from Eq. 5, and leave only the
+        training part of the data in the job."""
+        pfllib = self.params.fidelity == "pfllib"
+        plan = self._plan(message, job, pfllib)
+        device = job.device
+        own, base = to_device([plan.own, plan.base], device)
+        start, raw = own, torch.zeros(len(plan.chosen), dtype=torch.float64, device=device)
+        if len(plan.chosen) and len(plan.val):
+            p = message.num_params
+            rows = to_device([message.models[plan.chosen]], device)[0]
+            val = to_device([plan.val], device)[0]
+            losses = model_losses(
+                job.flat, job.architecture, torch.cat([rows, base[None]]), job.x_train[val], job.y_train[val]
+            )
+            distances = np.linalg.norm(message.models[plan.chosen, :p].astype(np.float64) - plan.base[:p], axis=1)
+            offset = PFLLIB_DISTANCE_OFFSET if pfllib else 0.0
+            raw, weights = fomo_weights(losses[-1], losses[:-1], to_device([distances + offset], device)[0])
+            delta = weights @ (rows.double() - base.double())
+            start = torch.where(weights.sum() > 0, (base.double() + delta).float(), own)
+        keep = to_device([plan.train], device)[0]
+        job.x_train, job.y_train = job.x_train[keep], job.y_train[keep]
+        return FomoStart(start, plan.chosen, raw)
+
+    def upload(self, message: FomoModels, job: ClientJob) -> Contribution:
+        """Keep θ_i and the affinities (P_in += w_n), and with ``pfllib`` the start as the next base; upload θ_i."""
+        start: FomoStart = job.start
+        affinity = to_device([_affinity(job, len(message.available))], job.device)[0].clone()
+        affinity[to_device([start.chosen], job.device)[0]] += start.raw
         save_model_state(job)
         assert job.state is not None
         job.state[AFFINITY_KEY] = affinity
-        if _START in job.scratch:
-            job.state[START_KEY] = job.scratch[_START]
-        return ClientVectors.of(job.flat.state_numpy(), job.client_id, job.num_train)
+        if self.params.fidelity == "pfllib":
+            job.state[START_KEY] = start.model
+        return ClientVectors.of(job.flat.state(), job.client_id, job.num_train)
 
-    def prepare_eval(self, job: ClientJob) -> None:
+    def evaluation(self, message: FomoModels, job: ClientJob) -> np.ndarray:
         """The client's own model, the one it trained last (the initial model if it never trained)."""
-        job.flat.load_state(saved_model(job, self.models[job.client_id]))
+        return saved_model(job, message.models[job.client_id])
 
-    def bytes_down(self, job: ClientJob) -> int:
-        """The M downloaded models (its own last upload among them only with ``fidelity="pfllib"``)."""
-        count = job.scratch.get(_DOWNLOADED)
-        if count is None:
-            offered = int(self.available.sum())
-            if self.params.fidelity != "pfllib":
-                offered -= int(self.available[job.client_id])
-            count = offered if self.params.num_models == 0 else min(self.params.num_models, offered)
-        return int(count) * int(self.models.shape[1]) * 4
+    def bytes_down(self, message: FomoModels, job: ClientJob) -> int:
+        """The models it downloaded (its own last upload among them only with ``fidelity="pfllib"``)."""
+        return len(job.start.chosen) * int(message.models.shape[1]) * 4
 
 
 def _affinity(job: ClientJob, num_clients: int) -> np.ndarray:
@@ -319,7 +296,7 @@ class FedFomoServer(ServerHalf[FedFomoParams, ClientVectors]):
         return models * super().client_state_bytes(params, spec, train) + 8 * spec.num_clients
 
     def broadcast(self) -> FomoModels:
-        return FomoModels(self.models, self.available, self.params, self.spec.seed, self.num_params)
+        return FomoModels(self.models, self.available, self.spec.seed, self.num_params)
 
     def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
         if contribution is None:
@@ -342,7 +319,7 @@ register_algorithm(
     "fedfomo",
     params=FedFomoParams,
     server=FedFomoServer,
-    client=ClientHalf,
+    client=FedFomoClient,
     summary="FedFomo (Zhang et al. 2021): clients weight others' models by validation-loss gain per distance",
     keeps_client_state=True,
     label="FedFomo",

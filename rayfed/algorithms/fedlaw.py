@@ -39,9 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from rayfed.algorithms.common.global_model import GlobalModelServer, WholeModels
+from rayfed.algorithms.common.global_model import GlobalModelServer, WholeModelsClient
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.hooks import ClientHalf, RoundContext
+from rayfed.algorithms.hooks import RoundContext
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.data.held_out import HeldOutRequest
 from rayfed.data.transforms import model_inputs
@@ -209,9 +209,6 @@ class FedLAWServer(GlobalModelServer[FedLAWParams, ClientVectors]):
         code_bn = params.batchnorm == "code" and len(self.global_vector) > p
         self.server_buffers = torch.from_numpy(self.global_vector[p:].copy()) if code_bn else None
 
-    def broadcast(self) -> WholeModels:
-        return WholeModels(self.global_vector)
-
     def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
         if contribution is None:
             return {"clients_aggregated": 0.0}
@@ -250,7 +247,7 @@ register_algorithm(
     "fedlaw",
     params=FedLAWParams,
     server=FedLAWServer,
-    client=ClientHalf,
+    client=WholeModelsClient,
     summary="FedLAW (Li et al. 2023): shrink factor and softmax weights learnt by CE on a server proxy set",
     label="FedLAW",
     single_model=True,

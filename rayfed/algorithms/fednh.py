@@ -35,27 +35,27 @@ gradient norm at 10 (``max_grad_norm``) and learns s from 1.0 (``scale``, ``lear
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import operator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from rayfed.algorithms.common.architecture import sole_architecture
-from rayfed.algorithms.common.global_model import GlobalModelServer
+from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelServer
 from rayfed.algorithms.common.own_models import CLIENT_INIT_STREAM, save_model_state, saved_model
 from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.hooks import Broadcast, ClientHalf, Contribution, RoundContext
+from rayfed.algorithms.fednh_equations import class_means, initial_prototypes, smooth_prototypes
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.evaluate import features_before_output
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
-from rayfed.train.loop import FINAL_CARRY
-from rayfed.train.phase import Carry, Constants, Edits, Params, Phase
+from rayfed.train.phase import SGD, Constants, Edits, Params, Phase, Trainable
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.scratch import ScratchKey
 from rayfed.util.documented import documented, section
 from rayfed.util.errors import ConfigError
 from rayfed.util.seeding import init_seed
@@ -74,9 +74,6 @@ __all__ = [
 
 PROTOTYPE_STREAM = CLIENT_INIT_STREAM - 2
 """Initialisation stream of the server's first prototypes (FedClassAvg's classifier uses ``- 1``)."""
-
-_SCRATCH = ScratchKey[tuple[np.ndarray, float]]("fednh.head")
-"""``job.scratch`` key: (prototypes μ (K, h), scale s) the client received."""
 
 
 @section("algorithm.params")
@@ -106,62 +103,6 @@ class FedNHParams:
             check_real(p + "max_grad_norm", self.max_grad_norm, low=0, low_open=True)
 
 
-# --- the math: pure functions --------------------------------------------------------------------
-
-
-def initial_prototypes(num_classes: int, dim: int, seed: int, steps: int = 500) -> np.ndarray:
-    """K unit prototypes spread uniformly on the sphere S^{h−1}, drawn from ``seed``.
-
-    K ≤ h: orthonormal rows (the QR of a Gaussian matrix), every pairwise cosine 0, as the
-    code's orthogonal initialisation. K > h: normalised Gaussian rows moved by projected
-    gradient descent on a soft maximum of their pairwise cosines.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    gaussian = torch.randn(max(num_classes, dim), min(num_classes, dim), generator=generator, dtype=torch.float64)
-    if num_classes <= dim:
-        q, r = torch.linalg.qr(gaussian)  # (h, K), orthonormal columns
-        q = q * torch.sign(torch.diagonal(r))  # a unique (Haar-distributed) orthonormal basis
-        return q.T.contiguous().float().numpy()
-    points = F.normalize(gaussian, dim=1).requires_grad_(True)  # (K, h)
-    optimiser = torch.optim.SGD([points], lr=0.1)
-    off_diagonal = ~torch.eye(num_classes, dtype=torch.bool)
-    for _ in range(steps):
-        cosines = F.normalize(points, dim=1) @ F.normalize(points, dim=1).T
-        loss = torch.logsumexp(10.0 * cosines[off_diagonal], dim=0)
-        optimiser.zero_grad()
-        loss.backward()
-        optimiser.step()
-        with torch.no_grad():
-            points.copy_(F.normalize(points, dim=1))
-    return points.detach().float().numpy()
-
-
-def class_means(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """A client's upload for the prototypes: (Σ rows n_c·μ̂_c, counts n_c), K × h and K.
-
-    μ̂_c = normalise(mean of the L2-normalised features of class c), as the code's
-    ``_estimate_prototype``; a class the client does not hold has a zero row and count 0.
-    """
-    unit = F.normalize(features.double(), dim=1)
-    counts = torch.bincount(labels, minlength=num_classes).double()
-    sums = torch.zeros(num_classes, unit.shape[1], dtype=torch.float64, device=unit.device)
-    sums.index_add_(0, labels, unit)
-    means = F.normalize(sums, dim=1)  # the unit mean; a zero row stays zero
-    return (means * counts[:, None]).float().cpu().numpy(), counts.cpu().numpy()
-
-
-def smooth_prototypes(prototypes: np.ndarray, sums: np.ndarray, counts: np.ndarray, rho: float) -> np.ndarray:
-    """The server's update: μ_c ← normalise(ρμ_c + (1−ρ)·normalise(Σ_k n_kc μ̂_kc / Σ_k n_kc)) for each
-    class with Σ_k n_kc > 0; the other classes keep μ_c."""
-    held = counts > 0
-    updated = np.array(prototypes, dtype=np.float64)
-    average = sums[held] / counts[held, None]
-    average /= np.maximum(np.linalg.norm(average, axis=1, keepdims=True), 1e-12)
-    mixed = rho * updated[held] + (1.0 - rho) * average
-    updated[held] = mixed / np.maximum(np.linalg.norm(mixed, axis=1, keepdims=True), 1e-12)
-    return updated.astype(np.float32)
-
-
 # --- what a client uploads --------------------------------------------------------------------------
 
 
@@ -170,11 +111,15 @@ class PrototypeSum(Contribution):
     """The body (and s) as a FedAvg :class:`WeightedSum`, plus Σ_k n_kc μ̂_kc (K × h) and Σ_k n_kc (K)."""
 
     body: WeightedSum
-    sums: np.ndarray
-    counts: np.ndarray
+    sums: Any
+    counts: Any
+    sent: int = 0
+    """Class means the clients sent (one per class each holds)."""
 
     def __add__(self, other: PrototypeSum) -> PrototypeSum:
-        return PrototypeSum(self.body + other.body, self.sums + other.sums, self.counts + other.counts)
+        return PrototypeSum(
+            self.body + other.body, self.sums + other.sums, self.counts + other.counts, self.sent + other.sent
+        )
 
     @property
     def count(self) -> int:
@@ -183,11 +128,7 @@ class PrototypeSum(Contribution):
     @property
     def nbytes(self) -> int:
         """The body sum, and per class held, its h-float mean and its count (float64)."""
-        held = int((self.counts > 0).sum())
-        return self.body.nbytes + held * (self.sums.shape[1] * 4 + 8)
-
-    def is_finite(self) -> bool:
-        return self.body.is_finite() and bool(np.isfinite(self.sums).all()) and bool(np.isfinite(self.counts).all())
+        return self.body.nbytes + self.sent * (self.sums.shape[1] * 4 + 8)
 
 
 # --- the round's message -------------------------------------------------------------------------
@@ -228,80 +169,29 @@ class HeadLayout:
 
 
 @dataclass(frozen=True)
-class FedNHMessage(Broadcast):
+class FedNHMessage(GlobalModel):
     """The global model: body, prototypes μ and scale s (its output layer holds s·μ, zero bias)."""
 
-    vector: np.ndarray
     prototypes: np.ndarray
     scale: float
     head: HeadLayout
-    body_weighting: str
-
-    def personalise(self, job: ClientJob) -> None:
-        job.flat.load_state(self.vector)
-        job.scratch[_SCRATCH] = (self.prototypes, self.scale)
-
-    def contribute(self, job: ClientJob) -> PrototypeSum:
-        """Keep the trained model (the client's PM); send its body and s, and its class means."""
-        save_model_state(job)
-        features = torch.cat([f for _, f in features_before_output(job.model, self.head.output_layer, job.x_train)])
-        sums, counts = class_means(features, job.y_train, self.head.shape[0])
-        carry = job.scratch.get(FINAL_CARRY, {}).get(0)
-        scale = float(carry["s"]) if carry else self.scale
-        state = job.flat.state_numpy()
-        body = np.append(state[self.head.body], np.float32(scale))
-        weight = job.num_train if self.body_weighting == "size" else 1.0
-        return PrototypeSum(WeightedSum.of(body, weight), sums, counts)
-
-    def prepare_eval(self, job: ClientJob) -> None:
-        """PM: the client's model after its latest local training; the global model before it trained."""
-        job.flat.load_state(saved_model(job, self.vector))
-
-    def prepare_global_eval(self, job: ClientJob) -> bool:
-        """GM: the averaged body with the smoothed prototypes."""
-        job.flat.load_state(self.vector)
-        return True
-
-    def bytes_down(self, job: ClientJob) -> int:
-        """The body, the K × h prototypes and s (the output layer's bias is not sent: it is zero)."""
-        return int(self.head.body.sum()) * 4 + int(self.prototypes.nbytes) + 4
 
 
 # --- the two halves -----------------------------------------------------------------------------
 
 
-class FedNHClient(ClientHalf[FedNHParams]):
+class FedNHClient(ClientHalf[FedNHParams, FedNHMessage]):
     """SGD on CE of the cosine logits, prototypes fixed; s learned too when ``learn_scale``.
 
     The output layer reads L2-normalised features (``normalized_features``), so with weight s·μ and zero
-    bias the model's forward is FedNH's classifier. The gradient of s is read off the output weight's: with
-    W = s·μ, ∂L/∂s = Σ_c ⟨∂L/∂W_c, μ_c⟩ (:meth:`scale_gradient`, after backward); after each step the output
-    layer is set back to s·μ with zero bias (:meth:`cosine_head`), so weight decay and momentum act on the
-    body and on s only. s and its momentum are the phase's carry.
+    bias the model's forward is FedNH's classifier. s is a trainable of the phase, updated by the phase's SGD
+    (the run's momentum and weight decay) from its gradient, read off the output weight's: with W = s·μ,
+    ∂L/∂s = Σ_c ⟨∂L/∂W_c, μ_c⟩ (:meth:`scale_gradient`, after backward, which also zeroes the head's gradients
+    and clips). Before each step and when the phase ends the output layer is s·μ with zero bias
+    (:meth:`cosine_head`). A trained client keeps its model (its PM) and sends its body, s, and its class means.
     """
 
     normalized_features = True
-
-    def phases(self, job: ClientJob) -> list[Phase]:
-        prototypes, scale = job.scratch.get(_SCRATCH, (None, self.params.scale))
-        train = job.train
-        numbers = [np.float32(job.lr), np.float32(train.momentum), np.float32(train.weight_decay), np.float32(scale)]
-        arrays = numbers + ([np.asarray(prototypes, np.float32)] if prototypes is not None else [])
-        moved = to_device([np.asarray(a) for a in arrays], job.device)
-        constants = {"lr": moved[0], "momentum": moved[1], "weight_decay": moved[2]}
-        if prototypes is not None:
-            constants["prototypes"] = moved[4]
-        s, zero = moved[3], torch.zeros_like(moved[3])
-        return [
-            Phase(
-                epochs=train.local_epochs,
-                constants=constants,
-                needs_start=prototypes is None,
-                carry={"s": s, "s_buffer": zero, "s_grad": zero},
-                on_after_backward=self.scale_gradient,
-                on_after_optimizer_step=self.cosine_head,
-            )
-        ]
 
     def __init__(self, params: FedNHParams, spec: ProblemSpec) -> None:
         super().__init__(params, spec)
@@ -309,43 +199,91 @@ class FedNHClient(ClientHalf[FedNHParams]):
         layout, output = spec.layouts[architecture], spec.output_layer[architecture]
         self._weight = layout.names.index(f"{output}.weight")
         self._bias = layout.names.index(f"{output}.bias") if f"{output}.bias" in layout.names else None
+        self._body: dict[torch.device, torch.Tensor] = {}
+
+    def start(self, message: FedNHMessage, job: ClientJob) -> np.ndarray:
+        return message.vector
+
+    def phases(self, message: FedNHMessage, job: ClientJob) -> list[Phase]:
+        prototypes, scale = to_device(
+            [np.asarray(message.prototypes, np.float32), np.full((), message.scale, np.float32)], job.device
+        )
+        learned = self.params.learn_scale
+        return [
+            Phase(
+                epochs=job.train.local_epochs,
+                optimizer=SGD(),
+                constants={"prototypes": prototypes, **({} if learned else {"scale": scale})},
+                extra={"s": Trainable(scale)} if learned else {},
+                on_train_batch_start=self.cosine_head,
+                on_after_backward=self.scale_gradient,
+                on_train_end=self.cosine_head,
+            )
+        ]
 
     def _head(self, params: Params, constants: Constants) -> tuple[int, int | None, torch.Tensor]:
-        """(the output weight's index, the bias's or None, μ (K, h)): the broadcast's prototypes, or (trained
-        without FedNH's message) the rows of the starting output weight, normalised."""
-        shape = params[self._weight].shape
-        if "prototypes" in constants:
-            return self._weight, self._bias, constants["prototypes"].view(shape)
-        offset = sum(p.numel() for p in params[: self._weight])
-        start = constants["start"][offset : offset + shape[0] * shape[1]]
-        return self._weight, self._bias, F.normalize(start.view(shape), dim=1)
+        """(the output weight's index, the bias's or None, μ (K, h))."""
+        return self._weight, self._bias, constants["prototypes"].view(params[self._weight].shape)
 
-    def scale_gradient(self, params: Params, grads: Params, constants: Constants, carry: Carry) -> tuple[Edits, Carry]:
+    def scale_gradient(
+        self,
+        params: Params,
+        grads: Sequence[torch.Tensor | None],
+        constants: Constants,
+        extra: Mapping[str, torch.Tensor],
+    ) -> Edits:
         """∂L/∂s from the output weight's gradient; the head's gradients zeroed; every gradient (and s's) clipped
         to ``max_grad_norm`` together."""
         weight, bias, mu = self._head(params, constants)
-        s_grad = (grads[weight] * mu).sum() if self.params.learn_scale else torch.zeros_like(carry["s"])
+        g_weight = grads[weight]
+        assert g_weight is not None
+        s_grad = (g_weight * mu).sum() if self.params.learn_scale else None
         head = {weight, *([] if bias is None else [bias])}
-        edited = [torch.zeros_like(g) if i in head else g for i, g in enumerate(grads)]
+        edited: Edits = {i: torch.zeros_like(g) if i in head else g for i, g in enumerate(grads) if g is not None}
         if self.params.max_grad_norm is not None:
-            squared = sum(g.pow(2).sum() for g in edited) + s_grad.pow(2)
+            squared = functools.reduce(operator.add, [g.pow(2).sum() for g in edited.values()])
+            squared = squared if s_grad is None else squared + s_grad.pow(2)
             factor = torch.clamp(self.params.max_grad_norm / (squared.sqrt() + 1e-6), max=1.0)
-            edited = [g * factor for g in edited]
-            s_grad = s_grad * factor
-        return dict(enumerate(edited)), {**carry, "s_grad": s_grad}
+            edited = {i: g * factor for i, g in edited.items()}
+            s_grad = None if s_grad is None else s_grad * factor
+        edits = edited
+        if s_grad is not None:
+            edits["s"] = s_grad
+        return edits
 
-    def cosine_head(self, params: Params, constants: Constants, carry: Carry) -> tuple[Edits, Carry]:
-        """s by SGD (with the run's momentum and weight decay), then the output layer set to s·μ, bias 0."""
+    def cosine_head(self, params: Params, constants: Constants, extra: Mapping[str, torch.Tensor]) -> Edits:
+        """The output layer set to s·μ, bias 0."""
         weight, bias, mu = self._head(params, constants)
-        s, buffer = carry["s"], carry["s_buffer"]
-        if self.params.learn_scale:
-            g = carry["s_grad"] + constants["weight_decay"] * s
-            buffer = torch.where(constants["momentum"] > 0, buffer * constants["momentum"] + g, g)
-            s = s - constants["lr"] * buffer
-        edits = {weight: s * mu}
+        s = extra["s"] if self.params.learn_scale else constants["scale"]
+        edits: Edits = {weight: s * mu}
         if bias is not None:
             edits[bias] = torch.zeros_like(params[bias])
-        return edits, {**carry, "s": s, "s_buffer": buffer}
+        return edits
+
+    def upload(self, message: FedNHMessage, job: ClientJob) -> Contribution:
+        """Keep the trained model (the client's PM); send its body and s, and its class means."""
+        save_model_state(job)
+        features = torch.cat([f for _, f in features_before_output(job.model, message.head.output_layer, job.x_train)])
+        sums, counts = class_means(features, job.y_train, message.head.shape[0])
+        scale = job.extra["s"] if self.params.learn_scale else torch.full((), message.scale, device=job.device)
+        if job.device not in self._body:
+            self._body[job.device] = to_device([np.flatnonzero(message.head.body)], job.device)[0]
+        body = torch.cat([job.flat.state(copy=False)[self._body[job.device]], scale.reshape(1).float()])
+        weight = job.num_train if self.params.body_weighting == "size" else 1.0
+        held = int(np.count_nonzero(np.asarray(job.train_label_counts) > 0))
+        return PrototypeSum(WeightedSum.of(body, weight), sums, counts, held)
+
+    def evaluation(self, message: FedNHMessage, job: ClientJob) -> np.ndarray:
+        """PM: the client's model after its latest local training; the global model before it trained."""
+        return saved_model(job, message.vector)
+
+    def global_model(self, message: FedNHMessage, job: ClientJob) -> np.ndarray:
+        """GM: the averaged body with the smoothed prototypes."""
+        return message.vector
+
+    def bytes_down(self, message: FedNHMessage, job: ClientJob) -> int:
+        """The body, the K × h prototypes and s (the output layer's bias is not sent: it is zero)."""
+        return int(message.head.body.sum()) * 4 + int(message.prototypes.nbytes) + 4
 
 
 class FedNHServer(GlobalModelServer[FedNHParams, PrototypeSum]):
@@ -374,7 +312,7 @@ class FedNHServer(GlobalModelServer[FedNHParams, PrototypeSum]):
         self.global_vector = vector
 
     def broadcast(self) -> FedNHMessage:
-        return FedNHMessage(self.global_vector, self.prototypes, self.scale, self.head, self.params.body_weighting)
+        return FedNHMessage(self.global_vector, self.prototypes, self.scale, self.head)
 
     def aggregate(self, ctx: RoundContext, contribution: PrototypeSum | None) -> dict[str, float]:
         if contribution is None:

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rayfed.algorithms.common.body_head import BodyHeadParams, PartialServer
-from rayfed.algorithms.hooks import ClientHalf
+from rayfed.algorithms.common.body_head import BodyHeadParams, PartialClient, PartialServer
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.util.documented import section
 
@@ -46,7 +45,7 @@ register_algorithm(
     "fedper",
     params=FedPerParams,
     server=FedPerServer,
-    client=ClientHalf,
+    client=PartialClient,
     summary="FedPer (Arivazhagan et al. 2019): base layers averaged, personalisation (head) layers kept local",
     keeps_client_state=True,
     label="FedPer",

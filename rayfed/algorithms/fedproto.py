@@ -35,20 +35,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
-from rayfed.algorithms.hooks import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.evaluate import features_before_output
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.scratch import ScratchKey
 from rayfed.util.documented import documented, section
 from rayfed.util.errors import ConfigError
 from rayfed.util.validation import check_choice, check_real
@@ -63,9 +62,6 @@ __all__ = [
     "FedProtoServer",
     "feature_dim",
 ]
-
-_TARGETS = ScratchKey[tuple[np.ndarray, np.ndarray]]("fedproto.targets")
-"""``job.scratch`` key: (global prototypes (K, d), presence (K,)), set by personalise."""
 
 ABSENT_LOGIT = -1e9
 """Bias of a class without a global prototype in prototype inference: never the argmax."""
@@ -101,22 +97,24 @@ class ClassSums(Contribution):
     ``aggregation=count``) and Σ_i C_i^(j) and |N_j| (for ``client_mean``); one client's upload
     (:meth:`of_client`) derives the last two from its own sums, so the bytes sent do not change."""
 
-    sums: np.ndarray
+    sums: Any
     """(K, d) float32: Σ_i Σ_{x ∈ D_i,j} f_i(x)."""
-    counts: np.ndarray
+    counts: Any
     """(K,) float64: Σ_i |D_i,j|."""
-    mean_sums: np.ndarray
+    mean_sums: Any
     """(K, d) float32: Σ_i C_i^(j), the sum of the clients' own class means."""
-    clients: np.ndarray
+    clients: Any
     """(K,) float64: |N_j|, how many of the clients hold class j."""
+    sent: int = 0
+    """Class prototypes the clients sent (one per class each holds)."""
 
     @classmethod
-    def of_client(cls, sums: np.ndarray, counts: np.ndarray) -> ClassSums:
-        """One client's upload from its class sums and counts (:func:`class_sums`)."""
-        held = counts > 0
-        means = np.zeros_like(sums)
-        means[held] = sums[held] / counts[held, None].astype(np.float32)
-        return cls(sums, counts, means, held.astype(np.float64))
+    def of_client(cls, sums: torch.Tensor, counts: torch.Tensor, held: np.ndarray) -> ClassSums:
+        """One client's upload from its class sums and counts (:func:`class_sums`, on its device); ``held`` (K,)
+        marks the classes of its training split (known on the host)."""
+        present = counts > 0
+        means = torch.where(present[:, None], sums / torch.where(present, counts, 1.0).float()[:, None], 0.0)
+        return cls(sums, counts, means, present.double(), int(np.count_nonzero(held)))
 
     def __add__(self, other: ClassSums) -> ClassSums:
         return ClassSums(
@@ -124,6 +122,7 @@ class ClassSums(Contribution):
             self.counts + other.counts,
             self.mean_sums + other.mean_sums,
             self.clients + other.clients,
+            self.sent + other.sent,
         )
 
     def prototypes(self, aggregation: str = "client_mean") -> tuple[np.ndarray, np.ndarray]:
@@ -139,19 +138,17 @@ class ClassSums(Contribution):
 
     @property
     def nbytes(self) -> int:
-        present = int((self.counts > 0).sum())
-        return present * (self.sums.shape[1] * 4 + 8) + self.counts.shape[0]
-
-    def is_finite(self) -> bool:
-        return all(bool(np.isfinite(a).all()) for a in (self.sums, self.counts, self.mean_sums, self.clients))
+        """A prototype (d floats) and its count per class sent, and a presence byte per class."""
+        return self.sent * (self.sums.shape[1] * 4 + 8) + self.counts.shape[0]
 
 
-def class_sums(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Σ f(x) per class (K, d) and the class counts (K,) of a set of embeddings (a local prototype before dividing)."""
+def class_sums(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σ f(x) per class (K, d) and the class counts (K,, float64) of a set of embeddings (a local prototype before
+    dividing), on their device."""
     sums = torch.zeros(num_classes, features.shape[1], dtype=torch.float32, device=features.device)
     sums.index_add_(0, labels, features.float())
-    counts = torch.bincount(labels, minlength=num_classes)
-    return sums.cpu().numpy(), counts.cpu().numpy().astype(np.float64)
+    counts = torch.bincount(labels, minlength=num_classes).double()
+    return sums, counts
 
 
 def prototype_loss(
@@ -174,52 +171,28 @@ def prototype_loss(
 
 
 @dataclass(frozen=True)
-class FedProtoMessage(Broadcast):
-    """The global prototypes; each client loads its own model."""
+class FedProtoMessage:
+    """The global prototypes (K, d) and which classes have one; each client keeps its own model."""
 
     prototypes: np.ndarray
     present: np.ndarray
     init: ClientInit
-    output_layers: Mapping[str, str]
-    inference: str = "model"
-
-    def personalise(self, job: ClientJob) -> None:
-        job.flat.load_state(own_model_state(job, self.init))
-        job.scratch[_TARGETS] = (self.prototypes, self.present)
-
-    def contribute(self, job: ClientJob) -> ClassSums:
-        """Keep the trained model; upload its class sums of embeddings over the training split (eval mode)."""
-        save_model_state(job)
-        layer = self.output_layers[job.architecture]
-        features = torch.cat([f for _, f in features_before_output(job.model, layer, job.x_train)])
-        return ClassSums.of_client(*class_sums(features, job.y_train, self.prototypes.shape[0]))
-
-    def prepare_eval(self, job: ClientJob) -> None:
-        job.flat.load_state(own_model_state(job, self.init))
-        if self.inference != "prototype" or not self.present.any():
-            return
-        protos = self.prototypes.astype(np.float32)
-        candidates = self.present & (np.asarray(job.train_label_counts) > 0)  # the authors' classes_list[idx]
-        if not candidates.any():
-            candidates = self.present
-        weight = np.where(candidates[:, None], 2 * protos, 0).astype(np.float32)
-        bias = np.where(candidates, -(protos * protos).sum(axis=1), ABSENT_LOGIT).astype(np.float32)
-        part = job.flat.slice_of(self.output_layers[job.architecture])
-        job.flat.load(np.concatenate([weight.reshape(-1), bias]), part)
-
-    def bytes_down(self, job: ClientJob) -> int:
-        return int(self.present.sum()) * self.prototypes.shape[1] * 4 + self.present.shape[0]
 
 
-class FedProtoClient(ClientHalf[FedProtoParams]):
-    """SGD on CE + λ·MSE(embedding, global prototype); the class sums of embeddings go up (the message's)."""
+class FedProtoClient(ClientHalf[FedProtoParams, FedProtoMessage]):
+    """Its own model; SGD on CE + λ·MSE(embedding, global prototype); keeps the model and sends its class sums of
+    embeddings over the training split (eval mode)."""
 
-    def phases(self, job: ClientJob) -> list[Phase]:
+    def start(self, message: FedProtoMessage, job: ClientJob) -> np.ndarray:
+        return own_model_state(job, message.init)
+
+    def phases(self, message: FedProtoMessage, job: ClientJob) -> list[Phase]:
         layer = self.spec.output_layer[job.architecture]
-        prototypes, present = job.scratch[_TARGETS]
-        if not self.params.lam or not present.any():  # the first round: plain CE
-            return super().phases(job)
-        protos, mask = to_device([np.asarray(prototypes, np.float32), np.asarray(present, np.float32)], job.device)
+        if not self.params.lam or not message.present.any():  # the first round: plain CE
+            return super().phases(message, job)
+        protos, mask = to_device(
+            [np.asarray(message.prototypes, np.float32), np.asarray(message.present, np.float32)], job.device
+        )
         return [
             Phase(
                 epochs=job.train.local_epochs,
@@ -235,6 +208,32 @@ class FedProtoClient(ClientHalf[FedProtoParams]):
         return self.params.lam * prototype_loss(
             out.features, batch.y, constants["prototypes"], constants["present"], batch.weight
         )
+
+    def upload(self, message: FedProtoMessage, job: ClientJob) -> Contribution:
+        """Keep the trained model; upload its class sums of embeddings over the training split (eval mode)."""
+        save_model_state(job)
+        layer = self.spec.output_layer[job.architecture]
+        features = torch.cat([f for _, f in features_before_output(job.model, layer, job.x_train)])
+        sums, counts = class_sums(features, job.y_train, message.prototypes.shape[0])
+        return ClassSums.of_client(sums, counts, np.asarray(job.train_label_counts) > 0)
+
+    def evaluation(self, message: FedProtoMessage, job: ClientJob) -> np.ndarray:
+        """Its own model; with ``inference="prototype"``, its output layer scores the distance to each global
+        prototype of a class it holds (the authors' ``classes_list``)."""
+        state = np.array(own_model_state(job, message.init), dtype=np.float32)
+        if self.params.inference != "prototype" or not message.present.any():
+            return state
+        protos = message.prototypes.astype(np.float32)
+        candidates = message.present & (np.asarray(job.train_label_counts) > 0)  # the authors' classes_list[idx]
+        if not candidates.any():
+            candidates = message.present
+        weight = np.where(candidates[:, None], 2 * protos, 0).astype(np.float32)
+        bias = np.where(candidates, -(protos * protos).sum(axis=1), ABSENT_LOGIT).astype(np.float32)
+        state[job.flat.slice_of(self.spec.output_layer[job.architecture])] = np.concatenate([weight.reshape(-1), bias])
+        return state
+
+    def bytes_down(self, message: FedProtoMessage, job: ClientJob) -> int:
+        return int(message.present.sum()) * message.prototypes.shape[1] * 4 + message.present.shape[0]
 
 
 # --- server side ----------------------------------------------------------------------------
@@ -271,10 +270,9 @@ class FedProtoServer(ServerHalf[FedProtoParams, ClassSums]):
         self.prototypes = np.zeros((spec.num_classes, feature_dim(spec)), np.float32)
         self.present = np.zeros(spec.num_classes, bool)
         self.init = ClientInit.of(spec)
-        self.output_layers = dict(spec.output_layer)
 
     def broadcast(self) -> FedProtoMessage:
-        return FedProtoMessage(self.prototypes, self.present, self.init, self.output_layers, self.params.inference)
+        return FedProtoMessage(self.prototypes, self.present, self.init)
 
     def aggregate(self, ctx: RoundContext, contribution: ClassSums | None) -> dict[str, float]:
         if contribution is None:

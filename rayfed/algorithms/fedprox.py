@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelClient
 from rayfed.algorithms.common.proximal import proximal_term
 from rayfed.algorithms.fedavg import FedAvgServer
-from rayfed.algorithms.hooks import ClientHalf
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
@@ -40,13 +40,14 @@ class FedProxParams:
         check_real("algorithm.params.mu", self.mu, low=0)
 
 
-class FedProxClient(ClientHalf[FedProxParams]):
-    """Adds (μ/2)‖w − w_g‖² to each mini-batch's loss, w_g = the model the client started from."""
+class FedProxClient(GlobalModelClient[FedProxParams, GlobalModel]):
+    """FedAvg's client that adds (μ/2)‖w − w_g‖² to each mini-batch's loss, w_g = the model it started from (so
+    it reads nothing of the message, and lends its phases to any server half: ``algorithm.client="fedprox"``)."""
 
-    def phases(self, job: ClientJob) -> list[Phase]:
+    def phases(self, message: GlobalModel, job: ClientJob) -> list[Phase]:
         if self.params.mu == 0:
-            return super().phases(job)
-        return [Phase(epochs=job.train.local_epochs, loss=self.proximal, needs_start=True)]
+            return super().phases(message, job)
+        return [Phase(epochs=job.train.local_epochs, loss=self.proximal)]
 
     def proximal(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
         """(μ/2)‖w − w_g‖² (Eq. 2), w_g = the round's starting model."""

@@ -35,8 +35,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelClient
 from rayfed.algorithms.fedavg import FedAvgServer
-from rayfed.algorithms.hooks import ClientHalf
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
@@ -151,16 +151,17 @@ def uniformity_loss(
 # --- the client half --------------------------------------------------------------------------------
 
 
-class FedUVClient(ClientHalf[FedUVParams]):
-    """Plain SGD on CE + λ·L_V(logits) + μ·L_U(features), the features those the output layer reads."""
+class FedUVClient(GlobalModelClient[FedUVParams, GlobalModel]):
+    """FedAvg's client training plain SGD on CE + λ·L_V(logits) + μ·L_U(features), the features those the output
+    layer reads."""
 
     def __init__(self, params: FedUVParams, spec: ProblemSpec) -> None:
         super().__init__(params, spec)
         self.gamma = variance_target(spec.num_classes)
 
-    def phases(self, job: ClientJob) -> list[Phase]:
+    def phases(self, message: GlobalModel, job: ClientJob) -> list[Phase]:
         if not self.params.variance_coeff and not self.params.uniformity_coeff:
-            return super().phases(job)
+            return super().phases(message, job)
         return [
             Phase(
                 epochs=job.train.local_epochs, loss=self.regularisers, features=self.spec.output_layer[job.architecture]

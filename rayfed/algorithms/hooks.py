@@ -2,33 +2,30 @@
 
 Round t, as the engine runs it (``rayfed.engine``, ``rayfed.execution``)::
 
-    message = server.broadcast()                         # on the server, ray.put once
+    message = server.broadcast()                     # data, on the server; Ray stores it once
     for each sampled client i (on a worker):
-        client.personalise(message, job_i)               # its starting model, e.g. Eq. 7 of cwFedAvg
-        the one loop trains client.phases(job_i)         # local objective, e.g. CE + WDR (rayfed.train.loop)
-        c_i = client.contribute(message, job_i)          # what it sends
-    contribution = c_1 + c_2 + ...                       # summed on the workers, then on the server
-    server.aggregate(ctx, contribution)                  # e.g. Eq. 6 of cwFedAvg
-    each evaluated client: client.prepare_eval(message', job), then accuracy on its own test split
+        client.start(message, job_i)                 # its starting model, e.g. Eq. 7 of cwFedAvg
+        the one loop trains client.phases(message, job_i)    # local objective, e.g. CE + WDR (rayfed.train.loop)
+        c_i = client.upload(message, job_i)          # what it sends, from the trained model in job_i.flat
+    contribution = c_1 + c_2 + ...                   # summed on the workers, then on the server
+    server.aggregate(ctx, contribution)              # e.g. Eq. 6 of cwFedAvg
+    each evaluated client: client.evaluation(message', job), then (client.fine_tuning) accuracy on its own test split
 
-* :class:`ServerHalf`: the server's state and its aggregation rule (and, as :class:`StateSizes`, what
-  that state weighs).
-* :class:`Broadcast`: the round's message. It carries the data every worker reads, *and* how a client
-  reads it: its starting model (for a stack, all of them at once), and by default its upload and its
-  evaluation model. That is the server's protocol, which a client half borrowed from another algorithm
-  (``algorithm.client``) follows too.
-* :class:`ClientHalf`: the whole client. It loads its starting model, declares its local training as
-  phases (:class:`Phase`), which the one loop runs for every method, one client at a time or stacked,
-  makes its upload and loads its evaluation model: as the message says, unless it adds its own
-  (KT-pFL's predictions, FedBABU's fine-tuning).
-* :class:`Contribution`: an upload with an associative, commutative ``+``, so workers sum their
-  clients before returning and the server sums the rest.
+* :class:`ServerHalf`: the server's state, its message (:meth:`ServerHalf.broadcast`: plain data, e.g. a frozen
+  dataclass of numpy arrays) and its aggregation rule (and, as :class:`StateSizes`, what that state weighs).
+* :class:`ClientHalf`: the whole client. From the message it reads, it makes its starting model, declares its
+  local training as phases (:class:`~rayfed.train.phase.Phase`), which the one loop runs for every method, one
+  client at a time or stacked, makes its upload and its evaluation model. Each of these is written for one
+  client; the loop forms stacks of clients itself.
+* :class:`Contribution`: an upload with an associative, commutative ``+``, so workers sum their clients before
+  returning and the server sums the rest.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -43,9 +40,19 @@ if TYPE_CHECKING:  # the server never trains: torch is imported where clients tr
     from rayfed.train.job import ClientJob
     from rayfed.train.phase import Phase
 
-__all__ = ["RoundContext", "Contribution", "Broadcast", "SharedBody", "ClientHalf", "ServerHalf", "NoParams"]
+__all__ = [
+    "RoundContext",
+    "Contribution",
+    "Start",
+    "model_of",
+    "SharedBody",
+    "ClientHalf",
+    "ServerHalf",
+    "NoParams",
+]
 
 P = TypeVar("P")
+M = TypeVar("M")
 C = TypeVar("C", bound="Contribution")
 
 
@@ -68,12 +75,19 @@ class RoundContext:
     """Ids of the clients that train this round, sorted."""
 
 
+def _is_tensor(value: Any) -> bool:
+    """A torch tensor (told apart without importing torch: the server never does)."""
+    return type(value).__module__.startswith("torch") and hasattr(value, "device")
+
+
 class Contribution(abc.ABC):
     """An upload that adds: ``(a + b) + c == a + (b + c)`` and ``a + b == b + a`` up to float rounding.
 
-    A contribution may live on a worker's device (a GPU) while the worker sums a call's contributions there;
-    the sum comes to the host once (:meth:`device_tensors`, :meth:`with_host_arrays`). A sum is finite only
-    when every part is: the worker checks the call's sum, and the parts only when it is not.
+    A contribution is a dataclass of arrays (and numbers). While a worker's call runs, its arrays may be tensors
+    on the worker's device (a GPU); the worker sums the call's contributions there and brings the sum to the
+    host once, with every other value of the call (:meth:`device_tensors`, :meth:`with_host_arrays`, which find
+    the tensors among the fields themselves). A sum is finite only when every part is: the worker checks the
+    call's sum, and the parts only when it is not.
     """
 
     sum_is_one_part: ClassVar[bool] = True
@@ -84,68 +98,87 @@ class Contribution(abc.ABC):
     def __add__(self, other: Any) -> Contribution: ...
 
     @property
-    @abc.abstractmethod
     def nbytes(self) -> int:
-        """Bytes this contribution would take on the wire."""
+        """Bytes this contribution takes on the wire: its arrays, and 8 per float field (a weight, a mass)."""
+        total = 0
+        for value in _leaves(self):
+            if isinstance(value, float):
+                total += 8
+            elif isinstance(value, np.ndarray):
+                total += int(value.nbytes)
+            elif _is_tensor(value):
+                total += int(value.numel()) * int(value.element_size())
+        return total
 
-    @abc.abstractmethod
     def is_finite(self) -> Any:
         """False if any value is NaN or infinite (such an update is never aggregated): a bool, or a 0-d bool
         tensor while the contribution lives on a device."""
+        checks: list[Any] = []
+        for value in _leaves(self):
+            if isinstance(value, float):
+                checks.append(bool(np.isfinite(value)))
+            elif isinstance(value, np.ndarray) and value.dtype.kind == "f":
+                checks.append(bool(np.isfinite(value).all()))
+            elif _is_tensor(value) and value.is_floating_point():
+                checks.append(value.isfinite().all())
+        on_device = [c for c in checks if not isinstance(c, bool)]
+        if not all(c for c in checks if isinstance(c, bool)):
+            return False
+        if not on_device:
+            return True
+        result = on_device[0]
+        for check in on_device[1:]:
+            result = result & check
+        return result
 
     def device_tensors(self) -> list[Any]:
-        """The tensors of this contribution that live on a device; none for one held in host memory."""
-        return []
+        """The tensors of this contribution that live on a device, in field order; none for one on the host."""
+        return [value for value in _leaves(self) if _is_tensor(value)]
 
     def with_host_arrays(self, arrays: Sequence[np.ndarray]) -> Contribution:
         """This contribution with :meth:`device_tensors` replaced by ``arrays``, their host copies in order."""
-        return self
+        if not arrays:
+            return self
+        return _replaced(self, iter(arrays))
 
 
-class Broadcast(abc.ABC):
-    """The server's message for one round, with how a client reads it. Picklable and cheap to share: Ray
-    stores it once and every worker reads the same object, zero-copy for its numpy arrays."""
+def _leaves(value: Any) -> Iterator[Any]:
+    """The arrays, tensors and numbers of a contribution, in field order (nested contributions and tuples too)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            yield from _leaves(getattr(value, field.name))
+    elif isinstance(value, tuple):
+        for item in value:
+            yield from _leaves(item)
+    elif isinstance(value, np.ndarray | float) or _is_tensor(value):
+        yield value
 
-    eval_needs_train: ClassVar[bool] = False
-    """True if evaluation reads the client's training split (FedBABU fine-tunes on it, IFCA picks its
-    cluster by training loss), so evaluation jobs carry it."""
 
-    @abc.abstractmethod
-    def personalise(self, job: ClientJob) -> None:
-        """Load the client's starting model for this round into ``job.flat``."""
+def _replaced(value: Any, arrays: Iterator[np.ndarray]) -> Any:
+    """``value`` with its device tensors replaced by the next of ``arrays``, in field order."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: _replaced(getattr(value, f.name), arrays) for f in dataclasses.fields(value)}
+        return dataclasses.replace(value, **changes)
+    if isinstance(value, tuple):
+        return tuple(_replaced(item, arrays) for item in value)
+    if _is_tensor(value):
+        return next(arrays)
+    return value
 
-    @abc.abstractmethod
-    def contribute(self, job: ClientJob) -> Contribution:
-        """What the client trained in ``job.flat`` sends to the server."""
 
-    def prepare_eval(self, job: ClientJob) -> None:
-        """Load the model the client is evaluated with; by default its personalised model."""
-        self.personalise(job)
+@dataclass
+class Start:
+    """A client's starting model (``model``: its state, parameters then buffers, as a numpy array or a tensor on
+    its device), with what the client made of the message for its phases and upload to read: a client half
+    whose :meth:`ClientHalf.start` decides more than the model returns a subclass (IFCA: the cluster it chose),
+    and finds it again as ``job.start``."""
 
-    def prepare_global_eval(self, job: ClientJob) -> bool:
-        """Load the run's global model into ``job.flat`` and return True, if the algorithm has one besides the
-        models it evaluates (False by default: FedAvg's evaluated model is its global model). ``job`` stands for
-        all clients together: no client id (-1), no state, label counts summed over every client."""
-        return False
+    model: Any
 
-    def bytes_down(self, job: ClientJob) -> int:
-        """Bytes the client receives this round; by default its whole model."""
-        return job.flat.size * 4
 
-    def shared_body(self, jobs: Sequence[ClientJob]) -> SharedBody | None:
-        """The evaluation models of ``jobs`` (one architecture) when they share everything but the output
-        layer, so the worker runs the body once over all their test samples; None (the default) otherwise."""
-        return None
-
-    def personalise_stacked(self, jobs: Sequence[ClientJob]) -> Any:
-        """The starting states of ``jobs`` as one (C, S) tensor on their device, when the message forms them at
-        once (a global model they all start from); None (the default) personalises them one by one."""
-        return None
-
-    def contribute_stacked(self, jobs: Sequence[ClientJob], states: Any) -> Contribution | None:
-        """What ``jobs`` send, summed in one operation from their trained states (C, S) on the device, equal to
-        the sum of their :meth:`contribute` up to float rounding; None (the default) contributes one by one."""
-        return None
+def model_of(start: Any) -> Any:
+    """The starting state a :meth:`ClientHalf.start` returned: its ``model`` if it is a :class:`Start`."""
+    return start.model if isinstance(start, Start) else start
 
 
 @dataclass(frozen=True)
@@ -158,56 +191,67 @@ class SharedBody:
     bias: np.ndarray | None = None
 
 
-class ClientHalf(Generic[P]):
-    """The client's side of a round: its local training, its upload and its evaluation model.
+class ClientHalf(abc.ABC, Generic[P, M]):
+    """The whole client of a round: its start, its local training, its upload and its evaluation model, each
+    for one client (``job``) and read from the round's message ``M``.
 
     Local training is declared, never written as a loop: :meth:`phases` lists what the client trains (by
-    default FedAvg's one phase of ``train.local_epochs`` epochs of SGD on cross-entropy), with its loss
-    term and hooks as pure functions of one client's tensors (:mod:`rayfed.train.phase`). The loop runs
-    the phases of every method stacked and replayed, so a method is on the fast path by construction.
-    ``phases`` reads the job's data, state and scratch, never its model: the model it starts from is the
-    phase's ``constants["start"]`` (``Phase.needs_start``).
+    default FedAvg's one phase of ``train.local_epochs`` epochs of SGD on cross-entropy), with its loss term and
+    hooks as pure functions of one client's tensors (:mod:`rayfed.train.phase`). The loop runs the phases of
+    every method stacked and replayed, so a method is on the fast path by construction; every phase is checked
+    before it trains (:mod:`rayfed.train.phase_checks`).
     """
 
     normalized_features: ClassVar[bool] = False
     """True if the client's output layer reads L2-normalised features (FedNH's cosine classifier): the
     worker builds its models so (:func:`rayfed.models.layers.normalize_inputs_of`)."""
+    eval_reads_train: ClassVar[bool] = False
+    """True if :meth:`evaluation` or :meth:`fine_tuning` read the client's training split (FedBABU fine-tunes on
+    it, IFCA picks its cluster by training loss), so evaluation jobs carry it."""
 
     def __init__(self, params: P, spec: ProblemSpec) -> None:
         self.params = params
         self.spec = spec
 
-    def personalise(self, message: Broadcast, job: ClientJob) -> None:
-        """Load the client's starting model for this round into ``job.flat``; by default as the message says."""
-        message.personalise(job)
+    @abc.abstractmethod
+    def start(self, message: M, job: ClientJob) -> Any:
+        """The client's starting model this round (its state, parameters then buffers, as a numpy array or a
+        tensor), or a :class:`Start` carrying it. Returning the same array for every client (a global model)
+        lets a stack start from one copy."""
 
-    def personalise_stacked(self, message: Broadcast, jobs: Sequence[ClientJob]) -> Any:
-        """The starting states of ``jobs`` as one (C, S) tensor, or None to :meth:`personalise` them one by one;
-        by default as the message says. A client half that overrides :meth:`personalise` makes this agree
-        with it (None does)."""
-        return message.personalise_stacked(jobs)
-
-    def phases(self, job: ClientJob) -> list[Phase]:
-        """The client's local training this round."""
+    def phases(self, message: M, job: ClientJob) -> list[Phase]:
+        """The client's local training this round; ``job.start`` holds what :meth:`start` returned."""
         from rayfed.train.phase import Phase  # torch: imported where clients train, not by the server
 
         return [Phase(epochs=job.train.local_epochs)]
 
-    def contribute(self, message: Broadcast, job: ClientJob) -> Contribution:
-        """What the client, trained in ``job.flat``, sends; by default as the message says."""
-        return message.contribute(job)
+    @abc.abstractmethod
+    def upload(self, message: M, job: ClientJob) -> Contribution:
+        """What the client sends, from its trained model (in ``job.flat``) and ``job.extra``; tensors on the
+        device are read back once with the rest of the call."""
 
-    def contribute_stacked(self, message: Broadcast, jobs: Sequence[ClientJob], states: Any) -> Contribution | None:
-        """What a stack of clients sends, summed at once from their trained states (C, S), or None to
-        :meth:`contribute` one by one; by default as the message says. A client half that overrides
-        :meth:`contribute` makes this agree with it (None does)."""
-        return message.contribute_stacked(jobs, states)
+    def evaluation(self, message: M, job: ClientJob) -> Any:
+        """The model the client is evaluated with (a state, as :meth:`start`); by default its starting one."""
+        return model_of(self.start(message, job))
 
-    def prepare_eval(self, message: Broadcast, job: ClientJob) -> list[Phase]:
-        """Load the model the client is evaluated with and return the phases to train on it first (a
-        fine-tuning, FedBABU's), none by default; the model is as the message says."""
-        message.prepare_eval(job)
+    def fine_tuning(self, message: M, job: ClientJob) -> list[Phase]:
+        """Phases trained on the evaluation model before it is evaluated (FedBABU's); none by default."""
         return []
+
+    def global_model(self, message: M, job: ClientJob) -> Any | None:
+        """The run's global model, if the algorithm has one besides the models it evaluates (None by default:
+        FedAvg's evaluated model is its global model). ``job`` stands for all clients together: no client id
+        (-1), no state, label counts summed over every client."""
+        return None
+
+    def bytes_down(self, message: M, job: ClientJob) -> int:
+        """Bytes the client receives this round; by default its whole model."""
+        return job.flat.size * 4
+
+    def shared_body(self, message: M, jobs: Sequence[ClientJob]) -> SharedBody | None:
+        """The evaluation models of ``jobs`` (one architecture) when they share everything but the output
+        layer, so the worker runs the body once over all their test samples; None (the default) otherwise."""
+        return None
 
 
 class ServerHalf(StateSizes, abc.ABC, Generic[P, C]):
@@ -236,8 +280,8 @@ class ServerHalf(StateSizes, abc.ABC, Generic[P, C]):
         return []
 
     @abc.abstractmethod
-    def broadcast(self) -> Broadcast:
-        """The message of the next round (a function of the server's state only)."""
+    def broadcast(self) -> Any:
+        """The message of the next round: plain data (a function of the server's state only)."""
 
     @abc.abstractmethod
     def aggregate(self, ctx: RoundContext, contribution: C | None) -> dict[str, float]:

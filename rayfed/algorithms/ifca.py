@@ -28,7 +28,7 @@ clients chose.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +37,8 @@ import torch
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.common.cluster_state import ClusterModelState
-from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.hooks import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf
+from rayfed.algorithms.contributions import WeightedSum, join
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.models import build_model, seeded_init
 from rayfed.train.evaluate import model_losses
@@ -46,19 +46,15 @@ from rayfed.train.flat import FlatModel
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.scratch import ScratchKey
 from rayfed.util.documented import documented, section
 from rayfed.util.seeding import init_seed
 from rayfed.util.validation import check_int
 
-__all__ = ["IFCAParams", "ClusterSums", "IFCAModels", "IFCAServer", "cluster_losses", "choose_cluster"]
+__all__ = ["IFCAParams", "ClusterSums", "IFCAModels", "IFCAClient", "IFCAServer", "cluster_losses", "choose_cluster"]
 
 CLUSTER_INIT_STREAM = 1 << 40
 """Cluster j > 0 starts from ``init_seed(seed, CLUSTER_INIT_STREAM + j)``, a stream apart from
 the per-architecture and per-client ones (:mod:`rayfed.train.problem`, :mod:`rayfed.algorithms.local`)."""
-
-_CHOICE = ScratchKey[int]("ifca.cluster")
-"""``job.scratch`` key of the cluster the client chose in :meth:`IFCAModels.personalise`."""
 
 
 @section("algorithm.params")
@@ -79,18 +75,15 @@ class IFCAParams:
 # --- the cluster identity estimate --------------------------------------------------------------
 
 
-def cluster_losses(jobs: Sequence[ClientJob], models: np.ndarray) -> np.ndarray:
-    """F_i(θ_j) of every client i of ``jobs`` (clients of one architecture) for every cluster j, (C, k): the mean
-    cross-entropy of model j on the client's training data, the k models as one stack over every client's data
-    (:func:`~rayfed.train.evaluate.model_losses`); NaN for a client without training data."""
-    x = torch.cat([job.x_train for job in jobs]) if len(jobs) > 1 else jobs[0].x_train
-    y = torch.cat([job.y_train for job in jobs]) if len(jobs) > 1 else jobs[0].y_train
-    return model_losses(jobs[0].flat, jobs[0].architecture, models, x, y, [job.num_train for job in jobs])
+def cluster_losses(job: ClientJob, models: torch.Tensor) -> torch.Tensor:
+    """F_i(θ_j) of the client for every cluster j, (k,) on its device: the mean cross-entropy of model j on its
+    training data, the k models as one stack (:func:`~rayfed.train.evaluate.model_losses`)."""
+    return model_losses(job.flat, job.architecture, models, job.x_train, job.y_train)
 
 
-def choose_cluster(losses: np.ndarray) -> int:
-    """ĵ = argmin_j F_i(θ_j) (the lowest index on a tie)."""
-    return int(np.argmin(losses))
+def choose_cluster(losses: torch.Tensor) -> torch.Tensor:
+    """ĵ = argmin_j F_i(θ_j) (the lowest index on a tie), a 0-d int64 tensor on the losses' device."""
+    return torch.argmin(losses)
 
 
 # --- what a client uploads ----------------------------------------------------------------------
@@ -98,28 +91,36 @@ def choose_cluster(losses: np.ndarray) -> int:
 
 @dataclass
 class ClusterSums(Contribution):
-    """Per chosen cluster j, the :class:`WeightedSum` Σ n_i θ̃_i, Σ n_i of its clients; ``+`` adds per cluster.
+    """Per cluster j, Σ n_i θ̃_i and Σ n_i over the clients that chose j (a zero row where none did): a
+    :class:`WeightedSum` per cluster, kept as one (k, S) array so that a client's choice, made on its worker's
+    device, never reaches the host before the call's one read-back. ``+`` adds per cluster; ``client_ids`` and
+    ``clusters`` list who chose which cluster."""
 
-    ``client_ids`` and ``clusters`` list who chose which cluster (one index per upload).
-    """
-
-    sums: dict[int, WeightedSum]
+    totals: Any
+    """(k, S): Σ n_i θ̃_i per cluster."""
+    weights: Any
+    """(k,) float64: Σ n_i per cluster."""
     client_ids: np.ndarray
-    clusters: np.ndarray
+    clusters: Any
+    """(uploads,) int64: each upload's cluster."""
 
     @classmethod
-    def of(cls, cluster: int, vector: np.ndarray, client_id: int, size: float) -> ClusterSums:
-        """One client's upload: its trained model in its cluster's slot."""
+    def of(cls, cluster: torch.Tensor, vector: torch.Tensor, client_id: int, size: float, k: int) -> ClusterSums:
+        """One client's upload: its trained model in its cluster's row."""
+        onehot = torch.nn.functional.one_hot(cluster, k)
         return cls(
-            {cluster: WeightedSum.of(vector, size)}, np.array([client_id], np.int64), np.array([cluster], np.int64)
+            onehot[:, None].float() * (vector * float(size)),
+            onehot.double() * float(size),
+            np.array([client_id], np.int64),
+            cluster.reshape(1),
         )
 
     def __add__(self, other: ClusterSums) -> ClusterSums:
-        sums = dict(self.sums)
-        for cluster, part in other.sums.items():
-            sums[cluster] = sums[cluster] + part if cluster in sums else part
         return ClusterSums(
-            sums, np.concatenate([self.client_ids, other.client_ids]), np.concatenate([self.clusters, other.clusters])
+            self.totals + other.totals,
+            self.weights + other.weights,
+            np.concatenate([self.client_ids, other.client_ids]),
+            join(self.clusters, other.clusters),
         )
 
     @property
@@ -128,60 +129,64 @@ class ClusterSums(Contribution):
 
     @property
     def nbytes(self) -> int:
-        """The models (and weights), plus a client id and a cluster index per client."""
-        return sum(s.nbytes for s in self.sums.values()) + int(self.client_ids.nbytes) + int(self.clusters.nbytes)
-
-    def is_finite(self) -> bool:
-        return all(s.is_finite() for s in self.sums.values())
+        """What the clients send: each its model and weight (the row of its cluster), its id and its cluster."""
+        return self.count * (int(self.totals.shape[1]) * 4 + 8 + 8 + 8)
 
 
-# --- the broadcast and the server ---------------------------------------------------------------
+# --- the message and the client -------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class IFCAModels(Broadcast):
+class IFCAModels:
     """The k cluster models (k, S), each client's last chosen cluster (M,; −1 = never) and the most chosen one."""
 
     models: np.ndarray
     assignment: np.ndarray
     default_cluster: int
-    eval_needs_train = True  # evaluation picks the cluster by training loss too, as personalise does
 
-    def personalise(self, job: ClientJob) -> None:
-        """ĵ = argmin_j F_i(θ_j) on the client's training data; θ ← θ_ĵ."""
-        job.flat.load_state(self.models[self._choose([job])[0]])
 
-    def personalise_stacked(self, jobs: Sequence[ClientJob]) -> Any:
-        """Every client's cluster chosen at once (the k models weighed on all their training data together), and
-        their starting models."""
-        return to_device([self.models[self._choose(jobs)]], jobs[0].device)[0]
+@dataclass
+class ClusterStart(Start):
+    """A client's start: the model of the cluster it chose, and that cluster (a 0-d tensor on its device)."""
 
-    def _choose(self, jobs: Sequence[ClientJob]) -> list[int]:
-        """Each client's ĵ (the known cluster of a client without training data), also kept in its scratch."""
-        losses = cluster_losses(jobs, self.models)
-        clusters = []
-        for job, row in zip(jobs, losses):
-            cluster = choose_cluster(row) if job.num_train else self._known_cluster(job.client_id)
-            job.scratch[_CHOICE] = cluster
-            clusters.append(cluster)
-        return clusters
+    cluster: Any = None
 
-    def _known_cluster(self, client_id: int) -> int:
-        known = int(self.assignment[client_id]) if client_id >= 0 else -1
-        return known if known >= 0 else self.default_cluster
 
-    def contribute(self, job: ClientJob) -> ClusterSums:
-        return ClusterSums.of(job.scratch[_CHOICE], job.flat.state_numpy(), job.client_id, job.num_train)
+class IFCAClient(ClientHalf[Any, IFCAModels]):
+    """Picks ĵ = argmin_j F_i(θ_j) on its training data (on the device), trains θ_ĵ and sends it in ĵ's row.
+    Evaluated with the cluster it picks so on the evaluation job (which carries the training split)."""
 
-    def prepare_eval(self, job: ClientJob) -> None:
-        """The model of the client's cluster, chosen by training loss as in :meth:`personalise` (the
-        engine's evaluation jobs carry the train split, :attr:`eval_needs_train`); a job without
-        training data gets the cluster the client chose when it last trained."""
-        self.personalise(job)
+    eval_reads_train = True
 
-    def bytes_down(self, job: ClientJob) -> int:
+    def __init__(self, params: Any, spec: ProblemSpec) -> None:
+        super().__init__(params, spec)
+        self._models: tuple[int, torch.Tensor] | None = None
+
+    def _on_device(self, message: IFCAModels, device: torch.device) -> torch.Tensor:
+        """The message's k models on ``device``, moved once per message."""
+        if self._models is None or self._models[0] != id(message.models) or self._models[1].device != device:
+            self._models = (id(message.models), to_device([message.models], device)[0])
+        return self._models[1]
+
+    def start(self, message: IFCAModels, job: ClientJob) -> ClusterStart:
+        """ĵ = argmin_j F_i(θ_j) on the client's training data; θ ← θ_ĵ. A client without training data takes the
+        cluster it chose when it last trained (the most chosen one if it never did)."""
+        models = self._on_device(message, job.device)
+        if job.num_train:
+            cluster = choose_cluster(cluster_losses(job, models))
+        else:
+            known = int(message.assignment[job.client_id]) if job.client_id >= 0 else -1
+            cluster = to_device([np.array(known if known >= 0 else message.default_cluster)], job.device)[0]
+        return ClusterStart(models[cluster], cluster)
+
+    def upload(self, message: IFCAModels, job: ClientJob) -> Contribution:
+        start: ClusterStart = job.start
+        state = job.flat.state(copy=False)
+        return ClusterSums.of(start.cluster, state, job.client_id, job.num_train, len(message.models))
+
+    def bytes_down(self, message: IFCAModels, job: ClientJob) -> int:
         """All k models."""
-        return int(self.models.nbytes)
+        return int(message.models.nbytes)
 
 
 def cluster_initialisation(spec: ProblemSpec, architecture: str, cluster: int) -> np.ndarray:
@@ -219,8 +224,8 @@ class IFCAServer(ClusterModelState, ServerHalf[IFCAParams, ClusterSums]):
             return {"clients_aggregated": 0.0}
         # New arrays, so broadcasts already handed out (and Ray's zero-copy reads) stay valid.
         models, assignment = self.models.copy(), self.assignment.copy()
-        for cluster, weighted in contribution.sums.items():
-            models[cluster] = weighted.average()
+        for cluster in np.flatnonzero(contribution.weights > 0):
+            models[cluster] = WeightedSum(contribution.totals[cluster], float(contribution.weights[cluster])).average()
         assignment[contribution.client_ids] = contribution.clusters
         self.models, self.assignment = models, assignment
         counts = np.bincount(contribution.clusters, minlength=len(models))
@@ -235,7 +240,7 @@ register_algorithm(
     "ifca",
     params=IFCAParams,
     server=IFCAServer,
-    client=ClientHalf,
+    client=IFCAClient,
     summary="IFCA (Ghosh et al. 2020): k cluster models; each client trains the one with its lowest training loss, "
     "the server averages per cluster",
     label=lambda params: f"IFCA (k={params.num_clusters})",

@@ -37,9 +37,9 @@ round, as that code does ("KT-pFL requires 20 epochs of local updates").
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -47,7 +47,7 @@ import torch
 from rayfed.algorithms.common.architecture import require_homogeneous
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.hooks import Broadcast, ClientHalf, Contribution, RoundContext, ServerHalf
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf
 from rayfed.algorithms.ktpfl_equations import (
     code_distillation_loss,
     distillation_loss,
@@ -64,23 +64,18 @@ from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import SGD, Batch, Constants, Outputs, Params, Phase
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.scratch import ScratchKey
 from rayfed.util.documented import documented, section
 from rayfed.util.errors import ConfigError
 from rayfed.util.seeding import init_seed
 from rayfed.util.validation import check_choice, check_int, check_real
 
-__all__ = ["KTpFLParams", "KTpFLBroadcast", "KTpFLClient", "KTpFLServer", "code_pairing", "local_epochs"]
+__all__ = ["KTpFLParams", "KTpFLMessage", "KTpFLClient", "KTpFLServer", "code_pairing", "local_epochs"]
 
 FIDELITIES = ("corrected", "code", "paper")
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 """The normalisation the authors' code gives its 3-channel public set (CIFAR-100) to predict on."""
 PAIRING_STREAM = 1 << 23
 """Stream of ``fidelity="code"``'s per-round permutation of the targets: ``init_seed(seed, PAIRING_STREAM + round)``."""
-
-_TARGET = ScratchKey[np.ndarray]("ktpfl.target")
-_PREDICTIONS = ScratchKey[np.ndarray]("ktpfl.predictions")
-"""``job.scratch`` keys: the client's target (personalise -> phases) and its predictions (for the message's upload)."""
 
 
 @section("algorithm.params")
@@ -158,7 +153,7 @@ class KTpFLParams:
 
 
 @dataclass(frozen=True)
-class KTpFLBroadcast(Broadcast):
+class KTpFLMessage:
     """The round's personalised targets (M, P, K), or, with +weight, the mixing and the clients' models."""
 
     init: ClientInit
@@ -168,32 +163,6 @@ class KTpFLBroadcast(Broadcast):
     """+weight: c̃ (M, M_seen), rows over the clients whose models the server holds."""
     models: np.ndarray | None = None
     """+weight: those clients' models (M_seen, S)."""
-    share_weights: bool = False
-
-    def personalise(self, job: ClientJob) -> None:
-        """Own model (or, +weight, Σ_m c̃_nm w_m); the client's target goes to ``job.scratch``."""
-        if self.mixing is not None and self.models is not None:
-            job.flat.load_state((self.mixing[job.client_id] @ self.models).astype(np.float32))
-        else:
-            job.flat.load_state(own_model_state(job, self.init))
-        if self.targets is not None:
-            job.scratch[_TARGET] = self.targets[job.client_id]
-
-    def contribute(self, job: ClientJob) -> ClientVectors:
-        """Keep the trained model; upload the public-set predictions (and, +weight, the model)."""
-        save_model_state(job)
-        predictions = job.scratch[_PREDICTIONS].astype(np.float32, copy=False).ravel()
-        row = np.concatenate([predictions, job.flat.state_numpy()]) if self.share_weights else predictions
-        return ClientVectors.of(row, job.client_id, job.num_train)
-
-    def prepare_eval(self, job: ClientJob) -> None:
-        job.flat.load_state(own_model_state(job, self.init))
-
-    def bytes_down(self, job: ClientJob) -> int:
-        """The client's own target (P x K floats), or its personalised model with +weight."""
-        if self.mixing is not None and self.models is not None:
-            return int(self.models.shape[1]) * 4
-        return 0 if self.targets is None else int(self.targets[job.client_id].nbytes)
 
 
 def code_pairing(num_public: int, seed: int, round_index: int) -> np.ndarray:
@@ -204,8 +173,9 @@ def code_pairing(num_public: int, seed: int, round_index: int) -> np.ndarray:
     return np.random.default_rng(init_seed(seed, PAIRING_STREAM + round_index)).permutation(num_public)
 
 
-class KTpFLClient(ClientHalf[KTpFLParams]):
-    """Distil towards the target on the public set, train on local data, predict on the public set."""
+class KTpFLClient(ClientHalf[KTpFLParams, KTpFLMessage]):
+    """Its own model (or, +weight, Σ_m c̃_nm w_m); distils towards its target on the public set, trains on local
+    data, keeps its model and uploads its predictions on the public set (and, +weight, the model)."""
 
     def __init__(self, params: KTpFLParams, spec: ProblemSpec) -> None:
         super().__init__(params, spec)
@@ -232,12 +202,18 @@ class KTpFLClient(ClientHalf[KTpFLParams]):
                 self._inputs[device] = (raw, model_inputs(self._public.inputs, mean, std, device=device))
         return self._inputs[device]
 
-    def phases(self, job: ClientJob) -> list[Phase]:
+    def start(self, message: KTpFLMessage, job: ClientJob) -> np.ndarray:
+        """Its own model, or (+weight) Σ_m c̃_nm w_m."""
+        if message.mixing is not None and message.models is not None:
+            return (message.mixing[job.client_id] @ message.models).astype(np.float32)
+        return own_model_state(job, message.init)
+
+    def phases(self, message: KTpFLMessage, job: ClientJob) -> list[Phase]:
         """The distillation on the public set (from the second round on, without +weight), then local training
         (its epochs growing by one a round up to ``max_local_epochs``, when set)."""
         phases = []
-        target = job.scratch.get(_TARGET)
-        if target is not None and not self.params.share_weights:
+        if message.targets is not None and not self.params.share_weights:
+            target = message.targets[job.client_id]
             if self.params.fidelity == "code":  # each image distils towards the target of another (another draw)
                 target = target[code_pairing(len(target), self.spec.seed, job.round)]
             x_distil, _ = self.public_inputs(job.device)
@@ -264,14 +240,12 @@ class KTpFLClient(ClientHalf[KTpFLParams]):
             return code_distillation_loss(out.logits, batch.y, batch.weight)
         return distillation_loss(out.logits, batch.y, self.params.temperature, batch.weight)
 
-    def contribute_stacked(self, message: Broadcast, jobs: Sequence[ClientJob], states: Any) -> None:
-        """One by one (:meth:`contribute`)."""
-        return None
-
-    def contribute(self, message: Broadcast, job: ClientJob) -> Contribution:
-        """The message's upload, with the trained model's predictions on the public set."""
-        job.scratch[_PREDICTIONS] = self.predict(job, self.public_inputs(job.device)[1]).cpu().numpy()
-        return message.contribute(job)
+    def upload(self, message: KTpFLMessage, job: ClientJob) -> Contribution:
+        """Keep the trained model; upload its predictions on the public set (and, +weight, the model)."""
+        save_model_state(job)
+        predictions = self.predict(job, self.public_inputs(job.device)[1]).float().reshape(-1)
+        row = torch.cat([predictions, job.flat.state(copy=False)]) if self.params.share_weights else predictions
+        return ClientVectors.of(row, job.client_id, job.num_train)
 
     @torch.no_grad()
     def predict(self, job: ClientJob, x_public: torch.Tensor) -> torch.Tensor:
@@ -280,6 +254,15 @@ class KTpFLClient(ClientHalf[KTpFLParams]):
         batch = eval_batch_size(x_public.device)
         chunks = [job.model(x_public[i : i + batch]) for i in range(0, len(x_public), batch)]
         return soft_predictions(torch.cat(chunks), self.params.temperature)
+
+    def evaluation(self, message: KTpFLMessage, job: ClientJob) -> np.ndarray:
+        return own_model_state(job, message.init)
+
+    def bytes_down(self, message: KTpFLMessage, job: ClientJob) -> int:
+        """The client's own target (P x K floats), or its personalised model with +weight."""
+        if message.mixing is not None and message.models is not None:
+            return int(message.models.shape[1]) * 4
+        return 0 if message.targets is None else int(message.targets[job.client_id].nbytes)
 
 
 class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
@@ -322,16 +305,16 @@ class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
         c, preds, seen = (torch.as_tensor(a) for a in (self.coefficients, self.predictions, self.seen))
         return personalised_targets(c.float(), preds, seen, normalise=self.params.rule != "code").numpy()
 
-    def broadcast(self) -> KTpFLBroadcast:
+    def broadcast(self) -> KTpFLMessage:
         if not self.params.share_weights:
-            return KTpFLBroadcast(self.init, self._targets())
+            return KTpFLMessage(self.init, self._targets())
         if not self.seen.any():  # everyone starts from the common initialisation, as FedAvg's clients do
             first = np.ones((self.spec.num_clients, 1), dtype=np.float32)
-            return KTpFLBroadcast(self.init, None, first, self.common[None, :], share_weights=True)
+            return KTpFLMessage(self.init, None, first, self.common[None, :])
         # A mix of models, always with rows renormalised over the clients seen: the +weight variant has no published
         # code, and an unnormalised row would scale the whole model under partial participation.
         mixing = mixing_weights(torch.as_tensor(self.coefficients), torch.as_tensor(self.seen)).numpy()
-        return KTpFLBroadcast(self.init, None, mixing.astype(np.float32), self.models[self.seen], share_weights=True)
+        return KTpFLMessage(self.init, None, mixing.astype(np.float32), self.models[self.seen])
 
     def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
         if contribution is None:

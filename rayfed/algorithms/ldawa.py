@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rayfed.algorithms.common.global_model import GlobalModelServer, WholeModels
+from rayfed.algorithms.common.global_model import GlobalModelServer, WholeModelsClient
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.hooks import ClientHalf, RoundContext
+from rayfed.algorithms.hooks import RoundContext
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.layout import ParamLayout
 from rayfed.train.problem import ProblemSpec
@@ -102,9 +102,6 @@ class LDAWAServer(GlobalModelServer[LDAWAParams, ClientVectors]):
         super().__init__(params, spec, initial)
         self.layout = spec.layouts[self.architecture]
 
-    def broadcast(self) -> WholeModels:
-        return WholeModels(self.global_vector)
-
     def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
         if contribution is None:
             return {"clients_aggregated": 0.0}
@@ -123,7 +120,7 @@ register_algorithm(
     "ldawa",
     params=LDAWAParams,
     server=LDAWAServer,
-    client=ClientHalf,
+    client=WholeModelsClient,
     summary="L-DAWA (Rehman et al. 2023): each client layer scaled by min(1, cos(theta_k^l, theta_g^l)), mean 1/K",
     label="L-DAWA",
     single_model=True,

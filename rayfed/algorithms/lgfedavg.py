@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rayfed.algorithms.common.body_head import BodyHeadParams, PartialServer
-from rayfed.algorithms.hooks import ClientHalf
+from rayfed.algorithms.common.body_head import BodyHeadParams, PartialClient, PartialServer
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.util.documented import section
 
@@ -48,7 +47,7 @@ register_algorithm(
     "lgfedavg",
     params=LgFedAvgParams,
     server=LgFedAvgServer,
-    client=ClientHalf,
+    client=PartialClient,
     summary="LG-FedAvg (Liang et al. 2020): local representations (body) kept per client, global head averaged",
     keeps_client_state=True,
     label="LG-FedAvg",

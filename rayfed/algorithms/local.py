@@ -19,16 +19,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
-from rayfed.algorithms.hooks import Broadcast, ClientHalf, Contribution, NoParams, RoundContext, ServerHalf
+from rayfed.algorithms.hooks import ClientHalf, Contribution, NoParams, RoundContext, ServerHalf
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
 
-__all__ = ["NoUpload", "OwnModels", "LocalServer"]
+__all__ = ["NoUpload", "OwnModels", "OwnModelClient", "LocalServer"]
 
 
 @dataclass
@@ -44,28 +45,25 @@ class NoUpload(Contribution):
         self.count += other.count
         return self
 
-    @property
-    def nbytes(self) -> int:
-        return 0
-
-    def is_finite(self) -> bool:
-        return True
-
 
 @dataclass(frozen=True)
-class OwnModels(Broadcast):
-    """The (empty) message of local-only training: each client loads its own model."""
+class OwnModels:
+    """The (empty) message of local-only training: how each client draws its own initial model."""
 
     init: ClientInit
 
-    def personalise(self, job: ClientJob) -> None:
-        job.flat.load_state(own_model_state(job, self.init))
 
-    def contribute(self, job: ClientJob) -> NoUpload:
+class OwnModelClient(ClientHalf[Any, OwnModels]):
+    """A client that trains its own model, kept in its state, and sends nothing."""
+
+    def start(self, message: OwnModels, job: ClientJob) -> np.ndarray:
+        return own_model_state(job, message.init)
+
+    def upload(self, message: OwnModels, job: ClientJob) -> Contribution:
         save_model_state(job)
         return NoUpload()
 
-    def bytes_down(self, job: ClientJob) -> int:
+    def bytes_down(self, message: OwnModels, job: ClientJob) -> int:
         return 0
 
 
@@ -93,7 +91,7 @@ register_algorithm(
     "local",
     params=NoParams,
     server=LocalServer,
-    client=ClientHalf,
+    client=OwnModelClient,
     summary="Local-only training: each client trains its own model, kept in the client state store; no aggregation",
     keeps_client_state=True,
     label="Local",

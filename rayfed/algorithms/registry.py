@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rayfed.algorithms.borrowed import BorrowedTraining
 from rayfed.algorithms.hooks import ClientHalf, ServerHalf
 from rayfed.train.problem import ProblemSpec
-from rayfed.util.registry import Registry
+from rayfed.util.registry import Registry, caller_module
 
 if TYPE_CHECKING:
     from rayfed.data.held_out import HeldOutRequest
@@ -55,7 +56,7 @@ class Algorithm:
     name: str
     params_type: type
     server_half: type[ServerHalf[Any, Any]]
-    client_half: type[ClientHalf[Any]] | None
+    client_half: type[ClientHalf[Any, Any]]
     summary: str
     keeps_client_state: bool = False
     """True if clients keep state between rounds (stored in the client state store)."""
@@ -97,7 +98,7 @@ def register_algorithm(
     *,
     params: type,
     server: type[ServerHalf[Any, Any]],
-    client: type[ClientHalf[Any]] | None = ClientHalf,
+    client: type[ClientHalf[Any, Any]],
     summary: str,
     keeps_client_state: bool = False,
     label: str | Callable[[Any], str] | None = None,
@@ -106,7 +107,8 @@ def register_algorithm(
     label_note: str = "",
     epochs_by_round: Callable[[Any, int, int], int] | None = None,
 ) -> Algorithm:
-    """Register an algorithm under ``name``; one call at the bottom of its module.
+    """Register an algorithm under ``name``; one call at the bottom of its module (in rayfed, or in a module or
+    script of your own: :mod:`rayfed.util.plugins` carries it to every process of a run).
 
     ``label`` is its display name, or a function of its params giving one (a variant's name);
     ``single_model`` says that every client is evaluated with the one global model (:attr:`Algorithm.single_model`);
@@ -128,7 +130,7 @@ def register_algorithm(
         label_note,
         epochs_by_round,
     )
-    ALGORITHMS.register(name)(algorithm)
+    ALGORITHMS.register(name, origin=caller_module())(algorithm)
     return algorithm
 
 
@@ -141,7 +143,6 @@ class ResolvedAlgorithm:
 
     algorithm: Algorithm
     server_params: Any
-    client_half: type[ClientHalf[Any]]
     client_params: Any
     client_algorithm: Algorithm
     """The algorithm whose client half runs: :attr:`algorithm`, or the one ``algorithm.client`` borrows from."""
@@ -193,5 +194,10 @@ class ResolvedAlgorithm:
     def make_server(self, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> ServerHalf[Any, Any]:
         return self.algorithm.server_half(self.server_params, spec, initial)
 
-    def make_client(self, spec: ProblemSpec) -> ClientHalf[Any]:
-        return self.client_half(self.client_params, spec)
+    def make_client(self, spec: ProblemSpec) -> ClientHalf[Any, Any]:
+        """The run's client half: the algorithm's own, training the phases of the one ``algorithm.client`` borrows
+        from (:class:`~rayfed.algorithms.borrowed.BorrowedTraining`) when it borrows."""
+        own = self.algorithm.client_half(self.server_params, spec)
+        if self.client_algorithm is self.algorithm:
+            return own
+        return BorrowedTraining(own, self.client_algorithm.client_half(self.client_params, spec))

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rayfed.algorithms.hooks import ClientHalf
 from rayfed.algorithms.registry import ALGORITHMS, ResolvedAlgorithm
 from rayfed.util.config_tree import from_mapping
 from rayfed.util.documented import documented, section
@@ -47,8 +46,6 @@ class AlgorithmConfig:
         object.__setattr__(self, "params", _build_params(self.name, self.params, "algorithm.params", "name"))
         if self.client is not None:
             check_choice("algorithm.client", self.client, ALGORITHMS.names())
-            if ALGORITHMS.get(self.client).client_half is None:
-                raise ConfigError(f"algorithm.client={self.client!r} has no client half to borrow")
             params = _build_params(self.client, self.client_params, "algorithm.client_params", "client")
             object.__setattr__(self, "client_params", params)
         elif self.client_params:
@@ -94,7 +91,6 @@ def resolve(config: AlgorithmConfig) -> ResolvedAlgorithm:
     return ResolvedAlgorithm(
         algorithm=algorithm,
         server_params=config.params,
-        client_half=client_algorithm.client_half or ClientHalf,
         client_params=client_params,
         client_algorithm=client_algorithm,
         keeps_client_state=algorithm.keeps_client_state or client_algorithm.keeps_client_state,

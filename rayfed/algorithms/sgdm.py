@@ -20,10 +20,11 @@ FedAvg's server, for the FedAvg baseline of the FedAWA paper and for borrowing
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelClient
 from rayfed.algorithms.fedavg import FedAvgServer
-from rayfed.algorithms.hooks import ClientHalf, NoParams
+from rayfed.algorithms.hooks import NoParams
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.algorithms.sizing import momentum_bytes
 from rayfed.train.job import ClientJob
@@ -39,10 +40,10 @@ MOMENTUM_KEY = "momentum"
 """Name of the momentum buffer in the client's state."""
 
 
-class PersistentMomentumClient(ClientHalf[object]):
-    """Local SGD whose momentum buffer is carried from one round of the client to its next."""
+class PersistentMomentumClient(GlobalModelClient[Any, GlobalModel]):
+    """FedAvg's client whose local SGD carries its momentum buffer from one round of the client to its next."""
 
-    def phases(self, job: ClientJob) -> list[Phase]:
+    def phases(self, message: GlobalModel, job: ClientJob) -> list[Phase]:
         return [Phase(epochs=job.train.local_epochs, optimizer=SGD(keep_momentum=MOMENTUM_KEY))]
 
 

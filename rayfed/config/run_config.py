@@ -28,6 +28,7 @@ from rayfed.algorithms.settings import AlgorithmConfig
 from rayfed.data.partitioners import PARTITIONERS
 from rayfed.data.settings import DataConfig
 from rayfed.train.settings import TrainConfig
+from rayfed.util import plugins
 from rayfed.util.config_tree import (
     from_mapping,
     nest_dotted_keys,
@@ -230,10 +231,22 @@ class RunConfig:
     engine: EngineConfig = documented(EngineConfig, "Workers, sampling, evaluation, checkpoints (EngineConfig).")
     seed: int = documented(0, "Training seed: model initialisation, client sampling and mini-batch order.")
     run_dir: str | None = documented(None, "Where results go; null = runs/<algorithm>-<dataset>-s<seed>-<time>.")
+    plugins: tuple[str, ...] = documented(
+        (),
+        "Modules (my_methods) or .py files that register methods, models, datasets or partitioners of your own, "
+        "imported before the config's names are looked up, in every process (docs/architecture.md, 'A method "
+        "of your own'). A run records the modules that registered what it uses here.",
+    )
 
     def __post_init__(self) -> None:
         check_choice("data.partition", self.data.partition, PARTITIONERS.names())
         check(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
+        object.__setattr__(self, "plugins", tuple(self.plugins))
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled with the registrations made outside rayfed, by value: the process that unpickles it (a Ray
+        worker, the ServerActor, a trial) knows the methods, models and datasets it names (rayfed.util.plugins)."""
+        return (_unpickle, (plugins.pack(dict(vars(self))),))
 
     # --- conversions -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -242,7 +255,15 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
-        """Build from nested mappings; unknown keys raise ConfigError with the closest known key."""
+        """Build from nested mappings; unknown keys raise ConfigError with the closest known key. The ``plugins``
+        are imported first: the names the sections check may be theirs."""
+        entries = data.get("plugins", ()) if isinstance(data, Mapping) else ()
+        if isinstance(entries, str) or not isinstance(entries, list | tuple):
+            raise ConfigError(
+                f"plugins must be a list of module names or .py files, but got plugins={entries!r}; "
+                'e.g. plugins = ["my_methods"]'
+            )
+        plugins.import_plugins(entries)
         return from_mapping(cls, data, "")
 
     def override(self, overrides: Mapping[str, Any]) -> RunConfig:
@@ -296,6 +317,13 @@ class RunConfig:
         ['train.lr: 0.005 -> 0.1']
         """
         return [d for d in _differences(self.to_dict(), other.to_dict()) if not d.startswith(ignore)]
+
+
+def _unpickle(blob: bytes) -> RunConfig:
+    """A :class:`RunConfig` pickled by :meth:`RunConfig.__reduce__`, its plugin registrations installed first."""
+    config = object.__new__(RunConfig)
+    config.__dict__.update(plugins.unpack(blob))
+    return config
 
 
 def _differences(old: Any, new: Any, path: str = "") -> list[str]:

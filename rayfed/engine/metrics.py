@@ -3,7 +3,7 @@
 * ``accuracy``: Σ_i correct_i / Σ_i n_i^test over the evaluated clients, the pooled
   (test-sample weighted) accuracy that PFLlib and the cwFedAvg code report;
 * ``global_accuracy``: the same pooled accuracy of the algorithm's global model on the same
-  clients' test splits (``Broadcast.prepare_global_eval``; for cwFedAvg Eq. 7 with the clients'
+  clients' test splits (``ClientHalf.global_model``; for cwFedAvg Eq. 7 with the clients'
   overall class distribution), beside the personalised ``accuracy`` to show what personalisation
   adds. NaN when the algorithm has no global model besides the evaluated one (FedAvg, FedProx:
   there ``accuracy`` is the global model's);

@@ -19,7 +19,7 @@ The :class:`RunPlan` carries what those checks found, so the round loop reads ea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from rayfed.engine.run_identity import RunMarker, run_identity
 from rayfed.engine.sizing import MemoryEstimate, check_fits
 from rayfed.engine.trainability import check_trainable
 from rayfed.tracking.registry import check_installed
+from rayfed.util import plugins
 from rayfed.util.progress import progress_shown
 
 __all__ = ["RunPlan", "plan_run", "default_run_dir"]
@@ -62,7 +63,10 @@ def default_run_dir(config: RunConfig) -> Path:
 
 def plan_run(config: RunConfig, *, resume: bool = False) -> RunPlan:
     """Check ``config``'s run in the order that writes nothing and fails cheapest first; raises a
-    :class:`~rayfed.util.errors.RayfedError` naming the field or file and its fix."""
+    :class:`~rayfed.util.errors.RayfedError` naming the field or file and its fix. The config the run records
+    lists the modules that registered its plugins (:func:`rayfed.util.plugins.plugin_sources`)."""
+    sources = tuple(dict.fromkeys([*config.plugins, *plugins.plugin_sources()]))
+    config = replace(config, plugins=sources) if sources != config.plugins else config
     algorithm = resolve(config.algorithm)
     check_installed(config.engine.loggers)
     run_dir = Path(config.run_dir) if config.run_dir else default_run_dir(config)

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CONTINUABLE", "MARKER_FILE", "RunMarker", "run_identity"]
 
-CONTINUABLE = ("train.rounds", "engine.", "run_dir")
+CONTINUABLE = ("train.rounds", "engine.", "run_dir", "plugins")
 """Config paths that may change when a run continues in its directory: they do not change its results."""
 MARKER_FILE = "rayfed-run.json"
 _MARKER_FORMAT = 1

@@ -46,6 +46,7 @@ from rayfed.engine.state_store import ClientStateStore
 from rayfed.execution.executor import Executor, LocalExecutor, make_chunks, num_calls
 from rayfed.tracking import Tracking
 from rayfed.train.job import ClientState
+from rayfed.util import plugins
 from rayfed.util.allocator import return_freed_memory
 from rayfed.util.errors import CheckpointError, DiskFullError, ServerError, WorkerError
 from rayfed.util.progress import progress_bar, progress_shown
@@ -64,6 +65,7 @@ class Simulation:
     ) -> None:
         config = RunConfig.of(config)
         plan = plan_run(config, resume=resume)  # every check, before anything is written
+        config = plan.config  # as it records itself: with the modules that registered its plugins
         self.config, self.algorithm, self.run_dir = config, plan.algorithm, plan.run_dir
         self.run_name = self.run_dir.name
         self.continues = plan.continues
@@ -321,11 +323,13 @@ def run(
     this joins the Ray cluster named by ``engine.ray_address`` / ``RAY_ADDRESS``, or starts a
     local one for the run.
     """
+    plugins.refuse_run_while_importing()
     config = RunConfig.of(config)
     if config.engine.backend == "local":
         return Simulation(config, callbacks=callbacks, resume=resume).run()
     from rayfed.actors import check_resources, ray_session
 
+    plugins.check_shippable()  # what registered outside rayfed must reach the workers: said before Ray starts
     check_resources(config.engine)  # a Ray to be started here: this machine, before Ray starts
     with ray_session(config.engine):  # the Simulation checks the cluster once Ray is up, before writing
         return Simulation(config, callbacks=callbacks, resume=resume).run()

@@ -3,10 +3,12 @@
 A runner is created once per worker per run. It keeps the dataset (read zero-copy from Ray's
 object store, on a GPU copied to it once) and the partition (client index arrays), builds one
 model per architecture once, and on each call turns client ids into
-:class:`~rayfed.train.job.ClientJob` objects: their client half personalises them, the one loop
-(:class:`~rayfed.train.loop.LocalLoop`) trains the phases the client half declares, one client at a
-time or a stack of clients at once, and the client half makes their uploads, which a
-:class:`~rayfed.execution.settlement.Settlement` checks, sums (local aggregation) and reads back once.
+:class:`~rayfed.train.job.ClientJob` objects. For each, the client half gives its start, its phases
+(checked before anything trains, :mod:`rayfed.train.phase_checks`) and, once the one loop
+(:class:`~rayfed.train.loop.LocalLoop`) has trained them, one client at a time or a stack of clients at
+once, its upload; a :class:`~rayfed.execution.settlement.Settlement` checks the uploads, sums them (local
+aggregation) and reads everything the call made back once. The client half writes nothing for stacks: the
+runner forms them (clients of one architecture whose phases stack, :mod:`rayfed.train.stacking`).
 
 Nothing here imports Ray: tests drive it directly, and the actor is a thin shell.
 """
@@ -15,12 +17,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
-from rayfed.algorithms import Broadcast, ClientHalf, Contribution, RoundContext, resolve
+from rayfed.algorithms import ClientHalf, RoundContext, model_of, resolve
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
 from rayfed.execution.client_data import ClientData
@@ -31,11 +33,14 @@ from rayfed.models.layers import normalize_inputs_of
 from rayfed.train.evaluate import correct_predictions, mean_cross_entropy
 from rayfed.train.flat import FlatModel
 from rayfed.train.graphs import StepGraphs
+from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob, ClientState, seed_global_generators
 from rayfed.train.loop import LocalLoop
 from rayfed.train.phase import Phase
+from rayfed.train.phase_checks import PhaseContext, check_phases
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.stacked_layers import model_unstackable
+from rayfed.train.stacking import stack_groups
 
 __all__ = ["ClientRunner", "resolve_vectorize"]
 
@@ -58,10 +63,12 @@ class ClientRunner(ClientData):
     def __init__(self, config: RunConfig, spec: ProblemSpec, dataset: ArrayDataset, partition: ClientPartition) -> None:
         super().__init__(config, spec, dataset, partition)
         algorithm = resolve(config.algorithm)
-        self.client_half: ClientHalf[object] = algorithm.make_client(self.spec)
+        self.method = algorithm.client_algorithm.name
+        self.keeps_state = algorithm.keeps_client_state
+        self.client_half: ClientHalf[Any, Any] = algorithm.make_client(self.spec)
         self.capabilities = algorithm.capabilities
         self.graphs = StepGraphs(self.device, enabled=config.engine.cuda_graphs and self.capabilities.replays)
-        self.loop = LocalLoop(self.graphs, dataset.mean, dataset.std)
+        self.loop = LocalLoop(self.graphs, dataset.mean, dataset.std, self.spec.output_layer, self.method)
 
     def model_for(self, architecture: str) -> FlatModel:
         """This worker's model of ``architecture``; its output layer reads normalised features where the client
@@ -74,77 +81,85 @@ class ClientRunner(ClientData):
     # --- public calls (one per actor method) ---------------------------------------------
     def train(
         self,
-        broadcast: Broadcast,
+        message: Any,
         ctx: RoundContext,
         client_ids: list[int],
         states: dict[int, ClientState] | None = None,
     ) -> TrainResult:
-        """Personalise, train and collect the contribution of each client in ``client_ids``: clients of one
-        architecture as stacks when ``engine.vectorize`` allows it, else one after the other."""
+        """Start, train and collect the upload of each client in ``client_ids``: clients of one architecture as
+        stacks when ``engine.vectorize`` allows it, else one after the other."""
         states = states or {}
         samples = self.train_samples(client_ids)
         jobs = [self.job(cid, ctx, states.get(cid), train=data) for cid, data in zip(client_ids, samples)]
         settlement = Settlement(ctx, self.config.engine.max_update_norm)
         for group in self._stacks(jobs):
             if len(group) == 1:
-                self._train_one(broadcast, group[0], settlement)
+                self._train_one(message, group[0], settlement)
             else:
-                self._train_stack(broadcast, group, settlement)
+                self._train_stack(message, group, settlement)
         return settlement.result()
 
     def evaluate(
         self,
-        broadcast: Broadcast,
+        message: Any,
         ctx: RoundContext,
         client_ids: list[int],
         states: dict[int, ClientState] | None = None,
     ) -> list[EvalReport]:
         """Accuracy of each client's evaluation model on its own test split, and of the global model, if the
         algorithm has one, on the same split (:func:`rayfed.execution.evaluation.evaluate_clients`)."""
-        return evaluate_clients(self, broadcast, ctx, client_ids, states, self.prepare_eval)
+        return evaluate_clients(self, self.client_half, message, ctx, client_ids, states, self.evaluation_model)
 
-    def prepare_eval(self, broadcast: Broadcast, job: ClientJob) -> None:
-        """Load the client's evaluation model, and train the phases its client half asks for first."""
-        phases = self.client_half.prepare_eval(broadcast, job)
+    def evaluation_model(self, message: Any, job: ClientJob) -> None:
+        """Load the client's evaluation model, and train the phases its client half fine-tunes it with first."""
+        job.flat.load_state(_state_on(self.client_half.evaluation(message, job), job.device))
+        phases = self._checked(self.client_half.fine_tuning(message, job), job, "fine_tuning", may_be_empty=True)
         if phases:
             self.loop.train_one(job, phases, replays=self.capabilities.replays)
 
     # --- training ---------------------------------------------------------------------------
-    def _train_one(self, broadcast: Broadcast, job: ClientJob, settlement: Settlement) -> None:
+    def _start(self, message: Any, job: ClientJob) -> Any:
+        """The client's start (``job.start``) and the state it starts from."""
+        job.start = self.client_half.start(message, job)
+        return model_of(job.start)
+
+    def _phases(self, message: Any, job: ClientJob) -> list[Phase]:
+        return self._checked(self.client_half.phases(message, job), job, "phases")
+
+    def _checked(self, phases: Any, job: ClientJob, hook: str, *, may_be_empty: bool = False) -> list[Phase]:
+        where = PhaseContext(self.method, hook, job.client_id, job.flat, self.keeps_state, may_be_empty)
+        return check_phases(phases, where)
+
+    def _train_one(self, message: Any, job: ClientJob, settlement: Settlement) -> None:
         started = time.perf_counter()
-        self.client_half.personalise(broadcast, job)
+        job.flat.load_state(_state_on(self._start(message, job), job.device))
         start = job.flat.vector.detach().clone()
         start_loss = self._start_loss(job)
         # Layers without client masks that draw from torch's global generator get the client's seed too.
         seed_global_generators(job.generator.initial_seed(), job.device)
-        loss, steps = self.loop.train_one(job, self.client_half.phases(job), replays=self.capabilities.replays)
+        loss, steps = self.loop.train_one(job, self._phases(message, job), replays=self.capabilities.replays)
         measures = self._measures(job, start_loss)
         norm = torch.linalg.vector_norm(job.flat.vector.detach() - start)
-        contribution = self.client_half.contribute(broadcast, job)
-        settlement.add(
-            Uploads.of_one(
-                job, contribution, loss, norm, steps, broadcast.bytes_down(job), time.perf_counter() - started, measures
-            )
-        )
+        upload = self.client_half.upload(message, job)
+        down = self.client_half.bytes_down(message, job)
+        settlement.add(Uploads.of_one(job, upload, loss, norm, steps, down, time.perf_counter() - started, measures))
 
-    def _train_stack(self, broadcast: Broadcast, group: list[ClientJob], settlement: Settlement) -> None:
+    def _train_stack(self, message: Any, group: list[ClientJob], settlement: Settlement) -> None:
         started = time.perf_counter()
-        starts = None if self.config.engine.eval_train_loss else self.client_half.personalise_stacked(broadcast, group)
+        starts = _stacked_states([self._start(message, job) for job in group], group[0].device)
         start_losses: list[Any] = [math.nan] * len(group)
-        if starts is None:  # one by one: each client's starting loss reads its personalised model
-            rows, start_losses = [], []
-            for job in group:
-                self.client_half.personalise(broadcast, job)
-                rows.append(job.flat.state())
+        if self.config.engine.eval_train_loss:  # each client's starting loss reads its starting model
+            start_losses = []
+            for job, row in zip(group, starts):
+                job.flat.load_state(row)
                 start_losses.append(self._start_loss(job))
-            starts = torch.stack(rows)
-        phases = [self.client_half.phases(job) for job in group]
+        phases = [self._phases(message, job) for job in group]
         seconds = (time.perf_counter() - started) / len(group)
-        for members in _same_phases(phases):
+        for members in stack_groups(self.method, phases):
+            own = starts if len(members) == len(group) else starts[members]
             jobs = [group[i] for i in members]
-            own = starts if len(members) == len(group) else torch.stack([starts[i] for i in members])
             self._stack(
-                broadcast,
+                message,
                 jobs,
                 own,
                 [phases[i] for i in members],
@@ -155,7 +170,7 @@ class ClientRunner(ClientData):
 
     def _stack(
         self,
-        broadcast: Broadcast,
+        message: Any,
         jobs: list[ClientJob],
         starts: torch.Tensor,
         phases: list[list[Phase]],
@@ -163,63 +178,25 @@ class ClientRunner(ClientData):
         seconds: float,
         settlement: Settlement,
     ) -> None:
-        """Train one stack and hand its clients' uploads to ``settlement``: one summed contribution where the client
-        side makes one at once (``ClientHalf.contribute_stacked``), else each client's."""
+        """Train one stack, then hand each client's upload to ``settlement``: the loop loads each trained model into
+        the worker's model, where the client half reads it."""
         started = time.perf_counter()
         trained = self.loop.train_stack(jobs, starts, phases, replays=self.capabilities.replays)
         flat = jobs[0].flat
         norms = torch.linalg.vector_norm(trained.states[:, : flat.size] - starts[:, : flat.size], dim=1)
-        measures = [Measures(loss) for loss in start_losses]
-        if self.config.engine.eval_local:
-            measures = []
-            for job, row, start_loss in zip(jobs, trained.states, start_losses):
-                flat.load_state(row)
-                measures.append(self._measures(job, start_loss))
         seconds += (time.perf_counter() - started) / len(jobs)
-        summed = self.client_half.contribute_stacked(broadcast, jobs, trained.states)
-
-        def parts() -> list[Contribution]:
-            made = []
-            for job, row in zip(jobs, trained.states):
-                flat.load_state(row)
-                made.append(self.client_half.contribute(broadcast, job))
-            return made
-
-        if summed is None:
-            for i, (job, contribution) in enumerate(zip(jobs, parts())):
-                settlement.add(
-                    Uploads.of_one(
-                        job,
-                        contribution,
-                        trained.losses[i],
-                        norms[i],
-                        trained.steps[i],
-                        broadcast.bytes_down(job),
-                        seconds,
-                        measures[i],
-                    )
-                )
-            return
-        settlement.add(
-            Uploads(
-                [job.client_id for job in jobs],
-                [job.num_train for job in jobs],
-                trained.steps,
-                summed,
-                parts,
-                [job.state for job in jobs],
-                [broadcast.bytes_down(job) for job in jobs],
-                seconds,
-                trained.losses,
-                norms,
-                measures,
-            )
-        )
+        for i, (job, row) in enumerate(zip(jobs, trained.states)):
+            flat.load_state(row)
+            measures = self._measures(job, start_losses[i])
+            upload = self.client_half.upload(message, job)
+            down = self.client_half.bytes_down(message, job)
+            loss = trained.losses[i] if trained.steps[i] else math.nan
+            settlement.add(Uploads.of_one(job, upload, loss, norms[i], trained.steps[i], down, seconds, measures))
 
     def _start_loss(self, job: ClientJob) -> Any:
-        """``train_loss_eval`` of a personalised job: the mean cross-entropy of the model it starts the round
-        from over its own train split, in eval mode and without any regulariser (what the papers' logs call
-        the train loss), on the device; NaN unless ``engine.eval_train_loss`` asks for it, or without data."""
+        """``train_loss_eval`` of a started job: the mean cross-entropy of the model it starts the round from
+        over its own train split, in eval mode and without any regulariser (what the papers' logs call the train
+        loss), on the device; NaN unless ``engine.eval_train_loss`` asks for it, or without data."""
         if not self.config.engine.eval_train_loss or job.num_train == 0:
             return math.nan
         return mean_cross_entropy(job.model, job.x_train, job.y_train)
@@ -235,7 +212,8 @@ class ClientRunner(ClientData):
     def _stacks(self, jobs: list[ClientJob]) -> list[list[ClientJob]]:
         """Groups of jobs trained together: runs of one architecture when stacking is on and the algorithm and the
         model allow it (``Capabilities.stacks``, :func:`~rayfed.train.stacked_layers.stack_blocker`), else
-        singletons."""
+        singletons. A call's clients are fixed by the round's chunks, never by the pool, so which clients share
+        a stack never depends on the number of workers."""
         engine = self.config.engine
         if not resolve_vectorize(engine.vectorize, self.device) or not self.capabilities.stacks:
             return [[job] for job in jobs]
@@ -251,9 +229,18 @@ class ClientRunner(ClientData):
         return out
 
 
-def _same_phases(phases: Sequence[Sequence[Phase]]) -> list[list[int]]:
-    """The positions of clients whose phases have equal signatures (those train in one stack), in order."""
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for i, own in enumerate(phases):
-        groups.setdefault(tuple(p.signature() for p in own), []).append(i)
-    return list(groups.values())
+def _state_on(state: Any, device: torch.device) -> torch.Tensor:
+    """A client half's state (a numpy array or a tensor) as a float32 tensor on ``device``."""
+    if isinstance(state, torch.Tensor):
+        return state
+    return to_device([np.asarray(state, dtype=np.float32)], device)[0]
+
+
+def _stacked_states(states: list[Any], device: torch.device) -> torch.Tensor:
+    """The clients' starting states as one (C, S) tensor on ``device``: the one state they all start from, moved
+    once and seen C times (a global model), else every host state moved in one transfer."""
+    if all(state is states[0] for state in states):
+        return _state_on(states[0], device).expand(len(states), -1)
+    host = [i for i, state in enumerate(states) if not isinstance(state, torch.Tensor)]
+    moved = iter(to_device([np.asarray(states[i], dtype=np.float32) for i in host], device))
+    return torch.stack([next(moved) if i in host else state for i, state in enumerate(states)])

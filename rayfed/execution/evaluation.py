@@ -1,6 +1,6 @@
 """Evaluating a call's clients on their own test splits, and the global model on the same splits.
 
-Clients whose evaluation models share everything but the output layer (``Broadcast.shared_body``)
+Clients whose evaluation models share everything but the output layer (``ClientHalf.shared_body``)
 are evaluated together: one forward of the shared body over all their test samples, then each
 client's output layer as a batched matrix product. A global model with that same body costs one
 more matrix product; any other global model one forward over all their test samples. Counts and
@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rayfed.algorithms import Broadcast, RoundContext, SharedBody
+from rayfed.algorithms import ClientHalf, RoundContext, SharedBody
 from rayfed.execution.client_data import ClientData
 from rayfed.execution.reports import EvalReport
 from rayfed.train.evaluate import eval_batch_size, evaluate_model, features_before_output
@@ -46,21 +47,21 @@ class _Tally:
 
 def evaluate_clients(
     data: ClientData,
-    broadcast: Broadcast,
+    client: ClientHalf[Any, Any],
+    message: Any,
     ctx: RoundContext,
     client_ids: list[int],
     states: dict[int, ClientState] | None,
-    prepare_eval: Callable[[Broadcast, ClientJob], None],
+    evaluation_model: Callable[[Any, ClientJob], None],
 ) -> list[EvalReport]:
-    """Accuracy of each client's evaluation model (``prepare_eval(broadcast, job)`` loads it: the client side's
-    ``ClientHalf.prepare_eval``) on its own test split, and of the global model
-    (``broadcast.prepare_global_eval``), if the algorithm has one, on the same split.
+    """Accuracy of each client's evaluation model (``evaluation_model(message, job)`` loads it: the client half's
+    ``evaluation``, fine-tuned by its ``fine_tuning``) on its own test split, and of the global model
+    (``client.global_model``), if the algorithm has one, on the same split.
 
-    Clients whose evaluation models share everything but the output layer
-    (``broadcast.shared_body``) are evaluated together: one forward of the shared body over all
-    their test samples, then each client's output layer as a batched matrix product. A global
-    model with that same body costs one more matrix product; any other global model one forward
-    over all their test samples.
+    Clients whose evaluation models share everything but the output layer (``client.shared_body``) are
+    evaluated together: one forward of the shared body over all their test samples, then each client's output
+    layer as a batched matrix product. A global model with that same body costs one more matrix product; any
+    other global model one forward over all their test samples.
     """
     states = states or {}
     by_architecture: dict[str, list[int]] = {}
@@ -74,8 +75,9 @@ def evaluate_clients(
             label_counts=data.label_counts.sum(axis=0),
             train_label_counts=data.train_label_counts.sum(axis=0),
         )
-        global_state = population.flat.state_numpy() if broadcast.prepare_global_eval(population) else None
-        plan = broadcast.shared_body([data.job(cid, ctx, states.get(cid), evaluation=True) for cid in ids])
+        global_model = client.global_model(message, population)
+        global_state = None if global_model is None else _host_state(global_model)
+        plan = client.shared_body(message, [data.job(cid, ctx, states.get(cid), evaluation=True) for cid in ids])
         if plan is not None and plan.weight is None:  # one model for every client: one pooled forward
             own = _evaluate_pooled(data, ids, plan.state)
             on_global = own if global_state is not None and np.array_equal(global_state, plan.state) else None
@@ -86,9 +88,9 @@ def evaluate_clients(
             for cid in ids:
                 test = data.gather(data.partition.test(cid))
                 job = data.job(cid, ctx, states.get(cid), test=test, evaluation=True)
-                if broadcast.eval_needs_train:  # prepare_eval reads the train split (FedBABU, IFCA)
+                if client.eval_reads_train:  # its evaluation reads the train split (FedBABU, IFCA)
                     job.x_train, job.y_train = data.gather(data.partition.train(cid))
-                prepare_eval(broadcast, job)
+                evaluation_model(message, job)
                 result = evaluate_model(job.model, job.x_test, job.y_test)
                 own.append((result.count, result.correct, result.loss_sum))
             on_global = None
@@ -98,6 +100,13 @@ def evaluate_clients(
             g_correct, g_loss = (None, None) if on_global is None else on_global[i][1:]
             reports[cid] = EvalReport(cid, count, correct, loss_sum, g_correct, g_loss)
     return [reports[cid] for cid in client_ids]
+
+
+def _host_state(state: Any) -> np.ndarray:
+    """A model state as a float32 numpy array (a tensor's values read back)."""
+    if isinstance(state, torch.Tensor):
+        return to_host([state.float()])[0]
+    return np.asarray(state, dtype=np.float32)
 
 
 def _evaluate_shared(

@@ -42,7 +42,7 @@ class EvalReport:
     correct: int
     loss_sum: float
     global_correct: int | None = None
-    """Correct predictions of the global model (``Broadcast.prepare_global_eval``); None without one."""
+    """Correct predictions of the global model (``ClientHalf.global_model``); None without one."""
     global_loss_sum: float | None = None
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from rayfed.algorithms import Broadcast, Contribution, RoundContext, ServerHalf, resolve
+from rayfed.algorithms import Contribution, RoundContext, ServerHalf, resolve
 from rayfed.algorithms.contributions import sum_contributions
 from rayfed.config import RunConfig
 from rayfed.train.problem import ProblemSpec
@@ -28,7 +29,7 @@ class Server:
     def __init__(self, config: RunConfig, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         self.half: ServerHalf[object, Contribution] = resolve(config.algorithm).make_server(spec, initial)
 
-    def broadcast(self) -> Broadcast:
+    def broadcast(self) -> Any:
         return self.half.broadcast()
 
     def aggregate(self, ctx: RoundContext, *parts: Contribution | None) -> dict[str, float]:

@@ -1,10 +1,10 @@
 """The trained clients of one worker call, settled together: checked, summed and read from the device once.
 
 While a call trains, nothing waits for the device: each trained client's loss and update norm stay
-there as 0-d tensors, and so does its contribution where the client side builds it on the device
-(FedAvg's weighted sum). The runner hands over what the clients send (:class:`Uploads`);
-:meth:`Settlement.result` sums every contribution in client order and brings the sum, the losses and
-the norms to the host in one transfer. An update is accepted when its norm is finite and within
+there as 0-d tensors, and so do its upload and the state it keeps, as the client half makes them on the
+device. The runner hands over what the clients send (:class:`Uploads`); :meth:`Settlement.result` sums
+every contribution in client order and brings the sum, the losses, the norms and the clients' states to the
+host in one transfer. An update is accepted when its norm is finite and within
 ``engine.max_update_norm`` and its contribution is finite; a sum is finite only when every part is, so
 the parts are asked for, and the accepted ones summed again, only in a call where something was wrong.
 """
@@ -113,8 +113,12 @@ class Settlement:
     def result(self) -> TrainResult:
         """Accept or reject every client, sum the accepted contributions in client order, report each client."""
         total = _sum_keeping_parts([entry.contribution for entry in self.entries])
-        columns, arrays = _read(self._numbers(), [] if total is None else total.device_tensors())
-        contribution = None if total is None else total.with_host_arrays(arrays)
+        summed = [] if total is None else total.device_tensors()
+        kept = [(state, key) for e in self.entries for state in e.states if state for key in _on_device(state)]
+        columns, arrays = _read(self._numbers(), [*summed, *(state[key] for state, key in kept)])
+        for (state, key), array in zip(kept, arrays[len(summed) :]):
+            state[key] = array
+        contribution = None if total is None else total.with_host_arrays(arrays[: len(summed)])
         rejections = [self._norm_rejection(norm) for norm in columns["norm"]]
         if contribution is not None and not contribution.is_finite() or any(rejections):
             parts = [part for entry in self.entries for part in entry.parts()]
@@ -156,6 +160,11 @@ class Settlement:
         if self.bound is not None and norm > self.bound:
             return f"update norm {norm:.4g} exceeds engine.max_update_norm={self.bound:g}"
         return ""
+
+
+def _on_device(state: ClientState) -> list[str]:
+    """The keys of a client's state whose values are tensors (read back with the call's numbers)."""
+    return [key for key, value in state.items() if isinstance(value, torch.Tensor)]
 
 
 def _column(values: list[Any]) -> Any:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from rayfed.util.errors import ConfigError
-from rayfed.util.registry import Registry
+from rayfed.util.registry import Registry, caller_module
 
 __all__ = [
     "InputShape",
@@ -78,7 +78,7 @@ MODELS: Registry[ModelSpec] = Registry("model", field="model.name")
 
 def register_model(spec: ModelSpec) -> ModelSpec:
     """Register ``spec`` under ``spec.name`` and return it."""
-    return MODELS.register(spec.name)(spec)
+    return MODELS.register(spec.name, origin=caller_module())(spec)
 
 
 def min_side_reason(input_shape: InputShape, min_px: int, why: str) -> str | None:

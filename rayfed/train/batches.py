@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from rayfed.data.augment import AUGMENT_DRAWS, AugmentConfig, draw_augment
+from rayfed.train.host import host_values
 
 __all__ = ["ClientBatches", "draw_batches", "steps_per_epoch"]
 
@@ -73,7 +74,7 @@ def draw_batches(
     per_epoch = [steps_per_epoch(n, batch, drop_last) for _, n in clients]
     if augment is None:
         orders = [torch.randperm(n, generator=generator) for generator, n in clients for _ in range(epochs)]
-        host = torch.cat(orders).numpy() if orders else np.zeros(0, np.int64)
+        host = host_values(torch.cat(orders)) if orders else np.zeros(0, np.int64)
         out, cursor = [], 0
         for (_, n), steps in zip(clients, per_epoch):
             batches = _empty(epochs * steps, batch, views, augment)
@@ -87,13 +88,13 @@ def draw_batches(
         batches = _empty(epochs * steps, batch, views, augment)
         for epoch in range(epochs):
             first = epoch * steps
-            _cut(batches, torch.randperm(n, generator=generator).numpy(), first, steps, batch)
+            _cut(batches, host_values(torch.randperm(n, generator=generator)), first, steps, batch)
             assert batches.draws is not None
             height, width = image_size[-2:]
             for s in range(first, first + steps):  # the views of each batch, drawn right after it, in order
                 size = int(batches.sizes[s])
                 for v in range(views):
-                    batches.draws[s, v, :size] = draw_augment(size, height, width, generator, augment).numpy()
+                    batches.draws[s, v, :size] = host_values(draw_augment(size, height, width, generator, augment))
         out.append(batches)
     return out
 

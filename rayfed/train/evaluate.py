@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from rayfed.train.flat import FlatModel
-from rayfed.train.host import to_device, to_host
+from rayfed.train.host import to_device
 from rayfed.train.stack_plan import parameter_major
 from rayfed.train.stacked_layers import model_unstackable, stacked_layers
 
@@ -110,43 +110,44 @@ def features_before_output(
 def model_losses(
     flat: FlatModel,
     architecture: str,
-    states: np.ndarray,
+    states: np.ndarray | torch.Tensor,
     x: torch.Tensor,
     y: torch.Tensor,
     sizes: Sequence[int] | None = None,
-) -> np.ndarray:
-    """The mean cross-entropy (eval mode) of each of K models of ``architecture`` on the samples (x, y), or, with
-    ``sizes``, on each of the consecutive groups of samples of those sizes (G, K): ``states`` (K, S) holds the
-    models' parameters, then buffers. Where the architecture stacks, the K models run as one stack
-    (:mod:`rayfed.train.stacked_layers`), one forward per batch of samples, and every loss comes to the host at
-    once; else one model after the other in ``flat``. IFCA's clusters and FedFomo's candidates are weighed so, for
-    all the clients of a call at once."""
+) -> torch.Tensor:
+    """The mean cross-entropy (eval mode, float64, on the device) of each of K models of ``architecture`` on the
+    samples (x, y), or, with ``sizes``, on each of the consecutive groups of samples of those sizes (G, K); NaN for
+    an empty group. ``states`` (K, S) holds the models' parameters, then buffers. Where the architecture stacks,
+    the K models run as one stack (:mod:`rayfed.train.stacked_layers`), one forward per batch of samples; else one
+    model after the other in ``flat``. IFCA's clusters and FedFomo's candidates are weighed so, on the device: a
+    client's choice never waits for the host."""
     grouped = sizes is not None
     sizes = list(sizes) if sizes is not None else [int(y.shape[0])]
     k, count = len(states), int(y.shape[0])
-    owner = to_device([np.repeat(np.arange(len(sizes)), sizes)], x.device)[0]
+    rows = states if isinstance(states, torch.Tensor) else to_device([np.asarray(states, np.float32)], x.device)[0]
+    owner, counts = to_device([np.repeat(np.arange(len(sizes)), sizes), np.asarray(sizes, np.float64)], x.device)
     sums = torch.zeros(len(sizes), k, device=x.device)
     if model_unstackable(architecture, flat.module, drop_last=True):
-        for j, state in enumerate(states):
-            flat.load_state(state)
+        for j in range(k):
+            flat.load_state(rows[j])
             flat.module.eval()
             for start in range(0, count, eval_batch_size(x.device)):
                 stop = start + eval_batch_size(x.device)
                 losses = F.cross_entropy(flat.module(x[start:stop]), y[start:stop], reduction="none")
                 sums[:, j].index_add_(0, owner[start:stop], losses)
     else:
-        _stacked_losses(flat, states, x, y, owner, sums)
-    means = to_host([sums])[0].astype(np.float64) / np.maximum(np.asarray(sizes, np.float64), 1.0)[:, None]
-    means[np.asarray(sizes) == 0] = math.nan
+        _stacked_losses(flat, rows, x, y, owner, sums)
+    means = sums.double() / counts.clamp_min(1.0)[:, None]
+    means = torch.where(counts[:, None] > 0, means, torch.full_like(means, math.nan))
     return means if grouped else means[0]
 
 
 def _stacked_losses(
-    flat: FlatModel, states: np.ndarray, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor, sums: torch.Tensor
+    flat: FlatModel, rows: torch.Tensor, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor, sums: torch.Tensor
 ) -> None:
-    """Add each sample's cross-entropy under each of the stacked models to its owner's row of ``sums`` (G, K)."""
-    k, layout, module = len(states), flat.layout, flat.module
-    rows = to_device([np.asarray(states, dtype=np.float32)], x.device)[0]
+    """Add each sample's cross-entropy under each of the stacked models (``rows``, K × S) to its owner's row of
+    ``sums`` (G, K)."""
+    k, layout, module = len(rows), flat.layout, flat.module
     module.eval()
     batch = max(eval_batch_size(x.device) // k, 1)
     with stacked_layers(module) as current:

@@ -15,13 +15,22 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["host_copy", "to_host", "to_device", "read_only_tensor"]
+__all__ = ["host_copy", "host_values", "to_host", "to_device", "read_only_tensor"]
 
 
 def host_copy(tensor: torch.Tensor) -> np.ndarray:
     """A numpy copy of ``tensor``, made in one copy from any device (the host memory is its own)."""
     host = tensor.detach().cpu()
     return host.numpy() if host.data_ptr() != tensor.data_ptr() else host.numpy().copy()
+
+
+def host_values(tensor: torch.Tensor) -> np.ndarray:
+    """The values of a tensor that lives on the host (a CPU generator's draw: batch orders, augmentation draws) as
+    numpy, without a copy; a tensor on a device is refused, since reading it would make the host wait for the
+    device (a worker's call reads the device once, :func:`to_host`)."""
+    if tensor.device.type != "cpu":
+        raise ValueError(f"host_values reads host tensors only, but got one on {tensor.device}; use to_host")
+    return tensor.numpy()
 
 
 def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:

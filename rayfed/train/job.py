@@ -2,31 +2,32 @@
 
 A :class:`ClientJob` is what a worker hands to an algorithm for one client in one
 round: the client's id and data, the worker's model for the client's architecture
-(as a :class:`~rayfed.train.flat.FlatModel`), the round's optimiser settings and the
-client's persistent state, if its algorithm keeps any.
+(as a :class:`~rayfed.train.flat.FlatModel`), the round's optimiser settings, the
+client's persistent state, if its algorithm keeps any, what its client half started it
+from and what its phases' trainables ended at.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from rayfed.train.flat import FlatModel
-from rayfed.train.scratch import Scratch
 
 if TYPE_CHECKING:  # the config sits above the training code (docs/architecture.md)
     from rayfed.train.settings import TrainConfig
 
-__all__ = ["EVALUATION_ROUND", "ClientJob", "ClientState", "TrainStats", "seed_global_generators"]
+__all__ = ["EVALUATION_ROUND", "ClientJob", "ClientState", "seed_global_generators"]
 
 EVALUATION_ROUND = -1
 """The ``round`` of a job built to evaluate a client (its generator's stream, not a training round)."""
 
-ClientState = dict[str, np.ndarray]
-"""What a client keeps between rounds (the client state store's values): named arrays."""
+ClientState = dict[str, Any]
+"""What a client keeps between rounds (the client state store's values): named arrays. While its call runs a
+value may be a tensor on the worker's device; the call reads the states back with its numbers, as arrays."""
 
 
 @dataclass
@@ -53,9 +54,12 @@ class ClientJob:
     """Seeded from (run seed, round, client id): the same client gets the same batches on any worker.
     Evaluation jobs draw from round :data:`EVALUATION_ROUND`, so they never replay a training round's."""
     state: ClientState | None = None
-    """Persistent per-client state (e.g. FedClassAvg's backbone); algorithms may replace it."""
-    scratch: Scratch = field(default_factory=Scratch)
-    """Per-job values an algorithm passes between its hooks, under typed keys (e.g. FedProx's anchor)."""
+    """Persistent per-client state (e.g. FedClassAvg's backbone); client halves may replace it."""
+    start: Any = None
+    """What the client half's ``start`` returned for this round: the starting model, or a ``Start`` carrying it
+    and what the client made of the message (``rayfed.algorithms.hooks.Start``)."""
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The final values of the trainables its phases trained (``Phase.extra``), on the device."""
 
     @property
     def model(self) -> torch.nn.Module:
@@ -72,18 +76,6 @@ class ClientJob:
     @property
     def device(self) -> torch.device:
         return self.flat.vector.device
-
-
-@dataclass(frozen=True)
-class TrainStats:
-    """What local training reports: mean cross-entropy over the steps taken and their number.
-
-    ``loss`` may be a 0-d tensor on the job's device: the worker reads the call's losses in one
-    transfer, after every client of the call trained, so the step loop never waits for the host.
-    """
-
-    loss: float | torch.Tensor
-    steps: int
 
 
 def seed_global_generators(seed: int, device: torch.device) -> None:

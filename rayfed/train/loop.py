@@ -1,17 +1,18 @@
 """The one local-training loop: every method's phases, one client at a time or many clients stacked.
 
-A worker hands :meth:`LocalLoop.train` clients of one architecture, their starting models and each
-client's phases (:class:`~rayfed.train.phase.Phase`, what its client half declares). The loop keeps the
-models the phases train (the round's model and the models clients keep in their state, Ditto's personal
-one), loads each phase's starting values and momentum buffers, and runs the phase on
+A worker hands :meth:`LocalLoop.train_one` / :meth:`LocalLoop.train_stack` clients of one architecture, their
+starting models and each client's phases (:class:`~rayfed.train.phase.Phase`, what its client half declares). The
+loop keeps the models the phases train (the round's model and the models clients keep in their state, Ditto's
+personal one), loads each phase's starting values and momentum buffers, gives every phase the round's starting
+parameters as ``constants["start"]``, and runs the phase on
 :class:`~rayfed.train.sequential.SequentialTraining` or, for a stack,
-:class:`~rayfed.train.stacked.StackedTraining`; both step through the same
-:class:`~rayfed.train.rule.PhaseRule` and the same updates (:mod:`rayfed.train.update`), and both replay
-their steps from CUDA graphs where the worker's :class:`~rayfed.train.graphs.StepGraphs` capture.
+:class:`~rayfed.train.stacked.StackedTraining`; both run the one step (:mod:`rayfed.train.step`) and replay it
+from CUDA graphs where the worker's :class:`~rayfed.train.graphs.StepGraphs` capture. A phase that trains only
+the output layer of a model that maps each sample alike at every step trains on features computed once.
 
-What the phases leave goes back to the clients: the round's trained models (returned), the kept models
-and momentum buffers (into ``job.state``, brought to the host in one transfer), each phase's final carry
-(into ``job.scratch`` under :data:`FINAL_CARRY`).
+What the phases leave goes back to the clients, on the device (the worker reads a call's values back once):
+the round's trained models (returned), the kept models and momentum buffers (into ``job.state``), the
+trainables' final values (into ``job.extra``).
 """
 
 from __future__ import annotations
@@ -19,29 +20,26 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from rayfed.data.augment import pixel_scale
 from rayfed.train.evaluate import features_before_output
 from rayfed.train.flat import FlatModel
 from rayfed.train.graphs import StepGraphs
-from rayfed.train.host import to_device, to_host
+from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import SGD, Forward, Outputs, Phase
-from rayfed.train.scratch import ScratchKey
 from rayfed.train.sequential import SequentialTraining, trained_range
 from rayfed.train.stack_plan import logical_rows
 from rayfed.train.stacked import StackedTraining
 
-__all__ = ["FINAL_CARRY", "Trained", "LocalLoop"]
-
-FINAL_CARRY = ScratchKey[dict[int, dict[str, torch.Tensor]]]("train.final_carry")
-"""``job.scratch`` key: each phase's carry when it ended (tensors on the job's device), by the phase's index."""
+__all__ = ["Trained", "LocalLoop"]
 
 
 @dataclass(frozen=True)
@@ -58,10 +56,20 @@ class Trained:
 
 class LocalLoop:
     """A worker's local training (module docstring). ``mean`` and ``std`` are the dataset's normalisation,
-    which augmented views undo and redo."""
+    which augmented views undo and redo; ``output_layers`` each architecture's output layer; ``method`` names
+    the algorithm in errors."""
 
-    def __init__(self, graphs: StepGraphs, mean: Sequence[float], std: Sequence[float]) -> None:
+    def __init__(
+        self,
+        graphs: StepGraphs,
+        mean: Sequence[float],
+        std: Sequence[float],
+        output_layers: Mapping[str, str] | None = None,
+        method: str = "",
+    ) -> None:
         self.graphs = graphs
+        self.output_layers = dict(output_layers or {})
+        self.method = method
         self._scales: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
         self._mean, self._std = tuple(mean), tuple(std)
         self.sequential = SequentialTraining(graphs, self.pixel_scale)
@@ -74,39 +82,41 @@ class LocalLoop:
             self._scales[key] = pixel_scale(self._mean, self._std, like)
         return self._scales[key]
 
+    def _where(self, client: int | str, index: int, count: int) -> str:
+        return f"algorithm {self.method!r}, client {client}, phase {index} of {count}"
+
     def train_one(self, job: ClientJob, phases: Sequence[Phase], *, replays: bool = True) -> tuple[Any, int]:
         """Train the client's model in ``job.flat`` through its ``phases``, in place from the model it holds (its
-        personalised start); returns its mean reported loss (a 0-d tensor, NaN without a step) and its steps."""
+        start); returns its mean reported loss (a 0-d tensor, NaN without a step) and its steps."""
         flat = job.flat
-        own = self._anchored(list(phases), flat, None)
-        current: str | None = None  # the model now in ``flat``
-        models: dict[str | None, torch.Tensor] = {}
+        own = _anchored(list(phases), torch.cat([p.detach().reshape(-1) for p in flat.params]))
+        current: Any = None  # the key of the model now in ``flat``: None = the round's
+        models: dict[Any, torch.Tensor] = {}
         reported: list[torch.Tensor] = []
         summed, count = False, 0
-        carries: dict[int, dict[str, torch.Tensor]] = {}
-        kept: list[tuple[ClientJob, str, torch.Tensor]] = []
+        extra: dict[str, torch.Tensor] = {}
+        kept: dict[str, torch.Tensor] = {}
         for index, phase in enumerate(own):
-            if phase.model != current:
+            key = None if phase.model is None else phase.model.key
+            if key != current:
                 models[current] = flat.state()
-                flat.load_state(
-                    models[phase.model] if phase.model in models else _kept_model(job, phase, flat, models[None])
-                )
-                current = phase.model
-            if phase.cached_features is not None:
-                phase = _on_features(phase, job, flat)
-            outcome = self.sequential.run(job, phase, index, _kept_momentum(job, phase, flat), replays)
-            carries[index] = outcome.carry
-            if isinstance(phase.optimizer, SGD) and phase.optimizer.keep_momentum and outcome.momentum is not None:
-                kept.append((job, phase.optimizer.keep_momentum, outcome.momentum))
+                flat.load_state(models[key] if key in models else _kept_model(job, phase, flat, models[None]))
+                current = key
+            phase = self._on_features(phase, job, flat)
+            where = self._where(job.client_id, index, len(own))
+            outcome = self.sequential.run(job, phase, index, _kept_momentum(job, phase, flat), replays, where)
+            extra.update(outcome.extra)
+            if _keeps_momentum(phase, job) and outcome.momentum is not None:
+                kept[phase.optimizer.keep_momentum] = outcome.momentum  # type: ignore[union-attr,index]
             if phase.reports:
                 reported.extend(outcome.losses)
                 summed, count = summed or outcome.summed, count + outcome.steps
         if current is not None:
             models[current] = flat.state()
             flat.load_state(models[None])
-        kept.extend((job, key, value) for key, value in models.items() if key is not None)
-        job.scratch[FINAL_CARRY] = carries
-        _keep(kept)
+        kept.update((key, value) for key, value in models.items() if key is not None)
+        job.extra = extra
+        _keep(job, kept)
         if not count:
             return math.nan, 0
         with torch.no_grad():
@@ -120,91 +130,99 @@ class LocalLoop:
         *,
         replays: bool = True,
     ) -> Trained:
-        """Train ``jobs`` (clients of one architecture, sharing ``jobs[0].flat``, their phases of equal
-        signatures) as one stack from ``starts`` (C, S)."""
+        """Train ``jobs`` (clients of one architecture, sharing ``jobs[0].flat``, their phases stacking together) as
+        one stack from ``starts`` (C, S)."""
         flat = jobs[0].flat
-        if any(p.needs_start for own in phases for p in own):
-            phases = [self._anchored(list(own), flat, start) for own, start in zip(phases, starts)]
-        return self._stack(jobs, starts, [list(own) for own in phases], flat, replays)
-
-    # --- a stack -----------------------------------------------------------------------------------------
-    def _stack(
-        self,
-        jobs: Sequence[ClientJob],
-        starts: torch.Tensor,
-        phases: Sequence[list[Phase]],
-        flat: FlatModel,
-        replays: bool,
-    ) -> Trained:
+        anchors = logical_rows(starts, flat.layout)
+        own = [_anchored(list(p), anchor) for p, anchor in zip(phases, anchors)]
         runner = self._stacked.setdefault(id(flat), StackedTraining(flat, self.graphs, self.pixel_scale))
-        models: dict[str | None, torch.Tensor] = {None: starts}
+        models: dict[Any, torch.Tensor] = {None: starts}
         loss_sums = torch.zeros(len(jobs), device=starts.device)
         steps = [0] * len(jobs)
-        kept: list[tuple[ClientJob, str, torch.Tensor]] = []
-        carries: list[dict[int, dict[str, torch.Tensor]]] = [{} for _ in jobs]
-        for index in range(len(phases[0])):
-            column = [own[index] for own in phases]
+        kept: list[dict[str, torch.Tensor]] = [{} for _ in jobs]
+        extra: list[dict[str, torch.Tensor]] = [{} for _ in jobs]
+        count = len(own[0])
+        for index in range(count):
+            column = [p[index] for p in own]
             phase = column[0]
-            if phase.model not in models:
-                models[phase.model] = torch.stack(
+            key = None if phase.model is None else phase.model.key
+            if key not in models:
+                models[key] = torch.stack(
                     [_kept_model(job, p, flat, start) for job, p, start in zip(jobs, column, starts)]
                 )
             momentum = None
             if _keeps_momentum(phase, jobs[0]):
-                buffers = [_kept_momentum(job, phase, flat) for job in jobs]
                 lo, hi = trained_range(phase, flat)
+                buffers = [_kept_momentum(job, phase, flat) for job in jobs]
                 momentum = torch.stack(
                     [b if b is not None else torch.zeros(hi - lo, device=starts.device) for b in buffers]
                 )
-            if phase.cached_features is not None:
+            if self._features_layer(phase, flat, jobs[0].architecture) is not None:
                 for c, job in enumerate(jobs):
-                    flat.load_state(models[phase.model][c])
-                    column[c] = _on_features(column[c], job, flat)
-            outcome = runner.run(jobs, column, index, models[phase.model], momentum, replays)
-            models[phase.model] = outcome.trained
+                    flat.load_state(models[key][c])
+                    column[c] = self._on_features(column[c], job, flat)
+            where = self._where("stack of " + ",".join(str(j.client_id) for j in jobs[:8]), index, count)
+            outcome = runner.run(jobs, column, index, models[key], momentum, replays, where)
+            models[key] = outcome.trained
             for c in range(len(jobs)):
-                carries[c][index] = {k: v[c] for k, v in outcome.carry.items()}
-            if isinstance(phase.optimizer, SGD) and phase.optimizer.keep_momentum and outcome.momentum is not None:
-                kept.extend((job, phase.optimizer.keep_momentum, row) for job, row in zip(jobs, outcome.momentum))
+                extra[c].update({k: v[c] for k, v in outcome.extra.items()})
+                if _keeps_momentum(phase, jobs[0]) and outcome.momentum is not None:
+                    kept[c][phase.optimizer.keep_momentum] = outcome.momentum[c]  # type: ignore[union-attr,index]
             if phase.reports:
                 loss_sums = loss_sums + outcome.loss_sums
                 steps = [a + b for a, b in zip(steps, outcome.steps)]
-        for key, rows in models.items():
-            if key is not None:
-                kept.extend((job, key, row) for job, row in zip(jobs, rows))
-        for job, carry in zip(jobs, carries):
-            job.scratch[FINAL_CARRY] = carry
-        _keep(kept)
+        for c, job in enumerate(jobs):
+            kept[c].update((key, rows[c]) for key, rows in models.items() if key is not None)
+            job.extra = extra[c]
+            _keep(job, kept[c])
         counts = torch.tensor([max(n, 1) for n in steps], dtype=torch.float32)
         return Trained(models[None], loss_sums / to_device([counts], starts.device)[0], steps)
 
-    @staticmethod
-    def _anchored(phases: list[Phase], flat: FlatModel, start: torch.Tensor | None) -> list[Phase]:
-        """``phases`` with ``constants["start"]`` (the round's starting parameters in logical order: of ``start``, or
-        of the model in ``flat``) where asked."""
-        if not any(p.needs_start for p in phases):
-            return phases
-        if start is None:
-            anchor = torch.cat([p.detach().reshape(-1) for p in flat.params])
-        else:
-            anchor = logical_rows(start.unsqueeze(0), flat.layout)[0]
-        return [
-            dataclasses.replace(p, constants={**p.constants, "start": anchor}) if p.needs_start else p for p in phases
-        ]
-
-
-def _on_features(phase: Phase, job: ClientJob, flat: FlatModel) -> Phase:
-    """``phase`` on the features its layer ``cached_features`` reads, computed now from the model in ``flat``."""
-    name = phase.cached_features
-    assert name is not None
-    x, y = phase.inputs if phase.inputs is not None else (job.x_train, job.y_train)
-    if len(y):
-        features = torch.cat([f for _, f in features_before_output(flat.module, name, x)])
-    else:
+    # --- a phase on features computed once ------------------------------------------------------------
+    def _features_layer(self, phase: Phase, flat: FlatModel, architecture: str) -> str | None:
+        """The output layer, when ``phase`` trains it alone, on the model's own forward of its own samples, and the
+        layers before it map each sample alike at every step (no BatchNorm, no active dropout)."""
+        name = self.output_layers.get(architecture)
+        if name is None or phase.trains is None or phase.forward is not None or phase.views is not None:
+            return None
+        if phase.features is not None or phase.load is not None:
+            return None
         layer = flat.module.get_submodule(name)
-        assert isinstance(layer, torch.nn.Linear)
-        features = x.new_empty(0, layer.in_features)
-    return dataclasses.replace(phase, inputs=(features, y), forward=_layer_forward(name), cached_features=None)
+        part = flat.slice_of(name)
+        if not isinstance(layer, nn.Linear) or tuple(phase.trains) != (part.start, part.stop):
+            return None
+        if part.stop != flat.size or not _same_in_training(flat.module):
+            return None
+        return name
+
+    def _on_features(self, phase: Phase, job: ClientJob, flat: FlatModel) -> Phase:
+        """``phase`` on the features its output layer reads, computed now from the model in ``flat``, where it
+        trains that layer alone (:meth:`_features_layer`); else ``phase`` itself."""
+        name = self._features_layer(phase, flat, job.architecture)
+        if name is None:
+            return phase
+        x, y = phase.inputs if phase.inputs is not None else (job.x_train, job.y_train)
+        if len(y):
+            features = torch.cat([f for _, f in features_before_output(flat.module, name, x)])
+        else:
+            layer = flat.module.get_submodule(name)
+            assert isinstance(layer, nn.Linear)
+            features = x.new_empty(0, layer.in_features)
+        return dataclasses.replace(phase, inputs=(features, y), forward=_layer_forward(name))
+
+
+def _anchored(phases: list[Phase], anchor: torch.Tensor) -> list[Phase]:
+    """``phases`` with ``constants["start"]``: the round's starting parameters in logical order."""
+    return [dataclasses.replace(p, constants={**p.constants, "start": anchor}) for p in phases]
+
+
+def _same_in_training(model: nn.Module) -> bool:
+    """Whether ``model`` maps each sample alike in training mode whatever else is in its batch, at every call:
+    no BatchNorm (batch statistics, running buffers), no dropout with p > 0."""
+    return not any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) or (isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0)
+        for m in model.modules()
+    )
 
 
 @functools.cache
@@ -218,14 +236,14 @@ def _layer_forward(name: str) -> Forward:
 
 
 def _kept_model(job: ClientJob, phase: Phase, flat: FlatModel, round_start: torch.Tensor) -> torch.Tensor:
-    """The model ``phase.model`` of the client, on the device: the one in its state, else the phase's ``start``,
-    else (no start given) a copy of the round's starting model ``round_start``."""
+    """The kept model ``phase.model`` of the client, on the device: the one in its state, else the phase's
+    ``initial``, else (none given) a copy of the round's starting model ``round_start``."""
     assert phase.model is not None
-    saved = (job.state or {}).get(phase.model)
-    value = saved if saved is not None and saved.shape == (flat.state_size,) else phase.start
+    saved = (job.state or {}).get(phase.model.key)
+    value = saved if saved is not None and tuple(saved.shape) == (flat.state_size,) else phase.model.initial
     if value is None:
         return round_start.clone()
-    return value if isinstance(value, torch.Tensor) else to_device([value], job.device)[0]
+    return value if isinstance(value, torch.Tensor) else to_device([np.asarray(value, np.float32)], job.device)[0]
 
 
 def _keeps_momentum(phase: Phase, job: ClientJob) -> bool:
@@ -243,14 +261,15 @@ def _kept_momentum(job: ClientJob, phase: Phase, flat: FlatModel) -> torch.Tenso
     assert isinstance(phase.optimizer, SGD) and phase.optimizer.keep_momentum
     lo, hi = trained_range(phase, flat)
     saved = (job.state or {}).get(phase.optimizer.keep_momentum)
-    if saved is None or saved.shape != (hi - lo,):
+    if saved is None or tuple(saved.shape) != (hi - lo,):
         return None
+    if isinstance(saved, torch.Tensor):
+        return saved
     return to_device([np.asarray(saved, dtype=np.float32)], job.device)[0]
 
 
-def _keep(kept: list[tuple[ClientJob, str, torch.Tensor]]) -> None:
-    """Store the kept models and momentum buffers in their clients' states, brought to the host in one transfer."""
-    if not kept:
-        return
-    for (job, key, _), value in zip(kept, to_host([value for _, _, value in kept])):
-        job.state = {**(job.state or {}), key: value}
+def _keep(job: ClientJob, kept: Mapping[str, torch.Tensor]) -> None:
+    """Store the kept models and momentum buffers in the client's state, on the device (the settlement reads the
+    call's states back with its numbers)."""
+    if kept:
+        job.state = {**(job.state or {}), **kept}

@@ -7,28 +7,31 @@ public set, then local training. The one loop (:mod:`rayfed.train.loop`) runs ev
 method, one client at a time or many clients stacked, and replays its steps from CUDA graphs: a method
 written as phases is on the fast path without code of its own for it.
 
-A phase names what it trains (all parameters, or a contiguous range: a head, a body), on which samples
-(the client's training split, or inputs it brings: a public set), for how many epochs of which batches,
-with which optimiser (:class:`SGD`, :class:`Adam`, or :class:`NoStep` when its hooks move the model), and
-which model (the round's, or one the client keeps in its state: Ditto's personal model). Its hooks are
-pure functions of *one* client's tensors, named as in PyTorch Lightning:
+A phase names what it trains (all parameters, a contiguous range such as a head or a body, or none), on
+which samples (the client's training split, or inputs it brings: a public set), for how many epochs of
+which batches, with which optimiser (:class:`SGD`, :class:`Adam`, or :class:`NoStep`), which model (the
+round's, or one the client keeps in its state: :class:`Kept`), and the extra tensors it trains beside the
+model's parameters (:class:`Trainable`: FedNH's scale, APPLE's core model and mixing vector), which the
+same optimiser updates. Its hooks are pure functions of *one* client's tensors, named as in PyTorch
+Lightning:
 
 * ``loss(out, batch, params, constants)``: a term added to the cross-entropy of the logits (or, with
   ``cross_entropy=False``, the whole loss), from the logits and, when the phase asks, the features the
   output layer reads (:class:`Outputs`), the batch's targets (:class:`Batch`), the parameters and the
-  client's constants;
-* ``on_train_batch_start(params, constants, carry)``: parameter edits before a step's forward;
-* ``on_after_backward(params, grads, constants, carry)``: gradient edits before the optimiser steps;
-* ``on_after_optimizer_step(params, constants, carry)``: parameter edits after it;
-* ``on_train_end(params, constants, carry)``: parameter edits when the phase ends.
+  client's constants. ``constants["start"]`` is always the round's starting parameters, flattened in
+  logical order (the anchor of a proximal term);
+* ``on_train_batch_start(params, constants, extra)``: edits before a step's forward;
+* ``on_after_backward(params, grads, constants, extra)``: edits of the gradients before the optimiser
+  steps; it gives every :class:`Trainable` its gradient, under its name;
+* ``on_train_end(params, constants, extra)``: edits when the phase ends.
 
 ``params`` are the model's parameter tensors in layout order, in their logical shapes (``torch.func``'s
-``functional_call`` order). An edit hook returns ``(edits, carry)``: ``edits`` maps a parameter's (or
-gradient's) index to its new value, ``carry`` is the client's per-step state (FedNH's learned scale, APPLE's
-core models and mixing vector), carried from step to step and read back when the phase ends. Since the
-hooks see one client, stacked training runs them for all clients at once under ``torch.func.vmap``: they
-must be free of host reads (no ``.item()``, no data-dependent shapes), which also lets a CUDA graph
-replay them.
+``functional_call`` order), ``extra`` the trainables' current values by name. A hook returns its edits
+(:data:`Edits`): new values by a parameter's index (a gradient's, after backward) or a trainable's name
+(its gradient, after backward). Since the hooks see one client, stacked training runs them for all
+clients at once under ``torch.func.vmap``: they must be free of host reads (no ``.item()``, no
+data-dependent shapes), which also lets a CUDA graph replay them. :mod:`rayfed.train.phase_checks` checks
+every phase a method declares before it trains.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ __all__ = [
     "Adam",
     "NoStep",
     "Optimizer",
+    "OPTIMIZERS",
+    "Views",
+    "Kept",
+    "Trainable",
     "Outputs",
     "Batch",
     "Phase",
@@ -54,28 +61,29 @@ __all__ = [
     "GradHook",
     "Forward",
     "Edits",
-    "Carry",
     "Constants",
     "Params",
+    "NO_PARAMETERS",
 ]
 
 Params = Sequence[torch.Tensor]
 """A model's parameter tensors (or their gradients) in layout order, in their logical shapes."""
 Constants = Mapping[str, torch.Tensor]
 """Per-client tensors a phase's hooks read and never change (FedProx's anchor, WDR's p_i)."""
-Carry = dict[str, torch.Tensor]
-"""Per-client tensors a phase's hooks change from step to step (FedNH's scale and its momentum)."""
-Edits = dict[int, torch.Tensor]
-"""New values of some parameters (or gradients), by their index in the layout."""
+Edits = dict[int | str, torch.Tensor]
+"""New values by a parameter's index in the layout, or a trainable's name (after backward: their gradients)."""
+
+NO_PARAMETERS = (0, 0)
+"""``Phase.trains`` of a phase that trains no model parameter, only its :class:`Trainable` tensors (APPLE)."""
 
 
 @dataclass(frozen=True)
 class SGD:
-    """``torch.optim.SGD``'s update (dampening 0, no Nesterov) on the trained parameters.
+    """``torch.optim.SGD``'s update (dampening 0, no Nesterov) on the trained parameters and trainables.
 
     ``momentum`` and ``weight_decay`` default (None) to the run's ``train.momentum`` / ``train.weight_decay``.
-    ``keep_momentum`` names the client-state key under which the momentum buffer persists from one of the
-    client's rounds to its next (FedAWA's clients create their optimiser once); None starts every phase
+    ``keep_momentum`` names the client-state key under which the parameters' momentum buffer persists from one
+    of the client's rounds to its next (FedAWA's clients create their optimiser once); None starts every phase
     from a zero buffer, as a new optimiser does.
     """
 
@@ -94,10 +102,40 @@ class Adam:
 
 @dataclass(frozen=True)
 class NoStep:
-    """No optimiser: the phase's hooks move the model (APPLE mixes it from the client's core models)."""
+    """No optimiser: nothing the phase trains moves but by its hooks' edits."""
 
 
 Optimizer = SGD | Adam | NoStep
+OPTIMIZERS = (SGD, Adam, NoStep)
+
+
+@dataclass(frozen=True)
+class Views:
+    """Random views of each batch that the forward sees, one after the other (FedClassAvg's two), drawn with
+    ``augment``."""
+
+    augment: AugmentConfig
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A model the client keeps in its state under ``key`` (Ditto's personal model): it starts from the state's
+    value, else from ``initial`` (the state as a numpy array or a tensor on the job's device; None = the round's
+    starting model), and is stored back when training ends."""
+
+    key: str
+    initial: Any = None
+
+
+@dataclass(frozen=True)
+class Trainable:
+    """A tensor of one client that a phase trains beside the model's parameters, with the phase's optimiser
+    (its momentum, weight decay, Adam moments), from the gradient ``on_after_backward`` gives it; ``lr`` is its
+    learning rate, None = the round's. Its final value reaches the client half as ``job.extra[name]``."""
+
+    value: torch.Tensor
+    lr: float | None = None
 
 
 @dataclass(frozen=True)
@@ -120,8 +158,8 @@ class Batch:
 
 
 Loss = Callable[[Outputs, Batch, Params, Constants], torch.Tensor]
-EditHook = Callable[[Params, Constants, Carry], tuple[Edits, Carry]]
-GradHook = Callable[[Params, Params, Constants, Carry], tuple[Edits, Carry]]
+EditHook = Callable[[Params, Constants, Mapping[str, torch.Tensor]], Edits]
+GradHook = Callable[[Params, Sequence[torch.Tensor | None], Constants, Mapping[str, torch.Tensor]], Edits]
 Forward = Callable[[torch.nn.Module, torch.Tensor], Outputs]
 """A phase's own forward, from the module and the step's inputs (every view of the batch, one after the
 other) to its outputs (FedClassAvg's extractor features and its classifier's logits of the first view)."""
@@ -132,11 +170,11 @@ class Phase:
     """One stretch of a client's local training (module docstring).
 
     The fields up to ``on_train_end`` describe the phase and are the same for every client of a stack;
-    ``constants``, ``carry``, ``inputs``, ``load`` and ``start`` are this client's values.
+    ``constants``, ``extra``, ``inputs`` and ``load`` are this client's values.
     """
 
     epochs: int
-    """Passes over the phase's samples."""
+    """Passes over the phase's samples, at least one (a phase that should not train is left out)."""
     loss: Loss | None = None
     """The term added to cross-entropy (the whole loss with ``cross_entropy=False``); None adds nothing."""
     cross_entropy: bool = True
@@ -144,80 +182,44 @@ class Phase:
     phase reports."""
     optimizer: Optimizer = SGD()
     trains: tuple[int, int] | None = None
-    """The range of the parameter vector that trains, on parameter boundaries; None = every parameter. The
-    rest stays exactly as it is (no step, no weight decay) and backward skips it."""
+    """The range of the parameter vector that trains, on parameter boundaries; None = every parameter;
+    :data:`NO_PARAMETERS` = none (only the trainables). The rest stays exactly as it is (no step, no weight
+    decay) and backward skips it. A phase that trains the output layer alone of a model without BatchNorm or
+    active dropout computes the features it reads once, not at every step (FedRep's head epochs)."""
     batch_size: int | None = None
     """Samples per step; None = ``train.batch_size``."""
     drop_last: bool | None = None
     """Skip an epoch's short last batch; None = ``train.drop_last``."""
-    views: int = 1
-    """Random views of each batch the forward sees, one after the other (FedClassAvg's two), drawn with
-    ``augment``; 1 without ``augment`` is the batch itself."""
-    augment: AugmentConfig | None = None
+    views: Views | None = None
+    """Random views of each batch (None: the batch itself)."""
     features: str | None = None
     """The module whose input the loss reads as ``Outputs.features`` (the output layer: penultimate
     features); None when the loss reads none."""
     forward: Forward | None = None
     """The phase's own forward (``Outputs``), None = the module's forward, with the features captured."""
-    cached_features: str | None = None
-    """Train the layer of this name alone, on the features it reads computed once when the phase starts, not on
-    the samples at every step (FedRep's head epochs cost one forward of the body). The layers before it must
-    hold no trained parameter and map each sample alike at every step (no BatchNorm, no active dropout)."""
-    model: str | None = None
-    """None: the round's model (personalised, then contributed); else the key of a model the client keeps in
-    its state (Ditto's personal model), which starts at ``start`` and is stored back when training ends."""
+    model: Kept | None = None
+    """None: the round's model (started from the client half's ``start``, then uploaded); else a model the
+    client keeps in its state."""
     reports: bool = True
     """Whether the phase's steps and cross-entropy count in the client's reported loss and step count."""
     on_train_batch_start: EditHook | None = None
     on_after_backward: GradHook | None = None
-    on_after_optimizer_step: EditHook | None = None
     on_train_end: EditHook | None = None
     # --- this client's values -----------------------------------------------------------------------------
     constants: Constants = field(default_factory=dict)
-    carry: Carry = field(default_factory=dict)
-    """The carry when the phase starts; the loop leaves the final carry in the job's scratch
-    (:data:`rayfed.train.loop.FINAL_CARRY`)."""
+    extra: Mapping[str, Trainable] = field(default_factory=dict)
+    """The tensors this phase trains beside the model's parameters, by name."""
     inputs: tuple[torch.Tensor, torch.Tensor] | None = None
     """(inputs, targets) the phase trains on, on the job's device; None = the client's training split."""
     load: tuple[tuple[int, int], torch.Tensor] | None = None
     """A range of the parameter vector and the values loaded into it when the phase starts (FedClassAvg's
     warm-up loads the client's own classifier)."""
-    start: Any = None
-    """With ``model`` set: the state (parameters, then buffers) that model starts from when the client's state
-    holds none yet, a numpy array or a tensor on the job's device; None = the round's starting model."""
-    needs_start: bool = False
-    """Whether ``constants["start"]`` is the round's starting parameters (the personalised model, before any
-    phase), flattened in logical order: the anchor of a proximal term."""
 
-    def signature(self) -> tuple[Any, ...]:
-        """What must be equal for clients to train this phase in one stack: everything but their values, and
-        their values' shapes."""
+    @property
+    def view_count(self) -> int:
+        """Views of each batch the forward sees (1 without :attr:`views`)."""
+        return 1 if self.views is None else self.views.count
 
-        def shapes(values: Mapping[str, torch.Tensor]) -> tuple[Any, ...]:
-            return tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(values.items()))
-
-        return (
-            self.epochs,
-            self.loss,
-            self.cross_entropy,
-            self.optimizer,
-            self.trains,
-            self.batch_size,
-            self.drop_last,
-            self.views,
-            self.augment,
-            self.features,
-            self.forward,
-            self.cached_features,
-            self.model,
-            self.reports,
-            self.on_train_batch_start,
-            self.on_after_backward,
-            self.on_after_optimizer_step,
-            self.on_train_end,
-            shapes(self.constants),
-            shapes(self.carry),
-            self.load[0] if self.load is not None else None,
-            self.inputs is None,
-            self.needs_start,
-        )
+    @property
+    def augment(self) -> AugmentConfig | None:
+        return None if self.views is None else self.views.augment

@@ -1,37 +1,39 @@
 """A phase's arithmetic at every step, written once for one client and for a stack of clients.
 
 :class:`PhaseRule` holds what a step does besides the forward: the loss (the sample-weighted cross-entropy
-of each client's logits and the phase's own term), the hooks' edits of parameters and gradients, and the
-optimiser's update (:mod:`rayfed.train.update`). The sequential step (:mod:`rayfed.train.sequential`) hands
-it one client's tensors; the stacked step (:mod:`rayfed.train.stacked`) every client's at once, and the
-rule runs the phase's per-client hooks under ``torch.func.vmap`` (:func:`~rayfed.train.step_io.per_client`).
+of each client's logits and the phase's own term), the hooks' edits of parameters, gradients and trainables,
+and the optimiser's update of the trained parameters and of the trainables (:mod:`rayfed.train.update`). The
+step (:mod:`rayfed.train.step`) hands it one client's tensors, or every client's of a stack at once; for a
+stack the rule runs the phase's per-client functions under ``torch.func.vmap``. What the functions return is
+checked (:class:`~rayfed.train.phase_checks.HookResults`) before anything is written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
-from rayfed.train.phase import SGD, Adam, Batch, NoStep, Outputs, Phase
-from rayfed.train.step_io import StepIO, per_client
-from rayfed.train.update import adam_update, sgd_update
+from rayfed.train.phase import NO_PARAMETERS, SGD, Adam, Batch, NoStep, Outputs, Phase
+from rayfed.train.phase_checks import HookResults
+from rayfed.train.update import OptimizerState, adam_update, sgd_update
+from rayfed.train.workspace import StepState
 
 if TYPE_CHECKING:
     from rayfed.train.settings import TrainConfig
 
-__all__ = ["PhaseRule", "CONSTANTS", "CARRY"]
-
-CONSTANTS, CARRY = "const.", "carry."
-"""Prefixes of a step's constants and carry in its :class:`~rayfed.train.step_io.StepIO`."""
+__all__ = ["PhaseRule"]
 
 
 class PhaseRule:
-    """One phase's loss, edits and update (module docstring); ``stacked`` runs the hooks per client."""
+    """One phase's loss, edits and updates (module docstring); ``stacked`` runs the per-client functions over a
+    stack. ``where`` names the phase in errors; ``shapes`` are the model's parameter shapes."""
 
-    def __init__(self, phase: Phase, train: TrainConfig, stacked: bool) -> None:
+    def __init__(
+        self, phase: Phase, train: TrainConfig, *, stacked: bool, where: str, shapes: Sequence[tuple[int, ...]]
+    ) -> None:
         self.phase, self.stacked = phase, stacked
         optimizer = phase.optimizer
         self.momentum = 0.0
@@ -39,14 +41,21 @@ class PhaseRule:
         if isinstance(optimizer, SGD):
             self.momentum = train.momentum if optimizer.momentum is None else optimizer.momentum
             self.weight_decay = train.weight_decay if optimizer.weight_decay is None else optimizer.weight_decay
-        term = phase.loss
+        self.steps_parameters = not isinstance(optimizer, NoStep) and tuple(phase.trains or ()) != NO_PARAMETERS
+        self.results = HookResults(where, shapes, {k: tuple(v.value.shape) for k, v in phase.extra.items()})
+        term, check = phase.loss, self.results.loss
 
         def client_term(logits: Any, features: Any, y: Any, weight: Any, step: Any, params: Any, constants: Any) -> Any:
             assert term is not None
-            return term(Outputs(logits, features), Batch(y, weight, step), params, constants)
+            return check(term(Outputs(logits, features), Batch(y, weight, step), params, constants))
 
         self._term = client_term
-        self._hooks: dict[tuple[str, tuple[Any, ...]], Any] = {}
+        self._mapped: dict[tuple[str, Any], Callable[..., Any]] = {}
+
+    @property
+    def optimizer_kind(self) -> str:
+        """Which buffers the optimiser keeps: ``adam``, ``momentum`` or ``none``."""
+        return "adam" if isinstance(self.phase.optimizer, Adam) else "momentum" if self.momentum else "none"
 
     # --- the loss ----------------------------------------------------------------------------------------
     def cross_entropy(
@@ -79,72 +88,101 @@ class PhaseRule:
         logits = outputs.logits.view(batch, width, -1)
         features = None if outputs.features is None else outputs.features.unflatten(1, (width, -1))
         labels = y.view(batch, width, *y.shape[1:])
-        fn = self._vmapped(
-            "term", self._term, (1, None if features is None else 1, 1, None if weight is None else 1, None, 0, 0)
-        )
-        return fn(logits, features, labels, weight, step, list(params), constants)
+        args = (logits, features, labels, weight, step, list(params), constants)
+        dims = (1, None if features is None else 1, 1, None if weight is None else 1, None, 0, 0)
+        return self._per_client("term", self._term, dims)(*args)
 
     # --- the hooks ---------------------------------------------------------------------------------------
-    def edit_params(self, name: str, params: Sequence[torch.Tensor], io: StepIO) -> None:
-        """Run the parameter hook ``name`` (``on_train_batch_start``, ...) and write its edits and carry."""
+    def edit_params(self, name: str, params: Sequence[torch.Tensor], state: StepState) -> None:
+        """Run the parameter hook ``name`` (``on_train_batch_start``, ``on_train_end``) and write its edits into
+        the parameters and trainables."""
         hook = getattr(self.phase, name)
         if hook is None:
             return
-        fn = self._vmapped(name, hook, (0, 0, 0))
         with torch.no_grad():  # hooks edit values; autograd never sees them (no detached copies either)
-            edits, carry = fn(list(params), io.group(CONSTANTS), io.group(CARRY))
-            for index, value in edits.items():
-                params[index].copy_(value)
-        io.put_all(CARRY, carry)
+            edits = self._call(name, self._checked(name, hook, False), (list(params), state.constants, state.extra))
+            for key, value in edits.items():
+                target = params[key] if isinstance(key, int) else state.extra[key]
+                target.copy_(value)
 
-    def edit_grads(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None], io: StepIO) -> None:
-        """Run ``on_after_backward`` and write its gradient edits and carry (``grads``: None where a parameter is
-        frozen)."""
+    def edit_grads(
+        self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None], state: StepState
+    ) -> dict[str, torch.Tensor]:
+        """Run ``on_after_backward``: write its edits into the gradients (``grads``: None where a parameter does
+        not train) and return the trainables' gradients it gives."""
         hook = self.phase.on_after_backward
         if hook is None:
-            return
-        fn = self._vmapped("on_after_backward", hook, (0, 0, 0, 0))
+            return {}
         with torch.no_grad():
-            edits, carry = fn(list(params), list(grads), io.group(CONSTANTS), io.group(CARRY))
-            for index, value in edits.items():
-                target = grads[index]
-                assert target is not None, "on_after_backward edited the gradient of a frozen parameter"
+            checked = self._checked("on_after_backward", hook, True)
+            edits = self._call("on_after_backward", checked, (list(params), list(grads), state.constants, state.extra))
+            extra = {}
+            for key, value in edits.items():
+                if isinstance(key, str):
+                    extra[key] = value
+                    continue
+                target = grads[key]
+                if target is None:
+                    raise ValueError(
+                        f"{self.results.where}: on_after_backward edited the gradient of parameter "
+                        f"{key}, which the phase does not train (Phase.trains)"
+                    )
                 target.copy_(value)
-        io.put_all(CARRY, carry)
+        return extra
 
-    def _vmapped(self, name: str, fn: Any, in_dims: tuple[Any, ...]) -> Any:
-        key = (name, in_dims)
-        if key not in self._hooks:
-            self._hooks[key] = per_client(fn, in_dims, self.stacked)
-        return self._hooks[key]
+    def _checked(self, name: str, hook: Callable[..., Any], gradients: bool) -> Callable[..., Any]:
+        """``hook`` whose every return (one client's, inside vmap for a stack) is checked first."""
+        check = self.results.edits
+
+        def checked(*args: Any) -> Any:
+            return check(name, hook(*args), gradients=gradients)
+
+        return checked
+
+    def _call(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """``fn(*args)`` for one client, or under vmap for a stack (None leaves, frozen gradients, not mapped)."""
+        if not self.stacked:
+            return fn(*args)
+        return self._per_client(name, fn, tuple(_mapped_dims(arg) for arg in args))(*args)
+
+    def _per_client(self, name: str, fn: Callable[..., Any], in_dims: tuple[Any, ...]) -> Callable[..., Any]:
+        key = (name, repr(in_dims))
+        if key not in self._mapped:
+            self._mapped[key] = torch.func.vmap(fn, in_dims=in_dims)
+        return self._mapped[key]
 
     # --- the optimiser -----------------------------------------------------------------------------------
-    def optimizer_state(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The optimiser's buffers for ``params`` (the trained range), zero as a new optimiser's."""
-        optimizer = self.phase.optimizer
-        if isinstance(optimizer, Adam):
-            return {"exp_avg": torch.zeros_like(params), "exp_avg_sq": torch.zeros_like(params)}
-        if isinstance(optimizer, SGD) and self.momentum:
-            return {"momentum": torch.zeros_like(params)}
-        return {}
-
     def update(
         self,
-        params: torch.Tensor,
+        values: torch.Tensor,
         grad: torch.Tensor,
-        state: dict[str, torch.Tensor],
+        buffers: OptimizerState,
         lr: torch.Tensor,
         adam: torch.Tensor | None,
     ) -> None:
-        """The optimiser's step on ``params`` (the trained range, in place) from ``grad``: SGD at the learning rate
-        ``lr``, Adam with the step's scalars ``adam`` (:func:`~rayfed.train.update.adam_scalars`)."""
+        """The optimiser's step on ``values`` (in place) from ``grad``: SGD at the learning rate ``lr``, Adam with
+        the step's scalars ``adam`` (:func:`~rayfed.train.update.adam_scalars`)."""
         optimizer = self.phase.optimizer
         if isinstance(optimizer, NoStep):
             return
         if isinstance(optimizer, Adam):
-            assert adam is not None
-            adam_update(params, grad, state["exp_avg"], state["exp_avg_sq"], optimizer.betas, optimizer.eps, adam)
+            assert adam is not None and buffers.exp_avg is not None and buffers.exp_avg_sq is not None
+            adam_update(values, grad, buffers.exp_avg, buffers.exp_avg_sq, optimizer.betas, optimizer.eps, adam)
             return
-        sgd_update(
-            params, grad, lr, momentum=self.momentum, weight_decay=self.weight_decay, buffer=state.get("momentum")
-        )
+        sgd_update(values, grad, lr, momentum=self.momentum, weight_decay=self.weight_decay, buffer=buffers.momentum)
+
+    def update_extra(self, state: StepState, grads: Mapping[str, torch.Tensor], adam: torch.Tensor | None) -> None:
+        """The same optimiser's step on every trainable, from the gradient ``on_after_backward`` gave it."""
+        for name, value in state.extra.items():
+            lr = state.extra_lr.get(name, state.lr)
+            self.update(value, grads[name], state.extra_optimizer[name], lr, adam)
+
+
+def _mapped_dims(value: Any) -> Any:
+    """vmap's ``in_dims`` for a hook argument of a stack (a list of tensors, a dict of them): dimension 0 of each
+    tensor, None where an entry is None (a gradient the phase does not compute)."""
+    if isinstance(value, list):
+        return [None if v is None else 0 for v in value]
+    if isinstance(value, dict):
+        return {k: None if v is None else 0 for k, v in value.items()}
+    return None if value is None else 0

@@ -1,12 +1,12 @@
 """One client's phase, step by step, on the worker's model of its architecture.
 
 The client's batches are drawn on the host (:func:`~rayfed.train.batches.draw_batches`) and reach the
-device in one transfer; its samples are gathered there one block of equal-size steps at a time. A step
-is one function (:class:`PhaseRule` does its arithmetic) that reads its batch, constants and carry from
-a :class:`~rayfed.train.step_io.StepIO`: eagerly, the step's values are views rebound at every step and
-the losses are kept per step; on a GPU that captures, they are copied into fixed storage, and the step
-is captured once per model, phase and batch shape and replayed (:class:`~rayfed.train.graphs.StepGraphs`),
-its losses summed in the graph. Nothing in the step loop reads a value back to the host.
+device in one transfer; its samples are gathered there one block of equal-size steps at a time. The step
+is :func:`~rayfed.train.step.make_step` on the worker's model itself (:class:`OneModel`): eagerly, the step's
+values are views rebound at every step and the losses are kept per step; on a GPU that captures, they are
+copied into fixed storage, and the step is captured once per model, phase and batch shape and replayed
+(:class:`~rayfed.train.graphs.StepGraphs`), its losses summed in the graph. Nothing in the step loop reads a
+value back to the host.
 """
 
 from __future__ import annotations
@@ -17,48 +17,29 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.autograd.graph import _engine_run_backward
 
-from rayfed.data.augment import apply_augment
 from rayfed.train.batches import ClientBatches, draw_batches
 from rayfed.train.dropout import client_dropout, signed_seed
 from rayfed.train.flat import FlatModel
 from rayfed.train.graphs import StepGraphs
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
-from rayfed.train.phase import Adam, Outputs, Phase
-from rayfed.train.rule import CARRY, CONSTANTS, PhaseRule
-from rayfed.train.step_io import StepIO
+from rayfed.train.phase import NO_PARAMETERS, Adam, Phase
+from rayfed.train.rule import PhaseRule
+from rayfed.train.stacking import stack_key
+from rayfed.train.step import LossRecord, make_step
 from rayfed.train.update import adam_scalars
+from rayfed.train.workspace import StepInputs, StepState
 
 __all__ = [
     "PhaseOutcome",
     "SequentialTraining",
+    "OneModel",
     "phase_seed",
     "trained_range",
     "frozen_outside",
     "captured_features",
-    "unit",
-    "backward_from",
 ]
-
-_UNITS: dict[torch.device, torch.Tensor] = {}
-
-
-def unit(device: torch.device) -> torch.Tensor:
-    """The scalar 1 on ``device``, made once: the gradient a loss's backward starts from (``backward()``
-    would make a new one every step)."""
-    if device not in _UNITS:
-        _UNITS[device] = torch.ones((), device=device)
-    return _UNITS[device]
-
-
-def backward_from(loss: torch.Tensor, one: torch.Tensor) -> None:
-    """``loss.backward(one)`` for a 0-d ``loss`` and its :func:`unit`, calling autograd's engine as
-    ``torch.autograd.backward`` does but without that function's check of a given gradient's shape, whose
-    first use imports ``torch.fx``'s symbolic shapes and sympy: about 32 MB in every worker process
-    (benchmarks/README.md, "Where the S2 peak goes")."""
-    _engine_run_backward((loss,), (one,), False, False, (), allow_unreachable=True, accumulate_grad=True)
 
 
 def phase_seed(job: ClientJob, phase_index: int) -> int:
@@ -67,14 +48,11 @@ def phase_seed(job: ClientJob, phase_index: int) -> int:
 
 
 def trained_range(phase: Phase, flat: FlatModel) -> tuple[int, int]:
-    """The phase's trained range of the parameter vector (all of it by default), on parameter boundaries."""
-    if phase.trains is None:
+    """The range of the parameter vector whose gradients the phase computes: ``Phase.trains``, all of it by
+    default, and all of it when the phase trains only its trainables (their gradients come from the model's)."""
+    if phase.trains is None or tuple(phase.trains) == NO_PARAMETERS:
         return 0, flat.size
     lo, hi = phase.trains
-    if lo not in flat.layout.offsets or hi not in flat.layout.offsets or not lo < hi:
-        raise ValueError(
-            f"Phase.trains={phase.trains} must be a non-empty range on parameter boundaries {flat.layout.offsets}"
-        )
     return lo, hi
 
 
@@ -108,6 +86,35 @@ def captured_features(module: nn.Module, name: str | None) -> Iterator[list[torc
         hook.remove()
 
 
+class OneModel:
+    """A step's view of one client's model: the worker's model itself (:class:`~rayfed.train.step.StepModel`)."""
+
+    width = 1
+
+    def __init__(self, flat: FlatModel, trained: tuple[int, int]) -> None:
+        self.flat, self.module = flat, flat.module
+        lo, hi = trained
+        offsets = flat.layout.offsets
+        self._grads = [p.grad if offsets[i] >= lo and offsets[i + 1] <= hi else None for i, p in enumerate(flat.params)]
+        self._stepped = (_part(flat.vector, lo, hi), _part(flat.grad, lo, hi))
+
+    def plain(self) -> list[torch.Tensor]:
+        return list(self.flat.params)
+
+    def begin(self) -> list[torch.Tensor]:
+        self.flat.zero_grad()
+        return list(self.flat.params)
+
+    def grads(self) -> list[torch.Tensor | None]:
+        return self._grads
+
+    def stepped(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._stepped
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
 @dataclass
 class PhaseOutcome:
     """What one client's phase leaves besides its trained model."""
@@ -116,7 +123,8 @@ class PhaseOutcome:
     """Each step's reported loss (eagerly), or one sum of them (replayed: ``summed``)."""
     steps: int
     summed: bool
-    carry: dict[str, torch.Tensor]
+    extra: dict[str, torch.Tensor]
+    """The trainables' final values."""
     momentum: torch.Tensor | None
     """The momentum buffer of the trained range, for ``SGD.keep_momentum``."""
 
@@ -129,14 +137,21 @@ class SequentialTraining:
     ) -> None:
         self.graphs = graphs
         self.pixel_scale = pixel_scale
-        self._spaces: dict[Hashable, StepIO] = {}
+        self._held: dict[Hashable, tuple[StepState, dict[int, StepInputs]]] = {}
         self._lrs: dict[tuple[torch.device, float], torch.Tensor] = {}
 
     def run(
-        self, job: ClientJob, phase: Phase, phase_index: int, momentum: torch.Tensor | None, replays: bool
+        self,
+        job: ClientJob,
+        phase: Phase,
+        phase_index: int,
+        momentum: torch.Tensor | None,
+        replays: bool,
+        where: str,
     ) -> PhaseOutcome:
         """Train ``job.flat`` through ``phase`` in place from the model it holds; ``momentum`` (the trained range's
-        buffer, kept from the client's last round) or None starts from zero; ``replays`` allows CUDA graphs."""
+        buffer, kept from the client's last round) or None starts from zero; ``replays`` allows CUDA graphs;
+        ``where`` names the phase in errors."""
         flat, device = job.flat, job.device
         x_all, y_all = phase.inputs if phase.inputs is not None else (job.x_train, job.y_train)
         train = job.train
@@ -145,36 +160,47 @@ class SequentialTraining:
             epochs=phase.epochs,
             batch=phase.batch_size or train.batch_size,
             drop_last=train.drop_last if phase.drop_last is None else phase.drop_last,
-            views=phase.views,
+            views=phase.view_count,
             augment=phase.augment,
             image_size=tuple(x_all.shape[1:]),
         )
         lo, hi = trained_range(phase, flat)
-        rule = PhaseRule(phase, train, stacked=False)
+        rule = PhaseRule(phase, train, stacked=False, where=where, shapes=flat.layout.shapes)
         if phase.load is not None:
             (start, stop), values = phase.load
             with torch.no_grad():
                 flat.vector[start:stop].copy_(values)
-        state = rule.optimizer_state(_part(flat.vector, lo, hi))
-        if momentum is not None and "momentum" in state:
-            state["momentum"].copy_(momentum)
-        if not batches.steps:
-            return PhaseOutcome([], 0, False, dict(phase.carry), state.get("momentum"))
-        moved = self._move(batches, phase, job)
         static = replays and self.graphs.fixed
-        key = (id(flat), phase.signature(), batches.index.shape[1], tuple(x_all.shape[1:]), y_all.dtype)
-        io = self._spaces.setdefault(key, StepIO(True)) if static else StepIO(False)
-        io.put("lr", self._lr(job.lr, device))
-        io.put_all(CONSTANTS, dict(phase.constants))
-        io.put_all(CARRY, {k: v.clone() for k, v in phase.carry.items()})
-        io.put_all("opt.", state)
+        key = (id(flat), stack_key(phase), batches.index.shape[1], tuple(x_all.shape[1:]), y_all.dtype)
         dropout_layers = any(True for _ in _dropouts(flat.module))
-        counted = phase.loss is not None or dropout_layers
-        io.put("step", torch.zeros((), dtype=torch.int64, device=device) if counted else None)
-        seed = phase_seed(job, phase_index)
-        io.put("seeds", torch.full((1,), seed, dtype=torch.int64, device=device) if dropout_layers else None)
-        io.put("loss_sum", torch.zeros((), device=device) if static else None)
-        losses: list[torch.Tensor] = []
+        new = StepState.new(
+            phase,
+            _part(flat.vector, lo, hi),
+            rule.momentum,
+            lr=self._lr(job.lr, device),
+            seeds=torch.full((1,), phase_seed(job, phase_index), dtype=torch.int64, device=device)
+            if dropout_layers
+            else None,
+            constants=dict(phase.constants),
+            extra={k: t.value.clone() for k, t in phase.extra.items()},
+            extra_lr=self.extra_lrs(phase, device),
+            loss_sums=torch.zeros((), device=device) if static else None,
+        )
+        if momentum is not None and new.optimizer.momentum is not None:
+            new.optimizer.momentum.copy_(momentum)
+        if not batches.steps:
+            return PhaseOutcome([], 0, False, new.extra, new.optimizer.momentum)
+        state, feeds = new, dict[int, StepInputs]()
+        if static:  # a captured step reads the storage it was captured on: this key's, filled anew
+            if key in self._held:
+                state, feeds = self._held[key]
+                state.refill(new)
+            else:
+                state = new.copy()
+                self._held[key] = (state, feeds)
+        moved = self._move(batches, phase, job)
+        record = LossRecord(state)
+        model = OneModel(flat, (lo, hi))
         flat.module.train()
         with (
             frozen_outside(flat, lo, hi),
@@ -182,39 +208,39 @@ class SequentialTraining:
             client_dropout(flat.module) as dropout,
         ):
             dropout.update(
-                seeds=io["seeds"], width=1, step=io["step"], views=phase.views, batch=int(batches.index.shape[1])
+                seeds=state.seeds,
+                width=1,
+                step=state.step,
+                views=phase.view_count,
+                batch=int(batches.index.shape[1]),
             )
-            mutable = [
-                flat.vector,
-                flat.buffers,
-                *io.tensors("opt."),
-                *io.tensors(CARRY),
-                *([io["step"]] if counted else []),
-                *([io["loss_sum"]] if static else []),
-            ]
+            mutable = [flat.vector, flat.buffers, *state.mutable()]
             index, draws = moved["index"], moved.get("draws")
             for first, stop in _blocks(batches):
                 size = int(batches.sizes[first])
                 # A batch of another size reads its own fixed inputs (and has its own captured step).
-                feed = self._spaces.setdefault((*key, size), StepIO(True)) if static else io
-                step = self._step(flat, rule, io, feed, (lo, hi), captured, losses, phase.views)
+                feed = feeds.setdefault(size, StepInputs()) if static else StepInputs()
+                step = make_step(model, rule, state, feed, record, captured, self.pixel_scale)
                 rows = index[first:stop, :size]
                 xs, ys = x_all[rows], y_all[rows]  # one gather per block of equal-size steps
                 for s in range(stop - first):
-                    feed.put("x", xs[s])
-                    feed.put("y", ys[s])
-                    if draws is not None:
-                        feed.put("draws", draws[first + s, :, :size])
-                    if isinstance(phase.optimizer, Adam):
-                        feed.put("adam", moved["adam"][first + s])
+                    feed.fill(
+                        static,
+                        x=xs[s],
+                        y=ys[s],
+                        draws=None if draws is None else draws[first + s, :, :size],
+                        adam=moved["adam"][first + s] if isinstance(phase.optimizer, Adam) else None,
+                    )
                     self.graphs.run((*key, size) if static else None, step, mutable)
-            rule.edit_params("on_train_end", flat.params, io)
-        carry, momentum = io.group(CARRY), io.get("opt.momentum")
+            rule.edit_params("on_train_end", flat.params, state)
+        extra, momentum = state.extra, state.optimizer.momentum
+        losses = record.steps
         if static:  # the workspace serves the next client: keep copies
-            losses = [io["loss_sum"].clone()]
-            carry = {k: v.clone() for k, v in carry.items()}
+            assert state.loss_sums is not None
+            losses = [state.loss_sums.clone()]
+            extra = {k: v.clone() for k, v in extra.items()}
             momentum = None if momentum is None else momentum.clone()
-        return PhaseOutcome(losses, batches.steps, static, carry, momentum)
+        return PhaseOutcome(losses, batches.steps, static, extra, momentum)
 
     def _lr(self, lr: float, device: torch.device) -> torch.Tensor:
         """The learning rate as a 0-d tensor on ``device``, made once per value (the clients of a round share it)."""
@@ -222,6 +248,15 @@ class SequentialTraining:
         if key not in self._lrs:
             self._lrs = {key: torch.full((), lr, device=device)}  # one round's value kept
         return self._lrs[key]
+
+    @staticmethod
+    def extra_lrs(phase: Phase, device: torch.device) -> dict[str, torch.Tensor]:
+        """The trainables' own learning rates, as 0-d tensors of their dtypes (those with none use the round's)."""
+        return {
+            k: torch.full((), float(t.lr), dtype=t.value.dtype, device=device)
+            for k, t in phase.extra.items()
+            if t.lr is not None
+        }
 
     def _move(self, batches: ClientBatches, phase: Phase, job: ClientJob) -> dict[str, torch.Tensor]:
         """The phase's batch indices, view draws and Adam scalars on the device, in one transfer."""
@@ -233,55 +268,6 @@ class SequentialTraining:
             names.append("adam")
             arrays.append(adam_scalars(job.lr, phase.optimizer.betas, batches.steps))
         return dict(zip(names, to_device(arrays, job.device)))
-
-    def _step(
-        self,
-        flat: FlatModel,
-        rule: PhaseRule,
-        io: StepIO,
-        feed: StepIO,
-        trained: tuple[int, int],
-        captured: list[torch.Tensor],
-        losses: list[torch.Tensor],
-        views: int,
-    ) -> Callable[[], None]:
-        """One step of ``rule``'s phase on ``flat``, reading its batch from ``feed`` and the rest from ``io``."""
-        phase, module, params = rule.phase, flat.module, flat.params
-        grads = [p.grad for p in params]
-        vector, grad = _part(flat.vector, *trained), _part(flat.grad, *trained)
-        state = io.group("opt.")
-        one = unit(vector.device)
-
-        def step() -> None:
-            flat.zero_grad()
-            rule.edit_params("on_train_batch_start", params, io)
-            x = feed["x"]
-            if phase.augment is not None:
-                mean, std = self.pixel_scale(x)
-                x = torch.cat([apply_augment(x, feed["draws"][v], mean, std, phase.augment) for v in range(views)])
-            outputs = phase.forward(module, x) if phase.forward is not None else Outputs(module(x), None)
-            if phase.features is not None and phase.forward is None:
-                outputs = Outputs(outputs.logits, captured.pop())
-            y = feed["y"]
-            ce = rule.cross_entropy(outputs.logits, y, None, 1) if phase.cross_entropy else None
-            total = ce
-            if phase.loss is not None:
-                term = rule.term(outputs, y, None, io["step"], params, io.group(CONSTANTS), 1)
-                total = term if total is None else total + term
-            assert total is not None
-            backward_from(total, one)
-            rule.edit_grads(params, grads, io)
-            rule.update(vector, grad, state, io["lr"], feed.get("adam"))
-            rule.edit_params("on_after_optimizer_step", params, io)
-            if io.get("step") is not None:
-                io["step"].add_(1)
-            reported = ce if ce is not None else total
-            if io.get("loss_sum") is not None:
-                io["loss_sum"].add_(reported.detach())
-            else:
-                losses.append(reported)
-
-        return step
 
 
 def _part(vector: torch.Tensor, lo: int, hi: int) -> torch.Tensor:

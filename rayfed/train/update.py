@@ -9,11 +9,46 @@ tensors, so a captured step reads the values of the round and step it replays; t
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
+from typing import Literal
 
 import numpy as np
 import torch
 
-__all__ = ["sgd_update", "adam_update", "adam_scalars"]
+__all__ = ["OptimizerState", "sgd_update", "adam_update", "adam_scalars"]
+
+
+@dataclass
+class OptimizerState:
+    """An optimiser's buffers for one tensor it updates (or a stack of them): SGD's momentum, Adam's moments."""
+
+    momentum: torch.Tensor | None = None
+    exp_avg: torch.Tensor | None = None
+    exp_avg_sq: torch.Tensor | None = None
+
+    @classmethod
+    def zeros(cls, kind: Literal["momentum", "adam", "none"], like: torch.Tensor) -> OptimizerState:
+        """A new optimiser's buffers for ``like``: zero, as torch's SGD and Adam start them."""
+        if kind == "adam":
+            return cls(exp_avg=torch.zeros_like(like), exp_avg_sq=torch.zeros_like(like))
+        return cls(momentum=torch.zeros_like(like)) if kind == "momentum" else cls()
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.momentum, self.exp_avg, self.exp_avg_sq) if t is not None]
+
+    def copy(self) -> OptimizerState:
+        return OptimizerState(
+            *(None if t is None else t.clone() for t in (self.momentum, self.exp_avg, self.exp_avg_sq))
+        )
+
+    def refill(self, other: OptimizerState) -> None:
+        """Copy ``other``'s values into the buffers held (a captured step reads them)."""
+        for f in fields(self):
+            held, value = getattr(self, f.name), getattr(other, f.name)
+            if held is not None and value is not None and held.shape == value.shape:
+                held.copy_(value)
+            else:
+                setattr(self, f.name, None if value is None else value.clone())
 
 
 def sgd_update(

@@ -64,7 +64,7 @@ OBJECTIVES: dict[str, Callable[[RunResult], float]] = {
     "best": lambda result: result.best_accuracy,
     "final": lambda result: result.final_accuracy,
 }
-_LAYOUT_ONLY = ("engine.", "run_dir")  # may change between sessions of one study: they do not change results
+_LAYOUT_ONLY = ("engine.", "run_dir", "plugins")  # may change between sessions of one study: they do not change results
 
 
 def tune(

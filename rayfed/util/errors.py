@@ -17,6 +17,8 @@ __all__ = [
     "DiskFullError",
     "WorkerError",
     "ServerError",
+    "MethodError",
+    "PluginError",
 ]
 
 
@@ -54,3 +56,13 @@ class WorkerError(RayfedError):
 
 class ServerError(RayfedError):
     """The ServerActor died in a round on every restart (``engine.max_retries`` restarts used up)."""
+
+
+class MethodError(RayfedError):
+    """A registered method breaks the contract it is written against (a phase it declares, what a hook of it
+    returns): the error names the method, the hook or phase, the field and the fix."""
+
+
+class PluginError(RayfedError):
+    """A method, model, dataset or partitioner registered outside rayfed cannot reach a process of the run (it
+    cannot be sent, or the module that registers it cannot be imported there)."""

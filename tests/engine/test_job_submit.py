@@ -1,4 +1,5 @@
-"""``ray job submit`` runs the 1,000-client example on a running cluster, which it joins.
+"""``ray job submit`` runs the 1,000-client example on a running cluster, which it joins, and a user's own method
+registered in the submitted script (``examples/own_method.py``), whose workers know it without rayfed's help.
 
 A separate process holds a private one-node cluster with a dashboard (the job API lives
 there) on free ports, so the session's ``ray_cluster`` fixture and other Ray instances on
@@ -91,7 +92,14 @@ def _missing_dashboard_packages() -> list[str]:
     ]
 
 
-@pytest.mark.timeout(240)
+def _submit(url: str, job_id: str, *entrypoint: str) -> subprocess.CompletedProcess[str]:
+    """``ray job submit`` of ``entrypoint`` to the cluster at ``url``, with this repository as working dir."""
+    command = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", url, "--submission-id", job_id]
+    command += ["--working-dir", str(REPO), "--", *entrypoint]
+    return subprocess.run(command, capture_output=True, text=True, env=_quiet_env(), timeout=180)
+
+
+@pytest.mark.timeout(420)
 def test_ray_job_submit_runs_the_example_on_the_cluster() -> None:
     # The one expected reason to skip: Ray without its dashboard (``ray`` instead of ``ray[default]``).
     missing = _missing_dashboard_packages()
@@ -132,25 +140,7 @@ def test_ray_job_submit_runs_the_example_on_the_cluster() -> None:
                 "engine.progress=false",
             ]
         )
-        submit = subprocess.run(
-            [
-                str(Path(sys.executable).parent / "ray"),
-                "job",
-                "submit",
-                "--address",
-                url,
-                "--submission-id",
-                job_id,
-                "--working-dir",
-                str(REPO),
-                "--",
-                *shlex.split(entrypoint),
-            ],
-            capture_output=True,
-            text=True,
-            env=_quiet_env(),
-            timeout=180,
-        )
+        submit = _submit(url, job_id, *shlex.split(entrypoint))
         output = submit.stdout + submit.stderr
 
         # Check: the job succeeded on that cluster, and wrote its run where it ran.
@@ -172,6 +162,13 @@ def test_ray_job_submit_runs_the_example_on_the_cluster() -> None:
         assert (job_dir / "rayfed" / "engine" / "simulation.py").is_file() and (job_dir / "examples").is_dir()
         assert not (job_dir / ".venv").exists() and not (job_dir / ".git").exists()
         assert [p.name for p in (job_dir / "runs").iterdir()] == [run_dir.name]
+
+        # A method registered in the submitted script: the cluster's workers run it with the numbers of local.
+        own_id = f"rayfed-test-{uuid.uuid4().hex[:8]}"
+        own = _submit(url, own_id, sys.executable, "examples/own_method.py", "--rounds", "2", "--workers", "2")
+        own_logs = client.get_job_logs(own_id)
+        assert own.returncode == 0, (own.stdout + own.stderr)[-4000:]
+        assert "same numbers on both backends: True" in own_logs, own_logs[-4000:]
     finally:
         holder.stdin.close()
         try:

@@ -27,7 +27,7 @@ def _example(name: str) -> ModuleType:
 
 
 def test_every_example_is_covered_here() -> None:
-    covered = {"cwfedavg_1000clients", "fedclassavg_mnist", "motivating_example", "optuna_lambda_search"}
+    covered = {"cwfedavg_1000clients", "fedclassavg_mnist", "motivating_example", "optuna_lambda_search", "own_method"}
     assert {path.stem for path in EXAMPLES.glob("*.py")} == covered
 
 
@@ -69,3 +69,14 @@ def test_optuna_lambda_search_in_its_smallest_form(tmp_path, capsys) -> None:
          "engine.backend=local"]
     )  # fmt: skip
     assert code == 0 and "train.lr" in capsys.readouterr().out and (tmp_path / "study.db").is_file()
+
+
+def test_own_method_in_its_smallest_form(tmp_path) -> None:
+    """The user's method of ``examples/own_method.py`` trains in this process (its Ray run, with the numbers of
+    this one, is tests/engine/test_plugins.py's)."""
+    import rayfed
+
+    example = _example("own_method")
+    result = rayfed.run(example.config(1, 0.01, "local", 0, tmp_path / "run"))
+    assert result.rounds_run == 1 and 0.0 <= result.final_accuracy <= 1.0
+    assert [row["round"] for row in example.rounds(tmp_path / "run")] == [0]

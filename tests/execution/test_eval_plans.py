@@ -1,6 +1,6 @@
-"""Every algorithm's evaluation plan (``Broadcast.shared_body``) gives what a forward per client gives.
+"""Every algorithm's evaluation plan (``ClientHalf.shared_body``) gives what a forward per client gives.
 
-A broadcast that declares a shared body (or one shared model) lets the worker evaluate all its
+A client half that declares a shared body (or one shared model) lets the worker evaluate all its
 clients in pooled forwards; a wrong declaration (say, a subclass that evaluates personal models
 but inherits its parent's plan) would report the accuracy of a model the clients do not have.
 """
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from rayfed import RunConfig
-from rayfed.algorithms import ALGORITHMS, Broadcast, RoundContext
+from rayfed.algorithms import ALGORITHMS, ClientHalf, RoundContext
 from tests.conftest import runner_and_server
 
 _NUM_CLIENTS = 6
@@ -27,15 +27,15 @@ _OVERRIDES: dict[str, dict[str, Any]] = {  # what a method needs, or where a def
 
 
 class _OneByOne:
-    """A broadcast as it is, except that it declares no evaluation plan: one forward per client."""
+    """A client half as it is, except that it declares no evaluation plan: one forward per client."""
 
-    def __init__(self, inner: Broadcast) -> None:
+    def __init__(self, inner: ClientHalf[Any, Any]) -> None:
         self._inner = inner
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def shared_body(self, jobs: object) -> None:
+    def shared_body(self, message: object, jobs: object) -> None:
         return None
 
 
@@ -61,7 +61,8 @@ def test_the_evaluation_plan_equals_a_forward_per_client(name: str, tmp_path: Pa
     broadcast = server.broadcast()
     # Execute
     planned = runner.evaluate(broadcast, ctx, ids, trained.states)
-    one_by_one = runner.evaluate(_OneByOne(broadcast), ctx, ids, trained.states)  # type: ignore[arg-type]
+    runner.client_half = _OneByOne(runner.client_half)  # type: ignore[assignment]
+    one_by_one = runner.evaluate(broadcast, ctx, ids, trained.states)
     # Assert: the same counts and correct predictions per client, the same losses to float tolerance.
     assert [(r.num_test, r.correct, r.global_correct) for r in planned] == [
         (r.num_test, r.correct, r.global_correct) for r in one_by_one

@@ -1,4 +1,4 @@
-"""The global model evaluated beside the personalised ones (``Broadcast.prepare_global_eval``).
+"""The global model evaluated beside the personalised ones (``ClientHalf.global_model``).
 
 For cwFedAvg the global model is Eq. 7 of "Class-Wise Federated Averaging for Efficient
 Personalization" (ICCV 2025) with the clients' overall class distribution p_j = Σ_i n_ij / Σ_ij n_ij;
@@ -99,26 +99,30 @@ def test_global_accuracy_in_rounds_parquet(tmp_path) -> None:
 
 
 def test_no_global_model_leaves_the_reports_empty() -> None:
-    runner, _ = _trained({})
-    fedavg_like = runner.evaluate(_NoGlobal(), CTX, [0, 1])
+    runner, server = _trained({})
+    runner.client_half = _NoGlobal()  # type: ignore[assignment]
+    fedavg_like = runner.evaluate(server.broadcast(), CTX, [0, 1])
     assert all(r.global_correct is None and r.global_loss_sum is None for r in fedavg_like)
     assert math.isnan(summarise_round(0, [], fedavg_like, {}, {}).global_accuracy)
 
 
 class _NoGlobal:
-    """A broadcast with neither a shared body nor a global model: each client evaluated with a zero model."""
+    """A client half with neither a shared body nor a global model: each client evaluated with a zero model."""
 
-    eval_needs_train = False
+    eval_reads_train = False
+    normalized_features = False
 
-    def prepare_global_eval(self, job) -> bool:  # noqa: ANN001
-        return False
-
-    def shared_body(self, jobs):  # noqa: ANN001, ANN201
+    def global_model(self, message, job) -> None:  # noqa: ANN001
         return None
 
-    def prepare_eval(self, job) -> None:  # noqa: ANN001
-        with torch.no_grad():
-            job.flat.vector.zero_()
+    def shared_body(self, message, jobs):  # noqa: ANN001, ANN201
+        return None
+
+    def evaluation(self, message, job) -> torch.Tensor:  # noqa: ANN001
+        return torch.zeros(job.flat.state_size)
+
+    def fine_tuning(self, message, job) -> list:  # noqa: ANN001
+        return []
 
 
 def test_the_evaluation_batch_changes_no_prediction() -> None:

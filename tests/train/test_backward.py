@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from rayfed.train.flat import FlatModel
-from rayfed.train.sequential import backward_from, unit
+from rayfed.train.step import backward_from, unit
 
 
 def test_backward_from_gives_the_gradients_of_backward() -> None:

@@ -44,7 +44,7 @@ def _prox(out: Outputs, batch: Batch, params: Params, constants: Constants) -> t
 PHASES = {
     "plain": [Phase(epochs=1)],
     "proximal, kept momentum, two phases": [
-        Phase(epochs=1, loss=_prox, needs_start=True, optimizer=SGD(keep_momentum="momentum")),
+        Phase(epochs=1, loss=_prox, optimizer=SGD(keep_momentum="momentum")),
         Phase(epochs=1),
     ],
 }

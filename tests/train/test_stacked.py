@@ -61,9 +61,9 @@ def _prox(out: Outputs, batch: Batch, params: Params, constants: Constants) -> t
     ("phase", "options"),
     [
         (Phase(epochs=1), {}),
-        (Phase(epochs=1, loss=_prox, needs_start=True), {}),
+        (Phase(epochs=1, loss=_prox), {}),
         (Phase(epochs=2), {"momentum": 0.9, "weight_decay": 0.01, "epochs": 2}),
-        (Phase(epochs=1, loss=_prox, needs_start=True), {"drop_last": False}),
+        (Phase(epochs=1, loss=_prox), {"drop_last": False}),
     ],
 )
 def test_stacked_training_matches_sequential(phase: Phase, options: dict) -> None:

@@ -13,10 +13,10 @@ blocks" means one thing in every algorithm. Floating-point buffers (BatchNorm
 statistics) follow the block they belong to.
 
 * :class:`BodyHead`: where body and head lie in the state vector (parameters, then buffers).
-* :func:`part_phase`: a phase of local SGD on one part with the other frozen (FedRep, FedBABU);
-  :func:`head_phase`, the same for the head, on features computed once where the head is the output layer.
-* :class:`PartialModels` / :class:`PartialServer`: the broadcast and server half of
-  "average one part, keep the other".
+* :func:`part_phase`: a phase of local SGD on one part with the other frozen (FedRep, FedBABU); on the head
+  alone, when it is the output layer, the loop trains it on features computed once.
+* :class:`PartialModels` / :class:`PartialClient` / :class:`PartialServer`: the message, the client and the
+  server half of "average one part, keep the other".
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-from torch import nn
+import torch
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture, trailing_blocks
 from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.hooks import Broadcast, RoundContext, ServerHalf, SharedBody
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, SharedBody
 from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
 from rayfed.train.phase import Phase
@@ -46,8 +46,8 @@ __all__ = [
     "BodyHead",
     "split_body_head",
     "part_phase",
-    "head_phase",
     "PartialModels",
+    "PartialClient",
     "PartialServer",
 ]
 
@@ -101,8 +101,10 @@ class BodyHead:
         return sum(s.stop - s.start for s in part)
 
     @staticmethod
-    def gather(state: np.ndarray, part: tuple[slice, ...]) -> np.ndarray:
-        """The values of ``part`` in ``state``, concatenated (float32)."""
+    def gather(state: Any, part: tuple[slice, ...]) -> Any:
+        """The values of ``part`` in ``state`` (a numpy array, or a tensor on a worker's device), concatenated."""
+        if isinstance(state, torch.Tensor):
+            return torch.cat([state[s] for s in part])
         return np.concatenate([np.asarray(state[s], dtype=np.float32) for s in part])
 
     @staticmethod
@@ -171,38 +173,14 @@ def part_phase(part: slice, epochs: int) -> Phase:
     return Phase(epochs=epochs, trains=(part.start, part.stop))
 
 
-def head_phase(job: ClientJob, split: BodyHead, output_layer: str, epochs: int) -> Phase:
-    """:func:`part_phase` on the head, on the body's features computed once when the head is the output layer
-    alone and the frozen body maps each sample to the same features at every step (no BatchNorm, no active
-    dropout): the same steps up to float rounding, at the cost of one forward of the body instead of one per
-    step and epoch (FedRep's 10 head epochs cost about one body forward)."""
-    cached = split.head_params == split.output_params and _same_in_training(job.model)
-    return Phase(
-        epochs=epochs,
-        trains=(split.head_params.start, split.head_params.stop),
-        cached_features=output_layer if cached else None,
-    )
-
-
-def _same_in_training(model: nn.Module) -> bool:
-    """Whether ``model`` maps each sample alike in training mode whatever else is in its batch, at
-    every call: no BatchNorm (batch statistics, running buffers), no dropout with p > 0."""
-    return not any(
-        isinstance(m, nn.modules.batchnorm._BatchNorm) or (isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0)
-        for m in model.modules()
-    )
-
-
 # --- "average one part, keep the other": broadcast and server ------------------------------------
 
 
 @dataclass(frozen=True)
-class PartialModels(Broadcast):
-    """The averaged part (``shared``), the common initialisation of the other part, and the split.
-
-    A client's model is ``shared`` in the averaged part and its own values in the other part
-    (its persisted ones when ``keep_local``, else the initial ones: FedBABU's fixed head).
-    """
+class PartialModels:
+    """The message of "average one part, keep the other": the averaged part (``shared``), the common initialisation
+    of the other part, and the split. A client's model is ``shared`` in the averaged part and its own values in
+    the other part (its persisted ones when ``keep_local``, else the initial ones: FedBABU's fixed head)."""
 
     shared: np.ndarray
     initial_local: np.ndarray
@@ -215,12 +193,6 @@ class PartialModels(Broadcast):
     def local_part(self) -> str:
         return other_part(self.shared_part)
 
-    def local_values(self, job: ClientJob) -> np.ndarray:
-        """The client's own part: persisted, or the common initialisation for a client that has not trained."""
-        if self.keep_local and job.state is not None and LOCAL_KEY in job.state:
-            return job.state[LOCAL_KEY]
-        return self.initial_local
-
     def model_state(self, local: np.ndarray) -> np.ndarray:
         """The full state vector: ``shared`` in the averaged part, ``local`` in the other."""
         state = np.empty(self.split.state_size, dtype=np.float32)
@@ -228,43 +200,54 @@ class PartialModels(Broadcast):
         self.split.scatter(state, self.split.part(self.local_part), local)
         return state
 
-    def personalise(self, job: ClientJob) -> None:
+
+class PartialClient(ClientHalf[Any, PartialModels]):
+    """The client of "average one part, keep the other": it starts from the global part and its own part, trains
+    both (FedPer, LG-FedAvg) and sends the averaged part, weighted by n_i, keeping the other (or dropping it:
+    FedBABU)."""
+
+    @staticmethod
+    def local_values(message: PartialModels, job: ClientJob) -> np.ndarray:
+        """The client's own part: persisted, or the common initialisation for a client that has not trained."""
+        if message.keep_local and job.state is not None and LOCAL_KEY in job.state:
+            return np.asarray(job.state[LOCAL_KEY])
+        return message.initial_local
+
+    def start(self, message: PartialModels, job: ClientJob) -> np.ndarray:
         """The global part from the server, the client's own part from its state."""
-        job.flat.load_state(self.model_state(self.local_values(job)))
+        return message.model_state(self.local_values(message, job))
 
-    def contribute(self, job: ClientJob) -> WeightedSum:
+    def upload(self, message: PartialModels, job: ClientJob) -> Contribution:
         """The trained averaged part, weighted by n_i; the other part is kept (or dropped: FedBABU)."""
-        state = job.flat.state_numpy()
-        if self.keep_local:
-            job.state = {LOCAL_KEY: self.split.gather(state, self.split.part(self.local_part))}
-        return WeightedSum.of(self.split.gather(state, self.split.part(self.shared_part)), job.num_train)
+        split, state = message.split, job.flat.state()
+        if message.keep_local:
+            job.state = {LOCAL_KEY: split.gather(state, split.part(message.local_part))}
+        return WeightedSum.of(split.gather(state, split.part(message.shared_part)), job.num_train)
 
-    def bytes_down(self, job: ClientJob) -> int:
+    def bytes_down(self, message: PartialModels, job: ClientJob) -> int:
         """Only the averaged part travels."""
-        return int(self.shared.nbytes)
+        return int(message.shared.nbytes)
 
-    def shared_body(self, jobs: Sequence[ClientJob]) -> SharedBody | None:
-        """When the body is averaged and each client's own part is just the output layer, every
-        evaluation model is one body with a client's output layer: evaluate the body once."""
-        split = self.split
-        if self.shared_part != "body" or not split.head_is_output_layer:
+    def shared_body(self, message: PartialModels, jobs: Sequence[ClientJob]) -> SharedBody | None:
+        """When the body is averaged and each client's own part is just the output layer, every evaluation model is
+        one body with a client's output layer: evaluate the body once."""
+        split = message.split
+        if message.shared_part != "body" or not split.head_is_output_layer:
             return None
         k, h = split.output_shape
-        state = self.model_state(self.initial_local)
-        heads = np.stack([self.local_values(job) for job in jobs])
+        state = message.model_state(message.initial_local)
+        heads = np.stack([self.local_values(message, job) for job in jobs])
         return SharedBody(state, heads[:, : k * h].reshape(len(jobs), k, h), heads[:, k * h :])
 
 
 class PartialServer(ServerHalf[Any, WeightedSum]):
     """Keeps the averaged part of the one architecture; averages the uploads as FedAvg does.
 
-    Subclasses set :attr:`shared_part` and :attr:`keep_local`, and may set :attr:`message`
-    to their own broadcast class.
+    Subclasses set :attr:`shared_part` and :attr:`keep_local`.
     """
 
     shared_part: ClassVar[str] = "body"
     keep_local: ClassVar[bool] = True
-    message: ClassVar[type[PartialModels]] = PartialModels
 
     @classmethod
     def validate(cls, params: Any, spec: ProblemSpec) -> None:
@@ -288,7 +271,7 @@ class PartialServer(ServerHalf[Any, WeightedSum]):
         self.initial_local = self.split.gather(state, self.split.part(local_part))
 
     def broadcast(self) -> PartialModels:
-        return self.message(self.shared, self.initial_local, self.split, self.shared_part, self.keep_local)
+        return PartialModels(self.shared, self.initial_local, self.split, self.shared_part, self.keep_local)
 
     def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
         """The averaged part ← Σ_i n_i θ_i^part / Σ_i n_i over the clients that uploaded."""

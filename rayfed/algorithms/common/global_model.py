@@ -1,4 +1,4 @@
-"""One global model that every client starts from: the broadcasts and the server state of the methods
+"""One global model that every client starts from: the message, the client and the server state of the methods
 that keep a single θ_g (FedAvg and its server-side variants: FedAdam, FedDyn, FedDisco, L-DAWA, FedLAW,
 FedAWA, FedNH).
 
@@ -10,19 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.contributions import ClientVectors, WeightedSum
-from rayfed.algorithms.hooks import Broadcast, Contribution, ServerHalf, SharedBody
+from rayfed.algorithms.hooks import ClientHalf, Contribution, ServerHalf, SharedBody
 from rayfed.train.problem import ProblemSpec
 
 if TYPE_CHECKING:
     from rayfed.train.job import ClientJob
 
-__all__ = ["GLOBAL_STATE", "GlobalStart", "GlobalModel", "WholeModels", "GlobalModelServer"]
+__all__ = ["GLOBAL_STATE", "GlobalModel", "GlobalModelClient", "WholeModelsClient", "GlobalModelServer"]
 
 P = TypeVar("P")
 C = TypeVar("C", bound=Contribution)
@@ -32,57 +32,48 @@ GLOBAL_STATE = "global"
 
 
 @dataclass(frozen=True)
-class GlobalStart(Broadcast):
-    """One global model (parameters then buffers) that every client starts from; the upload is the subclass's."""
+class GlobalModel:
+    """The message of a method with one global model: θ_g (parameters then buffers), which every client starts
+    from."""
 
     vector: np.ndarray
 
-    def personalise(self, job: ClientJob) -> None:
-        job.flat.load_state(self.vector)
 
-    def personalise_stacked(self, jobs: Sequence[ClientJob]) -> Any:
-        """Every client starts from θ_g: one copy to the device, seen C times."""
-        from rayfed.train.host import to_device  # workers only: the server stays free of torch
-
-        return to_device([self.vector], jobs[0].device)[0].expand(len(jobs), -1)
-
-    def bytes_down(self, job: ClientJob) -> int:
-        return int(self.vector.nbytes)
-
-    def shared_body(self, jobs: Sequence[ClientJob]) -> SharedBody | None:
-        """Every client is evaluated with the global model itself (a subclass whose ``prepare_eval``
-        loads another model says so here)."""
-        return SharedBody(self.vector)
+M = TypeVar("M", bound=GlobalModel)
 
 
-@dataclass(frozen=True)
-class GlobalModel(GlobalStart):
-    """The global model; a trained client sends its model weighted by its training samples (FedAvg's upload)."""
+class GlobalModelClient(ClientHalf[P, M]):
+    """FedAvg's client: it starts from θ_g, trains, and sends its model weighted by its training samples; it is
+    evaluated with θ_g itself (the one model)."""
 
-    def contribute(self, job: ClientJob) -> WeightedSum:
+    def start(self, message: M, job: ClientJob) -> np.ndarray:
+        return message.vector
+
+    def upload(self, message: M, job: ClientJob) -> Contribution:
         return WeightedSum.of(job.flat.state(copy=False), job.num_train)
 
-    def contribute_stacked(self, jobs: Sequence[ClientJob], states: Any) -> WeightedSum | None:
-        """Σ_i n_i θ_i as one matrix-vector product."""
-        from rayfed.train.host import to_device
+    def bytes_down(self, message: M, job: ClientJob) -> int:
+        return int(message.vector.nbytes)
 
-        sizes = np.array([job.num_train for job in jobs], dtype=np.float32)
-        return WeightedSum(to_device([sizes], states.device)[0] @ states, float(sizes.sum()), len(jobs))
+    def shared_body(self, message: M, jobs: Sequence[ClientJob]) -> SharedBody | None:
+        """Every client is evaluated with the global model itself (a subclass whose ``evaluation`` returns another
+        model says so here)."""
+        return SharedBody(message.vector)
 
 
-@dataclass(frozen=True)
-class WholeModels(GlobalStart):
-    """The global model; a trained client sends its whole state as one row of a :class:`ClientVectors`
-    (server halves that weigh each client's model themselves: L-DAWA, FedLAW)."""
+class WholeModelsClient(GlobalModelClient[P, GlobalModel]):
+    """A client that starts from θ_g and sends its whole state as one row of a :class:`ClientVectors` (server
+    halves that weigh each client's model themselves: L-DAWA, FedLAW)."""
 
-    def contribute(self, job: ClientJob) -> ClientVectors:
-        return ClientVectors.of(job.flat.state_numpy(), job.client_id, job.num_train)
+    def upload(self, message: GlobalModel, job: ClientJob) -> Contribution:
+        return ClientVectors.of(job.flat.state(), job.client_id, job.num_train)
 
 
 class GlobalModelServer(ServerHalf[P, C]):
     """A server half that keeps θ_g, the global model of the run's single architecture.
 
-    It broadcasts :class:`GlobalModel` by default; ``aggregate`` is the subclass's rule.
+    It broadcasts :class:`GlobalModel` by default, which :class:`GlobalModelClient` reads; ``aggregate`` is the
+    subclass's rule.
     """
 
     @classmethod
@@ -94,7 +85,7 @@ class GlobalModelServer(ServerHalf[P, C]):
         self.architecture = sole_architecture(spec)
         self.global_vector = np.array(initial[self.architecture], dtype=np.float32)
 
-    def broadcast(self) -> Broadcast:
+    def broadcast(self) -> GlobalModel:
         return GlobalModel(self.global_vector)
 
     def extra_state(self) -> dict[str, np.ndarray]:

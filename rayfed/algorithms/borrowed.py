@@ -1,0 +1,55 @@
+"""A client half whose local training is borrowed from another algorithm (``algorithm.client``).
+
+``algorithm.name="fedawa", algorithm.client="fedprox"`` runs FedAWA's clients with FedProx's local objective:
+the run's own client half (FedAWA's) starts each client, uploads and evaluates, as its server reads and sends;
+the borrowed one declares the phases (:meth:`ClientHalf.phases`), and nothing else of it runs. Its phases are
+called with the run's message, which need not be its own algorithm's: a client half lent this way reads from it
+only what every message has, or nothing (FedProx's proximal term anchors at the round's start).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from rayfed.algorithms.hooks import ClientHalf, Contribution, SharedBody
+
+if TYPE_CHECKING:
+    from rayfed.train.job import ClientJob
+    from rayfed.train.phase import Phase
+
+__all__ = ["BorrowedTraining"]
+
+
+class BorrowedTraining(ClientHalf[Any, Any]):
+    """``own``'s client (start, upload, evaluation), training ``training``'s phases."""
+
+    def __init__(self, own: ClientHalf[Any, Any], training: ClientHalf[Any, Any]) -> None:
+        super().__init__(own.params, own.spec)
+        self.own, self.training = own, training
+        self.normalized_features = own.normalized_features  # type: ignore[misc]
+        self.eval_reads_train = own.eval_reads_train  # type: ignore[misc]
+
+    def start(self, message: Any, job: ClientJob) -> Any:
+        return self.own.start(message, job)
+
+    def phases(self, message: Any, job: ClientJob) -> list[Phase]:
+        return self.training.phases(message, job)
+
+    def upload(self, message: Any, job: ClientJob) -> Contribution:
+        return self.own.upload(message, job)
+
+    def evaluation(self, message: Any, job: ClientJob) -> Any:
+        return self.own.evaluation(message, job)
+
+    def fine_tuning(self, message: Any, job: ClientJob) -> list[Phase]:
+        return self.own.fine_tuning(message, job)
+
+    def global_model(self, message: Any, job: ClientJob) -> Any | None:
+        return self.own.global_model(message, job)
+
+    def bytes_down(self, message: Any, job: ClientJob) -> int:
+        return self.own.bytes_down(message, job)
+
+    def shared_body(self, message: Any, jobs: Sequence[ClientJob]) -> SharedBody | None:
+        return self.own.shared_body(message, jobs)

@@ -1,0 +1,144 @@
+"""The workspace of a stack of clients in training: what its steps read and change, as typed fields.
+
+A stacked phase (:mod:`rayfed.train.stacked`) trains its clients, longest first, as a prefix of the stack
+that narrows when clients finish. :class:`StackSpace` holds the ``width`` clients still training: their
+parameters as one parameter-major stack, each BatchNorm layer's running statistics, the step's
+:class:`~rayfed.train.workspace.StepState` (one row per client) and its batch
+(:class:`~rayfed.train.workspace.StepInputs`, allocated for ``width`` clients so a captured step reads them).
+:func:`first_space` builds the whole stack's at the first step; :meth:`StackSpace.narrowed` the first clients'
+when the others finish, and :meth:`StackSpace.write_out` writes the finished clients' rows into the phase's
+:class:`StackOut`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rayfed.train.flat import FlatModel
+from rayfed.train.layout import ParamLayout
+from rayfed.train.rule import PhaseRule
+from rayfed.train.stack_plan import client_major, first_models
+from rayfed.train.update import OptimizerState
+from rayfed.train.workspace import StepInputs, StepState
+
+__all__ = ["StackOut", "StackSpace", "sub_layout"]
+
+
+@dataclass
+class StackOut:
+    """What a stacked phase leaves, one row per client in stack order: written as clients finish."""
+
+    trained: torch.Tensor
+    """(C, S) the trained models: parameters, then floating-point buffers."""
+    loss_sums: torch.Tensor
+    """(C,) each client's summed reported loss."""
+    extra: dict[str, torch.Tensor]
+    """Each trainable's final values, (C, ...)."""
+    momentum: torch.Tensor | None
+    """(C, trained range) the momentum buffers, for ``SGD.keep_momentum``."""
+
+
+@dataclass
+class StackSpace:
+    """The workspace of the ``width`` clients of a stack that train (module docstring)."""
+
+    width: int
+    stack: torch.Tensor
+    """Every client's parameters, parameter-major (:meth:`~rayfed.train.layout.ParamLayout.stacked_views`)."""
+    batch_norm: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    """Each BatchNorm layer's running (mean, var), (width, channels)."""
+    state: StepState
+    batch: StepInputs = field(default_factory=StepInputs)
+
+    def mutable(self) -> list[torch.Tensor]:
+        """The tensors a step changes."""
+        return [self.stack, *(t for pair in self.batch_norm.values() for t in pair), *self.state.mutable()]
+
+    def narrowed(self, width: int, layout: ParamLayout, sub: ParamLayout) -> StackSpace:
+        """The values of the first ``width`` clients (the others finished), in a new unallocated space."""
+        prior = self.width
+
+        def rows(t: torch.Tensor) -> torch.Tensor:
+            return t[:width]
+
+        def major(t: torch.Tensor | None, of: ParamLayout) -> torch.Tensor | None:
+            return None if t is None else first_models(t, of, prior, width)
+
+        s = self.state
+        optimizer = OptimizerState(
+            *(major(t, sub) for t in (s.optimizer.momentum, s.optimizer.exp_avg, s.optimizer.exp_avg_sq))
+        )
+        state = StepState(
+            lr=s.lr,
+            step=s.step,
+            seeds=None if s.seeds is None else rows(s.seeds),
+            constants={k: rows(v) for k, v in s.constants.items()},
+            optimizer=optimizer,
+            extra={k: rows(v) for k, v in s.extra.items()},
+            extra_lr=s.extra_lr,
+            extra_optimizer={
+                k: OptimizerState(*(None if t is None else rows(t) for t in (o.momentum, o.exp_avg, o.exp_avg_sq)))
+                for k, o in s.extra_optimizer.items()
+            },
+            loss_sums=None if s.loss_sums is None else rows(s.loss_sums),
+        )
+        norms = {name: (rows(mean), rows(var)) for name, (mean, var) in self.batch_norm.items()}
+        return StackSpace(width, first_models(self.stack, layout, prior, width), norms, state)
+
+    def copied(self) -> StackSpace:
+        """This space's values in storage of their own (a workspace kept from call to call)."""
+        norms = {name: (mean.clone(), var.clone()) for name, (mean, var) in self.batch_norm.items()}
+        return StackSpace(self.width, self.stack.clone(), norms, self.state.copy())
+
+    def take(self, values: StackSpace) -> None:
+        """Copy ``values`` (of the same width and phase) into this space's tensors, which a captured step reads."""
+        self.stack.copy_(values.stack)
+        for name, (mean, var) in values.batch_norm.items():
+            held_mean, held_var = self.batch_norm[name]
+            held_mean.copy_(mean)
+            held_var.copy_(var)
+        self.state.refill(values.state)
+
+    def write_out(
+        self,
+        keep: int,
+        out: StackOut,
+        flat: FlatModel,
+        sub: ParamLayout,
+        rule: PhaseRule,
+        buffers: dict[str, tuple[slice, slice]],
+    ) -> None:
+        """Write the clients from ``keep`` on, whose training ended, into ``out`` (rows ``keep`` to ``width``), after
+        the phase's ``on_train_end`` (run on copies: the clients before ``keep`` train on)."""
+        width, layout = self.width, flat.layout
+        stack, state = self.stack, self.state
+        if rule.phase.on_train_end is not None:
+            stack = stack.clone()
+            state = StepState(**{**vars(state), "extra": {k: v.clone() for k, v in state.extra.items()}})
+            rule.edit_params("on_train_end", layout.stacked_views(stack, width), state)
+        with torch.no_grad():
+            out.trained[keep:width, : layout.size] = client_major(stack, layout, width)[keep:]
+            if state.loss_sums is not None:
+                out.loss_sums[keep:width] = state.loss_sums[keep:]
+            for name, (mean, var) in self.batch_norm.items():
+                at_mean, at_var = buffers[name]
+                out.trained[keep:width, at_mean] = mean[keep:]
+                out.trained[keep:width, at_var] = var[keep:]
+            for name, value in state.extra.items():
+                out.extra[name][keep:width] = value[keep:]
+            momentum = state.optimizer.momentum
+            if momentum is not None and out.momentum is not None:
+                out.momentum[keep:width] = client_major(momentum, sub, width)[keep:]
+
+
+def sub_layout(layout: ParamLayout, lo: int, hi: int) -> ParamLayout:
+    """The layout of the parameters in [lo, hi) of ``layout``'s vector, as a vector of their own."""
+    first, last = layout.offsets.index(lo), layout.offsets.index(hi)
+    return ParamLayout(
+        layout.names[first:last],
+        layout.shapes[first:last],
+        tuple(o - lo for o in layout.offsets[first : last + 1]),
+        layout.channels_last[first:last] if layout.channels_last else (),
+    )

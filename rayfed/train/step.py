@@ -1,0 +1,145 @@
+"""One training step, written once for one client and for a stack of clients.
+
+A step reads its batch (:class:`~rayfed.train.workspace.StepInputs`) and its state
+(:class:`~rayfed.train.workspace.StepState`) and runs, in order: the ``on_train_batch_start`` edits, the forward
+(with the batch's augmented views), the loss (cross-entropy and the phase's term,
+:class:`~rayfed.train.rule.PhaseRule`), backward, the ``on_after_backward`` edits, the optimiser's update of the
+trained parameters and of the trainables, the step count and the reported loss. What differs between one
+client and a stack is only how the step sees the model, a :class:`StepModel`: the worker's model itself
+(:mod:`rayfed.train.sequential`), or a stack of models driven through the layers' stacked forms
+(:mod:`rayfed.train.stacked`). Nothing in a step reads a value back to the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+from torch import nn
+from torch.autograd.graph import _engine_run_backward
+
+from rayfed.data.augment import apply_augment
+from rayfed.train.phase import Outputs
+from rayfed.train.rule import PhaseRule
+from rayfed.train.workspace import StepInputs, StepState
+
+__all__ = ["StepModel", "LossRecord", "make_step", "unit", "backward_from"]
+
+_UNITS: dict[torch.device, torch.Tensor] = {}
+
+
+def unit(device: torch.device) -> torch.Tensor:
+    """The scalar 1 on ``device``, made once: the gradient a loss's backward starts from (``backward()``
+    would make a new one every step)."""
+    if device not in _UNITS:
+        _UNITS[device] = torch.ones((), device=device)
+    return _UNITS[device]
+
+
+def backward_from(loss: torch.Tensor, one: torch.Tensor) -> None:
+    """``loss.backward(one)`` for a 0-d ``loss`` and its :func:`unit`, calling autograd's engine as
+    ``torch.autograd.backward`` does but without that function's check of a given gradient's shape, whose
+    first use imports ``torch.fx``'s symbolic shapes and sympy: about 32 MB in every worker process
+    (benchmarks/README.md, "Where the S2 peak goes")."""
+    _engine_run_backward((loss,), (one,), False, False, (), allow_unreachable=True, accumulate_grad=True)
+
+
+class StepModel(Protocol):
+    """How a step sees what it trains: one client's model, or a stack of ``width`` models."""
+
+    width: int
+    module: nn.Module
+
+    def plain(self) -> list[torch.Tensor]:
+        """Every parameter, to edit under ``no_grad`` (one client's, or (width, *shape) for a stack)."""
+        ...
+
+    def begin(self) -> list[torch.Tensor]:
+        """Every parameter as the forward reads it, gradients cleared; those that train require gradients."""
+        ...
+
+    def grads(self) -> list[torch.Tensor | None]:
+        """Every parameter's gradient after backward, None where it does not train."""
+        ...
+
+    def stepped(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(values, gradient) of the parameters the optimiser steps, flat."""
+        ...
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """The step's inputs as the forward takes them."""
+        ...
+
+
+class LossRecord:
+    """The losses a phase reports: summed into ``StepState.loss_sums`` (a replayed step, a stack), or kept step by
+    step (one client, eagerly: their mean is taken at the end, as a loop that logs every step's loss would)."""
+
+    def __init__(self, state: StepState) -> None:
+        self.state = state
+        self.steps: list[torch.Tensor] = []
+
+    def add(self, reported: torch.Tensor) -> None:
+        if self.state.loss_sums is not None:
+            self.state.loss_sums.add_(reported.detach())
+        else:
+            self.steps.append(reported.detach())
+
+
+def make_step(
+    model: StepModel,
+    rule: PhaseRule,
+    state: StepState,
+    batch: StepInputs,
+    record: LossRecord,
+    features: list[torch.Tensor],
+    pixel_scale: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+) -> Callable[[], None]:
+    """One step of ``rule``'s phase on ``model`` (module docstring), reading ``batch`` and ``state`` when it runs;
+    ``features`` receives what the phase's ``features`` layer reads at each forward."""
+    phase = rule.phase
+    device = state.lr.device
+    one = unit(device)
+    width = model.width
+
+    def step() -> None:
+        if phase.on_train_batch_start is not None:
+            rule.edit_params("on_train_batch_start", model.plain(), state)
+        params = model.begin()
+        x = batch.x
+        assert x is not None and batch.y is not None
+        augment = phase.augment
+        if augment is not None:
+            mean, std = pixel_scale(x)
+            draws = batch.draws
+            assert draws is not None
+            x = torch.cat([apply_augment(x, draws[v], mean, std, augment) for v in range(phase.view_count)])
+        x = model.inputs(x)
+        outputs = phase.forward(model.module, x) if phase.forward is not None else Outputs(model.module(x), None)
+        if phase.features is not None and phase.forward is None:
+            outputs = Outputs(outputs.logits, features.pop())
+        ce = rule.cross_entropy(outputs.logits, batch.y, batch.weight, width) if phase.cross_entropy else None
+        term = None
+        if phase.loss is not None:
+            term = rule.term(outputs, batch.y, batch.weight, state.step, params, state.constants, width)
+        total = _total(ce, term)
+        backward_from(total, one)
+        extra_grads = rule.edit_grads(params, model.grads(), state) if phase.on_after_backward is not None else {}
+        with torch.no_grad():
+            if rule.steps_parameters:
+                values, grad = model.stepped()
+                rule.update(values, grad, state.optimizer, state.lr, batch.adam)
+            rule.update_extra(state, extra_grads, batch.adam)
+            state.step.add_(1)
+        reported = ce if ce is not None else term
+        assert reported is not None
+        record.add(reported)
+
+    return step
+
+
+def _total(ce: torch.Tensor | None, term: torch.Tensor | None) -> torch.Tensor:
+    """The loss backward starts from: the clients' cross-entropies and terms, summed over a stack."""
+    parts = [p if p.dim() == 0 else p.sum() for p in (ce, term) if p is not None]
+    return parts[0] if len(parts) == 1 else parts[0] + parts[1]

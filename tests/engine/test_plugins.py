@@ -1,0 +1,184 @@
+"""A method, model or dataset registered outside rayfed is known to every process of a run (rayfed.util.plugins).
+
+A user's method in a user's file runs on Ray with two workers and gives the numbers of ``engine.backend=local`` to
+the last digit (``examples/own_method.py``); a config names the files or modules that register (``plugins``), and
+the command line (``rayfed run``, ``--resume``, ``rayfed tune``) imports them first; an installed package's entry
+point is found by name; what cannot be sent, or imported, is refused in one line naming it, before anything is
+written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import rayfed
+from rayfed import RunConfig
+from rayfed.algorithms import ALGORITHMS
+from rayfed.util import plugins
+from rayfed.util.errors import PluginError
+from tests.conftest import tiny_overrides
+from tests.examples.test_examples import _example
+
+REPO = Path(__file__).resolve().parents[2]
+RAYFED = Path(sys.executable).parent / "rayfed"
+
+USER_METHOD = """
+from dataclasses import dataclass
+
+from rayfed.algorithms import register_algorithm
+from rayfed.algorithms.common.global_model import GlobalModelClient
+from rayfed.algorithms.common.proximal import proximal_term
+from rayfed.algorithms.fedavg import FedAvgServer
+from rayfed.train.phase import Phase
+
+
+@dataclass(frozen=True)
+class Params:
+    mu: float = 0.1
+
+
+class Client(GlobalModelClient):
+    def phases(self, message, job):
+        return [Phase(epochs=job.train.local_epochs, loss=self.term)]
+
+    def term(self, out, batch, params, constants):
+        return proximal_term(params, constants["start"], self.params.mu)
+
+
+register_algorithm("{name}", params=Params, server=FedAvgServer, client=Client, summary="a user's own")
+"""
+
+
+def _user_file(folder: Path, name: str, body: str = USER_METHOD) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.py"
+    path.write_text(textwrap.dedent(body.replace("{name}", name)))
+    return path
+
+
+def _rounds(run_dir: Path) -> str:
+    rows = pq.read_table(run_dir / "rounds.parquet").to_pylist()
+    return json.dumps([{k: v for k, v in r.items() if not k.endswith(("_s", "_seconds"))} for r in rows])
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    return subprocess.run([str(RAYFED), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+@pytest.mark.timeout(300)
+def test_a_users_method_in_a_users_file_runs_on_ray_with_two_workers_with_the_numbers_of_local(
+    ray_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    example = _example("own_method")
+    assert example.main(["--rounds", "2", "--workers", "2", "--out", str(tmp_path)]) == 0
+    assert "same numbers on both backends: True" in capsys.readouterr().out
+    assert _rounds(tmp_path / "local") == _rounds(tmp_path / "ray")
+    recorded = json.loads((tmp_path / "ray" / "config.json").read_text())["plugins"]
+    assert recorded == ["example_own_method"]  # the module that registered it, for a later --resume
+
+
+def test_plugins_in_a_config_file_are_imported_by_the_command_line_and_recorded_for_resume(tmp_path: Path) -> None:
+    method = _user_file(tmp_path / "code", "cli_method")
+    config = tmp_path / "run.toml"
+    overrides = tiny_overrides(tmp_path / "run", **{"algorithm.name": "cli_method", "train.rounds": 1})
+    config.write_text(
+        f"plugins = [{json.dumps(str(method))}]\n"
+        + "".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in overrides.items() if k != "data.options")
+        + '"data.options" = {num_samples = 3000}\n'
+    )
+    first = _cli("run", str(config), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["plugins"] == [str(method)] and saved["algorithm"]["name"] == "cli_method"
+    resumed = _cli("run", "--resume", str(tmp_path / "run"), "train.rounds=2", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert [r["round"] for r in pq.read_table(tmp_path / "run" / "rounds.parquet").to_pylist()] == [0, 1]
+
+
+def test_rayfed_tune_imports_the_plugins_its_base_config_names(tmp_path: Path) -> None:
+    method = _user_file(tmp_path / "code", "tuned_method")
+    space = tmp_path / "space.yaml"
+    space.write_text("algorithm.params.mu: {type: float, low: 0.01, high: 1.0, log: true}\n")
+    overrides = tiny_overrides(tmp_path / "runs", **{"train.rounds": 1})
+    sets = [f"{k}={json.dumps(v)}" for k, v in overrides.items() if k != "run_dir"]
+    result = _cli(
+        "tune",
+        str(space),
+        f"plugins=[{json.dumps(str(method))}]",
+        "algorithm.name=tuned_method",
+        *sets,
+        "--trials",
+        "2",
+        "--parallel",
+        "2",
+        "--study-dir",
+        str(tmp_path / "study"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(list((tmp_path / "study").glob("trial_*"))) == 2
+
+
+def test_a_registration_that_cannot_be_sent_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    body = USER_METHOD.replace(
+        "class Client(GlobalModelClient):",
+        "class Client(GlobalModelClient):\n    guard = __import__('threading').Lock()",
+    )
+    path = _user_file(tmp_path / "code", "unsendable_method", body)
+    plugins.import_plugins([str(path)])
+    run_dir = tmp_path / "run"
+    config = RunConfig().override(
+        tiny_overrides(run_dir, **{"algorithm.name": "unsendable_method", "engine.backend": "ray"})
+    )
+    with pytest.raises(PluginError) as raised:
+        rayfed.run(config)
+    message = str(raised.value)
+    assert "unsendable_method" in message and "cannot be sent to the run's other processes" in message
+    assert "engine.backend=local" in message and "\n" not in message
+    assert not run_dir.exists()
+    ALGORITHMS._items.pop("unsendable_method")  # the next tests' Ray runs would carry it
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ("no_such_plugin_module", ["plugins[0]='no_such_plugin_module'", "no module named", "PYTHONPATH"]),
+        ("/no/such/file.py", ["plugins[0]='/no/such/file.py'", "no file"]),
+    ],
+)
+def test_a_plugin_that_cannot_be_imported_is_one_line_naming_it(entry: str, words: list[str]) -> None:
+    with pytest.raises(PluginError) as raised:
+        RunConfig.from_dict({"plugins": [entry]})
+    for word in words:
+        assert word in str(raised.value)
+
+
+def test_a_plugin_that_starts_a_run_when_imported_is_refused(tmp_path: Path) -> None:
+    path = _user_file(tmp_path, "runs_at_import", "import rayfed\nrayfed.run({'engine.backend': 'local'})\n")
+    with pytest.raises(PluginError, match='started a run when it was imported.*__name__ == "__main__"'):
+        plugins.import_plugins([str(path)])
+
+
+def test_an_installed_plugin_is_found_by_name_through_its_entry_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "site"
+    _user_file(package, "installed_method")
+    info = package / "installed_method-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: installed-method\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[{plugins.ENTRY_POINTS}]\nmine = installed_method\n")
+    monkeypatch.syspath_prepend(str(package))
+    monkeypatch.setattr(plugins, "_entry_points_loaded", False)
+    assert ALGORITHMS.get("installed_method").summary == "a user's own"
+    assert "installed_method" in plugins._installed  # installed: every process imports it itself, nothing is sent
+    assert all(name != "installed_method" for _, name, _, _ in plugins.plugin_registrations())
