@@ -88,6 +88,7 @@ from rayfed.algorithms.fedawa import FIDELITIES, FedAWAParams  # noqa: E402
 from rayfed.config import TrainConfig  # noqa: E402
 from rayfed.models import block_names, build_model, output_layer_name  # noqa: E402
 from rayfed.train.flat import FlatModel  # noqa: E402
+from rayfed.train.host import to_host  # noqa: E402
 from rayfed.train.job import ClientJob  # noqa: E402
 from rayfed.train.problem import ProblemSpec  # noqa: E402
 
@@ -123,7 +124,7 @@ def _job(flat: FlatModel, cid: int, size: int, labels: np.ndarray) -> ClientJob:
     return ClientJob(
         client_id=cid,
         round=0,
-        flat=flat,
+        worker_model=flat,
         architecture="",
         x_train=empty,
         y_train=torch.zeros(size),
@@ -172,12 +173,14 @@ def _timers(name: str, shape: tuple[int, int, int], clients: int, seed: int) -> 
     if "cwfedavg" in ALGORITHMS:
         algorithm = ALGORITHMS.get("cwfedavg")
         server = algorithm.server_half(algorithm.params_type(), spec, initial)
-        broadcast = server.broadcast()
+        client = algorithm.client_half(algorithm.params_type(), spec)
+        message = server.broadcast()
         labels = np.random.default_rng(seed).multinomial(1000, np.full(NUM_CLASSES, 0.1), size=clients)
         cw_uploads = []
-        for cid in range(clients):  # the workers' part: untimed
+        for cid in range(clients):  # the workers' part (an upload, read back as a worker's call does): untimed
             flat.load_state(models[cid])
-            cw_uploads.append(broadcast.contribute(_job(flat, cid, int(sizes[cid]), labels[cid])))
+            upload = client.upload(message, _job(flat, cid, int(sizes[cid]), labels[cid]))
+            cw_uploads.append(upload.with_host_arrays(to_host(upload.device_tensors())))
         timers["cwfedavg"] = _fresh(server, ctx, cw_uploads)
     return timers
 

@@ -45,20 +45,31 @@ def ray_cluster():
     ray.shutdown()
 
 
-def train_phases(job, phases, *, mean=(0.5,), std=(0.5,)):
-    """Train ``job`` through ``phases`` with the one loop, as a worker trains a client alone; returns its mean
-    reported loss and its steps."""
+def train_phases(job, phases, *, mean=(0.5,), std=(0.5,), output_layers=None):
+    """Train ``job`` through ``phases`` with the one loop, from the model in ``job.flat``, as a worker trains a
+    client alone (the phases checked first, as a worker checks them); returns its mean reported loss and its
+    steps. ``output_layers`` (architecture -> output layer) lets the loop train a phase on the output layer alone
+    on features computed once, as a worker's loop does."""
     import torch
 
     from rayfed.train.graphs import StepGraphs
     from rayfed.train.loop import LocalLoop
+    from rayfed.train.phase_checks import PhaseContext, check_phases
 
-    return LocalLoop(StepGraphs(torch.device("cpu"), enabled=False), mean, std).train_one(job, phases)
+    checked = check_phases(phases, PhaseContext("test", "phases", job.client_id, job.flat, keeps_state=True))
+    loop = LocalLoop(StepGraphs(torch.device("cpu"), enabled=False), mean, std, output_layers)
+    return loop.train_one(job, checked)
 
 
-def train_client(half, job, *, mean=(0.5,), std=(0.5,)):
-    """Train ``job`` through ``half``'s phases (``ClientHalf.phases``), as :func:`train_phases`."""
-    return train_phases(job, half.phases(job), mean=mean, std=std)
+def train_client(half, message, job, *, mean=(0.5,), std=(0.5,), output_layers=None):
+    """Start ``job`` as a worker does (``job.start`` = ``half.start(message, job)``, its model loaded into
+    ``job.flat``), then train it through ``half.phases(message, job)``, as :func:`train_phases`."""
+    from rayfed.algorithms import model_of
+
+    job.start = half.start(message, job)
+    job.flat.load_state(model_of(job.start))
+    phases = half.phases(message, job)
+    return train_phases(job, phases, mean=mean, std=std, output_layers=output_layers)
 
 
 def client_job(
@@ -91,7 +102,7 @@ def client_job(
     return ClientJob(
         client_id=client_id,
         round=round,
-        flat=flat,
+        worker_model=flat,
         architecture=architecture,
         x_train=x,
         y_train=y,

@@ -304,7 +304,7 @@ class AppleClient(ClientHalf[AppleParams, CoreModels]):
         """Keep the copies, its trained core (with the BatchNorm statistics its steps updated) and its new p_i;
         upload that core θ_i."""
         start: AppleStart = job.start
-        own = torch.cat([job.extra["core"], job.flat.buffers.detach()])
+        own = torch.cat([job.extra["core"], job.trained[self.layout.size :]])
         job.state = {CORES_KEY: start.cores, OWN_KEY: own, DR_KEY: job.extra["p"], VERSIONS_KEY: start.versions}
         return ClientVectors.of(own, job.client_id, job.num_train)
 

@@ -13,8 +13,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rayfed.algorithms.hooks import ClientHalf, Contribution, SharedBody
+from rayfed.util.errors import MethodError
 
 if TYPE_CHECKING:
+    from rayfed.algorithms.contributions import WeightedState
     from rayfed.train.job import ClientJob
     from rayfed.train.phase import Phase
 
@@ -24,19 +26,28 @@ __all__ = ["BorrowedTraining"]
 class BorrowedTraining(ClientHalf[Any, Any]):
     """``own``'s client (start, upload, evaluation), training ``training``'s phases."""
 
-    def __init__(self, own: ClientHalf[Any, Any], training: ClientHalf[Any, Any]) -> None:
+    def __init__(self, own: ClientHalf[Any, Any], training: ClientHalf[Any, Any], names: tuple[str, str]) -> None:
         super().__init__(own.params, own.spec)
-        self.own, self.training = own, training
-        self.normalized_features = own.normalized_features  # type: ignore[misc]
+        self.own, self.training, self.names = own, training, names
+        # the lent phases may train a model whose output layer reads normalised features (FedNH's cosine classifier)
+        self.normalized_features = own.normalized_features or training.normalized_features  # type: ignore[misc]
         self.eval_reads_train = own.eval_reads_train  # type: ignore[misc]
 
     def start(self, message: Any, job: ClientJob) -> Any:
         return self.own.start(message, job)
 
     def phases(self, message: Any, job: ClientJob) -> list[Phase]:
-        return self.training.phases(message, job)
+        try:
+            return self.training.phases(message, job)
+        except AttributeError as error:  # it reads its own algorithm's message
+            lent, name = self.names
+            raise MethodError(
+                f"algorithm.client={lent!r} lends its phases to algorithm.name={name!r}, but they read a message "
+                f"{name!r} does not send ({error}); lend a client half whose phases read no message of their own "
+                "(fedprox, sgdm, ditto, feduv, ...)"
+            ) from error
 
-    def upload(self, message: Any, job: ClientJob) -> Contribution:
+    def upload(self, message: Any, job: ClientJob) -> Contribution | WeightedState:
         return self.own.upload(message, job)
 
     def evaluation(self, message: Any, job: ClientJob) -> Any:

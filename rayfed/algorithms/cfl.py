@@ -268,7 +268,7 @@ class CFLClient(ClientHalf[Any, ClusterModels]):
         """Δθ_i = θ_i − θ_{c(i)} (parameters then buffers), and λ_i of the client's local SGD."""
         train = job.train
         steps = train.local_epochs * steps_per_epoch(job.num_train, train.batch_size, train.drop_last)
-        change = job.flat.state() - to_device([message.model_of(job.client_id)], job.device)[0]
+        change = job.trained - to_device([message.model_of(job.client_id)], job.device)[0]
         row = ClientVectors.of(change, job.client_id, job.num_train)
         lengths = np.array([step_length(job.lr, steps, train.momentum)], np.float64)
         return ClientUpdates(row.blocks, row.client_ids, row.sizes, None, lengths)

@@ -10,7 +10,7 @@ same order (:mod:`rayfed.actors.folding`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -18,7 +18,7 @@ import numpy as np
 
 from rayfed.algorithms.hooks import Contribution
 
-__all__ = ["WeightedSum", "ClientVectors", "sum_contributions", "join", "as_float32"]
+__all__ = ["WeightedSum", "WeightedState", "ClientVectors", "sum_contributions", "join", "as_float32"]
 
 C = TypeVar("C", bound=Contribution)
 
@@ -74,6 +74,34 @@ class WeightedSum(Contribution):
     def average(self) -> np.ndarray:
         """Σ w_i x_i / Σ w_i, in float32."""
         return (self.total / np.float32(self.weight)).astype(np.float32, copy=False)
+
+
+@dataclass(frozen=True)
+class WeightedState:
+    """An upload declared as data: the client's trained state (the slices ``parts`` of it, concatenated in order; all
+    of it without parts) weighted by its training samples n_i, FedAvg's upload. A client half returns it from
+    ``upload``; the worker makes the :class:`WeightedSum` for one client, or for a stack of clients in one matrix
+    product of their sizes and states, and reads no client's model for it."""
+
+    parts: tuple[slice, ...] = ()
+
+    def of_one(self, state: Any, size: int) -> WeightedSum:
+        """One client's upload from its trained ``state``."""
+        return WeightedSum.of(self._selected(state), size)
+
+    def of_stack(self, states: Any, sizes: Sequence[int]) -> WeightedSum:
+        """The sum of a stack's uploads from its clients' trained ``states`` (C, S): Σ_i n_i θ_i as one product."""
+        from rayfed.train.host import to_device  # a worker's: the server never builds uploads
+
+        weights = to_device([np.asarray(sizes, dtype=np.float32)], states.device)[0]
+        return WeightedSum(weights @ self._selected(states), float(sum(sizes)), len(sizes))
+
+    def _selected(self, state: Any) -> Any:
+        if not self.parts:
+            return state
+        import torch
+
+        return torch.cat([state[..., part] for part in self.parts], dim=-1)
 
 
 @dataclass

@@ -207,8 +207,9 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels]):
 
     def upload(self, message: ClasswiseModels, job: ClientJob) -> Contribution:
         """p̃_i from the trained output weight (Eq. 4), then this client's share of Eq. 6 and FedAvg."""
-        parts, flat = message.parts, job.flat
-        theta = flat.vector.detach()
+        parts, size = message.parts, job.worker_model.size
+        trained = job.trained
+        theta = trained[:size]
         norms = torch.linalg.vector_norm(theta[parts.output_weight].view(parts.output_shape).double(), dim=-1)
         counts = None
         if self.params.variant == "dist":  # the client reveals n_ij; q_ij then uses p_i (P-arXiv Tab. 1)
@@ -217,8 +218,8 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels]):
         else:
             total = norms.sum()
             row = torch.where(total > 0, norms / total, torch.full_like(norms, 1.0 / len(norms)))
-        if flat.buffer_layout.size:  # BatchNorm statistics are never averaged, as in the authors' code
-            job.state = {"buffers": flat.buffers.detach().clone()}
+        if job.worker_model.buffer_layout.size:  # BatchNorm statistics are never averaged, as in the authors' code
+            job.state = {"buffers": trained[size:].clone()}
         shared = torch.cat([theta[s] for s in parts.shared]) if parts.shared else None
         return ClasswiseSum(
             masses=job.num_train * row,

@@ -159,7 +159,7 @@ class FedAMPClient(ClientHalf[FedAMPParams, CloudModels]):
 
     def upload(self, message: CloudModels, job: ClientJob) -> Contribution:
         save_model_state(job)
-        return ClientVectors.of(job.flat.state(), job.client_id, job.num_train)
+        return ClientVectors.of(job.trained.clone(), job.client_id, job.num_train)
 
     def evaluation(self, message: CloudModels, job: ClientJob) -> np.ndarray:
         """The client's own w_i, its last trained model (the initial model if it never trained)."""

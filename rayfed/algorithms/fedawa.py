@@ -165,7 +165,7 @@ class FedAWAClient(PersistentMomentumClient):
     def upload(self, message: GlobalModel, job: ClientJob) -> Contribution:
         assert isinstance(message, FedAWAModel)
         counts = job.train_label_counts if message.send_label_counts else None
-        vector = job.flat.state() - to_device([message.vector], job.device)[0]
+        vector = job.trained - to_device([message.vector], job.device)[0]
         return ClientVectors.of(vector, job.client_id, job.num_train, counts)
 
 

@@ -57,9 +57,9 @@ from rayfed.algorithms.common.own_models import (
     own_model_state,
     save_model_state,
 )
-from rayfed.algorithms.contributions import WeightedSum
+from rayfed.algorithms.contributions import WeightedState, WeightedSum
 from rayfed.algorithms.fedclassavg_equations import classifier_prox, supcon_loss
-from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
+from rayfed.algorithms.hooks import ClientHalf, RoundContext, ServerHalf, Start
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.data.augment import SIMCLR_AUGMENT
 from rayfed.models import seeded_init
@@ -248,12 +248,12 @@ class FedClassAvgClient(ClientHalf[FedClassAvgParams, FedClassAvgMessage]):
             total = total + torch.where(batch.step > 0, prox, torch.zeros_like(prox))
         return total
 
-    def upload(self, message: FedClassAvgMessage, job: ClientJob) -> Contribution:
+    def upload(self, message: FedClassAvgMessage, job: ClientJob) -> WeightedState:
         """Keep the trained model in the client's state; upload n_k·w_Ck (or n_k·θ_k, ``"weight"``)."""
         save_model_state(job)
         if self.params.mode == "weight":
-            return WeightedSum.of(job.flat.state(copy=False), job.num_train)
-        return WeightedSum.of(job.flat.vector.detach()[job.flat.slice_of(CLASSIFIER_LAYER)], job.num_train)
+            return WeightedState()
+        return WeightedState((job.worker_model.slice_of(CLASSIFIER_LAYER),))
 
     def evaluation(self, message: FedClassAvgMessage, job: ClientJob) -> np.ndarray:
         """The client's own model with its locally trained classifier (as the authors' code evaluates)."""

@@ -133,7 +133,7 @@ class ModelAndHistogramClient(GlobalModelClient[FedDiscoParams, GlobalModel]):
     """FedAvg's client, which sends its whole model and its training-label counts."""
 
     def upload(self, message: GlobalModel, job: ClientJob) -> Contribution:
-        return ClientVectors.of(job.flat.state(), job.client_id, job.num_train, job.train_label_counts)
+        return ClientVectors.of(job.trained.clone(), job.client_id, job.num_train, job.train_label_counts)
 
 
 # --- server side ----------------------------------------------------------------------------------

@@ -151,11 +151,11 @@ class FedDynClient(PersistentMomentumClient):
     def upload(self, message: GlobalModel, job: ClientJob) -> Contribution:
         """∇L_k(θ_k^t) = ∇L_k(θ_k^{t−1}) − α(θ_k^t − θ^{t−1}) into the client's state; θ_k^t weighted."""
         assert isinstance(message, FedDynModel)
-        p = job.flat.size
+        p, trained = job.worker_model.size, job.trained
         start, grad = to_device([message.vector[:p], _grad_state(job)], job.device)
-        change = job.flat.vector.detach() - start
+        change = trained[:p] - start
         job.state = {**(job.state or {}), GRAD_KEY: grad - np.float32(message.alpha) * change}
-        return WeightedSum.of(job.flat.state(), float(job.num_train) if message.size_weighted else 1.0)
+        return WeightedSum.of(trained, float(job.num_train) if message.size_weighted else 1.0)
 
 
 class FedDynServer(GlobalModelServer[FedDynParams, WeightedSum]):

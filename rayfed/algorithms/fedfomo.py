@@ -254,7 +254,7 @@ class FedFomoClient(ClientHalf[FedFomoParams, FomoModels]):
         job.state[AFFINITY_KEY] = affinity
         if self.params.fidelity == "pfllib":
             job.state[START_KEY] = start.model
-        return ClientVectors.of(job.flat.state(), job.client_id, job.num_train)
+        return ClientVectors.of(job.trained.clone(), job.client_id, job.num_train)
 
     def evaluation(self, message: FomoModels, job: ClientJob) -> np.ndarray:
         """The client's own model, the one it trained last (the initial model if it never trained)."""

@@ -43,6 +43,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from rayfed.algorithms.common.architecture import sole_architecture
 from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelServer
@@ -204,16 +205,23 @@ class FedNHClient(ClientHalf[FedNHParams, FedNHMessage]):
     def start(self, message: FedNHMessage, job: ClientJob) -> np.ndarray:
         return message.vector
 
-    def phases(self, message: FedNHMessage, job: ClientJob) -> list[Phase]:
-        prototypes, scale = to_device(
-            [np.asarray(message.prototypes, np.float32), np.full((), message.scale, np.float32)], job.device
-        )
-        learned = self.params.learn_scale
+    def phases(self, message: GlobalModel, job: ClientJob) -> list[Phase]:
+        """One phase of the run's SGD on the cosine classifier, s trained where learned. Lent to another server half
+        (``algorithm.client="fednh"``), the prototypes are the rows of the output weight the client started from,
+        normalised, and s starts at ``scale``."""
+        own = isinstance(message, FedNHMessage)
+        start_scale = message.scale if isinstance(message, FedNHMessage) else self.params.scale
+        arrays = [np.full((), start_scale, np.float32)]
+        if isinstance(message, FedNHMessage):
+            arrays.append(np.asarray(message.prototypes, np.float32))
+        moved = to_device(arrays, job.device)
+        scale, learned = moved[0], self.params.learn_scale
+        constants = {"prototypes": moved[1]} if own else {}
         return [
             Phase(
                 epochs=job.train.local_epochs,
                 optimizer=SGD(),
-                constants={"prototypes": prototypes, **({} if learned else {"scale": scale})},
+                constants={**constants, **({} if learned else {"scale": scale})},
                 extra={"s": Trainable(scale)} if learned else {},
                 on_train_batch_start=self.cosine_head,
                 on_after_backward=self.scale_gradient,
@@ -222,8 +230,14 @@ class FedNHClient(ClientHalf[FedNHParams, FedNHMessage]):
         ]
 
     def _head(self, params: Params, constants: Constants) -> tuple[int, int | None, torch.Tensor]:
-        """(the output weight's index, the bias's or None, μ (K, h))."""
-        return self._weight, self._bias, constants["prototypes"].view(params[self._weight].shape)
+        """(the output weight's index, the bias's or None, μ (K, h)): the message's prototypes, or (lent to another
+        server half) the rows of the starting output weight, normalised."""
+        shape = params[self._weight].shape
+        if "prototypes" in constants:
+            return self._weight, self._bias, constants["prototypes"].view(shape)
+        offset = sum(p.numel() for p in params[: self._weight])
+        start = constants["start"][offset : offset + shape[0] * shape[1]]
+        return self._weight, self._bias, F.normalize(start.view(shape), dim=1)
 
     def scale_gradient(
         self,
@@ -268,7 +282,7 @@ class FedNHClient(ClientHalf[FedNHParams, FedNHMessage]):
         scale = job.extra["s"] if self.params.learn_scale else torch.full((), message.scale, device=job.device)
         if job.device not in self._body:
             self._body[job.device] = to_device([np.flatnonzero(message.head.body)], job.device)[0]
-        body = torch.cat([job.flat.state(copy=False)[self._body[job.device]], scale.reshape(1).float()])
+        body = torch.cat([job.trained[self._body[job.device]], scale.reshape(1).float()])
         weight = job.num_train if self.params.body_weighting == "size" else 1.0
         held = int(np.count_nonzero(np.asarray(job.train_label_counts) > 0))
         return PrototypeSum(WeightedSum.of(body, weight), sums, counts, held)

@@ -35,6 +35,7 @@ from rayfed.algorithms.sizing import StateSizes
 from rayfed.train.problem import ProblemSpec
 
 if TYPE_CHECKING:  # the server never trains: torch is imported where clients train
+    from rayfed.algorithms.contributions import WeightedState
     from rayfed.algorithms.figures import Figure, FinishedRun
     from rayfed.data.held_out import HeldOutRequest
     from rayfed.train.job import ClientJob
@@ -226,9 +227,11 @@ class ClientHalf(abc.ABC, Generic[P, M]):
         return [Phase(epochs=job.train.local_epochs)]
 
     @abc.abstractmethod
-    def upload(self, message: M, job: ClientJob) -> Contribution:
-        """What the client sends, from its trained model (in ``job.flat``) and ``job.extra``; tensors on the
-        device are read back once with the rest of the call."""
+    def upload(self, message: M, job: ClientJob) -> Contribution | WeightedState:
+        """What the client sends, from its trained model (``job.trained``, its state; ``job.model``, the module)
+        and ``job.extra``; tensors on the device are read back once with the rest of the call. FedAvg's upload is
+        declared (:class:`~rayfed.algorithms.contributions.WeightedState`): the worker then makes a stack's at
+        once."""
 
     def evaluation(self, message: M, job: ClientJob) -> Any:
         """The model the client is evaluated with (a state, as :meth:`start`); by default its starting one."""
@@ -246,7 +249,7 @@ class ClientHalf(abc.ABC, Generic[P, M]):
 
     def bytes_down(self, message: M, job: ClientJob) -> int:
         """Bytes the client receives this round; by default its whole model."""
-        return job.flat.size * 4
+        return job.worker_model.size * 4
 
     def shared_body(self, message: M, jobs: Sequence[ClientJob]) -> SharedBody | None:
         """The evaluation models of ``jobs`` (one architecture) when they share everything but the output

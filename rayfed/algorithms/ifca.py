@@ -129,8 +129,13 @@ class ClusterSums(Contribution):
 
     @property
     def nbytes(self) -> int:
-        """What the clients send: each its model and weight (the row of its cluster), its id and its cluster."""
-        return self.count * (int(self.totals.shape[1]) * 4 + 8 + 8 + 8)
+        """What the sum carries: a model and a weight per cluster chosen, an id and a cluster per upload (a
+        client's upload: its model in its cluster's row)."""
+        weights = self.weights
+        chosen = (
+            int(np.count_nonzero(weights > 0)) if isinstance(weights, np.ndarray) else min(self.count, len(weights))
+        )
+        return chosen * (int(self.totals.shape[1]) * 4 + 8) + self.count * 16
 
 
 # --- the message and the client -------------------------------------------------------------------
@@ -181,7 +186,7 @@ class IFCAClient(ClientHalf[Any, IFCAModels]):
 
     def upload(self, message: IFCAModels, job: ClientJob) -> Contribution:
         start: ClusterStart = job.start
-        state = job.flat.state(copy=False)
+        state = job.trained
         return ClusterSums.of(start.cluster, state, job.client_id, job.num_train, len(message.models))
 
     def bytes_down(self, message: IFCAModels, job: ClientJob) -> int:

@@ -244,7 +244,7 @@ class KTpFLClient(ClientHalf[KTpFLParams, KTpFLMessage]):
         """Keep the trained model; upload its predictions on the public set (and, +weight, the model)."""
         save_model_state(job)
         predictions = self.predict(job, self.public_inputs(job.device)[1]).float().reshape(-1)
-        row = torch.cat([predictions, job.flat.state(copy=False)]) if self.params.share_weights else predictions
+        row = torch.cat([predictions, job.trained]) if self.params.share_weights else predictions
         return ClientVectors.of(row, job.client_id, job.num_train)
 
     @torch.no_grad()

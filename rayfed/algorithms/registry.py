@@ -200,4 +200,5 @@ class ResolvedAlgorithm:
         own = self.algorithm.client_half(self.server_params, spec)
         if self.client_algorithm is self.algorithm:
             return own
-        return BorrowedTraining(own, self.client_algorithm.client_half(self.client_params, spec))
+        lent = self.client_algorithm.client_half(self.client_params, spec)
+        return BorrowedTraining(own, lent, (self.client_algorithm.name, self.algorithm.name))

@@ -96,7 +96,7 @@ class ClientData:
         return ClientJob(
             client_id=cid,
             round=round_index,
-            flat=self.model_for(architecture),
+            worker_model=self.model_for(architecture),
             architecture=architecture,
             x_train=x_train,
             y_train=y_train,

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rayfed.algorithms import ClientHalf, RoundContext, model_of, resolve
+from rayfed.algorithms import ClientHalf, Contribution, RoundContext, model_of, resolve
+from rayfed.algorithms.contributions import WeightedState
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
 from rayfed.execution.client_data import ClientData
@@ -140,7 +141,7 @@ class ClientRunner(ClientData):
         loss, steps = self.loop.train_one(job, self._phases(message, job), replays=self.capabilities.replays)
         measures = self._measures(job, start_loss)
         norm = torch.linalg.vector_norm(job.flat.vector.detach() - start)
-        upload = self.client_half.upload(message, job)
+        upload = _made(self.client_half.upload(message, job), job)
         down = self.client_half.bytes_down(message, job)
         settlement.add(Uploads.of_one(job, upload, loss, norm, steps, down, time.perf_counter() - started, measures))
 
@@ -178,20 +179,50 @@ class ClientRunner(ClientData):
         seconds: float,
         settlement: Settlement,
     ) -> None:
-        """Train one stack, then hand each client's upload to ``settlement``: the loop loads each trained model into
-        the worker's model, where the client half reads it."""
+        """Train one stack and hand its clients' uploads to ``settlement`` as one entry. Each client's model is read
+        from the stack when its client half asks for it (``job.trained``, ``job.model``); uploads declared as a
+        weighted state (FedAvg's) are made for the whole stack in one product."""
         started = time.perf_counter()
         trained = self.loop.train_stack(jobs, starts, phases, replays=self.capabilities.replays)
-        flat = jobs[0].flat
+        flat = jobs[0].worker_model
         norms = torch.linalg.vector_norm(trained.states[:, : flat.size] - starts[:, : flat.size], dim=1)
-        seconds += (time.perf_counter() - started) / len(jobs)
-        for i, (job, row) in enumerate(zip(jobs, trained.states)):
-            flat.load_state(row)
-            measures = self._measures(job, start_losses[i])
-            upload = self.client_half.upload(message, job)
-            down = self.client_half.bytes_down(message, job)
-            loss = trained.losses[i] if trained.steps[i] else math.nan
-            settlement.add(Uploads.of_one(job, upload, loss, norms[i], trained.steps[i], down, seconds, measures))
+        for row, job in enumerate(jobs):
+            job.pending = (trained.states, row)
+        measures = [self._measures(job, loss) for job, loss in zip(jobs, start_losses)]
+        made = [self.client_half.upload(message, job) for job in jobs]
+        sizes = [job.num_train for job in jobs]
+        declared = made[0] if all(isinstance(m, WeightedState) and m == made[0] for m in made) else None
+
+        contribution: Contribution
+        if isinstance(declared, WeightedState):
+            contribution = declared.of_stack(trained.states, sizes)
+            bytes_up = [contribution.nbytes] * len(jobs)  # each client's upload is as large as their sum
+
+            def parts() -> list[Contribution]:
+                return [_made(m, job) for m, job in zip(made, jobs)]
+        else:
+            each = [_made(m, job) for m, job in zip(made, jobs)]
+            contribution, bytes_up = _sum_in_order(each), [part.nbytes for part in each]
+
+            def parts() -> list[Contribution]:
+                return each
+
+        settlement.add(
+            Uploads(
+                [job.client_id for job in jobs],
+                sizes,
+                trained.steps,
+                contribution,
+                parts,
+                [job.state for job in jobs],
+                bytes_up,
+                [self.client_half.bytes_down(message, job) for job in jobs],
+                seconds + (time.perf_counter() - started) / len(jobs),
+                trained.losses,
+                norms,
+                measures,
+            )
+        )
 
     def _start_loss(self, job: ClientJob) -> Any:
         """``train_loss_eval`` of a started job: the mean cross-entropy of the model it starts the round from
@@ -227,6 +258,19 @@ class ClientRunner(ClientData):
                 continue
             out.extend(arch_jobs[i : i + engine.stack_size] for i in range(0, len(arch_jobs), engine.stack_size))
         return out
+
+
+def _made(upload: Contribution | WeightedState, job: ClientJob) -> Contribution:
+    """A client's upload as a contribution: a declared weighted state made from its trained model."""
+    return upload.of_one(job.trained, job.num_train) if isinstance(upload, WeightedState) else upload
+
+
+def _sum_in_order(parts: list[Contribution]) -> Contribution:
+    """The sum of ``parts`` left to right, leaving each as it was (a rejected client's is summed without it)."""
+    total = parts[0] + parts[1] if len(parts) > 1 else parts[0]
+    for part in parts[2:]:
+        total += part
+    return total
 
 
 def _state_on(state: Any, device: torch.device) -> torch.Tensor:

@@ -53,8 +53,9 @@ class Uploads:
     steps: list[int]
     contribution: Contribution
     parts: Callable[[], list[Contribution]]
-    """Each client's own contribution, in order (made again, by the client side, only when one is rejected)."""
+    """Each client's own contribution, in order (made only when one is rejected)."""
     states: list[ClientState | None]
+    bytes_up: list[int]
     bytes_down: list[int]
     seconds: float
     loss: Any
@@ -81,6 +82,7 @@ class Uploads:
             contribution,
             lambda: [contribution],
             [job.state],
+            [contribution.nbytes],
             [bytes_down],
             seconds,
             loss,
@@ -142,7 +144,7 @@ class Settlement:
                     steps=entry.steps[k],
                     train_loss=columns["loss"][i] if entry.steps[k] else math.nan,
                     update_norm=columns["norm"][i],
-                    bytes_up=entry.contribution.nbytes,
+                    bytes_up=entry.bytes_up[k],
                     bytes_down=entry.bytes_down[k],
                     seconds=entry.seconds,
                     rejected=why,

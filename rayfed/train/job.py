@@ -36,7 +36,8 @@ class ClientJob:
 
     client_id: int
     round: int
-    flat: FlatModel
+    worker_model: FlatModel
+    """The worker's model of the client's architecture; read it as :attr:`flat`."""
     architecture: str
     x_train: torch.Tensor
     y_train: torch.Tensor
@@ -60,6 +61,28 @@ class ClientJob:
     and what the client made of the message (``rayfed.algorithms.hooks.Start``)."""
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
     """The final values of the trainables its phases trained (``Phase.extra``), on the device."""
+    pending: tuple[torch.Tensor, int] | None = field(default=None, repr=False)
+    """(a stack's trained states, this client's row) not yet loaded into :attr:`worker_model`: a stack's client is
+    loaded when its model is first read (:attr:`flat`, :attr:`model`), and not at all when only its state is
+    (:attr:`trained`)."""
+
+    @property
+    def flat(self) -> FlatModel:
+        """The worker's model holding this client's model (its trained one, once it has trained)."""
+        if self.pending is not None:
+            stack, row = self.pending
+            self.pending = None
+            self.worker_model.load_state(stack[row])
+        return self.worker_model
+
+    @property
+    def trained(self) -> torch.Tensor:
+        """The client's model as a state (parameters, then buffers) on the device, without a copy: after training,
+        what it trained (a client half's ``upload`` reads it, and must not change it)."""
+        if self.pending is not None:
+            stack, row = self.pending
+            return stack[row]
+        return self.worker_model.state(copy=False)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -75,7 +98,7 @@ class ClientJob:
 
     @property
     def device(self) -> torch.device:
-        return self.flat.vector.device
+        return self.worker_model.vector.device
 
 
 def seed_global_generators(seed: int, device: torch.device) -> None:

@@ -38,6 +38,7 @@ from rayfed.train.phase import SGD, Forward, Outputs, Phase
 from rayfed.train.sequential import SequentialTraining, trained_range
 from rayfed.train.stack_plan import logical_rows
 from rayfed.train.stacked import StackedTraining
+from rayfed.train.step import reads_anchor
 
 __all__ = ["Trained", "LocalLoop"]
 
@@ -89,7 +90,9 @@ class LocalLoop:
         """Train the client's model in ``job.flat`` through its ``phases``, in place from the model it holds (its
         start); returns its mean reported loss (a 0-d tensor, NaN without a step) and its steps."""
         flat = job.flat
-        own = _anchored(list(phases), torch.cat([p.detach().reshape(-1) for p in flat.params]))
+        own = list(phases)
+        if any(reads_anchor(p) for p in own):
+            own = _anchored(own, torch.cat([p.detach().reshape(-1) for p in flat.params]))
         current: Any = None  # the key of the model now in ``flat``: None = the round's
         models: dict[Any, torch.Tensor] = {}
         reported: list[torch.Tensor] = []
@@ -133,8 +136,9 @@ class LocalLoop:
         """Train ``jobs`` (clients of one architecture, sharing ``jobs[0].flat``, their phases stacking together) as
         one stack from ``starts`` (C, S)."""
         flat = jobs[0].flat
-        anchors = logical_rows(starts, flat.layout)
-        own = [_anchored(list(p), anchor) for p, anchor in zip(phases, anchors)]
+        own = [list(p) for p in phases]
+        if any(reads_anchor(p) for p in own[0]):
+            own = [_anchored(p, anchor) for p, anchor in zip(own, logical_rows(starts, flat.layout))]
         runner = self._stacked.setdefault(id(flat), StackedTraining(flat, self.graphs, self.pixel_scale))
         models: dict[Any, torch.Tensor] = {None: starts}
         loss_sums = torch.zeros(len(jobs), device=starts.device)
@@ -212,8 +216,11 @@ class LocalLoop:
 
 
 def _anchored(phases: list[Phase], anchor: torch.Tensor) -> list[Phase]:
-    """``phases`` with ``constants["start"]``: the round's starting parameters in logical order."""
-    return [dataclasses.replace(p, constants={**p.constants, "start": anchor}) for p in phases]
+    """``phases`` with ``constants["start"]`` where they may read it (:func:`~rayfed.train.step.reads_anchor`): the
+    round's starting parameters in logical order."""
+    return [
+        dataclasses.replace(p, constants={**p.constants, "start": anchor}) if reads_anchor(p) else p for p in phases
+    ]
 
 
 def _same_in_training(model: nn.Module) -> bool:

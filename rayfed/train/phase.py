@@ -18,8 +18,8 @@ Lightning:
 * ``loss(out, batch, params, constants)``: a term added to the cross-entropy of the logits (or, with
   ``cross_entropy=False``, the whole loss), from the logits and, when the phase asks, the features the
   output layer reads (:class:`Outputs`), the batch's targets (:class:`Batch`), the parameters and the
-  client's constants. ``constants["start"]`` is always the round's starting parameters, flattened in
-  logical order (the anchor of a proximal term);
+  client's constants. ``constants["start"]`` is the round's starting parameters, flattened in logical
+  order (the anchor of a proximal term), in every phase that has a loss or a hook;
 * ``on_train_batch_start(params, constants, extra)``: edits before a step's forward;
 * ``on_after_backward(params, grads, constants, extra)``: edits of the gradients before the optimiser
   steps; it gives every :class:`Trainable` its gradient, under its name;

@@ -27,7 +27,7 @@ from rayfed.train.job import ClientJob
 from rayfed.train.phase import NO_PARAMETERS, Adam, Phase
 from rayfed.train.rule import PhaseRule
 from rayfed.train.stacking import stack_key
-from rayfed.train.step import LossRecord, make_step
+from rayfed.train.step import LossRecord, make_step, reads_steps
 from rayfed.train.update import adam_scalars
 from rayfed.train.workspace import StepInputs, StepState
 
@@ -177,6 +177,7 @@ class SequentialTraining:
             phase,
             _part(flat.vector, lo, hi),
             rule.momentum,
+            counts_steps=reads_steps(phase, flat.module),
             lr=self._lr(job.lr, device),
             seeds=torch.full((1,), phase_seed(job, phase_index), dtype=torch.int64, device=device)
             if dropout_layers

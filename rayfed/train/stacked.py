@@ -45,7 +45,7 @@ from rayfed.train.stack_plan import StackPlan, parameter_major
 from rayfed.train.stack_space import StackOut, StackSpace, sub_layout
 from rayfed.train.stacked_layers import stacked_layers
 from rayfed.train.stacking import stack_key
-from rayfed.train.step import LossRecord, make_step
+from rayfed.train.step import LossRecord, make_step, reads_steps
 from rayfed.train.update import adam_scalars
 from rayfed.train.workspace import StepState
 
@@ -250,6 +250,7 @@ class StackedTraining:
             lead,
             block,
             rule.momentum,
+            counts_steps=reads_steps(lead, self.flat.module),
             lr=torch.full((), lr, device=device),
             seeds=plan.extra[0][plan.order_index],
             constants={k: torch.stack([phases[c].constants[k] for c in order]) for k in lead.constants},

@@ -20,11 +20,12 @@ from torch import nn
 from torch.autograd.graph import _engine_run_backward
 
 from rayfed.data.augment import apply_augment
-from rayfed.train.phase import Outputs
+from rayfed.train.dropout import SEEDED_DROPOUT
+from rayfed.train.phase import Outputs, Phase
 from rayfed.train.rule import PhaseRule
 from rayfed.train.workspace import StepInputs, StepState
 
-__all__ = ["StepModel", "LossRecord", "make_step", "unit", "backward_from"]
+__all__ = ["StepModel", "LossRecord", "make_step", "reads_steps", "reads_anchor", "unit", "backward_from"]
 
 _UNITS: dict[torch.device, torch.Tensor] = {}
 
@@ -43,6 +44,19 @@ def backward_from(loss: torch.Tensor, one: torch.Tensor) -> None:
     first use imports ``torch.fx``'s symbolic shapes and sympy: about 32 MB in every worker process
     (benchmarks/README.md, "Where the S2 peak goes")."""
     _engine_run_backward((loss,), (one,), False, False, (), allow_unreachable=True, accumulate_grad=True)
+
+
+def reads_steps(phase: Phase, module: nn.Module) -> bool:
+    """Whether anything of ``phase`` reads the step's index (``StepState.step``): its loss (``Batch.step``), or the
+    module's dropout masks; else no step counter is kept."""
+    return phase.loss is not None or any(isinstance(m, SEEDED_DROPOUT) and m.p > 0 for m in module.modules())
+
+
+def reads_anchor(phase: Phase) -> bool:
+    """Whether ``phase`` has a function that may read ``constants["start"]`` (a loss or a hook); the loop gives the
+    round's starting parameters to those phases alone."""
+    hooks = (phase.loss, phase.on_train_batch_start, phase.on_after_backward, phase.on_train_end)
+    return any(hook is not None for hook in hooks)
 
 
 class StepModel(Protocol):
@@ -84,7 +98,7 @@ class LossRecord:
         if self.state.loss_sums is not None:
             self.state.loss_sums.add_(reported.detach())
         else:
-            self.steps.append(reported.detach())
+            self.steps.append(reported)
 
 
 def make_step(
@@ -122,6 +136,7 @@ def make_step(
         ce = rule.cross_entropy(outputs.logits, batch.y, batch.weight, width) if phase.cross_entropy else None
         term = None
         if phase.loss is not None:
+            assert state.step is not None  # a phase with a loss counts its steps (reads_steps)
             term = rule.term(outputs, batch.y, batch.weight, state.step, params, state.constants, width)
         total = _total(ce, term)
         backward_from(total, one)
@@ -131,7 +146,8 @@ def make_step(
                 values, grad = model.stepped()
                 rule.update(values, grad, state.optimizer, state.lr, batch.adam)
             rule.update_extra(state, extra_grads, batch.adam)
-            state.step.add_(1)
+            if state.step is not None:
+                state.step.add_(1)
         reported = ce if ce is not None else term
         assert reported is not None
         record.add(reported)

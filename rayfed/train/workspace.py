@@ -64,8 +64,9 @@ class StepState:
 
     lr: torch.Tensor
     """The round's learning rate, 0-d."""
-    step: torch.Tensor
-    """The step's index in the phase, 0-d int64 (dropout masks and ``Batch.step`` read it)."""
+    step: torch.Tensor | None
+    """The step's index in the phase, 0-d int64, where something reads it (:func:`~rayfed.train.step.reads_steps`:
+    ``Batch.step``, dropout masks); else None."""
     seeds: torch.Tensor | None
     """The clients' dropout seeds (one per client), None without dropout."""
     constants: dict[str, torch.Tensor]
@@ -99,11 +100,9 @@ class StepState:
         def c(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.clone()
 
-        step = c(self.step)
-        assert step is not None
         return StepState(
             lr=self.lr.clone(),
-            step=step,
+            step=c(self.step),
             seeds=c(self.seeds),
             constants={k: v.clone() for k, v in self.constants.items()},
             optimizer=self.optimizer.copy(),
@@ -115,7 +114,7 @@ class StepState:
 
     def mutable(self) -> list[torch.Tensor]:
         """The tensors a step changes (a CUDA graph's warm-up restores them)."""
-        out = [self.step, *self.optimizer.tensors(), *self.extra.values()]
+        out = [*([] if self.step is None else [self.step]), *self.optimizer.tensors(), *self.extra.values()]
         for state in self.extra_optimizer.values():
             out.extend(state.tensors())
         if self.loss_sums is not None:
@@ -129,6 +128,7 @@ class StepState:
         trained: torch.Tensor,
         momentum: float,
         *,
+        counts_steps: bool,
         lr: torch.Tensor,
         seeds: torch.Tensor | None,
         constants: dict[str, torch.Tensor],
@@ -137,13 +137,13 @@ class StepState:
         loss_sums: torch.Tensor | None,
     ) -> StepState:
         """A phase's starting state: zero optimiser buffers (of ``trained`` and of each trainable) as a new
-        optimiser's, the step 0."""
+        optimiser's, the step 0 where ``counts_steps``."""
         kind: Literal["adam", "momentum", "none"] = (
             "adam" if isinstance(phase.optimizer, Adam) else "momentum" if momentum else "none"
         )
         return cls(
             lr=lr,
-            step=torch.zeros((), dtype=torch.int64, device=trained.device),
+            step=torch.zeros((), dtype=torch.int64, device=trained.device) if counts_steps else None,
             seeds=seeds,
             constants=constants,
             optimizer=OptimizerState.zeros(kind, trained),

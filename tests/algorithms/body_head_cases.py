@@ -8,15 +8,17 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from rayfed import RunConfig, run
-from rayfed.algorithms import Contribution, ServerHalf
+from rayfed.algorithms import ClientHalf, Contribution, ServerHalf, model_of
 from rayfed.config import TrainConfig
 from rayfed.engine.callbacks import Callback
 from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
+from tests.algorithms.read_back import settled
 from tests.conftest import client_job, tiny_overrides
 
 
@@ -61,26 +63,38 @@ def job(flat: FlatModel, cid: int, n: int = 12, **train: Any) -> ClientJob:
     return client_job(flat, x, y, train=settings, client_id=cid, generator=gen, num_classes=2)
 
 
+def full_batch_gradient(flat: FlatModel, client: ClientJob, vector: np.ndarray) -> np.ndarray:
+    """∇F(w) of the mean cross-entropy over all of ``client``'s samples at ``vector`` (left loaded in ``flat``)."""
+    flat.load(vector)
+    flat.zero_grad()
+    F.cross_entropy(flat.module(client.x_train), client.y_train).backward()
+    return flat.grad.numpy().copy()
+
+
 def upload_trained(
     server: ServerHalf[Any, Any],
+    half: ClientHalf[Any, Any],
     flat: FlatModel,
     trained: np.ndarray,
     sizes: Sequence[int],
     *,
     whole_state: bool = False,
 ) -> tuple[list[Contribution], list[ClientJob]]:
-    """Clients 0, 1, ... with ``sizes`` samples: each is personalised by the server's broadcast, then row i of
-    ``trained`` (parameters, or the whole state with ``whole_state``) stands for its local training, and it
-    uploads. Returns the uploads and the jobs (whose ``state`` holds what each client kept)."""
+    """Clients 0, 1, ... with ``sizes`` samples: each starts from the server's message (``half.start``), then row
+    i of ``trained`` (parameters, or the whole state with ``whole_state``) stands for its local training, and it
+    uploads (read back as a worker's call reads it). Returns the uploads and the jobs (whose ``state`` holds what
+    each client kept)."""
     uploads, jobs = [], []
+    message = server.broadcast()
     for cid, (row, n) in enumerate(zip(trained, sizes)):
         client = job(flat, cid, n)
-        server.broadcast().personalise(client)
+        client.start = half.start(message, client)
+        flat.load_state(model_of(client.start))
         if whole_state:
             flat.load_state(row)
         else:
             flat.load(row)
-        uploads.append(server.broadcast().contribute(client))
+        uploads.append(settled(half.upload(message, client), client))
         jobs.append(client)
     return uploads, jobs
 

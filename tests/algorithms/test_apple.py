@@ -10,13 +10,16 @@ import pytest
 import torch
 
 from rayfed import ResourceError, RunConfig
-from rayfed.algorithms import apple
+from rayfed.algorithms import model_of
 from rayfed.algorithms.apple import (
     CORES_KEY,
     DR_KEY,
+    OWN_KEY,
+    VERSIONS_KEY,
     AppleClient,
     AppleParams,
     AppleServer,
+    CoreModels,
     anneal,
     dr_gradient,
     lagged_anneal,
@@ -28,22 +31,26 @@ from rayfed.engine import Simulation
 from rayfed.engine.callbacks import Callback
 from rayfed.engine.sizing import client_states_bytes
 from rayfed.train.layout import ParamLayout
-from rayfed.train.loop import FINAL_CARRY
+from tests.algorithms.read_back import settled
 from tests.algorithms.tiny_problem import tiny_job, tiny_problem
 from tests.conftest import tiny_overrides, train_client
 
 
 class ClientCopies(Callback):
-    """``rounds[t][cid]``: (copies, p_i) each client holds after round t, and the server's core models."""
+    """``rounds[t][cid]``: (copies, p_i) each client holds after round t (its own row: the core it trained, which it
+    keeps beside the copies), and the server's core models."""
 
     def __init__(self) -> None:
         self.rounds: list[dict[int, tuple[np.ndarray, np.ndarray]]] = []
         self.server: list[np.ndarray] = []
 
     def after_round(self, run, record, clients) -> bool:
-        self.rounds.append(
-            {cid: (np.array(state[CORES_KEY]), np.array(state[DR_KEY])) for cid, state in run.client_states()}
-        )
+        held = {}
+        for cid, state in run.client_states():
+            cores = np.array(state[CORES_KEY])
+            cores[cid] = state[OWN_KEY]
+            held[cid] = (cores, np.array(state[DR_KEY]))
+        self.rounds.append(held)
         self.server.append(np.array(run.server_state()["cores"]))
         return False
 
@@ -113,33 +120,70 @@ def test_the_proximal_weight_is_cosine_annealed_until_round_l_r() -> None:
     assert lagged_anneal(3, 12, 0.2) == anneal(2, 2, 1.0) == 0.0  # int(0.2 · 12) = 2 rounds, not 2.4
 
 
-def test_pfllib_parallel_steps_the_core_first_and_shares_the_personal_model_of_its_last_step() -> None:
-    # Arrange: client 1 of 3 with one full batch (one step), its copies of the core models and p_1.
+def _one_step_of_client_1(fidelity: str):  # noqa: ANN202
+    """Client 1 of 3 holding copies of the core models and p_1, trained one full-batch step (round 0, so λ = 1);
+    returns the client half, the job, the copies, p_1, p⁽⁰⁾ and ∇_φ L at φ_1 = Σ_j p_j θ_j (float64)."""
     flat, spec = tiny_problem(3, 2, "apple")
     train = TrainConfig(lr=0.1, batch_size=8, drop_last=False)
     job = tiny_job(flat, 1, [5, 3], train)
     rng = np.random.default_rng(0)
     cores = rng.normal(size=(3, flat.size)).astype(np.float32)
     p, p0 = np.array([0.2, 0.5, 0.3]), np.array([0.3, 0.3, 0.4])
-    job.scratch[apple._CORES] = (cores.copy(), p.copy(), np.zeros(3, np.int64))
-    job.scratch[apple._TARGET] = p0
-    params = AppleParams(dr_lr=0.05, mu=0.1, anneal_rounds=100)
+    job.state = {CORES_KEY: cores.copy(), DR_KEY: p.copy(), VERSIONS_KEY: np.zeros(3, np.int64)}
+    # No copy is stale (every version 0), so the client mixes its own copies.
+    message = CoreModels(
+        rng.normal(size=(3, flat.size)).astype(np.float32),
+        np.zeros(3, np.int64),
+        flat.size,
+        cores[0],
+        p0,
+        np.full(3, 1 / 3),
+    )
+    client = AppleClient(AppleParams(dr_lr=0.05, mu=0.1, anneal_rounds=100, fidelity=fidelity), spec)
     # Act
-    train_client(AppleClient(params, spec), job)
-    # Assert: θ_1 moved by η·M·p_11·∇_φ L, then p stepped with ⟨∇ ⊙ c, θ_j⟩ at the moved θ_1 and λ = 1 (round 0);
-    # the core it keeps and shares is φ of its step, Σ_j p_j θ_j before the move.
+    train_client(client, message, job)
+    # ∇_φ L at φ_1, computed here.
     phi = torch.from_numpy(p @ cores.astype(np.float64)).float()
+    np.testing.assert_allclose(model_of(job.start), phi.numpy(), rtol=1e-6)  # the start is φ_1
+    trained = flat.numpy()
     flat.vector.data.copy_(phi)
     flat.zero_grad()
     torch.nn.functional.cross_entropy(job.model(job.x_train), job.y_train).backward()
-    grad = flat.grad.double()
+    return client, message, job, cores, p, p0, flat.grad.double(), phi, trained
+
+
+def test_pfllib_parallel_steps_the_core_first_and_shares_the_personal_model_of_its_last_step() -> None:
+    client, message, job, cores, p, p0, grad, phi, _ = _one_step_of_client_1("pfllib_parallel")
+    # Assert: θ_1 moved by η·M·p_11·∇_φ L, then p stepped with ⟨∇ ⊙ c, θ_j⟩ at the moved θ_1 and λ = 1 (round 0);
+    # the core it keeps and shares is φ of its step, Σ_j p_j θ_j before the move.
     moved = torch.from_numpy(cores).double()
     moved[1] -= 0.1 * 3 * 0.5 * grad
-    weights = torch.from_numpy(tensor_mean_weights(flat.layout)).double()
+    weights = torch.from_numpy(tensor_mean_weights(job.flat.layout)).double()
     expected_p = p - 0.05 * dr_gradient(moved, grad, torch.from_numpy(p), torch.from_numpy(p0), 0.1, weights).numpy()
-    carry = job.scratch[FINAL_CARRY][0]  # the core it keeps and p_1, as the phase left them
-    np.testing.assert_allclose(carry["p"].numpy(), expected_p, rtol=1e-5)
-    np.testing.assert_allclose(carry["core"].numpy(), phi.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(job.extra["p"].numpy(), expected_p, rtol=1e-5)
+    np.testing.assert_allclose(job.extra["core"].numpy(), phi.numpy(), rtol=1e-6)
+    # Uploaded and kept: that core (its own, beside the copies it holds), and the new p_1.
+    upload = settled(client.upload(message, job), job)
+    np.testing.assert_allclose(upload.matrix()[0], phi.numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(job.state[OWN_KEY], job.extra["core"].numpy())
+    np.testing.assert_array_equal(job.state[CORES_KEY], cores)
+    np.testing.assert_allclose(job.state[DR_KEY], expected_p, rtol=1e-5)
+
+
+def test_paper_steps_core_and_p_by_their_gradients_at_the_same_point() -> None:
+    client, message, job, cores, p, p0, grad, phi, trained = _one_step_of_client_1("paper")
+    # Assert: θ_1 ← θ_1 − η1 p_11 ∇_φ L (η1 = train.lr) and p ← p − η2 (⟨∇_φ L, θ_j⟩ + λμ (p − p⁽⁰⁾)), both at the
+    # step's start; the model left is the personal model after the step, Σ_j p'_j θ'_j.
+    moved = torch.from_numpy(cores).double()
+    moved[1] -= 0.1 * 0.5 * grad
+    theta = torch.from_numpy(cores).double()
+    expected_p = p - 0.05 * dr_gradient(theta, grad, torch.from_numpy(p), torch.from_numpy(p0), 0.1).numpy()
+    np.testing.assert_allclose(job.extra["core"].numpy(), moved[1].numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(job.extra["p"].numpy(), expected_p, rtol=1e-5)
+    np.testing.assert_allclose(trained, (torch.from_numpy(expected_p) @ moved).numpy(), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(trained, phi.numpy())
+    upload = settled(client.upload(message, job), job)
+    np.testing.assert_allclose(upload.matrix()[0], moved[1].numpy(), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("join_ratio", [1.0, 0.6])

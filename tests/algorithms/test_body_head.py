@@ -3,7 +3,6 @@ cwFedAvg), state slices with buffers, training one part with the other frozen, s
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import numpy as np
@@ -12,14 +11,15 @@ import torch
 import torch.nn.functional as F
 
 from rayfed import ConfigError, RunConfig
-from rayfed.algorithms import RoundContext
+from rayfed.algorithms import ClientHalf, RoundContext
 from rayfed.algorithms.common.architecture import trailing_blocks
-from rayfed.algorithms.common.body_head import BodyHeadParams, PartialModels, part_phase, split_body_head
+from rayfed.algorithms.common.body_head import BodyHeadParams, part_phase, split_body_head
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, model_parts
 from rayfed.data import load_dataset, make_partition
 from rayfed.engine.problem_build import build_problem
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.server import Server
+from rayfed.util.errors import MethodError
 from tests.algorithms.body_head_cases import job, tiny_problem
 from tests.conftest import train_phases
 
@@ -112,18 +112,23 @@ def test_a_part_phase_takes_the_sgd_step_on_that_part_only(part_name: str) -> No
     outside[part] = False
     np.testing.assert_array_equal(flat.numpy()[outside], start[outside])
     assert steps == 1 and all(p.requires_grad for p in flat.params)
-    assert train_phases(client, [part_phase(part, 0)])[1] == 0
+    # A part phase of no epoch is refused before it trains (a method leaves such a phase out).
+    with pytest.raises(MethodError, match=r"Phase\.epochs=0 must be a whole number >= 1"):
+        train_phases(client, [part_phase(part, 0)])
+    np.testing.assert_allclose(flat.numpy(), expected, rtol=1e-5, atol=1e-7)
 
 
 # --- shared-body evaluation ---------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class _OneByOne(PartialModels):
-    """The same broadcast, evaluated client by client."""
+def _one_by_one(half: ClientHalf) -> ClientHalf:  # type: ignore[type-arg]
+    """The same client half, whose clients are evaluated one by one."""
 
-    def shared_body(self, jobs):  # noqa: ANN001, ANN201
-        return None
+    class OneByOne(type(half)):  # type: ignore[misc]
+        def shared_body(self, message, jobs):  # noqa: ANN001, ANN201
+            return None
+
+    return OneByOne(half.params, half.spec)
 
 
 @pytest.mark.parametrize(
@@ -145,13 +150,14 @@ def test_shared_body_evaluation_equals_a_forward_per_client(algorithm, params, s
     ctx = RoundContext(round=0, seed=0, lr=config.train.lr, sampled=np.arange(6))
     trained = runner.train(server.broadcast(), ctx, ids[:6])
     server.aggregate(ctx, trained.contribution)
-    broadcast = server.broadcast()
+    message = server.broadcast()
+    plain = ClientRunner(config, spec, dataset, partition)
+    plain.client_half = _one_by_one(runner.client_half)
     # Execute
     jobs = [runner.job(cid, ctx, trained.states.get(cid), evaluation=True) for cid in ids]
-    plan = broadcast.shared_body(jobs)
-    plain = _OneByOne(**{f.name: getattr(broadcast, f.name) for f in dataclasses.fields(PartialModels)})
-    batched = runner.evaluate(broadcast, ctx, ids, trained.states)
-    one_by_one = runner.evaluate(plain, ctx, ids, trained.states)
+    plan = runner.client_half.shared_body(message, jobs)
+    batched = runner.evaluate(message, ctx, ids, trained.states)
+    one_by_one = plain.evaluate(message, ctx, ids, trained.states)
     # Assert: clients 6 and 7 never trained and use the initial head.
     assert (plan is not None) == shared
     assert [(r.client_id, r.num_test, r.correct) for r in batched] == [

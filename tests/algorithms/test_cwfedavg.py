@@ -3,7 +3,6 @@ the worker-side halves, and short end-to-end runs on the offline synthetic datas
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 
@@ -36,6 +35,7 @@ from rayfed.execution.server import Server
 from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
+from tests.algorithms.read_back import settled
 from tests.algorithms.tiny_problem import TinyNet, tiny_job, tiny_problem
 from tests.conftest import tiny_overrides, train_client, train_phases
 
@@ -58,7 +58,15 @@ def _ctx(sampled: list[int], num_clients: int = 3) -> RoundContext:
 
 
 def _client_sum(theta: np.ndarray, n: int, row: np.ndarray, cid: int, shared: np.ndarray | None = None) -> ClasswiseSum:
-    return ClasswiseSum.of_client(cid, n, row, norms=3 * row, model=theta, shared=shared)
+    """One client's upload as the client half makes it: θ_i^cw, n_i p̃_i, its FedAvg part, its row and norms."""
+    return ClasswiseSum(
+        masses=n * np.asarray(row, np.float64),
+        shared=None if shared is None else WeightedSum.of(shared, n),
+        client_ids=np.array([cid], np.int64),
+        rows=np.asarray(row, np.float32)[None],
+        norms=np.asarray(3 * row, np.float32)[None],
+        model=np.asarray(theta, np.float32),
+    )
 
 
 # --- Eq. 4, 6, 7, 8 -----------------------------------------------------------------------------
@@ -245,16 +253,16 @@ def test_invalid_params_name_the_field_the_value_and_what_is_allowed(field: str,
 # --- worker-side halves -------------------------------------------------------------------------
 
 
-def test_broadcast_personalises_with_the_clients_row_and_fedavg_rest() -> None:
+def test_start_mixes_the_class_models_by_the_clients_row_and_takes_the_fedavg_rest() -> None:
     # Prepare
     flat, spec = _tiny_problem()
     parts = model_parts(spec, "tiny", CwFedAvgParams(classwise_blocks=1))
     heads = np.stack([np.full(10, 1.0), np.full(10, 3.0)]).astype(np.float32)
     shared = np.arange(parts.shared_size, dtype=np.float32)
     rows = np.array([[0.5, 0.5], [0.25, 0.75], [1, 0]], np.float32)
-    broadcast = ClasswiseModels(heads, shared, np.zeros(0, np.float32), rows, parts, CwFedAvgParams())
+    message = ClasswiseModels(heads, shared, np.zeros(0, np.float32), rows, parts)
     # Execute
-    broadcast.personalise(_job(flat, 1, [5, 15]))
+    flat.load_state(CwFedAvgClient(CwFedAvgParams(), spec).start(message, _job(flat, 1, [5, 15])))
     # Assert: 0.25·1 + 0.75·3 = 2.5 over the head; G_avg elsewhere.
     np.testing.assert_allclose(flat.numpy(parts.classwise), 2.5)
     np.testing.assert_array_equal(parts.gather_shared(flat.numpy()), shared)
@@ -266,9 +274,11 @@ def test_wdr_pulls_the_estimated_distribution_towards_the_label_distribution() -
     moved = {}
     for variant in ("wdr", "no_wdr"):
         flat.load(start)
-        client = CwFedAvgClient(CwFedAvgParams(wdr_lambda=20, variant=variant), spec)
+        params = CwFedAvgParams(wdr_lambda=20, variant=variant)
+        message = CwFedAvgServer(params, spec, {"tiny": start}).broadcast()
+        client = CwFedAvgClient(params, spec)
         job = _job(flat, 0, [20, 0])
-        (phase,) = client.phases(job)
+        (phase,) = client.phases(message, job)
         train_phases(job, [phase])
         moved[variant] = float(estimate_class_distribution(flat.params[2].detach())[0])
         if variant == "wdr":  # the loss term is c·‖p − p̃(W)‖ on the live output weight
@@ -314,18 +324,19 @@ def test_batchnorm_statistics_stay_with_their_client() -> None:
     )
     server = CwFedAvgServer(CwFedAvgParams(), spec, {"tiny": flat.state_numpy()})
     initial_buffers = flat.buffers.clone()
-    trained = _job(flat, 0, [6, 4])
-    server.broadcast().personalise(trained)
-    train_client(CwFedAvgClient(CwFedAvgParams(), spec), trained)
+    client, trained = CwFedAvgClient(CwFedAvgParams(), spec), _job(flat, 0, [6, 4])
+    train_client(client, server.broadcast(), trained)
     # Execute
-    upload = server.broadcast().contribute(trained)
+    upload = settled(client.upload(server.broadcast(), trained), trained)
     own = trained.state["buffers"].copy()
+    # One upload is model-sized: θ_i over both parts, its K masses (float64), row and norms (float32), n_i and its id.
+    assert upload.nbytes == flat.size * 4 + 2 * 16 + 8 + 8
     server.aggregate(_ctx([0], 2), upload)
     returning, fresh = _job(flat, 0, [6, 4]), _job(flat, 1, [5, 5])
     returning.state = trained.state
-    server.broadcast().personalise(fresh)
+    flat.load_state(client.start(server.broadcast(), fresh))
     fresh_buffers = flat.buffers.clone()
-    server.broadcast().personalise(returning)
+    flat.load_state(client.start(server.broadcast(), returning))
     # Assert: the returning client gets its own statistics back, a new one the initial ones.
     assert not np.allclose(own, initial_buffers.numpy())
     np.testing.assert_array_equal(flat.buffers.numpy(), own)
@@ -366,8 +377,8 @@ def test_default_variant_uploads_no_label_distribution_or_counts(tiny_simulation
 
 def test_dist_variant_uploads_label_counts_and_their_distribution(tiny_simulation) -> None:
     config, sim = tiny_simulation
-    params = CwFedAvgParams(variant="dist")
-    server = CwFedAvgServer(params, sim.spec, sim.initial)
+    config = config.override({"algorithm.params.variant": "dist"})  # the client half reads its params from it
+    server = CwFedAvgServer(config.algorithm.params, sim.spec, sim.initial)
     runner = ClientRunner(config, sim.spec, sim.dataset, sim.partition)
     upload = runner.train(server.broadcast(), _ctx([0, 1], 5), [0, 1]).contribution
     np.testing.assert_array_equal(upload.label_counts, sim.partition.label_counts[[0, 1]])
@@ -533,11 +544,10 @@ def test_classwise_layers_by_name_equal_the_block_count() -> None:
 # --- shared-body evaluation ---------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class _FullModels(ClasswiseModels):
-    """The same broadcast, evaluated client by client (no shared body)."""
+class _FullModels(CwFedAvgClient):
+    """The same client half, evaluated client by client (no shared body)."""
 
-    def shared_body(self, jobs):  # noqa: ANN001, ANN201
+    def shared_body(self, message, jobs):  # noqa: ANN001, ANN201
         return None
 
 
@@ -568,11 +578,12 @@ def test_shared_body_evaluation_equals_a_forward_per_client(params, shared) -> N
     runner, server = ClientRunner(config, spec, dataset, partition), Server(config, spec, initial)
     ctx = RoundContext(round=0, seed=0, lr=config.train.lr, sampled=np.arange(12))
     server.aggregate(ctx, runner.train(server.broadcast(), ctx, list(range(12))).contribution)
-    broadcast = server.broadcast()
+    message = server.broadcast()
     jobs = [runner.job(cid, ctx, None, evaluation=True) for cid in range(12)]
-    assert (broadcast.shared_body(jobs) is not None) == shared
-    full = _FullModels(**{f.name: getattr(broadcast, f.name) for f in dataclasses.fields(ClasswiseModels)})
-    batched, one_by_one = runner.evaluate(broadcast, ctx, list(range(12))), runner.evaluate(full, ctx, list(range(12)))
+    assert (runner.client_half.shared_body(message, jobs) is not None) == shared
+    full = ClientRunner(config, spec, dataset, partition)
+    full.client_half = _FullModels(config.algorithm.params, spec)
+    batched, one_by_one = runner.evaluate(message, ctx, list(range(12))), full.evaluate(message, ctx, list(range(12)))
     assert [(r.client_id, r.num_test, r.correct) for r in batched] == [
         (r.client_id, r.num_test, r.correct) for r in one_by_one
     ]

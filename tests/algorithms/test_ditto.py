@@ -7,21 +7,21 @@ import re
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from rayfed import ConfigError, RunConfig
 from rayfed.algorithms.ditto import DittoClient, DittoModels, DittoParams
-from tests.algorithms.body_head_cases import assert_local_parts_kept, job, run_logged, sampled_rows, tiny_problem
+from tests.algorithms.body_head_cases import (
+    assert_local_parts_kept,
+    full_batch_gradient,
+    job,
+    run_logged,
+    sampled_rows,
+    tiny_problem,
+)
+from tests.algorithms.read_back import settled
 from tests.conftest import train_client
 
 torch.set_num_threads(1)
-
-
-def _gradient(flat, client, vector: np.ndarray) -> np.ndarray:  # noqa: ANN001
-    flat.load(vector)
-    flat.zero_grad()
-    F.cross_entropy(flat.module(client.x_train), client.y_train).backward()
-    return flat.grad.numpy().copy()
 
 
 def test_personal_step_is_pulled_towards_the_rounds_global_model() -> None:
@@ -31,19 +31,22 @@ def test_personal_step_is_pulled_towards_the_rounds_global_model() -> None:
     v = w + np.random.default_rng(0).normal(scale=0.3, size=w.size).astype(np.float32)
     client = job(flat, 0, lr=0.1)
     client.state = {"model": v}
-    expected_v = v - 0.1 * (_gradient(flat, client, v) + 2.0 * (v - w))  # Algorithm 1, λ = 2
-    expected_w = w - 0.1 * _gradient(flat, client, w)  # FedAvg's local step
-    broadcast = DittoModels(w, initial=np.zeros_like(w))
+    expected_v = v - 0.1 * (full_batch_gradient(flat, client, v) + 2.0 * (v - w))  # Algorithm 1, λ = 2
+    expected_w = w - 0.1 * full_batch_gradient(flat, client, w)  # FedAvg's local step
+    message = DittoModels(w, initial=np.zeros_like(w))
+    half = DittoClient(DittoParams(lam=2.0), spec)
     # Execute
-    broadcast.personalise(client)
-    train_client(DittoClient(DittoParams(lam=2.0), spec), client)
-    # Assert: v_k persisted, w_k left in the model (and uploaded).
+    train_client(half, message, client)
+    upload = settled(half.upload(message, client), client)
+    # Assert: v_k persisted, w_k left in the model and uploaded (weighted by n_k).
     np.testing.assert_allclose(client.state["model"], expected_v, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(flat.numpy(), expected_w, rtol=1e-5, atol=1e-6)
-    broadcast.prepare_eval(client)
-    np.testing.assert_array_equal(flat.numpy(), client.state["model"])
-    assert broadcast.prepare_global_eval(client)
-    np.testing.assert_array_equal(flat.numpy(), w)
+    np.testing.assert_allclose(upload.average(), expected_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(half.evaluation(message, client), client.state["model"])
+    np.testing.assert_array_equal(half.global_model(message, client), w)
+    # s = 0 personal epochs: the personal phase is left out, and the client trains FedAvg's phase only.
+    (only,) = DittoClient(DittoParams(lam=2.0, personal_epochs=0), spec).phases(message, client)
+    assert only.model is None and only.loss is None and only.epochs == client.train.local_epochs
 
 
 def test_lambda_is_checked() -> None:

@@ -11,6 +11,7 @@ import torch
 
 from rayfed import ConfigError, RunConfig, run
 from rayfed.algorithms import ALGORITHMS, RoundContext, sum_contributions
+from rayfed.algorithms.common.global_model import GlobalModel
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedawa import FedAWALServer, FedAWAParams, FedAWAServer
 from rayfed.algorithms.fedawa_objective import (
@@ -33,6 +34,7 @@ from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.files import load_arrays
+from tests.algorithms.read_back import settled
 from tests.conftest import client_job, tiny_overrides, train_client
 
 # A model of two "modules": a (weight 6, bias 2) and bn (weight 2, bias 2, running mean 2 and var 2).
@@ -421,15 +423,15 @@ def test_momentum_buffer_persists_like_one_torch_sgd_across_rounds() -> None:
     client = PersistentMomentumClient(None, None)  # type: ignore[arg-type]
     optimiser = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
     state = None
+    message = GlobalModel(flat.numpy())
     for _ in range(2):  # each round starts again from the same global model
         with torch.no_grad():
-            for p, s in zip(net.parameters(), start):
-                p.copy_(s)
             for p, s in zip(reference.parameters(), start):
                 p.copy_(s)
         job = _job(flat, state)
-        # Execute
-        train_client(client, job)
+        # Execute: the worker starts the client from θ_g, trains it and reads back what it keeps.
+        train_client(client, message, job)
+        settled(client.upload(message, job), job)
         state = job.state
         gen = torch.Generator().manual_seed(1)
         order = torch.randperm(12, generator=gen)
@@ -441,7 +443,8 @@ def test_momentum_buffer_persists_like_one_torch_sgd_across_rounds() -> None:
     # Assert
     for mine, theirs in zip(net.parameters(), reference.parameters()):
         torch.testing.assert_close(mine, theirs)
-    assert state is not None and state[MOMENTUM_KEY].shape == (flat.size,)
+    assert state is not None and isinstance(state[MOMENTUM_KEY], np.ndarray)
+    assert state[MOMENTUM_KEY].shape == (flat.size,)
 
 
 # --- end to end ---------------------------------------------------------------------------------

@@ -23,8 +23,9 @@ def test_training_never_moves_the_head() -> None:
     head = flat.layout.slice_of("fc")
     client = job(flat, 0, n=20, batch_size=5, local_epochs=2, momentum=0.9, weight_decay=0.01)
     start = flat.numpy()
+    message = FedBabuServer(FedBabuParams(), spec, {"tiny": flat.state_numpy()}).broadcast()
     # Execute
-    _, steps = train_client(FedBabuClient(FedBabuParams(), spec), client)
+    _, steps = train_client(FedBabuClient(FedBabuParams(), spec), message, client)
     # Assert
     np.testing.assert_array_equal(flat.numpy()[head], start[head])
     assert not np.array_equal(flat.numpy(), start) and steps == 8
@@ -36,7 +37,7 @@ def test_evaluation_fine_tunes_the_whole_model_from_global_body_and_initial_head
     initial = flat.state_numpy()
     server = FedBabuServer(FedBabuParams(finetune_epochs=1), spec, {"tiny": initial})
     server.shared = server.shared + 0.5
-    broadcast = server.broadcast()
+    message = server.broadcast()
     half = FedBabuClient(FedBabuParams(finetune_epochs=1), spec)
 
     def evaluation_job() -> ClientJob:  # a worker builds a fresh job (its own generator) for each evaluation
@@ -44,13 +45,14 @@ def test_evaluation_fine_tunes_the_whole_model_from_global_body_and_initial_head
         fresh.state = {"untouched": np.ones(2, np.float32)}
         return fresh
 
-    def prepare(client: ClientJob) -> None:
-        train_phases(client, half.prepare_eval(broadcast, client))
+    def prepare(client: ClientJob) -> None:  # as a worker loads the evaluation model and fine-tunes it
+        flat.load_state(half.evaluation(message, client))
+        train_phases(client, half.fine_tuning(message, client))
 
     client = evaluation_job()
     body, head = flat.layout.slice_of("body"), flat.layout.slice_of("fc")
     # Execute: the global model, then the personalised one (twice).
-    assert broadcast.prepare_global_eval(client)
+    flat.load_state(half.global_model(message, client))
     global_model = flat.numpy()
     flat.zero_grad()
     F.cross_entropy(flat.module(client.x_train), client.y_train).backward()
@@ -63,8 +65,10 @@ def test_evaluation_fine_tunes_the_whole_model_from_global_body_and_initial_head
     np.testing.assert_array_equal(global_model[head], initial[head])
     np.testing.assert_allclose(first, expected, rtol=1e-5, atol=1e-7)
     np.testing.assert_array_equal(flat.numpy(), first)
-    assert set(client.state) == {"untouched"} and broadcast.shared_body([client]) is None
-    assert broadcast.bytes_down(client) == (body.stop - body.start) * 4
+    assert set(client.state) == {"untouched"} and half.shared_body(message, [client]) is None
+    assert half.bytes_down(message, client) == (body.stop - body.start) * 4
+    # Without fine-tuning, no phase: the evaluated model is the global model.
+    assert FedBabuClient(FedBabuParams(finetune_epochs=0), spec).fine_tuning(message, client) == []
 
 
 def test_fine_tuning_personalises_and_only_the_body_travels(tmp_path) -> None:

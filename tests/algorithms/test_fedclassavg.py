@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rayfed import ConfigError, RunConfig, run
-from rayfed.algorithms import RoundContext
+from rayfed.algorithms import RoundContext, model_of
 from rayfed.algorithms.fedclassavg import (
     CLASSIFIER_LAYER,
     FedClassAvgParams,
@@ -185,24 +185,25 @@ def test_clients_start_from_their_own_initialisation(tmp_path) -> None:
     # Prepare: two never-trained clients of one architecture.
     config = RunConfig().override(_overrides(tmp_path / "run", **{"model.client_models": ["fca_shufflenet"]}))
     runner, server = _runner_and_server(config)
-    broadcast = server.broadcast()
+    message, half = server.broadcast(), runner.client_half
     part = runner.model_for("fca_shufflenet").slice_of(CLASSIFIER_LAYER)
 
     def loaded(cid: int, hook: str) -> np.ndarray:
         ctx = RoundContext(round=0, seed=0, lr=5e-4, sampled=np.array([cid]))
         job = runner.job(cid, ctx, None, test=runner.gather(runner.partition.test(cid)))
-        getattr(broadcast, hook)(job)
+        model = model_of(half.start(message, job)) if hook == "start" else half.evaluation(message, job)
+        job.flat.load_state(model)
         return job.flat.numpy()
 
     # Execute
-    start0, start1, eval0 = loaded(0, "personalise"), loaded(1, "personalise"), loaded(0, "prepare_eval")
+    start0, start1, eval0 = loaded(0, "start"), loaded(1, "start"), loaded(0, "evaluation")
     # Assert: own extractors (reproducibly), the global classifier to train from, and the
     # client's own initial classifier when it is evaluated before it ever trained.
     assert not np.array_equal(start0[: part.start], start1[: part.start])
-    np.testing.assert_array_equal(start0, loaded(0, "personalise"))
-    np.testing.assert_array_equal(start0[part], broadcast.vector)
+    np.testing.assert_array_equal(start0, loaded(0, "start"))
+    np.testing.assert_array_equal(start0[part], message.vector)
     np.testing.assert_array_equal(eval0[: part.start], start0[: part.start])
-    assert not np.array_equal(eval0[part], broadcast.vector)
+    assert not np.array_equal(eval0[part], message.vector)
 
 
 def _sampled(run_dir, round_index: int) -> set[int]:

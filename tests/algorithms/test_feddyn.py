@@ -9,7 +9,7 @@ import torch
 
 from rayfed import RunConfig
 from rayfed.algorithms import RoundContext, WeightedSum, sum_contributions
-from rayfed.algorithms.feddyn import GRAD_KEY, FedDynBroadcast, FedDynClient, FedDynParams, FedDynServer
+from rayfed.algorithms.feddyn import GRAD_KEY, FedDynClient, FedDynModel, FedDynParams, FedDynServer
 from rayfed.algorithms.sizing import parameter_bytes
 from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
@@ -20,6 +20,7 @@ from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.stack_plan import logical_rows
+from tests.algorithms.read_back import settled
 from tests.conftest import client_job, tiny_overrides, train_client
 
 LAYOUT = ParamLayout(("w", "b"), ((2, 2), (2,)), (0, 4, 6))
@@ -85,7 +86,7 @@ def test_client_term_gradient_is_the_drift_term_minus_the_stored_gradient(fideli
     g = np.random.default_rng(2).normal(size=FlatModel(build_model("cnn4", (1, 28, 28), 10)).size).astype(np.float32)
     job, spec = _conv_job({GRAD_KEY: g})
     half = FedDynClient(FedDynParams(alpha=0.3, fidelity=fidelity), spec)
-    (phase,) = half.phases(job)
+    (phase,) = half.phases(FedDynModel(job.flat.state_numpy(), 0.3), job)
     start = job.flat.vector.detach().clone()
     constants = {**phase.constants, "start": logical_rows(start.unsqueeze(0), job.flat.layout)[0]}  # as the loop
     with torch.no_grad():
@@ -99,7 +100,8 @@ def test_client_term_gradient_is_the_drift_term_minus_the_stored_gradient(fideli
     drift = job.flat.vector.detach() - start
     pull = 0.3 * drift if fidelity == "paper" else 0.15 * drift / torch.linalg.vector_norm(drift)
     torch.testing.assert_close(job.flat.grad, -torch.from_numpy(g) + pull, rtol=1e-4, atol=1e-5)
-    assert phase.needs_start and (phase.optimizer.keep_momentum == "momentum") == (fidelity == "code")
+    assert "start" not in phase.constants  # the loop adds the round's start itself
+    assert (phase.optimizer.keep_momentum == "momentum") == (fidelity == "code")
 
 
 def test_the_gradient_state_pulls_local_training_along_it_and_is_updated() -> None:
@@ -110,17 +112,18 @@ def test_the_gradient_state_pulls_local_training_along_it_and_is_updated() -> No
     trained = []
     for state in (None, {GRAD_KEY: g}):
         job, _ = _conv_job(state)
-        broadcast = FedDynBroadcast(start, 0.01)
-        broadcast.personalise(job)
+        message = FedDynModel(start, 0.01)
         # Execute
-        train_client(half, job)
-        upload = broadcast.contribute(job)
+        train_client(half, message, job)
+        upload = settled(half.upload(message, job), job)
         trained.append(job.flat.vector.detach().numpy().copy())
         # Assert: the state becomes ∇L_k − α(θ_k − θ_g); the upload is θ_k with weight 1.
         theta_k = job.flat.state_numpy()
         expected = (g if state else 0) - 0.01 * (theta_k[: job.flat.size] - start[: job.flat.size])
         np.testing.assert_allclose(job.state[GRAD_KEY], expected, rtol=1e-5, atol=1e-7)
         assert upload.weight == 1.0 and upload.count == 1
+    # Under ``code`` the upload is weighted by n_k.
+    assert half.upload(FedDynModel(start, 0.01, size_weighted=True), job).weight == 40.0
     # The linear term −⟨g, θ⟩ adds −g to every step's gradient, so the model moves along +g: the
     # difference of the two runs points along g (4 SGD steps of lr 0.05: about 0.2·g).
     shift = trained[1] - trained[0]

@@ -28,6 +28,7 @@ from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
 from tests.algorithms.client_states import ServerStates
+from tests.algorithms.read_back import settled
 from tests.algorithms.tiny_problem import tiny_job, tiny_problem
 from tests.conftest import tiny_overrides, train_client
 
@@ -63,7 +64,11 @@ def test_prototype_update_equals_direct_computation() -> None:
     prototypes = initial_prototypes(3, 4, seed=1)
     feats_a, labels_a = rng.normal(size=(5, 4)), np.array([0, 0, 1, 1, 1])
     feats_b, labels_b = rng.normal(size=(2, 4)), np.array([1, 1])
-    uploads = [class_means(torch.tensor(f), torch.tensor(y), 3) for f, y in ((feats_a, labels_a), (feats_b, labels_b))]
+    means = [class_means(torch.tensor(f), torch.tensor(y), 3) for f, y in ((feats_a, labels_a), (feats_b, labels_b))]
+    assert [(m.dtype, n.dtype) for m, n in means] == [
+        (torch.float32, torch.float64)
+    ] * 2  # tensors, summed on the device
+    uploads = [(m.numpy(), n.numpy()) for m, n in means]
     sums, counts = uploads[0][0] + uploads[1][0], uploads[0][1] + uploads[1][1]
     # Execute
     updated = smooth_prototypes(prototypes, sums, counts, rho=0.9)
@@ -122,13 +127,13 @@ def test_local_training_keeps_prototypes_fixed_and_learns_the_scale() -> None:
     flat, spec = _tiny_problem()
     params = FedNHParams(scale=2.0)
     server = FedNHServer(params, spec, {"tiny": flat.state_numpy()})
+    message, client = server.broadcast(), FedNHClient(params, spec)
     job = _job(flat, 0, [6, 6, 0])
-    server.broadcast().personalise(job)
-    body_before = flat.vector[: flat.slice_of("body").stop].clone()
+    body_before = torch.from_numpy(message.vector[: flat.slice_of("body").stop])
     # Execute
     normalize_inputs_of(flat.module, "fc")  # as the worker builds its models for FedNH's clients
-    train_client(FedNHClient(params, spec), job)
-    upload = server.broadcast().contribute(job)
+    train_client(client, message, job)
+    upload = settled(client.upload(message, job), job)
     # Assert: rows of the output weight are s'·μ (same directions), bias 0, body trained, s moved.
     weight = flat.module.fc.weight.detach().numpy()
     scale = np.linalg.norm(weight, axis=1)
@@ -140,9 +145,45 @@ def test_local_training_keeps_prototypes_fixed_and_learns_the_scale() -> None:
     # With a fixed scale, s stays.
     fixed = FedNHParams(scale=2.0, learn_scale=False)
     job = _job(flat, 1, [3, 3, 3])
-    server.broadcast().personalise(job)
-    train_client(FedNHClient(fixed, spec), job)
+    train_client(FedNHClient(fixed, spec), message, job)
     np.testing.assert_allclose(np.linalg.norm(flat.module.fc.weight.detach().numpy(), axis=1), 2.0, rtol=1e-5)
+
+
+def test_the_scale_and_the_body_step_by_the_phases_sgd_with_the_scales_chain_rule_gradient() -> None:
+    # Prepare: two full-batch steps with momentum, weight decay and a clipping norm small enough to act.
+    flat, spec = _tiny_problem()
+    params = FedNHParams(scale=2.0, max_grad_norm=0.5)
+    message = FedNHServer(params, spec, {"tiny": flat.state_numpy()}).broadcast()
+    lr, momentum, decay = 0.5, 0.9, 1e-2
+    train = TrainConfig(lr=lr, batch_size=12, local_epochs=2, momentum=momentum, weight_decay=decay)
+    job = tiny_job(flat, 0, [6, 6, 0], train)
+    normalize_inputs_of(flat.module, "fc")
+    # Execute
+    _, steps = train_client(FedNHClient(params, spec), message, job)
+    # Assert: the same two steps by hand, the logits s·cos(f(x), μ_c) differentiated in s itself: each step
+    # clips (body, s)'s gradient to norm 0.5 together, then torch's SGD (d = g + wd·x, b ← m·b + d, x ← x − lr·b).
+    x, y = job.x_train.double(), job.y_train
+    mu = torch.from_numpy(message.prototypes).double()
+    start = torch.from_numpy(message.vector).double()
+    values = [start[:12].view(4, 3), start[12:16], torch.tensor(2.0, dtype=torch.float64)]
+    buffers: list[torch.Tensor] = []
+    factors = []
+    for _ in range(2):
+        w, b, s = (v.clone().requires_grad_(True) for v in values)
+        logits = s * F.normalize(torch.relu(x @ w.T + b), dim=1) @ mu.T
+        grads = torch.autograd.grad(F.cross_entropy(logits, y), (w, b, s))
+        factors.append(min(1.0, 0.5 / (float(torch.sqrt(sum(g.pow(2).sum() for g in grads))) + 1e-6)))
+        steps_d = [g * factors[-1] + decay * v for g, v in zip(grads, values)]
+        buffers = steps_d if not buffers else [momentum * buf + d for buf, d in zip(buffers, steps_d)]
+        values = [v - lr * buf for v, buf in zip(values, buffers)]
+    assert steps == 2 and factors[0] < 1.0
+    w, b, s = values
+    assert float(job.extra["s"]) == pytest.approx(float(s), rel=1e-4)
+    np.testing.assert_allclose(
+        flat.numpy(flat.slice_of("body")), torch.cat([w.reshape(-1), b]).numpy(), rtol=1e-4, atol=1e-6
+    )
+    np.testing.assert_allclose(flat.module.fc.weight.detach().numpy(), (s * mu).numpy(), rtol=1e-4, atol=1e-6)
+    assert not flat.module.fc.bias.detach().any()
 
 
 @pytest.mark.parametrize("weighting", ["size", "uniform"])

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from rayfed.algorithms import RoundContext, sum_contributions
+from rayfed.algorithms.common.body_head import PartialClient
 from rayfed.algorithms.fedper import FedPerParams, FedPerServer
 from tests.algorithms.body_head_cases import (
     assert_local_parts_kept,
@@ -26,7 +27,8 @@ def test_server_averages_uploaded_bodies_and_clients_keep_their_heads() -> None:
     body, head = flat.layout.slice_of("body"), flat.layout.slice_of("fc")
     rng = np.random.default_rng(0)
     models = rng.normal(size=(2, flat.size)).astype(np.float32)
-    uploads, jobs = upload_trained(server, flat, models, (12, 36))
+    half = PartialClient(FedPerParams(), spec)
+    uploads, jobs = upload_trained(server, half, flat, models, (12, 36))
     # Execute
     server.aggregate(RoundContext(0, 0, 0.1, np.array([0, 1])), sum_contributions(uploads))
     # Assert: body ← Σ n_i body_i / Σ n_i; each client holds its own head; only the body travels.
@@ -36,7 +38,7 @@ def test_server_averages_uploaded_bodies_and_clients_keep_their_heads() -> None:
     assert uploads[0].nbytes == (body.stop - body.start) * 4 + 8
     returning = job(flat, 1)
     returning.state = jobs[1].state
-    server.broadcast().personalise(returning)
+    flat.load_state(half.start(server.broadcast(), returning))
     np.testing.assert_allclose(flat.numpy()[body], server.shared)
     np.testing.assert_array_equal(flat.numpy()[head], models[1, head])
 

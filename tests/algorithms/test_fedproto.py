@@ -15,6 +15,7 @@ from rayfed.execution.client_runner import ClientRunner
 from rayfed.train.evaluate import features_before_output
 from rayfed.train.layout import ParamLayout
 from rayfed.train.problem import ProblemSpec
+from tests.algorithms.read_back import settled
 from tests.conftest import tiny_overrides
 
 
@@ -42,8 +43,11 @@ def test_server_prototypes_are_class_means_and_absent_classes_keep_theirs(aggreg
     f2, y2 = torch.randn(2, 2, generator=gen), torch.tensor([1, 1])
     server = FedProtoServer(FedProtoParams(aggregation=aggregation), _spec({"m": 2}), {})
     server.prototypes[2], server.present[2] = [7.0, 7.0], True
-    # Execute
-    upload = ClassSums.of_client(*class_sums(f1, y1, 3)) + ClassSums.of_client(*class_sums(f2, y2, 3))
+    # Execute: each client's upload from its class sums (on its device), read back once summed.
+    parts = [
+        ClassSums.of_client(*class_sums(f, y, 3), np.bincount(y, minlength=3) > 0) for f, y in ((f1, y1), (f2, y2))
+    ]
+    upload = settled(parts[0] + parts[1])
     server.aggregate(RoundContext(0, 0, 0.1, np.arange(2)), upload)
     # Assert: client_mean (authors' code): C̄(j) = mean_i C_i(j); count: Σ_i n_ij C_i(j) / Σ_i n_ij.
     c1 = [f1[y1 == j].mean(0).numpy() for j in (0, 1)]
@@ -53,6 +57,8 @@ def test_server_prototypes_are_class_means_and_absent_classes_keep_theirs(aggreg
     np.testing.assert_allclose(server.prototypes[1], expected, rtol=1e-5)
     np.testing.assert_array_equal(server.prototypes[2], [7.0, 7.0])
     assert server.present.all()
+    # Sent: per client a prototype (2 floats) and a count per class it holds (2 + 1), and a presence byte per class.
+    assert upload.sent == 3 and upload.nbytes == 3 * (2 * 4 + 8) + 3
 
 
 def test_models_with_different_feature_widths_are_refused() -> None:
@@ -67,7 +73,7 @@ def _distance_to_prototypes(runner: ClientRunner, result, server: FedProtoServer
     ctx = RoundContext(1, 0, runner.config.train.lr, np.arange(4))
     for cid in ids:
         job = runner.job(cid, ctx, result.states[cid], train=runner.gather(runner.partition.train(cid)))
-        server.broadcast().prepare_eval(job)
+        job.flat.load_state(runner.client_half.evaluation(server.broadcast(), job))
         layer = runner.spec.output_layer[job.architecture]
         features = torch.cat([f for _, f in features_before_output(job.model, layer, job.x_train)])
         protos = torch.from_numpy(server.prototypes)[job.y_train]

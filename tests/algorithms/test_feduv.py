@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from rayfed import ConfigError, RunConfig
+from rayfed.algorithms.common.global_model import GlobalModel
 from rayfed.algorithms.feduv import FedUVClient, FedUVParams, uniformity_loss, variance_loss, variance_target
 from rayfed.config import TrainConfig
 from rayfed.engine import Simulation
@@ -86,7 +87,7 @@ def test_client_adds_both_terms_on_the_penultimate_features() -> None:
     params = FedUVParams(variance_coeff=2.5, uniformity_coeff=0.5)
     seen: list[torch.Tensor] = []
     client = FedUVClient(params, spec)
-    (phase,) = client.phases(job)
+    (phase,) = client.phases(GlobalModel(flat.numpy()), job)
     assert phase.features == "fc"  # the loop hands the term what the output layer reads
 
     def spy(out: Outputs, batch: Batch, weights: Params, constants: Constants) -> torch.Tensor:

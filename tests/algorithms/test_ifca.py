@@ -10,8 +10,16 @@ import torch
 import torch.nn.functional as F
 
 from rayfed import ConfigError, RunConfig, run
-from rayfed.algorithms import RoundContext, sum_contributions
-from rayfed.algorithms.ifca import ClusterSums, IFCAModels, IFCAParams, IFCAServer
+from rayfed.algorithms import RoundContext, model_of, sum_contributions
+from rayfed.algorithms.ifca import (
+    ClusterSums,
+    IFCAClient,
+    IFCAModels,
+    IFCAParams,
+    IFCAServer,
+    choose_cluster,
+    cluster_losses,
+)
 from rayfed.data import load_dataset, normalize_batch
 from rayfed.engine import Simulation
 from rayfed.engine.problem_build import build_problem
@@ -19,6 +27,7 @@ from rayfed.models import build_model
 from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
 from tests.algorithms.client_states import ServerStates
+from tests.algorithms.read_back import settled
 from tests.algorithms.two_groups import group_of, two_group_overrides
 from tests.conftest import client_job, tiny_overrides
 
@@ -48,24 +57,32 @@ def test_client_trains_the_cluster_model_with_the_lowest_loss_on_its_training_da
     modules = [modules[i] for i in np.argsort(direct)[::-1]]
     models = np.stack([FlatModel(m).state_numpy() for m in modules])
     job = _job(FlatModel(torch.nn.Linear(4, 3)), x, y)
-    broadcast = IFCAModels(models, np.full(1, -1), default_cluster=0)
+    message, client = IFCAModels(models, np.full(1, -1), default_cluster=0), IFCAClient(None, None)
     # Execute
-    broadcast.personalise(job)
-    upload = broadcast.contribute(job)
-    # Assert: argmin_j F_i(θ_j) is picked, loaded and named in the upload.
+    job.start = client.start(message, job)
+    job.flat.load_state(model_of(job.start))
+    upload = settled(client.upload(message, job))
+    # Assert: F_i(θ_j) are the direct losses (float64, on the device); argmin_j F_i(θ_j) is picked, loaded and
+    # uploaded in its cluster's row alone, weighted by n_i.
+    losses = cluster_losses(job, torch.from_numpy(models))
+    assert losses.dtype == torch.float64
+    np.testing.assert_allclose(losses.numpy(), sorted(direct, reverse=True), rtol=1e-6)
+    assert int(choose_cluster(losses)) == 2 and int(choose_cluster(torch.tensor([1.0, 0.5, 0.5]))) == 1  # ties: lowest
     np.testing.assert_array_equal(job.flat.state_numpy(), models[2])
-    assert list(upload.sums) == [2] and upload.clusters.tolist() == [2]
+    np.testing.assert_array_equal(upload.weights, [0.0, 0.0, 30.0])
+    np.testing.assert_allclose(upload.totals[2], 30 * models[2], rtol=1e-6)
+    assert not upload.totals[:2].any() and upload.clusters.tolist() == [2] and upload.client_ids.tolist() == [0]
 
 
 def test_evaluation_without_training_data_uses_the_last_choice_or_the_most_chosen_cluster() -> None:
     # Prepare: client 0 last chose cluster 1; client 1 never trained; cluster 2 is the most chosen.
     models = np.stack([np.full(8, float(j), np.float32) for j in range(3)])
-    broadcast = IFCAModels(models, np.array([1, -1]), default_cluster=2)
+    message = IFCAModels(models, np.array([1, -1]), default_cluster=2)
     empty_x, empty_y = torch.empty(0, 3), torch.empty(0, dtype=torch.long)
     for client, expected in ((0, 1), (1, 2)):
         job = _job(FlatModel(torch.nn.Linear(3, 2)), empty_x, empty_y, client_id=client)
         # Execute
-        broadcast.prepare_eval(job)
+        job.flat.load_state(IFCAClient(None, None).evaluation(message, job))
         # Assert
         np.testing.assert_array_equal(job.flat.state_numpy(), models[expected])
 
@@ -82,9 +99,11 @@ def test_cluster_sums_add_per_cluster_and_the_server_averages_each_chosen_cluste
     size = server.models.shape[1]
     trained = rng.normal(size=(3, size)).astype(np.float32)
     chosen, sizes = [1, 0, 1], [10.0, 5.0, 30.0]
-    upload = sum_contributions(
-        ClusterSums.of(j, v, cid, n) for cid, (j, v, n) in enumerate(zip(chosen, trained, sizes))
-    )
+    parts = [
+        ClusterSums.of(torch.tensor(j), torch.from_numpy(v), cid, n, 3)
+        for cid, (j, v, n) in enumerate(zip(chosen, trained, sizes))
+    ]
+    upload = settled(sum_contributions(parts))
     # Execute
     metrics = server.aggregate(RoundContext(0, 0, 0.1, np.arange(3)), upload)
     # Assert: θ_j = Σ n_i θ̃_i / Σ n_i over its choosers; an unchosen cluster keeps its model.
@@ -92,7 +111,8 @@ def test_cluster_sums_add_per_cluster_and_the_server_averages_each_chosen_cluste
     np.testing.assert_allclose(server.models[0], trained[1], rtol=1e-6)
     np.testing.assert_array_equal(server.models[2], untouched)
     assert server.assignment.tolist() == [1, 0, 1, -1] and server.broadcast().default_cluster == 1
-    assert metrics["ifca_clusters_chosen"] == 2 and upload.nbytes == 2 * (size * 4 + 8) + 3 * 16  # two clusters summed
+    assert metrics["ifca_clusters_chosen"] == 2
+    assert upload.nbytes == 2 * (size * 4 + 8) + 3 * 16  # two clusters summed (and each upload's id and cluster)
 
 
 def test_cluster_initialisations_are_distinct_seeded_and_state_round_trips(tmp_path) -> None:

@@ -12,7 +12,7 @@ import torch
 from rayfed import RunConfig
 from rayfed.algorithms.common.own_models import ClientInit
 from rayfed.algorithms.hooks import RoundContext
-from rayfed.algorithms.ktpfl import KTpFLBroadcast, KTpFLClient, KTpFLParams, KTpFLServer, code_pairing
+from rayfed.algorithms.ktpfl import KTpFLClient, KTpFLMessage, KTpFLParams, KTpFLServer, code_pairing
 from rayfed.algorithms.ktpfl_equations import personalised_targets, update_coefficients
 from rayfed.engine import Simulation
 from rayfed.execution.client_runner import ClientRunner
@@ -83,8 +83,8 @@ def test_distillation_moves_a_clients_public_predictions_towards_its_target(tmp_
     targets[:, :, k_star] = 1.0
     ctx = RoundContext(round=1, seed=0, lr=config.train.lr, sampled=np.arange(m))
     # Execute: the same client, from the same model and batches, with and without the target.
-    with_target = runner.train(KTpFLBroadcast(ClientInit.of(sim.spec), targets), ctx, [0]).contribution
-    without = runner.train(KTpFLBroadcast(ClientInit.of(sim.spec), None), ctx, [0]).contribution
+    with_target = runner.train(KTpFLMessage(ClientInit.of(sim.spec), targets), ctx, [0]).contribution
+    without = runner.train(KTpFLMessage(ClientInit.of(sim.spec), None), ctx, [0]).contribution
     # Assert: the shared public set reaches the worker, and the distilled predictions put more mass on k*.
     assert runner.spec.held_out is not None
     pulled = with_target.matrix().reshape(p, k)[:, k_star].mean()

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from rayfed.algorithms import RoundContext, sum_contributions
+from rayfed.algorithms.common.body_head import PartialClient
 from rayfed.algorithms.lgfedavg import LgFedAvgParams, LgFedAvgServer
 from tests.algorithms.body_head_cases import (
     assert_local_parts_kept,
@@ -27,7 +28,8 @@ def test_server_averages_uploaded_heads_and_clients_keep_their_bodies() -> None:
     body, head = flat.layout.slice_of("body"), flat.layout.slice_of("fc")
     rng = np.random.default_rng(1)
     states = rng.normal(size=(2, flat.state_size)).astype(np.float32)
-    uploads, jobs = upload_trained(server, flat, states, (30, 10), whole_state=True)
+    half = PartialClient(LgFedAvgParams(), spec)
+    uploads, jobs = upload_trained(server, half, flat, states, (30, 10), whole_state=True)
     # Execute
     server.aggregate(RoundContext(0, 0, 0.1, np.array([0, 1])), sum_contributions(uploads))
     # Assert: head ← Σ n_i head_i / Σ n_i; each client keeps body parameters and buffers; the head travels.
@@ -36,7 +38,7 @@ def test_server_averages_uploaded_heads_and_clients_keep_their_bodies() -> None:
         np.testing.assert_array_equal(client.state["local"], np.concatenate([state[body], state[p:]]))
     assert uploads[0].nbytes == (head.stop - head.start) * 4 + 8
     fresh = job(flat, 2)
-    server.broadcast().prepare_eval(fresh)  # a client that never trained: the common initial body
+    flat.load_state(half.evaluation(server.broadcast(), fresh))  # a client that never trained: the initial body
     np.testing.assert_array_equal(flat.state_numpy()[body], server.initial_local[: body.stop])
     np.testing.assert_allclose(flat.numpy()[head], server.shared)
 

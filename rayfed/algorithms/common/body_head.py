@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture, trailing_blocks
-from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, SharedBody
+from rayfed.algorithms.contributions import WeightedState, WeightedSum
+from rayfed.algorithms.hooks import ClientHalf, RoundContext, ServerHalf, SharedBody
 from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
 from rayfed.train.phase import Phase
@@ -217,12 +217,12 @@ class PartialClient(ClientHalf[Any, PartialModels]):
         """The global part from the server, the client's own part from its state."""
         return message.model_state(self.local_values(message, job))
 
-    def upload(self, message: PartialModels, job: ClientJob) -> Contribution:
+    def upload(self, message: PartialModels, job: ClientJob) -> WeightedState:
         """The trained averaged part, weighted by n_i; the other part is kept (or dropped: FedBABU)."""
-        split, state = message.split, job.flat.state()
+        split = message.split
         if message.keep_local:
-            job.state = {LOCAL_KEY: split.gather(state, split.part(message.local_part))}
-        return WeightedSum.of(split.gather(state, split.part(message.shared_part)), job.num_train)
+            job.state = {LOCAL_KEY: split.gather(job.trained, split.part(message.local_part))}
+        return WeightedState(split.part(message.shared_part))
 
     def bytes_down(self, message: PartialModels, job: ClientJob) -> int:
         """Only the averaged part travels."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
-from rayfed.algorithms.contributions import ClientVectors, WeightedSum
+from rayfed.algorithms.contributions import ClientVectors, WeightedState
 from rayfed.algorithms.hooks import ClientHalf, Contribution, ServerHalf, SharedBody
 from rayfed.train.problem import ProblemSpec
 
@@ -49,8 +49,8 @@ class GlobalModelClient(ClientHalf[P, M]):
     def start(self, message: M, job: ClientJob) -> np.ndarray:
         return message.vector
 
-    def upload(self, message: M, job: ClientJob) -> Contribution:
-        return WeightedSum.of(job.flat.state(copy=False), job.num_train)
+    def upload(self, message: M, job: ClientJob) -> Contribution | WeightedState:
+        return WeightedState()
 
     def bytes_down(self, message: M, job: ClientJob) -> int:
         return int(message.vector.nbytes)
@@ -66,7 +66,7 @@ class WholeModelsClient(GlobalModelClient[P, GlobalModel]):
     halves that weigh each client's model themselves: L-DAWA, FedLAW)."""
 
     def upload(self, message: GlobalModel, job: ClientJob) -> Contribution:
-        return ClientVectors.of(job.flat.state(), job.client_id, job.num_train)
+        return ClientVectors.of(job.trained.clone(), job.client_id, job.num_train)
 
 
 class GlobalModelServer(ServerHalf[P, C]):

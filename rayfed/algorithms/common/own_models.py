@@ -84,4 +84,4 @@ def _saved(job: ClientJob) -> np.ndarray:
 def save_model_state(job: ClientJob) -> None:
     """Persist the client's trained model in ``job.state`` (the engine stores it if the update is accepted): a
     copy on the device, which the worker reads back with the rest of its call."""
-    job.state = {**(job.state or {}), MODEL_KEY: job.flat.state()}
+    job.state = {**(job.state or {}), MODEL_KEY: job.trained.clone()}
