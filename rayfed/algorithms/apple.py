@@ -37,7 +37,7 @@ the run directory's free disk (``FedAppleServer.client_state_bytes``, :mod:`rayf
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -51,7 +51,7 @@ from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
-from rayfed.train.phase import NO_PARAMETERS, SGD, Constants, Edits, Params, Phase, Trainable
+from rayfed.train.phase import NO_PARAMETERS, SGD, Constants, Edits, Extra, Grads, Params, Phase, Trainable
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_choice, check_int, check_real
@@ -267,22 +267,16 @@ class AppleClient(ClientHalf[AppleParams, CoreModels]):
         """Every client's core model, this client's as it trains (M, P)."""
         return torch.where(constants["own"].unsqueeze(1) > 0, core, constants["cores"])
 
-    def _personal(self, constants: Constants, extra: Mapping[str, torch.Tensor]) -> Edits:
+    def _personal(self, constants: Constants, extra: Extra) -> Edits:
         """φ_i = Σ_j p_ij θ_j, as the parameters' new values."""
         phi = extra["p"].to(torch.float32) @ self._theta(constants, extra["core"])
         return dict(enumerate(self.layout.views(phi)))
 
-    def mix(self, params: Params, constants: Constants, extra: Mapping[str, torch.Tensor]) -> Edits:
+    def mix(self, params: Params, constants: Constants, extra: Extra) -> Edits:
         """Before each step: the model is φ_i."""
         return self._personal(constants, extra)
 
-    def descend(
-        self,
-        params: Params,
-        grads: Sequence[torch.Tensor | None],
-        constants: Constants,
-        extra: Mapping[str, torch.Tensor],
-    ) -> Edits:
+    def descend(self, params: Params, grads: Grads, constants: Constants, extra: Extra) -> Edits:
         """The gradients of θ_i (p_ii·∇_φ L) and of p_i (Eq. for ∂/∂p, :func:`dr_gradient`): ``pfllib_parallel`` at
         the θ_i its step moves to, ``paper`` at the same point."""
         grad = self.layout.flatten([g for g in grads if g is not None])
@@ -293,7 +287,7 @@ class AppleClient(ClientHalf[AppleParams, CoreModels]):
         grad_p = dr_gradient(self._theta(constants, at), grad, p, constants["p0"], lam_mu, constants.get("weights"))
         return {"core": core_grad, "p": grad_p}
 
-    def finish(self, params: Params, constants: Constants, extra: Mapping[str, torch.Tensor]) -> Edits:
+    def finish(self, params: Params, constants: Constants, extra: Extra) -> Edits:
         """``pfllib_parallel``: the core it shares is its personal model of the last step (re-based); ``paper``:
         the model left is the personal model after the last step (what the engine's update norm measures)."""
         if self.pfllib:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -55,7 +55,7 @@ from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.evaluate import features_before_output
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
-from rayfed.train.phase import SGD, Constants, Edits, Params, Phase, Trainable
+from rayfed.train.phase import SGD, Constants, Edits, Extra, Grads, Params, Phase, Trainable
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
 from rayfed.util.errors import ConfigError
@@ -239,13 +239,7 @@ class FedNHClient(ClientHalf[FedNHParams, FedNHMessage]):
         start = constants["start"][offset : offset + shape[0] * shape[1]]
         return self._weight, self._bias, F.normalize(start.view(shape), dim=1)
 
-    def scale_gradient(
-        self,
-        params: Params,
-        grads: Sequence[torch.Tensor | None],
-        constants: Constants,
-        extra: Mapping[str, torch.Tensor],
-    ) -> Edits:
+    def scale_gradient(self, params: Params, grads: Grads, constants: Constants, extra: Extra) -> Edits:
         """∂L/∂s from the output weight's gradient; the head's gradients zeroed; every gradient (and s's) clipped
         to ``max_grad_norm`` together."""
         weight, bias, mu = self._head(params, constants)
@@ -265,7 +259,7 @@ class FedNHClient(ClientHalf[FedNHParams, FedNHMessage]):
             edits["s"] = s_grad
         return edits
 
-    def cosine_head(self, params: Params, constants: Constants, extra: Mapping[str, torch.Tensor]) -> Edits:
+    def cosine_head(self, params: Params, constants: Constants, extra: Extra) -> Edits:
         """The output layer set to s·μ, bias 0."""
         weight, bias, mu = self._head(params, constants)
         s = extra["s"] if self.params.learn_scale else constants["scale"]

@@ -63,11 +63,17 @@ __all__ = [
     "Edits",
     "Constants",
     "Params",
+    "Grads",
+    "Extra",
     "NO_PARAMETERS",
 ]
 
 Params = Sequence[torch.Tensor]
-"""A model's parameter tensors (or their gradients) in layout order, in their logical shapes."""
+"""A model's parameter tensors in layout order, in their logical shapes."""
+Grads = Sequence[torch.Tensor | None]
+"""The parameters' gradients after backward, in layout order; None where a parameter does not train."""
+Extra = Mapping[str, torch.Tensor]
+"""A phase's trainables' current values by name (:class:`Trainable`)."""
 Constants = Mapping[str, torch.Tensor]
 """Per-client tensors a phase's hooks read and never change (FedProx's anchor, WDR's p_i)."""
 Edits = dict[int | str, torch.Tensor]
@@ -158,8 +164,8 @@ class Batch:
 
 
 Loss = Callable[[Outputs, Batch, Params, Constants], torch.Tensor]
-EditHook = Callable[[Params, Constants, Mapping[str, torch.Tensor]], Edits]
-GradHook = Callable[[Params, Sequence[torch.Tensor | None], Constants, Mapping[str, torch.Tensor]], Edits]
+EditHook = Callable[[Params, Constants, Extra], Edits]
+GradHook = Callable[[Params, Grads, Constants, Extra], Edits]
 Forward = Callable[[torch.nn.Module, torch.Tensor], Outputs]
 """A phase's own forward, from the module and the step's inputs (every view of the batch, one after the
 other) to its outputs (FedClassAvg's extractor features and its classifier's logits of the first view)."""
