@@ -38,6 +38,7 @@ from rayfed.train.dropout import client_dropout
 from rayfed.train.flat import FlatModel
 from rayfed.train.graphs import StepGraphs
 from rayfed.train.job import ClientJob
+from rayfed.train.layout import ParamLayout
 from rayfed.train.phase import Adam, Phase
 from rayfed.train.rule import PhaseRule
 from rayfed.train.sequential import SequentialTraining, captured_features, phase_seed, trained_range
@@ -205,17 +206,7 @@ class StackedTraining:
                     model = StackModel(space, flat, trained, current)
                     record = LossRecord(space.state)
                     step = make_step(model, rule, space.state, space.batch, record, captured, self.pixel_scale)
-                rows = plan.index[s, :, :width].reshape(-1)
-                batch = space.batch
-                assert batch.x is not None and batch.y is not None
-                torch.index_select(x, 0, rows, out=batch.x)
-                torch.index_select(y, 0, rows, out=batch.y)
-                if plan.weight is not None and batch.weight is not None:
-                    batch.weight.copy_(plan.weight[s, :, :width])
-                if plan.draws is not None and batch.draws is not None:
-                    batch.draws.copy_(plan.draws[s, :, :, :width].reshape(batch.draws.shape))
-                if adam and batch.adam is not None:
-                    batch.adam.copy_(plan.extra[1][s])
+                self._fill(space, plan, s, x, y)
                 dropout.update(
                     seeds=space.state.seeds,
                     width=width,
@@ -228,6 +219,21 @@ class StackedTraining:
             space.write_out(0, out, flat, sub, rule, self.buffers)
         return self._outcome(out, plan)
 
+    @staticmethod
+    def _fill(space: StackSpace, plan: StackPlan, s: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Copy step ``s``'s batch of the clients still training (the first ``space.width``) into the workspace."""
+        batch, width = space.batch, space.width
+        assert batch.x is not None and batch.y is not None
+        rows = plan.index[s, :, :width].reshape(-1)
+        torch.index_select(x, 0, rows, out=batch.x)
+        torch.index_select(y, 0, rows, out=batch.y)
+        if plan.weight is not None and batch.weight is not None:
+            batch.weight.copy_(plan.weight[s, :, :width])
+        if plan.draws is not None and batch.draws is not None:
+            batch.draws.copy_(plan.draws[s, :, :, :width].reshape(batch.draws.shape))
+        if batch.adam is not None:
+            batch.adam.copy_(plan.extra[1][s])
+
     # --- workspaces ------------------------------------------------------------------------------
     def _first(
         self,
@@ -236,7 +242,7 @@ class StackedTraining:
         momentum: torch.Tensor | None,
         rule: PhaseRule,
         trained: tuple[int, int],
-        sub: Any,
+        sub: ParamLayout,
         plan: StackPlan,
         lr: float,
         extra: dict[str, torch.Tensor],
@@ -266,7 +272,7 @@ class StackedTraining:
         }
         return StackSpace(len(order), stack, norms, state)
 
-    def _narrow(self, space: StackSpace, width: int, out: StackOut, sub: Any, rule: PhaseRule) -> StackSpace:
+    def _narrow(self, space: StackSpace, width: int, out: StackOut, sub: ParamLayout, rule: PhaseRule) -> StackSpace:
         """The first ``width`` clients' values, once the clients after them have finished and are written out."""
         space.write_out(width, out, self.flat, sub, rule, self.buffers)
         return space.narrowed(width, self.flat.layout, sub)
