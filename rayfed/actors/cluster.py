@@ -37,11 +37,11 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from types import ModuleType
 
 import ray
 
 from rayfed.config import EngineConfig
-from rayfed.util import plugins
 from rayfed.util.errors import ResourceError
 from rayfed.util.processes import children
 from rayfed.util.reaper import Reaper
@@ -70,14 +70,15 @@ _POLL_S = 1.0
 
 
 @contextmanager
-def ray_session(engine: EngineConfig) -> Iterator[None]:
-    """Make sure Ray is initialised for the body; shut down only what was started here."""
+def ray_session(engine: EngineConfig, by_value: Sequence[ModuleType] = ()) -> Iterator[None]:
+    """Make sure Ray is initialised for the body; shut down only what was started here. Ray pickles the classes
+    of the ``by_value`` modules by value (a plugin's messages and uploads reach nodes without its code)."""
     address = _address(engine)
     if address:
         logger.info("joining the Ray cluster at %s", address)
     options = {} if address else {"include_dashboard": engine.dashboard, "dashboard_host": engine.dashboard_host}
     with ray_started(address, **options):
-        for module in plugins.by_value_modules():  # a plugin's messages and uploads reach nodes without its code
+        for module in by_value:
             ray.cloudpickle.register_pickle_by_value(module)
         yield
 

@@ -10,17 +10,108 @@ same order (:mod:`rayfed.actors.folding`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import abc
+import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from rayfed.algorithms.hooks import Contribution
+__all__ = ["Contribution", "WeightedSum", "WeightedState", "ClientVectors", "sum_contributions", "join", "as_float32"]
 
-__all__ = ["WeightedSum", "WeightedState", "ClientVectors", "sum_contributions", "join", "as_float32"]
+C = TypeVar("C", bound="Contribution")
 
-C = TypeVar("C", bound=Contribution)
+
+def _is_tensor(value: Any) -> bool:
+    """A torch tensor (told apart without importing torch: the server never does)."""
+    return type(value).__module__.startswith("torch") and hasattr(value, "device")
+
+
+class Contribution(abc.ABC):
+    """An upload that adds: ``(a + b) + c == a + (b + c)`` and ``a + b == b + a`` up to float rounding.
+
+    A contribution is a dataclass of arrays (and numbers). While a worker's call runs, its arrays may be tensors
+    on the worker's device (a GPU); the worker sums the call's contributions there and brings the sum to the
+    host once, with every other value of the call (:meth:`device_tensors`, :meth:`with_host_arrays`, which find
+    the tensors among the fields themselves). A sum is finite only when every part is: the worker checks the
+    call's sum, and the parts only when it is not.
+    """
+
+    sum_is_one_part: ClassVar[bool] = True
+    """True if a sum of parts takes the bytes of one part (a sum, not a concatenation): then a node may add the
+    parts it holds to the sum of those before them and send one object on (:mod:`rayfed.actors.folding`)."""
+
+    @abc.abstractmethod
+    def __add__(self, other: Any) -> Contribution: ...
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this contribution takes on the wire: its arrays, and 8 per float field (a weight, a mass)."""
+        total = 0
+        for value in _leaves(self):
+            if isinstance(value, float):
+                total += 8
+            elif isinstance(value, np.ndarray):
+                total += int(value.nbytes)
+            elif _is_tensor(value):
+                total += int(value.numel()) * int(value.element_size())
+        return total
+
+    def is_finite(self) -> Any:
+        """False if any value is NaN or infinite (such an update is never aggregated): a bool, or a 0-d bool
+        tensor while the contribution lives on a device."""
+        checks: list[Any] = []
+        for value in _leaves(self):
+            if isinstance(value, float):
+                checks.append(bool(np.isfinite(value)))
+            elif isinstance(value, np.ndarray) and value.dtype.kind == "f":
+                checks.append(bool(np.isfinite(value).all()))
+            elif _is_tensor(value) and value.is_floating_point():
+                checks.append(value.isfinite().all())
+        on_device = [c for c in checks if not isinstance(c, bool)]
+        if not all(c for c in checks if isinstance(c, bool)):
+            return False
+        if not on_device:
+            return True
+        result = on_device[0]
+        for check in on_device[1:]:
+            result = result & check
+        return result
+
+    def device_tensors(self) -> list[Any]:
+        """The tensors of this contribution that live on a device, in field order; none for one on the host."""
+        return [value for value in _leaves(self) if _is_tensor(value)]
+
+    def with_host_arrays(self, arrays: Sequence[np.ndarray]) -> Contribution:
+        """This contribution with :meth:`device_tensors` replaced by ``arrays``, their host copies in order."""
+        if not arrays:
+            return self
+        return _replaced(self, iter(arrays))
+
+
+def _leaves(value: Any) -> Iterator[Any]:
+    """The arrays, tensors and numbers of a contribution, in field order (nested contributions and tuples too)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            yield from _leaves(getattr(value, field.name))
+    elif isinstance(value, tuple):
+        for item in value:
+            yield from _leaves(item)
+    elif isinstance(value, np.ndarray | float) or _is_tensor(value):
+        yield value
+
+
+def _replaced(value: Any, arrays: Iterator[np.ndarray]) -> Any:
+    """``value`` with its device tensors replaced by the next of ``arrays``, in field order."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: _replaced(getattr(value, f.name), arrays) for f in dataclasses.fields(value)}
+        return dataclasses.replace(value, **changes)
+    if isinstance(value, tuple):
+        return tuple(_replaced(item, arrays) for item in value)
+    if _is_tensor(value):
+        return next(arrays)
+    return value
 
 
 def join(a: Any, b: Any) -> Any:

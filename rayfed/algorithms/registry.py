@@ -90,7 +90,9 @@ def _import_algorithms(name: str | None) -> None:
         importlib.import_module(f"{package.__name__}.{name}")
 
 
-ALGORITHMS: Registry[Algorithm] = Registry("algorithm", field="algorithm.name", load=_import_algorithms)
+ALGORITHMS: Registry[Algorithm] = Registry(
+    "algorithm", field="algorithm.name", also_named_by=("algorithm.client",), load=_import_algorithms
+)
 
 
 def register_algorithm(

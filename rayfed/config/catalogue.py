@@ -16,9 +16,10 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rayfed.util.documented import reference
+from rayfed.util.registry import Registry
 
 if TYPE_CHECKING:
     from rayfed.algorithms import Algorithm
@@ -87,18 +88,22 @@ def params_reference(algorithm: Algorithm) -> str:
 
 
 def _from_registries() -> Catalogue:
-    """Import the registries (this is what imports torch) and read them."""
+    """Import the registries (this is what imports torch) and read rayfed's own registrations (what the cache's
+    fingerprint covers; a plugin registered in this process is not part of this source tree)."""
     from rayfed.algorithms import ALGORITHMS
     from rayfed.data import DATASETS
     from rayfed.models import MODELS
 
-    algorithms = {name: ALGORITHMS.get(name) for name in ALGORITHMS}
+    def own(registry: Registry[Any]) -> list[str]:
+        return [name for name in registry.names() if registry.origin(name).startswith("rayfed.")]
+
+    algorithms = {name: ALGORITHMS.get(name) for name in own(ALGORITHMS)}
     return Catalogue(
         algorithms={name: algorithm.summary for name, algorithm in algorithms.items()},
         fast_path={name: fast_path(algorithm) for name, algorithm in algorithms.items()},
         params={name: params_reference(algorithm) for name, algorithm in algorithms.items()},
-        datasets=list(DATASETS.names()),
-        models=list(MODELS.names()),
+        datasets=own(DATASETS),
+        models=own(MODELS),
     )
 
 

@@ -65,7 +65,7 @@ def plan_run(config: RunConfig, *, resume: bool = False) -> RunPlan:
     """Check ``config``'s run in the order that writes nothing and fails cheapest first; raises a
     :class:`~rayfed.util.errors.RayfedError` naming the field or file and its fix. The config the run records
     lists the modules that registered its plugins (:func:`rayfed.util.plugins.plugin_sources`)."""
-    sources = tuple(dict.fromkeys([*config.plugins, *plugins.plugin_sources()]))
+    sources = tuple(dict.fromkeys([*config.plugins, *plugins.plugin_sources(config)]))
     config = replace(config, plugins=sources) if sources != config.plugins else config
     algorithm = resolve(config.algorithm)
     check_installed(config.engine.loggers)

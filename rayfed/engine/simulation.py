@@ -329,7 +329,9 @@ def run(
         return Simulation(config, callbacks=callbacks, resume=resume).run()
     from rayfed.actors import check_resources, ray_session
 
-    plugins.check_shippable()  # what registered outside rayfed must reach the workers: said before Ray starts
+    plugins.check_shippable(config)  # what registered outside rayfed must reach the workers: said before Ray starts
     check_resources(config.engine)  # a Ray to be started here: this machine, before Ray starts
-    with ray_session(config.engine):  # the Simulation checks the cluster once Ray is up, before writing
+    with ray_session(
+        config.engine, plugins.by_value_modules(config)
+    ):  # the Simulation checks the cluster once Ray is up, before writing
         return Simulation(config, callbacks=callbacks, resume=resume).run()

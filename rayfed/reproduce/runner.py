@@ -78,8 +78,8 @@ def run_dir_name(config: RunConfig) -> str:
     """``<algorithm>-<dataset>-s<seed>-<digest>``: the same name for the same results-defining config.
 
     Left out of the digest: what does not change a run's numbers (``engine.*`` but ``engine.eval_local``, which
-    adds columns, ``run_dir``, ``plugins``, where the data live), ``train.rounds``, so a run asked for more rounds is the same
-    run, extended, and the fields of :data:`_LATER_FIELDS` at their defaults; values renamed since runs were
+    adds columns, ``run_dir``, ``plugins``, where the data live), ``train.rounds``, so a run asked for more rounds
+    is the same run, extended, and the fields of :data:`_LATER_FIELDS` at their defaults; values renamed since runs were
     first named enter it under :data:`_RENAMED_VALUES`.
     """
     plain = {k: v for k, v in config.to_dict().items() if k not in ("engine", "run_dir", "plugins")}

@@ -48,6 +48,7 @@ from rayfed.tuning.pruning import PruningCallback, make_pruner
 from rayfed.tuning.resume import driver_id, finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
 from rayfed.tuning.storage import open_storage, storage_errors
+from rayfed.util import plugins
 from rayfed.util.errors import ConfigError, ResourceError
 
 __all__ = ["tune", "OBJECTIVES", "SAMPLERS", "session_seed"]
@@ -198,7 +199,8 @@ def tune(
             return study
         from rayfed.actors import ray_session
 
-        with ray_session(base_config.engine):  # one Ray for the whole study; each trial's run reuses it
+        # one Ray for the whole study; each trial's run reuses it
+        with ray_session(base_config.engine, plugins.by_value_modules(base_config)):
             _check_cluster_fits(base_config.engine, parallel_trials)
             optimize()
         return study

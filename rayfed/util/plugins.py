@@ -6,9 +6,10 @@ processes (Ray's ClientWorkers and ServerActor, a ``ray job submit`` cluster's n
 ``rayfed reproduce``'s runs, a resumed run) import rayfed, not that code, so rayfed brings it to them, in the
 three ways a Ray user expects:
 
-* **By value, with the config.** Every registration whose origin is not rayfed's (a *plugin registration*)
-  travels inside a pickled :class:`~rayfed.config.RunConfig`: :func:`pack` pickles the registrations and the
-  config together with cloudpickle, the registering modules' code by value (as Ray sends the functions of a
+* **By value, with the config.** A registration whose origin is not rayfed's (a *plugin registration*) travels
+  inside a pickled :class:`~rayfed.config.RunConfig` when the config names it (its algorithm, client half, model,
+  dataset, partitioner), with every other registration of the module that made it: :func:`pack` pickles them
+  and the config together with cloudpickle, the registering modules' code by value (as Ray sends the functions of a
   driver script), and :func:`unpack` installs them in the receiving process before anything is looked up. Ray
   pickles the config to every actor and task of a run, so nothing else is needed there. A registration that
   cannot be pickled is refused before a run writes anything (:func:`check_shippable`), naming its module.
@@ -29,7 +30,8 @@ import importlib
 import importlib.metadata
 import importlib.util
 import sys
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,9 @@ _FILE_MODULE = "rayfed_plugin_"
 _installed: set[str] = set()
 """Modules imported from :data:`ENTRY_POINTS` (every process that has the package imports them itself)."""
 _entry_points_loaded = False
+_pickling = threading.Lock()
+"""Held while modules are registered with cloudpickle by value (a process-wide setting): trials of a study pack
+their configs from several threads."""
 _importing: list[str] = []
 """The ``plugins`` entries being imported now (a run started by one of them is refused)."""
 
@@ -93,15 +98,32 @@ def _is_plugin(origin: str) -> bool:
     return top != "rayfed" and not any(origin == m or origin.startswith(m + ".") for m in _installed)
 
 
-def plugin_registrations() -> list[Registration]:
-    """Every registration made in this process outside rayfed and installed plugins, in rayfed's registries."""
-    return [
+def plugin_registrations(config: Any = None) -> list[Registration]:
+    """The registrations made in this process outside rayfed and installed plugins, in rayfed's registries; with
+    ``config`` (a :class:`~rayfed.config.RunConfig` or its fields), those of the modules that registered a name the
+    config uses, so a run carries its own method and no other code the process happens to hold."""
+    every = [
         (f"{registry.home}:{kind}", name, obj, origin)
         for kind, registry in sorted(Registry.every.items())
         if registry.home.startswith("rayfed.")
         for name, (obj, origin) in registry.registered().items()
         if _is_plugin(origin)
     ]
+    if config is None:
+        return every
+    used = {
+        origin
+        for where, name, _, origin in every
+        if any(_value_at(config, path) == name for path in Registry.every[where.split(":", 1)[1]].fields)
+    }
+    return [registration for registration in every if registration[3] in used]
+
+
+def _value_at(tree: Any, path: str) -> Any:
+    """The value at the dotted ``path`` of nested mappings or objects; None where a part is missing."""
+    for part in path.split("."):
+        tree = tree.get(part) if isinstance(tree, Mapping) else getattr(tree, part, None)
+    return tree
 
 
 def _by_value(origins: Sequence[str]) -> list[Any]:
@@ -115,23 +137,31 @@ def _by_value(origins: Sequence[str]) -> list[Any]:
     return modules
 
 
-def by_value_modules() -> list[Any]:
+def by_value_modules(config: Any) -> list[Any]:
     """The modules whose classes Ray must send by value (messages and uploads of a plugin method are instances of
-    them): the top-level modules of every plugin registration's origin, other than ``__main__``."""
-    return _by_value([origin for *_, origin in plugin_registrations()])
+    them): the top-level modules of the origins of ``config``'s plugin registrations, other than ``__main__``."""
+    return _by_value([origin for *_, origin in plugin_registrations(config)])
 
 
-def pack(payload: Any) -> bytes:
-    """``payload`` with every plugin registration, pickled by value (module docstring); :func:`unpack` reverses it."""
-    registrations = plugin_registrations()
-    modules = _by_value([origin for *_, origin in registrations])
-    for module in modules:
-        cloudpickle.register_pickle_by_value(module)
-    try:
-        return cloudpickle.dumps((registrations, payload))
-    finally:
+@contextlib.contextmanager
+def _pickled_by_value(modules: Sequence[Any]) -> Iterator[None]:
+    """cloudpickle sends ``modules``' code by value in the body (one thread at a time: the setting is global)."""
+    with _pickling:
         for module in modules:
-            cloudpickle.unregister_pickle_by_value(module)
+            cloudpickle.register_pickle_by_value(module)
+        try:
+            yield
+        finally:
+            for module in modules:
+                cloudpickle.unregister_pickle_by_value(module)
+
+
+def pack(config: Any) -> bytes:
+    """A config's fields with its plugin registrations, pickled by value (module docstring); :func:`unpack`
+    reverses it."""
+    registrations = plugin_registrations(config)
+    with _pickled_by_value(_by_value([origin for *_, origin in registrations])):
+        return cloudpickle.dumps((registrations, config))
 
 
 def unpack(blob: bytes) -> Any:
@@ -144,32 +174,27 @@ def unpack(blob: bytes) -> Any:
     return payload
 
 
-def check_shippable() -> None:
-    """Refuse plugin registrations that cannot reach another process (a lambda holding a lock, an open file),
-    naming the module that made them and why; before a run on Ray writes anything."""
-    for where, name, obj, origin in plugin_registrations():
+def check_shippable(config: Any) -> None:
+    """Refuse ``config``'s plugin registrations that cannot reach another process (a lambda holding a lock, an
+    open file), naming the module that made them and why; before a run on Ray writes anything."""
+    for where, name, obj, origin in plugin_registrations(config):
         kind = where.split(":", 1)[1]
-        modules = _by_value([origin])
-        for module in modules:
-            cloudpickle.register_pickle_by_value(module)
         try:
-            cloudpickle.dumps(obj)
+            with _pickled_by_value(_by_value([origin])):
+                cloudpickle.dumps(obj)
         except Exception as error:  # noqa: BLE001 (pickling fails in many ways: each is named)
             raise PluginError(
                 f"the {kind} {name!r} registered by module {origin!r} cannot be sent to the run's other processes "
                 f"({type(error).__name__}: {error}); register objects defined at module level, holding no open "
                 "files, locks or connections, or run with engine.backend=local"
             ) from error
-        finally:
-            for module in modules:
-                cloudpickle.unregister_pickle_by_value(module)
 
 
-def plugin_sources() -> tuple[str, ...]:
-    """What a later process imports to register this process's plugins again: the registering modules by name,
-    and a script's path for what ``__main__`` registered (none where ``__main__`` has no file: a notebook)."""
+def plugin_sources(config: Any) -> tuple[str, ...]:
+    """What a later process imports to register ``config``'s plugins again: the registering modules by name, and
+    a script's path for what ``__main__`` registered (none where ``__main__`` has no file: a notebook)."""
     sources = []
-    for *_, origin in plugin_registrations():
+    for *_, origin in plugin_registrations(config):
         file = getattr(sys.modules.get(origin), "__file__", None)
         if origin != "__main__" and not origin.startswith(_FILE_MODULE):
             sources.append(origin)

@@ -46,13 +46,23 @@ class Registry(Generic[T]):
     """Imports the installed plugins (the ``rayfed.plugins`` entry points) when a name is looked up and missing;
     set by :mod:`rayfed.util.plugins`."""
 
-    def __init__(self, kind: str, *, field: str, load: Callable[[str | None], None] | None = None) -> None:
-        """``load(name)``, if given, imports the module that should register ``name``, if there is
+    def __init__(
+        self,
+        kind: str,
+        *,
+        field: str,
+        also_named_by: tuple[str, ...] = (),
+        load: Callable[[str | None], None] | None = None,
+    ) -> None:
+        """``field`` is the config path that names a component (``also_named_by``: other paths that may);
+        ``load(name)``, if given, imports the module that should register ``name``, if there is
         one, and ``load(None)`` every module. A missing name is first looked for with ``load(name)``,
         then with ``load(None)``, then among the installed plugins; a listing loads every module first. A
         process thus imports only the components it uses (the server process of FedAvg, for one, no torch)."""
         self.kind = kind
         self.field = field
+        self.fields = (field, *also_named_by)
+        """Every config path whose value is a name in this registry."""
         self.home = caller_module()
         """The module that made this registry (where a process looks for it)."""
         self._items: dict[str, T] = {}
@@ -70,11 +80,12 @@ class Registry(Generic[T]):
 
     def register(self, name: str, *, origin: str | None = None) -> Callable[[T], T]:
         """Decorator that registers ``obj`` under ``name``; names are unique. ``origin`` is the module that
-        registers it (by default the caller's)."""
+        registers it (by default the caller's); the same module registering a name again (a script or notebook
+        cell run twice in one process) replaces its own registration."""
         module = origin or caller_module()
 
         def decorator(obj: T) -> T:
-            if name in self._items:
+            if name in self._items and self._origins[name] != module:
                 raise ValueError(
                     f"{self.kind} {name!r} is registered twice (by {self._origins[name]} and {module}); "
                     "choose another name"

@@ -9,12 +9,20 @@ from rayfed.util.errors import ConfigError
 from rayfed.util.registry import Registry
 
 
-def test_a_registration_remembers_its_origin_and_a_second_one_of_a_name_is_refused_naming_both() -> None:
+def test_a_registration_remembers_its_origin_and_one_of_a_name_by_another_module_is_refused_naming_both() -> None:
     sizes: Registry[int] = Registry("test size", field="test.size")
     sizes.register("small")(4)
     assert sizes.origin("small") == __name__
-    with pytest.raises(ValueError, match=f"registered twice \\(by {__name__} and {__name__}\\)"):
-        sizes.register("small")(5)
+    with pytest.raises(ValueError, match=f"registered twice \\(by {__name__} and other_module\\)"):
+        sizes.register("small", origin="other_module")(5)
+
+
+def test_the_same_module_registering_a_name_again_replaces_its_own_registration() -> None:
+    """A script or notebook cell run twice in one process registers its method twice: the second one wins."""
+    sizes: Registry[int] = Registry("test rerun size", field="test.size")
+    sizes.register("small")(4)
+    sizes.register("small")(5)
+    assert (sizes.get("small"), sizes.origin("small")) == (5, __name__)
 
 
 def test_adopt_installs_a_sent_registration_but_never_replaces_one_of_rayfeds() -> None:
