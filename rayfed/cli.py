@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(ns: argparse.Namespace) -> int:
     config = config_from_args(ns.args, ns.resume, ns.preset)  # bad arguments: refused before torch loads
-    from rayfed.engine import run
+    from rayfed.tracking import run
 
     if ns.quiet:
         config = config.override({"engine.progress": False})

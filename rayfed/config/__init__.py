@@ -10,7 +10,6 @@ so no module below the config imports it, not even for type checking; the config
 """
 
 from rayfed.config.run_config import (
-    TRACKERS,
     AlgorithmConfig,
     DataConfig,
     EngineConfig,
@@ -23,6 +22,7 @@ from rayfed.config.run_config import (
     read_run_config,
     read_table_file,
 )
+from rayfed.config.trackers import TRACKERS, check_installed
 
 __all__ = [
     "TRACKERS",
@@ -37,4 +37,5 @@ __all__ = [
     "parse_override",
     "read_run_config",
     "read_table_file",
+    "check_installed",
 ]

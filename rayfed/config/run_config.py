@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rayfed.algorithms.settings import AlgorithmConfig
+from rayfed.config.trackers import TRACKERS
 from rayfed.data.partitioners import PARTITIONERS
 from rayfed.data.settings import DataConfig
 from rayfed.train.settings import TrainConfig
@@ -54,9 +55,6 @@ __all__ = [
     "field_reference",
     "TRACKERS",
 ]
-
-TRACKERS = ("tensorboard", "mlflow", "wandb")
-"""The experiment trackers ``engine.loggers`` may name (:mod:`rayfed.tracking` logs to each)."""
 
 
 @section("model")

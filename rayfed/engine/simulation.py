@@ -44,7 +44,6 @@ from rayfed.engine.result import RunResult
 from rayfed.engine.run_dir import drop_client_tables_from, open_run_dir, resume_command
 from rayfed.engine.state_store import ClientStateStore
 from rayfed.execution.executor import Executor, LocalExecutor, make_chunks, num_calls
-from rayfed.tracking import Tracking
 from rayfed.train.job import ClientState
 from rayfed.util.allocator import return_freed_memory
 from rayfed.util.errors import CheckpointError, DiskFullError, ServerError, WorkerError
@@ -82,9 +81,9 @@ class Simulation:
         builtin: list[Callback] = [MetricsWriter(), Checkpointer()]
         if config.engine.progress:
             builtin.append(ProgressBar())
-        if config.engine.loggers and not any(isinstance(callback, Tracking) for callback in callbacks):
-            builtin.append(Tracking(config.engine.loggers))  # a study gives its trials their own (StudyLink)
         self.callbacks = [*builtin, *callbacks]
+        for callback in self.callbacks:  # each may refuse the run while nothing is written yet
+            callback.before_run(self.run_dir, config, self.continues)
         self._opening = (inputs, plan.resume.marker)
         """What :meth:`run` records in the run directory once it holds its lock."""
         self.states = ClientStateStore(self.run_dir / "client_state", int(config.engine.client_state_memory_mb * 2**20))
@@ -314,7 +313,10 @@ def _same_columns(rows: list[dict[str, Any]]) -> None:
 def run(
     config: RunConfig | Mapping[str, Any], *, callbacks: Sequence[Callback] = (), resume: bool = False
 ) -> RunResult:
-    """Run ``config`` (or resume it from ``config.run_dir``) and return its results.
+    """Run ``config`` (or resume it from ``config.run_dir``) with ``callbacks`` and return its results.
+
+    The engine adds no experiment tracker: ``rayfed.run`` (:func:`rayfed.tracking.run`) adds those
+    ``engine.loggers`` names.
 
     ``config`` is a :class:`RunConfig` or a mapping of dotted field paths to values
     (``{"train.lr": 0.01}``), as :meth:`RunConfig.override` takes. With ``engine.backend="ray"``
