@@ -36,12 +36,13 @@ import numpy as np
 from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.engine.callbacks import Callback, Checkpointer, MetricsWriter, ProgressBar, RunView
-from rayfed.engine.checkpoint import Checkpoint, checkpoint_round, newest_checkpoint
+from rayfed.engine.checkpoint import Checkpoint, checkpoint_round, checkpoints_of, newest_checkpoint
 from rayfed.engine.interrupts import RunInterrupted, interrupts_deferred, terminate_as_interrupt, was_terminated
 from rayfed.engine.metrics import RoundRecord, client_table, summarise_round
 from rayfed.engine.plan import plan_run
 from rayfed.engine.result import RunResult
-from rayfed.engine.run_dir import drop_client_tables_from, open_run_dir, resume_command
+from rayfed.engine.resume_point import drop_client_tables_from, previous_checkpoint_fix
+from rayfed.engine.run_dir import open_run_dir, resume_command
 from rayfed.engine.state_store import ClientStateStore
 from rayfed.execution.executor import Executor, LocalExecutor, make_chunks, num_calls
 from rayfed.train.job import ClientState
@@ -109,7 +110,7 @@ class Simulation:
             if self.continues:
                 logger.info("%s holds no completed round; starting it again from round 0", self.run_dir)
             return
-        _check_shapes(self._checkpoint, self.executor.server_state(), self.config.algorithm.name)
+        self._check_shapes(self._checkpoint, self.executor.server_state())
         drop_client_tables_from(self.run_dir, self.start_round)
         self.executor.load_server_state(self._checkpoint.server)
         self.states.clear()
@@ -117,6 +118,25 @@ class Simulation:
             self.states.put(cid, state)
         self._checkpoint = None  # its arrays now live in the executor and the store
         logger.info("resumed %s after round %d", self.run_dir, self.start_round - 1)
+
+    def _check_shapes(self, checkpoint: Checkpoint, expected: Mapping[str, np.ndarray]) -> None:
+        """Refuse a checkpoint whose server state is not the state this run's server keeps, offering the previous
+        checkpoint where it is sound and fits."""
+        problem = _shape_problem(checkpoint, expected)
+        if problem is None:
+            return
+        fix = previous_checkpoint_fix(
+            checkpoints_of(self.run_dir),
+            self.view.identity,
+            self.algorithm.may_hold_nan,
+            lambda previous: _shape_problem(previous, expected) is None,
+        ) or (
+            f"resume it with the rayfed version that wrote it, or start the run again from round 0 by deleting "
+            f"{str(checkpoint.path.parent)!r}"
+        )
+        raise CheckpointError(
+            f"checkpoint {str(checkpoint.path)!r} {problem} (algorithm.name={self.config.algorithm.name!r}); {fix}"
+        )
 
     # --- the loop ----------------------------------------------------------------------------
     def _make_executor(self) -> Executor:
@@ -287,17 +307,14 @@ class Simulation:
             )
 
 
-def _check_shapes(checkpoint: Checkpoint, expected: Mapping[str, np.ndarray], algorithm: str) -> None:
-    """Refuse a checkpoint whose server state is not the state this run's server keeps (names and shapes)."""
+def _shape_problem(checkpoint: Checkpoint, expected: Mapping[str, np.ndarray]) -> str | None:
+    """What of ``checkpoint``'s server state is not the state this run's server keeps (names and shapes)."""
     for name, array in expected.items():
         saved = checkpoint.server.get(name)
         if saved is None or saved.shape != array.shape:
             found = "no array" if saved is None else f"shape {saved.shape}"
-            raise CheckpointError(
-                f"checkpoint {str(checkpoint.path)!r} holds {found} for the server state {name!r}, but this run's "
-                f"algorithm.name={algorithm!r} server keeps shape {array.shape}; resume it with the rayfed version "
-                f"that wrote it, or start the run again from round 0 by deleting {str(checkpoint.path.parent)!r}"
-            )
+            return f"holds {found} for the server state {name!r}, but this run's server keeps shape {array.shape}"
+    return None
 
 
 def _same_columns(rows: list[dict[str, Any]]) -> None:

@@ -191,7 +191,7 @@ def test_a_damaged_or_non_finite_checkpoint_is_refused_in_one_line(tmp_path, fin
     with pytest.raises(CheckpointError) as refused:
         run(_config(copy, **{"train.rounds": 4}), resume=True)
     message = str(refused.value)
-    damaged = "is damaged: its arrays or its metadata do not"
+    damaged = "is damaged or was changed: its arrays or its metadata do not match the seal"
     expected = f"3 NaN or infinite values in 'server/{name}'" if damage == "nan" else damaged
     assert str(newest) in message and expected in message and "previous checkpoint, of round 1" in message
     assert "\n" not in message
