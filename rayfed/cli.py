@@ -150,10 +150,12 @@ def _run(ns: argparse.Namespace) -> int:
     )
     if result.trained:
         return 0
+    from rayfed.engine.simulation import untrained_cause
+
     print(
         f"rayfed: error: no round produced a finite training loss (every client update was rejected as NaN or "
-        f"infinite, or beyond engine.max_update_norm), so the models never changed; lower train.lr="
-        f"{config.train.lr:g}",
+        f"infinite, or beyond engine.max_update_norm), so the models never changed; "
+        f"{untrained_cause(config, non_finite=config.engine.max_update_norm is None)}",
         file=sys.stderr,
     )
     return 1

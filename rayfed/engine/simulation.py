@@ -45,6 +45,8 @@ from rayfed.engine.resume_point import drop_client_tables_from, previous_checkpo
 from rayfed.engine.run_dir import open_run_dir, resume_command
 from rayfed.engine.state_store import ClientStateStore
 from rayfed.execution.executor import Executor, LocalExecutor, make_chunks, num_calls
+from rayfed.execution.reports import ClientReport
+from rayfed.execution.settlement import NON_FINITE
 from rayfed.train.job import ClientState
 from rayfed.util.allocator import return_freed_memory
 from rayfed.util.errors import CheckpointError, DiskFullError, ServerError, WorkerError
@@ -53,7 +55,7 @@ from rayfed.util.seeding import sample_clients
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Simulation", "RunResult", "run"]
+__all__ = ["Simulation", "RunResult", "run", "untrained_cause"]
 
 
 class Simulation:
@@ -283,7 +285,7 @@ class Simulation:
                 "round": finished - started,
             }
             record = summarise_round(t, reports, evals, timings, extra)
-            self._warn_untrained(record)
+            self._warn_untrained(record, reports)
             self.history.append(record.as_row())
             _same_columns(self.history)
             clients = client_table(t, reports, evals)
@@ -292,19 +294,36 @@ class Simulation:
                 stop = callback.after_round(self.view, record, clients) or stop
         return broadcast, stop
 
-    def _warn_untrained(self, record: RoundRecord) -> None:
-        """Say once per run that a round's updates were all left out (the progress bar and the summary say it of
-        every such round; a round in which no client could step is warned about by ``summarise_round``)."""
+    def _warn_untrained(self, record: RoundRecord, reports: Sequence[ClientReport]) -> None:
+        """Say once per run that a round's updates were all left out, and what made them so (the progress bar and
+        the summary say it of every such round; a round in which no client could step is warned about by
+        ``summarise_round``)."""
         problem = record.loss_problem()
         if problem and record.num_rejected and not self._warned_untrained:
             self._warned_untrained = True
             logger.warning(
-                "round %d: %s, so the models did not change (train.lr=%g may be too large); later rounds like it are "
-                "counted in the summary",
+                "round %d: %s (%s), so the models did not change: %s; later rounds like it are counted in the summary",
                 record.round,
                 problem,
-                self.config.train.lr,
+                "; ".join(sorted({report.rejected for report in reports if report.rejected})),
+                untrained_cause(self.config, non_finite=any(r.rejected == NON_FINITE for r in reports)),
             )
+
+
+def untrained_cause(config: RunConfig, *, non_finite: bool = True) -> str:
+    """What to look at when client updates are rejected: for NaN or infinite ones, the method's local loss (its
+    loss terms and their params) before the step size, since a term that gives NaN does so at any
+    ``train.lr``; for ones beyond ``engine.max_update_norm``, the bound and the step size."""
+    algorithm = config.algorithm
+    method = f"algorithm.name={algorithm.name!r}" + (
+        f" with algorithm.client={algorithm.client!r}" if algorithm.client else ""
+    )
+    if not non_finite:
+        return f"raise engine.max_update_norm={config.engine.max_update_norm:g}, or lower train.lr={config.train.lr:g}"
+    return (
+        f"the local loss of {method} became NaN or infinite: look first at the method's loss terms and their "
+        f"algorithm.params, then at the step size (train.lr={config.train.lr:g}: too large a step diverges)"
+    )
 
 
 def _shape_problem(checkpoint: Checkpoint, expected: Mapping[str, np.ndarray]) -> str | None:
