@@ -85,8 +85,6 @@ class Simulation:
         if config.engine.progress:
             builtin.append(ProgressBar())
         self.callbacks = [*builtin, *callbacks]
-        for callback in self.callbacks:  # each may refuse the run while nothing is written yet
-            callback.before_run(self.run_dir, config, self.continues)
         self._opening = (inputs, plan.resume.marker)
         """What :meth:`run` records in the run directory once it holds its lock."""
         self.states = ClientStateStore(self.run_dir / "client_state", int(config.engine.client_state_memory_mb * 2**20))
@@ -96,6 +94,8 @@ class Simulation:
             self.run_dir, config, self.spec, plan.identity, self.start_round, lambda: tuple(self.history), self._state
         )
         """What the callbacks see of this run."""
+        for callback in self.callbacks:  # each may refuse the run while nothing is written yet
+            callback.before_run(self.view, self.continues)
 
     def _state(self) -> tuple[dict[str, np.ndarray], Iterator[tuple[int, ClientState]]]:
         """The server state and the client states, as a checkpoint saves them."""

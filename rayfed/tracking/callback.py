@@ -21,7 +21,6 @@ from rayfed.tracking.tracker import RoundPoint, Tracker
 from rayfed.util.errors import ConfigError, RayfedError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rayfed.config import RunConfig
     from rayfed.engine.result import RunResult
 
 __all__ = ["Tracking", "DISTRIBUTIONS"]
@@ -43,22 +42,23 @@ class Tracking(Callback):
         self._trackers: dict[str, Tracker] = {}
         self._logged: dict[str, Logged] = {}
         """Every entry of ``tracking.json`` (a tracker left out of ``engine.loggers`` keeps its own)."""
-        self._saved: dict[str, Logged] | None = {}
-        """``tracking.json`` as the run found it (None: the file is missing)."""
-        self._continues = False
 
-    def before_run(self, run_dir: Path, config: RunConfig, continues: bool) -> None:
+    def before_run(self, run: RunView, continues: bool) -> None:
         """Refuse, before anything is written, a run whose trackers' folders are files, whose trackers' settings
         cannot take it (:func:`~rayfed.tracking.tools.check_services`) or whose ``tracking.json`` cannot be
-        read."""
-        check_folders(self.loggers, run_dir)
-        check_services(self.loggers, self.study.study_dir if self.study is not None else run_dir)
-        self._saved, self._continues = (read_state(run_dir) if continues else {}), continues
+        read; and find, for a continued run, each tracker's logged run (``tracking.json``, or where it lost a
+        tracker's entry, the tool's own records)."""
+        check_folders(self.loggers, run.run_dir)
+        check_services(self.loggers, self.study.study_dir if self.study is not None else run.run_dir)
+        saved = read_state(run.run_dir) if continues else {}
+        self._logged = dict(saved or {})
+        for name in self.loggers:
+            found = self._logged.get(name) or (self._recovered(name, run, saved is None) if continues else None)
+            self._logged[name] = found or Logged()
 
     def on_run_start(self, run: RunView) -> None:
-        self._logged = dict(self._saved or {})
         for name in self.loggers:
-            entry = self._logged.get(name) or (self._recovered(name, run) if self._continues else None) or Logged()
+            entry = self._logged[name]
             try:
                 tracker = tracker_class(name)(run, entry, self.study)
             except Exception as error:  # the tool's own error, at round 0: nothing of the run is lost
@@ -72,18 +72,18 @@ class Tracking(Callback):
         flat = dict(_flatten(plain))
         for name, tracker in list(self._trackers.items()):
             if not self._logged[name].config and self._attempt(name, "the run's config", _config(tracker, flat, plain)):
-                self._logged[name] = replace(self._logged[name], config=True)
+                self._logged[name] = replace(self._logged[name], config=tracker.keeps)
         # the rounds recorded before this process (a resume) that a tracker does not hold: a tracker added on
         # resume, or rounds sent by a process that stopped before the tool confirmed them
         self._send(run, [(counted_round(row["round"]), _metrics(row), {}) for row in run.history])
 
-    def _recovered(self, name: str, run: RunView) -> Logged | None:
-        """A continued run's logged run in ``name`` whose ``tracking.json`` entry is missing, from the tool's own
-        records (:meth:`Tracker.recorded`); said in a warning when found."""
+    def _recovered(self, name: str, run: RunView, lost: bool) -> Logged | None:
+        """A continued run's logged run in ``name`` whose ``tracking.json`` entry is missing (``lost``: the whole
+        file), from the tool's own records (:meth:`Tracker.recorded`); said in a warning when found."""
         path = run.run_dir / STATE_FILE
         try:
             found = tracker_class(name).recorded(run, self.study)
-        except Exception as error:  # the tool's own error: nothing was written yet
+        except Exception as error:  # the tool's own error, before anything is written
             raise ConfigError(
                 f"{str(path)!r} holds no entry for {name}, and {name}'s own records of the run could not be read "
                 f"({type(error).__name__}: {error}); restore {str(path)!r} from a copy, or leave {name!r} out of "
@@ -94,7 +94,7 @@ class Tracking(Callback):
                 "engine.loggers: %s %s; %s's own records hold the run's logged run (%s) up to step %d, so the "
                 "resume continues it and sends only the later rounds",
                 path,
-                "is missing" if self._saved is None else f"holds no entry for {name}",
+                "is missing" if lost else f"holds no entry for {name}",
                 name,
                 ", ".join(f"{key} {value}" for key, value in found.ids.items()) or "its files in the run directory",
                 found.step,
@@ -121,7 +121,7 @@ class Tracking(Callback):
         """Give each tracker the points past its last step and record the steps it confirmed (``tracking.json``)."""
         for name, tracker in list(self._trackers.items()):
             new = [point for point in points if point[0] > self._logged[name].step]
-            if new and self._attempt(name, "the rounds' metrics", _rounds(tracker, new)):
+            if new and self._attempt(name, "the rounds' metrics", _rounds(tracker, new)) and tracker.keeps:
                 self._logged[name] = replace(self._logged[name], step=new[-1][0])
         if self._trackers:
             write_state(run.run_dir, self._logged)

@@ -30,6 +30,9 @@ class Tracker(ABC):
     """The tracker's name in ``engine.loggers``."""
     folder: str | None = None
     """The folder of the run directory the tool writes its files to, if any (checked before the run starts)."""
+    keeps = True
+    """Whether the tool keeps what it takes (W&B's ``disabled`` mode keeps nothing, so nothing counts as sent and
+    a resume with W&B enabled sends every round)."""
 
     @abstractmethod
     def __init__(self, run: RunView, saved: Logged, study: StudyLink | None) -> None:

@@ -58,6 +58,7 @@ class WandbTracker(Tracker):
         self.run_id = saved.ids.get("run_id") or secrets.token_hex(4)
         setting = "x_transaction_log_flush_interval"  # absent from older wandb, which writes rows out sooner
         flush: dict[str, Any] = {setting: _FLUSH_S} if setting in wandb.Settings.model_fields else {}
+        mode: Any = os.environ.get("WANDB_MODE") or "offline"  # passed: wandb reads the variable once per process
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT") or "rayfed",
             id=self.run_id,
@@ -65,13 +66,13 @@ class WandbTracker(Tracker):
             group=study.study_name if study is not None else None,
             job_type="trial" if study is not None else "run",
             dir=str(run.run_dir),
-            mode=None if os.environ.get("WANDB_MODE") else "offline",
+            mode=mode,
             resume="allow",
             settings=wandb.Settings(
                 console="off", quiet=True, save_code=False, disable_git=True, reinit="create_new", **flush
             ),
         )
-        self._disabled = self.run.settings.mode == "disabled"
+        self.keeps = self.run.settings.mode != "disabled"
         self._log = TransactionLog(Path(self.run.settings.sync_file))
         self._written_step, self._written_config = -1, False
 
@@ -108,7 +109,7 @@ class WandbTracker(Tracker):
         """Wait until the transaction log holds the config (``step`` None) or the row of ``step``; TimeoutError
         after :data:`_CONFIRM_S` seconds. A disabled W&B (``WANDB_MODE=disabled``) writes nothing to wait for."""
         deadline = time.monotonic() + _CONFIRM_S
-        while not self._disabled and not self._holds(step):
+        while self.keeps and not self._holds(step):
             if time.monotonic() > deadline:
                 what = "the run's config" if step is None else f"step {step}"
                 raise TimeoutError(f"W&B's service did not write {what} to {self._log.path} within {_CONFIRM_S:g} s")

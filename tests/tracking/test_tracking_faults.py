@@ -70,7 +70,7 @@ def test_a_driver_killed_after_handing_a_round_to_the_trackers_resumes_with_ever
     overrides = tiny_overrides(run_dir, **{"engine.loggers": ALL, "train.rounds": 4, "engine.checkpoint_every": 2})
     killed = subprocess.run(
         [sys.executable, "-c", _KILLED_AFTER.format(round=2, overrides=overrides)],
-        env={**os.environ, "WANDB_SILENT": "true"},
+        env={**{k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}, "WANDB_SILENT": "true"},  # its own
         capture_output=True,
         text=True,
         timeout=600,
@@ -181,3 +181,10 @@ def test_figures_that_cannot_be_drawn_at_the_end_leave_a_finished_run_and_say_wh
     assert result.rounds_run == 2 and (tmp_path / "run" / "summary.json").is_file()
     assert "figures could not be drawn into" in caplog.text and "(it is a file)" in caplog.text
     assert "every round is saved in rounds.parquet" in caplog.text and "--out DIR" in caplog.text
+
+
+def test_a_disabled_wandb_holds_nothing_so_nothing_counts_as_sent(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    run(tiny_overrides(tmp_path / "run", **{"engine.loggers": ["wandb"]}))
+    entry = json.loads((tmp_path / "run" / "tracking.json").read_text())["wandb"]
+    assert (entry["step"], entry["config"]) == (-1, False)  # a resume with W&B enabled sends every round
