@@ -35,27 +35,30 @@ class TransactionLog:
         self._pending = b""
 
     def read(self) -> Iterator[Any]:
-        """The records written since the last call, oldest first."""
+        """The records written since the last call, oldest first (read from where the last call stopped)."""
         from wandb.proto import wandb_internal_pb2
 
         try:
-            data = self.path.read_bytes()
+            with self.path.open("rb") as file:
+                if file.read(4) not in (b":W&B", b""):
+                    raise ValueError(f"{self.path} is not a W&B run file")
+                file.seek(self._position)
+                data = file.read()
         except FileNotFoundError:
             return
-        if len(data) >= 4 and data[:4] != b":W&B":
-            raise ValueError(f"{self.path} is not a W&B run file")
-        position = self._position
-        while position + _HEADER <= len(data):
-            left = _BLOCK - position % _BLOCK
+        start, offset = self._position, 0  # data[offset] is the file's byte start + offset
+        while offset + _HEADER <= len(data):
+            left = _BLOCK - (start + offset) % _BLOCK
             if left < _HEADER:  # a block's tail too short for a header is padding
-                position += left
+                offset += left
                 continue
-            length, kind = int.from_bytes(data[position + 4 : position + 6], "little"), data[position + 6]
-            end = position + _HEADER + length
+            length, kind = int.from_bytes(data[offset + 4 : offset + 6], "little"), data[offset + 6]
+            end = offset + _HEADER + length
             if kind == 0 or end > len(data):  # zeros past the end written so far, or a chunk being written
                 break
-            self._pending += data[position + _HEADER : end]
-            position = self._position = end
+            self._pending += data[offset + _HEADER : end]
+            offset = end
+            self._position = start + end
             if kind in (_WHOLE, _LAST):
                 record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
                 record.ParseFromString(self._pending)
