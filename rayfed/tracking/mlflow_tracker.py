@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -60,7 +61,13 @@ def check_store(folder: Path) -> None:
     try:
         MlflowClient(uri)
     except Exception as error:  # MLflow's own error, or its store's
-        reason = str(error).splitlines()[0].split(". See ")[0]
+        listed = re.search(r"Supported URI schemes are: \[([^]]*)\]", str(error))
+        schemes = [item.strip(" '") for item in listed.group(1).split(",")] if listed else []
+        reason = (
+            f"no store has the scheme {uri.partition(':')[0]!r}; MLflow's: {', '.join(filter(None, schemes))}"
+            if schemes
+            else str(error).splitlines()[0].split(". See ")[0]
+        )
         raise ConfigError(f"MLFLOW_TRACKING_URI={uri!r} names no store MLflow can use ({reason}); {fix}") from None
     if uri.startswith(("http://", "https://")):
         import requests
