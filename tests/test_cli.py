@@ -144,6 +144,13 @@ def test_an_empty_config_file_is_refused_rather_than_run_on_the_defaults(tmp_pat
     assert not (tmp_path / "run").exists()
 
 
+def test_a_table_field_given_what_is_no_table_is_refused_in_one_line(capsys):
+    assert _one_line_refusal(["run", "data.options={num_samples:600}"], capsys) == (
+        'data.options must be a table, e.g. {"key": 1} (JSON on the command line, with its keys in double quotes), '
+        "but got data.options='{num_samples:600}'"
+    )
+
+
 def test_resume_takes_no_config_file(tmp_path, capsys):
     config = tmp_path / "c.toml"
     config.write_text("seed = 1\n")

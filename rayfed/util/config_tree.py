@@ -135,6 +135,8 @@ def coerce(hint: Any, value: Any, path: str, *, strict: bool = False) -> Any:
         if not isinstance(value, (list, tuple)):
             fail(path, value, "a list")
         return tuple(value)
+    if origin in (Mapping, dict) and not isinstance(value, Mapping):
+        fail(path, value, 'a table, e.g. {"key": 1} (JSON on the command line, with its keys in double quotes)')
     if origin is Literal:
         check_choice(path, value, get_args(hint))
     return value
