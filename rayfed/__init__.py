@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ i
         load_config,
     )
     from rayfed.engine.result import RunResult  # noqa: F401
-    from rayfed.engine.simulation import Simulation, run  # noqa: F401
+    from rayfed.engine.simulation import Simulation  # noqa: F401
+    from rayfed.tracking.runs import run  # noqa: F401
     from rayfed.util.errors import (  # noqa: F401
         CheckpointError,
         ConfigError,
@@ -51,7 +52,8 @@ __all__, __getattr__, __dir__ = lazy_exports(
             "load_config",
         ),
         "rayfed.engine.result": ("RunResult",),
-        "rayfed.engine.simulation": ("run", "Simulation"),
+        "rayfed.engine.simulation": ("Simulation",),
+        "rayfed.tracking.runs": ("run",),
         "rayfed.util.errors": (
             "RayfedError",
             "ConfigError",

@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(ns: argparse.Namespace) -> int:
     config = config_from_args(ns.args, ns.resume, ns.preset)  # bad arguments: refused before torch loads
-    from rayfed.engine import run
+    from rayfed.tracking import run
 
     if ns.quiet:
         config = config.override({"engine.progress": False})
@@ -150,10 +150,12 @@ def _run(ns: argparse.Namespace) -> int:
     )
     if result.trained:
         return 0
+    from rayfed.engine.simulation import untrained_cause
+
     print(
         f"rayfed: error: no round produced a finite training loss (every client update was rejected as NaN or "
-        f"infinite, or beyond engine.max_update_norm), so the models never changed; lower train.lr="
-        f"{config.train.lr:g}",
+        f"infinite, or beyond engine.max_update_norm), so the models never changed; "
+        f"{untrained_cause(config, non_finite=config.engine.max_update_norm is None)}",
         file=sys.stderr,
     )
     return 1

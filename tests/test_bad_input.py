@@ -172,7 +172,7 @@ def test_a_checkpoint_whose_round_was_edited_is_refused_untouched(tmp_path, rena
 
     # Assert: the file is named with what is wrong with it, and nothing in the run directory changed.
     assert newest.name in str(raised.value)
-    assert ("checksum" if renamed else "not the round its name says") in str(raised.value)
+    assert ("do not match the seal" if renamed else "not the round its name says") in str(raised.value)
     assert {str(p): p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
 
 

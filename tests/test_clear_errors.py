@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -89,10 +90,28 @@ def test_a_run_whose_every_update_is_rejected_says_so_and_exits_1(tmp_path, caps
     printed = capsys.readouterr()
     assert "loss=6 of 10 client updates rejected" in printed.err  # the progress line (4 clients take no step)
     assert "done: 2 rounds (2 without a finite training loss: rounds 0, 1)" in printed.out
-    assert "rayfed: error: no round produced a finite training loss" in printed.err and "lower train.lr=1e+06" in (
-        printed.err
-    )
+    assert "rayfed: error: no round produced a finite training loss" in printed.err
+    assert "then at the step size (train.lr=1e+06: too large a step diverges)" in printed.err
     assert json.loads((run_dir / "summary.json").read_text())["rounds_without_finite_loss"] == [0, 1]
+
+
+def test_a_loss_term_that_gives_nan_names_the_method_and_its_loss_before_the_step_size(
+    tmp_path, monkeypatch, capsys, caplog
+) -> None:
+    from rayfed.algorithms.fedprox import FedProxClient
+
+    monkeypatch.setattr(
+        FedProxClient, "proximal", lambda self, out, batch, params, constants: out.logits.sum() * math.nan
+    )
+    args = _args(tmp_path / "run", **{"algorithm.name": "fedprox", "train.lr": 1e-9})
+
+    assert main(["run", *args]) == 1
+
+    (warning,) = [r.getMessage() for r in caplog.records if "so the models did not change" in r.getMessage()]
+    assert "rejected (non-finite update (NaN or Inf)), so the models did not change: the local loss of " in warning
+    assert "algorithm.name='fedprox' became NaN or infinite: look first at the method's loss terms" in warning
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.startswith("rayfed: error: no round produced a finite training loss") and "'fedprox'" in line
 
 
 def test_the_python_api_takes_a_mapping_of_dotted_fields_and_names_anything_else(tmp_path) -> None:

@@ -31,7 +31,7 @@ def test_building_the_command_line_imports_neither_torch_nor_ray():
 def test_package_names_are_imported_on_first_use():
     import rayfed
 
-    assert rayfed.run.__module__ == "rayfed.engine.simulation"
+    assert rayfed.run.__module__ == "rayfed.tracking.runs"  # the engine's run, with the trackers engine.loggers names
     assert {"run", "RunConfig", "ConfigError"} <= set(rayfed.__all__) <= set(dir(rayfed))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         rayfed.nope
@@ -86,6 +86,69 @@ def test_an_argument_without_equals_that_is_no_file_is_named(args, named, capsys
 def test_a_missing_config_file_is_not_found(missing, capsys):
     assert main(["run", "train.lr=0.1", missing]) == 2
     assert f"rayfed: error: config file '{missing}' not found (looked in " in capsys.readouterr().err
+
+
+def _one_line_refusal(argv: list[str], capsys) -> str:
+    """The single line a refused ``rayfed`` command prints (exit status 2), without its prefix."""
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    return line.removeprefix("rayfed: error: ")
+
+
+def test_a_config_folder_given_as_a_config_file_is_called_a_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cfgdir").mkdir()
+    assert _one_line_refusal(["run", "cfgdir"], capsys) == (
+        "'cfgdir' is a folder, not a config file (it holds no config file); give the path of one config file"
+    )
+    (tmp_path / "cfgdir" / "a.toml").write_text("seed = 1\n")
+    assert "(it holds a.toml)" in _one_line_refusal(["run", "cfgdir"], capsys)
+
+
+def test_an_override_that_names_a_config_file_says_how_to_give_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert _one_line_refusal(["run", "a=b.toml"], capsys) == (
+        "'a=b.toml' reads as the override a=b.toml, but 'a' is no config field; to run a config file, give its path "
+        "alone: rayfed run b.toml"
+    )
+    (tmp_path / "x=1.toml").write_text("seed = 1\n")
+    assert _one_line_refusal(["run", "x=1.toml"], capsys) == (
+        "'x=1.toml' is a file, but an argument with '=' is read as a field.path=value override; rename the file "
+        "without '='"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("lr.toml", '[train]\nlr = "0.01"\n', "train.lr is the string '0.01' in the config file, but the field "),
+        ("rounds.toml", 'train.rounds = "5"\n', "train.rounds is the string '5' in the config file, but the field "),
+        ("lr.yaml", "train:\n  lr: 1e-2\n", "YAML reads an exponent without a dot as a string: write 1.0e-2"),
+        ("loggers.toml", 'engine.loggers = "mlflow"\n', "the field takes a list; write it without quotes as [a, b]"),
+    ],
+)
+def test_a_config_file_value_of_the_wrong_type_is_refused_naming_the_field_and_the_type(
+    tmp_path, capsys, name, text, expected
+):
+    (tmp_path / name).write_text(text)
+    assert expected in _one_line_refusal(["run", str(tmp_path / name)], capsys)
+
+
+@pytest.mark.parametrize("name", ["empty.toml", "empty.yaml", "comments.toml"])
+def test_an_empty_config_file_is_refused_rather_than_run_on_the_defaults(tmp_path, capsys, name):
+    (tmp_path / name).write_text("# nothing set\n" if name.startswith("comments") else "")
+    assert _one_line_refusal(["run", str(tmp_path / name), f"run_dir={tmp_path / 'run'}"], capsys) == (
+        f"config file {str(tmp_path / name)!r} is empty (it sets no field); write in it the fields to change, or "
+        "leave it out to run on the defaults"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_table_field_given_what_is_no_table_is_refused_in_one_line(capsys):
+    assert _one_line_refusal(["run", "data.options={num_samples:600}"], capsys) == (
+        'data.options must be a table, e.g. {"key": 1} (JSON on the command line, with its keys in double quotes), '
+        "but got data.options='{num_samples:600}'"
+    )
 
 
 def test_resume_takes_no_config_file(tmp_path, capsys):

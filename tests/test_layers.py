@@ -22,7 +22,8 @@ LAYERS = (
     ("config",),
     ("execution",),
     ("actors",),
-    ("engine", "results", "tracking"),
+    ("engine", "results"),
+    ("tracking",),
     ("reproduce", "tuning"),
     ("",),  # the root: __init__, __main__, cli
 )

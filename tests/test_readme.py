@@ -20,7 +20,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 MARKER = "<!-- readme-test -->"
 
 
-def tested_blocks() -> list[tuple[str, str]]:
+def marked_blocks() -> list[tuple[str, str]]:
     """(language, code) of every block the README marks as tested."""
     pattern = re.escape(MARKER) + r"\s*```(\w+)\n(.*?)```"
     return re.findall(pattern, README.read_text(encoding="utf-8"), flags=re.DOTALL)
@@ -32,13 +32,26 @@ def run_verbatim(command: list[str], cwd: Path) -> subprocess.CompletedProcess[s
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+def test_the_readme_states_the_number_of_tests_the_suite_collects(request: pytest.FixtureRequest) -> None:
+    """Within a tenth, so that adding a few tests needs no edit, and a stale figure fails the whole suite's run."""
+    config = request.config
+    whole = config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.option.keyword
+    if not whole or config.option.markexpr or config.option.deselect or getattr(config.option, "lf", False):
+        pytest.skip("counts the tests of the whole suite, run as the README's command runs it")
+    (stated,) = re.findall(r"The suite holds ([\d,]+) tests", README.read_text(encoding="utf-8"))
+    collected = len(request.session.items)
+    assert abs(collected - int(stated.replace(",", ""))) <= collected / 10, (
+        f"the README states {stated} tests, the suite collects {collected}: measure the suite again and update it"
+    )
+
+
 def test_the_readme_marks_its_cheap_blocks() -> None:
-    assert [language for language, _ in tested_blocks()] == ["python", "bash"]
+    assert [language for language, _ in marked_blocks()] == ["python", "bash"]
 
 
 @pytest.mark.parametrize("index", range(2))
 def test_a_marked_block_runs_as_written(index: int, tmp_path: Path) -> None:
-    language, code = tested_blocks()[index]
+    language, code = marked_blocks()[index]
     if language == "python":
         commands = [[sys.executable, "-c", code]]
     else:

@@ -10,7 +10,6 @@ so no module below the config imports it, not even for type checking; the config
 """
 
 from rayfed.config.run_config import (
-    TRACKERS,
     AlgorithmConfig,
     DataConfig,
     EngineConfig,
@@ -18,11 +17,13 @@ from rayfed.config.run_config import (
     RunConfig,
     TrainConfig,
     field_reference,
+    is_field_path,
     load_config,
     parse_override,
     read_run_config,
     read_table_file,
 )
+from rayfed.config.trackers import TRACKERS, check_installed
 
 __all__ = [
     "TRACKERS",
@@ -33,8 +34,10 @@ __all__ = [
     "RunConfig",
     "TrainConfig",
     "field_reference",
+    "is_field_path",
     "load_config",
     "parse_override",
     "read_run_config",
     "read_table_file",
+    "check_installed",
 ]

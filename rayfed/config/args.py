@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from rayfed.config import RunConfig, load_config, parse_override, read_run_config
+from rayfed.config import RunConfig, is_field_path, load_config, parse_override, read_run_config
 from rayfed.util.config_tree import TABLE_SUFFIXES
 from rayfed.util.errors import CheckpointError, ConfigError
 
@@ -38,10 +38,15 @@ def config_from_args(args: Sequence[str], resume: str | None = None, preset: str
     for arg in files:
         if Path(arg).is_file():
             continue
+        if Path(arg).is_dir():
+            inside = sorted(p.name for p in Path(arg).iterdir() if p.suffix.lower() in TABLE_SUFFIXES)
+            held = f"it holds {', '.join(inside[:5])}" if inside else "it holds no config file"
+            raise ConfigError(f"{arg!r} is a folder, not a config file ({held}); give the path of one config file")
         if Path(arg).suffix.lower() in TABLE_SUFFIXES or "/" in arg:
-            what = "is a folder" if Path(arg).is_dir() else "not found"
-            raise ConfigError(f"config file {arg!r} {what} (looked in {str(Path.cwd())!r}); check its path")
+            raise ConfigError(f"config file {arg!r} not found (looked in {str(Path.cwd())!r}); check its path")
         raise ConfigError(f"{arg!r} is neither a config file nor a field.path=value override")
+    for arg in (a for a in args if "=" in a):
+        _check_override(arg)
     if len(files) > 1:
         raise ConfigError(f"give at most one config file, but got {files}")
     overrides = dict(parse_override(a) for a in args if "=" in a)
@@ -74,3 +79,19 @@ def config_from_args(args: Sequence[str], resume: str | None = None, preset: str
     if files:
         return load_config(files[0], overrides)
     return RunConfig().override(overrides) if overrides else RunConfig()
+
+
+def _check_override(arg: str) -> None:
+    """Refuse an argument with ``=`` that was meant as a config file: a file of that name, or ``path=value``
+    whose value is a config file's name and whose path is no config field."""
+    path, value = arg.split("=", 1)
+    if Path(arg).is_file():
+        raise ConfigError(
+            f"{arg!r} is a file, but an argument with '=' is read as a field.path=value override; rename the file "
+            "without '='"
+        )
+    if Path(value).suffix.lower() in TABLE_SUFFIXES and not is_field_path(path.strip()):
+        raise ConfigError(
+            f"{arg!r} reads as the override {path.strip()}={value}, but {path.strip()!r} is no config field; to run "
+            f"a config file, give its path alone: rayfed run {value}"
+        )

@@ -18,13 +18,16 @@ overrides fields by the same dotted paths. Each field's meaning is declared with
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rayfed.algorithms.settings import AlgorithmConfig
+from rayfed.config.trackers import TRACKERS
 from rayfed.data.partitioners import PARTITIONERS
 from rayfed.data.settings import DataConfig
 from rayfed.train.settings import TrainConfig
@@ -53,11 +56,9 @@ __all__ = [
     "read_table_file",
     "parse_override",
     "field_reference",
+    "is_field_path",
     "TRACKERS",
 ]
-
-TRACKERS = ("tensorboard", "mlflow", "wandb")
-"""The experiment trackers ``engine.loggers`` may name (:mod:`rayfed.tracking` logs to each)."""
 
 
 @section("model")
@@ -254,9 +255,10 @@ class RunConfig:
         return to_plain(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+    def from_dict(cls, data: Mapping[str, Any], *, strict: bool = False) -> RunConfig:
         """Build from nested mappings; unknown keys raise ConfigError with the closest known key. The ``plugins``
-        are imported first: the names the sections check may be theirs."""
+        are imported first: the names the sections check may be theirs. ``strict``: the values come from a typed
+        file, where a number written as a string is refused (:func:`rayfed.util.config_tree.coerce`)."""
         entries = data.get("plugins", ()) if isinstance(data, Mapping) else ()
         if isinstance(entries, str) or not isinstance(entries, list | tuple):
             raise ConfigError(
@@ -264,7 +266,7 @@ class RunConfig:
                 'e.g. plugins = ["my_methods"]'
             )
         plugins.import_plugins(entries)
-        return from_mapping(cls, data, "")
+        return from_mapping(cls, data, "", strict=strict)
 
     def override(self, overrides: Mapping[str, Any]) -> RunConfig:
         """A copy with fields replaced by dotted path, e.g. ``{"algorithm.params.wdr_lambda": 100}``.
@@ -333,6 +335,24 @@ def _differences(old: Any, new: Any, path: str = "") -> list[str]:
     return [] if old == new else [f"{path.rstrip('.')}: {old!r} -> {new!r}"]
 
 
+def is_field_path(path: str) -> bool:
+    """Whether ``path`` (``train.lr``) names a config field, or a key inside a table field (``algorithm.params.*``,
+    ``data.options.*``).
+
+    >>> is_field_path("train.lr"), is_field_path("algorithm.params.wdr_lambda"), is_field_path("a")
+    (True, True, False)
+    """
+    node: Any = RunConfig
+    for key in path.split("."):
+        if not (isinstance(node, type) and dataclasses.is_dataclass(node)):
+            return node is Any or typing.get_origin(node) in (Mapping, dict)  # inside a table, or below a value
+        fields = typing.get_type_hints(node)
+        if key not in fields:
+            return False
+        node = fields[key]
+    return True
+
+
 def field_reference() -> str:
     """Every config field as ``path = default`` and its meaning (``rayfed run --help`` prints it)."""
     return reference(RunConfig)
@@ -351,7 +371,15 @@ def read_run_config(path: str | Path) -> RunConfig:
 def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
     """Read a TOML, YAML or JSON config file and apply dotted-path overrides.
 
-    The file names fields by nested tables, flat dotted keys (``"train.lr" = 0.02``), or both.
+    The file names fields by nested tables, flat dotted keys (``"train.lr" = 0.02``), or both, each value of
+    its field's type (``lr = "0.01"`` is refused, naming the field). A file that sets no field is refused: it
+    can only be a mistake (the wrong file, a write cut short), since leaving it out runs on the defaults.
     """
-    config = RunConfig.from_dict(nest_dotted_keys(read_table_file(path), f"config file {str(path)!r}"))
+    table = read_table_file(path)
+    if not table:
+        raise ConfigError(
+            f"config file {str(path)!r} is empty (it sets no field); write in it the fields to change, or leave it "
+            "out to run on the defaults"
+        )
+    config = RunConfig.from_dict(nest_dotted_keys(table, f"config file {str(path)!r}"), strict=True)
     return config.override(overrides) if overrides else config

@@ -4,6 +4,8 @@ A callback overrides only the hooks it needs (the callback design of the pfl-res
 and sees the run through a :class:`RunView`: its directory, config, problem and history, and the
 state a checkpoint saves, not the machinery that trains it.
 
+* ``before_run(run, continues)`` once the run is planned, before anything is written: a callback whose
+  own files or services cannot take the run refuses it here;
 * ``on_run_start(run)`` once, after the run directory, data and workers are ready;
 * ``on_initial_evaluation(run, record, clients)`` after the initial model is evaluated
   (``engine.eval_initial``; round -1, which is neither a round nor checkpointed);
@@ -72,6 +74,12 @@ class RunView:
 
 class Callback:
     """Base class: every hook does nothing."""
+
+    def before_run(self, run: RunView, continues: bool) -> None:
+        """Called once the run passed its plan's checks and before anything is written (``continues``: the run
+        directory holds this run already; ``run.history``, the rounds it resumes after); raise a
+        :class:`~rayfed.util.errors.RayfedError` naming the fix to refuse the run with every file of its
+        directory as it was."""
 
     def on_run_start(self, run: RunView) -> None:
         """Called once before the first round (also when resuming)."""

@@ -3,19 +3,31 @@
 A checkpoint ``<run_dir>/checkpoints/round_XXXXXX.npz`` holds the arrays
 ``server/<name>``, ``client/<id>/<name>`` and ``meta``: JSON bytes with the round it was
 written after, :data:`CHECKPOINT_FORMAT`, the identity of the run that wrote it
-(:mod:`rayfed.engine.run_identity`) and a SHA-256 checksum of its other arrays and of those three
-fields. The engine
-writes one every ``engine.checkpoint_every`` rounds and resumes from the newest; ``rayfed
-plot`` reads the newest one's server state. Only the two newest are kept.
+(:mod:`rayfed.engine.run_identity`), the id of the key that sealed it and its seal: an HMAC-SHA256,
+under this machine's checkpoint key (:mod:`rayfed.engine.checkpoint_key`), of its other arrays and of
+those four fields. The engine writes one every ``engine.checkpoint_every`` rounds and resumes from the
+newest; ``rayfed plot`` reads the newest one's server state. Only the two newest are kept.
 
 A resume trusts a checkpoint only when it proves where it came from
 (:func:`verified_checkpoint`): its run's identity, the round its file is named after, arrays and
-metadata that match their checksum (none changed or cut short) and finite values.
+metadata that match their seal (none changed or cut short) and finite values. The seal is keyed, so
+that a checkpoint edited and sealed again without the key, such as another run's whose identity was
+changed, or one whose round was, is refused: it protects against anyone who can write a run directory
+(a shared or synced folder, a copy received) but cannot read the key file outside it. It does not
+protect against anyone who can read the key (the user, root), hides nothing (checkpoints are not
+encrypted), and vouches for the checkpoints alone, not for the run's other files, which a resume checks
+for damage (:func:`rayfed.engine.resume_point.read_resume_point`). A checkpoint sealed with another
+machine's key is refused naming both keys' ids and the fix (that machine's key file); one written
+before checkpoints were keyed carries a plain SHA-256 that anyone can recompute, and is refused unless
+the user vouches for it (:data:`TRUST_UNKEYED_VARIABLE`).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import logging
+import os
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from rayfed.engine.checkpoint_key import KEY_FILE_VARIABLE, checkpoint_key, key_id, key_path
 from rayfed.train.job import ClientState
-from rayfed.util.errors import CheckpointError, CheckpointFormatError
+from rayfed.util.errors import CheckpointError, CheckpointFormatError, CheckpointKeyError
 from rayfed.util.files import digest_of, load_arrays, save_arrays
 
 __all__ = [
@@ -37,7 +50,10 @@ __all__ = [
     "checkpoint_identity",
     "load_checkpoint",
     "verified_checkpoint",
+    "TRUST_UNKEYED_VARIABLE",
 ]
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = 2
 """The layout of the state vectors inside checkpoints; a run resumes only from its own format."""
@@ -45,6 +61,10 @@ _FORMATS = {
     1: "convolution kernels stored (O, I, H, W)",
     2: "convolution kernels stored channels-last, (O, H, W, I), as rayfed.train.flat lays them out",
 }
+TRUST_UNKEYED_VARIABLE = "RAYFED_TRUST_UNKEYED_CHECKPOINTS"
+"""Set to 1 to resume from checkpoints written before they were keyed, whose plain SHA-256 is still checked."""
+_SEALED = ("round", "format", "identity", "key_id")
+"""The metadata a checkpoint's seal covers beside its arrays."""
 _CHECKPOINTS_KEPT = 2
 _DIRECTORY = "checkpoints"
 _SERVER, _CLIENT, _META = "server/", "client/", "meta"
@@ -75,8 +95,15 @@ def save_checkpoint(
     for cid, state in clients:
         for name, value in state.items():
             arrays[f"{_CLIENT}{cid}/{name}"] = np.asarray(value)
-    meta: dict[str, Any] = {"round": round_index, "format": CHECKPOINT_FORMAT, "identity": identity, "sealed": True}
-    meta["checksum"] = _checksum(arrays, meta)
+    key = checkpoint_key(create=True)
+    assert key is not None  # made if missing
+    meta: dict[str, Any] = {
+        "round": round_index,
+        "format": CHECKPOINT_FORMAT,
+        "identity": identity,
+        "key_id": key_id(key),
+    }
+    meta["mac"] = _seal(arrays, meta, key)
     arrays[_META] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     directory = Path(run_dir) / _DIRECTORY
     path = directory / f"round_{round_index:06d}.npz"
@@ -97,14 +124,14 @@ def newest_checkpoint(run_dir: str | Path) -> Path | None:
     return checkpoints[-1] if checkpoints else None
 
 
-def _checksum(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> str:
-    """SHA-256 over every array but ``meta``, by name, and, for a ``sealed`` checkpoint, over its round,
-    format and identity (checkpoints written before they were sealed cover their arrays only)."""
+def _seal(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any], key: bytes | None) -> str:
+    """HMAC-SHA256 under ``key`` over every array but ``meta``, by name, and over the :data:`_SEALED` fields;
+    with ``key`` None, the plain SHA-256 of a checkpoint written before they were keyed (its ``sealed`` fields)."""
     parts = [part for name in sorted(arrays) if name != _META for part in (name.encode(), arrays[name])]
-    if meta.get("sealed"):
-        fields = {key: meta.get(key) for key in ("round", "format", "identity", "sealed")}
-        parts.append(json.dumps(fields, sort_keys=True).encode())
-    return digest_of(parts)
+    fields = _SEALED if key is not None else ("round", "format", "identity", "sealed") if meta.get("sealed") else ()
+    if fields:
+        parts.append(json.dumps({field: meta.get(field) for field in fields}, sort_keys=True).encode())
+    return digest_of(parts, key)
 
 
 def _read_meta(path: Path, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
@@ -171,11 +198,7 @@ def verified_checkpoint(path: Path, identity: str, may_hold_nan: Collection[str]
             f"checkpoint {str(path)!r} says it was written after round {meta['round']}, not the round its name says"
         )
     arrays = load_arrays(path, fix="")
-    if meta.get("checksum") != _checksum(arrays, meta):
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} is damaged: its arrays or its metadata do not match the checksum written with "
-            "them (an array or its round was changed, resized or cut short)"
-        )
+    _check_seal(path, arrays, meta)
     allowed = {f"{_SERVER}{name}" for name in may_hold_nan}
     for name, array in arrays.items():
         if name in allowed or not np.issubdtype(array.dtype, np.floating):
@@ -187,6 +210,40 @@ def verified_checkpoint(path: Path, identity: str, may_hold_nan: Collection[str]
                 f"(of {array.size}), which training cannot recover from"
             )
     return _split(path, arrays)
+
+
+def _check_seal(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+    """CheckpointError unless ``arrays`` and ``meta`` match the seal written with them, under this machine's key
+    (CheckpointKeyError: sealed with another key, or by a rayfed that did not key its checkpoints)."""
+    if "mac" not in meta:
+        trusted = os.environ.get(TRUST_UNKEYED_VARIABLE) == "1"
+        if not trusted:
+            raise CheckpointKeyError(
+                f"checkpoint {str(path)!r} carries a plain SHA-256 checksum (rayfed before checkpoints were keyed), "
+                f"which anyone can recompute, so it cannot prove this run wrote it; if you trust this run directory, "
+                f"resume once with {TRUST_UNKEYED_VARIABLE}=1 (its checksum is still checked, and later checkpoints "
+                "are keyed). Nothing in this run directory was changed"
+            )
+        if meta.get("checksum") == _seal(arrays, meta, None):
+            logger.warning("%s: unkeyed checkpoint accepted (%s=1)", path, TRUST_UNKEYED_VARIABLE)
+            return
+    else:
+        key = checkpoint_key(create=False)
+        if key is None or key_id(key) != meta.get("key_id"):
+            here = (
+                f"this machine's key {str(key_path())!r} is {key_id(key)}" if key else f"{str(key_path())!r} holds none"
+            )
+            raise CheckpointKeyError(
+                f"checkpoint {str(path)!r} was sealed with the checkpoint key {meta.get('key_id')}, but {here}: "
+                f"copy the key file of the machine that wrote it to {str(key_path())!r}, or point "
+                f"{KEY_FILE_VARIABLE} at it. Nothing in this run directory was changed"
+            )
+        if hmac.compare_digest(str(meta.get("mac")), _seal(arrays, meta, key)):
+            return
+    raise CheckpointError(
+        f"checkpoint {str(path)!r} is damaged or was changed: its arrays or its metadata do not match the seal "
+        "written with them (an array or its round was changed, resized or cut short)"
+    )
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:

@@ -4,13 +4,14 @@ A run that cannot be carried out is refused here, with every file of its directo
 (README.md, "Faults and bad input"):
 
 * its run directory: can it be made, is it rayfed's to write in and free, may this run start or
-  continue in it, and where does a continued run resume (:mod:`rayfed.engine.run_dir`, which reads
-  every file a resume needs and proves its checkpoint is this run's: :mod:`rayfed.engine.run_identity`);
+  continue in it (:mod:`rayfed.engine.run_dir`), and where does a continued run resume
+  (:mod:`rayfed.engine.resume_point`, which reads every file a resume needs and proves its checkpoint
+  is this run's: :mod:`rayfed.engine.run_identity`);
 * its resources: workers, memory and client states (:func:`rayfed.engine.sizing.check_fits`);
 * its inputs: the dataset, the problem (the algorithm checks its params against it), the held-out
   server data and the partition (:class:`~rayfed.engine.inputs.RunInputs`);
 * whether any client can take a local step (:func:`rayfed.engine.trainability.check_trainable`);
-* the packages of the experiment trackers ``engine.loggers`` names (:func:`rayfed.tracking.check_installed`).
+* the packages of the experiment trackers ``engine.loggers`` names (:func:`rayfed.config.check_installed`).
 
 It also says, once, what of the fast path the run cannot take (:mod:`rayfed.engine.fast_path`).
 
@@ -24,14 +25,14 @@ from datetime import datetime
 from pathlib import Path
 
 from rayfed.algorithms import ResolvedAlgorithm, resolve
-from rayfed.config import RunConfig
+from rayfed.config import RunConfig, check_installed
 from rayfed.engine.fast_path import log_slow_paths
 from rayfed.engine.inputs import RunInputs
-from rayfed.engine.run_dir import ResumePoint, check_creatable, check_run_dir, read_resume_point
+from rayfed.engine.resume_point import ResumePoint, read_resume_point
+from rayfed.engine.run_dir import check_creatable, check_run_dir
 from rayfed.engine.run_identity import RunMarker, run_identity
 from rayfed.engine.sizing import MemoryEstimate, check_fits
 from rayfed.engine.trainability import check_trainable
-from rayfed.tracking.registry import check_installed
 from rayfed.util import plugins
 from rayfed.util.progress import progress_shown
 

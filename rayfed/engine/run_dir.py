@@ -1,7 +1,7 @@
 """A run directory a user can trust: owned by one run, checked before anything is written, continued
 from what it holds, and never a place where rayfed overwrites what it did not write.
 
-Four questions are answered here by reading only, so that a refused run leaves every
+Four questions are answered by reading only, so that a refused run leaves every
 file as it was (README.md, "Faults and bad input"):
 
 * can ``run_dir`` be created? (:func:`check_creatable`: a parent that is a file, a
@@ -14,10 +14,7 @@ file as it was (README.md, "Faults and bad input"):
   checkpoint is never overwritten; one whose run saved no round yet may be started again
   with its own config, with or without ``--resume``; both paths refuse another config with
   the same message);
-* where does a resumed run continue? (:func:`read_resume_point`: the newest checkpoint, proven
-  to be this run's, whole and finite, then ``rounds.parquet`` and ``clients/round_*.parquet``
-  are read and checked in full, and a damaged file is named with its fix, before the engine
-  writes anything; ``train.rounds`` may not fall below the rounds the run holds).
+* where does a resumed run continue? (:func:`rayfed.engine.resume_point.read_resume_point`).
 
 :func:`open_run_dir` then takes the directory's lock and writes the run marker, ``config.json``
 and the inputs.
@@ -29,39 +26,28 @@ import errno
 import logging
 import os
 import shlex
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from rayfed.config import RunConfig, read_run_config
 from rayfed.engine.checkpoint import (
-    Checkpoint,
-    checkpoint_identity,
-    checkpoints_of,
     newest_checkpoint,
-    verified_checkpoint,
 )
 from rayfed.engine.inputs import RunInputs
 from rayfed.engine.run_identity import CONTINUABLE, MARKER_FILE, RunMarker
 from rayfed.engine.run_lock import LOCK_FILE, RunLock, check_unlocked
-from rayfed.util.errors import CheckpointError, CheckpointFormatError, ConfigError
+from rayfed.util.errors import CheckpointError, ConfigError
 from rayfed.util.files import write_json
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "RUN_FILES",
-    "ResumePoint",
     "check_creatable",
     "check_run_dir",
     "make_run_dir",
-    "read_resume_point",
     "resume_command",
-    "drop_client_tables_from",
+    "listed",
     "open_run_dir",
 ]
 
@@ -85,7 +71,6 @@ _SPECIAL_FILESYSTEMS = frozenset(
     {"proc", "sysfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "configfs", "bpf", "pstore"}
 )
 """Kernel filesystems that hold no user files (Linux ``/proc/self/mounts`` types)."""
-_ROUNDS, _CLIENTS = "rounds.parquet", "clients"
 
 
 def resume_command(run_dir: str | Path) -> str:
@@ -225,8 +210,8 @@ def check_run_dir(run_dir: Path, config: RunConfig, *, resume: bool) -> bool:
         clash = [name for name in held if name in RUN_FILES]
         raise ConfigError(
             f"run_dir={str(run_dir)!r} is not empty and is not a rayfed run directory (it has no {MARKER_FILE}; "
-            f"it holds {_listed(held)}); a run would write {', '.join(RUN_FILES[2:])} there"
-            + (f", overwriting {_listed(clash)}" if clash else "")
+            f"it holds {listed(held)}); a run would write {', '.join(RUN_FILES[2:])} there"
+            + (f", overwriting {listed(clash)}" if clash else "")
             + ". rayfed writes only into an empty folder or a run directory it made: choose a new run_dir "
             "(a run directory of a rayfed without run markers continues with that version)"
         )
@@ -235,7 +220,7 @@ def check_run_dir(run_dir: Path, config: RunConfig, *, resume: bool) -> bool:
         others = [name for name in held if name != MARKER_FILE]
         if others:
             raise ConfigError(
-                f"run_dir={str(run_dir)!r} holds a run whose config.json is missing ({_listed(others)} are there); "
+                f"run_dir={str(run_dir)!r} holds a run whose config.json is missing ({listed(others)} are there); "
                 "restore config.json from a copy to continue it, or choose another run_dir"
             )
         if resume:
@@ -259,142 +244,6 @@ def check_run_dir(run_dir: Path, config: RunConfig, *, resume: bool) -> bool:
     return True
 
 
-# --- where does a resumed run continue? ------------------------------------------------------------
-@dataclass(frozen=True)
-class ResumePoint:
-    """Where a run starts: its run marker, and what it continues from (its newest checkpoint and the rounds
-    recorded up to it)."""
-
-    marker: RunMarker
-    """The run marker to write: a new run's, or the saved one with any change of ``train.rounds`` recorded."""
-    checkpoint: Checkpoint | None = None
-    """None for a new run, and when the run saved no round yet: it starts again from round 0 (with its
-    saved partition)."""
-    history: list[dict[str, Any]] = field(default_factory=list)
-    """The rows of ``rounds.parquet`` up to the checkpoint's round."""
-
-    @property
-    def next_round(self) -> int:
-        return 0 if self.checkpoint is None else self.checkpoint.round + 1
-
-
-def read_resume_point(run_dir: Path, config: RunConfig, identity: str, may_hold_nan: Collection[str]) -> ResumePoint:
-    """Read and check everything a continued run needs, writing nothing.
-
-    Raises CheckpointError naming the damaged file and its fix: the run marker, whose identity must be
-    ``identity`` (the run's config and partition as they are now); the newest checkpoint
-    (:func:`~rayfed.engine.checkpoint.verified_checkpoint`: torn, of another format or run, changed,
-    not finite; the fix offers the previous checkpoint if it passes the same checks);
-    ``rounds.parquet`` (unreadable, or without a row of every round up to the checkpoint's) or a
-    ``clients/round_*.parquet`` of those rounds (one that is missing is said in the log: the run goes on
-    without it). ConfigError if ``config.train.rounds`` is fewer than
-    the rounds the checkpoint holds.
-    """
-    recorded = RunMarker.read(run_dir)
-    checkpoints = checkpoints_of(run_dir)
-    if recorded.identity != identity:
-        if checkpoints and checkpoint_identity(checkpoints[-1]) == identity:
-            raise CheckpointError(
-                f"run_dir={str(run_dir)!r}: its {MARKER_FILE} records run identity {recorded.identity[:12]}..., but "
-                f"its config.json, partition.parquet and checkpoint {checkpoints[-1].name!r} agree on "
-                f"{identity[:12]}...: the marker was changed; restore {MARKER_FILE} from a copy, or choose another "
-                "run_dir"
-            )
-        raise CheckpointError(
-            f"run_dir={str(run_dir)!r}: its config.json and partition.parquet are not those its run started with "
-            f"(run identity {identity[:12]}..., its {MARKER_FILE} records {recorded.identity[:12]}...); restore "
-            "them from a copy, or choose another run_dir"
-        )
-    if not checkpoints:
-        return ResumePoint(_rounds_changed(run_dir, recorded, config, 0))
-    restart = (
-        f"start the run again from round 0 by deleting {str(run_dir / 'checkpoints')!r} and running "
-        f"{resume_command(run_dir)}"
-    )
-    checkpoint = _verified(checkpoints, identity, may_hold_nan, restart)
-    held = checkpoint.round + 1
-    if config.train.rounds < held:
-        raise ConfigError(
-            f"train.rounds={config.train.rounds} is fewer than the {held} rounds the run in {str(run_dir)!r} holds "
-            f"(its checkpoint is of round {checkpoint.round}); give train.rounds={held} or more "
-            f"(rounds.parquet keeps every round's results)"
-        )
-    restart = f"restore it from a copy, or {restart}"
-    history = _table(run_dir / _ROUNDS, restart)
-    rounds = {row.get("round") for row in history}
-    missing = sorted(set(range(held)) - rounds)
-    if missing:
-        raise CheckpointError(
-            f"{str(run_dir / _ROUNDS)!r} has no row of round {_listed(missing)}, which the checkpoint "
-            f"of round {checkpoint.round} follows; {restart}"
-        )
-    tables = {_round_of(path): path for path in (run_dir / _CLIENTS).glob("round_*.parquet")}
-    lost = [r for r in range(held) if r not in tables]
-    if lost:
-        logger.warning(
-            "%s has no per-client table of round %s: the run continues without %s (rounds.parquet keeps the "
-            "rounds' summaries)",
-            run_dir / _CLIENTS,
-            _listed(lost),
-            "it" if len(lost) == 1 else "them",
-        )
-    for round_index in sorted(set(tables) & set(range(held))):
-        _table(
-            tables[round_index],
-            "delete it to resume without that round's per-client table (rounds.parquet keeps the round's summary)",
-        )
-    marker = _rounds_changed(run_dir, recorded, config, held)
-    return ResumePoint(marker, checkpoint, [row for row in history if row["round"] <= checkpoint.round])
-
-
-def _rounds_changed(run_dir: Path, marker: RunMarker, config: RunConfig, from_round: int) -> RunMarker:
-    """``marker`` with the continuation's ``train.rounds`` recorded (and said) if it changed."""
-    changed = marker.with_rounds(config.train.rounds, from_round)
-    if changed is not marker:
-        logger.info("%s: train.rounds %s (recorded in %s)", run_dir, changed.train_rounds[-1]["change"], MARKER_FILE)
-    return changed
-
-
-def _verified(checkpoints: list[Path], identity: str, may_hold_nan: Collection[str], restart: str) -> Checkpoint:
-    """The newest checkpoint, verified; the error of one that fails offers the previous one if it passes."""
-    try:
-        return verified_checkpoint(checkpoints[-1], identity, may_hold_nan)
-    except CheckpointFormatError:
-        raise  # its message says how to resume it
-    except CheckpointError as error:
-        fix = restart
-        if len(checkpoints) > 1:
-            try:
-                previous = verified_checkpoint(checkpoints[-2], identity, may_hold_nan)
-                fix = (
-                    f"delete it to resume from the previous checkpoint, of round {previous.round}: "
-                    f"rm {shlex.quote(str(checkpoints[-1]))}; {resume_command(checkpoints[-1].parent.parent)}"
-                )
-            except CheckpointError:
-                pass  # no sound previous checkpoint to offer
-        raise CheckpointError(f"{error}; {fix}") from error
-
-
-def drop_client_tables_from(run_dir: Path, next_round: int) -> None:
-    """Delete the per-client tables of the rounds a continued run will write again (from ``next_round`` on)."""
-    for path in (run_dir / _CLIENTS).glob("round_*.parquet"):
-        if _round_of(path) >= next_round:
-            path.unlink()
-
-
-def _table(path: Path, fix: str) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise CheckpointError(f"{str(path)!r} is missing; {fix}")
-    try:
-        return pq.read_table(path).to_pylist()
-    except (OSError, pa.ArrowException) as error:
-        raise CheckpointError(f"{str(path)!r} is truncated or corrupted ({error}); {fix}") from error
-
-
-def _round_of(path: Path) -> int:
-    tail = path.stem.removeprefix("round_")
-    return int(tail) if tail.isdigit() else -1
-
-
-def _listed(items: Sequence[object], shown: int = 5) -> str:
+def listed(items: Sequence[object], shown: int = 5) -> str:
+    """``items`` as a short list for a message: the first ``shown``, and how many in all."""
     return ", ".join(map(str, items[:shown])) + (f", ... ({len(items)} in all)" if len(items) > shown else "")

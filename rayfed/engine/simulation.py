@@ -36,15 +36,17 @@ import numpy as np
 from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.engine.callbacks import Callback, Checkpointer, MetricsWriter, ProgressBar, RunView
-from rayfed.engine.checkpoint import Checkpoint, checkpoint_round, newest_checkpoint
+from rayfed.engine.checkpoint import Checkpoint, checkpoint_round, checkpoints_of, newest_checkpoint
 from rayfed.engine.interrupts import RunInterrupted, interrupts_deferred, terminate_as_interrupt, was_terminated
 from rayfed.engine.metrics import RoundRecord, client_table, summarise_round
 from rayfed.engine.plan import plan_run
 from rayfed.engine.result import RunResult
-from rayfed.engine.run_dir import drop_client_tables_from, open_run_dir, resume_command
+from rayfed.engine.resume_point import drop_client_tables_from, previous_checkpoint_fix
+from rayfed.engine.run_dir import open_run_dir, resume_command
 from rayfed.engine.state_store import ClientStateStore
 from rayfed.execution.executor import Executor, LocalExecutor, make_chunks, num_calls
-from rayfed.tracking import Tracking
+from rayfed.execution.reports import ClientReport
+from rayfed.execution.settlement import NON_FINITE
 from rayfed.train.job import ClientState
 from rayfed.util import plugins
 from rayfed.util.allocator import return_freed_memory
@@ -54,7 +56,7 @@ from rayfed.util.seeding import sample_clients
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Simulation", "RunResult", "run"]
+__all__ = ["Simulation", "RunResult", "run", "untrained_cause"]
 
 
 class Simulation:
@@ -84,8 +86,6 @@ class Simulation:
         builtin: list[Callback] = [MetricsWriter(), Checkpointer()]
         if config.engine.progress:
             builtin.append(ProgressBar())
-        if config.engine.loggers and not any(isinstance(callback, Tracking) for callback in callbacks):
-            builtin.append(Tracking(config.engine.loggers))  # a study gives its trials their own (StudyLink)
         self.callbacks = [*builtin, *callbacks]
         self._opening = (inputs, plan.resume.marker)
         """What :meth:`run` records in the run directory once it holds its lock."""
@@ -96,6 +96,8 @@ class Simulation:
             self.run_dir, config, self.spec, plan.identity, self.start_round, lambda: tuple(self.history), self._state
         )
         """What the callbacks see of this run."""
+        for callback in self.callbacks:  # each may refuse the run while nothing is written yet
+            callback.before_run(self.view, self.continues)
 
     def _state(self) -> tuple[dict[str, np.ndarray], Iterator[tuple[int, ClientState]]]:
         """The server state and the client states, as a checkpoint saves them."""
@@ -112,7 +114,7 @@ class Simulation:
             if self.continues:
                 logger.info("%s holds no completed round; starting it again from round 0", self.run_dir)
             return
-        _check_shapes(self._checkpoint, self.executor.server_state(), self.config.algorithm.name)
+        self._check_shapes(self._checkpoint, self.executor.server_state())
         drop_client_tables_from(self.run_dir, self.start_round)
         self.executor.load_server_state(self._checkpoint.server)
         self.states.clear()
@@ -120,6 +122,25 @@ class Simulation:
             self.states.put(cid, state)
         self._checkpoint = None  # its arrays now live in the executor and the store
         logger.info("resumed %s after round %d", self.run_dir, self.start_round - 1)
+
+    def _check_shapes(self, checkpoint: Checkpoint, expected: Mapping[str, np.ndarray]) -> None:
+        """Refuse a checkpoint whose server state is not the state this run's server keeps, offering the previous
+        checkpoint where it is sound and fits."""
+        problem = _shape_problem(checkpoint, expected)
+        if problem is None:
+            return
+        fix = previous_checkpoint_fix(
+            checkpoints_of(self.run_dir),
+            self.view.identity,
+            self.algorithm.may_hold_nan,
+            lambda previous: _shape_problem(previous, expected) is None,
+        ) or (
+            f"resume it with the rayfed version that wrote it, or start the run again from round 0 by deleting "
+            f"{str(checkpoint.path.parent)!r}"
+        )
+        raise CheckpointError(
+            f"checkpoint {str(checkpoint.path)!r} {problem} (algorithm.name={self.config.algorithm.name!r}); {fix}"
+        )
 
     # --- the loop ----------------------------------------------------------------------------
     def _make_executor(self) -> Executor:
@@ -266,7 +287,7 @@ class Simulation:
                 "round": finished - started,
             }
             record = summarise_round(t, reports, evals, timings, extra)
-            self._warn_untrained(record)
+            self._warn_untrained(record, reports)
             self.history.append(record.as_row())
             _same_columns(self.history)
             clients = client_table(t, reports, evals)
@@ -275,32 +296,46 @@ class Simulation:
                 stop = callback.after_round(self.view, record, clients) or stop
         return broadcast, stop
 
-    def _warn_untrained(self, record: RoundRecord) -> None:
-        """Say once per run that a round's updates were all left out (the progress bar and the summary say it of
-        every such round; a round in which no client could step is warned about by ``summarise_round``)."""
+    def _warn_untrained(self, record: RoundRecord, reports: Sequence[ClientReport]) -> None:
+        """Say once per run that a round's updates were all left out, and what made them so (the progress bar and
+        the summary say it of every such round; a round in which no client could step is warned about by
+        ``summarise_round``)."""
         problem = record.loss_problem()
         if problem and record.num_rejected and not self._warned_untrained:
             self._warned_untrained = True
             logger.warning(
-                "round %d: %s, so the models did not change (train.lr=%g may be too large); later rounds like it are "
-                "counted in the summary",
+                "round %d: %s (%s), so the models did not change: %s; later rounds like it are counted in the summary",
                 record.round,
                 problem,
-                self.config.train.lr,
+                "; ".join(sorted({report.rejected for report in reports if report.rejected})),
+                untrained_cause(self.config, non_finite=any(r.rejected == NON_FINITE for r in reports)),
             )
 
 
-def _check_shapes(checkpoint: Checkpoint, expected: Mapping[str, np.ndarray], algorithm: str) -> None:
-    """Refuse a checkpoint whose server state is not the state this run's server keeps (names and shapes)."""
+def untrained_cause(config: RunConfig, *, non_finite: bool = True) -> str:
+    """What to look at when client updates are rejected: for NaN or infinite ones, the method's local loss (its
+    loss terms and their params) before the step size, since a term that gives NaN does so at any
+    ``train.lr``; for ones beyond ``engine.max_update_norm``, the bound and the step size."""
+    algorithm = config.algorithm
+    method = f"algorithm.name={algorithm.name!r}" + (
+        f" with algorithm.client={algorithm.client!r}" if algorithm.client else ""
+    )
+    if not non_finite:
+        return f"raise engine.max_update_norm={config.engine.max_update_norm:g}, or lower train.lr={config.train.lr:g}"
+    return (
+        f"the local loss of {method} became NaN or infinite: look first at the method's loss terms and their "
+        f"algorithm.params, then at the step size (train.lr={config.train.lr:g}: too large a step diverges)"
+    )
+
+
+def _shape_problem(checkpoint: Checkpoint, expected: Mapping[str, np.ndarray]) -> str | None:
+    """What of ``checkpoint``'s server state is not the state this run's server keeps (names and shapes)."""
     for name, array in expected.items():
         saved = checkpoint.server.get(name)
         if saved is None or saved.shape != array.shape:
             found = "no array" if saved is None else f"shape {saved.shape}"
-            raise CheckpointError(
-                f"checkpoint {str(checkpoint.path)!r} holds {found} for the server state {name!r}, but this run's "
-                f"algorithm.name={algorithm!r} server keeps shape {array.shape}; resume it with the rayfed version "
-                f"that wrote it, or start the run again from round 0 by deleting {str(checkpoint.path.parent)!r}"
-            )
+            return f"holds {found} for the server state {name!r}, but this run's server keeps shape {array.shape}"
+    return None
 
 
 def _same_columns(rows: list[dict[str, Any]]) -> None:
@@ -316,7 +351,10 @@ def _same_columns(rows: list[dict[str, Any]]) -> None:
 def run(
     config: RunConfig | Mapping[str, Any], *, callbacks: Sequence[Callback] = (), resume: bool = False
 ) -> RunResult:
-    """Run ``config`` (or resume it from ``config.run_dir``) and return its results.
+    """Run ``config`` (or resume it from ``config.run_dir``) with ``callbacks`` and return its results.
+
+    The engine adds no experiment tracker: ``rayfed.run`` (:func:`rayfed.tracking.run`) adds those
+    ``engine.loggers`` names.
 
     ``config`` is a :class:`RunConfig` or a mapping of dotted field paths to values
     (``{"train.lr": 0.01}``), as :meth:`RunConfig.override` takes. With ``engine.backend="ray"``

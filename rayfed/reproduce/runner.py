@@ -172,7 +172,7 @@ def run_cell(config_dict: dict[str, Any]) -> Outcome:
     A missing dataset is an outcome ("data missing", the loader's message), not an exception,
     so one missing column does not stop the others; so is any other refusal ("failed").
     """
-    from rayfed.engine import run
+    from rayfed.tracking import run
 
     config = RunConfig.from_dict(config_dict)
     directory = Path(str(config.run_dir))

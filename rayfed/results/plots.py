@@ -7,11 +7,12 @@ writes, into ``DIR``:
 * ``accuracy.png``: pooled test accuracy against the round, counted as the progress bar counts
   it (1 = the first round; 0 = the initial model, evaluated with ``engine.eval_initial``), one
   line per run. Runs whose configs differ in the seed alone (:meth:`~rayfed.config.RunConfig.diff`,
-  ignoring ``seed`` and the fields that change no number, :data:`SAME_NUMBERS`) are seeds of one
-  method and share a colour and a legend entry; the legend, below the axes, names the method
-  (``Algorithm.label``) and, where lines share that name, the fields that tell them apart
-  (``cwFedAvg (Output), train.lr=0.01``); a note under it explains the labels' parts
-  (``Algorithm.label_note``);
+  ignoring ``seed`` and the fields that change no number,
+  :data:`~rayfed.results.run_data.SAME_NUMBERS`) are seeds of one method and share a colour and a
+  legend entry; the legend, below the axes, names the method (``Algorithm.label``) and, where
+  lines share that name, the fields that tell them apart (``cwFedAvg (Output), train.lr=0.01``);
+  a note under it explains the labels' parts (``Algorithm.label_note``). A run without a round
+  yet is left out (none with one: nothing is drawn);
 * the figures a run's method draws of itself from its newest checkpoint, as its server half
   says (``ServerHalf.figures``), as ``<run>-<figure>.png`` (``<run>`` is the run directory's
   name). cwFedAvg draws those of Lee & Choi, "Class-Wise Federated Averaging for Efficient
@@ -28,24 +29,27 @@ matplotlib is imported lazily (``pip install 'rayfed[plots]'``); figures are dra
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import textwrap
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from rayfed.algorithms import ALGORITHMS
-from rayfed.algorithms.figures import DistributionPairs, Figure, FinishedRun, Heatmap
-from rayfed.data import LABEL_COUNTS_FILE, read_label_counts
-from rayfed.engine.checkpoint import load_checkpoint, newest_checkpoint
-from rayfed.engine.metrics import counted_round
-from rayfed.util.errors import CheckpointError, ConfigError, RayfedError
+from rayfed.algorithms.figures import DistributionPairs, Figure, Heatmap
+from rayfed.engine.run_dir import resume_command
+from rayfed.results.run_data import (
+    CurveGroup,
+    RunData,
+    accuracy_points,
+    curve_groups,
+    finished_run,
+    load_run,
+    method_label,
+)
+from rayfed.util.errors import ConfigError, RayfedError
 from rayfed.util.files import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -66,158 +70,6 @@ __all__ = [
 ]
 
 _BARS_SHOWN = 4
-SAME_NUMBERS = (
-    "run_dir",
-    "data.root",
-    "data.download",
-    "engine.backend",
-    "engine.num_workers",
-    "engine.num_cpus_per_worker",
-    "engine.checkpoint_every",
-    "engine.ray_address",
-    "engine.resource_wait_s",
-    "engine.dashboard",
-    "engine.round_timeout_s",
-    "engine.max_retries",
-    "engine.client_state_memory_mb",
-    "engine.progress",
-)
-"""Config paths that change no number of a run (where it runs and writes, how it is watched and kept: the same
-config gives the same metrics on ``local`` and on Ray with any ``num_workers``), so no legend names them."""
-_SEED_ONLY = ("seed", *SAME_NUMBERS)
-"""Config paths in which the seeds of one method may differ (``RunConfig.diff``'s ``ignore``)."""
-
-
-# --- reading a run directory ------------------------------------------------------------------
-
-
-@dataclass
-class RunData:
-    """What the figures need from one run directory."""
-
-    run_dir: Path
-    config: Any
-    """The run's :class:`~rayfed.config.RunConfig`."""
-    rounds: list[dict[str, Any]]
-    server: dict[str, np.ndarray] = field(default_factory=dict)
-    """``server/*`` arrays of the newest checkpoint, without the prefix (empty if none)."""
-    checkpoint_round: int | None = None
-    """The round (0-based) after which that checkpoint was taken."""
-
-    @property
-    def name(self) -> str:
-        return self.run_dir.name
-
-    @property
-    def algorithm(self) -> str:
-        return self.config.algorithm.name
-
-
-def load_run(run_dir: str | Path) -> RunData:
-    """Read ``config.json``, ``rounds.parquet`` and the newest checkpoint's server state."""
-    from rayfed.config import read_run_config
-
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.json").is_file():
-        raise CheckpointError(f"{str(run_dir)!r} is not a run directory (no config.json)")
-    config = read_run_config(run_dir / "config.json")
-    rounds_file = run_dir / "rounds.parquet"
-    rounds = pq.read_table(rounds_file).to_pylist() if rounds_file.is_file() else []
-    newest = newest_checkpoint(run_dir)
-    if newest is None:
-        return RunData(run_dir, config, rounds)
-    checkpoint = load_checkpoint(newest)
-    return RunData(run_dir, config, rounds, checkpoint.server, checkpoint.round)
-
-
-def method_label(config: Any) -> str:
-    """The run's method as its algorithm labels it (``FedAvg``, ``FedAWA (code)``, ``cwFedAvg w/ Dist. (Output)``)."""
-    return ALGORITHMS.get(config.algorithm.name).label(config.algorithm.params)
-
-
-@dataclass
-class CurveGroup:
-    """Runs drawn in one colour under one legend entry: the seeds of one method."""
-
-    legend: str
-    runs: list[RunData]
-
-
-def curve_groups(runs: Sequence[RunData]) -> list[CurveGroup]:
-    """Group ``runs`` as seeds of one method when their configs differ in ``seed`` (and ``run_dir``) alone.
-
-    Each group's legend is its method label, followed by ``path=value`` for every field in
-    which it differs from another group of the same label, so no two entries read alike;
-    ``(N seeds)`` is added to a group of several runs.
-    """
-    grouped: list[list[RunData]] = []
-    for run in runs:
-        same = next((g for g in grouped if not run.config.diff(g[0].config, ignore=_SEED_ONLY)), None)
-        if same is None:
-            grouped.append([run])
-        else:
-            same.append(run)
-    labels = [method_label(g[0].config) for g in grouped]
-    result = []
-    for group, label in zip(grouped, labels):
-        config = group[0].config
-        paths = sorted(
-            {
-                line.split(": ", 1)[0]
-                for other, other_label in zip(grouped, labels)
-                if other is not group and other_label == label
-                for line in config.diff(other[0].config, ignore=_SEED_ONLY)
-            }
-        )
-        tree = config.to_dict()
-        legend = ", ".join([label, *(f"{path}={_override_text(_value_at(tree, path))}" for path in paths)])
-        result.append(CurveGroup(legend + (f" ({len(group)} seeds)" if len(group) > 1 else ""), group))
-    return result
-
-
-def _value_at(tree: Any, path: str) -> Any:
-    for key in path.split("."):
-        tree = tree.get(key) if isinstance(tree, dict) else None
-    return tree
-
-
-def _override_text(value: Any) -> str:
-    """A value as ``field.path=value`` writes it on the command line."""
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def accuracy_points(run: RunData, column: str = "accuracy") -> tuple[list[int], list[float]]:
-    """(round, pooled accuracy in %) of the run's evaluated rounds, the round counted as the progress bar counts
-    it: ``rounds.parquet``'s 0-based round + 1, so 1 is the first round and 0 the initial model (its row -1).
-
-    ``column="global_accuracy"`` gives the global model's curve on the same clients (none for an
-    algorithm without a global model besides the evaluated ones, or a run written before it existed).
-    """
-    values = [(counted_round(int(r["round"])), r.get(column)) for r in run.rounds]
-    points = [(x, 100 * y) for x, y in values if y is not None and not math.isnan(y)]
-    return [x for x, _ in points], [y for _, y in points]
-
-
-def finished_run(run: RunData) -> FinishedRun:
-    """What a method's figures read: the server state, the clients' class counts and the problem
-    rebuilt without data (the one problem builder, on the ``meta`` device)."""
-    from rayfed.engine.problem_build import ShapeOnly, build_problem
-
-    path = run.run_dir / LABEL_COUNTS_FILE
-    if path.is_file():
-        counts, train_counts, shape = read_label_counts(path)
-    else:  # a run from before label_counts.parquet: rebuild the counts from the dataset
-        from rayfed.data import Partition, load_dataset
-
-        data = run.config.data
-        logger.info("%s has no %s; loading dataset %r for the labels", run.run_dir, LABEL_COUNTS_FILE, data.dataset)
-        dataset = load_dataset(data.dataset, data.root, download=False, seed=data.seed, options=data.options)
-        partition = Partition.load(run.run_dir / "partition.parquet", dataset.labels, dataset.num_classes)
-        counts, train_counts, shape = partition.label_counts, partition.train_label_counts, dataset.input_shape
-    spec, _ = build_problem(run.config, ShapeOnly(tuple(shape), counts.shape[1]), device="meta")
-    return FinishedRun(run.server, counts, train_counts, spec)
-
-
 # --- drawing ------------------------------------------------------------------------------------
 
 
@@ -415,9 +267,17 @@ def _figures_folder(out: Path) -> Path:
 def write_figures(run_dirs: Sequence[str | Path], out: str | Path) -> tuple[list[Path], list[str]]:
     """Draw every figure for ``run_dirs`` into ``out``; returns (files written, notes on what was skipped)."""
     _figure_class()  # fail before reading anything if matplotlib is missing
-    runs = [load_run(d) for d in run_dirs]
+    loaded = [load_run(d) for d in run_dirs]
+    runs = [run for run in loaded if run.has_rounds]
+    if not runs:
+        which = f"{str(loaded[0].run_dir)!r} has" if len(loaded) == 1 else "none of the runs given has"
+        raise ConfigError(
+            f"{which} no round yet (rounds.parquet holds none: its run stopped before its first round ended), so "
+            f"there is nothing to draw; continue it ({resume_command(loaded[0].run_dir)}), then plot it"
+        )
     out = _figures_folder(Path(out))
-    paths, notes = [plot_accuracy_curves(runs, out / "accuracy.png")], []
+    paths = [plot_accuracy_curves(runs, out / "accuracy.png")]
+    notes = [f"{run.run_dir}: no round yet, left out" for run in loaded if not run.has_rounds]
     stems: dict[str, int] = {}
     for run in runs:
         stem = run.name if run.name not in stems else f"{run.name}-{stems[run.name]}"

@@ -12,17 +12,23 @@ then gives each of them, through the tool's own library:
 * when the run finishes, its figures (``rayfed plot``'s, drawn into ``<run_dir>/figures``).
 
 A resumed run appends to the same logged run: ``<run_dir>/tracking.json`` keeps each tracker's run id and the
-last step it received, and rounds run again after the checkpoint (which give the same numbers) are not sent
-twice. A tracker added on resume receives the earlier rounds first. An Optuna study files each trial's run
-under the study (:class:`StudyLink`).
+last step the tool confirmed holding (its writes flushed and checked, :mod:`rayfed.tracking.state`), so a run
+killed at any moment resumes by sending each tracker the rounds it lacks, none twice; a tracker added on resume
+receives the earlier rounds first, and a ``tracking.json`` lost is rebuilt from the trackers' own records. An
+Optuna study files each trial's run under the study (:class:`StudyLink`).
 
-A tracker whose package is missing is refused by :func:`check_installed` before anything is written, naming
-the extra that installs it.
+The engine knows no tracker: :func:`run` (``rayfed.run``, ``rayfed run``) adds the :class:`Tracking` callback.
+A tracker whose package is missing is refused by the plan (:func:`rayfed.config.check_installed`), and one
+whose folder, settings or ``tracking.json`` cannot take the run by :meth:`Tracking.before_run`, before
+anything is written, each in one line naming the fix.
 """
 
 from __future__ import annotations
 
 from rayfed.tracking.callback import Tracking
-from rayfed.tracking.registry import STATE_FILE, StudyLink, check_installed
+from rayfed.tracking.runs import run, with_trackers
+from rayfed.tracking.state import STATE_FILE
+from rayfed.tracking.study_link import StudyLink
+from rayfed.tracking.tools import check_services
 
-__all__ = ["Tracking", "StudyLink", "check_installed", "STATE_FILE"]
+__all__ = ["Tracking", "StudyLink", "STATE_FILE", "check_services", "run", "with_trackers"]

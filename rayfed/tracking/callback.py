@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,10 +14,11 @@ import pyarrow as pa
 
 from rayfed.engine.callbacks import Callback, RunView
 from rayfed.engine.metrics import RoundRecord, counted_round
-from rayfed.tracking.registry import STATE_FILE, StudyLink
+from rayfed.tracking.state import STATE_FILE, Logged, read_state, write_state
+from rayfed.tracking.study_link import StudyLink
+from rayfed.tracking.tools import FIGURES, check_folders, check_services, tracker_class
 from rayfed.tracking.tracker import RoundPoint, Tracker
-from rayfed.util.errors import ConfigError
-from rayfed.util.files import write_json
+from rayfed.util.errors import ConfigError, RayfedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from rayfed.engine.result import RunResult
@@ -32,33 +33,73 @@ DISTRIBUTIONS = ("test_acc", "train_loss", "update_norm", "local_test_acc")
 
 class Tracking(Callback):
     """Sends the run to the trackers ``loggers`` names (:mod:`rayfed.tracking`); ``study`` when the run is an
-    Optuna trial. A tracker that fails mid-run is warned about once and left out; the run goes on."""
+    Optuna trial. A step, or the config, counts as sent (``tracking.json``) once the tool confirmed holding it
+    (:meth:`Tracker.confirm`), so a run killed at any moment resumes by sending each tracker what it lacks. A
+    tracker that fails mid-run is warned about once and left out; the run goes on."""
 
     def __init__(self, loggers: Sequence[str], study: StudyLink | None = None) -> None:
         self.loggers, self.study = tuple(loggers), study
         self._trackers: dict[str, Tracker] = {}
-        self._steps: dict[str, int] = {}
-        """The last step each tracker received (-1: none)."""
+        self._logged: dict[str, Logged] = {}
+        """Every entry of ``tracking.json`` (a tracker left out of ``engine.loggers`` keeps its own)."""
+
+    def before_run(self, run: RunView, continues: bool) -> None:
+        """Refuse, before anything is written, a run whose trackers' folders are files, whose trackers' settings
+        cannot take it (:func:`~rayfed.tracking.tools.check_services`) or whose ``tracking.json`` cannot be
+        read; and find, for a continued run, each tracker's logged run (``tracking.json``, or where it lost a
+        tracker's entry, the tool's own records)."""
+        check_folders(self.loggers, run.run_dir)
+        check_services(self.loggers, self.study.study_dir if self.study is not None else run.run_dir)
+        saved = read_state(run.run_dir) if continues else {}
+        self._logged = dict(saved or {})
+        for name in self.loggers:
+            found = self._logged.get(name) or (self._recovered(name, run, saved is None) if continues else None)
+            self._logged[name] = found or Logged()
 
     def on_run_start(self, run: RunView) -> None:
-        saved = _read_state(run.run_dir)
-        plain = run.config.to_dict()
-        flat = dict(_flatten(plain))
         for name in self.loggers:
-            entry = saved.get(name, {})
+            entry = self._logged[name]
             try:
-                tracker = _open(name, run, entry, self.study)
+                tracker = tracker_class(name)(run, entry, self.study)
             except Exception as error:  # the tool's own error, at round 0: nothing of the run is lost
                 raise ConfigError(
                     f"engine.loggers: {name} could not open the run's logged run ({type(error).__name__}: {error}); "
                     f"fix what it names, or leave {name!r} out of engine.loggers, then start the run again"
                 ) from error
-            self._trackers[name], self._steps[name] = tracker, int(entry.get("step", -1))
-            if not entry:
-                tracker.log_config(flat, plain)
-        # the rounds recorded before this process (a resume) that a tracker has not received: a tracker added
-        # on resume, or rounds sent by a process that stopped before saving its state
+            self._trackers[name], self._logged[name] = tracker, replace(entry, ids=tracker.ids())
+        write_state(run.run_dir, self._logged)  # the logged runs' ids, before anything is sent to them
+        plain = run.config.to_dict()
+        flat = dict(_flatten(plain))
+        for name, tracker in list(self._trackers.items()):
+            if not self._logged[name].config and self._attempt(name, "the run's config", _config(tracker, flat, plain)):
+                self._logged[name] = replace(self._logged[name], config=tracker.keeps)
+        # the rounds recorded before this process (a resume) that a tracker does not hold: a tracker added on
+        # resume, or rounds sent by a process that stopped before the tool confirmed them
         self._send(run, [(counted_round(row["round"]), _metrics(row), {}) for row in run.history])
+
+    def _recovered(self, name: str, run: RunView, lost: bool) -> Logged | None:
+        """A continued run's logged run in ``name`` whose ``tracking.json`` entry is missing (``lost``: the whole
+        file), from the tool's own records (:meth:`Tracker.recorded`); said in a warning when found."""
+        path = run.run_dir / STATE_FILE
+        try:
+            found = tracker_class(name).recorded(run, self.study)
+        except Exception as error:  # the tool's own error, before anything is written
+            raise ConfigError(
+                f"{str(path)!r} holds no entry for {name}, and {name}'s own records of the run could not be read "
+                f"({type(error).__name__}: {error}); restore {str(path)!r} from a copy, or leave {name!r} out of "
+                "engine.loggers"
+            ) from error
+        if found is not None:
+            logger.warning(
+                "engine.loggers: %s %s; %s's own records hold the run's logged run (%s) up to step %d, so the "
+                "resume continues it and sends only the later rounds",
+                path,
+                "is missing" if lost else f"holds no entry for {name}",
+                name,
+                ", ".join(f"{key} {value}" for key, value in found.ids.items()) or "its files in the run directory",
+                found.step,
+            )
+        return found
 
     def on_initial_evaluation(self, run: RunView, record: RoundRecord, clients: pa.Table) -> None:
         self._send(run, [_point(record, clients)])
@@ -69,31 +110,27 @@ class Tracking(Callback):
 
     def on_run_end(self, run: RunView, result: RunResult | None) -> None:
         if result is not None and self._trackers:
-            from rayfed.results.plots import write_figures
-
-            figures, _ = write_figures([run.run_dir], run.run_dir / "figures")
-            last = max(self._steps.values())
-            self._each("its figures", lambda tracker: tracker.log_figures(last, figures))
+            figures = _draw_figures(run.run_dir)
+            if figures:
+                last = max(self._logged[name].step for name in self._trackers)
+                self._each("its figures", lambda tracker: tracker.log_figures(last, figures))
         self._each("the end of the run", lambda tracker: tracker.close(result is not None))
         self._trackers.clear()
 
     def _send(self, run: RunView, points: Sequence[RoundPoint]) -> None:
-        """Give each tracker the points past its last step, then record the steps (``tracking.json``)."""
+        """Give each tracker the points past its last step and record the steps it confirmed (``tracking.json``)."""
         for name, tracker in list(self._trackers.items()):
-            new = [point for point in points if point[0] > self._steps[name]]
-            if new and self._attempt(name, "the rounds' metrics", lambda: tracker.log_rounds(new)):
-                self._steps[name] = new[-1][0]
+            new = [point for point in points if point[0] > self._logged[name].step]
+            if new and self._attempt(name, "the rounds' metrics", _rounds(tracker, new)) and tracker.keeps:
+                self._logged[name] = replace(self._logged[name], step=new[-1][0])
         if self._trackers:
-            write_json(
-                run.run_dir / STATE_FILE,
-                {name: {**tracker.state(), "step": self._steps[name]} for name, tracker in self._trackers.items()},
-            )
+            write_state(run.run_dir, self._logged)
 
-    def _each(self, what: str, action: Any) -> None:
+    def _each(self, what: str, action: Callable[[Tracker], None]) -> None:
         for name, tracker in list(self._trackers.items()):
             self._attempt(name, what, lambda: action(tracker))
 
-    def _attempt(self, name: str, what: str, action: Any) -> bool:
+    def _attempt(self, name: str, what: str, action: Callable[[], None]) -> bool:
         """Run ``action``; if the tool fails, warn and leave the tracker out (the run's own files hold everything)."""
         try:
             action()
@@ -101,7 +138,7 @@ class Tracking(Callback):
         except Exception as error:  # a tracker's failure must not end a run that is training
             logger.warning(
                 "engine.loggers: %s failed to take %s (%s: %s); the run goes on without it, its rounds.parquet "
-                "holds every round",
+                "holds every round, and a resume sends the tracker what it lacks",
                 name,
                 what,
                 type(error).__name__,
@@ -111,24 +148,40 @@ class Tracking(Callback):
             return False
 
 
-def _open(name: str, run: RunView, saved: Mapping[str, Any], study: StudyLink | None) -> Tracker:
-    """The named tracker's logged run: reopened from ``saved`` (a resume), else a new one."""
-    if name == "tensorboard":
-        from rayfed.tracking.tensorboard_tracker import TensorBoardTracker
+def _config(tracker: Tracker, flat: Mapping[str, Any], nested: Mapping[str, Any]) -> Callable[[], None]:
+    def send() -> None:
+        tracker.log_config(flat, nested)
+        tracker.confirm(None)
 
-        return TensorBoardTracker(run, saved)
-    if name == "mlflow":
-        from rayfed.tracking.mlflow_tracker import MlflowTracker
-
-        return MlflowTracker(run, saved, study)
-    from rayfed.tracking.wandb_tracker import WandbTracker
-
-    return WandbTracker(run, saved, study)
+    return send
 
 
-def _read_state(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / STATE_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
+def _rounds(tracker: Tracker, points: Sequence[RoundPoint]) -> Callable[[], None]:
+    def send() -> None:
+        tracker.log_rounds(points)
+        tracker.confirm(points[-1][0])
+
+    return send
+
+
+def _draw_figures(run_dir: Path) -> list[Path]:
+    """The finished run's figures (``rayfed plot``'s) in ``<run_dir>/figures``; none, with a warning saying what
+    was saved and how to draw them, if they cannot be drawn: the run's rounds are all saved by then."""
+    from rayfed.results.plots import write_figures
+
+    folder = run_dir / FIGURES
+    try:
+        return write_figures([run_dir], folder)[0]
+    except (RayfedError, OSError) as error:
+        reason = "it is a file" if folder.exists() and not folder.is_dir() else f"{type(error).__name__}: {error}"
+        logger.warning(
+            "engine.loggers: the run's figures could not be drawn into %s (%s), so the trackers get none; every "
+            "round is saved in rounds.parquet and sent to them: draw the figures with rayfed plot %s --out DIR",
+            folder,
+            reason,
+            run_dir,
+        )
+        return []
 
 
 def _point(record: RoundRecord, clients: pa.Table) -> RoundPoint:

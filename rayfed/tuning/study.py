@@ -38,12 +38,12 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 import rayfed.tuning.attrs as attrs
-from rayfed.config import EngineConfig, RunConfig
+from rayfed.config import EngineConfig, RunConfig, check_installed
 from rayfed.engine import RunResult, run
 from rayfed.engine.callbacks import Callback, RunView
 from rayfed.engine.interrupts import StudyInterrupted, was_terminated
 from rayfed.engine.metrics import RoundRecord
-from rayfed.tracking import StudyLink, Tracking, check_installed
+from rayfed.tracking import StudyLink, Tracking, check_services
 from rayfed.tuning.pruning import PruningCallback, make_pruner
 from rayfed.tuning.resume import driver_id, finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
@@ -156,6 +156,7 @@ def tune(
             "direction='minimize' needs pruner='none': pruners compare round accuracies, which are maximised"
         )
     study_dir = Path(study_dir if study_dir is not None else Path("runs") / "tune" / study_name)
+    check_services(base_config.engine.loggers, study_dir)
     with storage_errors(storage, study_dir):
         study = optuna.create_study(
             storage=open_storage(storage, study_dir),

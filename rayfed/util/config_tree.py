@@ -53,8 +53,10 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
-def from_mapping(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
-    """Build dataclass ``cls`` from ``data``; errors name fields as ``prefix.key``."""
+def from_mapping(cls: type, data: Mapping[str, Any], prefix: str, *, strict: bool = False) -> Any:
+    """Build dataclass ``cls`` from ``data``; errors name fields as ``prefix.key``. ``strict``: the values come
+    from a typed file (TOML, YAML, JSON), where a number, a boolean or a list written as a string is a mistake
+    to name rather than a value to convert (:func:`coerce`)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{prefix or 'config'} must be a table of fields, but got {data!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -67,15 +69,20 @@ def from_mapping(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
                 f"unknown config key {path!r}{closest(str(key), list(fields))}; "
                 f"known keys{' of ' + prefix if prefix else ''}: {', '.join(fields)}"
             )
-        kwargs[key] = coerce(hints[key], value, path)
+        kwargs[key] = coerce(hints[key], value, path, strict=strict)
     try:
         return cls(**kwargs)
     except TypeError as e:  # a field without a default is missing
         raise ConfigError(f"{prefix or 'config'}: {e}") from e
 
 
-def coerce(hint: Any, value: Any, path: str) -> Any:
-    """Convert ``value`` (from TOML, JSON or a command-line string) to the field's type."""
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number"}
+
+
+def coerce(hint: Any, value: Any, path: str, *, strict: bool = False) -> Any:
+    """Convert ``value`` (from TOML, JSON or a command-line string) to the field's type; with ``strict`` (a
+    typed file), a string is refused for a number, a boolean or a list, naming the field and its type (``none``
+    still stands for null, which TOML cannot write)."""
     origin = get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         options = get_args(hint)
@@ -84,9 +91,16 @@ def coerce(hint: Any, value: Any, path: str) -> Any:
         if isinstance(value, str) and value.lower() in ("none", "null") and type(None) in options:
             return None
         non_none = [o for o in options if o is not type(None)]
-        return coerce(non_none[0], value, path) if len(non_none) == 1 else value
+        return coerce(non_none[0], value, path, strict=strict) if len(non_none) == 1 else value
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return value if isinstance(value, hint) else from_mapping(hint, value, path)
+        return value if isinstance(value, hint) else from_mapping(hint, value, path, strict=strict)
+    if strict and isinstance(value, str) and (hint in _TYPE_NAMES or origin is tuple):
+        what = _TYPE_NAMES.get(hint, "a list")
+        yaml = " (YAML reads an exponent without a dot as a string: write 1.0e-2)" if "e" in value.lower() else ""
+        raise ConfigError(
+            f"{path} is the string {value!r} in the config file, but the field takes {what}; write it without "
+            f"quotes{' as [a, b]' if what == 'a list' else ''}{yaml}"
+        )
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -121,6 +135,8 @@ def coerce(hint: Any, value: Any, path: str) -> Any:
         if not isinstance(value, (list, tuple)):
             fail(path, value, "a list")
         return tuple(value)
+    if origin in (Mapping, dict) and not isinstance(value, Mapping):
+        fail(path, value, 'a table, e.g. {"key": 1} (JSON on the command line, with its keys in double quotes)')
     if origin is Literal:
         check_choice(path, value, get_args(hint))
     return value

@@ -13,6 +13,7 @@ __all__ = [
     "DatasetError",
     "CheckpointError",
     "CheckpointFormatError",
+    "CheckpointKeyError",
     "ResourceError",
     "DiskFullError",
     "WorkerError",
@@ -40,6 +41,11 @@ class CheckpointError(RayfedError):
 
 class CheckpointFormatError(CheckpointError):
     """A checkpoint is intact but was written in a state layout this rayfed does not read."""
+
+
+class CheckpointKeyError(CheckpointFormatError):
+    """A checkpoint was sealed with a key this machine does not hold (or before checkpoints were keyed): it
+    cannot be verified here, and is kept."""
 
 
 class ResourceError(RayfedError):

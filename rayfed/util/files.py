@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -125,10 +126,10 @@ def save_arrays(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray]) 
     atomic_write(path, write, sum(int(v.nbytes) for v in arrays.values()))
 
 
-def digest_of(parts: Iterable[np.ndarray | bytes]) -> str:
+def digest_of(parts: Iterable[np.ndarray | bytes], key: bytes | None = None) -> str:
     """SHA-256 over ``parts`` in order, each array with its dtype and shape: equal arrays, equal digests
-    (what defines a partition; the arrays of a checkpoint, to find one that was changed)."""
-    digest = hashlib.sha256()
+    (what defines a partition); with ``key``, their HMAC-SHA256 under it (what seals a checkpoint)."""
+    digest = hmac.new(key, digestmod=hashlib.sha256) if key is not None else hashlib.sha256()
     for part in parts:
         if isinstance(part, np.ndarray):
             digest.update(f"{part.dtype.str}{part.shape}".encode())

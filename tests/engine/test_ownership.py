@@ -25,7 +25,8 @@ from rayfed.engine.callbacks import Callback
 from rayfed.engine.checkpoint import load_checkpoint, save_checkpoint
 from rayfed.engine.run_identity import MARKER_FILE, RunMarker
 from rayfed.engine.run_lock import LOCK_FILE
-from rayfed.util.files import load_arrays
+from rayfed.util.errors import CheckpointFormatError
+from rayfed.util.files import load_arrays, save_arrays
 from tests.conftest import tiny_overrides
 
 _SMALL = {
@@ -191,7 +192,7 @@ def test_a_damaged_or_non_finite_checkpoint_is_refused_in_one_line(tmp_path, fin
     with pytest.raises(CheckpointError) as refused:
         run(_config(copy, **{"train.rounds": 4}), resume=True)
     message = str(refused.value)
-    damaged = "is damaged: its arrays or its metadata do not"
+    damaged = "is damaged or was changed: its arrays or its metadata do not match the seal"
     expected = f"3 NaN or infinite values in 'server/{name}'" if damage == "nan" else damaged
     assert str(newest) in message and expected in message and "previous checkpoint, of round 1" in message
     assert "\n" not in message
@@ -202,8 +203,25 @@ def test_a_checkpoint_of_the_wrong_shape_is_named_with_the_fix(tmp_path, finishe
     checkpoint = load_checkpoint(copy / "checkpoints" / "round_000002.npz")
     server = {name: np.zeros(7, np.float32) for name in checkpoint.server}
     save_checkpoint(copy, 2, server, checkpoint.clients.items(), RunMarker.read(copy).identity)
-    with pytest.raises(CheckpointError, match=r"holds shape \(7,\) for the server state .* keeps shape"):
+    with pytest.raises(CheckpointError, match=r"holds shape \(7,\) for the server state .* keeps shape") as refused:
         run(_config(copy, **{"train.rounds": 4}), resume=True)
+    assert "delete it to resume from the previous checkpoint, of round 1" in str(refused.value)
+
+
+def test_a_checkpoint_of_another_format_offers_the_previous_sound_one(tmp_path, finished) -> None:
+    copy = _stopped_after_round_2(tmp_path, finished)
+    newest = copy / "checkpoints" / "round_000002.npz"
+    arrays = load_arrays(newest)
+    meta = json.loads(arrays["meta"].tobytes())
+    arrays["meta"] = np.frombuffer(json.dumps({**meta, "format": 1}).encode(), dtype=np.uint8)
+    save_arrays(newest, arrays)
+    before = _snapshot(copy)
+    with pytest.raises(CheckpointFormatError) as refused:
+        run(_config(copy, **{"train.rounds": 4}), resume=True)
+    message = str(refused.value)
+    assert f"checkpoint {str(newest)!r} has state format 1, this rayfed reads format 2" in message
+    assert f"delete it to resume from the previous checkpoint, of round 1: rm {newest}" in message
+    assert "\n" not in message and _snapshot(copy) == before
 
 
 def test_resume_never_states_fewer_rounds_than_it_holds_and_records_a_change(tmp_path, finished) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -55,6 +56,26 @@ def test_fedavg_run_gets_only_the_curve(runs, tmp_path, capsys):
     assert set(_pngs(out)) == {"accuracy.png", *(f"cw-{name}.png" for name in CW_FIGURES)}
     printed = capsys.readouterr().out
     assert f"note: {runs['fedavg']}: fedavg run, accuracy curve only" in printed
+
+
+def test_a_run_without_a_round_draws_nothing_and_says_it_has_no_round_yet(runs, tmp_path, capsys):
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(runs["fedavg"], unfinished)
+    for path in [unfinished / "rounds.parquet", *(unfinished / "checkpoints").glob("*.npz")]:
+        path.unlink()  # as a run stopped before its first round ended leaves it
+    out = tmp_path / "figs"
+
+    assert main(["plot", str(unfinished), "--out", str(out)]) == 2
+
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        f"rayfed: error: {str(unfinished)!r} has no round yet (rounds.parquet holds none: its run stopped before its "
+        f"first round ended), so there is nothing to draw; continue it (rayfed run --resume {unfinished}), then "
+        "plot it"
+    )
+    assert "checkpoint_every" not in line and not out.exists()
+    assert main(["plot", str(unfinished), str(runs["fedavg"]), "--out", str(out)]) == 0
+    assert f"note: {unfinished}: no round yet, left out" in capsys.readouterr().out
 
 
 def test_label_counts_file_matches_the_partition(runs):

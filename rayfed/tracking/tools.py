@@ -1,0 +1,50 @@
+"""Each name ``engine.loggers`` takes, to its :class:`~rayfed.tracking.tracker.Tracker`, imported when a run
+uses it (``import mlflow`` alone takes seconds); and the checks that refuse a run its trackers cannot take,
+before anything is written."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rayfed.tracking.tracker import Tracker
+from rayfed.util.errors import ConfigError
+
+__all__ = ["tracker_class", "check_services", "check_folders", "FIGURES"]
+
+FIGURES = "figures"
+"""The folder of the run directory the trackers draw the finished run's figures into."""
+
+
+def tracker_class(name: str) -> type[Tracker]:
+    """The tracker ``engine.loggers`` calls ``name`` (one of :data:`rayfed.config.TRACKERS`)."""
+    if name == "tensorboard":
+        from rayfed.tracking.tensorboard_tracker import TensorBoardTracker
+
+        return TensorBoardTracker
+    if name == "mlflow":
+        from rayfed.tracking.mlflow_tracker import MlflowTracker
+
+        return MlflowTracker
+    from rayfed.tracking.wandb_tracker import WandbTracker
+
+    return WandbTracker
+
+
+def check_services(loggers: Sequence[str], folder: Path) -> None:
+    """Each tracker's own settings (its environment variables, its store; ``folder``: where the default store
+    lies, the run's or the study's directory): ConfigError naming the variable and the fix."""
+    for name in loggers:
+        tracker_class(name).check(folder)
+
+
+def check_folders(loggers: Sequence[str], run_dir: Path) -> None:
+    """ConfigError when a folder the trackers write into is a file in ``run_dir``."""
+    folders = [(tracker_class(name).folder, f"{name} writes the run's files") for name in loggers]
+    for folder, use in [*folders, (FIGURES, "the trackers draw the finished run's figures")]:
+        path = run_dir / folder if folder else None
+        if path is not None and path.exists() and not path.is_dir():
+            raise ConfigError(
+                f"{str(path)!r} is a file, but it is the folder where {use}; move it aside, or leave the trackers "
+                f"out of engine.loggers (engine.loggers={list(loggers)!r})"
+            )
