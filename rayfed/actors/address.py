@@ -49,7 +49,8 @@ def _host_port(address: str, source: str) -> tuple[str, int]:
         try:
             address = canonicalize_bootstrap_address_or_die(address)
         except ConnectionError:
-            raise ResourceError(f"{_setting('auto', source)}: no Ray cluster runs on this machine; {_fix(source)}") from None
+            message = f"{_setting('auto', source)}: no Ray cluster runs on this machine; {_fix(source)}"
+            raise ResourceError(message) from None
     parts = urlsplit(address if "://" in address else f"//{address}")
     try:
         port = parts.port
@@ -80,4 +81,5 @@ def _fix(source: str) -> str:
 
 def _local(source: str) -> str:
     """How to run without the cluster that ``source`` names."""
-    return ("unset RAY_ADDRESS" if source == "RAY_ADDRESS" else f"set {source}= (empty)") + " to run on a private local Ray"
+    without = "unset RAY_ADDRESS" if source == "RAY_ADDRESS" else f"set {source}= (empty)"
+    return f"{without} to run on a private local Ray"

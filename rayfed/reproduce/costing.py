@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -26,15 +27,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from rayfed.algorithms.settings import resolve
 from rayfed.engine.callbacks import Callback, RunView
 from rayfed.engine.metrics import RoundRecord
 from rayfed.reproduce.report import rounds_recorded
+from rayfed.reproduce.run_files import read_rounds
 from rayfed.reproduce.runner import Cell
 from rayfed.reproduce.spec import Table
 from rayfed.util.errors import DatasetError, RayfedError
+from rayfed.util.progress import steps
 
 __all__ = ["ShapeCost", "CellCost", "plan_report", "shape_costs", "cell_costs", "wall_seconds", "run_slots"]
 
@@ -69,11 +71,7 @@ class CellCost:
 
 
 def _recorded_rounds(run_dir: Path | None) -> list[tuple[int, float]]:
-    path = None if run_dir is None else run_dir / "rounds.parquet"
-    if path is None or not path.is_file():
-        return []
-    table = pq.read_table(path, columns=["round", "round_s"]).to_pylist()
-    return [(row["round"], row["round_s"]) for row in table if row["round"] >= 0]
+    return [(row["round"], row["round_s"]) for row in read_rounds(run_dir, ["round", "round_s"]) if row["round"] >= 0]
 
 
 def round_walls(run_dir: Path) -> list[tuple[int, float]]:
@@ -133,14 +131,31 @@ def shape_costs(
         recorded = next((times for times in map(round_walls, directories) if times), None)
         if recorded:
             costs[shape] = fitted(members[0], recorded, f"its runs ({len(recorded)} rounds)")
-            continue
-        try:
-            costs[shape] = calibrate(members[0])
-        except DatasetError as error:
-            costs[shape] = f"data missing: {str(error).splitlines()[0][:160]}"
-        except RayfedError as error:
-            costs[shape] = f"cannot run: {str(error).splitlines()[0][:160]}"
+    untimed = [members[0] for shape, members in by_shape.items() if shape not in costs]
+    if untimed:
+        print(
+            f"--plan: timing {len(untimed)} row x column shape{'s' * (len(untimed) > 1)} that no run under --out "
+            f"has timed, by {CALIBRATION_ROUNDS} rounds of each here",
+            file=sys.stderr,
+            flush=True,
+        )
+    with steps(len(untimed), "--plan: calibrating", "shape") as bar:
+        for cell in untimed:
+            bar.set_description_str(f"--plan: timing {cell.row.key} x {cell.column.key}")
+            cost = costs[_shape(cell)] = _calibrated(cell, calibrate)
+            bar.set_postfix({"cost": f"{cost.round_s:.2f} s/round" if isinstance(cost, ShapeCost) else cost[:40]})
+            bar.update(1)
     return costs
+
+
+def _calibrated(cell: Cell, calibrate: Callable[[Cell], ShapeCost]) -> ShapeCost | str:
+    """``cell``'s shape costed by ``calibrate``, or why it cannot be (its data missing, the run refused)."""
+    try:
+        return calibrate(cell)
+    except DatasetError as error:
+        return f"data missing: {str(error).splitlines()[0][:160]}"
+    except RayfedError as error:
+        return f"cannot run: {str(error).splitlines()[0][:160]}"
 
 
 def calibrate_cell(cell: Cell) -> ShapeCost:

@@ -102,8 +102,9 @@ def test_ray_is_not_initialised_for_an_address_that_does_not_answer(monkeypatch:
     calls: list[dict] = []
     monkeypatch.setattr("ray.is_initialized", lambda: False)
     monkeypatch.setattr("ray.init", lambda **kwargs: calls.append(kwargs))
-    with pytest.raises(ResourceError, match="^engine.ray_address="), ray_started(
-        f"127.0.0.1:{_closed_port()}", source="engine.ray_address"
+    with (
+        pytest.raises(ResourceError, match="^engine.ray_address="),
+        ray_started(f"127.0.0.1:{_closed_port()}", source="engine.ray_address"),
     ):
         pass
     assert calls == []
