@@ -249,7 +249,8 @@ def _execute_on_ray(cells: list[Cell], parallel: int, on_done: Callable[[Cell, O
     outcomes: dict[Cell, Outcome] = {}
     pending: dict[Any, Cell] = {}
     queue = list(cells)
-    with ray_started(address, **({} if address else {"num_cpus": parallel, "include_dashboard": False})):
+    private: dict[str, Any] = {} if address else {"num_cpus": parallel, "include_dashboard": False}
+    with ray_started(address, **private):
         while queue or pending:
             while queue and len(pending) < parallel:
                 cell = queue.pop(0)
