@@ -33,7 +33,7 @@ from rayfed.engine.callbacks import Callback, RunView
 from rayfed.engine.metrics import RoundRecord
 from rayfed.reproduce.report import rounds_recorded
 from rayfed.reproduce.run_files import read_rounds
-from rayfed.reproduce.runner import Cell
+from rayfed.reproduce.runner import Cell, fetch_command
 from rayfed.reproduce.spec import Table
 from rayfed.util.errors import DatasetError, RayfedError
 from rayfed.util.progress import steps
@@ -41,6 +41,7 @@ from rayfed.util.progress import steps
 __all__ = ["ShapeCost", "CellCost", "plan_report", "shape_costs", "cell_costs", "wall_seconds", "run_slots"]
 
 CALIBRATION_ROUNDS = 2
+DATA_MISSING = "data missing"
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ def _calibrated(cell: Cell, calibrate: Callable[[Cell], ShapeCost]) -> ShapeCost
     try:
         return calibrate(cell)
     except DatasetError as error:
-        return f"data missing: {str(error).splitlines()[0][:160]}"
+        return f"{DATA_MISSING}: {str(error).splitlines()[0]}"
     except RayfedError as error:
         return f"cannot run: {str(error).splitlines()[0][:160]}"
 
@@ -226,6 +227,22 @@ def wall_seconds(seconds: Sequence[float], slots: int) -> float:
     return max(free, default=0.0)
 
 
+def _missing_data(cells: Sequence[Cell], costs: dict[tuple[str, str], ShapeCost | str]) -> list[str]:
+    """Each dataset whose files are missing, once, with the command that fetches it."""
+    missing: dict[str, Cell] = {}
+    for cell in cells:
+        cost = costs.get(_shape(cell))
+        if isinstance(cost, str) and cost.startswith(DATA_MISSING):
+            missing.setdefault(cost.removeprefix(f"{DATA_MISSING}: "), cell)
+    if not missing:
+        return []
+    lines = [f"{DATA_MISSING}, so not costed (fetch it, then plan again):"]
+    for message, cell in missing.items():
+        assert cell.config is not None
+        lines += [f"* {message}", f"  fetch: {fetch_command(cell.config)}"]
+    return lines
+
+
 def describe(cost: ShapeCost | str | None) -> str:
     if isinstance(cost, ShapeCost):
         return f"{cost.round_s:.2f} s/round, {cost.note}"
@@ -250,15 +267,15 @@ def plan_report(
     for item in per_cell:
         cell, left = item.cell, "?" if item.seconds is None else f"{item.seconds:.0f}"
         done = f"{min(item.done, rounds)}/{rounds}"
-        lines.append(
-            f"{cell.row.key:18s} {cell.column.key:14s} {cell.seed:4d} {done:>9s} {left:>9s}  "
-            f"{describe(costs.get(_shape(cell)))}"
-        )
+        cost = costs.get(_shape(cell))
+        shown = f"{DATA_MISSING} (below)" if isinstance(cost, str) and cost.startswith(DATA_MISSING) else describe(cost)
+        lines.append(f"{cell.row.key:18s} {cell.column.key:14s} {cell.seed:4d} {done:>9s} {left:>9s}  {shown}")
     for cell in cells:
         if cell.config is None:
             lines.append(f"{cell.row.key:18s} {cell.column.key:14s} {cell.seed:4d}  blocked: {cell.blocked}")
+    lines += _missing_data(cells, costs)
     known = [item.seconds for item in per_cell if item.seconds is not None]
-    to_run = sum(1 for seconds in known if seconds > 0)
+    to_run = sum(1 for item in per_cell if item.done < rounds)
     work, wall = sum(known), wall_seconds(known, slots)
     unknown = len(per_cell) - len(known)
     lines.append(

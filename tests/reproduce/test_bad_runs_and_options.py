@@ -169,3 +169,18 @@ def test_a_bad_gpu_share_names_the_option_typed(share: str, capsys: pytest.Captu
     err = capsys.readouterr().err
     assert raised.value.code == 2 and "argument --gpus-per-run: expected a GPU share >= 0" in err
     assert "engine.num_gpus_per_worker" not in err
+
+
+def test_plan_over_a_data_root_without_the_data_names_it_once_with_the_fetch_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "data"
+    empty.mkdir()
+    args = ["--plan", "--data-root", str(empty), "--rounds", "2", "--seeds", "1", "--out", str(tmp_path / "out")]
+
+    code = main(["reproduce", "cwfedavg-mnist", "--methods", "fedavg,cwfedavg", *args])
+
+    out = capsys.readouterr().out
+    assert code == 0 and out.count("data missing (below)") == 4 and out.count("fetch: ") == 1
+    assert f"* dataset 'mnist': files missing under root {str(empty)!r}: MNIST/raw/train-images-idx3-ubyte.gz" in out
+    assert 'load_dataset("mnist"' in out and "to run: 4 of 4 cells, 0 s of runs" in out
