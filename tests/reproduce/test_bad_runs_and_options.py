@@ -49,21 +49,25 @@ def damaged(tiny_table: Table, tmp_path: Path, capsys: pytest.CaptureFixture[str
     return run_dir
 
 
-def test_plan_over_a_damaged_run_names_it_and_still_plans_the_table(
-    damaged: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("mode", ["--plan", "--report-only"])
+def test_a_damaged_run_is_named_and_the_rest_of_the_table_planned_or_reported(
+    mode: str, damaged: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = damaged.parents[1]
 
-    code = _reproduce(out, "--plan")
+    code = _reproduce(out, mode)
 
     printed = capsys.readouterr()
     assert code == 1 and "Traceback" not in printed.err
-    assert "fedavg             path              0       0/2" in printed.out  # costed as run again from round 0
-    assert "cwfedavg           path              0       0/2" in printed.out and "plan: cells=2" in printed.out
+    if mode == "--plan":  # the damaged run is costed as the plain command makes it: run again from round 0
+        assert "fedavg             path              0       0/2" in printed.out
+        assert "cwfedavg           path              0       0/2" in printed.out and "plan: cells=2" in printed.out
+    else:
+        assert "| FedAvg (global) | not run |" in (out / "tiny-test.md").read_text()
     (line,) = [line for line in printed.err.splitlines() if line.startswith("rayfed: error:")]
     assert f"run directory {str(damaged)!r} is damaged: its rounds.parquet cannot be read (" in line
     assert "Couldn't deserialize thrift" in line and "without --plan and --report-only, which moves it aside" in line
-    assert damaged.is_dir() and (damaged / "notes.txt").read_text() == "mine"  # --plan moves nothing
+    assert damaged.is_dir() and (damaged / "notes.txt").read_text() == "mine"  # neither moves anything
 
 
 def test_plan_says_what_it_times_and_how_far_it_is(damaged: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -73,20 +77,6 @@ def test_plan_says_what_it_times_and_how_far_it_is(damaged: Path, capsys: pytest
     assert "--plan: timing 2 row x column shapes that no run under --out has timed, by 2 rounds of each here" in err
     assert "--plan: timing fedavg x path: 1/2 shape (cost=" in err
     assert "--plan: timing cwfedavg x path: 2/2 shape (cost=" in err and "\r" not in err
-
-
-def test_report_only_over_a_damaged_run_names_it_and_reports_the_rest(
-    damaged: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out = damaged.parents[1]
-
-    code = _reproduce(out, "--report-only")
-
-    printed = capsys.readouterr()
-    assert code == 1 and "Traceback" not in printed.err
-    assert "| FedAvg (global) | not run |" in (out / "tiny-test.md").read_text()
-    assert f"rayfed: error: run directory {str(damaged)!r} is damaged" in printed.err
-    assert damaged.is_dir()
 
 
 def test_reproduce_moves_a_damaged_run_aside_says_where_and_runs_it_again(
