@@ -75,7 +75,7 @@ def ray_session(engine: EngineConfig) -> Iterator[None]:
     """Make sure Ray is initialised for the body; shut down only what was started here."""
     address = _address(engine)
     options = {} if address else {"include_dashboard": engine.dashboard, "dashboard_host": engine.dashboard_host}
-    with ray_started(address, source="engine.ray_address" if engine.ray_address else "RAY_ADDRESS", **options):
+    with ray_started(address, source=_source(engine), **options):
         yield
 
 
@@ -134,6 +134,11 @@ def ray_started(address: str | None, *, source: str = "RAY_ADDRESS", **options: 
 def _address(engine: EngineConfig) -> str | None:
     """The Ray cluster to join, or None to start a private local Ray."""
     return engine.ray_address or os.environ.get("RAY_ADDRESS")
+
+
+def _source(engine: EngineConfig) -> str:
+    """The setting that names the cluster to join."""
+    return "engine.ray_address" if engine.ray_address else "RAY_ADDRESS"
 
 
 def local_node() -> list[Node]:
@@ -200,12 +205,16 @@ def check_resources(engine: EngineConfig) -> None:
 
     Before Ray is initialised, a private Ray still to be started here is checked against
     this machine (Ray is not started just to refuse) and a cluster still to be joined is
-    not checked yet; once Ray is initialised, its alive nodes are. With
+    knocked on (:func:`~rayfed.actors.address.check_reachable`); once Ray is initialised,
+    its alive nodes are. With
     ``engine.resource_wait_s`` > 0 a short cluster is first asked to scale up and given
     that long to do so.
     """
     if not ray.is_initialized():
-        if not _address(engine):
+        address = _address(engine)
+        if address:
+            check_reachable(address, _source(engine))
+        else:
             check_fit(engine, local_node(), "this machine")
         return
     try:

@@ -151,6 +151,10 @@ def tune(
             "direction='minimize' needs pruner='none': pruners compare round accuracies, which are maximised"
         )
     study_dir = Path(study_dir if study_dir is not None else Path("runs") / "tune" / study_name)
+    if base_config.engine.backend == "ray":  # the cluster refused before the storage is written
+        from rayfed.actors import check_resources
+
+        check_resources(base_config.engine)
     with storage_errors(storage, study_dir):
         study = optuna.create_study(
             storage=open_storage(storage, study_dir),

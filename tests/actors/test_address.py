@@ -142,3 +142,19 @@ def test_the_command_line_refuses_a_gone_cluster_in_one_line_and_a_resume_writes
     assert resumed.returncode == 2 and "Traceback" not in resumed.stderr
     assert f"engine.ray_address='127.0.0.1:{port}': no Ray cluster answers" in resumed.stderr
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def test_a_study_on_a_gone_cluster_is_refused_before_its_storage_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rayfed.cli import main
+
+    monkeypatch.setattr("ray.is_initialized", lambda: False)  # as in a fresh `rayfed tune`
+    space = tmp_path / "space.yaml"
+    space.write_text("train.lr: {type: float, low: 0.001, high: 0.1, log: true}\n")
+    port = _closed_port()
+
+    code = main(["tune", str(space), f"engine.ray_address=127.0.0.1:{port}", "--study-dir", str(tmp_path / "study")])
+
+    assert code == 2 and f"engine.ray_address='127.0.0.1:{port}': no Ray cluster answers" in capsys.readouterr().err
+    assert not (tmp_path / "study").exists()
