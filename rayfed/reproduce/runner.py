@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import shlex
 from collections.abc import Callable, Sequence
@@ -28,8 +27,6 @@ from rayfed.config import RunConfig
 from rayfed.reproduce.run_files import damage, move_aside, rounds_done
 from rayfed.reproduce.spec import Column, Row, Table, cell_overrides, unavailable
 from rayfed.util.errors import CheckpointError, CheckpointFormatError, ConfigError, DatasetError, RayfedError
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["Cell", "Outcome", "plan", "run_cell", "execute", "fetch_command"]
 
@@ -197,9 +194,7 @@ def run_cell(config_dict: dict[str, Any]) -> Outcome:
 def _set_aside(directory: Path, reason: str) -> str:
     """Move a damaged run directory aside (:func:`~rayfed.reproduce.run_files.move_aside`); say where, and why."""
     target = move_aside(directory)
-    note = f"moved the damaged run aside to {target} ({reason}), and ran the cell again from round 0"
-    logger.warning("%s", note)
-    return f"{note}; "
+    return f"moved the damaged run aside to {target} ({reason}), and ran the cell again from round 0; "
 
 
 def fetch_command(config: RunConfig) -> str:
