@@ -12,7 +12,8 @@ in ``<study-dir>/study.db``: run the script again to resume it, and watch it wit
 
 The command-line equivalent, with the space in a file::
 
-    rayfed tune lambda.yaml algorithm.name=cwfedavg engine.num_workers=1 --trials 12 --parallel 2
+    rayfed tune examples/space.yaml algorithm.name=cwfedavg data.options.num_samples=5000 \\
+        data.partition=pathological train.rounds=10 --trials 12 --parallel 2
 """
 
 from __future__ import annotations

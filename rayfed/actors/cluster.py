@@ -6,6 +6,7 @@
   cluster's address) and shuts it down at the end.
 * If Ray is already initialised in this process (a notebook, a test, an Optuna trial
   running as a Ray task), it is used as it is.
+* A cluster to join that does not answer is refused in seconds (:mod:`rayfed.actors.address`).
 
 The dashboard, when started, binds to ``engine.dashboard_host`` (localhost by default). The
 processes of a private Ray end with the driver, even one killed with SIGKILL
@@ -41,6 +42,7 @@ from types import ModuleType
 
 import ray
 
+from rayfed.actors.address import check_reachable, not_joined
 from rayfed.config import EngineConfig
 from rayfed.util.errors import ResourceError
 from rayfed.util.processes import children
@@ -74,10 +76,8 @@ def ray_session(engine: EngineConfig, by_value: Sequence[ModuleType] = ()) -> It
     """Make sure Ray is initialised for the body; shut down only what was started here. Ray pickles the classes
     of the ``by_value`` modules by value (a plugin's messages and uploads reach nodes without its code)."""
     address = _address(engine)
-    if address:
-        logger.info("joining the Ray cluster at %s", address)
     options = {} if address else {"include_dashboard": engine.dashboard, "dashboard_host": engine.dashboard_host}
-    with ray_started(address, **options):
+    with ray_started(address, source=_source(engine), **options):
         for module in by_value:
             ray.cloudpickle.register_pickle_by_value(module)
         yield
@@ -97,23 +97,30 @@ Preloading torch as well did not start runs sooner (benchmarks/README.md, "Whole
 
 
 @contextmanager
-def ray_started(address: str | None, **options: object) -> Iterator[None]:
+def ray_started(address: str | None, *, source: str = "RAY_ADDRESS", **options: object) -> Iterator[None]:
     """Ray for the body: the one already initialised in this process, the cluster at ``address``, or a
     private local Ray (``options`` go to ``ray.init``) with :data:`PRIVATE_CLUSTER_ENV`. Whatever is
-    started here is shut down at the end, and the environment is restored.
+    started here is shut down at the end, and the environment is restored. An ``address`` (the value of the
+    setting ``source``) where no cluster answers is refused (:func:`~rayfed.actors.address.check_reachable`).
 
     A private Ray's processes are watched by a :class:`~rayfed.util.reaper.Reaper`, so that they end
     within seconds of this process however it ends (killed, out of memory), not a minute later."""
     if ray.is_initialized():
         yield
         return
+    if address:
+        check_reachable(address, source)
+        logger.info("joining the Ray cluster at %s", address)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     own = {} if address else {k: v for k, v in PRIVATE_CLUSTER_ENV.items() if k not in os.environ}
     os.environ.update(own)  # for the cluster started here, while it runs
     reaper = None
     try:
         if address:
-            ray.init(address=address, logging_level=logging.WARNING)
+            try:
+                ray.init(address=address, logging_level=logging.WARNING)
+            except ConnectionError as error:  # it accepted the connection, but is not a cluster's head
+                raise not_joined(address, source, error) from None
         else:
             reaper = Reaper()
             before = set(children(frozenset({os.getpid()})))
@@ -131,6 +138,11 @@ def ray_started(address: str | None, **options: object) -> Iterator[None]:
 def _address(engine: EngineConfig) -> str | None:
     """The Ray cluster to join, or None to start a private local Ray."""
     return engine.ray_address or os.environ.get("RAY_ADDRESS")
+
+
+def _source(engine: EngineConfig) -> str:
+    """The setting that names the cluster to join."""
+    return "engine.ray_address" if engine.ray_address else "RAY_ADDRESS"
 
 
 def local_node() -> list[Node]:
@@ -197,12 +209,16 @@ def check_resources(engine: EngineConfig) -> None:
 
     Before Ray is initialised, a private Ray still to be started here is checked against
     this machine (Ray is not started just to refuse) and a cluster still to be joined is
-    not checked yet; once Ray is initialised, its alive nodes are. With
+    knocked on (:func:`~rayfed.actors.address.check_reachable`); once Ray is initialised,
+    its alive nodes are. With
     ``engine.resource_wait_s`` > 0 a short cluster is first asked to scale up and given
     that long to do so.
     """
     if not ray.is_initialized():
-        if not _address(engine):
+        address = _address(engine)
+        if address:
+            check_reachable(address, _source(engine))
+        else:
             check_fit(engine, local_node(), "this machine")
         return
     try:

@@ -164,18 +164,13 @@ class ProgressBar(Callback):
     """A tqdm bar over rounds with the latest pooled accuracy of the personalised models, the
     global model's beside it (``glob``, when the algorithm has one), the best accuracy so far,
     the training loss (or why the round has none: e.g. ``all 10 client updates rejected``) and
-    the round's seconds."""
+    the round's seconds; in a log (no terminal), the same as one line per round
+    (:func:`rayfed.util.progress.steps`)."""
 
     def on_run_start(self, run: RunView) -> None:
-        from tqdm.auto import tqdm
+        from rayfed.util.progress import steps
 
-        self._bar = tqdm(
-            total=run.config.train.rounds,
-            initial=run.start_round,
-            desc=run.run_name,
-            unit="round",
-            dynamic_ncols=True,
-        )
+        self._bar = steps(run.config.train.rounds, run.run_name, "round", initial=run.start_round)
         self._best = max((r["accuracy"] for r in run.history if not math.isnan(r["accuracy"])), default=math.nan)
 
     def after_round(self, run: RunView, record: RoundRecord, clients: pa.Table) -> bool:

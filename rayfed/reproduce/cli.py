@@ -11,13 +11,19 @@ rayfed reproduce --list-presets          the papers' protocols (rayfed run --pre
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import shlex
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rayfed.config import parse_override
 from rayfed.util.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rayfed.reproduce.runner import Cell
 
 __all__ = ["add_reproduce_parser", "reproduce"]
 
@@ -27,6 +33,19 @@ def _ints(text: str) -> list[int]:
         return [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _share(text: str) -> float:
+    """A GPU share: a finite number >= 0."""
+    try:
+        share = float(text)
+    except ValueError:
+        share = math.nan
+    if not math.isfinite(share) or share < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a GPU share >= 0 (0.25: four runs per GPU; 0: on the CPU), got {text!r}"
+        ) from None
+    return share
 
 
 def _names(text: str) -> list[str]:
@@ -53,7 +72,7 @@ def add_reproduce_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--parallel", type=int, default=1, help="runs at once, as Ray tasks (default 1: in this process)")
     p.add_argument(
         "--gpus-per-run",
-        type=float,
+        type=_share,
         default=0.0,
         help="GPU share each run trains on (engine.num_gpus_per_worker; 0.125: eight runs per GPU; default 0: CPU)",
     )
@@ -122,8 +141,6 @@ def _listing(presets: bool) -> str:
 def _check_gpus(gpus_per_run: float) -> None:
     """Refuse ``--gpus-per-run`` on a machine without a CUDA GPU (unless the runs go to a Ray cluster, whose
     nodes may have them), before any cell is planned."""
-    import os
-
     import torch
 
     if gpus_per_run > 0 and not torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS"):
@@ -133,14 +150,33 @@ def _check_gpus(gpus_per_run: float) -> None:
         )
 
 
+def _data_root(ns: argparse.Namespace) -> str | None:
+    """``--data-root``, else ``$RAYFED_DATA``; refused (naming which) when it is not a folder."""
+    root, named = (ns.data_root, "--data-root") if ns.data_root else (os.environ.get("RAYFED_DATA"), "RAYFED_DATA")
+    if root and not Path(root).expanduser().is_dir():
+        what = "is not a folder" if Path(root).expanduser().exists() else "does not exist"
+        raise ConfigError(
+            f"{named}={root!r} {what}; give the folder that holds the datasets (torchvision's layout, e.g. "
+            f"ROOT/MNIST/raw), or create it and add --set data.download=true to download them there"
+        )
+    return root
+
+
+def _damaged(cells: list[Cell], command: str) -> list[str]:
+    """A line for each cell's run directory that cannot be read (``--plan``, ``--report-only``)."""
+    from rayfed.reproduce.run_files import damage, damaged_note
+
+    found = {cell.run_dir: damage(cell.run_dir) for cell in cells if cell.run_dir is not None}
+    return [damaged_note(directory, reason, command) for directory, reason in found.items() if reason]
+
+
 def reproduce(ns: argparse.Namespace, command: str = "") -> int:
     """Plan the table's cells, run what is missing (printing each outcome), write the report and figures;
-    returns 1 if a cell could not run (its data missing, or it failed), else 0."""
-    import os
-
+    returns 1 if a cell could not run (its data missing, or it failed) or, with ``--plan`` or ``--report-only``,
+    if a run it reads is damaged (each named on stderr; the plain command moves such a run aside), else 0."""
     from rayfed.reproduce import TABLES
     from rayfed.reproduce.report import draw_figures, write_report
-    from rayfed.reproduce.runner import Cell, Outcome, execute, plan
+    from rayfed.reproduce.runner import Outcome, execute, plan
     from rayfed.util.registry import closest
 
     if ns.list or ns.list_presets:
@@ -158,6 +194,7 @@ def reproduce(ns: argparse.Namespace, command: str = "") -> int:
             )
     if ns.rounds < 1 or ns.seeds < 1 or ns.parallel < 1:
         raise ConfigError("--rounds, --seeds and --parallel must be >= 1")
+    data_root = _data_root(ns)
     seeds = ns.seed_list if ns.seed_list else list(range(ns.seeds))
     settings = dict(parse_override(s) for s in ns.settings)
     if ns.gpus_per_run:  # each run trains on its share, and its Ray task asks for it
@@ -170,7 +207,7 @@ def reproduce(ns: argparse.Namespace, command: str = "") -> int:
         seeds=seeds,
         rows=ns.methods,
         columns=ns.columns,
-        data_root=ns.data_root or os.environ.get("RAYFED_DATA"),
+        data_root=data_root,
         settings=settings,
     )
     if ns.plan:
@@ -178,8 +215,9 @@ def reproduce(ns: argparse.Namespace, command: str = "") -> int:
 
         print(f"{table.name}: {table.source}; {ns.rounds} rounds, seeds {seeds}", flush=True)
         print(plan_report(table, cells, rounds=ns.rounds, parallel=ns.parallel, gpus_per_run=ns.gpus_per_run))
-        return 0
+        return _say_damaged(_damaged(cells, command or "rayfed reproduce"))
     outcomes = {}
+    damaged = _damaged(cells, command or "rayfed reproduce") if ns.report_only else []
     if not ns.report_only:
         start, runnable = time.perf_counter(), sum(1 for c in cells if c.config is not None)
         print(f"{table.name}: {len(cells)} cells ({runnable} runnable), {ns.rounds} rounds, seeds {seeds}", flush=True)
@@ -209,4 +247,11 @@ def reproduce(ns: argparse.Namespace, command: str = "") -> int:
             file=sys.stderr,
         )
         return 1
-    return 0
+    return _say_damaged(damaged)
+
+
+def _say_damaged(lines: list[str]) -> int:
+    """Print each damaged run's line; 1 if there was one."""
+    for line in lines:
+        print(f"rayfed: error: {line}", file=sys.stderr)
+    return 1 if lines else 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -26,19 +27,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from rayfed.algorithms.settings import resolve
 from rayfed.engine.callbacks import Callback, RunView
 from rayfed.engine.metrics import RoundRecord
 from rayfed.reproduce.report import rounds_recorded
-from rayfed.reproduce.runner import Cell
+from rayfed.reproduce.run_files import read_rounds
+from rayfed.reproduce.runner import Cell, fetch_command
 from rayfed.reproduce.spec import Table
 from rayfed.util.errors import DatasetError, RayfedError
+from rayfed.util.progress import steps
 
 __all__ = ["ShapeCost", "CellCost", "plan_report", "shape_costs", "cell_costs", "wall_seconds", "run_slots"]
 
 CALIBRATION_ROUNDS = 2
+DATA_MISSING = "data missing"
 
 
 @dataclass(frozen=True)
@@ -69,11 +72,7 @@ class CellCost:
 
 
 def _recorded_rounds(run_dir: Path | None) -> list[tuple[int, float]]:
-    path = None if run_dir is None else run_dir / "rounds.parquet"
-    if path is None or not path.is_file():
-        return []
-    table = pq.read_table(path, columns=["round", "round_s"]).to_pylist()
-    return [(row["round"], row["round_s"]) for row in table if row["round"] >= 0]
+    return [(row["round"], row["round_s"]) for row in read_rounds(run_dir, ["round", "round_s"]) if row["round"] >= 0]
 
 
 def round_walls(run_dir: Path) -> list[tuple[int, float]]:
@@ -133,14 +132,31 @@ def shape_costs(
         recorded = next((times for times in map(round_walls, directories) if times), None)
         if recorded:
             costs[shape] = fitted(members[0], recorded, f"its runs ({len(recorded)} rounds)")
-            continue
-        try:
-            costs[shape] = calibrate(members[0])
-        except DatasetError as error:
-            costs[shape] = f"data missing: {str(error).splitlines()[0][:160]}"
-        except RayfedError as error:
-            costs[shape] = f"cannot run: {str(error).splitlines()[0][:160]}"
+    untimed = [members[0] for shape, members in by_shape.items() if shape not in costs]
+    if untimed:
+        print(
+            f"--plan: timing {len(untimed)} row x column shape{'s' * (len(untimed) > 1)} that no run under --out "
+            f"has timed, by {CALIBRATION_ROUNDS} rounds of each here",
+            file=sys.stderr,
+            flush=True,
+        )
+    with steps(len(untimed), "--plan: calibrating", "shape") as bar:
+        for cell in untimed:
+            bar.set_description_str(f"--plan: timing {cell.row.key} x {cell.column.key}")
+            cost = costs[_shape(cell)] = _calibrated(cell, calibrate)
+            bar.set_postfix({"cost": f"{cost.round_s:.2f} s/round" if isinstance(cost, ShapeCost) else cost[:40]})
+            bar.update(1)
     return costs
+
+
+def _calibrated(cell: Cell, calibrate: Callable[[Cell], ShapeCost]) -> ShapeCost | str:
+    """``cell``'s shape costed by ``calibrate``, or why it cannot be (its data missing, the run refused)."""
+    try:
+        return calibrate(cell)
+    except DatasetError as error:
+        return f"{DATA_MISSING}: {str(error).splitlines()[0]}"
+    except RayfedError as error:
+        return f"cannot run: {str(error).splitlines()[0][:160]}"
 
 
 def calibrate_cell(cell: Cell) -> ShapeCost:
@@ -211,6 +227,22 @@ def wall_seconds(seconds: Sequence[float], slots: int) -> float:
     return max(free, default=0.0)
 
 
+def _missing_data(cells: Sequence[Cell], costs: dict[tuple[str, str], ShapeCost | str]) -> list[str]:
+    """Each dataset whose files are missing, once, with the command that fetches it."""
+    missing: dict[str, Cell] = {}
+    for cell in cells:
+        cost = costs.get(_shape(cell))
+        if isinstance(cost, str) and cost.startswith(DATA_MISSING):
+            missing.setdefault(cost.removeprefix(f"{DATA_MISSING}: "), cell)
+    if not missing:
+        return []
+    lines = [f"{DATA_MISSING}, so not costed (fetch it, then plan again):"]
+    for message, cell in missing.items():
+        assert cell.config is not None
+        lines += [f"* {message}", f"  fetch: {fetch_command(cell.config)}"]
+    return lines
+
+
 def describe(cost: ShapeCost | str | None) -> str:
     if isinstance(cost, ShapeCost):
         return f"{cost.round_s:.2f} s/round, {cost.note}"
@@ -235,15 +267,15 @@ def plan_report(
     for item in per_cell:
         cell, left = item.cell, "?" if item.seconds is None else f"{item.seconds:.0f}"
         done = f"{min(item.done, rounds)}/{rounds}"
-        lines.append(
-            f"{cell.row.key:18s} {cell.column.key:14s} {cell.seed:4d} {done:>9s} {left:>9s}  "
-            f"{describe(costs.get(_shape(cell)))}"
-        )
+        cost = costs.get(_shape(cell))
+        shown = f"{DATA_MISSING} (below)" if isinstance(cost, str) and cost.startswith(DATA_MISSING) else describe(cost)
+        lines.append(f"{cell.row.key:18s} {cell.column.key:14s} {cell.seed:4d} {done:>9s} {left:>9s}  {shown}")
     for cell in cells:
         if cell.config is None:
             lines.append(f"{cell.row.key:18s} {cell.column.key:14s} {cell.seed:4d}  blocked: {cell.blocked}")
+    lines += _missing_data(cells, costs)
     known = [item.seconds for item in per_cell if item.seconds is not None]
-    to_run = sum(1 for seconds in known if seconds > 0)
+    to_run = sum(1 for item in per_cell if item.done < rounds)
     work, wall = sum(known), wall_seconds(known, slots)
     unknown = len(per_cell) - len(known)
     lines.append(

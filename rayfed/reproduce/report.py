@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from rayfed.engine.metrics import counted_round
+from rayfed.reproduce.run_files import read_rounds
 from rayfed.reproduce.runner import Cell, Outcome, fetch_command
 from rayfed.reproduce.spec import Row, RowMetric, Table, papers_cited, row_metric
 from rayfed.util.files import atomic_write, write_json
@@ -52,7 +52,7 @@ def score_run(
     or, selecting by test loss, while no scored round has one."""
     if rounds_recorded(directory) < rounds:
         return None
-    rows = pq.read_table(directory / "rounds.parquet").to_pylist()
+    rows = read_rounds(directory)
     curve = [
         (counted_round(int(r["round"])), scale * float(r[metric.column]))
         for r in rows
@@ -83,11 +83,9 @@ def _finite(value: object) -> bool:
 
 
 def rounds_recorded(directory: Path | None) -> int:
-    """Training rounds in a run's ``rounds.parquet`` so far (a stopped or running run included)."""
-    path = None if directory is None else directory / "rounds.parquet"
-    if path is None or not path.is_file():
-        return 0
-    return sum(1 for r in pq.read_table(path, columns=["round"]).column("round").to_pylist() if r >= 0)
+    """Training rounds in a run's ``rounds.parquet`` so far (a stopped or running run included; a damaged one has
+    none: :func:`~rayfed.reproduce.run_files.read_rounds`)."""
+    return sum(1 for r in read_rounds(directory, ["round"]) if r["round"] >= 0)
 
 
 def _progress(group: Sequence[Cell], rounds: int) -> str:
@@ -114,7 +112,7 @@ def _range(values: Sequence[float], digits: int) -> str:
 def _scores(cells: Sequence[Cell], table: Table, rounds: int, at_rounds: Sequence[int]) -> dict[Cell, Score]:
     found = {}
     for cell in cells:
-        if cell.run_dir is not None and (cell.run_dir / "rounds.parquet").is_file():
+        if cell.run_dir is not None:
             score = score_run(cell.run_dir, row_metric(table, cell.row), rounds, table.scale, at_rounds)
             if score is not None:
                 found[cell] = score

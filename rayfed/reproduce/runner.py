@@ -4,7 +4,9 @@ A cell's run directory is named by its config (algorithm, dataset, seed and a di
 field that changes results), so a cell shared by two tables, or asked for again, is found and
 never run twice: a run with the rounds asked for is skipped, a shorter finished one is extended
 (``train.rounds`` may change when a run continues), a stopped one resumes from its last
-checkpoint (one is written every round). Cells run one after the other in this process, or
+checkpoint (one is written every round), and a damaged one (a file that cannot be read, a checkpoint torn by a
+kill) is moved aside to ``RUN.damaged-<time>``, never deleted, and run again (:mod:`rayfed.reproduce.run_files`).
+Cells run one after the other in this process, or
 ``parallel`` at a time as Ray tasks (one CPU each, plus the run's ``engine.num_gpus_per_worker``:
 ``--gpus-per-run``), each run on the local backend in its task, so seeds and cells of a table share
 the cluster as resources allow: eight runs at 0.125 GPU share one GPU.
@@ -14,22 +16,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import shlex
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rayfed.config import RunConfig
+from rayfed.reproduce.run_files import damage, move_aside, rounds_done
 from rayfed.reproduce.spec import Column, Row, Table, cell_overrides, unavailable
 from rayfed.util.errors import CheckpointError, CheckpointFormatError, ConfigError, DatasetError, RayfedError
 
-logger = logging.getLogger(__name__)
-
-__all__ = ["Cell", "Outcome", "plan", "rounds_done", "run_cell", "execute", "fetch_command"]
+__all__ = ["Cell", "Outcome", "plan", "run_cell", "execute", "fetch_command"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -158,24 +157,19 @@ def plan(
     return cells
 
 
-def rounds_done(directory: Path) -> int:
-    """Rounds of a finished run (its ``summary.json``), else 0."""
-    summary = directory / "summary.json"
-    if not summary.is_file():
-        return 0
-    return int(json.loads(summary.read_text())["rounds_run"])
-
-
 def run_cell(config_dict: dict[str, Any]) -> Outcome:
     """Bring one run to its ``train.rounds``: skip, run, resume or extend it (a plain function, for Ray tasks).
 
     A missing dataset is an outcome ("data missing", the loader's message), not an exception,
-    so one missing column does not stop the others; so is any other refusal ("failed").
+    so one missing column does not stop the others; so is any other refusal ("failed"). A damaged run
+    directory is moved aside and the cell run again; the outcome's message says where it went.
     """
     from rayfed.tracking import run
 
     config = RunConfig.from_dict(config_dict)
     directory = Path(str(config.run_dir))
+    reason = damage(directory)
+    moved = _set_aside(directory, reason) if reason else ""
     done = rounds_done(directory)
     if done >= config.train.rounds:
         return Outcome("skipped", f"has {done} rounds")
@@ -185,16 +179,22 @@ def run_cell(config_dict: dict[str, Any]) -> Outcome:
             result = run(config, resume=resume)
         except CheckpointFormatError:  # written by another rayfed version: keep it, say so
             raise
-        except CheckpointError:  # a checkpoint torn by a kill: this run starts again
-            shutil.rmtree(directory)
+        except CheckpointError as error:  # a checkpoint torn by a kill, a damaged file: set aside, run again
+            moved = _set_aside(directory, str(error).split("; ")[0])
             result = run(config)
-            resume = False
+            done, resume = 0, False
     except DatasetError as error:
-        return Outcome("data missing", str(error))
+        return Outcome("data missing", f"{moved}{error}")
     except RayfedError as error:
-        return Outcome("failed", str(error))
+        return Outcome("failed", f"{moved}{error}")
     status = "extended" if done else ("resumed" if resume else "ran")
-    return Outcome(status, f"{result.rounds_run} rounds, best {100 * result.best_accuracy:.2f}")
+    return Outcome(status, f"{moved}{result.rounds_run} rounds, best {100 * result.best_accuracy:.2f}")
+
+
+def _set_aside(directory: Path, reason: str) -> str:
+    """Move a damaged run directory aside (:func:`~rayfed.reproduce.run_files.move_aside`); say where, and why."""
+    target = move_aside(directory)
+    return f"moved the damaged run aside to {target} ({reason}), and ran the cell again from round 0; "
 
 
 def fetch_command(config: RunConfig) -> str:
@@ -244,7 +244,8 @@ def _execute_on_ray(cells: list[Cell], parallel: int, on_done: Callable[[Cell, O
     outcomes: dict[Cell, Outcome] = {}
     pending: dict[Any, Cell] = {}
     queue = list(cells)
-    with ray_started(address, **({} if address else {"num_cpus": parallel, "include_dashboard": False})):
+    private: dict[str, Any] = {} if address else {"num_cpus": parallel, "include_dashboard": False}
+    with ray_started(address, **private):
         while queue or pending:
             while queue and len(pending) < parallel:
                 cell = queue.pop(0)

@@ -7,7 +7,7 @@
 
 Example::
 
-    rayfed tune spaces/lambda.yaml configs/cifar10_cwfedavg.toml train.rounds=50 engine.num_workers=1 \\
+    rayfed tune examples/space.yaml configs/mnist_practical.toml data.root=~/data train.rounds=50 \\
         --trials 40 --parallel 2 --study-name lambda
 
 Running the same command again resumes the study from its storage. The best trials

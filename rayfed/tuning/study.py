@@ -8,8 +8,9 @@ so Optuna's pruner can stop a bad trial early; the study lives in durable storag
 
 Parallel trials run in driver threads (``study.optimize(n_jobs=parallel_trials)``).
 Ray is joined or started once for the whole study; each trial's run creates its own
-``ClientWorker`` actors (``engine.num_workers`` x ``engine.num_cpus_per_worker``) on
-the shared cluster and releases them when it ends or is pruned. Only the driver
+``ClientWorker`` actors (``engine.num_workers`` x ``engine.num_cpus_per_worker``, or with
+``engine.num_workers=0`` an even share of the cluster's workers: :mod:`rayfed.tuning.parallel`)
+on the shared cluster and releases them when it ends or is pruned. Only the driver
 talks to the Optuna storage.
 
 >>> study = tune(config, {"train.lr": FloatParam(1e-3, 1e-1, log=True)}, n_trials=20,
@@ -23,12 +24,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
 from typing import Any, Literal
 
 import numpy as np
@@ -38,18 +37,19 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 import rayfed.tuning.attrs as attrs
-from rayfed.config import EngineConfig, RunConfig, check_installed
+from rayfed.config import RunConfig, check_installed
 from rayfed.engine import RunResult, run
 from rayfed.engine.callbacks import Callback, RunView
 from rayfed.engine.interrupts import StudyInterrupted, was_terminated
 from rayfed.engine.metrics import RoundRecord
 from rayfed.tracking import StudyLink, Tracking, check_services
+from rayfed.tuning.parallel import stopping_parallel_trials
 from rayfed.tuning.pruning import PruningCallback, make_pruner
 from rayfed.tuning.resume import driver_id, finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
 from rayfed.tuning.storage import open_storage, storage_errors
 from rayfed.util import plugins
-from rayfed.util.errors import ConfigError, ResourceError
+from rayfed.util.errors import ConfigError
 
 __all__ = ["tune", "OBJECTIVES", "SAMPLERS", "session_seed"]
 
@@ -121,8 +121,9 @@ def tune(
         caller's). With ``parallel_trials > 1`` Optuna reseeds the sampler per thread, so which
         parameters are tried is no longer reproducible (each trial's result still is).
     parallel_trials
-        Trials running at once. With ``engine.backend="ray"`` each needs
-        ``engine.num_workers`` (which must then be set) x ``engine.num_cpus_per_worker`` CPUs.
+        Trials running at once. With ``engine.backend="ray"`` each needs ``engine.num_workers`` x
+        ``engine.num_cpus_per_worker`` CPUs; with ``engine.num_workers=0`` each takes an even share of the
+        workers the cluster holds.
     timeout_s, catch, callbacks
         Passed to ``study.optimize`` (``callbacks`` are Optuna's, called after each trial).
     trial_callbacks
@@ -134,7 +135,7 @@ def tune(
         For an invalid space or argument, or an existing study created with another
         base config or space; nothing has run then.
     ResourceError
-        When ``parallel_trials`` trials cannot all get their Ray workers at once.
+        When ``parallel_trials`` trials cannot all get their Ray workers at once (or a worker each).
     StudyInterrupted
         On Ctrl-C (a KeyboardInterrupt): each running trial stops (with parallel trials, after its
         current round), checkpoints its run and is retried when the study resumes.
@@ -145,11 +146,6 @@ def tune(
     space = load_space(space) if isinstance(space, (str, Path)) else space
     space = space if isinstance(space, SearchSpace) else SearchSpace(space)
     space.validate(base_config)
-    if base_config.engine.backend == "ray" and parallel_trials > 1 and base_config.engine.num_workers == 0:
-        raise ConfigError(
-            f"parallel_trials={parallel_trials} needs engine.num_workers set (0 = as many workers as the cluster "
-            "has CPUs, so one trial would take them all); e.g. engine.num_workers=1"
-        )
     resolved_pruner = make_pruner(pruner, rounds=base_config.train.rounds)
     if direction == "minimize" and not isinstance(resolved_pruner, optuna.pruners.NopPruner):
         raise ConfigError(
@@ -157,6 +153,10 @@ def tune(
         )
     study_dir = Path(study_dir if study_dir is not None else Path("runs") / "tune" / study_name)
     check_services(base_config.engine.loggers, study_dir)
+    if base_config.engine.backend == "ray":  # the cluster refused before the storage is written
+        from rayfed.actors import check_resources
+
+        check_resources(base_config.engine)
     with storage_errors(storage, study_dir):
         study = optuna.create_study(
             storage=open_storage(storage, study_dir),
@@ -181,10 +181,10 @@ def tune(
         from rayfed.tracking.mlflow_tracker import study_run
 
         parent = study_run(study_name, study_dir, {"space": space.to_dict(), **base_config.to_dict()})
-    runner = _TrialRunner(base_config, space, study_name, study_dir, objective_fn, trial_callbacks, parent)
 
-    def optimize() -> None:
-        with _stopping_parallel_trials(runner.stop, parallel_trials), _quiet_interrupted_trials(runner.interrupted):
+    def optimize(base: RunConfig) -> None:
+        runner = _TrialRunner(base, space, study_name, study_dir, objective_fn, trial_callbacks, parent)
+        with stopping_parallel_trials(runner.stop, parallel_trials), _quiet_interrupted_trials(runner.interrupted):
             study.optimize(
                 runner,
                 n_trials=remaining,
@@ -196,14 +196,16 @@ def tune(
 
     try:
         if base_config.engine.backend == "local":
-            optimize()
+            optimize(base_config)
             return study
         from rayfed.actors import ray_session
+        from rayfed.tuning.parallel import check_cluster_fits, trial_workers
 
         # one Ray for the whole study; each trial's run reuses it
         with ray_session(base_config.engine, plugins.by_value_modules(base_config)):
-            _check_cluster_fits(base_config.engine, parallel_trials)
-            optimize()
+            trial_base = base_config.override(trial_workers(base_config.engine, parallel_trials))
+            check_cluster_fits(trial_base.engine, parallel_trials)
+            optimize(trial_base)
         return study
     except KeyboardInterrupt as stop:  # each interrupted trial checkpointed its run and is retried on resume
         finished = len(finished_trials(study))
@@ -288,26 +290,6 @@ class _StopWhenSet(Callback):
         if self.stop.is_set():
             raise KeyboardInterrupt
         return False
-
-
-@contextmanager
-def _stopping_parallel_trials(stop: threading.Event, parallel_trials: int) -> Iterator[None]:
-    """With trials in threads, Ctrl-C reaches only the main thread, where Optuna then waits for the running
-    trials: make SIGINT also set ``stop`` so that they end after their current round."""
-    previous = signal.getsignal(signal.SIGINT)
-    if parallel_trials == 1 or threading.current_thread() is not threading.main_thread() or not callable(previous):
-        yield
-        return
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-        previous(signum, frame)
-
-    signal.signal(signal.SIGINT, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 @contextmanager
@@ -409,20 +391,3 @@ def _check_trial_dirs(study: optuna.Study, study_dir: Path) -> None:
 def _number(name: str) -> int | None:
     tail = name.removeprefix("trial_")
     return int(tail) if tail.isdigit() else None
-
-
-def _check_cluster_fits(engine: EngineConfig, parallel_trials: int) -> None:
-    """Parallel trials must all fit at once: half-created worker pools would wait on each other forever."""
-    if parallel_trials == 1:
-        return
-    import ray
-
-    total = ray.cluster_resources()
-    for resource, per_worker in (("CPU", engine.num_cpus_per_worker), ("GPU", engine.num_gpus_per_worker)):
-        need = parallel_trials * engine.num_workers * per_worker
-        if need > float(total.get(resource, 0.0)):
-            raise ResourceError(
-                f"parallel_trials={parallel_trials} x engine.num_workers={engine.num_workers} x "
-                f"{per_worker:g} {resource} per worker needs {need:g} {resource}s, but the Ray cluster has "
-                f"{float(total.get(resource, 0.0)):g}; lower parallel_trials or engine.num_workers"
-            )

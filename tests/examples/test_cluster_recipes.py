@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 
 import jsonschema
@@ -51,6 +53,48 @@ def test_launcher_yaml_schema_check_catches_a_misspelt_field() -> None:
     )
     with pytest.raises(jsonschema.ValidationError, match="max_worker"):
         jsonschema.validate(config, schema)
+
+
+def _rsync_options(config: dict) -> list[str]:
+    """The options ``ray up`` gives rsync for the file mounts, built as Ray's command runner builds them
+    (``ray/autoscaler/_private/command_runner.py``, ``_create_rsync_filter_args``)."""
+    excludes = [arg for pattern in config.get("rsync_exclude") or [] for arg in ("--exclude", pattern)]
+    return excludes + [f"--filter=dir-merge,- {name}" for name in config.get("rsync_filter") or []]
+
+
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="needs rsync, as ray up does")
+def test_launcher_copies_the_source_and_not_the_venv_runs_data_or_git(tmp_path: Path) -> None:
+    """A working clone as ``ray up`` finds it, copied with the recipe's rsync options: the code travels; the
+    local .venv (gigabytes, its scripts' shebangs naming this machine's paths), run directories, data and .git
+    do not."""
+    clone, node = tmp_path / "clone", tmp_path / "node"
+    files = {
+        "rayfed/__init__.py": "",
+        "examples/cwfedavg_1000clients.py": "",
+        "pyproject.toml": "",
+        ".venv/bin/ray": "#!/home/me/clone/.venv/bin/python\n",
+        ".venv/lib/python3.11/site-packages/torch/__init__.py": "",
+        "runs/demo/rounds.parquet": "",
+        "data/MNIST/raw/train-images-idx3-ubyte.gz": "",
+        ".git/HEAD": "ref: refs/heads/main\n",
+        "rayfed/__pycache__/cli.cpython-311.pyc": "",
+        "rayfed.egg-info/PKG-INFO": "",
+    }
+    for name, text in files.items():
+        (clone / name).parent.mkdir(parents=True, exist_ok=True)
+        (clone / name).write_text(text)
+    shutil.copy(RECIPES.parents[1] / ".gitignore", clone / ".gitignore")
+    options = _rsync_options(_recipe("aws-gpu-spot.yaml"))
+    subprocess.run(["rsync", "-a", *options, f"{clone}/", f"{node}/"], check=True, capture_output=True)
+    copied = sorted(str(p.relative_to(node)) for p in node.rglob("*") if p.is_file())
+    assert copied == [".gitignore", "examples/cwfedavg_1000clients.py", "pyproject.toml", "rayfed/__init__.py"]
+
+
+def test_rayjob_head_dashboard_listens_where_kuberay_submits_the_job() -> None:
+    """KubeRay's operator submits the job to the dashboard through the head Service, so the dashboard must listen
+    on the pod's addresses (KubeRay's default, 0.0.0.0), not on its loopback."""
+    head = _recipe("rayjob.yaml")["spec"]["rayClusterSpec"]["headGroupSpec"]
+    assert head["rayStartParams"].get("dashboard-host", "0.0.0.0") == "0.0.0.0"
 
 
 def test_rayjob_manifest_has_only_fields_of_the_rayjob_v1_spec() -> None:

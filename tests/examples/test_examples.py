@@ -34,10 +34,23 @@ def test_every_example_is_covered_here() -> None:
 def test_cwfedavg_1000clients_in_its_smallest_form(tmp_path, capsys) -> None:
     code = _example("cwfedavg_1000clients").main(
         ["--clients", "20", "--rounds", "1", "--epochs", "1", "--run-dir", str(tmp_path / "run"),
+         "--record", str(tmp_path / "record.json"),
          'data.options={"num_samples": 1000}', "engine.backend=local", "engine.progress=false"]
     )  # fmt: skip
     result = json.loads(capsys.readouterr().out.split("RESULT ", 1)[1].splitlines()[0])
     assert code == 0 and result["rounds_run"] == 1 and (tmp_path / "run" / "rounds.parquet").is_file()
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert record["final_accuracy"] == result["final_accuracy"] and record["seconds"] > 0
+    assert [r["round"] for r in record["rounds"]] == [0] and record["rounds"][0]["accuracy"] == result["best_accuracy"]
+
+
+def test_the_readmes_search_space_file_searches_cwfedavgs_lambda_and_lr() -> None:
+    from rayfed import RunConfig
+    from rayfed.tuning import load_space
+
+    space = load_space(EXAMPLES / "space.yaml")
+    space.validate(RunConfig().override({"algorithm.name": "cwfedavg"}))
+    assert sorted(space.to_dict()) == ["algorithm.params.wdr_lambda", "train.lr"]
 
 
 def test_fedclassavg_mnist_offline_and_what_it_needs_without_data(tmp_path, capsys, monkeypatch) -> None:

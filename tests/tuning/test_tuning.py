@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from optuna.trial import TrialState
 
-from rayfed import ConfigError, RunConfig, run
+from rayfed import ConfigError, ResourceError, RunConfig, run
 from rayfed.cli import main
 from rayfed.engine.interrupts import StudyInterrupted
 from rayfed.tuning import (
@@ -167,9 +167,9 @@ def peak_cpus_in_use(ray, stop: threading.Event, peak: list[float]) -> None:
 
 
 def test_parallel_trials_on_ray_overlap_and_match_sequential_runs(tmp_path, ray_cluster) -> None:
-    layout = {
+    layout = {  # engine.num_workers=0: the two trials share the cluster's two one-CPU workers, one each
         "engine.backend": "ray",
-        "engine.num_workers": 1,
+        "engine.num_workers": 0,
         "engine.num_cpus_per_worker": 1,
         "engine.clients_per_call": 5,
     }
@@ -192,6 +192,8 @@ def test_parallel_trials_on_ray_overlap_and_match_sequential_runs(tmp_path, ray_
     # when trials recorded their rounds is no test of this: on a busy 2-core box worker start-up
     # takes most of a 2-round trial, so the rounds of two parallel trials need not interleave.)
     assert peak[0] == 2, f"at most {peak[0]} of 2 CPUs were held at once: the trials did not run together"
+    configs = [json.loads((Path(t.user_attrs[attrs.RUN_DIR]) / "config.json").read_text()) for t in trials]
+    assert {config["engine"]["num_workers"] for config in configs} == {1}  # an even share each
     for trial in trials[:2]:  # the same trials, one at a time and in-process, give the same rounds
         alone = run(
             base.override(
@@ -200,6 +202,22 @@ def test_parallel_trials_on_ray_overlap_and_match_sequential_runs(tmp_path, ray_
         )
         assert alone.accuracies == [r["accuracy"] for r in rounds_of(trial)]
         assert trial.value == alone.best_accuracy
+
+
+def test_parallel_trials_share_the_clusters_workers_or_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rayfed.config import EngineConfig
+    from rayfed.tuning.parallel import check_cluster_fits, trial_workers
+
+    monkeypatch.setattr("rayfed.actors.cluster.cluster_nodes", lambda: [{"CPU": 8.0}, {"CPU": 3.0}])
+    assert trial_workers(EngineConfig(backend="ray"), 3) == {"engine.num_workers": 3}  # 11 workers, 3 trials
+    assert trial_workers(EngineConfig(backend="ray", max_workers=4), 2) == {"engine.num_workers": 2}
+    assert trial_workers(EngineConfig(backend="ray", num_workers=5), 2) == {}  # set: kept, and checked to fit
+    assert trial_workers(EngineConfig(backend="ray"), 1) == {}  # one trial follows the cluster
+    with pytest.raises(ResourceError, match=r"parallel_trials=12 .* the Ray cluster holds 11 .* at most 11 trials"):
+        trial_workers(EngineConfig(backend="ray"), 12)
+    monkeypatch.setattr("ray.cluster_resources", lambda: {"CPU": 11.0})
+    with pytest.raises(ResourceError, match=r"parallel_trials=2 x engine.num_workers=6 x 1 CPU per worker needs 12"):
+        check_cluster_fits(EngineConfig(backend="ray", num_workers=6), 2)
 
 
 def test_median_pruner_stops_a_hopeless_trial_after_its_first_round(tmp_path) -> None:

@@ -1,0 +1,85 @@
+"""The address of a Ray cluster to join, knocked on before ``ray.init`` is given it.
+
+``ray.init(address=...)`` retries an address where no cluster answers for minutes (13 min 45 s for a closed
+port on Ray 2.60, measured), printing a warning every few seconds, then raises a ``ConnectionError``; it waits
+in C++, where neither Ctrl-C nor SIGTERM reaches it. :func:`check_reachable` opens a TCP connection to the
+address first: a closed port or an unknown host is refused in milliseconds, a host that does not answer after
+:data:`CONNECT_S` seconds, each with one line naming the setting, its value and the fix, and a signal ends the
+knock at once (Python's socket calls run its handlers).
+"""
+
+from __future__ import annotations
+
+import socket
+from urllib.parse import urlsplit
+
+from rayfed.util.errors import ResourceError
+
+__all__ = ["CONNECT_S", "check_reachable", "not_joined"]
+
+CONNECT_S = 5.0
+"""Seconds a cluster's address is given to accept a connection before the run is refused."""
+
+
+def check_reachable(address: str, source: str = "engine.ray_address") -> None:
+    """Refuse ``address`` (the value of the setting ``source``) when no Ray cluster's head can answer there:
+    it is not ``HOST:PORT``, its host is unknown, its port closed, or nothing answers within :data:`CONNECT_S`
+    seconds. ``"auto"`` is the cluster ``ray start`` started last on this machine and ``ray://HOST:PORT`` a
+    Ray Client server; both are knocked on the same way. Raises ResourceError; nothing is started."""
+    host, port = _host_port(address, source)
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_S).close()
+    except OSError as error:
+        why = f"no answer in {CONNECT_S:g} s" if isinstance(error, TimeoutError) else _reason(error)
+        raise ResourceError(
+            f"{_setting(address, source)}: no Ray cluster answers at {host}:{port} ({why}); {_fix(source)}"
+        ) from None
+
+
+def not_joined(address: str, source: str, error: Exception) -> ResourceError:
+    """The error for an address that accepted the connection but did not answer as a Ray cluster's head."""
+    return ResourceError(f"{_setting(address, source)}: {error}; {_fix(source)}")
+
+
+def _host_port(address: str, source: str) -> tuple[str, int]:
+    """The host and port ``address`` names; for ``"auto"``, those of the cluster ``ray start`` started last."""
+    if address == "auto":
+        from ray._private.services import canonicalize_bootstrap_address_or_die
+
+        try:
+            address = canonicalize_bootstrap_address_or_die(address)
+        except ConnectionError:
+            message = f"{_setting('auto', source)}: no Ray cluster runs on this machine; {_fix(source)}"
+            raise ResourceError(message) from None
+    parts = urlsplit(address if "://" in address else f"//{address}")
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or out of range
+        port = None
+    if not parts.hostname or port is None:
+        raise ResourceError(
+            f"{_setting(address, source)} is not a cluster's address: give its head's HOST:PORT (ray start --head "
+            f"prints it; port 6379 by default), ray://HOST:PORT for Ray Client, or {_local(source)}"
+        )
+    return parts.hostname, port
+
+
+def _reason(error: OSError) -> str:
+    if isinstance(error, socket.gaierror):
+        return "unknown host"
+    return (error.strerror or str(error)).lower()
+
+
+def _setting(address: str, source: str) -> str:
+    return f"{source}={address!r}" + (" (from the environment)" if source == "RAY_ADDRESS" else "")
+
+
+def _fix(source: str) -> str:
+    """How to go on: with the cluster, or without it."""
+    return f"start that cluster, give the address of a running one, or {_local(source)}"
+
+
+def _local(source: str) -> str:
+    """How to run without the cluster that ``source`` names."""
+    without = "unset RAY_ADDRESS" if source == "RAY_ADDRESS" else f"set {source}= (empty)"
+    return f"{without} to run on a private local Ray"

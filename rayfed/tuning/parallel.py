@@ -1,0 +1,88 @@
+"""Parallel trials: how they share one Ray cluster, and how Ctrl-C reaches them.
+
+Every trial's run creates its own ``ClientWorker`` pool. With ``engine.num_workers=0`` ("as many as the
+cluster holds") and K trials at once, each trial runs on an even share of the workers the cluster holds:
+``engine.num_workers = workers // K`` (at least one each; a cluster too small for K trials is refused). A set
+``engine.num_workers`` is kept, and K trials of it must fit at once: half-built pools of several trials
+would wait on each other forever. A trial's numbers do not depend on its workers (the batching of its clients
+does not), so sharing changes when a trial ends, not what it finds.
+
+Trials run in threads, and Ctrl-C reaches only the main thread, where Optuna waits for them:
+:func:`stopping_parallel_trials` makes it also ask every running trial to stop after its round.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+from rayfed.config import EngineConfig
+from rayfed.util.errors import ResourceError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["trial_workers", "check_cluster_fits", "stopping_parallel_trials"]
+
+
+def trial_workers(engine: EngineConfig, parallel_trials: int) -> dict[str, int]:
+    """The override of each trial's run: its share of the cluster's workers when ``engine.num_workers`` is 0 and
+    trials run in parallel, else none. Needs Ray initialised; raises ResourceError when the cluster holds fewer
+    workers than ``parallel_trials``."""
+    if parallel_trials == 1 or engine.num_workers > 0:
+        return {}
+    from rayfed.actors.cluster import cluster_nodes, workers_on  # Ray: only a study on Ray gets here
+
+    held = engine.workers_for(workers_on(cluster_nodes(), engine))
+    share = held // parallel_trials
+    if share < 1:
+        raise ResourceError(
+            f"parallel_trials={parallel_trials} trials at once need a worker each, but the Ray cluster holds "
+            f"{held} (engine.num_cpus_per_worker={engine.num_cpus_per_worker:g}, engine.num_gpus_per_worker="
+            f"{engine.num_gpus_per_worker:g}); run at most {max(held, 1)} trials at once (--parallel) or lower the "
+            "per-worker resources"
+        )
+    logger.info(
+        "%d trials at once share the Ray cluster's %d workers: engine.num_workers=%d each", parallel_trials, held, share
+    )
+    return {"engine.num_workers": share}
+
+
+def check_cluster_fits(engine: EngineConfig, parallel_trials: int) -> None:
+    """Parallel trials must all fit at once: half-created worker pools would wait on each other forever."""
+    if parallel_trials == 1:
+        return
+    import ray
+
+    total = ray.cluster_resources()
+    for resource, per_worker in (("CPU", engine.num_cpus_per_worker), ("GPU", engine.num_gpus_per_worker)):
+        need = parallel_trials * engine.num_workers * per_worker
+        if need > float(total.get(resource, 0.0)):
+            raise ResourceError(
+                f"parallel_trials={parallel_trials} x engine.num_workers={engine.num_workers} x "
+                f"{per_worker:g} {resource} per worker needs {need:g} {resource}s, but the Ray cluster has "
+                f"{float(total.get(resource, 0.0)):g}; lower parallel_trials or engine.num_workers"
+            )
+
+
+@contextmanager
+def stopping_parallel_trials(stop: threading.Event, parallel_trials: int) -> Iterator[None]:
+    """With trials in threads, Ctrl-C reaches only the main thread, where Optuna then waits for the running
+    trials: make SIGINT also set ``stop`` so that they end after their current round."""
+    previous = signal.getsignal(signal.SIGINT)
+    if parallel_trials == 1 or threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

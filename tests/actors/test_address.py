@@ -1,0 +1,160 @@
+"""A Ray cluster to join that does not answer is refused in seconds, before anything is written
+(``rayfed.actors.address``): one line naming the setting, its value and the fix, and Ctrl-C or SIGTERM end
+the wait at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rayfed.actors import address
+from rayfed.actors.address import check_reachable
+from rayfed.actors.cluster import ray_started
+from rayfed.engine.interrupts import Terminated, terminate_as_interrupt
+from rayfed.util.errors import ResourceError
+from tests.conftest import tiny_overrides
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts no connection and refuses none: a listener whose queue is full, so a new
+    connection waits unanswered, as one to a host that drops packets does."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    queued = []
+    for _ in range(4):
+        client = socket.socket()
+        client.setblocking(False)
+        client.connect_ex(("127.0.0.1", port))
+        queued.append(client)
+    time.sleep(0.1)
+    yield port
+    for client in queued:
+        client.close()
+    server.close()
+
+
+def test_a_closed_port_is_refused_at_once_naming_the_setting_and_the_fix() -> None:
+    port = _closed_port()
+    started = time.perf_counter()
+    with pytest.raises(ResourceError) as raised:
+        check_reachable(f"127.0.0.1:{port}", "engine.ray_address")
+    assert time.perf_counter() - started < 2
+    message = str(raised.value)
+    assert message.startswith(f"engine.ray_address='127.0.0.1:{port}': no Ray cluster answers at 127.0.0.1:{port}")
+    assert "connection refused" in message and "set engine.ray_address= (empty)" in message
+
+
+def test_an_address_from_the_environment_is_named_as_such() -> None:
+    with pytest.raises(ResourceError, match=r"^RAY_ADDRESS='ray://127.0.0.1:\d+' \(from the environment\).*unset RAY"):
+        check_reachable(f"ray://127.0.0.1:{_closed_port()}", "RAY_ADDRESS")
+
+
+@pytest.mark.parametrize("value", ["head-node", "127.0.0.1:99999", "127.0.0.1:port", ":6379"])
+def test_a_value_that_is_no_address_says_what_an_address_is(value: str) -> None:
+    with pytest.raises(ResourceError, match=rf"^engine.ray_address='{value}' is not a cluster's address: .*HOST:PORT"):
+        check_reachable(value)
+
+
+def test_an_unknown_host_is_named() -> None:
+    with pytest.raises(ResourceError, match=r"no Ray cluster answers at no-such-host.invalid:6379 \(unknown host\)"):
+        check_reachable("no-such-host.invalid:6379")
+
+
+def test_a_host_that_never_answers_is_refused_after_the_connect_timeout(
+    silent_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(address, "CONNECT_S", 0.5)
+    started = time.perf_counter()
+    with pytest.raises(ResourceError, match=r"\(no answer in 0.5 s\)"):
+        check_reachable(f"127.0.0.1:{silent_port}")
+    assert time.perf_counter() - started < 3
+
+
+def test_sigterm_ends_the_wait_for_an_address_at_once(silent_port: int) -> None:
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM))
+    started = time.perf_counter()
+    with pytest.raises(Terminated), terminate_as_interrupt():
+        timer.start()
+        check_reachable(f"127.0.0.1:{silent_port}")  # CONNECT_S (5 s) unless the signal ends it
+    timer.join()
+    assert time.perf_counter() - started < 3
+
+
+def test_ray_is_not_initialised_for_an_address_that_does_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict] = []
+    monkeypatch.setattr("ray.is_initialized", lambda: False)
+    monkeypatch.setattr("ray.init", lambda **kwargs: calls.append(kwargs))
+    with (
+        pytest.raises(ResourceError, match="^engine.ray_address="),
+        ray_started(f"127.0.0.1:{_closed_port()}", source="engine.ray_address"),
+    ):
+        pass
+    assert calls == []
+
+
+def _rayfed(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run(
+        [sys.executable, "-m", "rayfed", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_the_command_line_refuses_a_gone_cluster_in_one_line_and_a_resume_writes_nothing(tmp_path: Path) -> None:
+    """``rayfed run engine.ray_address=HOST:PORT`` with nothing there, and the resume of a run whose cluster is
+    gone: exit 2 in seconds, one line, no traceback, and the run directory as it was."""
+    port = _closed_port()
+    run_dir = tmp_path / "run"
+    tiny = {**tiny_overrides(run_dir), "data.options.num_samples": 3000}
+    overrides = ["run", *(f"{key}={value}" for key, value in tiny.items() if key != "data.options")]
+    started = time.perf_counter()
+    fresh = _rayfed(*overrides, "engine.backend=ray", f"engine.ray_address=127.0.0.1:{port}", cwd=tmp_path)
+    assert time.perf_counter() - started < 60
+    assert fresh.returncode == 2 and "Traceback" not in fresh.stderr and not run_dir.exists()
+    assert fresh.stderr.strip().splitlines() == [
+        f"rayfed: error: engine.ray_address='127.0.0.1:{port}': no Ray cluster answers at 127.0.0.1:{port} "
+        "(connection refused); start that cluster, give the address of a running one, or set engine.ray_address= "
+        "(empty) to run on a private local Ray"
+    ]
+
+    assert _rayfed(*overrides, "--quiet", cwd=tmp_path).returncode == 0
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    resumed = _rayfed(
+        "run", "--resume", str(run_dir), "engine.backend=ray", f"engine.ray_address=127.0.0.1:{port}", cwd=tmp_path
+    )
+    assert resumed.returncode == 2 and "Traceback" not in resumed.stderr
+    assert f"engine.ray_address='127.0.0.1:{port}': no Ray cluster answers" in resumed.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def test_a_study_on_a_gone_cluster_is_refused_before_its_storage_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rayfed.cli import main
+
+    monkeypatch.setattr("ray.is_initialized", lambda: False)  # as in a fresh `rayfed tune`
+    space = tmp_path / "space.yaml"
+    space.write_text("train.lr: {type: float, low: 0.001, high: 0.1, log: true}\n")
+    port = _closed_port()
+
+    code = main(["tune", str(space), f"engine.ray_address=127.0.0.1:{port}", "--study-dir", str(tmp_path / "study")])
+
+    assert code == 2 and f"engine.ray_address='127.0.0.1:{port}': no Ray cluster answers" in capsys.readouterr().err
+    assert not (tmp_path / "study").exists()
