@@ -77,8 +77,8 @@ class Contribution(abc.ABC):
     """
 
     sum_is_one_part: ClassVar[bool] = True
-    """True if a sum of parts takes the bytes of one part (a sum, not a concatenation): then a node may add the
-    parts it holds to the sum of those before them and send one object on (:mod:`rayfed.actors.folding`)."""
+    """True if a sum of parts takes the bytes of one part (a sum, not a concatenation). The summation tree adds
+    and joins alike (:mod:`rayfed.execution.summation`): a node's joined rows are as large as its calls' parts."""
 
     @abc.abstractmethod
     def __add__(self, other: Any) -> Contribution: ...
