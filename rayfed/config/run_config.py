@@ -57,6 +57,13 @@ __all__ = [
 
 TRACKERS = ("tensorboard", "mlflow", "wandb")
 """The experiment trackers ``engine.loggers`` may name (:mod:`rayfed.tracking` logs to each)."""
+RETIRED_KEYS = {
+    "engine.fold_sums": "every run now adds the calls' sums along a fixed tree over the calls, each worker node "
+    "adding up the calls it ran (docs/cluster.md, 'Sums added up on their nodes'), so nothing is left to switch; "
+    "delete the key",
+}
+"""Config keys rayfed no longer has, and why: a config that sets one is refused with that reason, while a config
+that rayfed saved before (a run directory's ``config.json``, a study's base config) is read without it."""
 
 
 @section("model")
@@ -106,13 +113,6 @@ class EngineConfig:
         0,
         "Clients per worker call; 0 = at least 8 calls of at most 64 clients. The batches never depend on "
         "num_workers or the backend, so the same config gives the same numbers on local and on any Ray cluster.",
-    )
-    fold_sums: bool = documented(
-        False,
-        "On a cluster, add the sums of consecutive calls on the node that ran them, run after run, so that the "
-        "server fetches one object instead of one a call; the same numbers to the last bit (docs/cluster.md, "
-        "'Sums folded on their nodes'). Each node adds one hop in sequence: worth it when the calls' sums "
-        "(workers x model bytes a round) saturate the head's link.",
     )
     vectorize: str = documented(
         "auto",
@@ -191,7 +191,6 @@ class EngineConfig:
         check(self.num_gpus_per_worker >= 0, "engine.num_gpus_per_worker", self.num_gpus_per_worker, ">= 0")
         check(self.torch_threads >= 1, "engine.torch_threads", self.torch_threads, ">= 1")
         check(self.clients_per_call >= 0, "engine.clients_per_call", self.clients_per_call, ">= 0")
-        check(isinstance(self.fold_sums, bool), "engine.fold_sums", self.fold_sums, "true or false")
         check_choice("engine.vectorize", self.vectorize, ("auto", "on", "off"))
         check(self.stack_size >= 1, "engine.stack_size", self.stack_size, ">= 1")
         check(0 < self.join_ratio <= 1, "engine.join_ratio", self.join_ratio, "in (0, 1]")
@@ -242,8 +241,18 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
-        """Build from nested mappings; unknown keys raise ConfigError with the closest known key."""
+        """Build from nested mappings; unknown keys raise ConfigError with the closest known key, and
+        :data:`RETIRED_KEYS` with what replaced them."""
+        for path, why in RETIRED_KEYS.items():
+            if _holds(data, path):
+                raise ConfigError(f"{path} was removed: {why}")
         return from_mapping(cls, data, "")
+
+    @classmethod
+    def from_saved(cls, data: Mapping[str, Any]) -> RunConfig:
+        """A config rayfed saved (``config.json``, a study's base config), perhaps by a version that still had
+        keys since retired (:data:`RETIRED_KEYS`): those are left out, and none of them changed a run's numbers."""
+        return cls.from_dict(_without_retired(data))
 
     def override(self, overrides: Mapping[str, Any]) -> RunConfig:
         """A copy with fields replaced by dotted path, e.g. ``{"algorithm.params.wdr_lambda": 100}``.
@@ -313,7 +322,7 @@ def field_reference() -> str:
 def read_run_config(path: str | Path) -> RunConfig:
     """The config a run saved (its ``config.json``); CheckpointError naming the file if it cannot be read."""
     try:
-        return RunConfig.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+        return RunConfig.from_saved(json.loads(Path(path).read_text(encoding="utf-8")))
     except (ValueError, OSError) as error:  # ConfigError is a ValueError
         raise CheckpointError(
             f"{str(path)!r} is not a readable run config ({error}); restore it from a copy, or choose another run_dir"
@@ -327,3 +336,29 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     """
     config = RunConfig.from_dict(nest_dotted_keys(read_table_file(path), f"config file {str(path)!r}"))
     return config.override(overrides) if overrides else config
+
+
+def _holds(tree: Mapping[str, Any], path: str) -> bool:
+    """Whether nested mappings ``tree`` set the dotted ``path``."""
+    head, _, rest = path.partition(".")
+    if head not in tree:
+        return False
+    return not rest or isinstance(tree[head], Mapping) and _holds(tree[head], rest)
+
+
+def _without(tree: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """``tree`` (nested mappings) without the dotted ``path``."""
+    head, _, rest = path.partition(".")
+    if not rest:
+        return {key: value for key, value in tree.items() if key != head}
+    if not isinstance(tree.get(head), Mapping):
+        return dict(tree)
+    return {**tree, head: _without(tree[head], rest)}
+
+
+def _without_retired(tree: Mapping[str, Any]) -> dict[str, Any]:
+    """``tree`` without the :data:`RETIRED_KEYS` it sets."""
+    kept = dict(tree)
+    for path in RETIRED_KEYS:
+        kept = _without(kept, path)
+    return kept
