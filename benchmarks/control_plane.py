@@ -46,7 +46,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rayfed import RunConfig, Simulation  # noqa: E402
-from rayfed.actors import ray_executor, worker_pool  # noqa: E402
+from rayfed.actors import worker_pool  # noqa: E402
 from rayfed.engine.callbacks import Callback  # noqa: E402
 
 CPUS_PER_WORKER = 0.05
@@ -58,18 +58,18 @@ SAMPLES_PER_CLIENT = 4
 
 
 class _Sent:
-    """The objects the server was handed for the last aggregation (from ``ray_executor._to_server``)."""
+    """The objects the server was handed for the last aggregation (``WorkerPool.merge_on_nodes``'s answer)."""
 
     objects: list[Any] = []
 
 
 def _recording(original):
-    def to_server(contributions):
-        spans, objects = original(contributions)
+    def merge_on_nodes(pool, *args, **kwargs):
+        spans, objects = original(pool, *args, **kwargs)
         _Sent.objects = list(objects)
         return spans, objects
 
-    return to_server
+    return merge_on_nodes
 
 
 class _RoundCosts(Callback):
@@ -263,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     per_node = math.ceil(max(sizes) * CPUS_PER_WORKER / args.nodes)  # Ray wants whole CPUs per node
-    to_server, worker_class = ray_executor._to_server, worker_pool.ClientWorker
-    ray_executor._to_server = _recording(to_server)  # type: ignore[assignment]
+    merge_on_nodes, worker_class = worker_pool.WorkerPool.merge_on_nodes, worker_pool.ClientWorker
+    worker_pool.WorkerPool.merge_on_nodes = _recording(merge_on_nodes)  # type: ignore[method-assign]
     rows: list[dict[str, float]] = []
     variant = "light" if args.light else "rayfed"
     try:
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     finally:
-        ray_executor._to_server, worker_pool.ClientWorker = to_server, worker_class  # type: ignore[misc]
+        worker_pool.WorkerPool.merge_on_nodes, worker_pool.ClientWorker = merge_on_nodes, worker_class  # type: ignore[method-assign,misc]
         ray.shutdown()
         cluster.shutdown()
     (slope, intercept), (driver, _), (server, _) = (_fit(rows, k) for k in ("serial_ms", "driver_ms", "server_ms"))
