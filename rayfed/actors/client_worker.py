@@ -10,7 +10,7 @@ from typing import Any
 
 import ray
 
-from rayfed.algorithms import Contribution, RoundContext, sum_contributions
+from rayfed.algorithms import RoundContext
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.reports import EvalReport
 from rayfed.util.allocator import keep_freed_memory
@@ -28,17 +28,11 @@ class ClientWorker:
 
     @ray.method(num_returns=2)
     def train(self, broadcast: Any, ctx: RoundContext, client_ids: list[int], states: dict) -> tuple[Any, Any]:
-        """Returns (summed contribution, (reports, new states, whether it may be folded)) as two objects: the
-        first goes to the server, the last says if it is a sum (:attr:`Contribution.sum_is_one_part`)."""
+        """Returns (summed contribution, (reports, new states)) as two objects: the first goes to the server (or to
+        this node's agent, which adds up the node's calls: :mod:`rayfed.actors.node_agent`), the second to the
+        driver."""
         result = self.runner.train(broadcast, ctx, client_ids, states)
-        one_part = result.contribution is None or result.contribution.sum_is_one_part
-        return result.contribution, (result.reports, result.states, one_part)
-
-    @ray.method(num_returns=2)
-    def fold(self, *parts: Contribution | None) -> tuple[Contribution | None, int]:
-        """Returns (the left-to-right sum of ``parts``, how many there were): one step of
-        :mod:`rayfed.actors.folding`. Ray has fetched the parts into this node's store (zero-copy reads)."""
-        return sum_contributions(parts), len(parts)
+        return result.contribution, (result.reports, result.states)
 
     def evaluate(self, broadcast: Any, ctx: RoundContext, client_ids: list[int], states: dict) -> list[EvalReport]:
         return self.runner.evaluate(broadcast, ctx, client_ids, states)

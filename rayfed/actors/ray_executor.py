@@ -4,9 +4,10 @@ Losing a worker, or a node with workers on it, is handled by :mod:`rayfed.actors
 node that left after its workers finished their calls takes their contributions with it, as
 they live in its object store until the server fetches them: those clients are trained again on
 the remaining workers from the round's same inputs before the server aggregates, so nothing is
-lost or counted twice. Losing the server is handled like losing a worker. With ``engine.fold_sums``, the
-calls' sums that ran on one node are folded there before the server adds them, when that moves fewer
-objects (:mod:`rayfed.actors.folding`).
+lost or counted twice. Losing the server is handled like losing a worker. The calls' sums are added along a
+tree over the calls' indices (:mod:`rayfed.execution.summation`): each worker node adds up the subtrees of the
+calls it ran and sends the server one object (:meth:`~rayfed.actors.worker_pool.WorkerPool.reduce_on_nodes`), with
+the numbers of ``engine.backend=local`` to the last bit.
 Each server step (an aggregation, or loading a resumed state) is followed on the actor
 by the next broadcast, which the driver waits for, and by a copy of the server's state,
 which it does not wait for: the server makes it while the workers train, and the driver
@@ -24,7 +25,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,9 +33,9 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayfed.actors.cluster import alive_node_ids, ask_for_workers, check_resources, pool_target
-from rayfed.actors.folding import fold_runs
+from rayfed.actors.ray_calls import ACTOR_FAILURES, kill_actor
 from rayfed.actors.server_actor import ServerActor
-from rayfed.actors.worker_pool import ACTOR_FAILURES, CallResult, WorkerPool, kill_actor
+from rayfed.actors.worker_pool import CallResult, WorkerPool
 from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
@@ -71,7 +72,6 @@ class RayExecutor(Executor):
         self._partition_ref = ray.put(partition)
         self._server_args = (config, spec, dict(initial))
         self._max_retries = engine.max_retries
-        self._fold_sums = engine.fold_sums
         self._server_node: str = ray.get_runtime_context().get_node_id()
         """The driver's node, where the ``ServerActor`` is placed (strictly)."""
         self._state: Any = None
@@ -84,8 +84,6 @@ class RayExecutor(Executor):
         """The round's broadcast, context (and its object-store copy, which the calls carry), chunks and states."""
         self._ran_on: list[str] = []
         """The node each chunk of the round trained on, whose object store holds its contribution."""
-        self._sums_are_one_part = True
-        """Whether every contribution of the round is a sum, which may be folded along the nodes on its way."""
         self.server = self._spawn_server()
         options = {"num_cpus": engine.num_cpus_per_worker, "num_gpus": engine.num_gpus_per_worker, "max_restarts": 0}
         self.pool = WorkerPool(
@@ -164,13 +162,11 @@ class RayExecutor(Executor):
         results = self._train_chunks(list(range(len(chunks))), on_chunk_done)
         self._ran_on = [result.node for result in results]
         contributions, reports, new_states = [], [], {}
-        self._sums_are_one_part = True
         for result in results:
-            chunk_reports, chunk_states, one_part = result.value
-            contributions.extend(result.refs)
+            chunk_reports, chunk_states = result.value
+            contributions.append(_sum_of(result))
             reports.extend(chunk_reports)
             new_states.update(chunk_states)
-            self._sums_are_one_part &= one_part
         return contributions, reports, new_states
 
     def _train_chunks(self, indices: list[int], on_chunk_done: Callable[[], object] = no_progress) -> list[CallResult]:
@@ -183,17 +179,20 @@ class RayExecutor(Executor):
             lambda k: (broadcast, ctx_ref, chunks[indices[k]], states_of(states, chunks[indices[k]])),
             round_index=ctx.round,
             on_chunk_done=on_chunk_done,
+            summed=(len(chunks), indices),
         )
 
     def aggregate(self, ctx: RoundContext, contributions: list[Any]) -> dict[str, float]:
         contributions = list(contributions)
         for attempt in itertools.count():
             self._retrain_lost(contributions, wait_s=_NODE_DEATH_WAIT_S if attempt else 0.0)
-            one_part = self._sums_are_one_part
-            runs = fold_runs(self._ran_on, self._server_node, sums_are_one_part=one_part) if self._fold_sums else None
-            parts = contributions if runs is None else self.pool.fold(runs, contributions, self._ran_on, ctx.round)
+            calls = len(contributions)
+            spans, parts, nodes = _to_server(contributions, self._ran_on)
+            spans, parts = self.pool.merge_on_nodes(calls, spans, parts, nodes, ctx.round)
             try:
-                return self._on_server(f"in round {ctx.round}", lambda server: server.aggregate.remote(ctx, *parts))
+                return self._on_server(
+                    f"in round {ctx.round}", lambda server: server.aggregate.remote(ctx, calls, spans, *parts)
+                )
             except ray.exceptions.ObjectLostError as e:
                 if attempt >= self._max_retries:
                     raise WorkerError(
@@ -214,7 +213,7 @@ class RayExecutor(Executor):
             return
         logger.warning("the node holding the contributions of %d batch(es) left; training them again", len(lost))
         for i, result in zip(lost, self._train_chunks(lost)):
-            (contributions[i],) = result.refs
+            contributions[i] = _sum_of(result)
             self._ran_on[i] = result.node
         self.contributions_rerun += len(lost)
 
@@ -263,3 +262,28 @@ class RayExecutor(Executor):
         self._round_inputs = None
         self.pool.shutdown()
         kill_actor(self.server)
+
+
+def _sum_of(result: CallResult) -> tuple[Any, bool]:
+    """A train call's handle on its sum: the ref of its own sum, or of its node's sums (True), which span it."""
+    (ref,) = result.refs
+    return ref, result.summed_on_node
+
+
+def _to_server(
+    contributions: Sequence[tuple[Any, bool]], nodes: Sequence[str]
+) -> tuple[list[range | None], list[Any], list[str]]:
+    """The objects that hold the round's calls' sums (:func:`_sum_of`), with their spans and nodes: each node's
+    sums once (its span None: the sums name theirs), and every other call's own sum, with its span."""
+    spans: list[range | None] = []
+    objects: list[Any] = []
+    where: list[str] = []
+    seen: set[Any] = set()
+    for i, ((ref, of_node), node) in enumerate(zip(contributions, nodes, strict=True)):
+        if of_node and ref in seen:
+            continue
+        seen.add(ref)
+        spans.append(None if of_node else range(i, i + 1))
+        objects.append(ref)
+        where.append(node)
+    return spans, objects, where

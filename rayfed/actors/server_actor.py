@@ -9,6 +9,7 @@ from typing import Any
 import ray
 
 from rayfed.execution.server import Server
+from rayfed.execution.summation import pieces_of
 
 __all__ = ["ServerActor"]
 
@@ -27,9 +28,11 @@ class ServerActor:
     def broadcast(self) -> Any:
         return self.server.broadcast()
 
-    def aggregate(self, ctx: Any, *parts: Any) -> dict[str, float]:
-        # Ray resolves the ObjectRefs in *parts before the call: partial sums are read zero-copy.
-        return self.server.aggregate(ctx, *parts)
+    def aggregate(self, ctx: Any, calls: int, spans: list[range | None], *received: Any) -> dict[str, float]:
+        """Aggregate the round's ``calls`` calls from the sums ``received`` (each named by its span, or by its own
+        spans where that is None: :func:`rayfed.execution.summation.pieces_of`). Ray resolves the ObjectRefs in
+        ``received`` before the call: their arrays are read zero-copy."""
+        return self.server.aggregate_subtrees(ctx, calls, pieces_of(spans, received))
 
     def state_dict(self) -> dict[str, Any]:
         return self.server.state_dict()

@@ -3,6 +3,12 @@
 It hands client batches to idle workers, keeps results in batch order, and follows the cluster
 (after Ray's ``ActorPool`` and Ray Train's elastic ``WorkerGroup``):
 
+* **Nodes.** Each node gets a stretch of consecutive calls, as long as its share of the workers
+  (:mod:`rayfed.actors.call_queues`). The driver's own node's workers are called one call at a time; every other
+  node gets its whole stretch in one call to its :class:`~rayfed.actors.node_agent.NodeAgent`, which runs it on
+  the node's workers and adds up their sums there. The driver so makes a call and reads a reply per node, not per
+  worker, and the server fetches one object per node.
+
 * **Size.** Before each batch of calls, and after each failure, the pool is brought to ``target()``
   workers, the number the cluster's alive nodes hold now (``engine.num_workers``, or all of them up
   to ``engine.max_workers``): a node that joins gets workers from the next call on. A new worker
@@ -27,28 +33,26 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, WorkerCrashedError
 
+from rayfed.actors.call_queues import CallQueues
 from rayfed.actors.client_worker import ClientWorker
+from rayfed.actors.cluster import alive_node_ids
+from rayfed.actors.node_agent import NOT_RUN, NodeAgents, Outcome
+from rayfed.actors.ray_calls import ACTOR_FAILURES, POLL_S, Flight, InFlight, kill_actor, timeout_text
 from rayfed.execution.executor import no_progress
 from rayfed.util.errors import WorkerError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WorkerPool", "CallResult", "ACTOR_FAILURES", "kill_actor"]
+__all__ = ["WorkerPool", "CallResult"]
 
-ACTOR_FAILURES = (RayActorError, ActorDiedError, ActorUnavailableError, WorkerCrashedError)
-"""What a call raises when its actor's process is gone (killed, out of memory, crashed) or unreachable."""
 _EXIT_WAIT_S = 2.0
 """How long shutdown waits for the workers to exit on their own before killing them."""
-_POLL_S = 1.0
-"""The longest a wait for results lasts before timeouts and the cluster's size are looked at again."""
 
 
 @dataclass(frozen=True)
@@ -56,10 +60,13 @@ class CallResult:
     """One chunk's call: the fetched last return value, the other return refs (unfetched), where it ran."""
 
     refs: list[Any]
-    """The other return refs: ``train``'s contribution, which goes to the server by reference."""
+    """The other return refs: ``train``'s contribution, which goes to the server by reference; for a call run by a
+    node's agent, the sums of the node's calls (shared by the calls it ran)."""
     value: Any
     node: str
     """The Ray node that ran it, whose object store holds ``refs`` until someone fetches them."""
+    summed_on_node: bool = False
+    """True if ``refs`` holds its node's sums, keyed by the calls they span, rather than this call's own."""
 
 
 @dataclass(eq=False)
@@ -72,6 +79,16 @@ class _Worker:
     """``actor.node_and_pid`` ref: resolves once Ray has placed the actor and its constructor ran."""
     node: str = field(default="")
     """Its node's id, once started ("" before)."""
+
+
+@dataclass
+class _Batch:
+    """Calls in flight together: one call of a worker of the driver's node, or a node's stretch on its agent."""
+
+    calls: list[int]
+    workers: list[_Worker]
+    node: str
+    by_agent: bool
 
 
 class WorkerPool:
@@ -95,6 +112,9 @@ class WorkerPool:
         self._max_retries = max_retries
         self._wait_s = wait_s
         self._ask_for_workers = ask_for_workers
+        self._here: str = ray.get_runtime_context().get_node_id()
+        """The driver's node: its workers are called directly, those of every other node through its agent."""
+        self._agents = NodeAgents()
         self._pool: list[_Worker] = []
         self._free_slots: list[int] = []
         self.replacements = 0
@@ -111,6 +131,17 @@ class WorkerPool:
         """The actors that have started, in slot order."""
         return [w.actor for w in sorted(self._pool, key=lambda w: w.slot) if w.node]
 
+    @property
+    def agents(self) -> dict[str, Any]:
+        """The node agents started so far, by node (the driver's own node has none)."""
+        return self._agents.started()
+
+    def merge_on_nodes(
+        self, calls: int, spans: list[range | None], received: list[Any], nodes: list[str], round_index: int
+    ) -> tuple[list[range | None], list[Any]]:
+        """One object per worker node for the server: see :meth:`NodeAgents.merge`."""
+        return self._agents.merge(calls, spans, received, nodes, self._timeout_s, round_index)
+
     def _spawn(self) -> None:
         if self._free_slots:  # a replacement takes the lowest slot a dropped worker left
             slot = min(self._free_slots)
@@ -124,6 +155,8 @@ class WorkerPool:
         kill_actor(worker.actor)
         self._pool.remove(worker)
         self._free_slots.append(worker.slot)
+        if worker.node and not any(w.node == worker.node for w in self._pool):
+            self._agents.forget(worker.node)
 
     def _resize(self) -> None:
         """Start workers up to the cluster's room; past it, stop those Ray has not placed yet."""
@@ -144,9 +177,12 @@ class WorkerPool:
         *,
         round_index: int,
         on_chunk_done: Callable[[], object] = no_progress,
+        summed: tuple[int, Sequence[int]] | None = None,
     ) -> list[CallResult]:
         """Run ``worker.method(*args(i))`` for every chunk i on idle workers, in round ``round_index``;
-        return each chunk's :class:`CallResult`, in chunk order.
+        return each chunk's :class:`CallResult`, in chunk order. With ``summed`` (the round's number of calls and
+        each chunk's place among them), the calls' first return values are sums that each node's agent adds up
+        along the round's summation tree.
 
         Raises :class:`~rayfed.util.errors.WorkerError` when a chunk fails once more after
         ``max_retries`` re-runs, or when no worker could be placed for ``engine.resource_wait_s``.
@@ -154,98 +190,147 @@ class WorkerPool:
         self._resize()
         results: list[CallResult | None] = [None] * len(chunks)
         failures = [0] * len(chunks)
-        queue = deque(range(len(chunks)))
-        # Consecutive chunks go to the workers of one node, so that their sums can be folded there (folding.py).
-        idle = deque(sorted((w for w in self._pool if w.node), key=lambda w: (w.node, w.slot)))
-        inflight: dict[Any, tuple[int, _Worker, list[Any], float]] = {}
+        idle = sorted((w for w in self._pool if w.node), key=lambda w: (w.node, w.slot))
+        queue = CallQueues(len(chunks), (w.node for w in idle))
+        flights: InFlight[_Batch] = InFlight()
         stalled_since: float | None = None
 
-        def failed(i: int, worker: _Worker, reason: str) -> None:
+        def failed(i: int, node: str, reason: str, worker: _Worker | None) -> None:
+            """Chunk i failed on ``worker`` (dropped), or with its node's agent (None): it runs again."""
             failures[i] += 1
+            who = f"ClientWorker {worker.slot}" if worker else f"the agent of node {node[:8]}"
             if failures[i] > self._max_retries:
                 raise WorkerError(
-                    f"ClientWorker {worker.slot} failed ({reason}) in round {round_index} while running clients "
-                    f"{_preview(chunks[i])}; these clients failed {failures[i]} times, and engine.max_retries="
-                    f"{self._max_retries} allows {self._max_retries} re-runs."
+                    f"{who} failed ({reason}) in round {round_index} while running clients {_preview(chunks[i])}; "
+                    f"these clients failed {failures[i]} times, and engine.max_retries={self._max_retries} allows "
+                    f"{self._max_retries} re-runs."
                 )
             logger.warning(
-                "ClientWorker %d (node %s) failed (%s) while running clients %s; re-running them",
-                worker.slot,
-                worker.node[:8],
+                "%s (node %s) failed (%s) while running clients %s; re-running them",
+                who,
+                node[:8],
                 reason,
                 _preview(chunks[i]),
             )
-            self._drop(worker)
-            size = len(self._pool)
-            self._resize()
-            self.replacements += max(0, len(self._pool) - size)
-            queue.appendleft(i)
+            if worker is not None:
+                self._drop(worker)
+                size = len(self._pool)
+                self._resize()
+                self.replacements += max(0, len(self._pool) - size)
+            queue.put_back(i, node)
 
-        while queue or inflight:
-            while queue and idle:
-                worker, i = idle.popleft(), queue.popleft()
-                refs = getattr(worker.actor, method).remote(*args(i))
-                refs = list(refs) if isinstance(refs, (list, tuple)) else [refs]
-                inflight[refs[-1]] = (i, worker, refs, time.monotonic())
+        def done(i: int, node: str, value: Any, refs: list[Any], by_agent: bool) -> None:
+            """Chunk i ran; ``refs``: its other return refs, or, run by its node's agent, the node's sums."""
+            of_node = by_agent and summed is not None
+            results[i] = CallResult(refs if of_node or not by_agent else [], value, node, of_node)
+            on_chunk_done()
+
+        while len(queue) or len(flights):
+            self._dispatch(method, queue, idle, flights, args, summed)
             starting = {w.ready: w for w in self._pool if not w.node}
-            if not inflight and not idle and not starting:
+            if not len(flights) and not idle and not starting:
                 stalled_since = self._wait_for_room(round_index, stalled_since)
                 continue
-            ready = _all_ready([*inflight, *starting], self._poll_s())
-            for ref in ready:
-                if ref in starting:
-                    self._started(starting[ref], idle)
-            answered = [ref for ref in ready if ref in inflight]
-            for ref, value in zip(answered, _values(answered)):
-                i, worker, refs, _ = inflight.pop(ref)
+            answered, started = flights.answered(starting, self._poll_s())
+            for ref in started:
+                self._started(starting[ref], idle)
+            for flight, value in answered:
+                batch = flight.about
                 if isinstance(value, ACTOR_FAILURES):
-                    failed(i, worker, type(value).__name__)
+                    self._lost(batch, type(value).__name__, failed, idle)
+                elif batch.by_agent:
+                    self._from_agent(batch, flight, value, queue, failed, done, idle)
                 else:
-                    results[i] = CallResult(refs[:-1], value, worker.node)
-                    idle.append(worker)
-                    on_chunk_done()
-            for ref, (i, worker, _, started) in list(inflight.items()):
-                if self._timeout_s is not None and time.monotonic() - started > self._timeout_s:
-                    del inflight[ref]
-                    failed(i, worker, f"no answer within engine.round_timeout_s={self._timeout_s:g}")
-            if not ready:
+                    done(batch.calls[0], batch.node, value, flight.refs[:-1], False)
+                    idle.append(batch.workers[0])
+            for flight in flights.overdue():
+                self._lost(flight.about, timeout_text(self._timeout_s), failed, idle)
+            if not answered and not started:
                 self._resize()
         return [r for r in results if r is not None]
 
-    def fold(self, runs: Sequence[range], parts: Sequence[Any], nodes: Sequence[str], round_index: int) -> list[Any]:
-        """Fold ``parts`` (refs, one per call) run by run, each on a worker of the node that holds it
-        (:mod:`rayfed.actors.folding`); return what the server adds, left to right: the total of the runs folded,
-        then the parts after them. Folding stops at the first run whose node has no started worker or whose fold
-        fails or exceeds ``engine.round_timeout_s``: the server then fetches the rest itself, with the same sum."""
-        first_on: dict[str, _Worker] = {}  # each node's started worker of the lowest slot
-        for started in sorted(self._pool, key=lambda w: w.slot, reverse=True):
-            if started.node:
-                first_on[started.node] = started
-        folds: list[tuple[Any, Any, int]] = []
-        total: Any = None
-        for run in runs:
-            worker = first_on.get(nodes[run[0]])
-            if worker is None:
+    def _dispatch(
+        self,
+        method: str,
+        queue: CallQueues,
+        idle: list[_Worker],
+        flights: InFlight[_Batch],
+        args: Callable[[int], tuple[Any, ...]],
+        summed: tuple[int, Sequence[int]] | None,
+    ) -> None:
+        """Give waiting calls to idle workers: every other node's stretch in one call to its agent (when it has
+        none in flight), then one call to each idle worker of the driver's node."""
+        busy = {flight.about.node for flight in flights if flight.about.by_agent}
+        elsewhere: dict[str, list[_Worker]] = {}
+        for worker in idle:
+            if worker.node != self._here and worker.node not in busy:
+                elsewhere.setdefault(worker.node, []).append(worker)
+        for node, workers in elsewhere.items():
+            calls = queue.take_stretch(node, len(workers))
+            if not calls:
+                continue
+            for worker in workers:
+                idle.remove(worker)
+            tree = None if summed is None else (summed[0], {i: summed[1][i] for i in calls})
+            refs = self._agents.on(node).run.remote(
+                method, [(i, args(i)) for i in calls], [(w.slot, w.actor) for w in workers], self._timeout_s, tree
+            )
+            rounds_of_calls = -(-len(calls) // len(workers))  # the agent's calls, one after another per worker
+            limit = None if self._timeout_s is None else self._timeout_s * (rounds_of_calls + 1)
+            flights.add(_Batch(calls, workers, node, by_agent=True), refs, limit)
+        for worker in [w for w in idle if w.node == self._here]:
+            i = queue.take(worker.node)
+            if i is None:
                 break
-            total, ack = worker.actor.fold.remote(total, *parts[run.start : run.stop])
-            folds.append((total, ack, run.stop))
-        folded, done = None, 0
-        for total, ack, stop in folds:
-            try:
-                ray.get(ack, timeout=self._timeout_s)
-            except ray.exceptions.RayError as e:
-                logger.warning(
-                    "round %d: folding the sums of calls %d-%d failed (%s); the server fetches them itself",
-                    round_index,
-                    done,
-                    len(parts) - 1,
-                    type(e).__name__,
-                )
-                break
-            folded, done = total, stop
-        return [folded, *parts[done:]] if done else list(parts)
+            idle.remove(worker)
+            flights.add(
+                _Batch([i], [worker], worker.node, False),
+                getattr(worker.actor, method).remote(*args(i)),
+                self._timeout_s,
+            )
 
-    def _started(self, worker: _Worker, idle: deque[_Worker]) -> None:
+    def _from_agent(
+        self,
+        batch: _Batch,
+        flight: Flight[_Batch],
+        outcomes: list[Outcome],
+        queue: CallQueues,
+        failed: Callable[[int, str, str, _Worker | None], None],
+        done: Callable[[int, str, Any, list[Any], bool], None],
+        idle: list[_Worker],
+    ) -> None:
+        """A node's agent answered: its calls' replies, and its node's sums (``flight.refs[0]``)."""
+        workers = {w.slot: w for w in batch.workers}
+        for outcome in outcomes:
+            if outcome.failure == NOT_RUN:
+                queue.put_back(outcome.call, batch.node)
+            elif outcome.failure:
+                failed(outcome.call, batch.node, outcome.failure, workers.pop(outcome.slot))
+            else:
+                done(outcome.call, batch.node, outcome.value, flight.refs[:1], True)
+        idle.extend(workers.values())
+
+    def _lost(
+        self, batch: _Batch, reason: str, failed: Callable[[int, str, str, _Worker | None], None], idle: list[_Worker]
+    ) -> None:
+        """A call died with its worker, or a node's agent with its calls (its node left, or the agent alone died or
+        hung: it is replaced, and the node's workers stay in the pool while the node is alive)."""
+        if not batch.by_agent:
+            failed(batch.calls[0], batch.node, reason, batch.workers[0])
+            return
+        self._agents.forget(batch.node)
+        alive = batch.node in alive_node_ids()
+        for worker in batch.workers:
+            if alive:
+                idle.append(worker)
+            else:
+                self._drop(worker)
+        for i in batch.calls:
+            failed(i, batch.node, reason, None)
+        if not alive:
+            self._resize()
+
+    def _started(self, worker: _Worker, idle: list[_Worker]) -> None:
         """A new worker has been placed (or its creation failed: it is dropped, and its node's room re-read)."""
         try:
             worker.node, _ = ray.get(worker.ready)
@@ -278,11 +363,11 @@ class WorkerPool:
                 f"round {round_index}: no ClientWorker is left and the Ray cluster had room for none for "
                 f"engine.resource_wait_s={self._wait_s:g} s; raise it to wait longer for nodes to join."
             )
-        time.sleep(min(_POLL_S, self._wait_s))
+        time.sleep(min(POLL_S, self._wait_s))
         return since
 
     def _poll_s(self) -> float:
-        return _POLL_S if self._timeout_s is None else min(_POLL_S, self._timeout_s / 4)
+        return POLL_S if self._timeout_s is None else min(POLL_S, self._timeout_s / 4)
 
     def shutdown(self) -> None:
         """Ask every worker to exit, wait up to a few seconds, then kill those still there."""
@@ -292,38 +377,7 @@ class WorkerPool:
         for worker in self._pool:
             kill_actor(worker.actor)
         self._pool = []
-
-
-def _all_ready(refs: list[Any], timeout_s: float) -> list[Any]:
-    """Wait up to ``timeout_s`` for one of ``refs``, then take every other one ready by then: calls that end
-    together (a round's, on many workers) are collected in one pass, not one ``ray.wait`` over all refs each."""
-    ready, rest = ray.wait(refs, num_returns=1, timeout=timeout_s)
-    if ready and rest:
-        ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
-    return ready
-
-
-def _values(refs: list[Any]) -> list[Any]:
-    """The values of ready ``refs``, fetched together; where a worker failed, its error in place of its value."""
-    try:
-        return ray.get(refs)
-    except ACTOR_FAILURES:
-        return [_value_or_failure(ref) for ref in refs]
-
-
-def _value_or_failure(ref: Any) -> Any:
-    try:
-        return ray.get(ref)
-    except ACTOR_FAILURES as e:
-        return e
-
-
-def kill_actor(actor: Any) -> None:
-    """End ``actor`` for good; nothing happens if it is already gone."""
-    try:
-        ray.kill(actor, no_restart=True)
-    except Exception:  # already gone
-        pass
+        self._agents.shutdown()
 
 
 def _preview(chunk: Sequence[int], limit: int = 8) -> str:

@@ -2,10 +2,9 @@
 
 A worker sums the contributions of its batch of clients before returning (local
 aggregation), and the server sums the workers' partial sums, so what the server
-receives grows with the number of workers, not clients. Partial sums are merged in a
-fixed order (by batch), so a run is bit-for-bit reproducible whatever worker ran what; on a
-cluster, the sums of consecutive batches may be added on the node that holds them, in that
-same order (:mod:`rayfed.actors.folding`).
+receives grows with the number of workers, not clients. Partial sums are merged along a
+fixed tree over the batches (:mod:`rayfed.execution.summation`), so a run is bit-for-bit reproducible
+whatever worker or node ran what; on a cluster, each node adds up the subtrees of the batches it ran.
 """
 
 from __future__ import annotations
@@ -39,8 +38,8 @@ class Contribution(abc.ABC):
     """
 
     sum_is_one_part: ClassVar[bool] = True
-    """True if a sum of parts takes the bytes of one part (a sum, not a concatenation): then a node may add the
-    parts it holds to the sum of those before them and send one object on (:mod:`rayfed.actors.folding`)."""
+    """True if a sum of parts takes the bytes of one part (a sum, not a concatenation). The summation tree adds
+    and joins alike (:mod:`rayfed.execution.summation`): a node's joined rows are as large as its calls' parts."""
 
     @abc.abstractmethod
     def __add__(self, other: Any) -> Contribution: ...

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rayfed.algorithms.settings import AlgorithmConfig
+from rayfed.config.retired import refuse_retired, without_retired
 from rayfed.config.trackers import TRACKERS
 from rayfed.data.partitioners import PARTITIONERS
 from rayfed.data.settings import DataConfig
@@ -109,13 +110,6 @@ class EngineConfig:
         "Clients per worker call; 0 = at least 8 calls of at most 64 clients. The batches never depend on "
         "num_workers or the backend, so the same config gives the same numbers on local and on any Ray cluster.",
     )
-    fold_sums: bool = documented(
-        False,
-        "On a cluster, add the sums of consecutive calls on the node that ran them, run after run, so that the "
-        "server fetches one object instead of one a call; the same numbers to the last bit (docs/cluster.md, "
-        "'Sums folded on their nodes'). Each node adds one hop in sequence: worth it when the calls' sums "
-        "(workers x model bytes a round) saturate the head's link.",
-    )
     vectorize: str = documented(
         "auto",
         "Train clients of one architecture stacked, as one model as many times as wide (grouped convolutions, "
@@ -193,7 +187,6 @@ class EngineConfig:
         check(self.num_gpus_per_worker >= 0, "engine.num_gpus_per_worker", self.num_gpus_per_worker, ">= 0")
         check(self.torch_threads >= 1, "engine.torch_threads", self.torch_threads, ">= 1")
         check(self.clients_per_call >= 0, "engine.clients_per_call", self.clients_per_call, ">= 0")
-        check(isinstance(self.fold_sums, bool), "engine.fold_sums", self.fold_sums, "true or false")
         check_choice("engine.vectorize", self.vectorize, ("auto", "on", "off"))
         check(self.stack_size >= 1, "engine.stack_size", self.stack_size, ">= 1")
         check(0 < self.join_ratio <= 1, "engine.join_ratio", self.join_ratio, "in (0, 1]")
@@ -256,9 +249,11 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, strict: bool = False) -> RunConfig:
-        """Build from nested mappings; unknown keys raise ConfigError with the closest known key. The ``plugins``
-        are imported first: the names the sections check may be theirs. ``strict``: the values come from a typed
-        file, where a number written as a string is refused (:func:`rayfed.util.config_tree.coerce`)."""
+        """Build from nested mappings; unknown keys raise ConfigError with the closest known key, and retired ones
+        (:mod:`rayfed.config.retired`) with what replaced them. The ``plugins`` are imported first: the names the
+        sections check may be theirs. ``strict``: the values come from a typed file, where a number written as a
+        string is refused (:func:`rayfed.util.config_tree.coerce`)."""
+        refuse_retired(data)
         entries = data.get("plugins", ()) if isinstance(data, Mapping) else ()
         if isinstance(entries, str) or not isinstance(entries, list | tuple):
             raise ConfigError(
@@ -267,6 +262,13 @@ class RunConfig:
             )
         plugins.import_plugins(entries)
         return from_mapping(cls, data, "", strict=strict)
+
+    @classmethod
+    def from_saved(cls, data: Mapping[str, Any]) -> RunConfig:
+        """A config rayfed saved (``config.json``, a study's base config), perhaps by a version that still had
+        keys since retired (:mod:`rayfed.config.retired`): those are left out, and none of them changed a run's
+        numbers."""
+        return cls.from_dict(without_retired(data))
 
     def override(self, overrides: Mapping[str, Any]) -> RunConfig:
         """A copy with fields replaced by dotted path, e.g. ``{"algorithm.params.wdr_lambda": 100}``.
@@ -361,7 +363,7 @@ def field_reference() -> str:
 def read_run_config(path: str | Path) -> RunConfig:
     """The config a run saved (its ``config.json``); CheckpointError naming the file if it cannot be read."""
     try:
-        return RunConfig.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+        return RunConfig.from_saved(json.loads(Path(path).read_text(encoding="utf-8")))
     except (ValueError, OSError) as error:  # ConfigError is a ValueError
         raise CheckpointError(
             f"{str(path)!r} is not a readable run config ({error}); restore it from a copy, or choose another run_dir"

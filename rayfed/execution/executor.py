@@ -4,9 +4,10 @@ The round loop (:mod:`rayfed.engine`) is written once against :class:`Executor`.
 :class:`LocalExecutor` runs the plain :class:`~rayfed.execution.server.Server` and one
 :class:`~rayfed.execution.client_runner.ClientRunner` in this process (for debugging and fast tests);
 :class:`rayfed.actors.RayExecutor` runs them as Ray actors. Both return the same
-values for the same batches of clients, and the batches (:func:`num_calls`,
-:func:`make_chunks`) do not depend on the number of workers, so a run gives the same
-numbers on either, with any number of workers.
+values for the same batches of clients, the batches (:func:`num_calls`,
+:func:`make_chunks`) do not depend on the number of workers, and the server adds the batches' sums along one
+tree over them (:mod:`rayfed.execution.summation`), so a run gives the same numbers on either, with any number of
+workers.
 """
 
 from __future__ import annotations

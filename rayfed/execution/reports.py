@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rayfed.algorithms import Contribution
-from rayfed.train.job import ClientState
+
+if TYPE_CHECKING:  # a node agent reads reports without torch, which rayfed.train.job imports
+    from rayfed.train.job import ClientState
 
 __all__ = ["ClientReport", "EvalReport", "TrainResult"]
 

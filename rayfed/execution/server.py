@@ -1,8 +1,8 @@
 """The plain class behind the ``ServerActor``: owns the algorithm's server half.
 
-It merges the round's partial contributions in a fixed order (by client batch, not by
-arrival), so results do not depend on worker timing, and refuses to fold a non-finite
-aggregate into the global state.
+It adds the round's partial contributions along the summation tree over the calls
+(:mod:`rayfed.execution.summation`), not in the order they arrive, so results depend neither on worker
+timing nor on where the calls ran, and refuses to fold a non-finite aggregate into the global state.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from rayfed.algorithms import Contribution, RoundContext, ServerHalf, resolve
-from rayfed.algorithms.contributions import sum_contributions
 from rayfed.config import RunConfig
+from rayfed.execution.summation import CallTree
 from rayfed.train.problem import ProblemSpec
 
 logger = logging.getLogger(__name__)
@@ -33,9 +33,17 @@ class Server:
         return self.half.broadcast()
 
     def aggregate(self, ctx: RoundContext, *parts: Contribution | None) -> dict[str, float]:
-        """Sum the partial contributions in the order given and fold them into the state."""
-        total = sum_contributions(parts)
-        bytes_received = sum(p.nbytes for p in parts if p is not None)
+        """Add the calls' partial contributions ``parts`` (in call order) along the tree, and fold them into the
+        state."""
+        return self.aggregate_subtrees(ctx, len(parts), {range(i, i + 1): part for i, part in enumerate(parts)})
+
+    def aggregate_subtrees(
+        self, ctx: RoundContext, calls: int, pieces: Mapping[range, Contribution | None]
+    ) -> dict[str, float]:
+        """Complete the round's summation tree over ``calls`` calls from ``pieces``, the sums of subtrees that
+        cover every call (single calls, or what a node added up), and fold the total into the state."""
+        total = CallTree(calls).total(pieces) if calls else None
+        bytes_received = sum(p.nbytes for p in pieces.values() if p is not None)
         if total is not None and not total.is_finite():
             logger.warning("round %d: aggregate is not finite; the global state is kept", ctx.round)
             total = None

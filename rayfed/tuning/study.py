@@ -357,7 +357,7 @@ def _check_same_study(study: optuna.Study, base: RunConfig, space: SearchSpace, 
         study.set_user_attr(attrs.BASE_CONFIG, json.loads(base.to_json()))
         study.set_user_attr(attrs.SPACE, spec)
         return
-    changed = RunConfig.from_dict(saved[attrs.BASE_CONFIG]).diff(base, ignore=_LAYOUT_ONLY)
+    changed = RunConfig.from_saved(saved[attrs.BASE_CONFIG]).diff(base, ignore=_LAYOUT_ONLY)
     changed += _space_changes(saved.get(attrs.SPACE) or {}, spec)
     if changed:
         raise ConfigError(

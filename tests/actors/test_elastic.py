@@ -1,7 +1,8 @@
 """Nodes that come and go (``ray.cluster_utils.Cluster`` on one box): a node joins mid-run, a worker node
-leaves mid-round (while its workers train, and after they finished but before the server fetched their
-contributions), one leaves and another joins, and every node leaves. Each run ends with the results of a
-fixed pool, to the last digit; the last one stops, waits ``engine.resource_wait_s``, and resumes.
+leaves mid-round (while its calls are handed to it, and after they finished but before the server fetched
+their contributions), a node's agent is killed, one node leaves and another joins, and every node leaves.
+Each run ends with the results of a fixed pool, and of the one-process run, to the last digit; the last one
+stops, waits ``engine.resource_wait_s``, and resumes.
 
 The cluster runs in a separate Python process (the session's ``ray_cluster`` fixture may already have
 initialised Ray in this one), which prints what it saw as JSON. Its head has no CPU, so the workers live on the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -41,7 +43,6 @@ def _scenarios(out: Path) -> dict[str, Any]:
             "engine.clients_per_call": 2,  # 5 calls a round
             "engine.checkpoint_every": 1,
             "engine.round_timeout_s": 60.0,  # bounds every wait: a hang fails the test, it does not stall it
-            "engine.fold_sums": True,  # sums folded on their nodes: still the numbers of the one-process run
             **extra,
         }
         return RunConfig().override(tiny_overrides(out / name, **overrides))
@@ -132,11 +133,17 @@ def _scenarios(out: Path) -> dict[str, Any]:
             while any(n["NodeID"] == node.node_id and n["Alive"] for n in ray.nodes()):  # Ray sees it gone
                 time.sleep(0.1)
 
+        def kill_an_agent() -> None:
+            agent = next(iter(sim[-1].executor.pool.agents.values()))  # type: ignore[union-attr]
+            os.kill(ray.get(agent.__ray_call__.remote(lambda _: os.getpid())), signal.SIGKILL)  # its node stays
+
         after[0] = add
         seen["join"] = simulate("join")
         events[1] = remove
         seen["leave_mid_round"] = simulate("leave_mid_round")
         add()
+        events[1] = kill_an_agent
+        seen["agent_killed"] = simulate("agent_killed")
         before_aggregation[1], after[2] = remove, add
         seen["leave_and_rejoin"] = simulate("leave_and_rejoin")
         before_aggregation[1] = lambda: [remove() for _ in list(nodes)]  # every node leaves
@@ -167,17 +174,19 @@ def test_pool_follows_nodes_that_join_and_leave_with_the_numbers_of_a_fixed_pool
     reference = seen["reference"]
     # A node joins after round 0: the pool grows from the next round on.
     assert seen["join"]["sizes"] == [1, 2, 2, 2]
-    # Round 0 ran its 5 calls on the one worker node: folded there, one call's bytes reached the server, not 5.
+    # Round 0 ran its 5 calls on the one worker node: added up there, one call's bytes reached the server, not 5.
     assert 5 * seen["join"]["received"][0] == seen["reference_received"][0]
     # A node leaves while its worker trains: its clients re-run on the other worker in the same round.
     assert seen["leave_mid_round"]["sizes"] == [2, 1, 1, 1]
+    # A node's agent is killed as its calls are handed to it: a new one runs them, and the pool keeps its workers.
+    assert seen["agent_killed"]["sizes"] == [2, 2, 2, 2]
     # A node leaves after its worker's calls, before the server fetched them: those batches train again.
     assert seen["leave_and_rejoin"]["rerun"] >= 1
     assert seen["leave_and_rejoin"]["sizes"] == [2, 1, 1, 2]
-    for name in ("join", "leave_mid_round", "leave_and_rejoin", "all_leave_resumed"):
+    for name in ("join", "leave_mid_round", "agent_killed", "leave_and_rejoin", "all_leave_resumed"):
         assert {k: seen[name][k] for k in reference} == reference, name
     # The ServerActor stays on the driver's node (the head, which has no CPU), never on a node that may leave.
-    assert all(seen[name]["on_head"] for name in ("join", "leave_mid_round", "leave_and_rejoin"))
+    assert all(seen[name]["on_head"] for name in ("join", "leave_mid_round", "agent_killed", "leave_and_rejoin"))
     # Every node leaves: the run waits engine.resource_wait_s, stops with its checkpoint, and resumes.
     error = seen["all_leave_error"]
     assert "round 1: no ClientWorker is left" in error and "engine.resource_wait_s=2 s" in error

@@ -4,6 +4,7 @@ where help() and the CLI show it; the shipped config files build the papers' pro
 from __future__ import annotations
 
 import dataclasses
+import json
 import pydoc
 import re
 from pathlib import Path
@@ -331,3 +332,28 @@ def test_another_algorithm_starts_from_its_own_default_params(tmp_path) -> None:
     assert (config.algorithm.name, config.train.momentum) == ("sgdm", 0.9)
     cw = RunConfig().override({"algorithm.name": "cwfedavg", "algorithm.params.wdr_lambda": 100})
     assert cw.override({"algorithm.name": "cwfedavg"}).algorithm.params.wdr_lambda == 100
+
+
+def test_a_retired_key_is_refused_with_what_replaced_it(tmp_path) -> None:
+    why = r"engine.fold_sums was removed: every run now adds the calls' sums along a fixed tree .* delete the key"
+    with pytest.raises(ConfigError, match=why):
+        RunConfig().override({"engine.fold_sums": True})
+    (tmp_path / "old.toml").write_text("[engine]\nfold_sums = false\n")
+    with pytest.raises(ConfigError, match=why):
+        load_config(tmp_path / "old.toml")
+
+
+def test_a_run_saved_with_a_retired_key_resumes_without_it(tmp_path) -> None:
+    # Prepare: a one-round run whose config.json carries the key, as runs saved before its removal do.
+    from rayfed import run
+    from tests.conftest import tiny_overrides
+
+    run_dir = tmp_path / "run"
+    run(RunConfig().override(tiny_overrides(run_dir, **{"train.rounds": 1, "engine.checkpoint_every": 1})))
+    saved = json.loads((run_dir / "config.json").read_text())
+    saved["engine"]["fold_sums"] = False
+    (run_dir / "config.json").write_text(json.dumps(saved))
+    # Execute: the command line's resume, one more round.
+    resumed = run(config_from_args(["train.rounds=2"], resume=str(run_dir)), resume=True)
+    # Check
+    assert resumed.rounds_run == 2
