@@ -16,10 +16,9 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rayfed.util.documented import reference
-from rayfed.util.registry import Registry
 
 if TYPE_CHECKING:
     from rayfed.algorithms import Algorithm
@@ -94,16 +93,13 @@ def _from_registries() -> Catalogue:
     from rayfed.data import DATASETS
     from rayfed.models import MODELS
 
-    def own(registry: Registry[Any]) -> list[str]:
-        return [name for name in registry.names() if registry.origin(name).startswith("rayfed.")]
-
-    algorithms = {name: ALGORITHMS.get(name) for name in own(ALGORITHMS)}
+    algorithms = {name: ALGORITHMS.get(name) for name in ALGORITHMS.shipped()}
     return Catalogue(
         algorithms={name: algorithm.summary for name, algorithm in algorithms.items()},
         fast_path={name: fast_path(algorithm) for name, algorithm in algorithms.items()},
         params={name: params_reference(algorithm) for name, algorithm in algorithms.items()},
-        datasets=own(DATASETS),
-        models=own(MODELS),
+        datasets=DATASETS.shipped(),
+        models=MODELS.shipped(),
     )
 
 

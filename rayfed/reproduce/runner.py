@@ -157,8 +157,9 @@ def plan(
     return cells
 
 
-def run_cell(config_dict: dict[str, Any]) -> Outcome:
-    """Bring one run to its ``train.rounds``: skip, run, resume or extend it (a plain function, for Ray tasks).
+def run_cell(config: RunConfig) -> Outcome:
+    """Bring one run to its ``train.rounds``: skip, run, resume or extend it (a plain function, for Ray tasks:
+    the config they receive carries its plugin registrations, :mod:`rayfed.util.plugins`).
 
     A missing dataset is an outcome ("data missing", the loader's message), not an exception,
     so one missing column does not stop the others; so is any other refusal ("failed"). A damaged run
@@ -166,7 +167,6 @@ def run_cell(config_dict: dict[str, Any]) -> Outcome:
     """
     from rayfed.tracking import run
 
-    config = RunConfig.from_dict(config_dict)
     directory = Path(str(config.run_dir))
     reason = damage(directory)
     moved = _set_aside(directory, reason) if reason else ""
@@ -222,7 +222,7 @@ def execute(
         for cell in runnable:
             assert cell.config is not None
             key = f"{cell.config.data.dataset}:{cell.config.data.root}"
-            outcome = missing.get(key) or run_cell(cell.config.to_dict())
+            outcome = missing.get(key) or run_cell(cell.config)
             if outcome.status == "data missing":
                 missing[key] = outcome
             outcomes[cell] = outcome
@@ -251,7 +251,7 @@ def _execute_on_ray(cells: list[Cell], parallel: int, on_done: Callable[[Cell, O
                 cell = queue.pop(0)
                 assert cell.config is not None
                 share = cell.config.engine.num_gpus_per_worker
-                pending[task.options(num_gpus=share).remote(cell.config.to_dict())] = cell
+                pending[task.options(num_gpus=share).remote(cell.config)] = cell
             ready, _ = ray.wait(list(pending), num_returns=1)
             cell = pending.pop(ready[0])
             try:

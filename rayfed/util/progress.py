@@ -42,10 +42,8 @@ def progress_shown(shown: bool) -> Iterator[None]:
 def progress_bar(total: int, desc: str, unit: str) -> tqdm:
     """A bar over ``total`` ``unit`` that appears only after :data:`DELAY_S` seconds and is removed when done.
 
-    Counts show as integers (``3/8 batch``); only totals of thousands are scaled (``12.0k/70.0k sample``).
-
-    >>> progress_bar(8, "training", "batch").unit_scale, progress_bar(70_000, "generating", "sample").unit_scale
-    (False, True)
+    Counts show as integers (``3/8 batch``); only totals of thousands are scaled (``12.0k/70.0k sample``). Off
+    the terminal (:func:`on_terminal`) the bar is silent.
     """
     return tqdm(
         total=total,

@@ -131,6 +131,10 @@ class Registry(Generic[T]):
         self._load_all()
         return sorted(self._items)
 
+    def shipped(self) -> list[str]:
+        """The names rayfed's own modules registered (what this source tree ships, without plugins), sorted."""
+        return [name for name in self.names() if self._origins[name].startswith("rayfed.")]
+
     def __contains__(self, name: object) -> bool:
         if name not in self._items:
             self._load_all()

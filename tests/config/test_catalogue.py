@@ -23,9 +23,9 @@ def test_catalogue_matches_the_live_registries(tmp_path: Path) -> None:
     built, cached = catalogue(tmp_path), catalogue(tmp_path)
     # Assert
     for listing in (built, cached):
-        assert list(listing.algorithms) == list(ALGORITHMS)
+        assert list(listing.algorithms) == ALGORITHMS.shipped()
         assert listing.params["fedprox"] == params_reference(ALGORITHMS.get("fedprox"))
-        assert listing.datasets == list(DATASETS.names()) and listing.models == list(MODELS.names())
+        assert listing.datasets == DATASETS.shipped() and listing.models == MODELS.shipped()
 
 
 def test_a_fresh_cache_is_read_without_importing_the_registries(tmp_path: Path, monkeypatch) -> None:

@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -22,8 +24,10 @@ import pytest
 import rayfed
 from rayfed import RunConfig
 from rayfed.algorithms import ALGORITHMS
+from rayfed.config.catalogue import catalogue
 from rayfed.util import plugins
 from rayfed.util.errors import PluginError
+from rayfed.util.registry import Registry
 from tests.conftest import tiny_overrides
 from tests.examples.test_examples import _example
 
@@ -182,3 +186,53 @@ def test_an_installed_plugin_is_found_by_name_through_its_entry_point(
     assert ALGORITHMS.get("installed_method").summary == "a user's own"
     assert "installed_method" in plugins._installed  # installed: every process imports it itself, nothing is sent
     assert all(name != "installed_method" for _, name, _, _ in plugins.plugin_registrations())
+
+
+def test_a_run_carries_the_registrations_of_the_modules_whose_names_its_config_uses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not every registration the process holds: a test's, a notebook's other methods stay where they are."""
+    monkeypatch.setattr(Registry, "every", dict(Registry.every))  # the registry below is gone after the test
+    widgets: Registry[int] = Registry("test widget", field="widget.name", also_named_by=("widget.spare",))
+    widgets.home = "rayfed.util.registry"  # where rayfed keeps a registry (a plugin registers into those)
+    widgets.register("a1", origin="user_a")(1)
+    widgets.register("a2", origin="user_a")(2)
+    widgets.register("b", origin="user_b.sub")(3)
+    widgets.register("builtin", origin="rayfed.widgets")(4)
+
+    def carried(config: dict[str, object]) -> set[tuple[str, str]]:
+        return {(name, origin) for _, name, _, origin in plugins.plugin_registrations(config)}
+
+    assert carried({"widget": {"name": "a1"}}) == {("a1", "user_a"), ("a2", "user_a")}
+    assert carried({"widget": {"name": "builtin", "spare": "b"}}) == {("b", "user_b.sub")}
+    assert carried({"widget": {"name": "builtin"}}) == set()
+
+
+def test_configs_are_packed_from_many_threads_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trials of a study pack their configs from threads; registering a module by value is process-wide."""
+    monkeypatch.setattr(Registry, "every", dict(Registry.every))
+    widgets: Registry[int] = Registry("test packed widget", field="widget.name")
+    widgets.home = "rayfed.util.registry"
+    widgets.register("mine", origin=__name__)(1)  # this module: sent by value
+    dumps = plugins.cloudpickle.dumps
+
+    def slow_dumps(payload: object) -> bytes:  # as a large config's: other threads run meanwhile
+        time.sleep(0.002)
+        return dumps(payload)
+
+    monkeypatch.setattr(plugins.cloudpickle, "dumps", slow_dumps)
+
+    def pack_many() -> None:
+        for _ in range(30):
+            assert plugins.unpack(plugins.pack({"widget": {"name": "mine"}})) == {"widget": {"name": "mine"}}
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        for future in [pool.submit(pack_many) for _ in range(6)]:
+            future.result()
+
+
+def test_rayfed_list_shows_rayfeds_own_registrations_whatever_the_process_imported(tmp_path: Path) -> None:
+    """The listing is cached per source tree: a plugin registered in this process is not part of it."""
+    plugins.import_plugins([str(_user_file(tmp_path / "code", "listed_method"))])
+    listing = catalogue(cache=tmp_path / "cache")
+    assert "listed_method" not in listing.algorithms and "fedavg" in listing.algorithms

@@ -32,3 +32,9 @@ def test_on_a_terminal_progress_is_a_bar(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(progress, "on_terminal", lambda: False)
     with steps(3, "run", "round") as bar:
         assert isinstance(bar, StepLines)
+
+
+def test_a_bar_scales_only_totals_of_thousands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``3/8 batch``, but ``12.0k/70.0k sample``."""
+    monkeypatch.setattr(progress, "on_terminal", lambda: True)
+    assert [progress.progress_bar(n, "step", "unit").unit_scale for n in (8, 70_000)] == [False, True]

@@ -148,11 +148,12 @@ def test_the_estimate_is_within_a_factor_two_of_the_measured_peak(tmp_path) -> N
 
 @pytest.mark.parametrize("shown", [True, False])
 def test_long_rounds_show_a_bar_over_their_client_batches(tmp_path, monkeypatch, capsys, shown) -> None:
-    """Inside a round, a bar counts the finished client batches of training and of evaluation (here with no
-    delay, so even a short round shows it); engine.progress=false shows none."""
+    """Inside a round, on a terminal, a bar counts the finished client batches of training and of evaluation (here
+    with no delay, so even a short round shows it); engine.progress=false shows none."""
     import rayfed.util.progress
 
     monkeypatch.setattr(rayfed.util.progress, "DELAY_S", 0.0)
+    monkeypatch.setattr(rayfed.util.progress, "on_terminal", lambda: True)
     run(RunConfig().override(tiny_overrides(tmp_path / "run", **{"train.rounds": 1, "engine.progress": shown})))
     err = capsys.readouterr().err
     assert ("round 0 training" in err and "round 0 evaluation" in err and "batch" in err) == shown

@@ -38,3 +38,10 @@ def test_an_unknown_name_says_how_a_users_own_registration_is_found() -> None:
     sizes: Registry[int] = Registry("test unknown size", field="test.size")
     with pytest.raises(ConfigError, match="lists that module in plugins"):
         sizes.get("nope")
+
+
+def test_shipped_lists_what_rayfeds_own_modules_registered() -> None:
+    sizes: Registry[int] = Registry("test shipped size", field="test.size")
+    sizes.register("builtin", origin="rayfed.models.cnn")(1)
+    sizes.register("mine", origin="user_module")(2)
+    assert (sizes.names(), sizes.shipped()) == (["builtin", "mine"], ["builtin"])
