@@ -40,6 +40,21 @@ run({overrides!r}, callbacks=[KillAfter()])
 """
 
 
+_KILLED_BEFORE_RECORDING = """
+import os, signal
+import rayfed.tracking.callback as callback
+from rayfed import run
+
+def write_state(run_dir, state):  # every tool confirmed step {step}; tracking.json would record it now
+    if any(entry.step >= {step} for entry in state.values()):
+        os.kill(os.getpid(), signal.SIGKILL)
+    recorded(run_dir, state)
+
+recorded, callback.write_state = callback.write_state, write_state
+run({overrides!r})
+"""
+
+
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch) -> None:
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_MODE", "WANDB_PROJECT"):
@@ -79,6 +94,27 @@ def test_a_driver_killed_after_handing_a_round_to_the_trackers_resumes_with_ever
     assert json.loads((run_dir / "tracking.json").read_text())["wandb"]["step"] == 3  # round 2, confirmed
 
     run(overrides, resume=True)  # from the checkpoint of round 1: round 2 runs again, and is not sent again
+
+    assert sorted(accuracies(run_dir)) == [1, 2, 3, 4]
+    _each_tracker_holds_every_round_once(run_dir)
+
+
+def test_a_driver_killed_after_the_tools_confirmed_a_round_but_before_tracking_json_recorded_it_sends_it_once(
+    tmp_path,
+) -> None:
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(run_dir, **{"engine.loggers": ALL, "train.rounds": 4, "engine.checkpoint_every": 2})
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_BEFORE_RECORDING.format(step=3, overrides=overrides)],
+        env={**{k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}, "WANDB_SILENT": "true"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert {entry["step"] for entry in json.loads((run_dir / "tracking.json").read_text()).values()} == {2}
+
+    run(overrides, resume=True)  # the tools' own records hold step 3: round 2 runs again and is not sent again
 
     assert sorted(accuracies(run_dir)) == [1, 2, 3, 4]
     _each_tracker_holds_every_round_once(run_dir)
