@@ -180,6 +180,19 @@ def test_a_port_that_answers_but_not_as_a_ray_head_is_refused_at_once(web_server
     assert time.perf_counter() - started < 3
 
 
+def test_a_port_that_accepts_but_never_speaks_is_refused_after_the_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(address, "CONNECT_S", 0.5)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)  # the kernel accepts; nothing is ever sent back
+        started = time.perf_counter()
+        with pytest.raises(ResourceError, match=r"answers, but not as a Ray cluster's head \(no answer .* in 0.5 s\)"):
+            check_reachable(f"127.0.0.1:{server.getsockname()[1]}")
+    assert time.perf_counter() - started < 3
+
+
 def test_a_running_clusters_head_is_let_through() -> None:
     import ray
 
