@@ -5,11 +5,15 @@ port on Ray 2.60, measured), printing a warning every few seconds, then raises a
 in C++, where neither Ctrl-C nor SIGTERM reaches it. :func:`check_reachable` opens a TCP connection to the
 address first: a closed port or an unknown host is refused in milliseconds, a host that does not answer after
 :data:`CONNECT_S` seconds, each with one line naming the setting, its value and the fix, and a signal ends the
-knock at once (Python's socket calls run its handlers).
+knock at once (Python's socket calls run its handlers). A port that accepts the connection is then asked, as
+``ray.init`` asks first, for the cluster's id (one gRPC call, bounded by :data:`CONNECT_S` and woken by
+signals): a server there that is no Ray head (a web server, the dashboard's port 8265) is refused in
+milliseconds too, where ``ray.init`` would wait on it without end.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 from urllib.parse import urlsplit
 
@@ -34,6 +38,34 @@ def check_reachable(address: str, source: str = "engine.ray_address") -> None:
         raise ResourceError(
             f"{_setting(address, source)}: no Ray cluster answers at {host}:{port} ({why}); {_fix(source)}"
         ) from None
+    why_not = None if address.startswith("ray://") or os.environ.get("RAY_USE_TLS") else _not_a_head(host, port)
+    if why_not:
+        raise ResourceError(
+            f"{_setting(address, source)}: {host}:{port} answers, but not as a Ray cluster's head ({why_not}); "
+            f"give the head's GCS address (ray start --head prints it; port 6379 by default), or {_local(source)}"
+        )
+
+
+def _not_a_head(host: str, port: int) -> str | None:
+    """Why the server at ``host:port`` is not a Ray head's GCS, or None if it answered the cluster-id request as
+    one does (a Ray Client server, ``ray://``, and a TLS cluster are not asked: they answer otherwise)."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(),  # type: ignore[attr-defined]  # protobuf-made
+                timeout=CONNECT_S,
+            )
+        except grpc.RpcError as error:
+            code = error.code()  # a call's error is also its grpc.Call
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return f"no answer to a Ray request in {CONNECT_S:g} s"
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNIMPLEMENTED):
+                details = str(error.details() or code.name)
+                return details.split("; last error: ")[-1][:120]
+    return None  # answered, or refused as a Ray head refuses (its authentication): ray.init says the rest
 
 
 def not_joined(address: str, source: str, error: Exception) -> ResourceError:

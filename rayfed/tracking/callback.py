@@ -46,15 +46,17 @@ class Tracking(Callback):
     def before_run(self, run: RunView, continues: bool) -> None:
         """Refuse, before anything is written, a run whose trackers' folders are files, whose trackers' settings
         cannot take it (:func:`~rayfed.tracking.tools.check_services`) or whose ``tracking.json`` cannot be
-        read; and find, for a continued run, each tracker's logged run (``tracking.json``, or where it lost a
-        tracker's entry, the tool's own records)."""
+        read; and find, for a continued run, each tracker's logged run and how far it holds it (``tracking.json``,
+        caught up with the tool's own records; where it lost a tracker's entry, those records alone)."""
         check_folders(self.loggers, run.run_dir)
         check_services(self.loggers, self.study.study_dir if self.study is not None else run.run_dir)
         saved = read_state(run.run_dir) if continues else {}
         self._logged = dict(saved or {})
         for name in self.loggers:
-            found = self._logged.get(name) or (self._recovered(name, run, saved is None) if continues else None)
-            self._logged[name] = found or Logged()
+            entry = self._logged.get(name)
+            if continues:
+                entry = self._caught_up(name, run, entry) if entry else self._recovered(name, run, saved is None)
+            self._logged[name] = entry or Logged()
 
     def on_run_start(self, run: RunView) -> None:
         for name in self.loggers:
@@ -76,6 +78,18 @@ class Tracking(Callback):
         # the rounds recorded before this process (a resume) that a tracker does not hold: a tracker added on
         # resume, or rounds sent by a process that stopped before the tool confirmed them
         self._send(run, [(counted_round(row["round"]), _metrics(row), {}) for row in run.history])
+
+    def _caught_up(self, name: str, run: RunView, entry: Logged) -> Logged:
+        """``entry`` (``tracking.json``'s), advanced to the step and config the tool's own records hold of the same
+        logged run: a process killed after the tool confirmed a round and before ``tracking.json`` recorded it
+        must not send that round again. Records that cannot be read leave ``entry`` as it is."""
+        try:
+            found = tracker_class(name).recorded(run, self.study)
+        except Exception:  # the tool's store, checked before this, failed now: tracking.json's entry stands
+            return entry
+        if found is None or found.ids.get("run_id") != entry.ids.get("run_id"):  # not the logged run it names
+            return entry
+        return replace(entry, step=max(entry.step, found.step), config=entry.config or found.config)
 
     def _recovered(self, name: str, run: RunView, lost: bool) -> Logged | None:
         """A continued run's logged run in ``name`` whose ``tracking.json`` entry is missing (``lost``: the whole

@@ -7,10 +7,11 @@
      "tensorboard": {"ids": {}, "step": 6, "config": true}}
 
 A step is recorded only once the tool confirmed holding it (:meth:`~rayfed.tracking.tracker.Tracker.confirm`),
-so a run killed at any moment resumes by sending each tracker the rounds after its recorded step; the ids are
-recorded as soon as the logged run exists, before anything is sent to it. A file that cannot be read is refused
-in one line with its fix (:func:`read_state`); a missing one is rebuilt from the trackers' own records
-(:meth:`~rayfed.tracking.tracker.Tracker.recorded`).
+and a resume catches each entry up with the tool's own records (a kill may fall after the tool confirmed a step
+and before this file recorded it), so a run killed at any moment resumes by sending each tracker the rounds after
+the step it holds; the ids are recorded as soon as the logged run exists, before anything is sent to it. A file
+that cannot be read is refused in one line with its fix (:func:`read_state`); a missing one is rebuilt from the
+trackers' own records (:meth:`~rayfed.tracking.tracker.Tracker.recorded`).
 """
 
 from __future__ import annotations

@@ -40,11 +40,12 @@ def check_services(loggers: Sequence[str], folder: Path) -> None:
 
 def check_folders(loggers: Sequence[str], run_dir: Path) -> None:
     """ConfigError when a folder the trackers write into is a file in ``run_dir``."""
-    folders = [(tracker_class(name).folder, f"{name} writes the run's files") for name in loggers]
-    for folder, use in [*folders, (FIGURES, "the trackers draw the finished run's figures")]:
+    folders = [(tracker_class(name).folder, f"{name} writes the run's files", [name]) for name in loggers]
+    for folder, use, users in [*folders, (FIGURES, "the trackers draw the finished run's figures", list(loggers))]:
         path = run_dir / folder if folder else None
         if path is not None and path.exists() and not path.is_dir():
+            left = [name for name in loggers if name not in users]
             raise ConfigError(
-                f"{str(path)!r} is a file, but it is the folder where {use}; move it aside, or leave the trackers "
-                f"out of engine.loggers (engine.loggers={list(loggers)!r})"
+                f"{str(path)!r} is a file, but it is the folder where {use}; move it aside, or leave "
+                f"{' and '.join(users)} out of engine.loggers (engine.loggers={left!r})"
             )

@@ -158,3 +158,45 @@ def test_a_study_on_a_gone_cluster_is_refused_before_its_storage_is_written(
 
     assert code == 2 and f"engine.ray_address='127.0.0.1:{port}': no Ray cluster answers" in capsys.readouterr().err
     assert not (tmp_path / "study").exists()
+
+
+@pytest.fixture
+def web_server() -> Iterator[int]:
+    """A port where a server answers, but in HTTP/1 (as the dashboard's 8265 or any web server does)."""
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_port_that_answers_but_not_as_a_ray_head_is_refused_at_once(web_server: int) -> None:
+    started = time.perf_counter()
+    with pytest.raises(ResourceError, match=r"127.0.0.1:\d+ answers, but not as a Ray cluster's head \(.*HTTP/2"):
+        check_reachable(f"127.0.0.1:{web_server}")  # ray.init would wait on it without end
+    assert time.perf_counter() - started < 3
+
+
+def test_a_port_that_accepts_but_never_speaks_is_refused_after_the_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(address, "CONNECT_S", 0.5)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)  # the kernel accepts; nothing is ever sent back
+        started = time.perf_counter()
+        with pytest.raises(ResourceError, match=r"answers, but not as a Ray cluster's head \(no answer .* in 0.5 s\)"):
+            check_reachable(f"127.0.0.1:{server.getsockname()[1]}")
+    assert time.perf_counter() - started < 3
+
+
+def test_a_running_clusters_head_is_let_through() -> None:
+    import ray
+
+    with ray_started(None):
+        gcs = ray.get_runtime_context().gcs_address
+        check_reachable(gcs)  # it answers the cluster-id request as a head does
+        check_reachable(gcs, "RAY_ADDRESS")

@@ -40,6 +40,21 @@ run({overrides!r}, callbacks=[KillAfter()])
 """
 
 
+_KILLED_BEFORE_RECORDING = """
+import os, signal
+import rayfed.tracking.callback as callback
+from rayfed import run
+
+def write_state(run_dir, state):  # every tool confirmed step {step}; tracking.json would record it now
+    if any(entry.step >= {step} for entry in state.values()):
+        os.kill(os.getpid(), signal.SIGKILL)
+    recorded(run_dir, state)
+
+recorded, callback.write_state = callback.write_state, write_state
+run({overrides!r})
+"""
+
+
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch) -> None:
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_MODE", "WANDB_PROJECT"):
@@ -63,22 +78,30 @@ def _each_tracker_holds_every_round_once(run_dir: Path) -> None:
     assert wandb_reader.config(run_dir)["train"]["lr"] == 0.005
 
 
-def test_a_driver_killed_after_handing_a_round_to_the_trackers_resumes_with_every_round_in_each_once(
-    tmp_path,
+@pytest.mark.parametrize(
+    ("killer", "recorded"),
+    [
+        pytest.param(_KILLED_AFTER, 3, id="after tracking.json recorded round 2"),
+        pytest.param(_KILLED_BEFORE_RECORDING, 2, id="after the tools confirmed round 2, before tracking.json said so"),
+    ],
+)
+def test_a_driver_killed_while_the_trackers_take_a_round_resumes_with_every_round_in_each_once(
+    tmp_path, killer: str, recorded: int
 ) -> None:
     run_dir = tmp_path / "run"
     overrides = tiny_overrides(run_dir, **{"engine.loggers": ALL, "train.rounds": 4, "engine.checkpoint_every": 2})
     killed = subprocess.run(
-        [sys.executable, "-c", _KILLED_AFTER.format(round=2, overrides=overrides)],
+        [sys.executable, "-c", killer.format(round=2, step=3, overrides=overrides)],
         env={**{k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}, "WANDB_SILENT": "true"},  # its own
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert killed.returncode == -9, killed.stderr[-2000:]
-    assert json.loads((run_dir / "tracking.json").read_text())["wandb"]["step"] == 3  # round 2, confirmed
+    assert {entry["step"] for entry in json.loads((run_dir / "tracking.json").read_text()).values()} == {recorded}
 
-    run(overrides, resume=True)  # from the checkpoint of round 1: round 2 runs again, and is not sent again
+    # from the checkpoint of round 1: round 2 runs again, and is not sent again (each tool's records hold step 3)
+    run(overrides, resume=True)
 
     assert sorted(accuracies(run_dir)) == [1, 2, 3, 4]
     _each_tracker_holds_every_round_once(run_dir)
