@@ -254,6 +254,8 @@ def _field_type(base: RunConfig, path: str) -> Any:
         if not dataclasses.is_dataclass(node):
             raise ConfigError(f"search space entry {path!r}: {where} is a value, not a table of fields")
         names = [f.name for f in dataclasses.fields(node)]
+        if key not in names and where == "algorithm.params":
+            raise ConfigError(_not_a_param(base, path, key, names))
         if key not in names:
             raise ConfigError(
                 f"search space entry {path!r} names no config field{_suggest_path(base, path)}; "
@@ -265,6 +267,23 @@ def _field_type(base: RunConfig, path: str) -> Any:
         fields = ", ".join(f"{path}.{f.name}" for f in dataclasses.fields(node))
         raise ConfigError(f"search space entry {path!r} names a section, not a field; its fields: {fields}")
     return hint
+
+
+def _not_a_param(base: RunConfig, path: str, key: str, names: list[str]) -> str:
+    """Why ``algorithm.params.<key>`` is no field of the base config's algorithm, and which algorithms have it."""
+    from rayfed.algorithms import ALGORITHMS
+
+    algorithm = base.algorithm.name
+    takes = f"its params: {', '.join(names)}" if names else "it takes no params"
+    having = [
+        n for n in ALGORITHMS.shipped() if key in {f.name for f in dataclasses.fields(ALGORITHMS.get(n).params_type)}
+    ]
+    fix = (
+        f"set algorithm.name to one that has it ({', '.join(having)}), e.g. algorithm.name={having[0]}"
+        if having
+        else f"no registered algorithm has a param {key!r}{_suggest_path(base, path)}"
+    )
+    return f"search space entry {path!r} is no param of algorithm.name={algorithm!r} ({takes}); {fix}"
 
 
 def _suggest_path(base: RunConfig, path: str) -> str:

@@ -86,6 +86,11 @@ FLOAT = {"type": "float", "low": 0.01, "high": 0.1}
         ({"train.lrr": FLOAT}, r"'train.lrr' names no config field \(did you mean 'train.lr'\?\)"),
         ({"lr": [0.01, 0.1]}, r"'lr' names no config field \(did you mean 'train.lr'\?\)"),
         (
+            {"algorithm.params.wdr_lambda": [1.0, 10.0]},
+            r"'algorithm.params.wdr_lambda' is no param of algorithm.name='fedavg' \(it takes no params\); set "
+            r"algorithm.name to one that has it \(cwfedavg\), e.g. algorithm.name=cwfedavg",
+        ),
+        (
             {"train.local_epochs": {**FLOAT, "low": 1, "high": 5}},
             r"'train.local_epochs'.*float distribution does not fit; use IntParam",
         ),
