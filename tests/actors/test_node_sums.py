@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -68,6 +69,18 @@ def _fake_worker(ray):
     return FakeWorker
 
 
+def _wait_until_dead(ray: Any, actor: Any, limit_s: float = 30.0) -> None:
+    """Return once a call to ``actor`` fails as an actor's death does."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=limit_s)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the actor still answered {limit_s} s after ray.kill")
+
+
 @pytest.mark.timeout(120)
 def test_a_node_runs_its_calls_on_its_workers_and_sends_their_sums_once(ray_cluster) -> None:
     # Prepare: seven calls (places 3..9 of a round of 12) on two workers.
@@ -112,6 +125,7 @@ def test_a_worker_that_dies_or_hangs_leaves_its_call_to_the_driver(ray_cluster) 
     assert list(sums) == [range(2, 4), range(4, 5)]
     # With no worker left, the calls come back not run.
     ray.kill(healthy)
+    _wait_until_dead(ray, healthy)  # ray.kill returns before the actor is gone
     _, outcomes = run_calls("train", calls[2:], [(2, healthy)], None, None)
     assert {o.failure for o in outcomes} <= {"ActorDiedError", NOT_RUN} and NOT_RUN in {o.failure for o in outcomes}
     ray.kill(hanging)
