@@ -151,8 +151,7 @@ def test_a_node_adds_up_the_sums_of_its_batches_and_a_lost_agent_leaves_them_to_
     assert _bits(CallTree(6).total({**sums, range(4, 5): parts[4], range(5, 6): parts[5]})) == _bits(tree_sum(parts))
     # The agent gone (dead for Ray too): the server is handed the objects as they were, and the log says so.
     ray.kill(agent, no_restart=True)
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(agent.__ray_ready__.remote())
+    _wait_until_dead(ray, agent)
     with caplog.at_level(logging.WARNING, logger="rayfed"):
         assert agents.merge(6, spans, received, [node] * 3, None, round_index=4) == (spans, received)
     assert "round 4: adding up the sums on node" in caplog.text and "the server fetches its 3 objects" in caplog.text

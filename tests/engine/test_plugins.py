@@ -108,11 +108,16 @@ def test_plugins_in_a_config_file_are_imported_by_the_command_line_and_recorded_
     assert [r["round"] for r in pq.read_table(tmp_path / "run" / "rounds.parquet").to_pylist()] == [0, 1]
 
 
-def test_rayfed_tune_imports_the_plugins_its_base_config_names(tmp_path: Path) -> None:
+@pytest.mark.timeout(300)
+def test_rayfed_tune_imports_the_plugins_its_base_config_names_and_its_parallel_trials_run_them_on_ray(
+    tmp_path: Path,
+) -> None:
+    """Two trials at once on a private Ray, one one-CPU worker each: the workers know the method from the config."""
     method = _user_file(tmp_path / "code", "tuned_method")
     space = tmp_path / "space.yaml"
     space.write_text("algorithm.params.mu: {type: float, low: 0.01, high: 1.0, log: true}\n")
-    overrides = tiny_overrides(tmp_path / "runs", **{"train.rounds": 1})
+    on_ray = {"engine.backend": "ray", "engine.num_workers": 0, "engine.num_cpus_per_worker": 1}
+    overrides = tiny_overrides(tmp_path / "runs", **{"train.rounds": 1, **on_ray})
     sets = [f"{k}={json.dumps(v)}" for k, v in overrides.items() if k != "run_dir"]
     result = _cli(
         "tune",
@@ -129,7 +134,10 @@ def test_rayfed_tune_imports_the_plugins_its_base_config_names(tmp_path: Path) -
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert len(list((tmp_path / "study").glob("trial_*"))) == 2
+    saved = [json.loads(path.read_text()) for path in sorted((tmp_path / "study").glob("trial_*/config.json"))]
+    assert [(c["engine"]["backend"], c["engine"]["num_workers"], c["algorithm"]["name"]) for c in saved] == [
+        ("ray", 1, "tuned_method")
+    ] * 2
 
 
 def test_a_registration_that_cannot_be_sent_is_refused_before_anything_is_written(tmp_path: Path) -> None:
