@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rayfed.util.config_tree import get_path
 from rayfed.util.errors import ConfigError
 
 __all__ = ["RETIRED_KEYS", "refuse_retired", "without_retired"]
@@ -19,12 +20,13 @@ RETIRED_KEYS = {
     "delete the key",
 }
 """Retired dotted key -> why it went and what to do."""
+_MISSING = object()
 
 
 def refuse_retired(tree: Any) -> None:
     """ConfigError naming the first retired key that nested mappings ``tree`` set, and why it went."""
     for path, why in RETIRED_KEYS.items():
-        if isinstance(tree, Mapping) and _holds(tree, path):
+        if isinstance(tree, Mapping) and get_path(tree, path, _MISSING) is not _MISSING:
             raise ConfigError(f"{path} was removed: {why}")
 
 
@@ -34,13 +36,6 @@ def without_retired(tree: Mapping[str, Any]) -> dict[str, Any]:
     for path in RETIRED_KEYS:
         kept = _without(kept, path)
     return kept
-
-
-def _holds(tree: Mapping[str, Any], path: str) -> bool:
-    head, _, rest = path.partition(".")
-    if head not in tree:
-        return False
-    return not rest or isinstance(tree[head], Mapping) and _holds(tree[head], rest)
 
 
 def _without(tree: Mapping[str, Any], path: str) -> dict[str, Any]:

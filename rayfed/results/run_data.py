@@ -23,6 +23,7 @@ from rayfed.algorithms.figures import FinishedRun
 from rayfed.data import LABEL_COUNTS_FILE, read_label_counts
 from rayfed.engine.checkpoint import load_checkpoint, newest_checkpoint
 from rayfed.engine.metrics import counted_round
+from rayfed.util.config_tree import get_path
 from rayfed.util.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -144,15 +145,9 @@ def curve_groups(runs: Sequence[RunData]) -> list[CurveGroup]:
             }
         )
         tree = config.to_dict()
-        legend = ", ".join([label, *(f"{path}={_override_text(_value_at(tree, path))}" for path in paths)])
+        legend = ", ".join([label, *(f"{path}={_override_text(get_path(tree, path))}" for path in paths)])
         result.append(CurveGroup(legend + (f" ({len(group)} seeds)" if len(group) > 1 else ""), group))
     return result
-
-
-def _value_at(tree: Any, path: str) -> Any:
-    for key in path.split("."):
-        tree = tree.get(key) if isinstance(tree, dict) else None
-    return tree
 
 
 def _override_text(value: Any) -> str:

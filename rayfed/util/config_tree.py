@@ -28,6 +28,7 @@ from rayfed.util.registry import closest
 from rayfed.util.validation import check_choice, fail
 
 __all__ = [
+    "get_path",
     "to_plain",
     "from_mapping",
     "coerce",
@@ -152,6 +153,19 @@ def parse_override(text: str) -> tuple[str, Any]:
     except json.JSONDecodeError:
         value = raw
     return path.strip(), value
+
+
+def get_path(tree: Any, path: str, default: Any = None) -> Any:
+    """The value at the dotted ``path`` (``"a.b.c"``) of nested mappings or config sections (dataclasses);
+    ``default`` where a part of it is missing."""
+    for key in path.split("."):
+        if isinstance(tree, Mapping) and key in tree:
+            tree = tree[key]
+        elif dataclasses.is_dataclass(tree) and not isinstance(tree, type) and hasattr(tree, key):
+            tree = getattr(tree, key)
+        else:
+            return default
+    return tree
 
 
 def set_path(tree: dict[str, Any], path: str, value: Any) -> None:

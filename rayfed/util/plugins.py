@@ -31,12 +31,13 @@ import importlib.metadata
 import importlib.util
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
 
+from rayfed.util.config_tree import get_path
 from rayfed.util.errors import PluginError
 from rayfed.util.registry import Registry
 
@@ -114,16 +115,9 @@ def plugin_registrations(config: Any = None) -> list[Registration]:
     used = {
         origin
         for where, name, _, origin in every
-        if any(_value_at(config, path) == name for path in Registry.every[where.split(":", 1)[1]].fields)
+        if any(get_path(config, path) == name for path in Registry.every[where.split(":", 1)[1]].fields)
     }
     return [registration for registration in every if registration[3] in used]
-
-
-def _value_at(tree: Any, path: str) -> Any:
-    """The value at the dotted ``path`` of nested mappings or objects; None where a part is missing."""
-    for part in path.split("."):
-        tree = tree.get(part) if isinstance(tree, Mapping) else getattr(tree, part, None)
-    return tree
 
 
 def _by_value(origins: Sequence[str]) -> list[Any]:
