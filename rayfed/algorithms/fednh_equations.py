@@ -10,6 +10,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rayfed.algorithms.common.class_counts import class_counts
+
 __all__ = ["initial_prototypes", "class_means", "smooth_prototypes"]
 
 
@@ -48,7 +50,7 @@ def class_means(features: torch.Tensor, labels: torch.Tensor, num_classes: int) 
     ``_estimate_prototype``; a class the client does not hold has a zero row and count 0.
     """
     unit = F.normalize(features.double(), dim=1)
-    counts = torch.bincount(labels, minlength=num_classes).double()
+    counts = class_counts(labels, num_classes)
     sums = torch.zeros(num_classes, unit.shape[1], dtype=torch.float64, device=unit.device)
     sums.index_add_(0, labels, unit)
     means = F.normalize(sums, dim=1)  # the unit mean; a zero row stays zero

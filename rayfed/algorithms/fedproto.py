@@ -40,6 +40,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from rayfed.algorithms.common.class_counts import class_counts
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf
 from rayfed.algorithms.registry import register_algorithm
@@ -147,7 +148,7 @@ def class_sums(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -
     dividing), on their device."""
     sums = torch.zeros(num_classes, features.shape[1], dtype=torch.float32, device=features.device)
     sums.index_add_(0, labels, features.float())
-    counts = torch.bincount(labels, minlength=num_classes).double()
+    counts = class_counts(labels, num_classes)
     return sums, counts
 
 

@@ -182,7 +182,7 @@ class IFCAClient(ClientHalf[Any, IFCAModels]):
         else:
             known = int(message.assignment[job.client_id]) if job.client_id >= 0 else -1
             cluster = to_device([np.array(known if known >= 0 else message.default_cluster)], job.device)[0]
-        return ClusterStart(models[cluster], cluster)
+        return ClusterStart(models.index_select(0, cluster.reshape(1))[0], cluster)  # models[cluster] would sync
 
     def upload(self, message: IFCAModels, job: ClientJob) -> Contribution:
         start: ClusterStart = job.start

@@ -15,9 +15,17 @@ __all__ = ["pick_device", "check_local_gpu"]
 
 
 def pick_device(num_gpus: float) -> torch.device:
-    """CUDA when the worker was given a (fraction of a) GPU, else CPU."""
+    """CUDA when the worker was given a (fraction of a) GPU, else CPU.
+
+    The CUDA device carries its index (``cuda:0``, as every tensor on it reports its device), so that comparing a
+    tensor's device with the worker's is true where they are the same device (``cuda != cuda:0`` in PyTorch).
+    On CUDA, convolutions compute in full float32 (cuDNN's TF32 off, as matrix products already are): with TF32,
+    a stacked step, a replayed one and a client trained alone round differently (cuDNN picks other algorithms for
+    each), and a stack's clients would not train to the numbers of training them one by one."""
     if num_gpus > 0 and torch.cuda.is_available():
-        return torch.device("cuda")
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 

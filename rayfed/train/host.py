@@ -76,22 +76,58 @@ def to_device(arrays: Sequence[np.ndarray | torch.Tensor], device: torch.device)
     tensors = [a if isinstance(a, torch.Tensor) else read_only_tensor(_contiguous(np.asarray(a))) for a in arrays]
     if device.type == "cpu" or not tensors:
         return tensors
-    pieces = [
-        (t.to(torch.uint8) if t.dtype == torch.bool else t).detach().contiguous().reshape(-1).view(torch.uint8)
-        for t in tensors
-    ]
+    staged, starts = packed(tensors)
+    return unpacked(staged.to(device, non_blocking=True), tensors, starts)
+
+
+def packed(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+    """The bytes of ``tensors`` laid end to end in one page-locked buffer (where CUDA can lock pages), each starting
+    on an 8-byte boundary so that it views as its own dtype; and where each starts. Empty tensors take no bytes.
+
+    >>> staged, starts = packed([torch.tensor([1, 2]), torch.zeros(0), torch.tensor([True])])
+    >>> staged.numel(), starts
+    (24, [0, 16, 16, 24])
+    """
+    pieces = [_bytes(t) for t in tensors]
     starts = [0]
-    for piece in pieces:  # each piece starts on an 8-byte boundary, so it views as its own dtype
+    for piece in pieces:
         starts.append(starts[-1] + -(-piece.numel() // 8) * 8)
-    staged = torch.empty(starts[-1], dtype=torch.uint8, pin_memory=True)
+    staged = torch.empty(starts[-1], dtype=torch.uint8, pin_memory=torch.cuda.is_available())
     for piece, start in zip(pieces, starts):
         staged[start : start + piece.numel()].copy_(piece)
-    moved = staged.to(device, non_blocking=True)
+    return staged, starts
+
+
+def unpacked(staged: torch.Tensor, tensors: Sequence[torch.Tensor], starts: Sequence[int]) -> list[torch.Tensor]:
+    """``tensors`` read back out of ``staged`` (:func:`packed`'s buffer, on any device): views of it, each with its
+    tensor's dtype and shape.
+
+    >>> values = [torch.tensor([1, 2]), torch.zeros(0, 3), torch.tensor(True), torch.tensor([0.5], dtype=torch.float16)]
+    >>> staged, starts = packed(values)
+    >>> [t.tolist() for t in unpacked(staged, values, starts)]
+    [[1, 2], [], True, [0.5]]
+    """
     out = []
-    for tensor, piece, start in zip(tensors, pieces, starts):
-        raw = moved[start : start + piece.numel()]
+    for tensor, start in zip(tensors, starts):
+        if tensor.numel() == 0:
+            out.append(torch.empty(tensor.shape, dtype=tensor.dtype, device=staged.device))
+            continue
+        raw = staged[start : start + tensor.numel() * _width(tensor)]
         out.append((raw.bool() if tensor.dtype == torch.bool else raw.view(tensor.dtype)).view(tensor.shape))
     return out
+
+
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s values as a flat uint8 tensor (a bool as one byte each; an empty tensor as no bytes)."""
+    if tensor.numel() == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    flat = (tensor.to(torch.uint8) if tensor.dtype == torch.bool else tensor).detach().contiguous().reshape(-1)
+    return flat.view(torch.uint8)
+
+
+def _width(tensor: torch.Tensor) -> int:
+    """Bytes per element of ``tensor`` as :func:`packed` lays it out (one for a bool)."""
+    return 1 if tensor.dtype == torch.bool else tensor.element_size()
 
 
 def _contiguous(array: np.ndarray) -> np.ndarray:

@@ -86,7 +86,7 @@ def test_optuna_lambda_search_in_its_smallest_form(tmp_path, capsys) -> None:
 
 def test_own_method_in_its_smallest_form(tmp_path) -> None:
     """The user's method of ``examples/own_method.py`` trains in this process (its Ray run, with the numbers of
-    this one, is tests/engine/test_plugins.py's)."""
+    this one, is tests/util/test_plugins.py's)."""
     import rayfed
 
     example = _example("own_method")

@@ -9,7 +9,8 @@ stack of clients costs one wait for the device, not one per client.
   the GPU raise (a scalar read, a data-dependent shape, a blocking copy either way); a second call of every method,
   sequential and stacked, with and without CUDA graphs, runs under it. Skipped without a GPU.
 * On a CPU, the same calls run under a ``TorchFunctionMode`` that counts every read of a tensor's values (``.cpu()``,
-  ``.numpy()``, ``.item()``, ``.tolist()``, ``float(t)``, ``bool(t)``, ...) besides the one ``to_host`` and the
+  ``.numpy()``, ``.item()``, ``.tolist()``, ``float(t)``, ``bool(t)``, an index given as a 0-d tensor, an output
+  sized by the values such as ``torch.bincount``'s, ...) besides the one ``to_host`` and the
   reads of host-made values (``rayfed.train.host.host_values``: a CPU generator's batch orders): none may happen.
 """
 
@@ -38,6 +39,25 @@ from tests.train.test_every_method_stacks import OVERRIDES
 _CLIENTS = 6
 READS = frozenset({"cpu", "tolist", "item", "numpy", "__array__", "__float__", "__int__", "__bool__", "__index__"})
 """Tensor methods that bring a tensor's values to the host."""
+SIZED_BY_VALUES = frozenset({"bincount", "nonzero", "argwhere", "unique", "unique_consecutive", "masked_select"})
+"""Operations whose output's size depends on the values: on a GPU the host waits for them to learn it."""
+
+
+def _syncs_on_a_gpu(func: Any, args: Any, kwargs: Any) -> bool:
+    """Whether ``func(*args, **kwargs)`` reads values back on a GPU: a read (:data:`READS`), an output sized by the
+    values (:data:`SIZED_BY_VALUES`, ``repeat_interleave`` of tensor repeats without ``output_size``), or an index
+    given as a 0-d integer tensor (``models[cluster]``: its ``__index__`` reads it)."""
+    name = getattr(func, "__name__", "")
+    if name in READS or name in SIZED_BY_VALUES:
+        return True
+    if name == "repeat_interleave":
+        repeats = args[1] if len(args) > 1 else (kwargs or {}).get("repeats")
+        return isinstance(repeats, torch.Tensor) and "output_size" not in (kwargs or {})
+    if name == "__getitem__":
+        index = args[1] if len(args) > 1 else None
+        parts = index if isinstance(index, tuple) else (index,)
+        return any(isinstance(i, torch.Tensor) and i.dim() == 0 and not i.is_floating_point() for i in parts)
+    return False
 
 
 def _worker(name: str, tmp_path: Path, **engine: Any) -> tuple[ClientRunner, Server, RunConfig]:
@@ -69,7 +89,8 @@ def _second_call(runner: ClientRunner, server: Server, config: RunConfig, measur
 
 
 class HostReads(TorchFunctionMode):
-    """Counts reads of tensors' values (:data:`READS`) outside the allowed functions, and where each was made."""
+    """Counts the operations that read tensors' values back on a GPU (:func:`_syncs_on_a_gpu`) outside the allowed
+    functions, and where each was made."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -77,7 +98,7 @@ class HostReads(TorchFunctionMode):
         self.allowed = 0
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if getattr(func, "__name__", "") in READS and not self.allowed:
+        if not self.allowed and _syncs_on_a_gpu(func, args, kwargs):
             import traceback
 
             frame = traceback.extract_stack()[-3]
@@ -152,6 +173,7 @@ def test_a_training_call_reads_back_once_on_a_gpu(
 
     class SyncsAreErrors:
         def __enter__(self) -> None:
+            reads.clear()  # the first call's read-back is not the measured call's
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
 

@@ -19,6 +19,14 @@ SIZES = (40, 25, 30)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="capturing a CUDA graph needs a CUDA GPU")
 
 
+@pytest.fixture(autouse=True)
+def full_float32() -> None:
+    """Convolutions in full float32 on CUDA, as a worker's device computes them
+    (:func:`rayfed.execution.devices.pick_device`): with TF32 the captured and eager steps round differently."""
+    if torch.cuda.is_available():
+        torch.backends.cudnn.allow_tf32 = False
+
+
 def _jobs(flat: FlatModel, device: torch.device, **train: object) -> list[ClientJob]:
     rng = torch.Generator().manual_seed(0)
     settings = TrainConfig(**{"lr": 0.05, "batch_size": 10, **train})
@@ -127,4 +135,6 @@ def test_stacked_steps_replayed_on_a_gpu_equal_eager_stacked_steps() -> None:
     for _ in range(2):  # the second call replays the steps captured in the first
         replayed = replaying.train_stack(_jobs(flat, device, lr=0.005), starts, phases)
     assert replaying.graphs._graphs and all(g is not None for g in replaying.graphs._graphs.values())
-    torch.testing.assert_close(replayed.states, expected.states, rtol=1e-4, atol=1e-5)
+    # cuDNN picks other (float32) algorithms for the captured grouped convolutions and batch norms than for eager
+    # ones: on an H200, 1 of 820,092 entries ended 1.3e-5 apart after an epoch (the rest within 1e-5).
+    torch.testing.assert_close(replayed.states, expected.states, rtol=1e-4, atol=1e-4)

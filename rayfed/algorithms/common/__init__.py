@@ -5,7 +5,8 @@
 * :mod:`~rayfed.algorithms.common.own_models`: clients that keep their own model between rounds;
 * :mod:`~rayfed.algorithms.common.proximal`: FedProx's proximal term, also used by Ditto, FedAMP, FedDyn;
 * :mod:`~rayfed.algorithms.common.body_head`: body/head splits (FedPer, FedRep, FedBABU, LG-FedAvg);
-* :mod:`~rayfed.algorithms.common.cluster_state`: K cluster models (CFL, IFCA).
+* :mod:`~rayfed.algorithms.common.cluster_state`: K cluster models (CFL, IFCA);
+* :mod:`~rayfed.algorithms.common.class_counts`: per-class sample counts on the device (FedProto, FedNH).
 
 The package imports nothing on its own: the torch-free modules (architecture, global_model)
 keep a server half like FedAvg's free of torch.
