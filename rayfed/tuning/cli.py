@@ -3,7 +3,7 @@
     rayfed tune SPACE_FILE [CONFIG_FILE] [field.path=value ...] --trials N --parallel K
                 [--study-name NAME] [--study-dir DIR] [--storage URL]
                 [--pruner median|successive_halving|hyperband|none] [--objective best|final]
-                [--sampler tpe|random] [--seed N]
+                [--sampler tpe|random] [--seed N] [--accept-plugin DIGEST]
 
 Example::
 
@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+
+from rayfed.engine.plugin_seal import accept_plugins, add_accept_option
 
 __all__ = ["add_tune_parser"]
 
@@ -53,6 +55,7 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     tune.add_argument("--top", type=int, default=10, help="rows in the best-trials table (default 10)")
     tune.add_argument("--no-plots", action="store_true", help="do not write plots")
     tune.add_argument("--progress", action="store_true", help="show each trial's progress bar")
+    add_accept_option(tune)
     tune.set_defaults(handler=_tune)
     return tune
 
@@ -69,20 +72,21 @@ def _tune(ns: argparse.Namespace) -> int:
         config = config.override({"engine.progress": False})
     name = ns.study_name or Path(ns.space).stem
     study_dir = Path(ns.study_dir or Path("runs") / "tune" / name)
-    study = tune(  # Ctrl-C: StudyInterrupted, printed by rayfed.cli.main with this command to resume
-        config,
-        ns.space,
-        n_trials=ns.trials,
-        study_name=name,
-        study_dir=study_dir,
-        storage=ns.storage,
-        pruner=ns.pruner,
-        objective=ns.objective,
-        sampler=ns.sampler,
-        seed=ns.seed,
-        parallel_trials=ns.parallel,
-        timeout_s=ns.timeout,
-    )
+    with accept_plugins(*ns.accept_plugin):  # a resumed study whose code changed continues only if told so
+        study = tune(  # Ctrl-C: StudyInterrupted, printed by rayfed.cli.main with this command to resume
+            config,
+            ns.space,
+            n_trials=ns.trials,
+            study_name=name,
+            study_dir=study_dir,
+            storage=ns.storage,
+            pruner=ns.pruner,
+            objective=ns.objective,
+            sampler=ns.sampler,
+            seed=ns.seed,
+            parallel_trials=ns.parallel,
+            timeout_s=ns.timeout,
+        )
     print(best_trials_table(study, top=ns.top))
     if not ns.no_plots:
         for path in write_plots(study, study_dir):
