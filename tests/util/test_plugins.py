@@ -197,20 +197,37 @@ def test_a_plugin_that_starts_a_run_when_imported_is_refused(tmp_path: Path) -> 
         import_plugins([str(path)])
 
 
-def test_an_installed_plugin_is_found_by_name_through_its_entry_point(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    package = tmp_path / "site"
-    _user_file(package, "installed_method")
-    info = package / "installed_method-1.0.dist-info"
+def _installed_package(site: Path) -> None:
+    """``site`` as site-packages holding a distribution whose entry point names the module that registers."""
+    _user_file(site, "installed_method")
+    info = site / "installed_method-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: installed-method\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text(f"[{entry_points.ENTRY_POINTS}]\nmine = installed_method\n")
-    monkeypatch.syspath_prepend(str(package))
+
+
+def test_an_installed_plugin_is_found_by_name_through_its_entry_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _installed_package(tmp_path / "site")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.setattr(entry_points, "_loaded", False)
     assert ALGORITHMS.get("installed_method").summary == "a user's own"
     assert "installed_method" in entry_points._installed  # installed: every process imports it itself, nothing is sent
     assert all(name != "installed_method" for _, name, _, _ in plugins.plugin_registrations())
+
+
+def test_a_registry_finds_installed_plugins_by_itself(tmp_path: Path) -> None:
+    """A process that imports only the algorithms (a worker, a script) looks installed plugins up: no other module
+    needs to have been imported first to set that up."""
+    _installed_package(tmp_path / "site")
+    code = (
+        "import sys; from rayfed.algorithms import ALGORITHMS; "
+        "print(ALGORITHMS.get('installed_method').summary, 'rayfed.util.plugins' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(REPO)])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.stdout.strip() == "a user's own False", done.stderr[-2000:]
 
 
 def test_a_run_carries_the_registrations_of_the_modules_whose_names_its_config_uses(
