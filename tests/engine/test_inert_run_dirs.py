@@ -142,3 +142,47 @@ def test_a_studys_report_reads_its_base_config_without_running_its_plugins(
     # Check
     assert code == 0 and "study 'space': 1 complete" in capsys.readouterr().out
     assert not ran.exists()
+
+
+def test_a_resume_of_a_run_whose_config_json_was_edited_names_the_field(
+    tmp_path: Path, finished: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    saved = json.loads((run_dir / "config.json").read_text())
+    saved["train"]["lr"] = 0.1
+    (run_dir / "config.json").write_text(json.dumps(saved))
+    before = _snapshot(run_dir)
+    assert main(["run", "--resume", str(run_dir), "train.rounds=2"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert (
+        "its config.json was edited after its run sealed it: train.lr is 0.1 in the file, 0.005 in the sealed" in error
+    )
+    assert "\n" not in error and _snapshot(run_dir) == before
+
+
+def test_a_run_whose_method_is_not_importable_here_still_draws_its_accuracy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare: a run of a method in a file that writes when imported; then a process that does not hold it.
+    import sys
+
+    from rayfed.algorithms import ALGORITHMS
+    from tests.util.test_plugins import USER_METHOD, _user_file
+
+    ran = tmp_path / "ran"
+    method = _user_file(tmp_path / "code", "unheld_method", WRITES.format(where=str(ran)) + USER_METHOD)
+    run_dir = tmp_path / "run"
+    overrides = {"plugins": [str(method)], "algorithm.name": "unheld_method", "engine.checkpoint_every": 1}
+    rayfed.run(tiny_overrides(run_dir, **overrides))
+    ALGORITHMS._items.pop("unheld_method")
+    for name in [name for name, module in sys.modules.items() if getattr(module, "__file__", None) == str(method)]:
+        monkeypatch.delitem(sys.modules, name)
+    ran.unlink()
+    # Execute
+    code = main(["plot", str(run_dir), "--out", str(tmp_path / "figures")])
+    # Check: the accuracy curve, the method's own figures named as skipped, nothing run.
+    out = capsys.readouterr().out
+    assert code == 0 and (tmp_path / "figures" / "accuracy.png").stat().st_size > 1000
+    assert "unheld_method is not registered in this process" in out and "its own figures are skipped" in out
+    assert not ran.exists() and load_run(run_dir).method_held is False

@@ -15,7 +15,12 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
+import rayfed
+from rayfed import RunConfig
+from rayfed.algorithms import ALGORITHMS
+from rayfed.cli import main
 from rayfed.engine.run_identity import MARKER_FILE
 from tests.conftest import tiny_overrides
 from tests.util.test_plugins import _user_file
@@ -112,3 +117,22 @@ def test_a_method_in_a_module_beside_the_users_script_resumes_from_that_folder_w
     resumed = _cli("run", "--resume", str(tmp_path / "run"), "train.rounds=2", cwd=home)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert _rounds(tmp_path / "run") == [0, 1]
+
+
+def test_a_resume_whose_plugin_file_is_gone_is_refused_naming_it_and_its_digest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    method = _user_file(tmp_path / "code", "vanished_method")
+    run_dir = tmp_path / "run"
+    overrides = {"plugins": [str(method)], "algorithm.name": "vanished_method", "train.rounds": 1}
+    try:
+        rayfed.run(RunConfig().override(tiny_overrides(run_dir, **overrides)))
+    finally:
+        ALGORITHMS._items.pop("vanished_method", None)
+    sealed = _short(method)
+    method.unlink()
+    before = _snapshot(run_dir)
+    assert main(["run", "--resume", str(run_dir), "train.rounds=2"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert f"was sealed with plugin {str(method)!r} ({method}, sha256 {sealed}), which is missing here" in error
+    assert "plugins=[...]" in error and "\n" not in error and _snapshot(run_dir) == before
