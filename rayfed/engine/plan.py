@@ -36,7 +36,7 @@ from rayfed.engine.run_identity import RunMarker, run_identity
 from rayfed.engine.run_seal import check_config_file
 from rayfed.engine.sizing import MemoryEstimate, check_fits
 from rayfed.engine.trainability import check_trainable
-from rayfed.util.plugins import run_sources
+from rayfed.util.plugins import plugin_sources, run_sources
 from rayfed.util.progress import progress_shown
 
 __all__ = ["RunPlan", "plan_run", "default_run_dir"]
@@ -71,7 +71,7 @@ def plan_run(config: RunConfig, *, resume: bool = False) -> RunPlan:
     lists the files of its code outside rayfed (:func:`rayfed.util.plugins.plugin_sources`), and its marker their
     digests, sealed."""
     sources = run_sources(config)
-    entries = tuple(dict.fromkeys([*config.plugins, *(source.entry for source in sources)]))
+    entries = tuple(dict.fromkeys([*config.plugins, *plugin_sources(config)]))
     config = replace(config, plugins=entries) if entries != config.plugins else config
     algorithm = resolve(config.algorithm)
     check_installed(config.engine.loggers)

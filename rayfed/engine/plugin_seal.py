@@ -120,7 +120,7 @@ def check_sources(
             now_at = "now holds" if other.file == sealed.file else f"resolves here to {other.file}, which holds"
             raise PluginError(
                 f"{where} was sealed with plugin {sealed.entry!r} ({sealed.file}, sha256 {sealed.short}), which "
-                f"{now_at} sha256 {other.short}: its code is not the code the run ran; restore that file, or "
+                f"{now_at} sha256 {other.short}: not the bytes sealed; restore that file, or "
                 f"{_accept_hint(other)}"
             )
         matched.add(other.file)

@@ -102,24 +102,26 @@ def _source_of(origin: str) -> PluginSource | None:
 
 
 def run_sources(config: Any) -> list[PluginSource]:
-    """The files of ``config``'s code outside rayfed: the modules (and script) that registered the names it uses,
-    and each of its ``plugins`` entries that this process imported; one source per file."""
+    """The files of ``config``'s code outside rayfed: each of its ``plugins`` entries that this process imported
+    (as the entry is written: a relative path stays relative), and the modules (and script) that registered the
+    names it uses; one source per file."""
     sources: dict[str, PluginSource] = {}
-    for *_, origin in plugin_registrations(config):
-        source = _source_of(origin)
-        if source is not None:
-            sources.setdefault(source.file, source)
     for entry in get_path(config, "plugins") or ():
         source = loaded_source(str(entry))
+        if source is not None:
+            sources.setdefault(source.file, source)
+    for *_, origin in plugin_registrations(config):
+        source = _source_of(origin)
         if source is not None:
             sources.setdefault(source.file, source)
     return list(sources.values())
 
 
 def plugin_sources(config: Any) -> tuple[str, ...]:
-    """What a later process imports to load ``config``'s code again: each source's entry (a module's name, else
-    its file's absolute path; a script's path for what ``__main__`` registered)."""
-    return tuple(dict.fromkeys(source.entry for source in run_sources(config)))
+    """What a later process imports to load ``config``'s code again, whatever its working directory: each
+    source's module name where it is imported by name, else its file's absolute path (a script's for what
+    ``__main__`` registered)."""
+    return tuple(dict.fromkeys(s.module if s.kind == "name" else s.file for s in run_sources(config)))
 
 
 def _by_value(origin: str) -> bool:

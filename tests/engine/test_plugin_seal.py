@@ -63,15 +63,14 @@ def test_an_edited_plugin_file_is_refused_naming_both_digests_and_accepted_by_it
     edited = _short(method)
     before = _snapshot(run_dir)
 
-    # Execute: resume it; then resume it accepting the new file.
+    # Execute / Check: a resume is refused in one line naming the file, both digests and the flag; nothing changed.
     refused = _cli("run", "--resume", str(run_dir), "train.rounds=2", cwd=home)
-    accepted = _cli("run", "--resume", str(run_dir), "train.rounds=2", "--accept-plugin", edited, cwd=home)
-
-    # Check: one line naming the file, both digests and the flag; nothing changed; then the accepted run, recorded.
     error = refused.stderr.strip()
     assert refused.returncode == 2 and "\n" not in error, refused.stderr[-2000:]
-    assert f"({method}, sha256 {sealed}), which now holds sha256 {edited}" in error
+    assert f"plugin 'sealed_method.py' ({method}, sha256 {sealed}), which now holds sha256 {edited}" in error
     assert f"--accept-plugin {edited}" in error and _snapshot(run_dir) == before
+    # Execute / Check: accepted by its digest, the run continues and its marker records the change.
+    accepted = _cli("run", "--resume", str(run_dir), "train.rounds=2", "--accept-plugin", edited, cwd=home)
     assert accepted.returncode == 0, accepted.stderr[-2000:]
     marker = json.loads((run_dir / MARKER_FILE).read_text())
     assert [(a["file"], a["sealed"][:16], a["now"][:16]) for a in marker["accepted"]] == [(str(method), sealed, edited)]

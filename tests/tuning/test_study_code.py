@@ -4,6 +4,7 @@ study records (rayfed.tuning.study_code)."""
 from __future__ import annotations
 
 import hashlib
+import sys
 from pathlib import Path
 
 import optuna
@@ -13,6 +14,7 @@ from rayfed import RunConfig
 from rayfed.algorithms import ALGORITHMS
 from rayfed.engine.plugin_seal import accept_plugins
 from rayfed.tuning import attrs, tune
+from rayfed.util import plugin_sources
 from rayfed.util.errors import PluginError
 from tests.conftest import tiny_overrides
 from tests.util.test_plugins import _user_file
@@ -30,6 +32,15 @@ def _finished_study(tmp_path: Path, base: RunConfig) -> str:
     return storage
 
 
+def _next_session(tmp_path: Path, method: Path, overrides: dict[str, object]) -> RunConfig:
+    """The base config as a new process builds it: the method's file imported afresh (as it is now)."""
+    ALGORITHMS._items.pop("studied_method", None)
+    for name in [name for name, module in sys.modules.items() if getattr(module, "__file__", None) == str(method)]:
+        del sys.modules[name]
+    plugin_sources._loaded.pop(str(method), None)
+    return RunConfig().override(tiny_overrides(tmp_path / "x", **overrides))
+
+
 def test_a_resumed_study_whose_method_file_changed_is_refused_and_continues_once_accepted(tmp_path: Path) -> None:
     # Prepare: a study of a method in a file, whose code the study records when tune first opens it.
     method = _user_file(tmp_path / "code", "studied_method")
@@ -41,6 +52,7 @@ def test_a_resumed_study_whose_method_file_changed_is_refused_and_continues_once
         recorded = optuna.load_study(study_name="code", storage=storage).user_attrs[attrs.PLUGINS]
         method.write_text(method.read_text() + "# edited between sessions\n")
         edited = hashlib.sha256(method.read_bytes()).hexdigest()
+        base = _next_session(tmp_path, method, overrides)
 
         # Execute: resume it; then resume it accepting the edited file.
         with pytest.raises(PluginError) as refused:
