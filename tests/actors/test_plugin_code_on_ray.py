@@ -18,6 +18,7 @@ import pytest
 import rayfed
 from rayfed import RunConfig
 from rayfed.algorithms import ALGORITHMS
+from rayfed.util import plugins
 from rayfed.util.plugin_sources import import_plugins
 from tests.conftest import tiny_overrides
 from tests.util.test_plugins import USER_METHOD, _user_file
@@ -30,7 +31,7 @@ def _rounds(run_dir: Path) -> str:
 
 @pytest.mark.timeout(300)
 def test_a_method_in_a_module_with_a_40_mb_global_runs_on_ray_with_two_workers_with_the_numbers_of_local(
-    ray_cluster, tmp_path: Path
+    ray_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import ray.cloudpickle
 
@@ -51,13 +52,17 @@ def test_a_method_in_a_module_with_a_40_mb_global_runs_on_ray_with_two_workers_w
             )
             for backend in ("local", "ray")
         }
-        # Execute
+        # Execute: each backend's run, counting the times the Ray run's config is pickled.
+        packed: list[int] = []
+        pack = plugins.pack
+        monkeypatch.setattr(plugins, "pack", lambda fields: packed.append(1) or pack(fields))
         for config in runs.values():
             rayfed.run(config)
     finally:
         ALGORITHMS._items.pop("big_global_method", None)
-    # Check: the config pickles small, Ray registered no module by value, and the numbers are local's.
-    assert len(pickle.dumps(runs["ray"])) < 2**20
+    # Check: the config pickles small, once for the run's 2 workers and server; Ray registered no module by value;
+    # the numbers are local's.
+    assert len(pickle.dumps(runs["ray"])) < 2**20 and len(packed) == 1
     assert not ray.cloudpickle.cloudpickle._PICKLE_BY_VALUE_MODULES
     assert _rounds(tmp_path / "local") == _rounds(tmp_path / "ray")
 
