@@ -108,9 +108,7 @@ def ray_started(address: str | None, *, source: str = "RAY_ADDRESS", **options: 
     if ray.is_initialized():
         yield
         return
-    if address:
-        check_reachable(address, source)
-        logger.info("joining the Ray cluster at %s", address)
+    target = check_reachable(address, source) if address else None  # "auto" resolved as rayfed documents it
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     own = {} if address else {k: v for k, v in PRIVATE_CLUSTER_ENV.items() if k not in os.environ}
     os.environ.update(own)  # for the cluster started here, while it runs
@@ -118,9 +116,10 @@ def ray_started(address: str | None, *, source: str = "RAY_ADDRESS", **options: 
     try:
         if address:
             try:
-                ray.init(address=address, logging_level=logging.WARNING)
+                ray.init(address=target, logging_level=logging.WARNING)
             except ConnectionError as error:  # it accepted the connection, but is not a cluster's head
                 raise not_joined(address, source, error) from None
+            logger.info("%s", _joined(f"{source}={address!r}", target))
         else:
             reaper = Reaper()
             before = set(children(frozenset({os.getpid()})))
@@ -133,6 +132,14 @@ def ray_started(address: str | None, *, source: str = "RAY_ADDRESS", **options: 
             reaper.stop()
         for key in own:
             del os.environ[key]
+
+
+def _joined(setting: str, target: str | None) -> str:
+    """What a run joined: the address, the setting that named it, and the alive nodes with their CPUs and GPUs."""
+    nodes = cluster_nodes()
+    cpus, gpus = (sum(float(node.get(kind, 0.0)) for node in nodes) for kind in ("CPU", "GPU"))
+    plural = "" if len(nodes) == 1 else "s"
+    return f"joined the Ray cluster at {target} ({setting}): {len(nodes)} node{plural}, {cpus:g} CPUs, {gpus:g} GPUs"
 
 
 def _address(engine: EngineConfig) -> str | None:
