@@ -407,9 +407,21 @@ def test_cli_tune_runs_a_study_from_a_yaml_space(tmp_path, capsys) -> None:
             "median",
         ]
     )
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert code == 0
     assert "study 'lr': 2 complete" in out and "train.lr" in out.splitlines()[1]
+    # while it ran: a line per round of each trial and one per finished trial, on stderr
+    lines = err.splitlines()
+    for number in (0, 1):
+        assert [line.split(" (")[0] for line in lines if line.startswith(f"trial_000{number}: ")] == [
+            f"trial_000{number}: 1/2 round",
+            f"trial_000{number}: 2/2 round",
+        ]
+    ended = [line for line in lines if " complete: " in line]
+    assert [line.split(" complete: ")[0] for line in ended] == ["trial_0000", "trial_0001"]
+    assert all(" after 2 rounds (train.lr=" in line for line in ended)
+    assert ended[0].split("); ")[1].startswith("1 of 2 trials finished, best trial_0000: ")
+    assert ended[1].split("); ")[1].startswith("2 of 2 trials finished, best trial_000")
     assert f"optuna-dashboard sqlite:///{study_dir.resolve() / 'study.db'}" in out
     assert (study_dir / "trial_0000" / "rounds.parquet").exists() and (study_dir / "trial_0001").is_dir()
     assert (study_dir / "optimization_history.png").stat().st_size > 0
