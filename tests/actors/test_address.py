@@ -200,3 +200,67 @@ def test_a_running_clusters_head_is_let_through() -> None:
         gcs = ray.get_runtime_context().gcs_address
         check_reachable(gcs)  # it answers the cluster-id request as a head does
         check_reachable(gcs, "RAY_ADDRESS")
+
+
+JOIN_AUTO = """
+import logging
+from rayfed.actors.cluster import ray_started
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+logging.getLogger("rayfed").setLevel(logging.INFO)
+with ray_started("auto", source="RAY_ADDRESS"):
+    import ray
+    print("JOINED", ray.get_runtime_context().gcs_address, flush=True)
+"""
+
+
+@pytest.fixture
+def ray_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where Ray records the cluster ``ray start`` started last, in a temp folder of the test's own
+    (``RAY_TMPDIR``), so that the machine's record is neither read nor touched; it holds no record yet."""
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    (tmp_path / "ray").mkdir()
+    return tmp_path / "ray" / "ray_current_cluster"
+
+
+def test_auto_without_a_cluster_started_by_ray_start_is_refused_though_another_ray_runs(
+    ray_cluster, ray_record: Path
+) -> None:
+    # Another Ray runs on this machine (the session's private one), which Ray's own "auto" would join.
+    assert ray_cluster.is_initialized() and not ray_record.exists()
+
+    with pytest.raises(ResourceError) as refused:
+        check_reachable("auto", "RAY_ADDRESS")
+
+    assert str(refused.value) == (
+        "RAY_ADDRESS='auto' (from the environment) means the cluster `ray start` started last on this machine, but "
+        f"none is recorded ({ray_record} does not exist); other Ray instances here, such as another user's private "
+        "one, are never joined. Start one with `ray start --head`, give a cluster's HOST:PORT, or unset RAY_ADDRESS "
+        "to run on a private local Ray"
+    )
+
+
+def test_auto_joins_the_recorded_cluster_and_names_its_address_nodes_and_cpus(ray_cluster, ray_record: Path) -> None:
+    gcs = ray_cluster.get_runtime_context().gcs_address
+    ray_record.write_text(gcs)  # as `ray start --head` records its cluster
+    assert check_reachable("auto") == gcs
+
+    env = {**os.environ, "RAY_ADDRESS": "auto"}  # RAY_TMPDIR: the test's record
+    joined = subprocess.run(
+        [sys.executable, "-c", JOIN_AUTO], env=env, capture_output=True, text=True, timeout=120, cwd=Path.cwd()
+    )
+
+    assert joined.returncode == 0, joined.stderr[-2000:]
+    assert f"JOINED {gcs}" in joined.stdout.splitlines()
+    cpus = ray_cluster.cluster_resources()["CPU"]
+    assert f"joined the Ray cluster at {gcs} (RAY_ADDRESS='auto'): 1 node, {cpus:g} CPUs, 0 GPUs" in joined.stderr
+
+
+def test_a_stale_record_is_named_with_the_address_it_holds(ray_record: Path) -> None:
+    port = _closed_port()
+    ray_record.write_text(f"127.0.0.1:{port}")  # a cluster that ended without `ray stop`
+    with pytest.raises(ResourceError) as refused:
+        check_reachable("auto")
+    assert str(refused.value).startswith(
+        f"engine.ray_address='auto' (the cluster `ray start` started last, at 127.0.0.1:{port}): no Ray cluster "
+        f"answers at 127.0.0.1:{port} (connection refused)"
+    )
