@@ -39,7 +39,9 @@ class BorrowedTraining(ClientHalf[Any, Any]):
     def phases(self, message: Any, job: ClientJob) -> list[Phase]:
         try:
             return self.training.phases(message, job)
-        except AttributeError as error:  # it reads its own algorithm's message
+        except AttributeError as error:
+            if error.obj is not message:  # the lent method's own error, not a field the message lacks: as it is
+                raise
             lent, name = self.names
             raise MethodError(
                 f"algorithm.client={lent!r} lends its phases to algorithm.name={name!r}, but they read a message "
