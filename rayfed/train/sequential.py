@@ -1,6 +1,6 @@
 """One client's phase, step by step, on the worker's model of its architecture.
 
-The client's batches are drawn on the host (:func:`~rayfed.train.batches.draw_batches`) and reach the
+The client's batches are drawn on the host (:func:`~rayfed.train.step.phase_batches`) and reach the
 device in one transfer; its samples are gathered there one block of equal-size steps at a time. The step
 is :func:`~rayfed.train.step.make_step` on the worker's model itself (:class:`OneModel`): eagerly, the step's
 values are views rebound at every step and the losses are kept per step; on a GPU that captures, they are
