@@ -5,9 +5,9 @@ there as 0-d tensors, and so do its upload and the state it keeps, as the client
 device. The runner hands over what the clients send (:class:`Uploads`, one entry per client or per stack: a
 stack's declared weighted state is one matrix product over its clients, any other upload its clients' sum in
 client order); :meth:`Settlement.result` sums the entries in order (:func:`sum_in_order`) and brings the sum, the
-losses, the norms and the clients' states to the host in one transfer. An update is accepted when its norm is finite and within
-``engine.max_update_norm`` and its contribution is finite; a sum is finite only when every part is, so
-the parts are asked for, and the accepted ones summed again, only in a call where something was wrong.
+losses, the norms and the clients' states to the host in one transfer. An update is accepted when its norm is
+finite and within ``engine.max_update_norm`` and its contribution is finite; a sum is finite only when every part
+is, so the parts are asked for, and the accepted ones summed again, only in a call where something was wrong.
 """
 
 from __future__ import annotations
