@@ -39,11 +39,17 @@ class BorrowedTraining(ClientHalf[Any, Any]):
     def phases(self, message: Any, job: ClientJob) -> list[Phase]:
         try:
             return self.training.phases(message, job)
-        except AttributeError as error:  # it reads its own algorithm's message
+        except AttributeError as error:  # a field of the run's message or start, which the lent half expects its own
             lent, name = self.names
+            if error.obj is message:
+                lacks = f"a message {name!r} does not send"
+            elif error.obj is job.start:
+                lacks = f"a start (job.start) the client half of {name!r} does not make"
+            else:  # the lent method's own error: raised as it is
+                raise
             raise MethodError(
-                f"algorithm.client={lent!r} lends its phases to algorithm.name={name!r}, but they read a message "
-                f"{name!r} does not send ({error}); lend a client half whose phases read no message of their own "
+                f"algorithm.client={lent!r} lends its phases to algorithm.name={name!r}, but they read {lacks} "
+                f"({error}); lend a client half whose phases read nothing of their own algorithm's message or start "
                 "(fedprox, sgdm, ditto, feduv, ...)"
             ) from error
 

@@ -44,7 +44,7 @@ from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.stack_plan import logical_rows
+from rayfed.train.stack_layout import logical_rows
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_choice, check_real
 

@@ -35,10 +35,10 @@ from rayfed.train.graphs import StepGraphs
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import SGD, Forward, Outputs, Phase
-from rayfed.train.sequential import SequentialTraining, trained_range
-from rayfed.train.stack_plan import logical_rows
+from rayfed.train.sequential import SequentialTraining
+from rayfed.train.stack_layout import logical_rows
 from rayfed.train.stacked import StackedTraining
-from rayfed.train.step import reads_anchor
+from rayfed.train.step import phase_samples, reads_anchor, trained_range
 
 __all__ = ["Trained", "LocalLoop"]
 
@@ -205,7 +205,7 @@ class LocalLoop:
         name = self._features_layer(phase, flat, job.architecture)
         if name is None:
             return phase
-        x, y = phase.inputs if phase.inputs is not None else (job.x_train, job.y_train)
+        x, y = phase_samples(phase, job)
         if len(y):
             features = torch.cat([f for _, f in features_before_output(flat.module, name, x)])
         else:

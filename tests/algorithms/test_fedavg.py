@@ -70,7 +70,7 @@ def test_proximal_term_of_a_cnn_matches_the_flat_vectors() -> None:
     # round's start as the loop hands it over (the parameters in logical order).
     from rayfed.algorithms.fedprox import FedProxClient, FedProxParams
     from rayfed.train.flat import FlatModel
-    from rayfed.train.stack_plan import logical_rows
+    from rayfed.train.stack_layout import logical_rows
 
     torch.manual_seed(0)
     flat = FlatModel(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(16, 2)))
