@@ -350,9 +350,7 @@ class AppleServer(ServerHalf[AppleParams, ClientVectors]):
     def broadcast(self) -> CoreModels:
         return CoreModels(self.cores, self.versions, self.num_params, self.initial, self.p0, self.start)
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         self.cores, self.versions = self.cores.copy(), self.versions.copy()  # the last broadcast reads the old
         self.cores[contribution.client_ids] = contribution.matrix()
         self.versions[contribution.client_ids] = ctx.round + 1

@@ -294,9 +294,7 @@ class CFLServer(ClusterModelState, ServerHalf[CFLParams, ClientUpdates]):
     def broadcast(self) -> ClusterModels:
         return ClusterModels(self.models, self.assignment)
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientUpdates | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0, "cfl_clusters": float(len(self.models))}
+    def aggregate(self, ctx: RoundContext, contribution: ClientUpdates) -> dict[str, float]:
         ids, sizes, updates = contribution.client_ids, contribution.sizes, contribution.matrix()
         params = updates[:, : self.num_params]
         if self.params.norms == "gradient":  # −ḡ_i = Δθ_i / λ_i; a client that took no step has no gradient

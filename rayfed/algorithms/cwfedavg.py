@@ -300,9 +300,7 @@ class CwFedAvgServer(ServerHalf[CwFedAvgParams, ClasswiseSum]):
     def broadcast(self) -> ClasswiseModels:
         return ClasswiseModels(self.heads, self.shared, self.initial_buffers, self.p_tilde, self.parts)
 
-    def aggregate(self, ctx: RoundContext, contribution: ClasswiseSum | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClasswiseSum) -> dict[str, float]:
         absent = int((contribution.masses <= 0).sum())
         if absent:
             logger.warning("round %d: %d classes have no uploaded mass; their models are kept", ctx.round, absent)

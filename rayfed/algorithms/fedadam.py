@@ -80,9 +80,7 @@ class FedAdamServer(GlobalModelServer[FedAdamParams, WeightedSum]):
         self.m = np.zeros(self.num_params, np.float32)
         self.v = np.zeros(self.num_params, np.float32)
 
-    def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: WeightedSum) -> dict[str, float]:
         average = contribution.average()
         p = self.num_params
         delta = average[:p] - self.global_vector[:p]

@@ -197,9 +197,7 @@ class FedAMPServer(ServerHalf[FedAMPParams, ClientVectors]):
     def broadcast(self) -> CloudModels:
         return CloudModels(self.clouds, self.initial)
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         self.models = self.models.copy()  # the last broadcast may still be read
         self.models[contribution.client_ids] = contribution.matrix()
         self.seen[contribution.client_ids] = True

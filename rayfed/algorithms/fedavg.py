@@ -22,9 +22,7 @@ __all__ = ["FedAvgServer"]
 class FedAvgServer(GlobalModelServer[object, WeightedSum]):
     """Keeps θ_g; aggregates by the weighted average of the uploaded models."""
 
-    def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: WeightedSum) -> dict[str, float]:
         self.global_vector = contribution.average()
         return {"clients_aggregated": float(contribution.count)}
 

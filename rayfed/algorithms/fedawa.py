@@ -210,9 +210,7 @@ class FedAWAServer(GlobalModelServer[FedAWAParams, ClientVectors]):
     def broadcast(self) -> FedAWAModel:
         return FedAWAModel(self.global_vector, needs_label_counts(self.params.initial_weights))
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         ids = contribution.client_ids
         vectors = contribution.matrix()
         self._first_sight(ids, contribution.sizes, contribution.label_counts)

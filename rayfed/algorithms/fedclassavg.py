@@ -299,9 +299,7 @@ class FedClassAvgServer(ServerHalf[FedClassAvgParams, WeightedSum]):
     def broadcast(self) -> FedClassAvgMessage:
         return FedClassAvgMessage(self.global_vector, self.init)
 
-    def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: WeightedSum) -> dict[str, float]:
         self.global_vector = contribution.average()
         return {"clients_aggregated": float(contribution.count)}
 

@@ -142,9 +142,7 @@ class ModelAndHistogramClient(GlobalModelClient[FedDiscoParams, GlobalModel]):
 class FedDiscoServer(GlobalModelServer[FedDiscoParams, ClientVectors]):
     """Keeps θ_g; aggregates the round's models with the discrepancy-aware weights (every state entry)."""
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         if contribution.label_counts is None:
             raise ValueError("feddisco: the uploads carry no label counts")
         p = self.params

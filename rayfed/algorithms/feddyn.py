@@ -174,9 +174,7 @@ class FedDynServer(GlobalModelServer[FedDynParams, WeightedSum]):
     def broadcast(self) -> FedDynModel:
         return FedDynModel(self.global_vector, self.params.alpha, self.params.fidelity == "code")
 
-    def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: WeightedSum) -> dict[str, float]:
         mean = contribution.average()
         p = self.num_params
         theta, self.h = feddyn_server_step(

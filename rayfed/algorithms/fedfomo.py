@@ -298,9 +298,7 @@ class FedFomoServer(ServerHalf[FedFomoParams, ClientVectors]):
     def broadcast(self) -> FomoModels:
         return FomoModels(self.models, self.available, self.spec.seed, self.num_params)
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         self.models = self.models.copy()  # the last broadcast still reads the old rows
         self.models[contribution.client_ids] = contribution.matrix()
         self.available = self.available.copy()

@@ -209,9 +209,7 @@ class FedLAWServer(GlobalModelServer[FedLAWParams, ClientVectors]):
         code_bn = params.batchnorm == "code" and len(self.global_vector) > p
         self.server_buffers = torch.from_numpy(self.global_vector[p:].copy()) if code_bn else None
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         started = time.perf_counter()
         thetas = torch.from_numpy(np.ascontiguousarray(contribution.matrix(), dtype=np.float32))
         generator = torch.Generator().manual_seed(init_seed(self.spec.seed, _PROXY_STREAM + ctx.round))

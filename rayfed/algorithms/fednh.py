@@ -322,9 +322,7 @@ class FedNHServer(GlobalModelServer[FedNHParams, PrototypeSum]):
     def broadcast(self) -> FedNHMessage:
         return FedNHMessage(self.global_vector, self.prototypes, self.scale, self.head)
 
-    def aggregate(self, ctx: RoundContext, contribution: PrototypeSum | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: PrototypeSum) -> dict[str, float]:
         average = contribution.body.average()
         vector = self.global_vector.copy()
         vector[self.head.body] = average[:-1]

@@ -275,9 +275,7 @@ class FedProtoServer(ServerHalf[FedProtoParams, ClassSums]):
     def broadcast(self) -> FedProtoMessage:
         return FedProtoMessage(self.prototypes, self.present, self.init)
 
-    def aggregate(self, ctx: RoundContext, contribution: ClassSums | None) -> dict[str, float]:
-        if contribution is None:
-            return {"classes_with_prototype": float(self.present.sum())}
+    def aggregate(self, ctx: RoundContext, contribution: ClassSums) -> dict[str, float]:
         new, seen = contribution.prototypes(self.params.aggregation)
         self.prototypes = np.where(seen[:, None], new, self.prototypes).astype(np.float32)
         self.present = self.present | seen

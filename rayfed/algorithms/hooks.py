@@ -195,9 +195,10 @@ class ServerHalf(StateSizes, abc.ABC, Generic[P, C]):
         """The message of the next round: plain data (a function of the server's state only)."""
 
     @abc.abstractmethod
-    def aggregate(self, ctx: RoundContext, contribution: C | None) -> dict[str, float]:
-        """Fold the round's summed contribution into the state; None means no acceptable update, and the state
-        stays as it is. Returns metrics."""
+    def aggregate(self, ctx: RoundContext, contribution: C) -> dict[str, float]:
+        """Fold the round's summed contribution into the state; returns metrics. It is called only with one:
+        a round without an acceptable update keeps the state as it is, and the server answers it for every
+        method (``clients_aggregated`` = 0)."""
 
     @abc.abstractmethod
     def state_dict(self) -> dict[str, np.ndarray]:

@@ -224,9 +224,7 @@ class IFCAServer(ClusterModelState, ServerHalf[IFCAParams, ClusterSums]):
         chosen = self.assignment[self.assignment >= 0]
         return int(np.bincount(chosen, minlength=len(self.models)).argmax()) if len(chosen) else 0
 
-    def aggregate(self, ctx: RoundContext, contribution: ClusterSums | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClusterSums) -> dict[str, float]:
         # New arrays, so broadcasts already handed out (and Ray's zero-copy reads) stay valid.
         models, assignment = self.models.copy(), self.assignment.copy()
         for cluster in np.flatnonzero(contribution.weights > 0):

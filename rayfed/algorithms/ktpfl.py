@@ -316,9 +316,7 @@ class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
         mixing = mixing_weights(torch.as_tensor(self.coefficients), torch.as_tensor(self.seen)).numpy()
         return KTpFLMessage(self.init, None, mixing.astype(np.float32), self.models[self.seen])
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         rows, ids = contribution.matrix(), contribution.client_ids
         width = self.predictions[0].size
         self.predictions[ids] = rows[:, :width].reshape(len(ids), *self.predictions.shape[1:])

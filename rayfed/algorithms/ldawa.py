@@ -102,9 +102,7 @@ class LDAWAServer(GlobalModelServer[LDAWAParams, ClientVectors]):
         super().__init__(params, spec, initial)
         self.layout = spec.layouts[self.architecture]
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         if ctx.round < self.params.warmup_rounds:  # the authors' FedAvg warm-up
             self.global_vector = contribution.size_weighted_mean()
             return {"clients_aggregated": float(contribution.count)}

@@ -77,8 +77,8 @@ class LocalServer(ServerHalf[NoParams, NoUpload]):
     def broadcast(self) -> OwnModels:
         return self.message
 
-    def aggregate(self, ctx: RoundContext, contribution: NoUpload | None) -> dict[str, float]:
-        return {"clients_trained": float(contribution.count if contribution is not None else 0)}
+    def aggregate(self, ctx: RoundContext, contribution: NoUpload) -> dict[str, float]:
+        return {"clients_trained": float(contribution.count)}
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {}

@@ -47,7 +47,8 @@ class Server:
         if total is not None and not total.is_finite():
             logger.warning("round %d: aggregate is not finite; the global state is kept", ctx.round)
             total = None
-        metrics = dict(self.half.aggregate(ctx, total))
+        # A round without an acceptable update leaves the state as it is: answered here, for every method.
+        metrics = {"clients_aggregated": 0.0} if total is None else dict(self.half.aggregate(ctx, total))
         metrics["server_bytes_received"] = float(bytes_received)
         return metrics
 

@@ -273,10 +273,8 @@ class PartialServer(ServerHalf[Any, WeightedSum]):
     def broadcast(self) -> PartialModels:
         return PartialModels(self.shared, self.initial_local, self.split, self.shared_part, self.keep_local)
 
-    def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
+    def aggregate(self, ctx: RoundContext, contribution: WeightedSum) -> dict[str, float]:
         """The averaged part ← Σ_i n_i θ_i^part / Σ_i n_i over the clients that uploaded."""
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
         self.shared = contribution.average()
         return {"clients_aggregated": float(contribution.count)}
 
