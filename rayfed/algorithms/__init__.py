@@ -17,7 +17,6 @@ from rayfed.algorithms.hooks import (
     ServerHalf,
     SharedBody,
     Start,
-    model_of,
 )
 from rayfed.algorithms.registry import ALGORITHMS, Algorithm, ResolvedAlgorithm, register_algorithm
 from rayfed.algorithms.settings import resolve
@@ -37,6 +36,5 @@ __all__ = [
     "WeightedSum",
     "register_algorithm",
     "resolve",
-    "model_of",
     "sum_contributions",
 ]

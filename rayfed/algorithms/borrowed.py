@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from rayfed.algorithms.hooks import ClientHalf, Contribution, SharedBody
+from rayfed.algorithms.hooks import ClientHalf, Contribution, SharedBody, Start
 from rayfed.util.errors import MethodError
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class BorrowedTraining(ClientHalf[Any, Any]):
         self.normalized_features = own.normalized_features or training.normalized_features  # type: ignore[misc]
         self.eval_reads_train = own.eval_reads_train  # type: ignore[misc]
 
-    def start(self, message: Any, job: ClientJob) -> Any:
+    def start(self, message: Any, job: ClientJob) -> Start:
         return self.own.start(message, job)
 
     def phases(self, message: Any, job: ClientJob) -> list[Phase]:

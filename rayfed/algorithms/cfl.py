@@ -53,7 +53,7 @@ import numpy as np
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.common.cluster_state import ClusterModelState
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.batches import steps_per_epoch
 from rayfed.train.host import to_device
@@ -260,9 +260,9 @@ class ClusterModels:
 class CFLClient(ClientHalf[Any, ClusterModels]):
     """Starts from its cluster's model θ_{c(i)}, trains, and sends its update Δθ_i with its local SGD's λ_i."""
 
-    def start(self, message: ClusterModels, job: ClientJob) -> np.ndarray:
+    def start(self, message: ClusterModels, job: ClientJob) -> Start:
         """θ_i ← θ_{c(i)}."""
-        return message.model_of(job.client_id)
+        return Start(message.model_of(job.client_id))
 
     def upload(self, message: ClusterModels, job: ClientJob) -> Contribution:
         """Δθ_i = θ_i − θ_{c(i)} (parameters then buffers), and λ_i of the client's local SGD."""

@@ -55,7 +55,7 @@ from rayfed.algorithms.cwfedavg_equations import (
 from rayfed.algorithms.cwfedavg_figures import cwfedavg_figures
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, ModelParts, model_parts
 from rayfed.algorithms.figures import Figure, FinishedRun
-from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, SharedBody
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, SharedBody, Start
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.algorithms.sizing import buffer_bytes
 from rayfed.train.host import to_device
@@ -189,11 +189,11 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels]):
         state[size:] = buffers
         return state
 
-    def start(self, message: ClasswiseModels, job: ClientJob) -> np.ndarray:
+    def start(self, message: ClasswiseModels, job: ClientJob) -> Start:
         """θ_i^cw ← Σ_j p̃_ij G_j (Eq. 7); θ_i^other ← G_avg; buffers stay the client's own (the initial ones before
         it has trained)."""
         own = job.state["buffers"] if job.state and "buffers" in job.state else message.initial_buffers
-        return self._state(message, job, self._row(message, job), np.asarray(own))
+        return Start(self._state(message, job, self._row(message, job), np.asarray(own)))
 
     def phases(self, message: ClasswiseModels, job: ClientJob) -> list[Phase]:
         if not self.coefficient:

@@ -38,7 +38,7 @@ from rayfed.algorithms.common.architecture import require_homogeneous, sole_arch
 from rayfed.algorithms.common.own_models import save_model_state, saved_model
 from rayfed.algorithms.common.proximal import proximal_term
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
@@ -139,11 +139,11 @@ class FedAMPClient(ClientHalf[FedAMPParams, CloudModels]):
     """Receives u_i and starts from it (or from its own w_i), trains on cross-entropy + (λ/(2α_K))‖w − u_i‖²
     (Eq. 8), keeps w_i for evaluation and uploads it whole (parameters, then buffers)."""
 
-    def start(self, message: CloudModels, job: ClientJob) -> np.ndarray:
+    def start(self, message: CloudModels, job: ClientJob) -> Start:
         """u_i, or (``start="own"``) the client's own w_i."""
         if self.params.start == "own":
-            return saved_model(job, message.initial)
-        return message.clouds[job.client_id]
+            return Start(saved_model(job, message.initial))
+        return Start(message.clouds[job.client_id])
 
     def phases(self, message: CloudModels, job: ClientJob) -> list[Phase]:
         if self.params.lamda == 0:

@@ -50,7 +50,7 @@ from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelServer
 from rayfed.algorithms.common.own_models import CLIENT_INIT_STREAM, save_model_state, saved_model
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.fednh_equations import class_means, initial_prototypes, smooth_prototypes
-from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, Start
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.evaluate import features_before_output
 from rayfed.train.host import to_device
@@ -202,8 +202,8 @@ class FedNHClient(ClientHalf[FedNHParams, FedNHMessage]):
         self._bias = layout.names.index(f"{output}.bias") if f"{output}.bias" in layout.names else None
         self._body: dict[torch.device, torch.Tensor] = {}
 
-    def start(self, message: FedNHMessage, job: ClientJob) -> np.ndarray:
-        return message.vector
+    def start(self, message: FedNHMessage, job: ClientJob) -> Start:
+        return Start(message.vector)
 
     def phases(self, message: GlobalModel, job: ClientJob) -> list[Phase]:
         """One phase of the run's SGD on the cosine classifier, s trained where learned. Lent to another server half

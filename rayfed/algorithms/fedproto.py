@@ -42,7 +42,7 @@ import torch
 
 from rayfed.algorithms.common.class_counts import class_counts
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
-from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.evaluate import features_before_output
 from rayfed.train.host import to_device
@@ -184,8 +184,8 @@ class FedProtoClient(ClientHalf[FedProtoParams, FedProtoMessage]):
     """Its own model; SGD on CE + λ·MSE(embedding, global prototype); keeps the model and sends its class sums of
     embeddings over the training split (eval mode)."""
 
-    def start(self, message: FedProtoMessage, job: ClientJob) -> np.ndarray:
-        return own_model_state(job, message.init)
+    def start(self, message: FedProtoMessage, job: ClientJob) -> Start:
+        return Start(own_model_state(job, message.init))
 
     def phases(self, message: FedProtoMessage, job: ClientJob) -> list[Phase]:
         layer = self.spec.output_layer[job.architecture]

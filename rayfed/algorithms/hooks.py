@@ -44,7 +44,6 @@ __all__ = [
     "RoundContext",
     "Contribution",
     "Start",
-    "model_of",
     "SharedBody",
     "ClientHalf",
     "ServerHalf",
@@ -77,17 +76,12 @@ class RoundContext:
 
 @dataclass
 class Start:
-    """A client's starting model (``model``: its state, parameters then buffers, as a numpy array or a tensor on
-    its device), with what the client made of the message for its phases and upload to read: a client half
-    whose :meth:`ClientHalf.start` decides more than the model returns a subclass (IFCA: the cluster it chose),
-    and finds it again as ``job.start``."""
+    """What a client starts its round from (:meth:`ClientHalf.start`): ``model``, its state (parameters then
+    buffers, as a numpy array or a tensor on its device). A client half whose start decides more than the model
+    returns a subclass carrying it (IFCA: the cluster it chose), and finds it again as ``job.start`` in its
+    ``phases`` and ``upload``. The same array for every client (a global model) lets a stack start from one copy."""
 
     model: Any
-
-
-def model_of(start: Any) -> Any:
-    """The starting state a :meth:`ClientHalf.start` returned: its ``model`` if it is a :class:`Start`."""
-    return start.model if isinstance(start, Start) else start
 
 
 @dataclass(frozen=True)
@@ -123,10 +117,9 @@ class ClientHalf(abc.ABC, Generic[P, M]):
         self.spec = spec
 
     @abc.abstractmethod
-    def start(self, message: M, job: ClientJob) -> Any:
-        """The client's starting model this round (its state, parameters then buffers, as a numpy array or a
-        tensor), or a :class:`Start` carrying it. Returning the same array for every client (a global model)
-        lets a stack start from one copy."""
+    def start(self, message: M, job: ClientJob) -> Start:
+        """The client's start this round: its starting model, and what else it made of the message
+        (:class:`Start`)."""
 
     def phases(self, message: M, job: ClientJob) -> list[Phase]:
         """The client's local training this round; ``job.start`` holds what :meth:`start` returned."""
@@ -143,7 +136,7 @@ class ClientHalf(abc.ABC, Generic[P, M]):
 
     def evaluation(self, message: M, job: ClientJob) -> Any:
         """The model the client is evaluated with (a state, as :meth:`start`); by default its starting one."""
-        return model_of(self.start(message, job))
+        return self.start(message, job).model
 
     def fine_tuning(self, message: M, job: ClientJob) -> list[Phase]:
         """Phases trained on the evaluation model before it is evaluated (FedBABU's); none by default."""

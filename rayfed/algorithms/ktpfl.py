@@ -47,7 +47,7 @@ import torch
 from rayfed.algorithms.common.architecture import require_homogeneous
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.ktpfl_equations import (
     code_distillation_loss,
     distillation_loss,
@@ -202,11 +202,11 @@ class KTpFLClient(ClientHalf[KTpFLParams, KTpFLMessage]):
                 self._inputs[device] = (raw, model_inputs(self._public.inputs, mean, std, device=device))
         return self._inputs[device]
 
-    def start(self, message: KTpFLMessage, job: ClientJob) -> np.ndarray:
+    def start(self, message: KTpFLMessage, job: ClientJob) -> Start:
         """Its own model, or (+weight) Σ_m c̃_nm w_m."""
         if message.mixing is not None and message.models is not None:
-            return (message.mixing[job.client_id] @ message.models).astype(np.float32)
-        return own_model_state(job, message.init)
+            return Start((message.mixing[job.client_id] @ message.models).astype(np.float32))
+        return Start(own_model_state(job, message.init))
 
     def phases(self, message: KTpFLMessage, job: ClientJob) -> list[Phase]:
         """The distillation on the public set (from the second round on, without +weight), then local training

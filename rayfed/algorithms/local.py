@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
-from rayfed.algorithms.hooks import ClientHalf, Contribution, NoParams, RoundContext, ServerHalf
+from rayfed.algorithms.hooks import ClientHalf, Contribution, NoParams, RoundContext, ServerHalf, Start
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
@@ -56,8 +56,8 @@ class OwnModels:
 class OwnModelClient(ClientHalf[Any, OwnModels]):
     """A client that trains its own model, kept in its state, and sends nothing."""
 
-    def start(self, message: OwnModels, job: ClientJob) -> np.ndarray:
-        return own_model_state(job, message.init)
+    def start(self, message: OwnModels, job: ClientJob) -> Start:
+        return Start(own_model_state(job, message.init))
 
     def upload(self, message: OwnModels, job: ClientJob) -> Contribution:
         save_model_state(job)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rayfed.algorithms import ClientHalf, Contribution, RoundContext, model_of, resolve
+from rayfed.algorithms import ClientHalf, Contribution, RoundContext, resolve
 from rayfed.algorithms.contributions import WeightedState
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
@@ -122,7 +122,7 @@ class ClientRunner(ClientData):
     def _start(self, message: Any, job: ClientJob) -> Any:
         """The client's start (``job.start``) and the state it starts from."""
         job.start = self.client_half.start(message, job)
-        return model_of(job.start)
+        return job.start.model
 
     def _phases(self, message: Any, job: ClientJob) -> list[Phase]:
         return self._checked(self.client_half.phases(message, job), job, "phases")

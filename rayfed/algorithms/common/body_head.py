@@ -30,7 +30,7 @@ import torch
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture, trailing_blocks
 from rayfed.algorithms.contributions import WeightedState, WeightedSum
-from rayfed.algorithms.hooks import ClientHalf, RoundContext, ServerHalf, SharedBody
+from rayfed.algorithms.hooks import ClientHalf, RoundContext, ServerHalf, SharedBody, Start
 from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
 from rayfed.train.phase import Phase
@@ -213,9 +213,9 @@ class PartialClient(ClientHalf[Any, PartialModels]):
             return np.asarray(job.state[LOCAL_KEY])
         return message.initial_local
 
-    def start(self, message: PartialModels, job: ClientJob) -> np.ndarray:
+    def start(self, message: PartialModels, job: ClientJob) -> Start:
         """The global part from the server, the client's own part from its state."""
-        return message.model_state(self.local_values(message, job))
+        return Start(message.model_state(self.local_values(message, job)))
 
     def upload(self, message: PartialModels, job: ClientJob) -> WeightedState:
         """The trained averaged part, weighted by n_i; the other part is kept (or dropped: FedBABU)."""

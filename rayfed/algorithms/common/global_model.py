@@ -16,7 +16,7 @@ import numpy as np
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.contributions import ClientVectors, WeightedState
-from rayfed.algorithms.hooks import ClientHalf, Contribution, ServerHalf, SharedBody
+from rayfed.algorithms.hooks import ClientHalf, Contribution, ServerHalf, SharedBody, Start
 from rayfed.train.problem import ProblemSpec
 
 if TYPE_CHECKING:
@@ -46,8 +46,8 @@ class GlobalModelClient(ClientHalf[P, M]):
     """FedAvg's client: it starts from θ_g, trains, and sends its model weighted by its training samples; it is
     evaluated with θ_g itself (the one model)."""
 
-    def start(self, message: M, job: ClientJob) -> np.ndarray:
-        return message.vector
+    def start(self, message: M, job: ClientJob) -> Start:
+        return Start(message.vector)
 
     def upload(self, message: M, job: ClientJob) -> Contribution | WeightedState:
         return WeightedState()
