@@ -54,8 +54,9 @@ from rayfed.algorithms.cwfedavg_equations import (
 )
 from rayfed.algorithms.cwfedavg_figures import cwfedavg_figures
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, ModelParts, model_parts
+from rayfed.algorithms.declarations import SharedBody, SharedBodyEvaluation
 from rayfed.algorithms.figures import Figure, FinishedRun
-from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, SharedBody, Start
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.algorithms.sizing import buffer_bytes
 from rayfed.train.host import to_device
@@ -155,7 +156,7 @@ class ClasswiseModels:
     parts: ModelParts
 
 
-class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels]):
+class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEvaluation):
     """Starts from Σ_j p̃_ij G_j (Eq. 7); plain SGD on CE + c·‖p_i − p̃_i(W)‖₂ (Eq. 8), recomputed from the live
     output weight each mini-batch (the per-client constant is p_i); sends p̃_i (Eq. 4) and its share of Eq. 6
     and FedAvg."""

@@ -33,7 +33,7 @@ from rayfed.algorithms.common.body_head import (
     part_phase,
     split_body_head,
 )
-from rayfed.algorithms.hooks import SharedBody
+from rayfed.algorithms.declarations import EvaluationReadsTrain, SharedBody
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Phase
@@ -60,11 +60,9 @@ class FedBabuParams(BodyHeadParams):
         check_int("algorithm.params.finetune_epochs", self.finetune_epochs, low=0)
 
 
-class FedBabuClient(PartialClient):
+class FedBabuClient(PartialClient, EvaluationReadsTrain):
     """Local SGD on the body only; the head stays exactly at h_0 (no step, no weight decay). Evaluated after
     fine-tuning the whole model on its training split, which evaluation jobs carry."""
-
-    eval_reads_train = True
 
     def __init__(self, params: FedBabuParams, spec: ProblemSpec) -> None:
         super().__init__(params, spec)

@@ -24,9 +24,9 @@ Round t, as the engine runs it (``rayfed.engine``, ``rayfed.execution``)::
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -44,7 +44,6 @@ __all__ = [
     "RoundContext",
     "Contribution",
     "Start",
-    "SharedBody",
     "ClientHalf",
     "ServerHalf",
     "NoParams",
@@ -84,16 +83,6 @@ class Start:
     model: Any
 
 
-@dataclass(frozen=True)
-class SharedBody:
-    """Evaluation models that differ at most in the output layer: ``state`` outside it, and each client's
-    output layer ``weight`` (C, K, h) and ``bias`` (C, K), or None when every client uses ``state`` whole."""
-
-    state: np.ndarray
-    weight: np.ndarray | None = None
-    bias: np.ndarray | None = None
-
-
 class ClientHalf(abc.ABC, Generic[P, M]):
     """The whole client of a round: its start, its local training, its upload and its evaluation model, each
     for one client (``job``) and read from the round's message ``M``.
@@ -104,13 +93,6 @@ class ClientHalf(abc.ABC, Generic[P, M]):
     every method stacked and replayed, so a method is on the fast path by construction; every phase is checked
     before it trains (:mod:`rayfed.train.phase_checks`).
     """
-
-    normalized_features: ClassVar[bool] = False
-    """True if the client's output layer reads L2-normalised features (FedNH's cosine classifier): the
-    worker builds its models so (:func:`rayfed.models.layers.normalize_inputs_of`)."""
-    eval_reads_train: ClassVar[bool] = False
-    """True if :meth:`evaluation` or :meth:`fine_tuning` read the client's training split (FedBABU fine-tunes on
-    it, IFCA picks its cluster by training loss), so evaluation jobs carry it."""
 
     def __init__(self, params: P, spec: ProblemSpec) -> None:
         self.params = params
@@ -151,11 +133,6 @@ class ClientHalf(abc.ABC, Generic[P, M]):
     def bytes_down(self, message: M, job: ClientJob) -> int:
         """Bytes the client receives this round; by default its whole model."""
         return job.worker_model.size * 4
-
-    def shared_body(self, message: M, jobs: Sequence[ClientJob]) -> SharedBody | None:
-        """The evaluation models of ``jobs`` (one architecture) when they share everything but the output
-        layer, so the worker runs the body once over all their test samples; None (the default) otherwise."""
-        return None
 
 
 class ServerHalf(StateSizes, abc.ABC, Generic[P, C]):

@@ -38,6 +38,7 @@ import torch
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.common.cluster_state import ClusterModelState
 from rayfed.algorithms.contributions import WeightedSum, join
+from rayfed.algorithms.declarations import EvaluationReadsTrain
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.models import build_model, seeded_init
@@ -157,11 +158,9 @@ class ClusterStart(Start):
     cluster: Any = None
 
 
-class IFCAClient(ClientHalf[Any, IFCAModels]):
+class IFCAClient(ClientHalf[Any, IFCAModels], EvaluationReadsTrain):
     """Picks ĵ = argmin_j F_i(θ_j) on its training data (on the device), trains θ_ĵ and sends it in ĵ's row.
     Evaluated with the cluster it picks so on the evaluation job (which carries the training split)."""
-
-    eval_reads_train = True
 
     def __init__(self, params: Any, spec: ProblemSpec) -> None:
         super().__init__(params, spec)

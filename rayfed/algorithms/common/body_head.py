@@ -30,7 +30,8 @@ import torch
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture, trailing_blocks
 from rayfed.algorithms.contributions import WeightedState, WeightedSum
-from rayfed.algorithms.hooks import ClientHalf, RoundContext, ServerHalf, SharedBody, Start
+from rayfed.algorithms.declarations import SharedBody, SharedBodyEvaluation
+from rayfed.algorithms.hooks import ClientHalf, RoundContext, ServerHalf, Start
 from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
 from rayfed.train.phase import Phase
@@ -201,7 +202,7 @@ class PartialModels:
         return state
 
 
-class PartialClient(ClientHalf[Any, PartialModels]):
+class PartialClient(ClientHalf[Any, PartialModels], SharedBodyEvaluation):
     """The client of "average one part, keep the other": it starts from the global part and its own part, trains
     both (FedPer, LG-FedAvg) and sends the averaged part, weighted by n_i, keeping the other (or dropping it:
     FedBABU)."""

@@ -16,7 +16,8 @@ import numpy as np
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.contributions import ClientVectors, WeightedState
-from rayfed.algorithms.hooks import ClientHalf, Contribution, ServerHalf, SharedBody, Start
+from rayfed.algorithms.declarations import SharedBody, SharedBodyEvaluation
+from rayfed.algorithms.hooks import ClientHalf, Contribution, ServerHalf, Start
 from rayfed.train.problem import ProblemSpec
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ class GlobalModel:
 M = TypeVar("M", bound=GlobalModel)
 
 
-class GlobalModelClient(ClientHalf[P, M]):
+class GlobalModelClient(ClientHalf[P, M], SharedBodyEvaluation):
     """FedAvg's client: it starts from θ_g, trains, and sends its model weighted by its training samples; it is
     evaluated with θ_g itself (the one model)."""
 

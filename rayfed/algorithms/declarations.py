@@ -1,0 +1,93 @@
+"""What a client half may declare beside the contract, each opt-in: a half subclasses the declaration it needs.
+
+The contract (:class:`~rayfed.algorithms.hooks.ClientHalf`) is what every method writes. These are not the
+method's mathematics but facts the worker uses to build its models or to evaluate faster, and most methods
+have none of them:
+
+* :class:`SharedBodyEvaluation`: its clients' evaluation models share everything but the output layer, so
+  the worker runs the body once over all their test samples (FedAvg's, FedPer's, cwFedAvg's);
+* :class:`NormalizedFeatures`: its output layer reads L2-normalised features (FedNH's cosine classifier);
+* :class:`EvaluationReadsTrain`: its ``evaluation`` or ``fine_tuning`` reads the client's training split
+  (FedBABU fine-tunes on it, IFCA picks its cluster by training loss), so evaluation jobs carry it.
+
+A half that borrows another's phases (``algorithm.client``, :class:`~rayfed.algorithms.borrowed.BorrowedTraining`)
+evaluates as its own half declares; its models read normalised features if either half's do. The functions
+below answer for any half, borrowed or not; the worker asks them, never the classes.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rayfed.algorithms.borrowed import BorrowedTraining
+from rayfed.algorithms.hooks import ClientHalf
+
+if TYPE_CHECKING:
+    from rayfed.train.job import ClientJob
+
+__all__ = [
+    "SharedBody",
+    "SharedBodyEvaluation",
+    "NormalizedFeatures",
+    "EvaluationReadsTrain",
+    "shared_body",
+    "normalizes_features",
+    "evaluation_reads_train",
+]
+
+
+@dataclass(frozen=True)
+class SharedBody:
+    """Evaluation models that differ at most in the output layer: ``state`` outside it, and each client's
+    output layer ``weight`` (C, K, h) and ``bias`` (C, K), or None when every client uses ``state`` whole."""
+
+    state: np.ndarray
+    weight: np.ndarray | None = None
+    bias: np.ndarray | None = None
+
+
+class SharedBodyEvaluation(abc.ABC):
+    """A client half whose clients' evaluation models may share everything but the output layer."""
+
+    @abc.abstractmethod
+    def shared_body(self, message: Any, jobs: Sequence[ClientJob]) -> SharedBody | None:
+        """The evaluation models of ``jobs`` (one architecture) as one body and their output layers, or None
+        when they do not share one this round (each client is then evaluated with a forward of its own)."""
+
+
+class NormalizedFeatures:
+    """A client half whose output layer reads L2-normalised features: the worker builds its models so
+    (:func:`rayfed.models.layers.normalize_inputs_of`)."""
+
+
+class EvaluationReadsTrain:
+    """A client half whose ``evaluation`` or ``fine_tuning`` reads the client's training split: evaluation jobs
+    carry it (without this declaration they carry the test split alone)."""
+
+
+def _evaluated(client: ClientHalf[Any, Any]) -> ClientHalf[Any, Any]:
+    """The half whose evaluation runs: a borrowing half's own."""
+    return client.own if isinstance(client, BorrowedTraining) else client
+
+
+def shared_body(client: ClientHalf[Any, Any], message: Any, jobs: Sequence[ClientJob]) -> SharedBody | None:
+    """``client``'s shared body for ``jobs``, if it declares one (:class:`SharedBodyEvaluation`)."""
+    evaluated = _evaluated(client)
+    return evaluated.shared_body(message, jobs) if isinstance(evaluated, SharedBodyEvaluation) else None
+
+
+def normalizes_features(client: ClientHalf[Any, Any]) -> bool:
+    """Whether ``client``'s models read normalised features (:class:`NormalizedFeatures`): a borrowing half's
+    do if either its own or the lent phases' half declares it (the lent phases may train a cosine classifier)."""
+    halves = (client.own, client.training) if isinstance(client, BorrowedTraining) else (client,)
+    return any(isinstance(half, NormalizedFeatures) for half in halves)
+
+
+def evaluation_reads_train(client: ClientHalf[Any, Any]) -> bool:
+    """Whether ``client``'s evaluation jobs carry the training split (:class:`EvaluationReadsTrain`)."""
+    return isinstance(_evaluated(client), EvaluationReadsTrain)
