@@ -232,6 +232,11 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEval
             model=theta[parts.classwise].clone(),
         )
 
+    def bytes_down(self, message: ClasswiseModels, job: ClientJob) -> int:
+        """One model's parameters (4·P bytes): the model it starts from (Eq. 7), which the server can form from
+        its row p̃_i; the K heads it is mixed from are not counted."""
+        return job.worker_model.size * 4
+
     def global_model(self, message: ClasswiseModels, job: ClientJob) -> np.ndarray:
         """The global model: Eq. 7 with the clients' overall class distribution p_j = Σ_i n_ij / Σ_ij n_ij
         (``job`` holds every client's counts, summed) in place of a client's row, G_avg elsewhere and the

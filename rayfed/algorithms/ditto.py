@@ -22,9 +22,8 @@ beside it.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -33,6 +32,7 @@ from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelClient
 from rayfed.algorithms.common.own_models import MODEL_KEY, saved_model
 from rayfed.algorithms.common.proximal import proximal_term
 from rayfed.algorithms.fedavg import FedAvgServer
+from rayfed.algorithms.hooks import HELD_BY_CLIENTS
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Batch, Constants, Kept, Outputs, Params, Phase
@@ -66,7 +66,7 @@ class DittoParams:
 class DittoModels(GlobalModel):
     """The global model w^t, and the common initialisation for personal models not yet trained."""
 
-    initial: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.float32))
+    initial: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32), metadata=HELD_BY_CLIENTS)
 
 
 class DittoClient(GlobalModelClient[DittoParams, GlobalModel]):

@@ -261,9 +261,6 @@ class FedClassAvgClient(ClientHalf[FedClassAvgParams, FedClassAvgMessage]):
             return message.vector
         return own_model_state(job, message.init)
 
-    def bytes_down(self, message: FedClassAvgMessage, job: ClientJob) -> int:
-        return int(message.vector.nbytes)
-
 
 # --- server side ----------------------------------------------------------------------------
 

@@ -24,8 +24,10 @@ Round t, as the engine runs it (``rayfed.engine``, ``rayfed.execution``)::
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
@@ -44,6 +46,8 @@ __all__ = [
     "RoundContext",
     "Contribution",
     "Start",
+    "HELD_BY_CLIENTS",
+    "message_bytes",
     "ClientHalf",
     "ServerHalf",
     "NoParams",
@@ -81,6 +85,29 @@ class Start:
     ``phases`` and ``upload``. The same array for every client (a global model) lets a stack start from one copy."""
 
     model: Any
+
+
+HELD_BY_CLIENTS: Mapping[str, bool] = MappingProxyType({"rayfed.held_by_clients": True})
+"""The metadata of a message field that every client already holds, so that its download does not count it
+(``field(metadata=HELD_BY_CLIENTS)``): the common initialisation a client starts its own model from (Ditto's,
+FedPer's head), or what each client decided itself (IFCA's last chosen clusters)."""
+
+
+def message_bytes(message: Any) -> int:
+    """Bytes of the arrays a message carries, through nested dataclasses and tuples, less the fields marked
+    :data:`HELD_BY_CLIENTS`: what a client downloads when it receives the message whole. Numbers and layouts
+    (a few bytes, the same every round) are not counted."""
+    if isinstance(message, np.ndarray):
+        return int(message.nbytes)
+    if isinstance(message, tuple | list):
+        return sum(message_bytes(item) for item in message)
+    if dataclasses.is_dataclass(message) and not isinstance(message, type):
+        return sum(
+            message_bytes(getattr(message, f.name))
+            for f in dataclasses.fields(message)
+            if f.metadata != HELD_BY_CLIENTS
+        )
+    return 0
 
 
 class ClientHalf(abc.ABC, Generic[P, M]):
@@ -131,8 +158,10 @@ class ClientHalf(abc.ABC, Generic[P, M]):
         return None
 
     def bytes_down(self, message: M, job: ClientJob) -> int:
-        """Bytes the client receives this round; by default its whole model."""
-        return job.worker_model.size * 4
+        """Bytes the client receives this round (the run's ``bytes_down``); by default the whole message
+        (:func:`message_bytes`). A client that receives part of it (its own row, the models it chooses) says
+        so here."""
+        return message_bytes(message)
 
 
 class ServerHalf(StateSizes, abc.ABC, Generic[P, C]):

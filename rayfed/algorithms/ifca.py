@@ -29,7 +29,7 @@ clients chose.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,7 @@ from rayfed.algorithms.common.architecture import require_homogeneous, sole_arch
 from rayfed.algorithms.common.cluster_state import ClusterModelState
 from rayfed.algorithms.contributions import WeightedSum, join
 from rayfed.algorithms.declarations import EvaluationReadsTrain
-from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
+from rayfed.algorithms.hooks import HELD_BY_CLIENTS, ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.registry import register_algorithm
 from rayfed.models import build_model, seeded_init
 from rayfed.train.evaluate import model_losses
@@ -147,7 +147,7 @@ class IFCAModels:
     """The k cluster models (k, S), each client's last chosen cluster (M,; −1 = never) and the most chosen one."""
 
     models: np.ndarray
-    assignment: np.ndarray
+    assignment: np.ndarray = field(metadata=HELD_BY_CLIENTS)
     default_cluster: int
 
 
@@ -187,10 +187,6 @@ class IFCAClient(ClientHalf[Any, IFCAModels], EvaluationReadsTrain):
         start: ClusterStart = job.start
         state = job.trained
         return ClusterSums.of(start.cluster, state, job.client_id, job.num_train, len(message.models))
-
-    def bytes_down(self, message: IFCAModels, job: ClientJob) -> int:
-        """All k models."""
-        return int(message.models.nbytes)
 
 
 def cluster_initialisation(spec: ProblemSpec, architecture: str, cluster: int) -> np.ndarray:

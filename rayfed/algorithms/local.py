@@ -63,9 +63,6 @@ class OwnModelClient(ClientHalf[Any, OwnModels]):
         save_model_state(job)
         return NoUpload()
 
-    def bytes_down(self, message: OwnModels, job: ClientJob) -> int:
-        return 0
-
 
 class LocalServer(ServerHalf[NoParams, NoUpload]):
     """Holds nothing; counts the clients that trained."""

@@ -22,7 +22,7 @@ statistics) follow the block they belong to.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -31,7 +31,7 @@ import torch
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture, trailing_blocks
 from rayfed.algorithms.contributions import WeightedState, WeightedSum
 from rayfed.algorithms.declarations import SharedBody, SharedBodyEvaluation
-from rayfed.algorithms.hooks import ClientHalf, RoundContext, ServerHalf, Start
+from rayfed.algorithms.hooks import HELD_BY_CLIENTS, ClientHalf, RoundContext, ServerHalf, Start
 from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
 from rayfed.train.phase import Phase
@@ -184,7 +184,7 @@ class PartialModels:
     the other part (its persisted ones when ``keep_local``, else the initial ones: FedBABU's fixed head)."""
 
     shared: np.ndarray
-    initial_local: np.ndarray
+    initial_local: np.ndarray = field(metadata=HELD_BY_CLIENTS)
     split: BodyHead
     shared_part: str
     """``"body"`` (FedPer, FedRep, FedBABU) or ``"head"`` (LG-FedAvg)."""
@@ -224,10 +224,6 @@ class PartialClient(ClientHalf[Any, PartialModels], SharedBodyEvaluation):
         if message.keep_local:
             job.state = {LOCAL_KEY: split.gather(job.trained, split.part(message.local_part))}
         return WeightedState(split.part(message.shared_part))
-
-    def bytes_down(self, message: PartialModels, job: ClientJob) -> int:
-        """Only the averaged part travels."""
-        return int(message.shared.nbytes)
 
     def shared_body(self, message: PartialModels, jobs: Sequence[ClientJob]) -> SharedBody | None:
         """When the body is averaged and each client's own part is just the output layer, every evaluation model is

@@ -53,9 +53,6 @@ class GlobalModelClient(ClientHalf[P, M], SharedBodyEvaluation):
     def upload(self, message: M, job: ClientJob) -> Contribution | WeightedState:
         return WeightedState()
 
-    def bytes_down(self, message: M, job: ClientJob) -> int:
-        return int(message.vector.nbytes)
-
     def shared_body(self, message: M, jobs: Sequence[ClientJob]) -> SharedBody | None:
         """Every client is evaluated with the global model itself (a subclass whose ``evaluation`` returns another
         model says so here)."""
