@@ -11,7 +11,14 @@ algorithm imports only its module (the server process of FedAvg imports no torch
 from rayfed.algorithms.contributions import ClientVectors, WeightedSum, sum_contributions
 from rayfed.algorithms.declarations import SharedBody
 from rayfed.algorithms.hooks import ClientHalf, Contribution, NoParams, RoundContext, ServerHalf, Start
-from rayfed.algorithms.registry import ALGORITHMS, Algorithm, ResolvedAlgorithm, register_algorithm
+from rayfed.algorithms.registry import (
+    ALGORITHMS,
+    Algorithm,
+    Capabilities,
+    Reporting,
+    ResolvedAlgorithm,
+    register_algorithm,
+)
 from rayfed.algorithms.settings import resolve
 
 __all__ = [
@@ -21,6 +28,8 @@ __all__ = [
     "ClientVectors",
     "Contribution",
     "NoParams",
+    "Capabilities",
+    "Reporting",
     "ResolvedAlgorithm",
     "RoundContext",
     "ServerHalf",

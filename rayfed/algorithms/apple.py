@@ -47,7 +47,8 @@ import torch
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
+from rayfed.algorithms.sizing import StateSizes
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
@@ -317,7 +318,7 @@ class AppleClient(ClientHalf[AppleParams, CoreModels]):
 # --- server side ----------------------------------------------------------------------------
 
 
-class AppleServer(ServerHalf[AppleParams, ClientVectors]):
+class AppleServer(StateSizes, ServerHalf[AppleParams, ClientVectors]):
     """Keeps every client's latest core model and its version; aggregates nothing."""
 
     @classmethod
@@ -371,5 +372,5 @@ register_algorithm(
     client=AppleClient,
     summary="APPLE (Luo & Wu 2022): personal model = DR-vector mix of all clients' core models, copies kept locally",
     keeps_client_state=True,
-    label="APPLE",
+    reporting=Reporting(label="APPLE"),
 )

@@ -54,7 +54,7 @@ from rayfed.algorithms.common.architecture import require_homogeneous, sole_arch
 from rayfed.algorithms.common.cluster_state import ClusterModelState
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.batches import steps_per_epoch
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
@@ -347,5 +347,5 @@ register_algorithm(
     client=CFLClient,
     summary="CFL (Sattler et al. 2020): FedAvg per cluster; a cluster near stationarity is bipartitioned by the "
     "cosine similarity of its clients' updates",
-    label="CFL",
+    reporting=Reporting(label="CFL"),
 )

@@ -55,10 +55,9 @@ from rayfed.algorithms.cwfedavg_equations import (
 from rayfed.algorithms.cwfedavg_figures import cwfedavg_figures
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, ModelParts, model_parts
 from rayfed.algorithms.declarations import SharedBody, SharedBodyEvaluation
-from rayfed.algorithms.figures import Figure, FinishedRun
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
-from rayfed.algorithms.registry import register_algorithm
-from rayfed.algorithms.sizing import buffer_bytes
+from rayfed.algorithms.registry import Reporting, register_algorithm
+from rayfed.algorithms.sizing import StateSizes, buffer_bytes
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
@@ -262,7 +261,7 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEval
         return SharedBody(state, heads[:, : k * h].reshape(len(jobs), k, h), heads[:, k * h :])
 
 
-class CwFedAvgServer(ServerHalf[CwFedAvgParams, ClasswiseSum]):
+class CwFedAvgServer(StateSizes, ServerHalf[CwFedAvgParams, ClasswiseSum]):
     """Keeps G_1..G_K (K × P_cw), G_avg, the M × K rows p̃ and the M × K row norms; no client models."""
 
     @classmethod
@@ -286,10 +285,6 @@ class CwFedAvgServer(ServerHalf[CwFedAvgParams, ClasswiseSum]):
         k, m = spec.num_classes, spec.num_clients
         buffers = spec.buffer_layouts[architecture].size if architecture in spec.buffer_layouts else 0
         return 4 * (2 * (k * classwise + parts.shared_size) + 2 * m * k + buffers)
-
-    @classmethod
-    def figures(cls, params: CwFedAvgParams, run: FinishedRun) -> list[Figure]:
-        return cwfedavg_figures(params, run)
 
     def __init__(self, params: CwFedAvgParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)  # validates
@@ -341,11 +336,14 @@ register_algorithm(
     client=CwFedAvgClient,
     summary="cwFedAvg with WDR (Lee & Choi, ICCV 2025): class-wise aggregation personalised by p-tilde",
     keeps_client_state=True,
-    label=CwFedAvgParams.label,
-    label_note=(
-        "cwFedAvg (X): X names the class-wise layers, aggregated per class (Eq. 6); the others are averaged as in "
-        "FedAvg (Output: the output layer alone; FC+Output, ...: the last blocks; a+b: the layers named). w/o WDR: "
-        "without the weight distribution regulariser; w/ Dist.: the clients' true class distributions, sent to the "
-        "server, in place of those read off the output layer, and no regulariser."
+    reporting=Reporting(
+        label=CwFedAvgParams.label,
+        label_note=(
+            "cwFedAvg (X): X names the class-wise layers, aggregated per class (Eq. 6); the others are averaged as in "
+            "FedAvg (Output: the output layer alone; FC+Output, ...: the last blocks; a+b: the layers named). w/o WDR: "
+            "without the weight distribution regulariser; w/ Dist.: the clients' true class distributions, sent to the "
+            "server, in place of those read off the output layer, and no regulariser."
+        ),
+        figures=cwfedavg_figures,
     ),
 )

@@ -1,14 +1,19 @@
-"""What a client half may declare beside the contract, each opt-in: a half subclasses the declaration it needs.
+"""What a half may declare beside the contract, each opt-in: a half subclasses the declaration it needs.
 
-The contract (:class:`~rayfed.algorithms.hooks.ClientHalf`) is what every method writes. These are not the
-method's mathematics but facts the worker uses to build its models or to evaluate faster, and most methods
-have none of them:
+The contract (:class:`~rayfed.algorithms.hooks.ClientHalf`, :class:`~rayfed.algorithms.hooks.ServerHalf`) is what
+every method writes. These are not the method's mathematics but facts the engine uses to build models, to
+evaluate faster or to carve data out before the run, and most methods have none of them. A client half:
 
 * :class:`SharedBodyEvaluation`: its clients' evaluation models share everything but the output layer, so
   the worker runs the body once over all their test samples (FedAvg's, FedPer's, cwFedAvg's);
 * :class:`NormalizedFeatures`: its output layer reads L2-normalised features (FedNH's cosine classifier);
 * :class:`EvaluationReadsTrain`: its ``evaluation`` or ``fine_tuning`` reads the client's training split
   (FedBABU fine-tunes on it, IFCA picks its cluster by training loss), so evaluation jobs carry it.
+
+A server half:
+
+* :class:`HeldOutData`: data no client may own (FedLAW's proxy set, KT-pFL's public set);
+* what its state weighs, where it differs from the default: :class:`~rayfed.algorithms.sizing.StateSizes`.
 
 A half that borrows another's phases (``algorithm.client``, :class:`~rayfed.algorithms.borrowed.BorrowedTraining`)
 evaluates as its own half declares; its models read normalised features if either half's do. The functions
@@ -26,8 +31,10 @@ import numpy as np
 
 from rayfed.algorithms.borrowed import BorrowedTraining
 from rayfed.algorithms.hooks import ClientHalf
+from rayfed.train.problem import ProblemSpec
 
 if TYPE_CHECKING:
+    from rayfed.data.held_out import HeldOutRequest
     from rayfed.train.job import ClientJob
 
 __all__ = [
@@ -35,9 +42,11 @@ __all__ = [
     "SharedBodyEvaluation",
     "NormalizedFeatures",
     "EvaluationReadsTrain",
+    "HeldOutData",
     "shared_body",
     "normalizes_features",
     "evaluation_reads_train",
+    "held_out_request",
 ]
 
 
@@ -70,6 +79,16 @@ class EvaluationReadsTrain:
     carry it (without this declaration they carry the test split alone)."""
 
 
+class HeldOutData(abc.ABC):
+    """A server half that needs data no client may own."""
+
+    @classmethod
+    @abc.abstractmethod
+    def held_out(cls, params: Any, spec: ProblemSpec) -> HeldOutRequest:
+        """The server data no client may own (FedLAW's proxy set, KT-pFL's public set), carved out of the pool
+        before the partition (:mod:`rayfed.data.held_out`) and handed to both halves as ``spec.held_out``."""
+
+
 def _evaluated(client: ClientHalf[Any, Any]) -> ClientHalf[Any, Any]:
     """The half whose evaluation runs: a borrowing half's own."""
     return client.own if isinstance(client, BorrowedTraining) else client
@@ -91,3 +110,8 @@ def normalizes_features(client: ClientHalf[Any, Any]) -> bool:
 def evaluation_reads_train(client: ClientHalf[Any, Any]) -> bool:
     """Whether ``client``'s evaluation jobs carry the training split (:class:`EvaluationReadsTrain`)."""
     return isinstance(_evaluated(client), EvaluationReadsTrain)
+
+
+def held_out_request(server_half: type, params: Any, spec: ProblemSpec) -> HeldOutRequest | None:
+    """The held-out data ``server_half`` declares it needs (:class:`HeldOutData`), or None."""
+    return server_half.held_out(params, spec) if issubclass(server_half, HeldOutData) else None

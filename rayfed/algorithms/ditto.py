@@ -33,7 +33,7 @@ from rayfed.algorithms.common.own_models import MODEL_KEY, saved_model
 from rayfed.algorithms.common.proximal import proximal_term
 from rayfed.algorithms.fedavg import FedAvgServer
 from rayfed.algorithms.hooks import HELD_BY_CLIENTS
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Batch, Constants, Kept, Outputs, Params, Phase
 from rayfed.train.problem import ProblemSpec
@@ -127,5 +127,5 @@ register_algorithm(
     summary="Ditto (Li et al. 2021): FedAvg global model plus a personal model per client, "
     "regularised by (lambda/2)||v - w_g||^2",
     keeps_client_state=True,
-    label="Ditto",
+    reporting=Reporting(label="Ditto"),
 )

@@ -31,7 +31,7 @@ import numpy as np
 from rayfed.algorithms.common.global_model import GlobalModelClient, GlobalModelServer
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.hooks import RoundContext
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_real
@@ -102,6 +102,5 @@ register_algorithm(
     server=FedAdamServer,
     client=GlobalModelClient,
     summary="FedAdam (Reddi et al. 2021): server Adam on the pseudo-gradient (weighted average - global)",
-    label="FedAdam",
-    single_model=True,
+    reporting=Reporting(label="FedAdam", single_model=True),
 )

@@ -39,7 +39,7 @@ from rayfed.algorithms.common.own_models import save_model_state, saved_model
 from rayfed.algorithms.common.proximal import proximal_term
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
@@ -234,5 +234,5 @@ register_algorithm(
     client=FedAMPClient,
     summary="FedAMP (Huang et al. 2021): attention-weighted personal cloud model per client + proximal term",
     keeps_client_state=True,
-    label="FedAMP",
+    reporting=Reporting(label="FedAMP"),
 )

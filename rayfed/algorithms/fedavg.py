@@ -14,7 +14,7 @@ from __future__ import annotations
 from rayfed.algorithms.common.global_model import GlobalModelClient, GlobalModelServer
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.hooks import NoParams, RoundContext
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 
 __all__ = ["FedAvgServer"]
 
@@ -33,6 +33,5 @@ register_algorithm(
     server=FedAvgServer,
     client=GlobalModelClient,
     summary="FedAvg (McMahan et al. 2017): size-weighted average of full models",
-    label="FedAvg",
-    single_model=True,
+    reporting=Reporting(label="FedAvg", single_model=True),
 )

@@ -34,7 +34,7 @@ from rayfed.algorithms.common.body_head import (
     split_body_head,
 )
 from rayfed.algorithms.declarations import EvaluationReadsTrain, SharedBody
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Phase
 from rayfed.train.problem import ProblemSpec
@@ -106,5 +106,5 @@ register_algorithm(
     client=FedBabuClient,
     summary="FedBABU (Oh et al. 2022): body trained and averaged, head fixed at init; whole model fine-tuned "
     "at evaluation",
-    label="FedBABU",
+    reporting=Reporting(label="FedBABU"),
 )

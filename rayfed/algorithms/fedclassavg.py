@@ -60,7 +60,7 @@ from rayfed.algorithms.common.own_models import (
 from rayfed.algorithms.contributions import WeightedState, WeightedSum
 from rayfed.algorithms.fedclassavg_equations import classifier_prox, supcon_loss
 from rayfed.algorithms.hooks import ClientHalf, RoundContext, ServerHalf, Start
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.data.augment import SIMCLR_AUGMENT
 from rayfed.models import seeded_init
 from rayfed.models.fedclassavg_nets import FedClassAvgNet
@@ -338,5 +338,5 @@ register_algorithm(
     client=FedClassAvgClient,
     summary="FedClassAvg (Jang et al. 2022): classifier averaging + local SupCon for heterogeneous models",
     keeps_client_state=True,
-    label=lambda params: "FedClassAvg+weight" if params.mode == "weight" else "FedClassAvg",
+    reporting=Reporting(label=lambda params: "FedClassAvg+weight" if params.mode == "weight" else "FedClassAvg"),
 )

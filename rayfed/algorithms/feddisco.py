@@ -32,7 +32,7 @@ from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelClient
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedawa_weights import register_initial_weights
 from rayfed.algorithms.hooks import Contribution, RoundContext
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
@@ -161,6 +161,5 @@ register_algorithm(
     server=FedDiscoServer,
     client=ModelAndHistogramClient,
     summary="FedDisco (Ye et al. 2023): weights ReLU(n_k/n - a d_k + b) from label-distribution discrepancy",
-    label="FedDisco",
-    single_model=True,
+    reporting=Reporting(label="FedDisco", single_model=True),
 )

@@ -43,7 +43,8 @@ from rayfed.algorithms.common.architecture import require_homogeneous, sole_arch
 from rayfed.algorithms.common.own_models import save_model_state, saved_model
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
+from rayfed.algorithms.sizing import StateSizes
 from rayfed.train.evaluate import model_losses
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
@@ -274,7 +275,7 @@ def _affinity(job: ClientJob, num_clients: int) -> np.ndarray:
 # --- server side ----------------------------------------------------------------------------
 
 
-class FedFomoServer(ServerHalf[FedFomoParams, ClientVectors]):
+class FedFomoServer(StateSizes, ServerHalf[FedFomoParams, ClientVectors]):
     """Keeps every client's latest uploaded model; a row is offered once its client has uploaded."""
 
     @classmethod
@@ -320,5 +321,5 @@ register_algorithm(
     client=FedFomoClient,
     summary="FedFomo (Zhang et al. 2021): clients weight others' models by validation-loss gain per distance",
     keeps_client_state=True,
-    label="FedFomo",
+    reporting=Reporting(label="FedFomo"),
 )

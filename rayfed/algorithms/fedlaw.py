@@ -41,8 +41,9 @@ from torch.func import functional_call
 
 from rayfed.algorithms.common.global_model import GlobalModelServer, WholeModelsClient
 from rayfed.algorithms.contributions import ClientVectors
+from rayfed.algorithms.declarations import HeldOutData
 from rayfed.algorithms.hooks import RoundContext
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.data.held_out import HeldOutRequest
 from rayfed.data.transforms import model_inputs
 from rayfed.models import build_model
@@ -187,7 +188,7 @@ def learn_aggregation(
 
 
 # --- the halves -----------------------------------------------------------------------------------
-class FedLAWServer(GlobalModelServer[FedLAWParams, ClientVectors]):
+class FedLAWServer(GlobalModelServer[FedLAWParams, ClientVectors], HeldOutData):
     """Keeps θ_g; learns (λ, γ) on the proxy set every round and aggregates with them."""
 
     @classmethod
@@ -247,6 +248,5 @@ register_algorithm(
     server=FedLAWServer,
     client=WholeModelsClient,
     summary="FedLAW (Li et al. 2023): shrink factor and softmax weights learnt by CE on a server proxy set",
-    label="FedLAW",
-    single_model=True,
+    reporting=Reporting(label="FedLAW", single_model=True),
 )

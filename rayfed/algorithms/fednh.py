@@ -52,7 +52,7 @@ from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.declarations import NormalizedFeatures
 from rayfed.algorithms.fednh_equations import class_means, initial_prototypes, smooth_prototypes
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, Start
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.evaluate import features_before_output
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
@@ -354,5 +354,5 @@ register_algorithm(
     client=FedNHClient,
     summary="FedNH (Dai et al., AAAI 2023): fixed uniform prototypes as cosine classifier, smoothed with class means",
     keeps_client_state=True,
-    label="FedNH",
+    reporting=Reporting(label="FedNH"),
 )

@@ -43,7 +43,7 @@ import torch
 from rayfed.algorithms.common.class_counts import class_counts
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.evaluate import features_before_output
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
@@ -296,5 +296,5 @@ register_algorithm(
     client=FedProtoClient,
     summary="FedProto (Tan et al. 2022): exchange class prototypes; local CE + lambda MSE to the global prototype",
     keeps_client_state=True,
-    label="FedProto",
+    reporting=Reporting(label="FedProto"),
 )

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelClient
 from rayfed.algorithms.fedavg import FedAvgServer
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
 from rayfed.train.problem import ProblemSpec
@@ -186,6 +186,5 @@ register_algorithm(
     server=FedAvgServer,
     client=FedUVClient,
     summary="FedUV (Son et al., CVPR 2024): FedAvg + classifier-variance hinge and representation uniformity",
-    label="FedUV",
-    single_model=True,
+    reporting=Reporting(label="FedUV", single_model=True),
 )

@@ -33,12 +33,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import numpy as np
 
 from rayfed.algorithms.contributions import Contribution, WeightedState
-from rayfed.algorithms.sizing import StateSizes
 from rayfed.train.problem import ProblemSpec
 
 if TYPE_CHECKING:  # the server never trains: torch is imported where clients train
-    from rayfed.algorithms.figures import Figure, FinishedRun
-    from rayfed.data.held_out import HeldOutRequest
     from rayfed.train.job import ClientJob
     from rayfed.train.phase import Phase
 
@@ -164,7 +161,7 @@ class ClientHalf(abc.ABC, Generic[P, M]):
         return message_bytes(message)
 
 
-class ServerHalf(StateSizes, abc.ABC, Generic[P, C]):
+class ServerHalf(abc.ABC, Generic[P, C]):
     """The server's state and aggregation rule; lives in the ``ServerActor``. ``initial`` maps each
     architecture to its common initial state (all clients of an architecture start from it)."""
 
@@ -177,17 +174,6 @@ class ServerHalf(StateSizes, abc.ABC, Generic[P, C]):
     def validate(cls, params: P, spec: ProblemSpec) -> None:
         """The one check of ``params`` against the problem; raise ConfigError naming the field. The engine
         calls it before anything is written, and the constructor again; nothing to check by default."""
-
-    @classmethod
-    def held_out(cls, params: P, spec: ProblemSpec) -> HeldOutRequest | None:
-        """The server data no client may own (FedLAW's proxy set, KT-pFL's public set), carved out of the pool
-        before the partition and handed over as ``spec.held_out``; None by default."""
-        return None
-
-    @classmethod
-    def figures(cls, params: P, run: FinishedRun) -> list[Figure]:
-        """The figures this method draws from a finished run (``rayfed plot``), as data; none by default."""
-        return []
 
     @abc.abstractmethod
     def broadcast(self) -> Any:
@@ -204,4 +190,5 @@ class ServerHalf(StateSizes, abc.ABC, Generic[P, C]):
         """Everything needed to resume, as named numpy arrays (saved without pickle)."""
 
     @abc.abstractmethod
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None: ...
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore what :meth:`state_dict` returned (a resumed run's server)."""

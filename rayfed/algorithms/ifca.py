@@ -40,7 +40,7 @@ from rayfed.algorithms.common.cluster_state import ClusterModelState
 from rayfed.algorithms.contributions import WeightedSum, join
 from rayfed.algorithms.declarations import EvaluationReadsTrain
 from rayfed.algorithms.hooks import HELD_BY_CLIENTS, ClientHalf, Contribution, RoundContext, ServerHalf, Start
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.models import build_model, seeded_init
 from rayfed.train.evaluate import model_losses
 from rayfed.train.flat import FlatModel
@@ -241,5 +241,5 @@ register_algorithm(
     client=IFCAClient,
     summary="IFCA (Ghosh et al. 2020): k cluster models; each client trains the one with its lowest training loss, "
     "the server averages per cluster",
-    label=lambda params: f"IFCA (k={params.num_clusters})",
+    reporting=Reporting(label=lambda params: f"IFCA (k={params.num_clusters})"),
 )

@@ -47,6 +47,7 @@ import torch
 from rayfed.algorithms.common.architecture import require_homogeneous
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
 from rayfed.algorithms.contributions import ClientVectors
+from rayfed.algorithms.declarations import HeldOutData
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.ktpfl_equations import (
     code_distillation_loss,
@@ -56,7 +57,7 @@ from rayfed.algorithms.ktpfl_equations import (
     soft_predictions,
     update_coefficients,
 )
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.data.held_out import HeldOutRequest
 from rayfed.data.transforms import model_inputs
 from rayfed.train.evaluate import eval_batch_size
@@ -265,7 +266,7 @@ class KTpFLClient(ClientHalf[KTpFLParams, KTpFLMessage]):
         return 0 if message.targets is None else int(message.targets[job.client_id].nbytes)
 
 
-class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
+class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors], HeldOutData):
     """Holds c (M x M), every client's latest predictions and, with +weight, their models."""
 
     @classmethod
@@ -368,6 +369,5 @@ register_algorithm(
     client=KTpFLClient,
     summary="KT-pFL (Zhang et al. 2021): soft predictions on a public set mixed by a learnt coefficient matrix",
     keeps_client_state=True,
-    label=lambda params: params.label(),
-    epochs_by_round=local_epochs,
+    reporting=Reporting(label=lambda params: params.label(), epochs_by_round=local_epochs),
 )

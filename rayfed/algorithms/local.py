@@ -25,7 +25,7 @@ import numpy as np
 
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
 from rayfed.algorithms.hooks import ClientHalf, Contribution, NoParams, RoundContext, ServerHalf, Start
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
 
@@ -91,5 +91,5 @@ register_algorithm(
     client=OwnModelClient,
     summary="Local-only training: each client trains its own model, kept in the client state store; no aggregation",
     keeps_client_state=True,
-    label="Local",
+    reporting=Reporting(label="Local"),
 )

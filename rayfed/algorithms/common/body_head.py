@@ -32,6 +32,7 @@ from rayfed.algorithms.common.architecture import require_homogeneous, sole_arch
 from rayfed.algorithms.contributions import WeightedState, WeightedSum
 from rayfed.algorithms.declarations import SharedBody, SharedBodyEvaluation
 from rayfed.algorithms.hooks import HELD_BY_CLIENTS, ClientHalf, RoundContext, ServerHalf, Start
+from rayfed.algorithms.sizing import StateSizes
 from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
 from rayfed.train.phase import Phase
@@ -237,7 +238,7 @@ class PartialClient(ClientHalf[Any, PartialModels], SharedBodyEvaluation):
         return SharedBody(state, heads[:, : k * h].reshape(len(jobs), k, h), heads[:, k * h :])
 
 
-class PartialServer(ServerHalf[Any, WeightedSum]):
+class PartialServer(StateSizes, ServerHalf[Any, WeightedSum]):
     """Keeps the averaged part of the one architecture; averages the uploads as FedAvg does.
 
     Subclasses set :attr:`shared_part` and :attr:`keep_local`.
