@@ -108,7 +108,7 @@ class DittoClient(GlobalModelClient[DittoParams, GlobalModel]):
         return None
 
 
-class DittoServer(FedAvgServer):
+class DittoServer(FedAvgServer[DittoParams]):
     """FedAvg's server; its broadcast also carries the initialisation for new personal models."""
 
     def __init__(self, params: DittoParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:

@@ -47,7 +47,7 @@ class PersistentMomentumClient(GlobalModelClient[Any, GlobalModel]):
         return [Phase(epochs=job.train.local_epochs, optimizer=SGD(keep_momentum=MOMENTUM_KEY))]
 
 
-class SGDMServer(StateSizes, FedAvgServer):
+class SGDMServer(StateSizes, FedAvgServer[NoParams]):
     """FedAvg's server, for clients that keep their momentum buffers."""
 
     @classmethod
