@@ -4,21 +4,27 @@ Round t, as the engine runs it (``rayfed.engine``, ``rayfed.execution``)::
 
     message = server.broadcast()                     # data, on the server; Ray stores it once
     for each sampled client i (on a worker):
-        client.start(message, job_i)                 # its starting model, e.g. Eq. 7 of cwFedAvg
+        job_i.start = client.start(message, job_i)   # its starting model, e.g. Eq. 7 of cwFedAvg
         the one loop trains client.phases(message, job_i)    # local objective, e.g. CE + WDR (rayfed.train.loop)
-        c_i = client.upload(message, job_i)          # what it sends, from the trained model in job_i.flat
+        c_i = client.upload(message, job_i)          # what it sends, from the trained model (and job_i.state:
+                                                     # what it keeps for its next round)
     contribution = c_1 + c_2 + ...                   # summed on the workers, then on the server
-    server.aggregate(ctx, contribution)              # e.g. Eq. 6 of cwFedAvg
+    server.aggregate(ctx, contribution)              # e.g. Eq. 6 of cwFedAvg (a round without one keeps the state)
     each evaluated client: client.evaluation(message', job), then (client.fine_tuning) accuracy on its own test split
 
 * :class:`ServerHalf`: the server's state, its message (:meth:`ServerHalf.broadcast`: plain data, e.g. a frozen
-  dataclass of numpy arrays) and its aggregation rule (and, as :class:`StateSizes`, what that state weighs).
+  dataclass of numpy arrays) and its aggregation rule.
 * :class:`ClientHalf`: the whole client. From the message it reads, it makes its starting model, declares its
   local training as phases (:class:`~rayfed.train.phase.Phase`), which the one loop runs for every method, one
   client at a time or stacked, makes its upload and its evaluation model. Each of these is written for one
   client; the loop forms stacks of clients itself.
 * :class:`Contribution`: an upload with an associative, commutative ``+``, so workers sum their clients before
   returning and the server sums the rest.
+
+What a method may declare beside these (a shared body to evaluate once, held-out server data, its state's size)
+is opt-in (:mod:`rayfed.algorithms.declarations`, :mod:`rayfed.algorithms.sizing`); what only reports read (its
+label, its figures) is declared when it registers (:class:`~rayfed.algorithms.registry.Reporting`). docs/methods.md
+is the page for method authors.
 """
 
 from __future__ import annotations
@@ -138,7 +144,13 @@ class ClientHalf(abc.ABC, Generic[P, M]):
         """What the client sends, from its trained model (``job.trained``, its state; ``job.model``, the module)
         and ``job.extra``; tensors on the device are read back once with the rest of the call. FedAvg's upload is
         declared (:class:`~rayfed.algorithms.contributions.WeightedState`): the worker then makes a stack's at
-        once."""
+        once.
+
+        It is also where the client saves what it keeps for its next round, in a method registered with
+        ``keeps_client_state``: ``job.state`` as it stands after ``upload`` is stored (a dict of arrays or
+        device tensors; assign a new dict, e.g. ``job.state = {**(job.state or {}), "model": job.trained.clone()}``,
+        and leave the arrays of the old one as they are). What the phases keep (a :class:`~rayfed.train.phase.Kept`
+        model, ``SGD(keep_momentum=...)``) is already in it. ``upload`` must not change ``job.trained``."""
 
     def evaluation(self, message: M, job: ClientJob) -> Any:
         """The model the client is evaluated with (a state, as :meth:`start`); by default its starting one."""
