@@ -22,7 +22,7 @@ beside it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -102,10 +102,6 @@ class DittoClient(GlobalModelClient[DittoParams, GlobalModel]):
     def global_model(self, message: GlobalModel, job: ClientJob) -> np.ndarray:
         """The global model w^t."""
         return message.vector
-
-    def shared_body(self, message: GlobalModel, jobs: Sequence[ClientJob]) -> None:
-        """Every client is evaluated with its own personal model: one forward each."""
-        return None
 
 
 class DittoServer(FedAvgServer[DittoParams]):

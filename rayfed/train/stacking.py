@@ -23,7 +23,7 @@ from rayfed.train.phase import Kept, Phase
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["stack_key", "function_key", "stack_groups"]
+__all__ = ["stack_key", "function_key", "stack_groups", "split_reason"]
 
 _DESCRIPTION = (
     "epochs",
@@ -124,16 +124,27 @@ def _difference(a: Sequence[Phase], b: Sequence[Phase]) -> str:
     return ""
 
 
-def stack_groups(method: str, phases: Sequence[Sequence[Phase]]) -> list[list[int]]:
-    """The positions of clients whose phases stack together, in order; the reason the first two groups differ is
-    logged once per worker and method."""
+def _groups(phases: Sequence[Sequence[Phase]]) -> list[list[int]]:
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, own in enumerate(phases):
         groups.setdefault(tuple(stack_key(p) for p in own), []).append(i)
+    return list(groups.values())
+
+
+def split_reason(phases: Sequence[Sequence[Phase]]) -> str:
+    """Why clients with these phases do not all train in one stack, in words ("" when they do): the first thing
+    that keeps the first two groups apart."""
+    groups = _groups(phases)
+    return _difference(phases[groups[0][0]], phases[groups[1][0]]) if len(groups) > 1 else ""
+
+
+def stack_groups(method: str, phases: Sequence[Sequence[Phase]]) -> list[list[int]]:
+    """The positions of clients whose phases stack together, in order; the reason the first two groups differ
+    (:func:`split_reason`) is logged once per worker and method."""
+    groups = _groups(phases)
     if len(groups) > 1:
-        firsts = [members[0] for members in groups.values()]
-        reason = _difference(phases[firsts[0]], phases[firsts[1]])
+        reason = split_reason(phases)
         if (method, reason) not in _logged:
             _logged.add((method, reason))
             logger.warning("algorithm %r: its clients train in %d stacks, not one: %s", method, len(groups), reason)
-    return list(groups.values())
+    return groups

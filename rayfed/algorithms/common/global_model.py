@@ -54,8 +54,12 @@ class GlobalModelClient(ClientHalf[P, M], SharedBodyEvaluation):
         return WeightedState()
 
     def shared_body(self, message: M, jobs: Sequence[ClientJob]) -> SharedBody | None:
-        """Every client is evaluated with the global model itself (a subclass whose ``evaluation`` returns another
-        model says so here)."""
+        """Every client is evaluated with the global model itself, in one forward for all of them; a subclass that
+        evaluates other models (its own ``start`` or ``evaluation``: Ditto's personal models) is evaluated client
+        by client."""
+        own = type(self)
+        if own.start is not GlobalModelClient.start or own.evaluation is not ClientHalf.evaluation:
+            return None
         return SharedBody(message.vector)
 
 
