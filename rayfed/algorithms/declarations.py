@@ -8,7 +8,9 @@ evaluate faster or to carve data out before the run, and most methods have none 
   the worker runs the body once over all their test samples (FedAvg's, FedPer's, cwFedAvg's);
 * :class:`NormalizedFeatures`: its output layer reads L2-normalised features (FedNH's cosine classifier);
 * :class:`EvaluationReadsTrain`: its ``evaluation`` or ``fine_tuning`` reads the client's training split
-  (FedBABU fine-tunes on it, IFCA picks its cluster by training loss), so evaluation jobs carry it.
+  (FedBABU fine-tunes on it, IFCA picks its cluster by training loss), so evaluation jobs carry it;
+* :class:`FastPathLimits`: its mathematics keeps its clients off part of the fast path (no method in rayfed:
+  every one stacks and replays).
 
 A server half:
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -42,6 +44,7 @@ __all__ = [
     "SharedBodyEvaluation",
     "NormalizedFeatures",
     "EvaluationReadsTrain",
+    "FastPathLimits",
     "HeldOutData",
     "shared_body",
     "normalizes_features",
@@ -77,6 +80,18 @@ class NormalizedFeatures:
 class EvaluationReadsTrain:
     """A client half whose ``evaluation`` or ``fine_tuning`` reads the client's training split: evaluation jobs
     carry it (without this declaration they carry the test split alone)."""
+
+
+class FastPathLimits:
+    """A client half whose clients cannot train as one stack, or whose steps cannot be replayed from CUDA graphs,
+    because its mathematics forbids it; each says why ("" = it can). The loop trains every method's phases both
+    ways, so a method declares this only for what its phases cannot express (``rayfed list METHOD`` shows it, a run
+    logs it once, and ``rayfed check`` reports it)."""
+
+    cannot_stack: ClassVar[str] = ""
+    """Why its clients cannot train as one stack ("" = they can)."""
+    cannot_replay: ClassVar[str] = ""
+    """Why its steps cannot be replayed from CUDA graphs ("" = they can)."""
 
 
 class HeldOutData(abc.ABC):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rayfed.algorithms.borrowed import BorrowedTraining
-from rayfed.algorithms.declarations import held_out_request
+from rayfed.algorithms.declarations import FastPathLimits, held_out_request
 from rayfed.algorithms.hooks import ClientHalf, ServerHalf
 from rayfed.algorithms.sizing import sizes_of
 from rayfed.train.problem import ProblemSpec
@@ -34,10 +34,11 @@ __all__ = ["Capabilities", "Reporting", "Algorithm", "ALGORITHMS", "register_alg
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What the fast path may do with an algorithm's clients, declared when it registers (nothing inspects its
-    code): train a call's clients as one stack (:mod:`rayfed.train.stacked`), and replay their steps from CUDA
-    graphs. Every method trains through the one loop, so both hold unless the mathematics forbids them;
-    ``reason`` then says why (``rayfed list METHOD`` shows it, and a run logs it once)."""
+    """What the fast path may do with an algorithm's clients: train a call's clients as one stack
+    (:mod:`rayfed.train.stacked`), and replay their steps from CUDA graphs. Every method trains through the one
+    loop, so both hold unless its client half declares otherwise
+    (:class:`~rayfed.algorithms.declarations.FastPathLimits`: nothing inspects its code); ``reason`` then says why
+    (``rayfed list METHOD`` shows it, and a run logs it once)."""
 
     stacks: bool = True
     replays: bool = True
@@ -46,6 +47,14 @@ class Capabilities:
     def __post_init__(self) -> None:
         if (not self.stacks or not self.replays) and not self.reason:
             raise ValueError("an algorithm that cannot stack or replay must say why (Capabilities.reason)")
+
+    @classmethod
+    def of(cls, client_half: type) -> Capabilities:
+        """What ``client_half`` allows: all of it, unless it declares :class:`FastPathLimits`."""
+        if not issubclass(client_half, FastPathLimits):
+            return cls()
+        stack, replay = client_half.cannot_stack, client_half.cannot_replay
+        return cls(stacks=not stack, replays=not replay, reason="; ".join(r for r in (stack, replay) if r))
 
     def summary(self) -> str:
         """``stacks, replays`` or what of them holds."""
@@ -85,10 +94,13 @@ class Algorithm:
     summary: str
     keeps_client_state: bool = False
     """True if clients keep state between rounds (stored in the client state store)."""
-    capabilities: Capabilities = Capabilities()
-    """What the fast path may do with its client half's training."""
     reporting: Reporting = Reporting()
     """What reports, tables and figures read of it."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the fast path may do with its client half's training (:meth:`Capabilities.of`)."""
+        return Capabilities.of(self.client_half)
 
     def label(self, params: Any) -> str:
         """How figures and tables name this algorithm run with ``params``."""
@@ -123,7 +135,6 @@ def register_algorithm(
     client: type[ClientHalf[Any, Any]],
     summary: str,
     keeps_client_state: bool = False,
-    capabilities: Capabilities = Capabilities(),
     reporting: Reporting = Reporting(),
 ) -> Algorithm:
     """Register an algorithm under ``name``; one call at the bottom of its module (in rayfed, or in a module or
@@ -131,10 +142,11 @@ def register_algorithm(
 
     ``params`` is its hyper-parameters' dataclass (``algorithm.params.*``), ``server`` and ``client`` its halves,
     ``summary`` one line for ``rayfed list``; ``keeps_client_state`` says that its clients keep state between
-    rounds (``job.state``); ``capabilities`` what the fast path may do with its clients (:class:`Capabilities`);
-    ``reporting`` what only reports, tables and figures read of it (:class:`Reporting`: its label, ...).
+    rounds (``job.state``); ``reporting`` what only reports, tables and figures read of it (:class:`Reporting`: its
+    label, ...). What a half declares beside the contract is opt-in, on the half itself
+    (:mod:`rayfed.algorithms.declarations`).
     """
-    algorithm = Algorithm(name, params, server, client, summary, keeps_client_state, capabilities, reporting)
+    algorithm = Algorithm(name, params, server, client, summary, keeps_client_state, reporting)
     ALGORITHMS.register(name, origin=caller_module())(algorithm)
     return algorithm
 
