@@ -4,6 +4,7 @@ losses, uploads and states of training its clients one at a time; and ``rayfed c
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,11 @@ def test_rayfed_check_names_a_loss_that_calls_item_and_the_fix(tmp_path: Path) -
     (mistake,) = [line for line in done.stdout.splitlines() if "mistake:" in line]
     assert "the loss ItemClient.logit_penalty (item_probe.py:14) calls .item()" in mistake
     assert "keep the value a tensor" in mistake
+
+
+def test_docs_methods_shows_every_recipe_as_its_file_holds_it() -> None:
+    page = (RECIPES.parents[1] / "docs" / "methods.md").read_text(encoding="utf-8")
+    shown = dict(re.findall(r"<!-- recipe: examples/recipes/(\w+)\.py -->\n```python\n(.*?)```", page, flags=re.DOTALL))
+    assert sorted(shown) == sorted(path.stem for path in RECIPES.glob("*.py"))
+    for name, code in shown.items():
+        assert code == (RECIPES / f"{name}.py").read_text(encoding="utf-8"), f"docs/methods.md's copy of {name}.py"
