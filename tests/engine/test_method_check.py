@@ -34,6 +34,8 @@ class Probe(GlobalModelClient):
         return [Phase(epochs=1, loss=self.term)]
 
     def term(self, out, batch, params, constants):
+        if self.kind == "item":
+            return out.logits.square().mean() / out.logits.abs().max().item()
         if self.kind == "mask":
             return 0.01 * positive_part(out.logits)
         if self.kind == "branch":
@@ -43,14 +45,14 @@ class Probe(GlobalModelClient):
         return params[99].sum()
 
 
-for kind in ("mask", "branch", "random", "per_client", "bug"):
+for kind in ("item", "mask", "branch", "random", "per_client", "bug"):
     client = type(f"{kind.title()}Probe", (Probe,), {"kind": kind})
     register_algorithm(f"probe_{kind}", params=NoParams, server=FedAvgServer, client=client, summary=kind)
 """
 
 
 def test_each_mistake_is_one_line_naming_the_hook_its_line_and_the_fix(tmp_path: Path) -> None:
-    # Prepare: five methods in one file of the user's, checked in a process of their own.
+    # Prepare: six methods in one file of the user's, checked in a process of their own.
     probes = tmp_path / "probes.py"
     probes.write_text(PROBES)
     # Execute
@@ -60,11 +62,13 @@ def test_each_mistake_is_one_line_naming_the_hook_its_line_and_the_fix(tmp_path:
     # Assert
     assert done.returncode == 1, done.stdout + done.stderr
     out = done.stdout
+    assert "the loss Probe.term (probes.py:22) calls .item() (or float() or int() of a tensor)" in out
+    assert "keep the value a tensor" in out
     assert "the loss Probe.term, in positive_part (probes.py:10), makes a shape that depends on the data" in out
     assert "weigh by the mask instead" in out
-    assert "the loss Probe.term (probes.py:24) branches in Python on a tensor's value" in out
-    assert "the loss Probe.term (probes.py:26) draws random numbers inside a step" in out
-    assert "the loss Probe.term (probes.py:27) raised IndexError" in out
+    assert "the loss Probe.term (probes.py:26) branches in Python on a tensor's value" in out
+    assert "the loss Probe.term (probes.py:28) draws random numbers inside a step" in out
+    assert "the loss Probe.term (probes.py:29) raised IndexError" in out
     # A loss made per client trains, but in stacks of one: the check says so and why, and the losses agree.
     per_client = out.split("rayfed check probe_per_client")[1].split("rayfed check")[0]
     assert "stacks: no (its clients train in stacks of [1], not 8: phase 0's loss is a different function" in per_client
