@@ -16,12 +16,13 @@ from __future__ import annotations
 import math
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from rayfed.algorithms import RoundContext, resolve
 from rayfed.algorithms.hooks import message_bytes
@@ -32,6 +33,8 @@ from rayfed.engine.path_comparison import largest_loss_difference, path_differen
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.reports import TrainResult
 from rayfed.execution.server import Server
+from rayfed.train.job import ClientJob
+from rayfed.train.loop import LocalLoop
 from rayfed.train.phase import Phase
 from rayfed.train.stacked_layers import model_unstackable
 from rayfed.train.stacking import split_reason
@@ -72,7 +75,7 @@ class _Recording:
     """A worker's loop that notes how it trained each call's clients: their stacks' sizes and their phases (a
     stack of one: a client trained alone)."""
 
-    def __init__(self, loop: Any) -> None:
+    def __init__(self, loop: LocalLoop) -> None:
         self._loop = loop
         self.stacks: list[int] = []
         self.phases: list[list[Phase]] = []
@@ -80,12 +83,14 @@ class _Recording:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loop, name)
 
-    def train_one(self, job: Any, phases: Sequence[Phase], **options: Any) -> Any:
+    def train_one(self, job: ClientJob, phases: Sequence[Phase], **options: Any) -> Any:
         self.stacks.append(1)
         self.phases.append(list(phases))
         return self._loop.train_one(job, phases, **options)
 
-    def train_stack(self, jobs: Sequence[Any], starts: Any, phases: Sequence[Sequence[Phase]], **options: Any) -> Any:
+    def train_stack(
+        self, jobs: Sequence[ClientJob], starts: torch.Tensor, phases: Sequence[Sequence[Phase]], **options: Any
+    ) -> Any:
         self.stacks.append(len(jobs))
         self.phases.extend(list(p) for p in phases)
         return self._loop.train_stack(jobs, starts, phases, **options)
@@ -110,8 +115,9 @@ class TwoPaths:
         self.states: dict[int, Any] = {}
         self.message_bytes = 0
 
-    def round(self, t: int, train: Any = None) -> tuple[TrainResult, TrainResult]:
-        """Round ``t`` of every client on both paths; ``train(runner, *args)`` trains a call (``runner.train``)."""
+    def round(self, t: int, train: Callable[..., TrainResult] | None = None) -> tuple[TrainResult, TrainResult]:
+        """Round ``t`` of every client on both paths; ``train(runner, *args)`` trains a call (by default
+        ``runner.train(*args)``: a test profiles it)."""
         clients = self.config.data.num_clients
         ctx = RoundContext(round=t, seed=self.config.seed, lr=self.config.train.lr_at(t), sampled=np.arange(clients))
         message = self.server.broadcast()
