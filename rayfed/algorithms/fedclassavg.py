@@ -66,7 +66,7 @@ from rayfed.models import seeded_init
 from rayfed.models.fedclassavg_nets import FedClassAvgNet
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
-from rayfed.train.phase import Adam, Batch, Constants, Outputs, Params, Phase, Views
+from rayfed.train.phase import Adam, Batch, Constants, Outputs, Params, Phase, Samples
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
 from rayfed.util.errors import ConfigError
@@ -218,7 +218,7 @@ class FedClassAvgClient(ClientHalf[FedClassAvgParams, FedClassAvgMessage]):
             epochs=epochs,
             loss=self.objective,
             optimizer=Adam(self.params.adam_betas, self.params.adam_eps),
-            views=Views(SIMCLR_AUGMENT, self.views),
+            samples=Samples(augment=SIMCLR_AUGMENT, views=self.views),
             forward=self.forward,
             constants={"anchor": anchor},
             load=(part, anchor),

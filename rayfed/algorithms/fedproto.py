@@ -188,20 +188,12 @@ class FedProtoClient(ClientHalf[FedProtoParams, FedProtoMessage]):
         return Start(own_model_state(job, message.init))
 
     def phases(self, message: FedProtoMessage, job: ClientJob) -> list[Phase]:
-        layer = self.spec.output_layer[job.architecture]
         if not self.params.lam or not message.present.any():  # the first round: plain CE
             return super().phases(message, job)
         protos, mask = to_device(
             [np.asarray(message.prototypes, np.float32), np.asarray(message.present, np.float32)], job.device
         )
-        return [
-            Phase(
-                epochs=job.train.local_epochs,
-                loss=self.pull,
-                features=layer,
-                constants={"prototypes": protos, "present": mask},
-            )
-        ]
+        return [Phase(epochs=job.train.local_epochs, loss=self.pull, constants={"prototypes": protos, "present": mask})]
 
     def pull(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
         """λ·MSE(f(x), C̄^(y)) over the batch."""

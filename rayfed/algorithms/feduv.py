@@ -162,11 +162,7 @@ class FedUVClient(GlobalModelClient[FedUVParams, GlobalModel]):
     def phases(self, message: GlobalModel, job: ClientJob) -> list[Phase]:
         if not self.params.variance_coeff and not self.params.uniformity_coeff:
             return super().phases(message, job)
-        return [
-            Phase(
-                epochs=job.train.local_epochs, loss=self.regularisers, features=self.spec.output_layer[job.architecture]
-            )
-        ]
+        return [Phase(epochs=job.train.local_epochs, loss=self.regularisers)]
 
     def regularisers(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
         """λ·L_V + μ·L_U of the mini-batch."""

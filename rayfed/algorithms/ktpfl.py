@@ -63,7 +63,7 @@ from rayfed.data.transforms import model_inputs
 from rayfed.train.evaluate import eval_batch_size
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
-from rayfed.train.phase import SGD, Batch, Constants, Outputs, Params, Phase
+from rayfed.train.phase import SGD, Batch, Constants, Outputs, Params, Phase, Samples
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
 from rayfed.util.errors import ConfigError
@@ -226,10 +226,8 @@ class KTpFLClient(ClientHalf[KTpFLParams, KTpFLMessage]):
                     loss=self.distillation,
                     cross_entropy=False,
                     optimizer=SGD(momentum=0.0, weight_decay=0.0),
-                    batch_size=self.params.distill_batch_size,
-                    drop_last=code,
+                    samples=Samples((x_distil, targets), self.params.distill_batch_size, drop_last=code),
                     reports=False,
-                    inputs=(x_distil, targets),
                 )
             )
         return [*phases, Phase(epochs=local_epochs(self.params, job.round, job.train.local_epochs))]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rayfed.train.phase import Kept, Phase
+from rayfed.train.phase import Kept, Phase, Samples
 
 logger = logging.getLogger(__name__)
 
@@ -31,11 +31,8 @@ _DESCRIPTION = (
     "cross_entropy",
     "optimizer",
     "trains",
-    "batch_size",
-    "drop_last",
-    "views",
-    "features",
     "forward",
+    "samples",
     "model",
     "reports",
     "on_train_batch_start",
@@ -91,6 +88,8 @@ def _field_key(phase: Phase, name: str) -> Hashable:
         return function_key(value)
     if isinstance(value, Kept):  # its initial state is a value of the client's: only its shape must agree
         return ("kept", value.key, tuple(getattr(value.initial, "shape", ())))
+    if isinstance(value, Samples):  # its inputs are the client's values: whether it has any must agree
+        return ("samples", value.batch_size, value.drop_last, value.augment, value.views, value.inputs is None)
     return value
 
 
@@ -102,7 +101,6 @@ def stack_key(phase: Phase) -> tuple[Any, ...]:
         _shapes(phase.constants),
         _shapes(phase.extra),
         phase.load[0] if phase.load is not None else None,
-        phase.inputs is None,
     )
 
 

@@ -1,6 +1,7 @@
 """The named things a method author meets, counted from the code as docs/methods.md counts them ("How many names an
 author meets"): the members of ``ClientHalf`` and ``ServerHalf`` (with their constructors and the attributes these
-set), the fields of ``Phase`` and the keywords of ``register_algorithm``. The page's table is the code's."""
+set), the fields of ``Phase`` and the keywords of ``register_algorithm``. The page's table is the code's, and it
+holds 40 names at most."""
 
 from __future__ import annotations
 
@@ -43,4 +44,4 @@ def test_the_pages_count_is_the_codes() -> None:
     for where, names in code.items():
         assert page[where] == (names, len(names)), where
     (total,) = re.findall(r"^\| \*\*the contract\*\* \| \| \*\*(\d+)\*\* \|$", PAGE.read_text(), flags=re.MULTILINE)
-    assert int(total) == sum(len(names) for names in code.values())
+    assert int(total) == sum(len(names) for names in code.values()) <= 40  # issue 55's target
