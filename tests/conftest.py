@@ -67,10 +67,8 @@ def train_phases(job, phases, *, mean=(0.5,), std=(0.5,), output_layers=None):
 def train_client(half, message, job, *, mean=(0.5,), std=(0.5,), output_layers=None):
     """Start ``job`` as a worker does (``job.start`` = ``half.start(message, job)``, its model loaded into
     ``job.flat``), then train it through ``half.phases(message, job)``, as :func:`train_phases`."""
-    from rayfed.algorithms import model_of
-
     job.start = half.start(message, job)
-    job.flat.load_state(model_of(job.start))
+    job.flat.load_state(job.start.model)
     phases = half.phases(message, job)
     return train_phases(job, phases, mean=mean, std=std, output_layers=output_layers)
 
