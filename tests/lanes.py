@@ -1,0 +1,137 @@
+"""The suite's two lanes, marked at collection: ``pytest -m "not slow"`` is the development loop, ``pytest`` all.
+
+A test is ``slow`` when it starts Ray, spawns a process, or was measured to take more than a few seconds on
+the 2-core box. The first two are read from its code, so that a new test falls in its lane without an edit:
+the test function, its fixtures and the functions they call that are defined under ``tests/`` are walked
+(never rayfed's or a library's), and the test is ``slow`` when that code
+
+* asks for the session's Ray (the ``ray_cluster`` fixture), calls ``ray.init``, starts a Ray cluster
+  (``rayfed.actors.cluster.ray_started``, ``ray.cluster_utils.Cluster``) or runs with ``engine.backend=ray``;
+* uses ``subprocess`` or ``multiprocessing``.
+
+The others that took more than a few seconds are listed in :data:`MEASURED`, from ``pytest --durations=0``.
+
+Tests that share the session's Ray run on one pytest-xdist worker (``xdist_group("ray")``, with
+``--dist loadgroup``), one after the other as in a serial run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+__all__ = ["MEASURED", "pytest_collection_modifyitems", "why_slow"]
+
+RAY_FIXTURES = frozenset({"ray_cluster"})
+"""Fixtures that start or hand out a Ray cluster."""
+
+RAY_STARTERS = frozenset({"ray_started", "Cluster"})
+"""Functions and classes that start a Ray cluster (rayfed's and ``ray.cluster_utils``')."""
+
+RAY_BACKEND = frozenset({"engine.backend=ray", "--backend=ray"})
+"""Override strings that ask for a run on Ray (as does the key ``engine.backend`` beside the value ``ray``)."""
+
+SPAWNING = frozenset({"subprocess", "multiprocessing"})
+"""Packages whose functions start processes."""
+
+MEASURED: dict[str, str] = {}
+"""Tests the rules above do not find that took more than a few seconds on the 2-core box: node id (or its
+prefix) -> what ``pytest --durations=0`` measured."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every collected test's lane, and the xdist group of those sharing the session's Ray."""
+    for item in items:
+        why = why_slow(item)
+        if why and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow(reason=why))
+        if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+def why_slow(item: pytest.Item) -> str | None:
+    """Why ``item`` belongs to the slow lane, or None when it belongs to both."""
+    if item.get_closest_marker("slow"):
+        return "marked slow"
+    if any(item.nodeid.startswith(node) for node in MEASURED):
+        return "measured"
+    if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return "uses the session's Ray"
+    code = _Reached(_entry_points(item), item.config.rootpath / "tests")
+    if code.starts_ray():
+        return "starts Ray"
+    if code.spawns():
+        return "spawns processes"
+    return None
+
+
+def _entry_points(item: pytest.Item) -> Iterator[Callable[..., Any]]:
+    """The test's function and its fixtures' (none for a doctest)."""
+    function = getattr(item, "function", None)
+    if function is None:
+        return
+    yield function
+    info = getattr(item, "_fixtureinfo", None)
+    for definitions in info.name2fixturedefs.values() if info else ():
+        for definition in definitions:
+            yield definition.func
+
+
+class _Reached:
+    """What the code reachable from some entry points reads: names, strings and the objects its global names
+    stand for; functions defined under ``tests`` are followed."""
+
+    def __init__(self, entry_points: Iterable[Callable[..., Any]], tests: Path) -> None:
+        self.names: set[str] = set()
+        self.strings: set[str] = set()
+        self.objects: list[object] = []
+        seen: set[types.CodeType] = set()
+        todo = [(_code(function), getattr(function, "__globals__", {})) for function in entry_points]
+        while todo:
+            code, namespace = todo.pop()
+            if code is None or code in seen:
+                continue
+            seen.add(code)
+            self.names.update(code.co_names)
+            for constant in code.co_consts:
+                if isinstance(constant, str):
+                    self.strings.add(constant)
+                elif isinstance(constant, types.CodeType):  # a nested function, lambda or comprehension
+                    todo.append((constant, namespace))
+            for name in code.co_names:
+                found = namespace.get(name)
+                if found is None:
+                    continue
+                self.objects.append(found)
+                inner = _code(found) if inspect.isfunction(found) else None
+                if inner is not None and Path(inner.co_filename).resolve().is_relative_to(tests):
+                    todo.append((inner, found.__globals__))
+
+    def starts_ray(self) -> bool:
+        """Whether the code starts a Ray cluster, asks for the session's, or runs on Ray."""
+        return bool(
+            self.names & RAY_FIXTURES
+            or {"ray", "init"} <= self.names  # ray.init, the module imported at the top or in the function
+            or any(getattr(found, "__name__", None) in RAY_STARTERS for found in self.objects)
+            or self.strings & RAY_BACKEND
+            or {"engine.backend", "ray"} <= self.strings
+        )
+
+    def spawns(self) -> bool:
+        """Whether the code starts processes: it uses a spawning module, or a function or class of one."""
+        return any(_package(found) in SPAWNING for found in self.objects)
+
+
+def _package(found: object) -> str | None:
+    """The top-level package ``found`` is, or was defined in."""
+    name = found.__name__ if isinstance(found, types.ModuleType) else getattr(found, "__module__", None)
+    return name.partition(".")[0] if isinstance(name, str) else None
+
+
+def _code(function: Any) -> types.CodeType | None:
+    return getattr(inspect.unwrap(function), "__code__", None) if callable(function) else None
