@@ -4,14 +4,19 @@ options), one Ray cluster per session, and the suite's two lanes (:mod:`tests.la
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import torch
 
 from tests.cached_synthetic import cache_synthetic
 from tests.lanes import pytest_collection_modifyitems  # noqa: F401  (the hook that marks each test's lane)
+
+T = TypeVar("T")
 
 pytest_plugins = ("pytester",)  # tests/test_lanes.py collects example tests
 
@@ -58,6 +63,23 @@ def ray_cluster():
         ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
+
+
+def python_calls(work: Callable[[], T]) -> tuple[int, T]:
+    """The Python calls (functions and builtins, nested ones included) that ``work()`` makes, and its result:
+    a count that tells a vectorised step from a Python loop over clients or samples, whatever the box's load."""
+    calls = 0
+
+    def count(frame: object, event: str, arg: object) -> None:
+        nonlocal calls
+        calls += event in ("call", "c_call")
+
+    sys.setprofile(count)
+    try:
+        result = work()
+    finally:
+        sys.setprofile(None)
+    return calls, result
 
 
 def train_phases(job, phases, *, mean=(0.5,), std=(0.5,), output_layers=None):
