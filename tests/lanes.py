@@ -7,9 +7,13 @@ the test function, its fixtures and the functions they call that are defined und
 
 * asks for the session's Ray (the ``ray_cluster`` fixture), calls ``ray.init``, starts a Ray cluster
   (``rayfed.actors.cluster.ray_started``, ``ray.cluster_utils.Cluster``) or runs with ``engine.backend=ray``;
-* uses ``subprocess`` or ``multiprocessing``.
+* uses ``subprocess`` or ``multiprocessing``;
+* runs the engine end to end (``rayfed.run``, ``Simulation``, ``rayfed.tuning.tune``, or the command line's
+  ``run``, ``tune`` and ``reproduce``): a tiny run takes 2 to 10 seconds on the 2-core box.
 
-The others that took more than a few seconds are listed in :data:`MEASURED`, from ``pytest --durations=0``.
+The others that took more than a few seconds are listed in :data:`MEASURED`, from ``pytest --durations=0``. What
+stays in the fast lane, and must (every folder of tests/, the contract of the one loop for every registered
+method, the phase checks, the summation tree), ``tests/test_lanes.py`` checks.
 
 Tests that share the session's Ray run on one pytest-xdist worker (``xdist_group("ray")``, with
 ``--dist loadgroup``), one after the other as in a serial run.
@@ -25,6 +29,10 @@ from typing import Any
 
 import pytest
 
+import rayfed
+from rayfed.cli import main
+from rayfed.tuning import tune
+
 __all__ = ["MEASURED", "pytest_collection_modifyitems", "why_slow"]
 
 RAY_FIXTURES = frozenset({"ray_cluster"})
@@ -39,9 +47,23 @@ RAY_BACKEND = frozenset({"engine.backend=ray", "--backend=ray"})
 SPAWNING = frozenset({"subprocess", "multiprocessing"})
 """Packages whose functions start processes."""
 
-MEASURED: dict[str, str] = {}
-"""Tests the rules above do not find that took more than a few seconds on the 2-core box: node id (or its
-prefix) -> what ``pytest --durations=0`` measured."""
+ENGINE = (rayfed.run, rayfed.Simulation, tune)
+"""What runs the engine end to end (and so takes seconds)."""
+
+COMMANDS = (main, frozenset({"run", "tune", "reproduce"}))
+"""The command line, and its subcommands that run the engine."""
+
+MEASURED: dict[str, str] = {
+    "tests/benchmarks/test_step_overhead.py": "16.5 s",
+    "tests/train/test_every_method_stacks.py::test_short_last_batches_are_padded_in_a_stack[fedclassavg]": "21.9 s",
+    "tests/algorithms/test_fedadam.py::"
+    "test_the_default_server_lr_learns_where_the_flag_default_of_one_collapses": "14.3 s",
+    "tests/execution/test_eval_plans.py::test_the_evaluation_plan_equals_a_forward_per_client[fedclassavg]": "7.7 s",
+    "tests/execution/test_reads_back_once.py::"
+    "test_a_training_call_reads_its_values_back_once_on_the_cpu[fedclassavg-on]": "6.4 s",
+}
+"""Tests the rules above do not find that took more than 5 s on the 2-core box (node id, or a file for all its
+tests) -> what ``pytest -p no:xdist --durations=0`` measured (2026-11-28, the box shared, load 3 to 5)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -58,7 +80,7 @@ def why_slow(item: pytest.Item) -> str | None:
     """Why ``item`` belongs to the slow lane, or None when it belongs to both."""
     if item.get_closest_marker("slow"):
         return "marked slow"
-    if any(item.nodeid.startswith(node) for node in MEASURED):
+    if item.nodeid in MEASURED or item.nodeid.partition("::")[0] in MEASURED:
         return "measured"
     if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
         return "uses the session's Ray"
@@ -67,6 +89,8 @@ def why_slow(item: pytest.Item) -> str | None:
         return "starts Ray"
     if code.spawns():
         return "spawns processes"
+    if code.runs_the_engine():
+        return "runs the engine"
     return None
 
 
@@ -121,6 +145,18 @@ class _Reached:
             or self.strings & RAY_BACKEND
             or {"engine.backend", "ray"} <= self.strings
         )
+
+    def runs_the_engine(self) -> bool:
+        """Whether the code runs the engine end to end: a run, a study, or a command that runs one."""
+        reached = self.objects + [getattr(found, name, None) for found in self.modules() for name in self.names]
+        command, subcommands = COMMANDS
+        return any(found is runner for found in reached for runner in ENGINE) or (
+            any(found is command for found in reached) and bool(self.strings & subcommands)
+        )
+
+    def modules(self) -> list[types.ModuleType]:
+        """The modules the code names (``rayfed`` of ``rayfed.run``)."""
+        return [found for found in self.objects if isinstance(found, types.ModuleType)]
 
     def spawns(self) -> bool:
         """Whether the code starts processes: it uses a spawning module, or a function or class of one."""

@@ -97,7 +97,8 @@ def test_a_test_that_starts_ray_or_a_process_is_slow_and_one_that_shares_the_ses
 
 def test_the_fast_lane_keeps_every_package_and_every_guarantee(request: pytest.FixtureRequest) -> None:
     """In the whole suite's run (either lane): at least 700 fast tests, some in every folder of tests/, among
-    them the contract and phase checks, the summation tree, and a tiny run of every registered method."""
+    them the phase checks, the summation tree, and for every registered method the contract of the one loop
+    (its clients trained stacked and one by one) and a tiny run of two rounds (the client-state sizes)."""
     config = request.config
     if config.args_source != pytest.Config.ArgsSource.TESTPATHS or config.option.keyword or config.option.deselect:
         pytest.skip("looks at the tests of the whole suite, run as the README's commands run it")
@@ -106,11 +107,7 @@ def test_the_fast_lane_keeps_every_package_and_every_guarantee(request: pytest.F
     folders = {path.parent.name for path in (config.rootpath / "tests").glob("*/test_*.py")}
     assert len(fast) >= 700
     assert folders - {Path(file).parent.name for file in files} == set()
-    for guarantee in ("tests/train/test_phase_checks.py", "tests/execution/test_summation.py"):
-        assert guarantee in files
-    stacked = {
-        item.callspec.params["name"]
-        for item in fast
-        if item.path.name == "test_every_method_stacks.py" and hasattr(item, "callspec")
-    }
-    assert stacked == set(ALGORITHMS.names())
+    assert {"tests/train/test_phase_checks.py", "tests/execution/test_summation.py"} <= files
+    for test in ("test_every_method_stacks_with_the_results_of_training_one_by_one", "test_the_client_state_estimate"):
+        methods = {item.callspec.params["name"] for item in fast if item.name.startswith(test)}
+        assert methods == set(ALGORITHMS.names()), test
