@@ -1,5 +1,6 @@
 """The two lanes (tests/lanes.py): a test that starts Ray or a process is marked ``slow`` from its code, its
-helpers' and its fixtures', and the fast lane keeps a test of every package and every guarantee."""
+helpers' and its fixtures' under tests/ (never a plugin's), and the fast lane keeps a test of every package and
+every guarantee."""
 
 from __future__ import annotations
 
@@ -70,9 +71,11 @@ def test_marked():
 def test_a_test_that_starts_ray_or_a_process_is_slow_and_one_that_shares_the_session_ray_is_grouped(
     pytester: pytest.Pytester,
 ) -> None:
+    # The conftest is outside tests/, as a plugin's fixtures are: its autouse fixture's processes are not the tests'.
     pytester.makeconftest(
-        "import pytest\nfrom tests.lanes import pytest_collection_modifyitems\n\n"
-        "@pytest.fixture\ndef ray_cluster():\n    pass\n"
+        "import subprocess\n\nimport pytest\n\nfrom tests.lanes import pytest_collection_modifyitems\n\n\n"
+        "@pytest.fixture\ndef ray_cluster():\n    pass\n\n\n"
+        "@pytest.fixture(autouse=True)\ndef plugins_own():\n    return subprocess.run\n"
     )
     (pytester.path / "tests").mkdir()
     (pytester.path / "tests" / "test_lane_examples.py").write_text(EXAMPLES)
