@@ -6,7 +6,8 @@
 
 A run directory holds::
 
-    rayfed-run.json          the run marker: the run's identity, train.rounds as set and changed
+    rayfed-run.json          the run marker, sealed with the checkpoint key: the run's identity, its config, rayfed's
+                             version, its plugin files' digests, train.rounds as set and changed
     rayfed.lock              while the run runs: its owner (host, pid, start time)
     config.json              the RunConfig, as given
     partition.parquet        the exact client data sets (rows of client_id, split, index; or slice parameters)
