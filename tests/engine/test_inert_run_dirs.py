@@ -55,11 +55,18 @@ def _snapshot(run_dir: Path) -> dict[str, bytes]:
     return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.fixture(params=ENTRIES)
+def poisoned(
+    request: pytest.FixtureRequest, tmp_path: Path, finished: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Path, Path]:
+    """:func:`_poisoned` for each way ``plugins`` names the code (a relative path, an absolute one, a module)."""
+    return _poisoned(tmp_path, finished, request.param, monkeypatch)
+
+
 def test_plot_and_the_results_api_read_a_run_without_running_its_plugins(
-    entry: str, tmp_path: Path, finished: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    poisoned: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run_dir, ran = _poisoned(tmp_path, finished, entry, monkeypatch)
+    run_dir, ran = poisoned
     before = _snapshot(run_dir)
     data = load_run(run_dir)
     assert main(["plot", str(run_dir), "--out", str(tmp_path / "figures")]) == 0
@@ -70,11 +77,10 @@ def test_plot_and_the_results_api_read_a_run_without_running_its_plugins(
     assert capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
 def test_a_resume_over_a_run_whose_config_names_new_code_is_refused_before_anything_runs(
-    entry: str, tmp_path: Path, finished: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    poisoned: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run_dir, ran = _poisoned(tmp_path, finished, entry, monkeypatch)
+    run_dir, ran = poisoned
     before = _snapshot(run_dir)
     assert main(["run", "--resume", str(run_dir), "train.rounds=2"]) == 2
     error = capsys.readouterr().err.strip()
