@@ -240,8 +240,9 @@ class RunConfig:
         object.__setattr__(self, "plugins", tuple(self.plugins))
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        """Pickled with the registrations made outside rayfed, by value: the process that unpickles it (a Ray
-        worker, the ServerActor, a trial) knows the methods, models and datasets it names (rayfed.util.plugins)."""
+        """Pickled with its code outside rayfed (:func:`rayfed.util.plugins.pack`): its files as data, imported by
+        name in the process that unpickles it (a Ray worker, the ServerActor, a trial), and what a script's
+        ``__main__`` registered by value, so that process knows the methods, models and datasets it names."""
         return (_unpickle, (plugins.pack(dict(vars(self))),))
 
     # --- conversions -------------------------------------------------------------------
