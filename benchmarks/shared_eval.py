@@ -7,8 +7,8 @@ client), after one round of 100 clients so that the clients' output layers diffe
 ways, interleaved, repeats times:
 
 * ``per_client``: each client's full personalised model, loaded and run on its own test
-  split (what every algorithm without ``ClientHalf.shared_body`` does);
-* ``shared_body``: cwFedAvg's ``shared_body``: one forward of G_avg's body over all the
+  split (what every client half without the ``SharedBodyEvaluation`` declaration does);
+* ``shared_body``: cwFedAvg's ``SharedBodyEvaluation.shared_body``: one forward of G_avg's body over all the
   clients' test images, then each client's head Σ_j p̃_ij G_j as a batched product;
 * ``forward_only``: the bare forward of one model over the same images in batches of
   1,024 (no personalisation, no heads): the least any exact evaluation of these images
@@ -21,7 +21,6 @@ Run: ``python benchmarks/shared_eval.py [--clients 1000] [--repeats 3]``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import time
 
@@ -30,18 +29,19 @@ import torch
 
 from rayfed import RunConfig
 from rayfed.algorithms import RoundContext
-from rayfed.algorithms.cwfedavg import ClasswiseModels
+from rayfed.algorithms.cwfedavg import CwFedAvgClient
 from rayfed.data import load_dataset, make_partition
 from rayfed.engine.problem_build import build_problem
 from rayfed.execution.client_runner import ClientRunner
+from rayfed.execution.evaluation import evaluate_clients
+from rayfed.execution.reports import EvalReport
 from rayfed.execution.server import Server
 
 
-@dataclasses.dataclass(frozen=True)
-class PerClientModels(ClasswiseModels):
-    """cwFedAvg's broadcast without the shared body: a full forward per client."""
+class PerClientEvaluation(CwFedAvgClient):
+    """cwFedAvg's client half without the shared body: a full forward per client."""
 
-    def shared_body(self, jobs):  # noqa: ANN001, ANN201
+    def shared_body(self, message, jobs):  # noqa: ANN001, ANN201
         return None
 
 
@@ -68,10 +68,13 @@ def main() -> None:
     ctx = RoundContext(round=0, seed=0, lr=config.train.lr, sampled=np.array(trained))
     server.aggregate(ctx, runner.train(server.broadcast(), ctx, trained).contribution)
     shared = server.broadcast()
-    per_client = PerClientModels(**{f.name: getattr(shared, f.name) for f in dataclasses.fields(ClasswiseModels)})
+    per_client = PerClientEvaluation(runner.client_half.params, runner.client_half.spec)
     ids = list(range(args.clients))
     model = runner.model_for(config.model.name).module
     x, _ = runner.gather(np.concatenate([partition.test(cid) for cid in ids]))
+
+    def each_alone() -> list[EvalReport]:
+        return evaluate_clients(runner, per_client, shared, ctx, ids, None, runner.evaluation_model)
 
     def forward_only() -> None:
         with torch.no_grad():
@@ -82,14 +85,14 @@ def main() -> None:
     seconds: dict[str, list[float]] = {"per_client": [], "shared_body": [], "forward_only": []}
     for _ in range(args.repeats):
         for name, work in (
-            ("per_client", lambda: runner.evaluate(per_client, ctx, ids)),
+            ("per_client", each_alone),
             ("shared_body", lambda: runner.evaluate(shared, ctx, ids)),
             ("forward_only", forward_only),
         ):
             started = time.perf_counter()
             work()
             seconds[name].append(time.perf_counter() - started)
-    reports = runner.evaluate(shared, ctx, ids), runner.evaluate(per_client, ctx, ids)
+    reports = runner.evaluate(shared, ctx, ids), each_alone()
     same = [r.correct for r in reports[0]] == [r.correct for r in reports[1]]
     median = {name: statistics.median(values) for name, values in seconds.items()}
     print(
