@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from rayfed.config import RunConfig, is_field_path, load_config, parse_override
-from rayfed.util.config_tree import TABLE_SUFFIXES
+from rayfed.util.config_tree import TABLE_SUFFIXES, coerce, read_table_file
 from rayfed.util.errors import ConfigError
 
-__all__ = ["config_from_args", "resume_overrides"]
+__all__ = ["config_from_args", "resume_overrides", "named_plugins"]
 
 
 def config_from_args(args: Sequence[str], preset: str | None = None) -> RunConfig:
@@ -63,6 +63,17 @@ def resume_overrides(args: Sequence[str], resume: str) -> dict[str, Any]:
             "another; drop run_dir=..., or start a new run there without --resume"
         )
     return overrides
+
+
+def named_plugins(args: Sequence[str]) -> tuple[str, ...]:
+    """The ``plugins`` entries that :func:`config_from_args` would import for ``args`` (its config file's, then
+    those of a ``plugins=...`` override), read as data, importing nothing: for a check that must come first."""
+    files, overrides = _split(args)
+    table = read_table_file(files[0]) if files else {}
+    named = [table.get("plugins") if isinstance(table, dict) else None, overrides.get("plugins")]
+    return tuple(
+        dict.fromkeys(e for value in named if value is not None for e in coerce(tuple[str, ...], value, "plugins"))
+    )
 
 
 def _split(args: Sequence[str]) -> tuple[list[str], dict[str, Any]]:

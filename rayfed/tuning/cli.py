@@ -66,20 +66,22 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 def _tune(ns: argparse.Namespace) -> int:
     import optuna
 
-    from rayfed.config.args import config_from_args
+    from rayfed.config.args import config_from_args, named_plugins
     from rayfed.tuning.progress import TrialLines, round_lines
     from rayfed.tuning.report import best_trials_table, write_plots
     from rayfed.tuning.storage import default_storage_url
     from rayfed.tuning.study import tune
+    from rayfed.tuning.study_code import check_named_code
 
     logging.getLogger("rayfed").setLevel(logging.INFO)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # its line per trial: TrialLines says more
-    config = config_from_args(ns.args)
-    if not ns.progress and not any(a.startswith("engine.progress=") for a in ns.args):
-        config = config.override({"engine.progress": False})  # no bars from parallel trials: lines instead
     name = ns.study_name or Path(ns.space).stem
     study_dir = Path(ns.study_dir or Path("runs") / "tune" / name)
     with accept_plugins(*ns.accept_plugin):  # a resumed study whose code changed continues only if told so
+        check_named_code(named_plugins(ns.args), name, study_dir, ns.storage)  # before any of it is imported
+        config = config_from_args(ns.args)
+        if not ns.progress and not any(a.startswith("engine.progress=") for a in ns.args):
+            config = config.override({"engine.progress": False})  # no bars from parallel trials: lines instead
         study = tune(  # Ctrl-C: StudyInterrupted, printed by rayfed.cli.main with this command to resume
             config,
             ns.space,

@@ -73,3 +73,30 @@ def test_a_resumed_study_whose_method_file_changed_is_refused_and_continues_once
     saved = optuna.load_study(study_name="code", storage=storage).user_attrs
     assert [r["sha256"] for r in saved[attrs.PLUGINS]] == [edited]
     assert [(a["sealed"], a["now"]) for a in saved[attrs.PLUGINS_ACCEPTED]] == [(recorded[0]["sha256"], edited)]
+
+
+def test_rayfed_tune_refuses_a_changed_plugin_of_a_resumed_study_before_importing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare: a study that recorded note.py; then note.py edited to write a file when imported.
+    from rayfed.cli import main
+    from rayfed.util.plugin_sources import locate
+
+    monkeypatch.chdir(tmp_path)
+    note, ran = tmp_path / "note.py", tmp_path / "ran"
+    note.write_text("# registers nothing\n")
+    sealed = locate("note.py").record()
+    study_dir = tmp_path / "study"
+    study_dir.mkdir()
+    study = optuna.create_study(study_name="space", storage=f"sqlite:///{study_dir / 'study.db'}")
+    study.set_user_attr(attrs.PLUGINS, [sealed])
+    note.write_text(f"import pathlib\npathlib.Path({str(ran)!r}).write_text('ran')\n")
+    edited = hashlib.sha256(note.read_bytes()).hexdigest()[:16]
+    (tmp_path / "space.yaml").write_text("train.lr: {type: float, low: 0.001, high: 0.1, log: true}\n")
+    # Execute: the study's command again, naming note.py as the command line writes a list field.
+    code = main(["tune", "space.yaml", "plugins=note.py", "--trials", "1", "--study-dir", str(study_dir)])
+    # Check: one line naming the file and both digests, and note.py never ran.
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in error and not ran.exists()
+    assert f"study 'space' was sealed with plugin 'note.py' ({note}, sha256 {sealed['sha256'][:16]})" in error
+    assert f"which now holds sha256 {edited}" in error and f"--accept-plugin {edited}" in error
