@@ -17,9 +17,11 @@ Run it:
 
 It trains the same config twice, in this process (``engine.backend=local``) and on a local Ray with two
 ClientWorkers and the ServerActor (``engine.backend=ray``), and prints each round's accuracy of both: the numbers
-agree to the last digit (exit 1 if they do not). Ray's workers import rayfed, not this script: the registration
-travels to them with the run's config (docs/architecture.md, "A method of your own"). The run records this file
-in its config's ``plugins``, so ``rayfed run --resume RUN_DIR`` finds the method again.
+agree to the last digit (exit 1 if they do not). Ray's workers import rayfed, not this script: what it registers
+travels to them by value with the run's config (a module of your own would be imported by name in every process;
+docs/architecture.md, "A method of your own"). The run records this file in its config's ``plugins`` and its
+digest in its sealed marker, so ``rayfed run --resume RUN_DIR`` finds the method again (and refuses the file if it
+changed since, until its new digest is accepted with ``--accept-plugin``).
 """
 
 from __future__ import annotations

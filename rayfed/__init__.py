@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rayfed.util.lazy import lazy_exports
+from rayfed.util.version import VERSION
 
 if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ imports them
     from rayfed.config import (  # noqa: F401
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ i
         load_config,
     )
     from rayfed.engine.method_check import check  # noqa: F401
+    from rayfed.engine.plugin_seal import accept_plugins  # noqa: F401
     from rayfed.engine.result import RunResult  # noqa: F401
     from rayfed.engine.simulation import Simulation  # noqa: F401
     from rayfed.tracking.runs import run  # noqa: F401
@@ -39,7 +41,7 @@ if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ i
         WorkerError,
     )
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 __all__, __getattr__, __dir__ = lazy_exports(
     __name__,
@@ -54,6 +56,7 @@ __all__, __getattr__, __dir__ = lazy_exports(
             "load_config",
         ),
         "rayfed.engine.method_check": ("check",),
+        "rayfed.engine.plugin_seal": ("accept_plugins",),
         "rayfed.engine.result": ("RunResult",),
         "rayfed.engine.simulation": ("Simulation",),
         "rayfed.tracking.runs": ("run",),

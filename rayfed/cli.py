@@ -34,7 +34,8 @@ from rayfed.engine.interrupts import (
     how_stopped,
     terminate_as_interrupt,
 )
-from rayfed.util.errors import RayfedError
+from rayfed.engine.plugin_seal import add_accept_option
+from rayfed.util.errors import ConfigError, RayfedError
 
 __all__ = ["main", "build_parser"]
 
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR", help="resume the run in RUN_DIR from its last checkpoint")
     run.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
     run.add_argument("--preset", metavar="NAME", help="start from a paper's protocol (rayfed reproduce --list-presets)")
+    add_accept_option(run)
     listing = sub.add_parser("list", help="list registered algorithms, datasets and models, or one algorithm's params")
     listing.add_argument("algorithm", nargs="?", metavar="ALGORITHM", help="show this algorithm's algorithm.params.*")
     plot = sub.add_parser("plot", help="draw figures (accuracy curves, p vs p-tilde, row norms) from finished runs")
@@ -162,14 +164,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(ns: argparse.Namespace) -> int:
-    config = config_from_args(ns.args, ns.resume, ns.preset)  # bad arguments: refused before torch loads
-    from rayfed.tracking import run
+    from rayfed.engine.plugin_seal import accept_plugins
 
-    if ns.quiet:
-        config = config.override({"engine.progress": False})
-    else:
-        logging.getLogger("rayfed").setLevel(logging.INFO)
-    result = run(config, resume=ns.resume is not None)
+    with accept_plugins(*ns.accept_plugin):
+        if ns.resume is None:
+            config = config_from_args(ns.args, ns.preset)  # bad arguments: refused before torch loads
+        elif ns.preset is not None:
+            raise ConfigError(f"--preset {ns.preset!r} cannot be combined with --resume {ns.resume!r}: give one base")
+        else:
+            from rayfed.engine.resume_config import resumed_config
+
+            config = resumed_config(ns.resume, ns.args)  # the run's seal checked before its code is imported
+        from rayfed.tracking import run
+
+        if ns.quiet:
+            config = config.override({"engine.progress": False})
+        else:
+            logging.getLogger("rayfed").setLevel(logging.INFO)
+        result = run(config, resume=ns.resume is not None)
     untrained = result.rounds_without_loss
     note = f" ({len(untrained)} without a finite training loss: {_rounds(untrained)})" if untrained else ""
     print(

@@ -38,14 +38,15 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from types import ModuleType
 
 import ray
 
 from rayfed.actors.address import check_reachable, not_joined
 from rayfed.actors.job_agent import missing_job_agent
+from rayfed.actors.shipped_code import runtime_env_for
 from rayfed.config import EngineConfig
 from rayfed.util.errors import ResourceError
+from rayfed.util.plugin_sources import PluginSource
 from rayfed.util.processes import children
 from rayfed.util.reaper import Reaper
 
@@ -73,14 +74,17 @@ _POLL_S = 1.0
 
 
 @contextmanager
-def ray_session(engine: EngineConfig, by_value: Sequence[ModuleType] = ()) -> Iterator[None]:
-    """Make sure Ray is initialised for the body; shut down only what was started here. Ray pickles the classes
-    of the ``by_value`` modules by value (a plugin's messages and uploads reach nodes without its code)."""
+def ray_session(engine: EngineConfig, code: Sequence[PluginSource] = ()) -> Iterator[None]:
+    """Make sure Ray is initialised for the body; shut down only what was started here. A cluster joined here
+    receives ``code``, the files of the run's code outside rayfed, in the job's runtime environment
+    (:func:`~rayfed.actors.shipped_code.runtime_env_for`); a private Ray's workers find them where they are."""
     address = _address(engine)
-    options = {} if address else {"include_dashboard": engine.dashboard, "dashboard_host": engine.dashboard_host}
+    if address:
+        runtime_env = runtime_env_for(code) if not ray.is_initialized() else {}
+        options: dict[str, object] = {"runtime_env": runtime_env} if runtime_env else {}
+    else:
+        options = {"include_dashboard": engine.dashboard, "dashboard_host": engine.dashboard_host}
     with ray_started(address, source=_source(engine), **options):
-        for module in by_value:
-            ray.cloudpickle.register_pickle_by_value(module)
         yield
 
 
@@ -100,7 +104,7 @@ Preloading torch as well did not start runs sooner (benchmarks/README.md, "Whole
 @contextmanager
 def ray_started(address: str | None, *, source: str = "RAY_ADDRESS", **options: object) -> Iterator[None]:
     """Ray for the body: the one already initialised in this process, the cluster at ``address``, or a
-    private local Ray (``options`` go to ``ray.init``) with :data:`PRIVATE_CLUSTER_ENV`. Whatever is
+    private local Ray with :data:`PRIVATE_CLUSTER_ENV` (``options`` go to ``ray.init`` either way). Whatever is
     started here is shut down at the end, and the environment is restored. An ``address`` (the value of the
     setting ``source``) where no cluster answers is refused (:func:`~rayfed.actors.address.check_reachable`).
 
@@ -117,7 +121,7 @@ def ray_started(address: str | None, *, source: str = "RAY_ADDRESS", **options: 
     try:
         if address:
             try:
-                ray.init(address=target, logging_level=logging.WARNING)
+                ray.init(address=target, logging_level=logging.WARNING, **options)  # type: ignore[arg-type]
             except ConnectionError as error:  # it accepted the connection, but is not a cluster's head
                 raise not_joined(address, source, error) from None
             _say_joined(f"{source}={address!r}", address if target is None else target)

@@ -93,6 +93,11 @@ def run_calls(
 class NodeAgent:
     """Ray actor placed on one worker node, running :func:`run_calls` there."""
 
+    def __init__(self, config: Any = None) -> None:
+        """``config`` is the run's config, unpickled here (from the one copy in the object store) only so that the
+        run's code outside rayfed is imported in this process, as in its workers (:mod:`rayfed.util.plugins`):
+        the sums it reads back and adds up may be instances of that code's classes."""
+
     @ray.method(num_returns=2)
     def run(
         self,
@@ -112,16 +117,18 @@ class NodeAgent:
 
 
 class NodeAgents:
-    """The driver's agents, one per worker node, each started on its node (strictly) when first needed."""
+    """The driver's agents, one per worker node, each started on its node (strictly) when first needed, with
+    ``config`` (the run's config, or its object-store reference: :class:`NodeAgent`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: Any = None) -> None:
         self._agents: dict[str, Any] = {}
+        self._config = config
 
     def on(self, node: str) -> Any:
         """The agent of ``node``."""
         if node not in self._agents:
             here = NodeAffinitySchedulingStrategy(node, soft=False)
-            self._agents[node] = NodeAgent.options(scheduling_strategy=here).remote()  # type: ignore[attr-defined]
+            self._agents[node] = NodeAgent.options(scheduling_strategy=here).remote(self._config)  # type: ignore[attr-defined]
         return self._agents[node]
 
     def started(self) -> dict[str, Any]:

@@ -70,7 +70,8 @@ class RayExecutor(Executor):
         self._dataset_ref = ray.put(dataset)
         self.dataset = ray.get(self._dataset_ref)
         self._partition_ref = ray.put(partition)
-        self._server_args = (config, spec, dict(initial))
+        config_ref = ray.put(config)  # pickled once (with its code: rayfed.util.plugins), read by every actor
+        self._server_args = (config_ref, spec, dict(initial))
         self._max_retries = engine.max_retries
         self._server_node: str = ray.get_runtime_context().get_node_id()
         """The driver's node, where the ``ServerActor`` is placed (strictly)."""
@@ -89,7 +90,7 @@ class RayExecutor(Executor):
         self.pool = WorkerPool(
             lambda: pool_target(engine),
             options,
-            (config, spec, self._dataset_ref, self._partition_ref),
+            (config_ref, spec, self._dataset_ref, self._partition_ref),
             timeout_s=engine.round_timeout_s,
             max_retries=engine.max_retries,
             wait_s=engine.resource_wait_s,

@@ -114,7 +114,7 @@ class WorkerPool:
         self._ask_for_workers = ask_for_workers
         self._here: str = ray.get_runtime_context().get_node_id()
         """The driver's node: its workers are called directly, those of every other node through its agent."""
-        self._agents = NodeAgents()
+        self._agents = NodeAgents(self._init_args[0] if self._init_args else None)  # the run's config comes first
         self._pool: list[_Worker] = []
         self._free_slots: list[int] = []
         self.replacements = 0

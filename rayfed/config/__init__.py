@@ -20,9 +20,9 @@ from rayfed.config.run_config import (
     is_field_path,
     load_config,
     parse_override,
-    read_run_config,
     read_table_file,
 )
+from rayfed.config.saved import read_run_config, read_saved_config, saved_differences
 from rayfed.config.trackers import TRACKERS, check_installed
 
 __all__ = [
@@ -33,11 +33,13 @@ __all__ = [
     "ModelConfig",
     "RunConfig",
     "TrainConfig",
+    "saved_differences",
     "field_reference",
     "is_field_path",
     "load_config",
     "parse_override",
     "read_run_config",
+    "read_saved_config",
     "read_table_file",
     "check_installed",
 ]

@@ -34,15 +34,18 @@ from rayfed.data.settings import DataConfig
 from rayfed.train.settings import TrainConfig
 from rayfed.util import plugins
 from rayfed.util.config_tree import (
+    coerce,
     from_mapping,
     nest_dotted_keys,
     parse_override,
     read_table_file,
     set_path,
     to_plain,
+    tree_differences,
 )
 from rayfed.util.documented import documented, reference, section
-from rayfed.util.errors import CheckpointError, ConfigError
+from rayfed.util.errors import ConfigError
+from rayfed.util.plugin_sources import import_plugins
 from rayfed.util.validation import check, check_choice
 
 __all__ = [
@@ -53,7 +56,6 @@ __all__ = [
     "EngineConfig",
     "RunConfig",
     "load_config",
-    "read_run_config",
     "read_table_file",
     "parse_override",
     "field_reference",
@@ -238,8 +240,9 @@ class RunConfig:
         object.__setattr__(self, "plugins", tuple(self.plugins))
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        """Pickled with the registrations made outside rayfed, by value: the process that unpickles it (a Ray
-        worker, the ServerActor, a trial) knows the methods, models and datasets it names (rayfed.util.plugins)."""
+        """Pickled with its code outside rayfed (:func:`rayfed.util.plugins.pack`): its files as data, imported by
+        name in the process that unpickles it (a Ray worker, the ServerActor, a trial), and what a script's
+        ``__main__`` registered by value, so that process knows the methods, models and datasets it names."""
         return (_unpickle, (plugins.pack(dict(vars(self))),))
 
     # --- conversions -------------------------------------------------------------------
@@ -249,26 +252,24 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, strict: bool = False) -> RunConfig:
-        """Build from nested mappings; unknown keys raise ConfigError with the closest known key, and retired ones
-        (:mod:`rayfed.config.retired`) with what replaced them. The ``plugins`` are imported first: the names the
-        sections check may be theirs. ``strict``: the values come from a typed file, where a number written as a
-        string is refused (:func:`rayfed.util.config_tree.coerce`)."""
+        """Build from nested mappings a user gave (a config file, the command line, Python); unknown keys raise
+        ConfigError with the closest known key, and retired ones (:mod:`rayfed.config.retired`) with what replaced
+        them. The ``plugins`` are imported first: the names the sections check may be theirs. ``strict``: the
+        values come from a typed file, where a number written as a string is refused
+        (:func:`rayfed.util.config_tree.coerce`)."""
         refuse_retired(data)
-        entries = data.get("plugins", ()) if isinstance(data, Mapping) else ()
-        if isinstance(entries, str) or not isinstance(entries, list | tuple):
-            raise ConfigError(
-                f"plugins must be a list of module names or .py files, but got plugins={entries!r}; "
-                'e.g. plugins = ["my_methods"]'
-            )
-        plugins.import_plugins(entries)
+        import_plugins(_plugin_entries(data))
         return from_mapping(cls, data, "", strict=strict)
 
     @classmethod
     def from_saved(cls, data: Mapping[str, Any]) -> RunConfig:
-        """A config rayfed saved (``config.json``, a study's base config), perhaps by a version that still had
-        keys since retired (:mod:`rayfed.config.retired`): those are left out, and none of them changed a run's
-        numbers."""
-        return cls.from_dict(without_retired(data))
+        """A config rayfed saved (``config.json``, a study's base config), read as data: its ``plugins`` are not
+        imported (a run directory or a study runs no code when read: :mod:`rayfed.engine.run_seal` says when a
+        resume may import them), so a name only a plugin registers is refused here unless this process holds it.
+        Keys since retired (:mod:`rayfed.config.retired`) are left out; none of them changed a run's numbers."""
+        data = without_retired(data)
+        _plugin_entries(data)
+        return from_mapping(cls, data, "")
 
     def override(self, overrides: Mapping[str, Any]) -> RunConfig:
         """A copy with fields replaced by dotted path, e.g. ``{"algorithm.params.wdr_lambda": 100}``.
@@ -288,7 +289,10 @@ class RunConfig:
                 tree["algorithm"][params] = {}
         for path, value in overrides.items():
             set_path(tree, path, value)
-        return RunConfig.from_dict(tree)
+        if "plugins" in overrides:  # the entries given now are imported; those the config held already were
+            import_plugins(_plugin_entries({"plugins": overrides["plugins"]}))
+        refuse_retired(tree)
+        return from_mapping(RunConfig, tree, "")
 
     @classmethod
     def of(cls, config: RunConfig | Mapping[str, Any]) -> RunConfig:
@@ -320,7 +324,21 @@ class RunConfig:
         >>> RunConfig().diff(RunConfig().override({"train.lr": 0.1, "train.rounds": 5}), ignore=("train.rounds",))
         ['train.lr: 0.005 -> 0.1']
         """
-        return [d for d in _differences(self.to_dict(), other.to_dict()) if not d.startswith(ignore)]
+        return tree_differences(self.to_dict(), other.to_dict(), ignore=ignore)
+
+
+def _plugin_entries(data: Mapping[str, Any]) -> tuple[str, ...]:
+    """``data``'s ``plugins``, as a list field is read (``[a.py, b]`` or ``a.py`` on the command line); ConfigError
+    naming the field for anything else."""
+    entries = data.get("plugins", ()) if isinstance(data, Mapping) else ()
+    if isinstance(entries, str):
+        entries = coerce(tuple[str, ...], entries, "plugins")
+    if not isinstance(entries, list | tuple) or not all(isinstance(entry, str) and entry for entry in entries):
+        raise ConfigError(
+            f"plugins must be a list of module names or .py files, but got plugins={entries!r}; "
+            'e.g. plugins = ["my_methods"], or plugins=my_methods.py on the command line'
+        )
+    return tuple(entries)
 
 
 def _unpickle(blob: bytes) -> RunConfig:
@@ -328,13 +346,6 @@ def _unpickle(blob: bytes) -> RunConfig:
     config = object.__new__(RunConfig)
     config.__dict__.update(plugins.unpack(blob))
     return config
-
-
-def _differences(old: Any, new: Any, path: str = "") -> list[str]:
-    if isinstance(old, Mapping) and isinstance(new, Mapping):
-        keys = sorted(set(old) | set(new))
-        return [d for key in keys for d in _differences(old.get(key), new.get(key), f"{path}{key}.")]
-    return [] if old == new else [f"{path.rstrip('.')}: {old!r} -> {new!r}"]
 
 
 def is_field_path(path: str) -> bool:
@@ -358,16 +369,6 @@ def is_field_path(path: str) -> bool:
 def field_reference() -> str:
     """Every config field as ``path = default`` and its meaning (``rayfed run --help`` prints it)."""
     return reference(RunConfig)
-
-
-def read_run_config(path: str | Path) -> RunConfig:
-    """The config a run saved (its ``config.json``); CheckpointError naming the file if it cannot be read."""
-    try:
-        return RunConfig.from_saved(json.loads(Path(path).read_text(encoding="utf-8")))
-    except (ValueError, OSError) as error:  # ConfigError is a ValueError
-        raise CheckpointError(
-            f"{str(path)!r} is not a readable run config ({error}); restore it from a copy, or choose another run_dir"
-        ) from error
 
 
 def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:

@@ -238,7 +238,7 @@ def check(
 def methods_in(path: str) -> list[str]:
     """The algorithms the ``.py`` file at ``path`` registers, imported as a plugin (:mod:`rayfed.util.plugins`)."""
     from rayfed.algorithms import ALGORITHMS
-    from rayfed.util.plugins import import_plugins
+    from rayfed.util.plugin_sources import import_plugins
 
     import_plugins([path], field="METHOD")
     target = Path(path).resolve()

@@ -4,9 +4,10 @@ A run that cannot be carried out is refused here, with every file of its directo
 (README.md, "Faults and bad input"):
 
 * its run directory: can it be made, is it rayfed's to write in and free, may this run start or
-  continue in it (:mod:`rayfed.engine.run_dir`), and where does a continued run resume
-  (:mod:`rayfed.engine.resume_point`, which reads every file a resume needs and proves its checkpoint
-  is this run's: :mod:`rayfed.engine.run_identity`);
+  continue in it (:mod:`rayfed.engine.run_dir`), does a continued run's directory hold what its run sealed (the
+  marker's seal, ``config.json`` and the files of its code: :mod:`rayfed.engine.run_seal`,
+  :mod:`rayfed.engine.plugin_seal`), and where does it resume (:mod:`rayfed.engine.resume_point`, which reads
+  every file a resume needs and proves its checkpoint is this run's: :mod:`rayfed.engine.run_identity`);
 * its resources: workers, memory and client states (:func:`rayfed.engine.sizing.check_fits`);
 * its inputs: the dataset, the problem (the algorithm checks its params against it), the held-out
   server data and the partition (:class:`~rayfed.engine.inputs.RunInputs`);
@@ -28,12 +29,14 @@ from rayfed.algorithms import ResolvedAlgorithm, resolve
 from rayfed.config import RunConfig, check_installed
 from rayfed.engine.fast_path import log_slow_paths
 from rayfed.engine.inputs import RunInputs
+from rayfed.engine.plugin_seal import check_sources, marker_note, marker_sources
 from rayfed.engine.resume_point import ResumePoint, read_resume_point
 from rayfed.engine.run_dir import check_creatable, check_run_dir
 from rayfed.engine.run_identity import RunMarker, run_identity
+from rayfed.engine.run_seal import check_config_file
 from rayfed.engine.sizing import MemoryEstimate, check_fits
 from rayfed.engine.trainability import check_trainable
-from rayfed.util import plugins
+from rayfed.util.plugins import plugin_sources, run_sources
 from rayfed.util.progress import progress_shown
 
 __all__ = ["RunPlan", "plan_run", "default_run_dir"]
@@ -65,22 +68,33 @@ def default_run_dir(config: RunConfig) -> Path:
 def plan_run(config: RunConfig, *, resume: bool = False) -> RunPlan:
     """Check ``config``'s run in the order that writes nothing and fails cheapest first; raises a
     :class:`~rayfed.util.errors.RayfedError` naming the field or file and its fix. The config the run records
-    lists the modules that registered its plugins (:func:`rayfed.util.plugins.plugin_sources`)."""
-    sources = tuple(dict.fromkeys([*config.plugins, *plugins.plugin_sources(config)]))
-    config = replace(config, plugins=sources) if sources != config.plugins else config
+    lists the files of its code outside rayfed (:func:`rayfed.util.plugins.plugin_sources`), and its marker their
+    digests, sealed."""
+    sources = run_sources(config)
+    entries = tuple(dict.fromkeys([*config.plugins, *plugin_sources(config)]))
+    config = replace(config, plugins=entries) if entries != config.plugins else config
     algorithm = resolve(config.algorithm)
     check_installed(config.engine.loggers)
     run_dir = Path(config.run_dir) if config.run_dir else default_run_dir(config)
     check_creatable(run_dir)
     continues = check_run_dir(run_dir, config, resume=resume)
+    recorded, accepted = RunMarker.read(run_dir) if continues else None, []
+    if recorded is not None:  # what the directory holds is what its run sealed, before anything runs
+        if recorded.config is not None:
+            check_config_file(run_dir, recorded.config)
+        accepted = check_sources(
+            f"run_dir={str(run_dir)!r}", marker_sources(run_dir, recorded), sources, note=marker_note(recorded)
+        )
     memory = check_fits(config, run_dir)
     with progress_shown(config.engine.progress):
         inputs = RunInputs.prepare(config, algorithm, run_dir, continues=continues)
     identity = run_identity(config, inputs.partition)
-    if continues:
-        point = read_resume_point(run_dir, config, identity, algorithm.may_hold_nan)
+    if recorded is not None:
+        point = read_resume_point(run_dir, config, identity, algorithm.may_hold_nan, recorded)
     else:
         point = ResumePoint(RunMarker.new(identity, config.train.rounds))
+    records = [source.record() for source in sources]
+    point = replace(point, marker=point.marker.recording(config.to_dict(), records, accepted))
     check_trainable(inputs.partition.num_train(), config.train)
     log_slow_paths(config, algorithm, inputs.dataset)
     return RunPlan(config, algorithm, run_dir, continues, identity, point, memory, inputs)

@@ -49,10 +49,13 @@ class ResumePoint:
         return 0 if self.checkpoint is None else self.checkpoint.round + 1
 
 
-def read_resume_point(run_dir: Path, config: RunConfig, identity: str, may_hold_nan: Collection[str]) -> ResumePoint:
+def read_resume_point(
+    run_dir: Path, config: RunConfig, identity: str, may_hold_nan: Collection[str], recorded: RunMarker
+) -> ResumePoint:
     """Read and check everything a continued run needs, writing nothing.
 
-    Raises CheckpointError naming the damaged file and its fix: the run marker, whose identity must be
+    Raises CheckpointError naming the damaged file and its fix: the run marker ``recorded`` (read, its seal
+    checked, by the plan), whose identity must be
     ``identity`` (the run's config and partition as they are now); the newest checkpoint
     (:func:`~rayfed.engine.checkpoint.verified_checkpoint`: torn, of another format or run, changed,
     not finite; the fix offers the previous checkpoint if it passes the same checks);
@@ -61,7 +64,6 @@ def read_resume_point(run_dir: Path, config: RunConfig, identity: str, may_hold_
     without it). ConfigError if ``config.train.rounds`` is fewer than
     the rounds the checkpoint holds.
     """
-    recorded = RunMarker.read(run_dir)
     checkpoints = checkpoints_of(run_dir)
     if recorded.identity != identity:
         if checkpoints and checkpoint_identity(checkpoints[-1]) == identity:

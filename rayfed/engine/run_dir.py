@@ -29,7 +29,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from rayfed.config import RunConfig, read_run_config
+from rayfed.config import RunConfig, read_saved_config, saved_differences
 from rayfed.engine.checkpoint import (
     newest_checkpoint,
 )
@@ -234,7 +234,7 @@ def check_run_dir(run_dir: Path, config: RunConfig, *, resume: bool) -> bool:
             f"run_dir={str(run_dir)!r} already holds a run; resume it ({resume_command(run_dir)}) "
             "or choose another run_dir, so its results are not overwritten"
         )
-    changed = read_run_config(saved).diff(config, ignore=CONTINUABLE)
+    changed = saved_differences(read_saved_config(saved), config, ignore=CONTINUABLE)  # as data: nothing is imported
     if changed:
         raise ConfigError(
             f"run_dir={str(run_dir)!r} holds a run with another config ({', '.join(changed)}); only train.rounds "

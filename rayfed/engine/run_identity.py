@@ -8,28 +8,39 @@ on resume (:mod:`rayfed.engine.checkpoint`).
 
 The **run marker** ``<run_dir>/rayfed-run.json`` is the first file a run writes into its
 directory. It proves that the directory is a rayfed run (rayfed writes only into an empty
-folder or one with a marker: :func:`rayfed.engine.run_dir.check_run_dir`) and records::
+folder or one with a marker: :func:`rayfed.engine.run_dir.check_run_dir`), is sealed with the
+checkpoint key (:mod:`rayfed.engine.run_seal`) and records::
 
-    {"format": 1, "identity": "<sha256>", "created": "2026-11-26T10:00:00",
+    {"format": 2, "identity": "<sha256>", "created": "2026-11-26T10:00:00",
      "train_rounds": [{"rounds": 3, "from_round": 0, "at": "..."},
-                      {"rounds": 5, "from_round": 3, "at": "...", "change": "extended from 3 to 5"}]}
+                      {"rounds": 5, "from_round": 3, "at": "...", "change": "extended from 3 to 5"}],
+     "rayfed": "0.1.0", "config": {... config.json as the run wrote it ...},
+     "plugins": [{"entry": "my_methods", "module": "my_methods", "file": "/home/me/my_methods.py",
+                  "sha256": "<sha256 of the file>", "kind": "name"}],
+     "accepted": [{"file": "...", "sealed": "<sha256 or null>", "now": "<sha256>", "at": "..."}],
+     "key_id": "<the key's id>", "seal": "<HMAC-SHA256 of every other field>"}
 
 ``train_rounds`` lists the run's ``train.rounds`` as first set and as every continuation
-changed it (extended, or shortened to no fewer rounds than it holds).
+changed it (extended, or shortened to no fewer rounds than it holds); ``rayfed`` the version that last
+wrote the marker; ``plugins`` the files of the run's code outside rayfed (:mod:`rayfed.util.plugin_sources`)
+and ``accepted`` each change of them a continuation was told to accept (``--accept-plugin``). A marker of
+format 1 (before markers were sealed) holds the first three fields and no seal.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rayfed.engine.run_seal import check_seal, sealed
 from rayfed.util.errors import CheckpointError
 from rayfed.util.files import write_json
+from rayfed.util.version import VERSION
 
 if TYPE_CHECKING:
     from rayfed.config import RunConfig
@@ -40,7 +51,8 @@ __all__ = ["CONTINUABLE", "MARKER_FILE", "RunMarker", "run_identity"]
 CONTINUABLE = ("train.rounds", "engine.", "run_dir", "plugins")
 """Config paths that may change when a run continues in its directory: they do not change its results."""
 MARKER_FILE = "rayfed-run.json"
-_MARKER_FORMAT = 1
+_MARKER_FORMAT = 2
+_UNSEALED_FORMAT = 1
 
 
 def run_identity(config: RunConfig, partition: ClientPartition) -> str:
@@ -62,7 +74,8 @@ def _without(tree: Mapping[str, Any], prefixes: tuple[str, ...], path: str = "")
     return kept
 
 
-def _now() -> str:
+def now() -> str:
+    """The time a marker records, to the second."""
     return datetime.now().isoformat(timespec="seconds")
 
 
@@ -71,12 +84,20 @@ class RunMarker:
     """The content of ``rayfed-run.json`` (module docstring)."""
 
     identity: str
-    created: str = field(default_factory=_now)
+    created: str = field(default_factory=now)
     train_rounds: tuple[dict[str, Any], ...] = ()
+    config: Mapping[str, Any] | None = None
+    """The config that defines the run, as its ``config.json`` holds it (None in an unsealed marker)."""
+    plugins: tuple[dict[str, str], ...] = ()
+    """The run's sources outside rayfed (:meth:`rayfed.util.plugin_sources.PluginSource.record`)."""
+    rayfed: str = VERSION
+    accepted: tuple[dict[str, Any], ...] = ()
+    sealed: bool = True
+    """False for a marker written before markers were sealed (format 1)."""
 
     @classmethod
     def new(cls, identity: str, rounds: int) -> RunMarker:
-        return cls(identity, train_rounds=({"rounds": rounds, "from_round": 0, "at": _now()},))
+        return cls(identity, train_rounds=({"rounds": rounds, "from_round": 0, "at": now()},))
 
     @property
     def rounds(self) -> int | None:
@@ -89,31 +110,58 @@ class RunMarker:
         if before is None or before == rounds:
             return self
         change = f"{'extended' if rounds > before else 'shortened'} from {before} to {rounds}"
-        entry = {"rounds": rounds, "from_round": from_round, "at": _now(), "change": change}
+        entry = {"rounds": rounds, "from_round": from_round, "at": now(), "change": change}
         return replace(self, train_rounds=(*self.train_rounds, entry))
 
-    def write(self, run_dir: Path) -> None:
-        write_json(
-            run_dir / MARKER_FILE,
-            {
-                "format": _MARKER_FORMAT,
-                "identity": self.identity,
-                "created": self.created,
-                "train_rounds": list(self.train_rounds),
-            },
+    def recording(
+        self, config: Mapping[str, Any], plugins: Sequence[Mapping[str, str]], accepted: Sequence[Mapping[str, Any]]
+    ) -> RunMarker:
+        """This marker as the run now writes it: its config and sources, this rayfed, the changes just accepted."""
+        return replace(
+            self,
+            config=dict(config),
+            plugins=tuple(dict(record) for record in plugins),
+            rayfed=VERSION,
+            accepted=(*self.accepted, *(dict(entry) for entry in accepted)),
+            sealed=True,
         )
+
+    def write(self, run_dir: Path) -> None:
+        """Write the marker, sealed (:func:`rayfed.engine.run_seal.sealed`)."""
+        fields = {
+            "format": _MARKER_FORMAT,
+            "identity": self.identity,
+            "created": self.created,
+            "train_rounds": list(self.train_rounds),
+            "rayfed": self.rayfed,
+            "config": self.config,
+            "plugins": list(self.plugins),
+            "accepted": list(self.accepted),
+        }
+        write_json(run_dir / MARKER_FILE, sealed(fields))
 
     @classmethod
     def read(cls, run_dir: Path) -> RunMarker:
-        """The marker of ``run_dir``; CheckpointError naming the file if it is not one rayfed wrote."""
+        """The marker of ``run_dir``, its seal checked (:func:`rayfed.engine.run_seal.check_seal`: CheckpointError
+        for another key or a changed marker); CheckpointError naming the file if it is not one rayfed wrote."""
         path = run_dir / MARKER_FILE
         try:
             data = json.loads(path.read_text())
-            if data["format"] != _MARKER_FORMAT:
+            if data["format"] not in (_MARKER_FORMAT, _UNSEALED_FORMAT):
                 raise ValueError(f"format {data['format']!r}, this rayfed writes {_MARKER_FORMAT}")
-            return cls(str(data["identity"]), str(data["created"]), tuple(data["train_rounds"]))
+            base = (str(data["identity"]), str(data["created"]), tuple(data["train_rounds"]))
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise CheckpointError(
                 f"{str(path)!r} is not a readable run marker ({error}); restore it from a copy, or choose another "
                 "run_dir. Nothing in this run directory was changed"
             ) from error
+        if data["format"] == _UNSEALED_FORMAT:
+            return cls(*base, rayfed="", sealed=False)
+        check_seal(data, path)
+        return cls(
+            *base,
+            config=dict(data["config"]),
+            plugins=tuple(data["plugins"]),
+            rayfed=str(data["rayfed"]),
+            accepted=tuple(data["accepted"]),
+        )

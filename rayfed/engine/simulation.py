@@ -6,7 +6,8 @@
 
 A run directory holds::
 
-    rayfed-run.json          the run marker: the run's identity, train.rounds as set and changed
+    rayfed-run.json          the run marker, sealed with the checkpoint key: the run's identity, its config, rayfed's
+                             version, its plugin files' digests, train.rounds as set and changed
     rayfed.lock              while the run runs: its owner (host, pid, start time)
     config.json              the RunConfig, as given
     partition.parquet        the exact client data sets (rows of client_id, split, index; or slice parameters)
@@ -51,6 +52,7 @@ from rayfed.train.job import ClientState
 from rayfed.util import plugins
 from rayfed.util.allocator import return_freed_memory
 from rayfed.util.errors import CheckpointError, DiskFullError, ServerError, WorkerError
+from rayfed.util.plugin_sources import refuse_run_while_importing
 from rayfed.util.progress import progress_bar, progress_shown
 from rayfed.util.seeding import sample_clients
 
@@ -361,7 +363,7 @@ def run(
     this joins the Ray cluster named by ``engine.ray_address`` / ``RAY_ADDRESS``, or starts a
     local one for the run.
     """
-    plugins.refuse_run_while_importing()
+    refuse_run_while_importing()
     config = RunConfig.of(config)
     if config.engine.backend == "local":
         return Simulation(config, callbacks=callbacks, resume=resume).run()
@@ -369,7 +371,5 @@ def run(
 
     plugins.check_shippable(config)  # what registered outside rayfed must reach the workers: said before Ray starts
     check_resources(config.engine)  # a Ray to be started here: this machine, before Ray starts
-    with ray_session(
-        config.engine, plugins.by_value_modules(config)
-    ):  # the Simulation checks the cluster once Ray is up, before writing
+    with ray_session(config.engine, plugins.run_sources(config)):  # the Simulation checks the cluster, then writes
         return Simulation(config, callbacks=callbacks, resume=resume).run()

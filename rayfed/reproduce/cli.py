@@ -2,7 +2,7 @@
 
 rayfed reproduce TABLE [--rounds N] [--seeds K | --seed-list 0,3] [--data-root DIR] [--methods a,b]
                  [--columns x,y] [--parallel P] [--gpus-per-run G] [--at-rounds 1,5,10] [--out DIR]
-                 [--set field.path=value ...] [--report-only] [--no-figures] [--plan]
+                 [--set field.path=value ...] [--report-only] [--no-figures] [--plan] [--accept-plugin DIGEST]
 rayfed reproduce TABLE --plan ...        what it would run and what that costs here, without running it
 rayfed reproduce --list                  the tables, with their rows and columns
 rayfed reproduce --list-presets          the papers' protocols (rayfed run --preset NAME)
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rayfed.config import parse_override
+from rayfed.engine.plugin_seal import accept_plugins, add_accept_option
 from rayfed.util.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -94,12 +95,14 @@ def add_reproduce_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
         "by 2 rounds of each row x column no run under --out has timed yet)",
     )
     p.add_argument("--no-figures", action="store_true", help="do not draw the figures")
+    add_accept_option(p)
     p.set_defaults(handler=_handler)
     return p
 
 
 def _handler(ns: argparse.Namespace) -> int:
-    return reproduce(ns, _command(ns))
+    with accept_plugins(*ns.accept_plugin):  # a cell whose run's code changed continues only if told so
+        return reproduce(ns, _command(ns))
 
 
 def _command(ns: argparse.Namespace) -> str:

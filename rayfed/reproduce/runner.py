@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rayfed.config import RunConfig
+from rayfed.engine.plugin_seal import accept_plugins, accepted_digests
 from rayfed.reproduce.run_files import damage, move_aside, rounds_done
 from rayfed.reproduce.spec import Column, Row, Table, cell_overrides, unavailable
 from rayfed.util.errors import CheckpointError, CheckpointFormatError, ConfigError, DatasetError, RayfedError
@@ -157,9 +158,10 @@ def plan(
     return cells
 
 
-def run_cell(config: RunConfig) -> Outcome:
+def run_cell(config: RunConfig, accepted: Sequence[str]) -> Outcome:
     """Bring one run to its ``train.rounds``: skip, run, resume or extend it (a plain function, for Ray tasks:
-    the config they receive carries its plugin registrations, :mod:`rayfed.util.plugins`).
+    the config they receive carries its code, :mod:`rayfed.util.plugins`), accepting changed plugin files of
+    these digests (:func:`rayfed.engine.plugin_seal.accept_plugins`; ``rayfed reproduce --accept-plugin``).
 
     A missing dataset is an outcome ("data missing", the loader's message), not an exception,
     so one missing column does not stop the others; so is any other refusal ("failed"). A damaged run
@@ -176,7 +178,8 @@ def run_cell(config: RunConfig) -> Outcome:
     resume = (directory / "config.json").is_file()
     try:
         try:
-            result = run(config, resume=resume)
+            with accept_plugins(*accepted):
+                result = run(config, resume=resume)
         except CheckpointFormatError:  # written by another rayfed version: keep it, say so
             raise
         except CheckpointError as error:  # a checkpoint torn by a kill, a damaged file: set aside, run again
@@ -222,7 +225,7 @@ def execute(
         for cell in runnable:
             assert cell.config is not None
             key = f"{cell.config.data.dataset}:{cell.config.data.root}"
-            outcome = missing.get(key) or run_cell(cell.config)
+            outcome = missing.get(key) or run_cell(cell.config, accepted_digests())
             if outcome.status == "data missing":
                 missing[key] = outcome
             outcomes[cell] = outcome
@@ -251,7 +254,7 @@ def _execute_on_ray(cells: list[Cell], parallel: int, on_done: Callable[[Cell, O
                 cell = queue.pop(0)
                 assert cell.config is not None
                 share = cell.config.engine.num_gpus_per_worker
-                pending[task.options(num_gpus=share).remote(cell.config)] = cell
+                pending[task.options(num_gpus=share).remote(cell.config, accepted_digests())] = cell
             ready, _ = ray.wait(list(pending), num_returns=1)
             cell = pending.pop(ready[0])
             try:

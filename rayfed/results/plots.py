@@ -18,7 +18,9 @@ writes, into ``DIR``:
   name). cwFedAvg draws those of Lee & Choi, "Class-Wise Federated Averaging for Efficient
   Personalization", ICCV 2025 (:mod:`rayfed.algorithms.cwfedavg_figures`): ``p_vs_p_tilde``
   (Fig. 2c), ``norms_local`` (Fig. 3) and ``norms_global`` (Fig. 6). Methods that draw none get
-  only their accuracy curve.
+  only their accuracy curve, and so does a run whose method this process does not hold: drawing runs none of a
+  run's code, so a method of a plugin that is not imported here is named as skipped
+  (:mod:`rayfed.results.run_data`).
 
 The clients' class counts come from ``label_counts.parquet``, which the engine writes next to
 the partition; older runs without it fall back to reloading the dataset named in ``config.json``.
@@ -39,6 +41,7 @@ import numpy as np
 
 from rayfed.algorithms import ALGORITHMS
 from rayfed.algorithms.figures import DistributionPairs, Figure, Heatmap
+from rayfed.config import RunConfig
 from rayfed.engine.run_dir import resume_command
 from rayfed.results.run_data import (
     CurveGroup,
@@ -134,7 +137,9 @@ def plot_accuracy_curves(runs: Sequence[RunData], path: str | Path) -> Path:
         handles, labels = ax.get_legend_handles_labels()
         wrapped = [textwrap.fill(label, 70, subsequent_indent="  ") for label in labels]
         ax.legend(handles, wrapped, fontsize="small", loc="upper left", bbox_to_anchor=(0.0, -0.14), frameon=False)
-    notes = sorted({note for run in runs if (note := ALGORITHMS.get(run.config.algorithm.name).reporting.label_note)})
+    notes = sorted(
+        {note for run in runs if run.method_held and (note := ALGORITHMS.get(run.algorithm).reporting.label_note)}
+    )
     if notes:
         fig.text(0.01, 0.0, textwrap.fill(" ".join(notes), 110), fontsize="x-small", va="top", color="0.3")
     return _save(fig, Path(path))
@@ -221,11 +226,12 @@ def plot_row_norms(norms: np.ndarray, path: str | Path, *, rows: str, title: str
 
 def plot_run_figures(run: RunData, out: str | Path, stem: str | None = None) -> list[Path]:
     """The figures the run's method draws of itself (``Reporting.figures``), as ``out/<stem>-<name>.png``
-    (stem: the run's name); none for a method that draws none, or a run without a checkpoint."""
-    if not run.server:
+    (stem: the run's name); none for a method that draws none, a run without a checkpoint, or one whose method
+    this process does not hold (a plugin's: reading a run imports none)."""
+    config = run.config
+    if not run.server or not isinstance(config, RunConfig):
         return []
     out, stem = Path(out), stem or run.name
-    config = run.config
     figures = ALGORITHMS.get(config.algorithm.name).figures(config.algorithm.params, finished_run(run))
     label, rounds = method_label(config), (run.checkpoint_round or 0) + 1
     return [
@@ -284,7 +290,13 @@ def write_figures(run_dirs: Sequence[str | Path], out: str | Path) -> tuple[list
         stems[run.name] = stems.get(run.name, 0) + 1
         drawn = plot_run_figures(run, out, stem)
         paths.extend(drawn)
-        if not run.server:
+        if not run.method_held:
+            notes.append(
+                f"{run.run_dir}: {run.algorithm} is not registered in this process (its config's plugins "
+                f"{list(run.config.plugins)} are data when a run is read, never imported), so its own figures are "
+                "skipped: accuracy curve only"
+            )
+        elif not run.server:
             notes.append(
                 f"{run.run_dir}: no checkpoint (engine.checkpoint_every=0?), so no figures of the "
                 f"{run.algorithm} run's own: accuracy curve only"

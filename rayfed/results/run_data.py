@@ -3,6 +3,10 @@
 A run's ``config.json``, ``rounds.parquet`` and its newest checkpoint's server state (:func:`load_run`); the
 runs that are seeds of one method, under one legend entry (:func:`curve_groups`); a run's accuracy points
 (:func:`accuracy_points`); and what a method's own figures read (:func:`finished_run`).
+
+Reading a run runs none of its code: its ``config.json`` is data (:meth:`~rayfed.config.RunConfig.from_saved`
+imports none of its ``plugins``). A run whose method this process does not hold (a method of a plugin, not
+imported here) is read as a :class:`SavedConfig`: its accuracy curves draw, its method's own figures do not.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,16 +24,19 @@ import pyarrow.parquet as pq
 
 from rayfed.algorithms import ALGORITHMS
 from rayfed.algorithms.figures import FinishedRun
+from rayfed.config import RunConfig, read_run_config, read_saved_config
+from rayfed.config.retired import without_retired
 from rayfed.data import LABEL_COUNTS_FILE, read_label_counts
 from rayfed.engine.checkpoint import load_checkpoint, newest_checkpoint
 from rayfed.engine.metrics import counted_round
-from rayfed.util.config_tree import get_path
-from rayfed.util.errors import CheckpointError
+from rayfed.util.config_tree import get_path, tree_differences
+from rayfed.util.errors import CheckpointError, ConfigError
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "SAME_NUMBERS",
+    "SavedConfig",
     "RunData",
     "load_run",
     "method_label",
@@ -61,13 +68,36 @@ _SEED_ONLY = ("seed", *SAME_NUMBERS)
 """Config paths in which the seeds of one method may differ (``RunConfig.diff``'s ``ignore``)."""
 
 
+class SavedConfig:
+    """A run's config as data, where this process does not hold a name it uses (a plugin's method): its fields
+    read as a :class:`~rayfed.config.RunConfig`'s are (``config.algorithm.name``), and it compares as one does."""
+
+    def __init__(self, tree: Mapping[str, Any]) -> None:
+        self._tree = dict(tree)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            value = self.__dict__["_tree"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+        return SavedConfig(value) if isinstance(value, Mapping) else value
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(self._tree))
+
+    def diff(self, other: Any, *, ignore: tuple[str, ...] = ()) -> list[str]:
+        """As :meth:`RunConfig.diff`, over the trees."""
+        return tree_differences(self.to_dict(), other.to_dict(), ignore=ignore)
+
+
 @dataclass
 class RunData:
     """What the figures need from one run directory."""
 
     run_dir: Path
-    config: Any
-    """The run's :class:`~rayfed.config.RunConfig`."""
+    config: RunConfig | SavedConfig
+    """The run's config: a :class:`~rayfed.config.RunConfig`, or a :class:`SavedConfig` where this process does
+    not hold its method (:attr:`method_held`)."""
     rounds: list[dict[str, Any]]
     server: dict[str, np.ndarray] = field(default_factory=dict)
     """``server/*`` arrays of the newest checkpoint, without the prefix (empty if none)."""
@@ -85,17 +115,21 @@ class RunData:
 
     @property
     def algorithm(self) -> str:
-        return self.config.algorithm.name
+        return str(self.config.algorithm.name)
+
+    @property
+    def method_held(self) -> bool:
+        """Whether this process holds the run's method (its own figures can be drawn)."""
+        return isinstance(self.config, RunConfig)
 
 
 def load_run(run_dir: str | Path) -> RunData:
-    """Read ``config.json``, ``rounds.parquet`` and the newest checkpoint's server state."""
-    from rayfed.config import read_run_config
-
+    """Read ``config.json`` (as data: nothing it names is imported), ``rounds.parquet`` and the newest
+    checkpoint's server state."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise CheckpointError(f"{str(run_dir)!r} is not a run directory (no config.json)")
-    config = read_run_config(run_dir / "config.json")
+    config = _saved_config(run_dir / "config.json")
     rounds_file = run_dir / "rounds.parquet"
     rounds = pq.read_table(rounds_file).to_pylist() if rounds_file.is_file() else []
     newest = newest_checkpoint(run_dir)
@@ -105,8 +139,23 @@ def load_run(run_dir: str | Path) -> RunData:
     return RunData(run_dir, config, rounds, checkpoint.server, checkpoint.round)
 
 
-def method_label(config: Any) -> str:
-    """The run's method as its algorithm labels it (``FedAvg``, ``FedAWA (code)``, ``cwFedAvg w/ Dist. (Output)``)."""
+def _saved_config(path: Path) -> RunConfig | SavedConfig:
+    """A run's config: typed where this process holds every name it uses, else (a plugin's method, not imported
+    here) as data; CheckpointError naming the file if it cannot be read."""
+    saved = read_saved_config(path)
+    if saved.get("plugins"):
+        try:
+            return RunConfig.from_saved(saved)
+        except ConfigError:
+            return SavedConfig(without_retired(saved))
+    return read_run_config(path)
+
+
+def method_label(config: RunConfig | SavedConfig) -> str:
+    """The run's method as its algorithm labels it (``FedAvg``, ``FedAWA (code)``, ``cwFedAvg w/ Dist. (Output)``);
+    its name where this process does not hold it."""
+    if not isinstance(config, RunConfig):
+        return str(config.algorithm.name)
     return ALGORITHMS.get(config.algorithm.name).label(config.algorithm.params)
 
 
@@ -126,8 +175,13 @@ def curve_groups(runs: Sequence[RunData]) -> list[CurveGroup]:
     ``(N seeds)`` is added to a group of several runs.
     """
     grouped: list[list[RunData]] = []
+    trees = {id(run): run.config.to_dict() for run in runs}
+
+    def differences(a: RunData, b: RunData) -> list[str]:
+        return tree_differences(trees[id(a)], trees[id(b)], ignore=_SEED_ONLY)
+
     for run in runs:
-        same = next((g for g in grouped if not run.config.diff(g[0].config, ignore=_SEED_ONLY)), None)
+        same = next((g for g in grouped if not differences(run, g[0])), None)
         if same is None:
             grouped.append([run])
         else:
@@ -135,16 +189,15 @@ def curve_groups(runs: Sequence[RunData]) -> list[CurveGroup]:
     labels = [method_label(g[0].config) for g in grouped]
     result = []
     for group, label in zip(grouped, labels):
-        config = group[0].config
         paths = sorted(
             {
                 line.split(": ", 1)[0]
                 for other, other_label in zip(grouped, labels)
                 if other is not group and other_label == label
-                for line in config.diff(other[0].config, ignore=_SEED_ONLY)
+                for line in differences(group[0], other[0])
             }
         )
-        tree = config.to_dict()
+        tree = trees[id(group[0])]
         legend = ", ".join([label, *(f"{path}={_override_text(get_path(tree, path))}" for path in paths)])
         result.append(CurveGroup(legend + (f" ({len(group)} seeds)" if len(group) > 1 else ""), group))
     return result
@@ -169,9 +222,10 @@ def accuracy_points(run: RunData, column: str = "accuracy") -> tuple[list[int], 
 
 def finished_run(run: RunData) -> FinishedRun:
     """What a method's figures read: the server state, the clients' class counts and the problem
-    rebuilt without data (the one problem builder, on the ``meta`` device)."""
+    rebuilt without data (the one problem builder, on the ``meta`` device); a run whose method is held here."""
     from rayfed.engine.problem_build import ShapeOnly, build_problem
 
+    assert isinstance(run.config, RunConfig), "a method's figures need its method (RunData.method_held)"
     path = run.run_dir / LABEL_COUNTS_FILE
     if path.is_file():
         counts, train_counts, shape = read_label_counts(path)

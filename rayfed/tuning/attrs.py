@@ -9,7 +9,10 @@ Trial attributes:
 * ``rayfed.error``: the error that failed the trial (a trial without it that failed was interrupted).
 * ``rayfed.retry_of``: the number of the interrupted trial that this trial repeats.
 
-Study attributes: ``rayfed.base_config`` and ``rayfed.space``, the setup a resumed study must keep.
+Study attributes: ``rayfed.base_config`` and ``rayfed.space``, the setup a resumed study must keep;
+``rayfed.plugins``, the files of its code outside rayfed with their digests
+(:meth:`~rayfed.util.plugin_sources.PluginSource.record`), which a resumed study must run byte for byte unless a
+change is accepted (``--accept-plugin``), and ``rayfed.plugins_accepted``, each change accepted.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ __all__ = [
     "RETRY_OF",
     "BASE_CONFIG",
     "SPACE",
+    "PLUGINS",
+    "PLUGINS_ACCEPTED",
 ]
 
 RUN_DIR = "rayfed.engine.run_dir"
@@ -33,3 +38,5 @@ ERROR = "rayfed.error"
 RETRY_OF = "rayfed.retry_of"
 BASE_CONFIG = "rayfed.base_config"
 SPACE = "rayfed.space"
+PLUGINS = "rayfed.plugins"
+PLUGINS_ACCEPTED = "rayfed.plugins_accepted"

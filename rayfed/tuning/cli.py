@@ -3,7 +3,7 @@
     rayfed tune SPACE_FILE [CONFIG_FILE] [field.path=value ...] --trials N --parallel K
                 [--study-name NAME] [--study-dir DIR] [--storage URL]
                 [--pruner median|successive_halving|hyperband|none] [--objective best|final]
-                [--sampler tpe|random] [--seed N]
+                [--sampler tpe|random] [--seed N] [--accept-plugin DIGEST]
 
 Example::
 
@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+
+from rayfed.engine.plugin_seal import accept_plugins, add_accept_option
 
 __all__ = ["add_tune_parser"]
 
@@ -56,6 +58,7 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     tune.add_argument(
         "--progress", action="store_true", help="show each trial's progress bars (in place of a line per round)"
     )
+    add_accept_option(tune)
     tune.set_defaults(handler=_tune)
     return tune
 
@@ -63,35 +66,38 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 def _tune(ns: argparse.Namespace) -> int:
     import optuna
 
-    from rayfed.config.args import config_from_args
+    from rayfed.config.args import config_from_args, named_plugins
     from rayfed.tuning.progress import TrialLines, round_lines
     from rayfed.tuning.report import best_trials_table, write_plots
     from rayfed.tuning.storage import default_storage_url
     from rayfed.tuning.study import tune
+    from rayfed.tuning.study_code import check_named_code
 
     logging.getLogger("rayfed").setLevel(logging.INFO)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # its line per trial: TrialLines says more
-    config = config_from_args(ns.args)
-    if not ns.progress and not any(a.startswith("engine.progress=") for a in ns.args):
-        config = config.override({"engine.progress": False})  # no bars from parallel trials: lines instead
     name = ns.study_name or Path(ns.space).stem
     study_dir = Path(ns.study_dir or Path("runs") / "tune" / name)
-    study = tune(  # Ctrl-C: StudyInterrupted, printed by rayfed.cli.main with this command to resume
-        config,
-        ns.space,
-        n_trials=ns.trials,
-        study_name=name,
-        study_dir=study_dir,
-        storage=ns.storage,
-        pruner=ns.pruner,
-        objective=ns.objective,
-        sampler=ns.sampler,
-        seed=ns.seed,
-        parallel_trials=ns.parallel,
-        timeout_s=ns.timeout,
-        callbacks=[TrialLines(ns.trials)],
-        trial_callbacks=None if config.engine.progress else round_lines,
-    )
+    with accept_plugins(*ns.accept_plugin):  # a resumed study whose code changed continues only if told so
+        check_named_code(named_plugins(ns.args), name, study_dir, ns.storage)  # before any of it is imported
+        config = config_from_args(ns.args)
+        if not ns.progress and not any(a.startswith("engine.progress=") for a in ns.args):
+            config = config.override({"engine.progress": False})  # no bars from parallel trials: lines instead
+        study = tune(  # Ctrl-C: StudyInterrupted, printed by rayfed.cli.main with this command to resume
+            config,
+            ns.space,
+            n_trials=ns.trials,
+            study_name=name,
+            study_dir=study_dir,
+            storage=ns.storage,
+            pruner=ns.pruner,
+            objective=ns.objective,
+            sampler=ns.sampler,
+            seed=ns.seed,
+            parallel_trials=ns.parallel,
+            timeout_s=ns.timeout,
+            callbacks=[TrialLines(ns.trials)],
+            trial_callbacks=None if config.engine.progress else round_lines,
+        )
     print(best_trials_table(study, top=ns.top))
     if not ns.no_plots:
         for path in write_plots(study, study_dir):

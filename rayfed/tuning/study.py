@@ -34,7 +34,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 import rayfed.tuning.attrs as attrs
-from rayfed.config import RunConfig, check_installed
+from rayfed.config import RunConfig, check_installed, saved_differences
 from rayfed.engine import RunResult
 from rayfed.engine.callbacks import Callback
 from rayfed.engine.interrupts import StudyInterrupted, was_terminated
@@ -44,6 +44,7 @@ from rayfed.tuning.pruning import make_pruner
 from rayfed.tuning.resume import finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
 from rayfed.tuning.storage import open_storage, storage_errors
+from rayfed.tuning.study_code import check_same_code, record_code
 from rayfed.tuning.trials import TrialRunner, quiet_interrupted_trials
 from rayfed.util import plugins
 from rayfed.util.errors import ConfigError
@@ -238,7 +239,7 @@ def _run_trials(study: optuna.Study, runner: TrialRunner, parallel_trials: int, 
     from rayfed.actors import ray_session
     from rayfed.tuning.parallel import check_cluster_fits, trial_workers
 
-    with ray_session(base.engine, plugins.by_value_modules(base)):
+    with ray_session(base.engine, plugins.run_sources(base)):
         trial_base = base.override(trial_workers(base.engine, parallel_trials))
         check_cluster_fits(trial_base.engine, parallel_trials)
         _optimize(study, replace(runner, base=trial_base), parallel_trials, options)
@@ -297,7 +298,8 @@ def _check_arguments(
 
 
 def _check_same_study(study: optuna.Study, base: RunConfig, space: SearchSpace, direction: str) -> None:
-    """A resumed study must keep its base config (engine layout aside), space and direction."""
+    """A resumed study must keep its base config (engine layout aside, compared as data: nothing it names is
+    imported), space, direction and code outside rayfed (:mod:`rayfed.tuning.study_code`)."""
     if study.direction.name.lower() != direction:
         raise ConfigError(
             f"study {study.study_name!r} exists with direction={study.direction.name.lower()!r}, "
@@ -308,8 +310,10 @@ def _check_same_study(study: optuna.Study, base: RunConfig, space: SearchSpace, 
     if attrs.BASE_CONFIG not in saved:
         study.set_user_attr(attrs.BASE_CONFIG, json.loads(base.to_json()))
         study.set_user_attr(attrs.SPACE, spec)
+        record_code(study, base)
         return
-    changed = RunConfig.from_saved(saved[attrs.BASE_CONFIG]).diff(base, ignore=_LAYOUT_ONLY)
+    check_same_code(study, base)
+    changed = saved_differences(saved[attrs.BASE_CONFIG], base, ignore=_LAYOUT_ONLY)
     changed += _space_changes(saved.get(attrs.SPACE) or {}, spec)
     if changed:
         raise ConfigError(

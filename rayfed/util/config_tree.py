@@ -29,6 +29,7 @@ from rayfed.util.validation import check_choice, fail
 
 __all__ = [
     "get_path",
+    "tree_differences",
     "to_plain",
     "from_mapping",
     "coerce",
@@ -166,6 +167,20 @@ def get_path(tree: Any, path: str, default: Any = None) -> Any:
         else:
             return default
     return tree
+
+
+def tree_differences(old: Any, new: Any, *, ignore: tuple[str, ...] = (), path: str = "") -> list[str]:
+    """The leaves in which two nested mappings differ, as ``"path: old -> new"`` lines, skipping dotted paths that
+    start with one of ``ignore`` (what two configs' trees differ in: :meth:`rayfed.config.RunConfig.diff`)."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        keys = sorted(set(old) | set(new))
+        return [
+            line
+            for key in keys
+            for line in tree_differences(old.get(key), new.get(key), ignore=ignore, path=f"{path}{key}.")
+        ]
+    here = path.rstrip(".")
+    return [] if old == new or here.startswith(ignore) else [f"{here}: {old!r} -> {new!r}"]
 
 
 def set_path(tree: dict[str, Any], path: str, value: Any) -> None:

@@ -1,102 +1,78 @@
 """Methods, models, datasets and partitioners registered outside rayfed, known to every process of a run.
 
-A researcher adds a method by registering it in their own script or module (``register_algorithm(...)`` at its
+A researcher adds a method by registering it in their own module or script (``register_algorithm(...)`` at its
 bottom), a model, dataset or partitioner likewise, and runs it: rayfed need not be forked. The run's other
-processes (Ray's ClientWorkers and ServerActor, a ``ray job submit`` cluster's nodes, ``rayfed tune``'s and
-``rayfed reproduce``'s runs, a resumed run) import rayfed, not that code, so rayfed brings it to them, in the
-three ways a Ray user expects:
+processes (Ray's ClientWorkers, NodeAgents and ServerActor, a ``ray job submit`` cluster's nodes, ``rayfed
+reproduce``'s tasks) receive the run's :class:`~rayfed.config.RunConfig` pickled, and rayfed brings its code to
+them as Ray brings code:
 
-* **By value, with the config.** A registration whose origin is not rayfed's (a *plugin registration*) travels
-  inside a pickled :class:`~rayfed.config.RunConfig` when the config names it (its algorithm, client half, model,
-  dataset, partitioner), with every other registration of the module that made it: :func:`pack` pickles them
-  and the config together with cloudpickle, the registering modules' code by value (as Ray sends the functions of a
-  driver script), and :func:`unpack` installs them in the receiving process before anything is looked up. Ray
-  pickles the config to every actor and task of a run, so nothing else is needed there. A registration that
-  cannot be pickled is refused before a run writes anything (:func:`check_shippable`), naming its module.
-* **By name, in the config.** ``plugins`` lists modules (``my_methods``) or ``.py`` files to import before the
-  config's names are looked up (:func:`import_plugins`): how a run started from the command line finds a user's
-  method. A run records the modules that registered plugins in its saved config (:func:`plugin_sources`), so
-  ``rayfed run --resume`` finds them again.
-* **As an installed package.** A distribution that declares an entry point in the group :data:`ENTRY_POINTS`
-  (``[project.entry-points."rayfed.plugins"] mine = "my_package.methods"``) is imported when a name is missing,
-  in every process that has it installed.
+* **By name.** A module that registered a name the config uses, and each ``plugins`` entry this process imported,
+  is one of the run's *sources* (:func:`run_sources`, :mod:`rayfed.util.plugin_sources`): the pickled config
+  carries each as data (module name, file, SHA-256), and :func:`unpack` imports it in the receiving process before
+  anything else is unpickled, by name where its path finds those bytes (Ray's workers have the driver's script
+  folder and working directory on their path, a job its ``working_dir``, a runtime environment its
+  ``py_modules``), else from its file. Every process thus runs the module's top level, tracebacks name its file,
+  line and source line, and its classes (messages, uploads) travel by reference. The module's globals never
+  travel.
+* **By value, for what has no importable home.** What a script's ``__main__`` or a notebook registered is pickled
+  with cloudpickle (:func:`pack`, code with its file name kept) and installed by :func:`unpack`; a payload over
+  :data:`LARGE_PAYLOAD` bytes is named in a warning with the global that makes it large
+  (:func:`largest_global`), and one that cannot be pickled is refused before a run writes anything
+  (:func:`check_shippable`).
+* **As an installed package** (:mod:`rayfed.util.entry_points`): imported by every process that has it.
+
+A run records its sources' entries in its saved config (:func:`plugin_sources`) and their digests in its sealed
+marker (:mod:`rayfed.engine.run_seal`), so ``rayfed run --resume`` imports the code it ran, and no other.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import importlib
-import importlib.metadata
-import importlib.util
+import io
+import logging
+import pickle
 import sys
-import threading
+import types
+from collections import ChainMap
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import cloudpickle
+from cloudpickle import cloudpickle as cloudpickle_internals
 
 from rayfed.util.config_tree import get_path
+from rayfed.util.entry_points import is_installed_plugin
 from rayfed.util.errors import PluginError
+from rayfed.util.plugin_sources import PluginSource, load_source, loaded_source, source_of_module
 from rayfed.util.registry import Registry
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
-    "ENTRY_POINTS",
+    "LARGE_PAYLOAD",
     "Registration",
     "plugin_registrations",
-    "by_value_modules",
+    "run_sources",
+    "plugin_sources",
     "pack",
     "unpack",
     "check_shippable",
-    "import_plugins",
-    "plugin_sources",
-    "importing_plugins",
-    "refuse_run_while_importing",
+    "largest_global",
 ]
 
-ENTRY_POINTS = "rayfed.plugins"
-"""The entry-point group of installed plugin packages: each entry point names a module that registers."""
+LARGE_PAYLOAD = 1 << 20
+"""Bytes of code and data pickled by value above which a run is warned (:func:`pack`)."""
 
 Registration = tuple[str, str, Any, str]
 """(the registry's module and kind, name, registered object, origin module)."""
 
-_FILE_MODULE = "rayfed_plugin_"
-"""The prefix of the module name a ``plugins`` file is imported under."""
-_installed: set[str] = set()
-"""Modules imported from :data:`ENTRY_POINTS` (every process that has the package imports them itself)."""
-_entry_points_loaded = False
-_pickling = threading.Lock()
-"""Held while modules are registered with cloudpickle by value (a process-wide setting): trials of a study pack
-their configs from several threads."""
-_importing: list[str] = []
-"""The ``plugins`` entries being imported now (a run started by one of them is refused)."""
-
-
-def _load_entry_points() -> None:
-    """Import every installed plugin module once per process."""
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return
-    _entry_points_loaded = True
-    for point in importlib.metadata.entry_points(group=ENTRY_POINTS):
-        try:
-            module = point.load()
-        except Exception as error:  # noqa: BLE001 (a broken plugin is named, whatever it raised)
-            raise PluginError(
-                f"the installed plugin {point.name!r} ({point.value}, entry point group {ENTRY_POINTS!r}) failed to "
-                f"import: {type(error).__name__}: {error}; fix or uninstall its package"
-            ) from error
-        _installed.add(getattr(module, "__name__", point.value))
-
-
-Registry.plugin_loader = _load_entry_points
+_warned: set[tuple[str, str]] = set()
+"""(module, global) pairs already named in a warning by this process."""
 
 
 def _is_plugin(origin: str) -> bool:
     """Whether a registration of ``origin`` must travel: not rayfed's, not an installed plugin's."""
-    top = origin.split(".")[0]
-    return top != "rayfed" and not any(origin == m or origin.startswith(m + ".") for m in _installed)
+    return origin.split(".")[0] != "rayfed" and not is_installed_plugin(origin)
 
 
 def plugin_registrations(config: Any = None) -> list[Registration]:
@@ -120,48 +96,77 @@ def plugin_registrations(config: Any = None) -> list[Registration]:
     return [registration for registration in every if registration[3] in used]
 
 
-def _by_value(origins: Sequence[str]) -> list[Any]:
-    """The top-level modules of ``origins`` (other than ``__main__``, which cloudpickle sends by value anyway), to
-    pickle by value: a node of the cluster may not have them."""
-    modules = []
-    for origin in dict.fromkeys(o.split(".")[0] for o in origins):
-        module = sys.modules.get(origin)
-        if origin != "__main__" and module is not None:
-            modules.append(module)
-    return modules
+def _source_of(origin: str) -> PluginSource | None:
+    module = sys.modules.get(origin)
+    return None if module is None else source_of_module(module)
 
 
-def by_value_modules(config: Any) -> list[Any]:
-    """The modules whose classes Ray must send by value (messages and uploads of a plugin method are instances of
-    them): the top-level modules of the origins of ``config``'s plugin registrations, other than ``__main__``."""
-    return _by_value([origin for *_, origin in plugin_registrations(config)])
+def run_sources(config: Any) -> list[PluginSource]:
+    """The files of ``config``'s code outside rayfed: each of its ``plugins`` entries that this process imported
+    (as the entry is written: a relative path stays relative), and the modules (and script) that registered the
+    names it uses; one source per file."""
+    sources: dict[str, PluginSource] = {}
+    for entry in get_path(config, "plugins") or ():
+        source = loaded_source(str(entry))
+        if source is not None:
+            sources.setdefault(source.file, source)
+    for *_, origin in plugin_registrations(config):
+        source = _source_of(origin)
+        if source is not None:
+            sources.setdefault(source.file, source)
+    return list(sources.values())
 
 
-@contextlib.contextmanager
-def _pickled_by_value(modules: Sequence[Any]) -> Iterator[None]:
-    """cloudpickle sends ``modules``' code by value in the body (one thread at a time: the setting is global)."""
-    with _pickling:
-        for module in modules:
-            cloudpickle.register_pickle_by_value(module)
-        try:
-            yield
-        finally:
-            for module in modules:
-                cloudpickle.unregister_pickle_by_value(module)
+def plugin_sources(config: Any) -> tuple[str, ...]:
+    """What a later process imports to load ``config``'s code again, whatever its working directory: each
+    source's module name where it is imported by name, else its file's absolute path (a script's for what
+    ``__main__`` registered)."""
+    return tuple(dict.fromkeys(s.module if s.kind == "name" else s.file for s in run_sources(config)))
 
 
-def pack(config: Any) -> bytes:
-    """A config's fields with its plugin registrations, pickled by value (module docstring); :func:`unpack`
-    reverses it."""
-    registrations = plugin_registrations(config)
-    with _pickled_by_value(_by_value([origin for *_, origin in registrations])):
-        return cloudpickle.dumps((registrations, config))
+def _by_value(origin: str) -> bool:
+    """Whether ``origin``'s registrations travel by value: a script's or a notebook's ``__main__``, which no other
+    process can import (a module made in memory is refused: :func:`check_shippable`)."""
+    return origin == "__main__"
+
+
+def _code_keeping_its_file(code: types.CodeType) -> tuple[Any, ...]:
+    """cloudpickle's reduction of a code object, with the file name kept (cloudpickle writes ``<dynamic-code>``):
+    a traceback on another process names the file and line, and shows the line where the file is there."""
+    constructor, args = cloudpickle_internals._code_reduce(code)
+    at = args.index("<dynamic-code>")
+    return constructor, (*args[:at], code.co_filename, *args[at + 1 :])
+
+
+class _Pickler(cloudpickle.Pickler):
+    dispatch_table = ChainMap({types.CodeType: _code_keeping_its_file}, cloudpickle.Pickler.dispatch_table)
+
+
+def _dumps(payload: Any) -> bytes:
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(payload)
+    return buffer.getvalue()
+
+
+def pack(fields: Any) -> bytes:
+    """A config's fields pickled with its code: its sources as data, what has no importable home by value
+    (module docstring); :func:`unpack` reverses it."""
+    carried = [registration for registration in plugin_registrations(fields) if _by_value(registration[3])]
+    body = _dumps((carried, fields))
+    if len(body) > LARGE_PAYLOAD and carried:
+        _warn_large(len(body), carried)
+    records = [source.record() for source in run_sources(fields) if source.kind != "script"]
+    return pickle.dumps((records, body), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def unpack(blob: bytes) -> Any:
-    """The payload :func:`pack` pickled, after installing its registrations in this process's registries."""
-    registrations, payload = cloudpickle.loads(blob)
-    for where, name, obj, origin in registrations:
+    """The payload :func:`pack` pickled: its sources imported in this process first, then its by-value
+    registrations installed in this process's registries."""
+    records, body = pickle.loads(blob)
+    for record in records:
+        load_source(PluginSource.from_record(record))
+    carried, payload = cloudpickle.loads(body)
+    for where, name, obj, origin in carried:
         home, kind = where.split(":", 1)
         importlib.import_module(home)  # the registry's module, which this process may not have imported yet
         Registry.every[kind].adopt(name, obj, origin)
@@ -169,102 +174,89 @@ def unpack(blob: bytes) -> Any:
 
 
 def check_shippable(config: Any) -> None:
-    """Refuse ``config``'s plugin registrations that cannot reach another process (a lambda holding a lock, an
-    open file), naming the module that made them and why; before a run on Ray writes anything."""
+    """Refuse, naming the module and why, ``config``'s registrations that cannot reach another process: one that
+    travels by value but does not pickle (a lambda holding a lock, an open file), and one of a module made in memory
+    that is not ``__main__`` (no file for another process to import); before a run on Ray writes anything."""
     for where, name, obj, origin in plugin_registrations(config):
         kind = where.split(":", 1)[1]
+        if origin != "__main__" and _source_of(origin) is None:
+            raise PluginError(
+                f"the {kind} {name!r} registered by module {origin!r} cannot be sent to the run's other processes: "
+                "the module has no file for them to import (it was made in memory); register it from a module file "
+                "or from the script or notebook itself (__main__), or run with engine.backend=local"
+            )
+        if origin != "__main__":
+            continue
         try:
-            with _pickled_by_value(_by_value([origin])):
-                cloudpickle.dumps(obj)
+            _dumps(obj)
         except Exception as error:  # noqa: BLE001 (pickling fails in many ways: each is named)
             raise PluginError(
                 f"the {kind} {name!r} registered by module {origin!r} cannot be sent to the run's other processes "
                 f"({type(error).__name__}: {error}); register objects defined at module level, holding no open "
-                "files, locks or connections, or run with engine.backend=local"
+                "files, locks or connections (or move them to a module of their own, imported by name there), or "
+                "run with engine.backend=local"
             ) from error
 
 
-def plugin_sources(config: Any) -> tuple[str, ...]:
-    """What a later process imports to register ``config``'s plugins again: the registering modules by name, and
-    a script's path for what ``__main__`` registered (none where ``__main__`` has no file: a notebook)."""
-    sources = []
-    for *_, origin in plugin_registrations(config):
-        file = getattr(sys.modules.get(origin), "__file__", None)
-        if origin != "__main__" and not origin.startswith(_FILE_MODULE):
-            sources.append(origin)
-        elif file:
-            sources.append(str(Path(file).resolve()))
-    return tuple(dict.fromkeys(sources))
+def _functions(obj: Any, origin: str) -> Iterator[types.FunctionType]:
+    """The functions ``obj`` (a function, or a class and its bases from ``origin``) holds."""
+    if isinstance(obj, types.FunctionType):
+        yield obj
+    elif isinstance(obj, type):
+        for cls in obj.__mro__:
+            if cls.__module__ != origin:
+                continue
+            for value in vars(cls).values():
+                inner = getattr(value, "__func__", value)
+                for part in (inner, getattr(value, "fget", None)):
+                    if isinstance(part, types.FunctionType):
+                        yield part
+    elif hasattr(obj, "__dict__"):
+        for value in vars(obj).values():
+            if isinstance(value, type | types.FunctionType) and getattr(value, "__module__", None) == origin:
+                yield from _functions(value, origin)
 
 
-@contextlib.contextmanager
-def importing_plugins(entry: str) -> Iterator[None]:
-    _importing.append(entry)
-    try:
-        yield
-    finally:
-        _importing.pop()
+def _global_names(code: types.CodeType) -> Iterator[str]:
+    yield from code.co_names
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            yield from _global_names(constant)
 
 
-def refuse_run_while_importing() -> None:
-    """Raise if a ``plugins`` entry is being imported: its module started a run at import."""
-    if _importing:
-        raise PluginError(
-            f"plugins entry {_importing[-1]!r} started a run when it was imported; put the code that runs under "
-            '`if __name__ == "__main__":` so that importing it only registers'
-        )
+def largest_global(carried: Sequence[Registration]) -> tuple[str, str, int] | None:
+    """(module, global's name, its pickled bytes) of the largest module global that the by-value registrations'
+    code refers to (the arrays, tables and models that ride along), or None if they refer to none."""
+    sizes: dict[tuple[str, str], int] = {}
+    for *_, obj, origin in carried:
+        for function in _functions(obj, origin):
+            for name in set(_global_names(function.__code__)):
+                value = function.__globals__.get(name)
+                if name in function.__globals__ and not isinstance(value, type | types.ModuleType | types.FunctionType):
+                    sizes.setdefault((origin, name), len(_dumps(value)))
+    if not sizes:
+        return None
+    (origin, name), size = max(sizes.items(), key=lambda item: item[1])
+    return origin, name, size
 
 
-def import_plugins(entries: Sequence[str], field: str = "plugins") -> None:
-    """Import each module name or ``.py`` file of ``entries`` (once per process); PluginError naming the entry."""
-    for i, entry in enumerate(entries):
-        where = f"{field}[{i}]={entry!r}"
-        if not isinstance(entry, str) or not entry:
-            raise PluginError(f"{where} must be a module name (my_methods) or a .py file")
-        with importing_plugins(entry):
-            if entry.endswith(".py"):
-                _import_file(entry, where)
-            else:
-                _import_module(entry, where)
-
-
-def _import_module(name: str, where: str) -> None:
-    if name in sys.modules:
+def _warn_large(total: int, carried: Sequence[Registration]) -> None:
+    largest = largest_global(carried)
+    key = (largest[0], largest[1]) if largest else ("", "")
+    if key in _warned:
         return
-    try:
-        importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if error.name and name.startswith(error.name):
-            raise PluginError(
-                f"{where}: no module named {name!r} on this process's path ({', '.join(sys.path[:3])}, ...); run from "
-                "the folder that holds it, add that folder to PYTHONPATH, or name its .py file"
-            ) from error
-        raise PluginError(f"{where} failed to import: {type(error).__name__}: {error}") from error
-    except PluginError:
-        raise
-    except Exception as error:  # noqa: BLE001 (the user's module raised: named with its error)
-        raise PluginError(f"{where} failed to import: {type(error).__name__}: {error}") from error
-
-
-def _import_file(entry: str, where: str) -> None:
-    path = Path(entry).expanduser().resolve()
-    main = getattr(sys.modules.get("__main__"), "__file__", None)
-    if main and Path(main).resolve() == path:  # the running script registered its plugins already
-        return
-    name = f"{_FILE_MODULE}{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
-    if name in sys.modules:
-        return
-    if not path.is_file():
-        raise PluginError(f"{where}: no file {str(path)!r}; give the path of the .py file that registers the plugin")
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except PluginError:
-        del sys.modules[name]
-        raise
-    except Exception as error:  # noqa: BLE001 (the user's file raised: named with its error)
-        del sys.modules[name]
-        raise PluginError(f"{where} failed to import: {type(error).__name__}: {error}") from error
+    _warned.add(key)
+    origin = carried[0][3]
+    culprit = (
+        f"the global {largest[1]!r} of {largest[0]} ({largest[2] / 2**20:.1f} MB), which its code refers to"
+        if largest
+        else "its classes and functions"
+    )
+    logger.warning(
+        "the run's config carries %.1f MB of code and data by value to every process, from module %s: %s travels "
+        "with it; move the method to a module of its own (imported by name in every process, where its globals are "
+        "made) or make that value inside the code that uses it",
+        total / 2**20,
+        origin,
+        culprit,
+    )

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Generic, TypeVar
 
+from rayfed.util.entry_points import load_installed_plugins
 from rayfed.util.errors import ConfigError
 
 T = TypeVar("T")
@@ -42,9 +43,6 @@ class Registry(Generic[T]):
 
     every: ClassVar[dict[str, Registry[Any]]] = {}
     """Every registry, by its kind: where a run's plugin registrations are installed in another process."""
-    plugin_loader: ClassVar[Callable[[], None] | None] = None
-    """Imports the installed plugins (the ``rayfed.plugins`` entry points) when a name is looked up and missing;
-    set by :mod:`rayfed.util.plugins`."""
 
     def __init__(
         self,
@@ -57,8 +55,9 @@ class Registry(Generic[T]):
         """``field`` is the config path that names a component (``also_named_by``: other paths that may);
         ``load(name)``, if given, imports the module that should register ``name``, if there is
         one, and ``load(None)`` every module. A missing name is first looked for with ``load(name)``,
-        then with ``load(None)``, then among the installed plugins; a listing loads every module first. A
-        process thus imports only the components it uses (the server process of FedAvg, for one, no torch)."""
+        then with ``load(None)``, then among the installed plugins (:mod:`rayfed.util.entry_points`); a listing
+        loads every module first. A process thus imports only the components it uses (the server process of
+        FedAvg, for one, no torch)."""
         self.kind = kind
         self.field = field
         self.fields = (field, *also_named_by)
@@ -75,8 +74,7 @@ class Registry(Generic[T]):
         if not self._complete and self._load is not None:
             self._load(None)
             self._complete = True
-        if Registry.plugin_loader is not None:
-            Registry.plugin_loader()
+        load_installed_plugins()
 
     def register(self, name: str, *, origin: str | None = None) -> Callable[[T], T]:
         """Decorator that registers ``obj`` under ``name``; names are unique. ``origin`` is the module that

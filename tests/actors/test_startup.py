@@ -60,6 +60,7 @@ def test_auth_mode_is_set_only_for_the_private_cluster(monkeypatch: pytest.Monke
     assert "RAY_AUTH_MODE" not in os.environ  # restored after the run
     assert "RAY_preload_python_modules" not in os.environ
     monkeypatch.setattr("rayfed.actors.cluster.check_reachable", lambda address, source: None)  # a cluster there
+    monkeypatch.setattr("rayfed.actors.cluster._say_joined", lambda setting, target: None)  # it asks the cluster
     with ray_session(EngineConfig(ray_address="127.0.0.1:6379")):
         pass
     monkeypatch.setenv("RAY_AUTH_MODE", "token")

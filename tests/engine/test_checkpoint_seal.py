@@ -14,6 +14,7 @@ import pytest
 from rayfed import CheckpointError, RunConfig, run
 from rayfed.engine.checkpoint_key import key_path
 from rayfed.engine.run_identity import RunMarker
+from rayfed.results.run_data import load_run
 from rayfed.util.errors import CheckpointKeyError
 from rayfed.util.files import digest_of, load_arrays, save_arrays
 from tests.conftest import tiny_overrides
@@ -117,6 +118,8 @@ def test_a_checkpoint_sealed_with_another_machines_key_names_both_keys_and_the_f
     assert "copy the key file of the machine that wrote it to" in message
     assert "or point RAYFED_CHECKPOINT_KEY_FILE at it" in message and "\n" not in message
     assert _snapshot(copy) == before
+    read = load_run(copy)  # readable without its key: figures and reports need none
+    assert read.has_rounds and read.checkpoint_round == 1 and _snapshot(copy) == before
     monkeypatch.setenv("RAYFED_CHECKPOINT_KEY_FILE", str(mine))  # the key that travelled with the run
     assert run(_config(copy, **{"train.rounds": 3}), resume=True).rounds_run == 3
 

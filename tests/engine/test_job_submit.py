@@ -1,5 +1,6 @@
-"""``ray job submit`` runs the 1,000-client example on a running cluster, which it joins, and a user's own method
-registered in the submitted script (``examples/own_method.py``), whose workers know it without rayfed's help.
+"""``ray job submit`` runs the 1,000-client example on a running cluster, which it joins, a user's own method
+registered in the submitted script (``examples/own_method.py``), whose workers know it without rayfed's help, and
+a method in a module beside the submitted script (``--working-dir .``), which every process imports by name.
 
 A separate process holds a private one-node cluster with a dashboard (the job API lives
 there) on free ports, so the session's ``ray_cluster`` fixture and other Ray instances on
@@ -92,15 +93,46 @@ def _missing_dashboard_packages() -> list[str]:
     ]
 
 
-def _submit(url: str, job_id: str, *entrypoint: str) -> subprocess.CompletedProcess[str]:
-    """``ray job submit`` of ``entrypoint`` to the cluster at ``url``, with this repository as working dir."""
+def _submit(url: str, job_id: str, *entrypoint: str, working_dir: Path = REPO) -> subprocess.CompletedProcess[str]:
+    """``ray job submit`` of ``entrypoint`` to the cluster at ``url``, with ``working_dir`` (this repository)."""
     command = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", url, "--submission-id", job_id]
-    command += ["--working-dir", str(REPO), "--", *entrypoint]
+    command += ["--working-dir", str(working_dir), "--", *entrypoint]
     return subprocess.run(command, capture_output=True, text=True, env=_quiet_env(), timeout=180)
 
 
-@pytest.mark.timeout(420)
-def test_ray_job_submit_runs_the_example_on_the_cluster() -> None:
+_MY_SCRIPT = """
+import json
+import my_methods  # registers "beside_script_method"
+import pyarrow.parquet as pq
+import rayfed
+
+rounds = {}
+for backend in ("local", "ray"):
+    config = rayfed.RunConfig().override({
+        "data.dataset": "synthetic", "data.options": {"num_samples": 2000}, "data.num_clients": 10,
+        "train.rounds": 2, "algorithm.name": "beside_script_method", "engine.backend": backend,
+        "engine.num_workers": 2 if backend == "ray" else 0, "engine.progress": False, "run_dir": f"runs/{backend}",
+    })
+    rayfed.run(config)
+    rows = pq.read_table(f"runs/{backend}/rounds.parquet").to_pylist()
+    rounds[backend] = [{k: v for k, v in r.items() if not k.endswith(("_s", "_seconds"))} for r in rows]
+plugins = json.load(open("runs/ray/config.json"))["plugins"]
+print("SAME", json.dumps(rounds["local"]) == json.dumps(rounds["ray"]), plugins)
+"""
+
+
+def _script_beside_its_methods(folder: Path) -> Path:
+    """A job's folder: ``my_script.py`` and the module ``my_methods.py`` that registers its method."""
+    from tests.util.test_plugins import USER_METHOD
+
+    folder.mkdir(parents=True)
+    (folder / "my_methods.py").write_text(USER_METHOD.replace("{name}", "beside_script_method"))
+    (folder / "my_script.py").write_text(_MY_SCRIPT)
+    return folder
+
+
+@pytest.mark.timeout(600)
+def test_ray_job_submit_runs_the_example_on_the_cluster(tmp_path: Path) -> None:
     # The one expected reason to skip: Ray without its dashboard (``ray`` instead of ``ray[default]``).
     missing = _missing_dashboard_packages()
     if missing:
@@ -169,6 +201,14 @@ def test_ray_job_submit_runs_the_example_on_the_cluster() -> None:
         own_logs = client.get_job_logs(own_id)
         assert own.returncode == 0, (own.stdout + own.stderr)[-4000:]
         assert "same numbers on both backends: True" in own_logs, own_logs[-4000:]
+
+        # A method in my_methods.py beside the submitted script: imported by name on the cluster's processes.
+        beside_id = f"rayfed-test-{uuid.uuid4().hex[:8]}"
+        folder = _script_beside_its_methods(tmp_path / "job")
+        beside = _submit(url, beside_id, sys.executable, "my_script.py", working_dir=folder)
+        beside_logs = client.get_job_logs(beside_id)
+        assert beside.returncode == 0, (beside.stdout + beside.stderr)[-4000:]
+        assert "SAME True ['my_methods']" in beside_logs, beside_logs[-4000:]
     finally:
         holder.stdin.close()
         try:

@@ -262,9 +262,9 @@ def test_a_changed_run_marker_is_blamed_and_not_the_config(tmp_path) -> None:
     with pytest.raises(CheckpointError) as refused:
         run(_config(run_dir, **{"train.rounds": 3}), resume=True)
 
-    # Assert: the marker is named as what changed; nothing is changed.
+    # Assert: the marker is named as what changed (its seal no longer matches it); nothing is changed.
     message = str(refused.value)
-    assert f"its {MARKER_FILE} records run identity 000000000000..." in message and "the marker was changed" in message
+    assert f"its {MARKER_FILE} does not match its seal" in message and "the marker was changed" in message
     assert f"restore {MARKER_FILE} from a copy" in message
     assert "config.json and partition.parquet are not" not in message
     assert _snapshot(run_dir) == before

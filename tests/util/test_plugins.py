@@ -14,8 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
-from concurrent.futures import ThreadPoolExecutor
+import types
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -25,8 +24,9 @@ import rayfed
 from rayfed import RunConfig
 from rayfed.algorithms import ALGORITHMS
 from rayfed.config.catalogue import catalogue
-from rayfed.util import plugins
+from rayfed.util import entry_points, plugins
 from rayfed.util.errors import PluginError
+from rayfed.util.plugin_sources import import_plugins
 from rayfed.util.registry import Registry
 from tests.conftest import tiny_overrides
 from tests.examples.test_examples import _example
@@ -87,7 +87,7 @@ def test_a_users_method_in_a_users_file_runs_on_ray_with_two_workers_with_the_nu
     assert "same numbers on both backends: True" in capsys.readouterr().out
     assert _rounds(tmp_path / "local") == _rounds(tmp_path / "ray")
     recorded = json.loads((tmp_path / "ray" / "config.json").read_text())["plugins"]
-    assert recorded == ["example_own_method"]  # the module that registered it, for a later --resume
+    assert recorded == [str(REPO / "examples" / "own_method.py")]  # its file, for a later --resume
 
 
 def test_plugins_in_a_config_file_are_imported_by_the_command_line_and_recorded_for_resume(tmp_path: Path) -> None:
@@ -140,24 +140,41 @@ def test_rayfed_tune_imports_the_plugins_its_base_config_names_and_its_parallel_
     ] * 2
 
 
-def test_a_registration_that_cannot_be_sent_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    body = USER_METHOD.replace(
+@pytest.mark.parametrize(
+    ("module", "words"),
+    [
+        ("__main__", ["cannot be sent to the run's other processes (TypeError: cannot pickle '_thread.lock'"]),
+        ("made_in_memory", ["the module has no file for them to import (it was made in memory)"]),
+    ],
+)
+def test_a_registration_that_cannot_be_sent_is_refused_before_anything_is_written(
+    module: str, words: list[str], tmp_path: Path
+) -> None:
+    """What a script's or notebook's __main__ registers travels by value, and must pickle; a module made in memory
+    has no file for Ray's processes to import."""
+    body = USER_METHOD.replace("{name}", "unsendable_method").replace(
         "class Client(GlobalModelClient):",
         "class Client(GlobalModelClient):\n    guard = __import__('threading').Lock()",
     )
-    path = _user_file(tmp_path / "code", "unsendable_method", body)
-    plugins.import_plugins([str(path)])
+    made = types.ModuleType(module)  # a module made in memory; as __main__, where a script's code runs
+    namespace = made.__dict__ if module != "__main__" else {"__name__": module}
+    sys.modules.setdefault(module, made)
+    exec(compile(textwrap.dedent(body), "<user code>", "exec"), namespace)
     run_dir = tmp_path / "run"
     config = RunConfig().override(
         tiny_overrides(run_dir, **{"algorithm.name": "unsendable_method", "engine.backend": "ray"})
     )
-    with pytest.raises(PluginError) as raised:
-        rayfed.run(config)
+    try:
+        with pytest.raises(PluginError) as raised:
+            rayfed.run(config)
+    finally:
+        ALGORITHMS._items.pop("unsendable_method", None)  # the next tests' Ray runs would carry it
+        if sys.modules.get(module) is made:
+            del sys.modules[module]
     message = str(raised.value)
-    assert "unsendable_method" in message and "cannot be sent to the run's other processes" in message
-    assert "engine.backend=local" in message and "\n" not in message
+    assert f"'unsendable_method' registered by module {module!r}" in message and "engine.backend=local" in message
+    assert all(word in message for word in words) and "\n" not in message
     assert not run_dir.exists()
-    ALGORITHMS._items.pop("unsendable_method")  # the next tests' Ray runs would carry it
 
 
 @pytest.mark.parametrize(
@@ -177,23 +194,40 @@ def test_a_plugin_that_cannot_be_imported_is_one_line_naming_it(entry: str, word
 def test_a_plugin_that_starts_a_run_when_imported_is_refused(tmp_path: Path) -> None:
     path = _user_file(tmp_path, "runs_at_import", "import rayfed\nrayfed.run({'engine.backend': 'local'})\n")
     with pytest.raises(PluginError, match='started a run when it was imported.*__name__ == "__main__"'):
-        plugins.import_plugins([str(path)])
+        import_plugins([str(path)])
+
+
+def _installed_package(site: Path) -> None:
+    """``site`` as site-packages holding a distribution whose entry point names the module that registers."""
+    _user_file(site, "installed_method")
+    info = site / "installed_method-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: installed-method\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[{entry_points.ENTRY_POINTS}]\nmine = installed_method\n")
 
 
 def test_an_installed_plugin_is_found_by_name_through_its_entry_point(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    package = tmp_path / "site"
-    _user_file(package, "installed_method")
-    info = package / "installed_method-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: installed-method\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[{plugins.ENTRY_POINTS}]\nmine = installed_method\n")
-    monkeypatch.syspath_prepend(str(package))
-    monkeypatch.setattr(plugins, "_entry_points_loaded", False)
+    _installed_package(tmp_path / "site")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setattr(entry_points, "_loaded", False)
     assert ALGORITHMS.get("installed_method").summary == "a user's own"
-    assert "installed_method" in plugins._installed  # installed: every process imports it itself, nothing is sent
+    assert "installed_method" in entry_points._installed  # installed: every process imports it itself, nothing is sent
     assert all(name != "installed_method" for _, name, _, _ in plugins.plugin_registrations())
+
+
+def test_a_registry_finds_installed_plugins_by_itself(tmp_path: Path) -> None:
+    """A process that imports only the algorithms (a worker, a script) looks installed plugins up: no other module
+    needs to have been imported first to set that up."""
+    _installed_package(tmp_path / "site")
+    code = (
+        "import sys; from rayfed.algorithms import ALGORITHMS; "
+        "print(ALGORITHMS.get('installed_method').summary, 'rayfed.util.plugins' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(REPO)])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.stdout.strip() == "a user's own False", done.stderr[-2000:]
 
 
 def test_a_run_carries_the_registrations_of_the_modules_whose_names_its_config_uses(
@@ -216,31 +250,8 @@ def test_a_run_carries_the_registrations_of_the_modules_whose_names_its_config_u
     assert carried({"widget": {"name": "builtin"}}) == set()
 
 
-def test_configs_are_packed_from_many_threads_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Trials of a study pack their configs from threads; registering a module by value is process-wide."""
-    monkeypatch.setattr(Registry, "every", dict(Registry.every))
-    widgets: Registry[int] = Registry("test packed widget", field="widget.name")
-    widgets.home = "rayfed.util.registry"
-    widgets.register("mine", origin=__name__)(1)  # this module: sent by value
-    dumps = plugins.cloudpickle.dumps
-
-    def slow_dumps(payload: object) -> bytes:  # as a large config's: other threads run meanwhile
-        time.sleep(0.002)
-        return dumps(payload)
-
-    monkeypatch.setattr(plugins.cloudpickle, "dumps", slow_dumps)
-
-    def pack_many() -> None:
-        for _ in range(30):
-            assert plugins.unpack(plugins.pack({"widget": {"name": "mine"}})) == {"widget": {"name": "mine"}}
-
-    with ThreadPoolExecutor(max_workers=6) as pool:
-        for future in [pool.submit(pack_many) for _ in range(6)]:
-            future.result()
-
-
 def test_rayfed_list_shows_rayfeds_own_registrations_whatever_the_process_imported(tmp_path: Path) -> None:
     """The listing is cached per source tree: a plugin registered in this process is not part of it."""
-    plugins.import_plugins([str(_user_file(tmp_path / "code", "listed_method"))])
+    import_plugins([str(_user_file(tmp_path / "code", "listed_method"))])
     listing = catalogue(cache=tmp_path / "cache")
     assert "listed_method" not in listing.algorithms and "fedavg" in listing.algorithms
