@@ -32,6 +32,7 @@ __all__ = [
     "add_accept_option",
     "recorded_sources",
     "check_sources",
+    "check_named",
     "marker_sources",
     "marker_note",
     "resume_sources",
@@ -136,6 +137,15 @@ def check_sources(
             )
         changes.append({"file": source.file, "sealed": None, "now": source.sha256, "at": now()})
     return changes
+
+
+def check_named(where: str, sealed_with: Sequence[PluginSource], named: Sequence[PluginSource]) -> None:
+    """Before the files ``named`` are imported: refuse one that stands where the continuation of ``where`` (sealed
+    with ``sealed_with``) ran a file, the same path or entry, but holds other bytes, unless its digest is accepted,
+    so that a changed file's top level never runs. Files new to the run, and sealed files not named, are left to
+    the continuation's own check (:func:`check_sources`), which also sees the modules that registered its methods."""
+    pairs = [(s, n) for s in sealed_with for n in named if s.file == n.file or s.entry == n.entry]
+    check_sources(where, [s for s, _ in pairs], [n for _, n in pairs])
 
 
 def resume_sources(

@@ -17,7 +17,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rayfed.config import parse_override
 from rayfed.engine.plugin_seal import accept_plugins, add_accept_option
@@ -165,6 +165,22 @@ def _data_root(ns: argparse.Namespace) -> str | None:
     return root
 
 
+def _settings(ns: argparse.Namespace) -> dict[str, Any]:
+    """What every cell's config overrides: ``--set``'s fields and ``--gpus-per-run``'s share (each run trains on it,
+    and its Ray task asks for it); a plugin file that a cell's run was sealed with and that changed since is
+    refused before any is imported (:func:`rayfed.reproduce.run_files.check_named_code`)."""
+    settings = dict(parse_override(s) for s in ns.settings)
+    if "plugins" in settings:
+        from rayfed.reproduce.run_files import check_named_code
+        from rayfed.util.config_tree import coerce
+
+        check_named_code(Path(ns.out), coerce(tuple[str, ...], settings["plugins"], "--set plugins"))
+    if ns.gpus_per_run:
+        _check_gpus(ns.gpus_per_run)
+        settings = {"engine.num_gpus_per_worker": ns.gpus_per_run, **settings}
+    return settings
+
+
 def _damaged(cells: list[Cell], command: str) -> list[str]:
     """A line for each cell's run directory that cannot be read (``--plan``, ``--report-only``)."""
     from rayfed.reproduce.run_files import damage, damaged_note
@@ -199,10 +215,7 @@ def reproduce(ns: argparse.Namespace, command: str = "") -> int:
         raise ConfigError("--rounds, --seeds and --parallel must be >= 1")
     data_root = _data_root(ns)
     seeds = ns.seed_list if ns.seed_list else list(range(ns.seeds))
-    settings = dict(parse_override(s) for s in ns.settings)
-    if ns.gpus_per_run:  # each run trains on its share, and its Ray task asks for it
-        _check_gpus(ns.gpus_per_run)
-        settings = {"engine.num_gpus_per_worker": ns.gpus_per_run, **settings}
+    settings = _settings(ns)
     cells = plan(
         table,
         ns.out,

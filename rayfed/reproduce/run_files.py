@@ -13,17 +13,48 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["ROUNDS_FILE", "SUMMARY_FILE", "damage", "read_rounds", "rounds_done", "move_aside", "damaged_note"]
+from rayfed.engine.plugin_seal import check_named, marker_sources
+from rayfed.engine.run_identity import MARKER_FILE, RunMarker
+from rayfed.util.errors import CheckpointError
+from rayfed.util.plugin_sources import locate
+
+__all__ = [
+    "ROUNDS_FILE",
+    "SUMMARY_FILE",
+    "check_named_code",
+    "damage",
+    "read_rounds",
+    "rounds_done",
+    "move_aside",
+    "damaged_note",
+]
 
 ROUNDS_FILE, SUMMARY_FILE = "rounds.parquet", "summary.json"
 _ARROW_OPEN = "Could not open Parquet input source '{}': "
 """How pyarrow's message starts, naming the file again."""
+
+
+def check_named_code(out: Path, entries: Sequence[str]) -> None:
+    """Before ``rayfed reproduce`` imports the ``plugins`` its ``--set`` names (``entries``): refuse a file that a
+    cell's run under ``out/runs`` was sealed with and that now holds other bytes, unless its digest is accepted
+    (:func:`rayfed.engine.plugin_seal.check_named`), so that its top level never runs. A marker this machine's key
+    cannot open is left to its cell, which treats it as a resume does."""
+    if not entries:
+        return
+    named = [locate(entry, f"--set plugins[{i}]={entry!r}") for i, entry in enumerate(entries)]
+    for run_dir in sorted(path for path in (out / "runs").glob("*") if (path / MARKER_FILE).is_file()):
+        try:
+            marker = RunMarker.read(run_dir)
+        except CheckpointError:
+            continue
+        check_named(f"run_dir={str(run_dir)!r}", marker_sources(run_dir, marker), named)
 
 
 def damage(directory: Path | None) -> str | None:

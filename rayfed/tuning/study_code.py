@@ -18,7 +18,7 @@ import optuna
 
 import rayfed.tuning.attrs as attrs
 from rayfed.config import RunConfig
-from rayfed.engine.plugin_seal import check_sources, recorded_sources
+from rayfed.engine.plugin_seal import check_named, check_sources, recorded_sources
 from rayfed.tuning.storage import default_storage_url, open_storage
 from rayfed.util.plugin_sources import PluginSource, locate
 from rayfed.util.plugins import run_sources
@@ -55,8 +55,7 @@ def check_named_code(entries: Sequence[str], study_name: str, study_dir: Path, s
     if not recorded:
         return
     named = [locate(entry, f"plugins[{i}]={entry!r}") for i, entry in enumerate(entries)]
-    kept = [s for s in recorded if any(s.file == n.file or s.entry == n.entry for n in named)]
-    check_sources(f"study {study_name!r}", kept, named)
+    check_named(f"study {study_name!r}", recorded, named)
 
 
 def _recorded(study_name: str, study_dir: Path, storage: str | None) -> list[PluginSource]:

@@ -174,3 +174,34 @@ def test_plan_over_a_data_root_without_the_data_names_it_once_with_the_fetch_com
     assert code == 0 and out.count("data missing (below)") == 4 and out.count("fetch: ") == 1
     assert f"* dataset 'mnist': files missing under root {str(empty)!r}: MNIST/raw/train-images-idx3-ubyte.gz" in out
     assert 'load_dataset("mnist"' in out and "to run: 4 of 4 cells, 0 s of runs" in out
+
+
+def test_a_cells_changed_plugin_named_by_set_is_refused_before_it_is_imported(
+    tiny_table: Table,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Prepare: a cell's run sealed with note.py; then note.py edited to write a file when imported.
+    from rayfed.engine.run_identity import RunMarker
+    from rayfed.util.plugin_sources import locate
+
+    monkeypatch.chdir(tmp_path)
+    note, ran, out = tmp_path / "note.py", tmp_path / "ran", tmp_path / "out"
+    note.write_text("# registers nothing\n")
+    run_dir = out / "runs" / "fedavg-synthetic-s0-0123456789"
+    run_dir.mkdir(parents=True)
+    sealed = locate("note.py")
+    RunMarker.new("identity", 2).recording({}, [sealed.record()], []).write(run_dir)
+    note.write_text(f"import pathlib\npathlib.Path({str(ran)!r}).write_text('ran')\n")
+    edited = locate("note.py")
+    # Execute: the reproduction again, naming note.py for every cell.
+    code = _reproduce(out, "--set", "plugins=note.py", "--no-figures")
+    # Check: one line naming the run, the file and both digests; note.py never ran; accepted, it is imported.
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in error and not ran.exists(), error
+    assert f"run_dir={str(run_dir)!r} was sealed with plugin 'note.py'" in error
+    assert f"sha256 {sealed.short}), which now holds sha256 {edited.short}" in error
+    assert f"--accept-plugin {edited.short}" in error
+    _reproduce(out, "--set", "plugins=note.py", "--no-figures", "--plan", "--accept-plugin", edited.short)
+    assert ran.exists()
