@@ -92,8 +92,9 @@ def layer_groups(layout: ParamLayout, buffer_layout: ParamLayout | None, *, laye
     each buffer joining its module's ``weight`` (else ``bias``) group."""
     size = layout.size
     buffers = buffer_layout if buffer_layout is not None else ParamLayout((), (), (0,))
-    if not layer_wise:
-        return LayerGroups((slice(0, size),), ((slice(0, size + buffers.size), 0),))
+    if not layer_wise:  # the buffers a segment of their own: the parameters' sum is the one the objective made
+        pieces = [(slice(0, size), 0)] + ([(slice(size, size + buffers.size), 0)] if buffers.size else [])
+        return LayerGroups((slice(0, size),), tuple(pieces))
     param_slices = tuple(slice(a, b) for a, b in zip(layout.offsets[:-1], layout.offsets[1:]))
     index = {name: i for i, name in enumerate(layout.names)}
     segments: list[tuple[slice, int]] = [(s, i) for i, s in enumerate(param_slices)]
@@ -128,6 +129,11 @@ class ClientVectorProducts(abc.ABC):
     @abc.abstractmethod
     def gram(self, x: np.ndarray) -> np.ndarray:
         """G_l x_l for every row x_l of ``x`` (L, M)."""
+
+    def weighted_sum(self, group: int, weights: np.ndarray) -> np.ndarray | None:
+        """T_lᵀ w of group l (Σ_k w_k τ_k,l, float32) for the float32 ``weights`` w (M,), if a product made it
+        already (None if not): :func:`combine` then reads the uploads once less."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -170,24 +176,34 @@ class MatrixFreeProducts(ClientVectorProducts):
     """G_l x = T_l (T_lᵀ x): two GEMVs over the uploads per product, no Gram matrix.
 
     Setting up reads the uploads twice (the row norms and b = T θ_g), one pass fewer than
-    SYRK plus b; each evaluation of an objective then takes two products (Gλ, Gw).
+    SYRK plus b; each evaluation of an objective then takes two products (Gλ, Gw). The inner
+    products T_lᵀ x of the last two evaluations are kept (:meth:`weighted_sum`): the weights a
+    single Adam step evaluates are those it aggregates with, whose sum is then not made again.
     """
 
     def __init__(self, vectors: np.ndarray, global_vector: np.ndarray, slices: Sequence[slice]) -> None:
         self.vectors, self.slices = vectors, tuple(slices)
-        blocks = [vectors[:, s] for s in self.slices]
+        self.blocks = [vectors[:, s] for s in self.slices]
         # row by row with BLAS dots (as accurate as the SYRK's diagonal; einsum's float32 sum is not)
-        self.diag = np.stack([np.matmul(t[:, None, :], t[:, :, None])[:, 0, 0] for t in blocks]).astype(np.float64)
-        self.b = np.stack([t @ global_vector[s] for t, s in zip(blocks, self.slices)]).astype(np.float64)
+        self.diag = np.stack([np.matmul(t[:, None, :], t[:, :, None])[:, 0, 0] for t in self.blocks]).astype(np.float64)
+        self.b = np.stack([t @ global_vector[s] for t, s in zip(self.blocks, self.slices)]).astype(np.float64)
         self.c = _squared_norms(global_vector, self.slices)
+        self._kept: list[dict[tuple[int, bytes], np.ndarray]] = []
+        """T_lᵀ x of the last two products (Gλ, Gw), by group and float32 weights x_l."""
 
     def gram(self, x: np.ndarray) -> np.ndarray:
         out = np.empty(x.shape, np.float64)
-        weights = x.astype(np.float32)
-        for group, part in enumerate(self.slices):
-            block = self.vectors[:, part]
-            out[group] = block @ np.matmul(weights[group], block)
+        kept = {}
+        for group, (weights, block) in enumerate(zip(x.astype(np.float32), self.blocks)):
+            inner = np.matmul(weights, block)
+            out[group] = block @ inner
+            kept[group, weights.tobytes()] = inner
+        self._kept = [*self._kept[-1:], kept]
         return out
+
+    def weighted_sum(self, group: int, weights: np.ndarray) -> np.ndarray | None:
+        key = (group, weights.tobytes())
+        return next((kept[key] for kept in self._kept if key in kept), None)
 
 
 def _squared_norms(vector: np.ndarray, slices: Sequence[slice]) -> np.ndarray:
@@ -383,17 +399,28 @@ def adam_steps(
 
 
 def combine(
-    global_vector: np.ndarray, vectors: np.ndarray, lam: np.ndarray, groups: LayerGroups, gamma: float
+    global_vector: np.ndarray,
+    vectors: np.ndarray,
+    lam: np.ndarray,
+    groups: LayerGroups,
+    gamma: float,
+    products: ClientVectorProducts | None = None,
 ) -> np.ndarray:
     """γ Σ_k λ_k θ_k / Σ_k λ_k = γ (θ_g + Σ_k λ_k τ_k) for rows λ on the simplex, per segment.
 
-    One GEMV per segment (one in all for FedAWA); λ (L, M) float64, ``vectors`` (M, S) float32.
+    One GEMV per segment (one per group and one per piece of buffers), λ (L, M) float64, ``vectors`` (M, S)
+    float32; none for a group's parameters whose Σ_k λ_k τ_k ``products`` made already for the same weights
+    (:meth:`ClientVectorProducts.weighted_sum`: the same product, so the same bits).
     """
     weights = np.vstack([lam, lam.mean(axis=0, keepdims=True)]).astype(np.float32)
     out = np.empty_like(global_vector)
     for part, group in groups.segments:
-        np.matmul(weights[group], vectors[:, part], out=out[part])  # (np.dot is slow on strided views)
-    out += global_vector
+        made = None
+        if products is not None and group < groups.num_groups and part == groups.param_slices[group]:
+            made = products.weighted_sum(group, weights[group])
+        if made is None:
+            made = np.matmul(weights[group], vectors[:, part])  # (np.dot is slow on strided views)
+        np.add(made, global_vector[part], out=out[part])
     if gamma != 1.0:
         out *= np.float32(gamma)
     return out
