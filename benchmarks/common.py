@@ -1,13 +1,22 @@
 """Helpers shared by the benchmark scripts: a private Ray for the run, per-round wall-clock timing,
-and the proportional memory (PSS) of a process tree.
+the proportional memory (PSS) of a process tree, and where a script's files go.
+
+A benchmark writes into the repository's tracked files (``benchmarks/results/``) only when asked with
+``--record``, and then records the commit it measured beside its figures (:func:`output_path`,
+:func:`provenance`); ``--out PATH`` writes anywhere else; without either it writes nothing, so that
+measuring never dirties the tree.
 
 Not part of the ``rayfed`` package; the scripts in this folder import it as a sibling module.
 """
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import os
+import platform
 import statistics
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +25,20 @@ from pathlib import Path
 
 from rayfed.engine.callbacks import Callback
 
-__all__ = ["RoundTimer", "PssSampler", "private_ray", "median_after_warmup", "process_tree_pss"]
+__all__ = [
+    "RESULTS",
+    "RoundTimer",
+    "PssSampler",
+    "add_output_arguments",
+    "output_path",
+    "private_ray",
+    "provenance",
+    "median_after_warmup",
+    "process_tree_pss",
+]
+
+RESULTS = Path(__file__).resolve().parent / "results"
+"""The tracked folder of recorded figures: written only with ``--record``."""
 
 
 class RoundTimer(Callback):
@@ -47,6 +69,51 @@ def median_after_warmup(seconds: list[float], warmup: int = 1) -> float:
     """Median of the round times after the first ``warmup`` rounds (workers start, models are built)."""
     measured = seconds[warmup:] or seconds
     return statistics.median(measured)
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, recorded: str) -> None:
+    """``--out PATH`` (write there) and ``--record`` (write ``benchmarks/results/<recorded>``, which is tracked)."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path, default=None, help="write the results here (default: nowhere)")
+    where.add_argument(
+        "--record",
+        action="store_true",
+        help=f"record the results, with the commit measured, in benchmarks/results/{recorded} (tracked)",
+    )
+
+
+def output_path(args: argparse.Namespace, recorded: str) -> Path | None:
+    """Where :func:`add_output_arguments`' options send the results: ``benchmarks/results/<recorded>`` with
+    ``--record``, ``--out``'s path, or None (nothing is written)."""
+    return RESULTS / recorded if args.record else args.out
+
+
+def provenance() -> dict[str, object]:
+    """What a recorded figure was measured on: the commit (and whether the tree differed from it), the date, the
+    machine and its load."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*words: str) -> str:
+        done = subprocess.run(["git", "-C", str(root), *words], capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "tree_differs": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{_cpu_model()}, {os.cpu_count()} CPUs",
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 @contextmanager

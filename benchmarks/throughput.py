@@ -45,8 +45,10 @@ is reported. The last line::
 over the 2-process loop's. Measurements, and what was tried to make rayfed faster, are in
 benchmarks/README.md ("Throughput" section).
 
-Run: ``python benchmarks/throughput.py [--rounds 6] [--out benchmarks/results/throughput.json]``;
-``--vectorize on`` trains the clients of a worker call stacked (``engine.vectorize``).
+Run: ``python benchmarks/throughput.py [--rounds 6] [--out FILE.json | --record]``; ``--record`` writes the
+figures, with the commit measured, to ``benchmarks/results/throughput.json`` (tracked), ``--out`` anywhere else;
+``--vectorize on`` trains the clients of a worker call stacked (``engine.vectorize``). To compare a branch with
+another interleaved: ``python benchmarks/compare.py --base main``.
 """
 
 from __future__ import annotations
@@ -68,7 +70,14 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import PssSampler, RoundTimer, median_after_warmup  # noqa: E402
+from common import (  # noqa: E402
+    PssSampler,
+    RoundTimer,
+    add_output_arguments,
+    median_after_warmup,
+    output_path,
+    provenance,
+)
 
 from rayfed import RunConfig, run  # noqa: E402
 from rayfed.algorithms.common.proximal import flatten_logically
@@ -328,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--vectorize", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--scenarios", default="s1,s2", help="comma-separated: s1, s2")
-    parser.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON here")
+    parser.add_argument("--no-pss", action="store_true", help="skip the PSS run of rayfed alone (S2)")
+    add_output_arguments(parser, "throughput.json")
     parser.add_argument(
         "--pss-of",
         choices=sorted(SCENARIOS),
@@ -356,10 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in results.items():
         r["ratio"] = r["engine_updates_per_s"] / r["plain_updates_per_s"]
         r["limit_ratio"] = r["engine_updates_per_s"] / r["two_process_updates_per_s"]
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
+    out = output_path(args, "throughput.json")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
         arguments = {k: str(v) for k, v in vars(args).items()}
-        args.out.write_text(json.dumps({"args": arguments, "results": results}, indent=2))
+        out.write_text(json.dumps({**provenance(), "args": arguments, "results": results}, indent=2))
     fields = [f"throughput_ratio_{name}={r['ratio']:.3f}" for name, r in results.items()]
     fields += [f"limit_ratio_{name}={r['limit_ratio']:.3f}" for name, r in results.items()]
     fields += [
@@ -408,7 +419,7 @@ def measure(s: Scenario, config: RunConfig, args: argparse.Namespace) -> dict[st
         f"    rayfed / plain channels-last: {rates[0] / rates[2]:.3f}, rayfed / 2 processes: {rates[0] / rates[3]:.3f}",
         flush=True,
     )
-    if s.name == "s2":
+    if s.name == "s2" and not args.no_pss:
         peak, samples = rayfed_pss(s, args)
         result["rayfed_peak_pss_mb"] = sum(peak.values())
         result["rayfed_peak_pss_by_process_mb"] = peak
