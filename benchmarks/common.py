@@ -1,5 +1,5 @@
 """Helpers shared by the benchmark scripts: a private Ray for the run, per-round wall-clock timing,
-the proportional memory (PSS) of a process tree, and where a script's files go.
+the proportional memory (PSS) and the CPU time of a process tree, and where a script's files go.
 
 A benchmark writes into the repository's tracked files (``benchmarks/results/``) only when asked with
 ``--record``, and then records the commit it measured beside its figures (:func:`output_path`,
@@ -27,6 +27,7 @@ from rayfed.engine.callbacks import Callback
 
 __all__ = [
     "RESULTS",
+    "CpuMeter",
     "RoundTimer",
     "PssSampler",
     "add_output_arguments",
@@ -34,6 +35,7 @@ __all__ = [
     "private_ray",
     "provenance",
     "median_after_warmup",
+    "process_cpu_s",
     "process_tree_pss",
 ]
 
@@ -155,12 +157,15 @@ def _argv(pid: int) -> list[str]:
 
 
 def _name(argv: list[str]) -> str:
-    """A short name: Ray's process title (``ray::ClientWorker``) or the program's file name."""
+    """A short name: Ray's process title without the method it runs (``ray::ClientWorker``), a module run with
+    ``-m`` (``rayfed.util.reaper``), or the program's file name."""
     if not argv:
         return "?"
     first = argv[0].split()[0]
     if first.startswith("ray::"):
-        return first
+        return first.split(".")[0]  # ray::ClientWorker.train: the title names the running method too
+    if len(argv) > 2 and argv[1] == "-m":
+        return argv[2]
     script = next((w for w in argv[1:] if w.endswith(".py")), None)
     return Path(script or first).name
 
@@ -175,6 +180,21 @@ def _pss_kb(pid: int) -> int:
     return 0
 
 
+def _tree(root: int, skip: str) -> list[tuple[int, str]]:
+    """(pid, name) of ``root`` (named "driver") and its descendants (``_name``), leaving out the subtrees whose
+    root's command line contains ``skip`` (the benchmark's own multiprocessing children and resource tracker)."""
+    tree, found = _children(), []
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        argv = _argv(pid)
+        if pid != root and (not argv or skip in " ".join(argv)):
+            continue
+        found.append((pid, "driver" if pid == root else _name(argv)))
+        stack.extend(tree.get(pid, []))
+    return found
+
+
 def process_tree_pss(root: int, skip: str = "multiprocessing") -> dict[str, float]:
     """PSS in MB of ``root`` and its descendants, summed per process name (``_name``).
 
@@ -183,17 +203,52 @@ def process_tree_pss(root: int, skip: str = "multiprocessing") -> dict[str, floa
     Ray's object store once. Subtrees whose root's command line contains ``skip`` are
     left out (the benchmark's own multiprocessing children and resource tracker).
     """
-    tree, totals = _children(), {}
-    stack = [root]
-    while stack:
-        pid = stack.pop()
-        argv = _argv(pid)
-        if pid != root and (not argv or skip in " ".join(argv)):
-            continue
-        name = "driver" if pid == root else _name(argv)
+    totals: dict[str, float] = {}
+    for pid, name in _tree(root, skip):
         totals[name] = totals.get(name, 0.0) + _pss_kb(pid) / 1024
-        stack.extend(tree.get(pid, []))
     return totals
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds process ``pid`` has run so far, all its threads (``/proc/<pid>/task/*/schedstat``); 0 once it
+    has ended."""
+    total = 0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):  # the thread ended meanwhile
+                continue
+    except OSError:
+        return 0.0
+    return total / 1e9
+
+
+class CpuMeter:
+    """CPU seconds of a process tree between two readings, per process name: what each of rayfed's processes
+    (driver, ClientWorkers, ServerActor, Ray's daemons, the reaper) spent in a stretch of time.
+
+    :meth:`start` and :meth:`stop` read every process's CPU; the root's is read last on starting and first on
+    stopping, so that reading the others is left out of the root's figure."""
+
+    def __init__(self, root: int, skip: str = "multiprocessing") -> None:
+        self.root, self.skip = root, skip
+        self._at: dict[int, float] = {}
+
+    def _read(self, root_last: bool) -> dict[int, tuple[str, float]]:
+        procs = _tree(self.root, self.skip)
+        procs.sort(key=lambda item: (item[0] == self.root) == root_last)
+        return {pid: (name, process_cpu_s(pid)) for pid, name in procs}
+
+    def start(self) -> None:
+        self._at = {pid: cpu for pid, (_, cpu) in self._read(root_last=True).items()}
+
+    def stop(self) -> dict[str, float]:
+        """CPU seconds per process name since :meth:`start` (a process started since counts from its start)."""
+        spent: dict[str, float] = {}
+        for pid, (name, cpu) in self._read(root_last=False).items():
+            spent[name] = spent.get(name, 0.0) + cpu - self._at.get(pid, 0.0)
+        return spent
 
 
 class PssSampler:
