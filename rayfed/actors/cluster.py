@@ -43,6 +43,7 @@ from types import ModuleType
 import ray
 
 from rayfed.actors.address import check_reachable, not_joined
+from rayfed.actors.job_agent import missing_job_agent
 from rayfed.config import EngineConfig
 from rayfed.util.errors import ResourceError
 from rayfed.util.processes import children
@@ -119,9 +120,7 @@ def ray_started(address: str | None, *, source: str = "RAY_ADDRESS", **options: 
     if ray.is_initialized():
         yield
         return
-    if address:
-        check_reachable(address, source)
-        logger.info("joining the Ray cluster at %s", address)
+    target = check_reachable(address, source) if address else None  # "auto" resolved as rayfed documents it
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     private = {} if address else dict(PRIVATE_CLUSTER_ENV)
     if not address and not options.get("include_dashboard"):
@@ -132,9 +131,10 @@ def ray_started(address: str | None, *, source: str = "RAY_ADDRESS", **options: 
     try:
         if address:
             try:
-                ray.init(address=address, logging_level=logging.WARNING)
+                ray.init(address=target, logging_level=logging.WARNING)
             except ConnectionError as error:  # it accepted the connection, but is not a cluster's head
                 raise not_joined(address, source, error) from None
+            _say_joined(f"{source}={address!r}", address if target is None else target)
         else:
             reaper = Reaper()
             before = set(children(frozenset({os.getpid()})))
@@ -147,6 +147,18 @@ def ray_started(address: str | None, *, source: str = "RAY_ADDRESS", **options: 
             reaper.stop()
         for key in own:
             del os.environ[key]
+
+
+def _say_joined(setting: str, target: str) -> None:
+    """Log what a run joined: the address, the setting that named it, the alive nodes with their CPUs and GPUs;
+    and warn when the cluster's head cannot take ``ray job submit`` (:mod:`rayfed.actors.job_agent`)."""
+    nodes = cluster_nodes()
+    cpus, gpus = (sum(float(node.get(kind, 0.0)) for node in nodes) for kind in ("CPU", "GPU"))
+    held = f"{len(nodes)} node{'' if len(nodes) == 1 else 's'}, {cpus:g} CPUs, {gpus:g} GPUs"
+    logger.info("joined the Ray cluster at %s (%s): %s", target, setting, held)
+    agentless = None if target.startswith("ray://") else missing_job_agent()
+    if agentless:
+        logger.warning("%s", agentless)
 
 
 def _address(engine: EngineConfig) -> str | None:

@@ -9,10 +9,9 @@ only what every message has, or nothing (FedProx's proximal term anchors at the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from rayfed.algorithms.hooks import ClientHalf, Contribution, SharedBody
+from rayfed.algorithms.hooks import ClientHalf, Contribution, Start
 from rayfed.util.errors import MethodError
 
 if TYPE_CHECKING:
@@ -29,21 +28,24 @@ class BorrowedTraining(ClientHalf[Any, Any]):
     def __init__(self, own: ClientHalf[Any, Any], training: ClientHalf[Any, Any], names: tuple[str, str]) -> None:
         super().__init__(own.params, own.spec)
         self.own, self.training, self.names = own, training, names
-        # the lent phases may train a model whose output layer reads normalised features (FedNH's cosine classifier)
-        self.normalized_features = own.normalized_features or training.normalized_features  # type: ignore[misc]
-        self.eval_reads_train = own.eval_reads_train  # type: ignore[misc]
 
-    def start(self, message: Any, job: ClientJob) -> Any:
+    def start(self, message: Any, job: ClientJob) -> Start:
         return self.own.start(message, job)
 
     def phases(self, message: Any, job: ClientJob) -> list[Phase]:
         try:
             return self.training.phases(message, job)
-        except AttributeError as error:  # it reads its own algorithm's message
+        except AttributeError as error:  # a field of the run's message or start, which the lent half expects its own
             lent, name = self.names
+            if error.obj is message:
+                lacks = f"a message {name!r} does not send"
+            elif error.obj is job.start:
+                lacks = f"a start (job.start) the client half of {name!r} does not make"
+            else:  # the lent method's own error: raised as it is
+                raise
             raise MethodError(
-                f"algorithm.client={lent!r} lends its phases to algorithm.name={name!r}, but they read a message "
-                f"{name!r} does not send ({error}); lend a client half whose phases read no message of their own "
+                f"algorithm.client={lent!r} lends its phases to algorithm.name={name!r}, but they read {lacks} "
+                f"({error}); lend a client half whose phases read nothing of their own algorithm's message or start "
                 "(fedprox, sgdm, ditto, feduv, ...)"
             ) from error
 
@@ -61,6 +63,3 @@ class BorrowedTraining(ClientHalf[Any, Any]):
 
     def bytes_down(self, message: Any, job: ClientJob) -> int:
         return self.own.bytes_down(message, job)
-
-    def shared_body(self, message: Any, jobs: Sequence[ClientJob]) -> SharedBody | None:
-        return self.own.shared_body(message, jobs)

@@ -165,12 +165,16 @@ class ProgressBar(Callback):
     global model's beside it (``glob``, when the algorithm has one), the best accuracy so far,
     the training loss (or why the round has none: e.g. ``all 10 client updates rejected``) and
     the round's seconds; in a log (no terminal), the same as one line per round
-    (:func:`rayfed.util.progress.steps`)."""
+    (:func:`rayfed.util.progress.steps`). With ``lines``, one line per round on a terminal too: the progress
+    of runs that share the terminal (a study's parallel trials), whose bars would overwrite each other."""
+
+    def __init__(self, *, lines: bool = False) -> None:
+        self.lines = lines
 
     def on_run_start(self, run: RunView) -> None:
         from rayfed.util.progress import steps
 
-        self._bar = steps(run.config.train.rounds, run.run_name, "round", initial=run.start_round)
+        self._bar = steps(run.config.train.rounds, run.run_name, "round", initial=run.start_round, lines=self.lines)
         self._best = max((r["accuracy"] for r in run.history if not math.isnan(r["accuracy"])), default=math.nan)
 
     def after_round(self, run: RunView, record: RoundRecord, clients: pa.Table) -> bool:

@@ -22,14 +22,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from rayfed.algorithms import ClientHalf, Contribution, RoundContext, model_of, resolve
+from rayfed.algorithms import ClientHalf, Contribution, RoundContext, resolve
 from rayfed.algorithms.contributions import WeightedState
+from rayfed.algorithms.declarations import normalizes_features
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
 from rayfed.execution.client_data import ClientData
 from rayfed.execution.evaluation import evaluate_clients
 from rayfed.execution.reports import EvalReport, TrainResult
-from rayfed.execution.settlement import Measures, Settlement, Uploads
+from rayfed.execution.settlement import Measures, Settlement, Uploads, sum_in_order
 from rayfed.models.layers import normalize_inputs_of
 from rayfed.train.evaluate import correct_predictions, mean_cross_entropy
 from rayfed.train.flat import FlatModel
@@ -73,9 +74,9 @@ class ClientRunner(ClientData):
 
     def model_for(self, architecture: str) -> FlatModel:
         """This worker's model of ``architecture``; its output layer reads normalised features where the client
-        half asks for it (:attr:`ClientHalf.normalized_features`)."""
+        half declares it (:class:`~rayfed.algorithms.declarations.NormalizedFeatures`)."""
         flat = super().model_for(architecture)
-        if self.client_half.normalized_features:
+        if normalizes_features(self.client_half):
             normalize_inputs_of(flat.module, self.spec.output_layer[architecture])
         return flat
 
@@ -122,7 +123,7 @@ class ClientRunner(ClientData):
     def _start(self, message: Any, job: ClientJob) -> Any:
         """The client's start (``job.start``) and the state it starts from."""
         job.start = self.client_half.start(message, job)
-        return model_of(job.start)
+        return job.start.model
 
     def _phases(self, message: Any, job: ClientJob) -> list[Phase]:
         return self._checked(self.client_half.phases(message, job), job, "phases")
@@ -202,7 +203,9 @@ class ClientRunner(ClientData):
                 return [_made(m, job) for m, job in zip(made, jobs)]
         else:
             each = [_made(m, job) for m, job in zip(made, jobs)]
-            contribution, bytes_up = _sum_in_order(each), [part.nbytes for part in each]
+            total = sum_in_order(each)
+            assert total is not None  # a stack has clients
+            contribution, bytes_up = total, [part.nbytes for part in each]
 
             def parts() -> list[Contribution]:
                 return each
@@ -263,14 +266,6 @@ class ClientRunner(ClientData):
 def _made(upload: Contribution | WeightedState, job: ClientJob) -> Contribution:
     """A client's upload as a contribution: a declared weighted state made from its trained model."""
     return upload.of_one(job.trained, job.num_train) if isinstance(upload, WeightedState) else upload
-
-
-def _sum_in_order(parts: list[Contribution]) -> Contribution:
-    """The sum of ``parts`` left to right, leaving each as it was (a rejected client's is summed without it)."""
-    total = parts[0] + parts[1] if len(parts) > 1 else parts[0]
-    for part in parts[2:]:
-        total += part
-    return total
 
 
 def _state_on(state: Any, device: torch.device) -> torch.Tensor:

@@ -49,7 +49,8 @@ class Server:
         if total is not None and total.sum_is_one_part and not total.is_finite():
             logger.warning("round %d: aggregate is not finite; the global state is kept", ctx.round)
             total = None
-        metrics = dict(self.half.aggregate(ctx, total))
+        # A round without an acceptable update leaves the state as it is: answered here, for every method.
+        metrics = {"clients_aggregated": 0.0} if total is None else dict(self.half.aggregate(ctx, total))
         metrics["server_bytes_received"] = float(bytes_received)
         return metrics
 
@@ -60,4 +61,5 @@ class Server:
         self.half.load_state_dict(state)
 
     def memory_bytes(self) -> int:
-        return self.half.memory_bytes()
+        """Bytes of state the server half holds now (the scaling benchmark reads it)."""
+        return sum(int(value.nbytes) for value in self.half.state_dict().values())

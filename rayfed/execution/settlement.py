@@ -2,31 +2,32 @@
 
 While a call trains, nothing waits for the device: each trained client's loss and update norm stay
 there as 0-d tensors, and so do its upload and the state it keeps, as the client half makes them on the
-device. The runner hands over what the clients send (:class:`Uploads`); :meth:`Settlement.result` sums
-every contribution in client order and brings the sum, the losses, the norms and the clients' states to the
-host in one transfer. An update is accepted when its norm is finite and within
-``engine.max_update_norm`` and its contribution is finite; a sum is finite only when every part is, so
-the parts are asked for, and the accepted ones summed again, only in a call where something was wrong.
+device. The runner hands over what the clients send (:class:`Uploads`, one entry per client or per stack: a
+stack's declared weighted state is one matrix product over its clients, any other upload its clients' sum in
+client order); :meth:`Settlement.result` sums the entries in order (:func:`sum_in_order`) and brings the sum, the
+losses, the norms and the clients' states to the host in one transfer. An update is accepted when its norm is
+finite and within ``engine.max_update_norm`` and its contribution is finite; a sum is finite only when every part
+is, so the parts are asked for, and the accepted ones summed again, only in a call where something was wrong.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from rayfed.algorithms import Contribution, RoundContext, sum_contributions
+from rayfed.algorithms import Contribution, RoundContext
 from rayfed.execution.reports import ClientReport, TrainResult
 from rayfed.train.host import to_host
 from rayfed.train.job import ClientJob, ClientState
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Measures", "Uploads", "Settlement"]
+__all__ = ["Measures", "Uploads", "Settlement", "sum_in_order"]
 
 NON_FINITE = "non-finite update (NaN or Inf)"
 
@@ -114,7 +115,7 @@ class Settlement:
 
     def result(self) -> TrainResult:
         """Accept or reject every client, sum the accepted contributions in client order, report each client."""
-        total = _sum_keeping_parts([entry.contribution for entry in self.entries])
+        total = sum_in_order([entry.contribution for entry in self.entries])
         summed = [] if total is None else total.device_tensors()
         kept = [(state, key) for e in self.entries for state in e.states if state for key in _on_device(state)]
         columns, arrays = _read(self._numbers(), [*summed, *(state[key] for state, key in kept)])
@@ -127,7 +128,7 @@ class Settlement:
             if contribution is not None and not contribution.is_finite():
                 finite = _read({"finite": [part.is_finite() for part in parts]}, [])[0]["finite"]
                 rejections = [why or ("" if ok else NON_FINITE) for why, ok in zip(rejections, finite)]
-            accepted = sum_contributions(part for part, why in zip(parts, rejections) if not why)
+            accepted = sum_in_order([part for part, why in zip(parts, rejections) if not why])
             contribution = None if accepted is None else accepted.with_host_arrays(to_host(accepted.device_tensors()))
         result = TrainResult(contribution, [])
         clients = [(entry, k) for entry in self.entries for k in range(len(entry.client_ids))]
@@ -176,8 +177,10 @@ def _column(values: list[Any]) -> Any:
     return [float(v) for v in values]
 
 
-def _sum_keeping_parts(parts: list[Contribution]) -> Contribution | None:
-    """The sum of ``parts`` in order, leaving every part as it was (a call may have to sum them again)."""
+def sum_in_order(parts: Sequence[Contribution]) -> Contribution | None:
+    """The sum of ``parts`` left to right, ``((p0 + p1) + p2) + ...``, leaving every part as it was (a call sums
+    them again without a rejected client's); None for no parts. A stack's clients and a call's entries are summed
+    by it alike."""
     if not parts:
         return None
     total = parts[0] + parts[1] if len(parts) > 1 else parts[0]

@@ -21,7 +21,9 @@ A tree rather than a chain: the left-to-right order ``((s0 + s1) + s2) + ...`` t
 partial sum depend on all the calls before it, so a node could only add its calls onto the total of the nodes
 before it, one node after another; in the tree, the nodes add their subtrees at the same time. The change moved
 every run's numbers once, by float rounding (benchmarks/README.md, "Control plane": ``benchmarks/digest.py`` before
-and after). Within a call, a worker still sums its clients in client order (:mod:`rayfed.execution.settlement`).
+and after). Within a call, a worker sums its clients' uploads in client order (:mod:`rayfed.execution.settlement`),
+except a stack's declared weighted state (FedAvg's), which is one matrix product Σ_i n_i θ_i over the stack's
+clients (:meth:`~rayfed.algorithms.contributions.WeightedState.of_stack`), rounded as the product rounds.
 """
 
 from __future__ import annotations

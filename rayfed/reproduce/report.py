@@ -138,9 +138,28 @@ def write_report(
         (c.row.key, c.column.key): [x for x in cells if x.row.key == c.row.key and x.column.key == c.column.key]
         for c in cells
     }
+    lines = _preamble(table, rounds)
+    lines += _row_choices(table, rows, by)
+    table_lines, blocked = _main_table(table, rows, columns, by, scores, rounds, digits)
+    lines += table_lines
+    lines += _unfinished(table, blocked, outcomes or {})
+    if at_rounds:
+        lines += _at_rounds(table, rows, columns, by, scores, at_rounds, digits)
+    lines += _per_run(scores, digits)
+    if command:
+        lines += ["", f"Written by `{command}`."]
+    path = out / f"{table.name}.md"
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
+    write_json(out / f"{table.name}.json", _summary(table, scores, rounds))
+    return path
+
+
+def _preamble(table: Table, rounds: int) -> list[str]:
+    """The report's title, what "ours" and "paper" mean, and the papers the table cites."""
     unit = "%" if table.scale == 100 else "fraction"
     statistic = "pooled over the clients' test samples" if table.metric == "accuracy" else "mean over clients"
-    lines = [
+    return [
         f"# {table.name}: {table.title}",
         "",
         f"Source: {table.source}. Ours: each row's accuracy ({unit}, {statistic}) at its scored round over rounds "
@@ -150,9 +169,21 @@ def write_report(
         *(f"- {citation}" for citation in papers_cited(f"{table.source} {table.notes}")),
         "",
     ]
-    lines += _row_choices(table, rows, by)
+
+
+def _main_table(
+    table: Table,
+    rows: list[str],
+    columns: list[str],
+    by: dict[tuple[str, str], list[Cell]],
+    scores: dict[Cell, Score],
+    rounds: int,
+    digits: int,
+) -> tuple[list[str], dict[str, str]]:
+    """The table itself: per row and column, ours (mean ± std over seeds, or how far the runs got) beside the
+    paper's; and, per reason a row is not run in this version, the first row it blocks."""
     header = [f"{table.column(k).label}: {kind}" for k in columns for kind in ("ours", "paper")]
-    lines += ["| method | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
+    lines = ["| method | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
     blocked: dict[str, str] = {}
     for row in rows:
         cellsrow = []
@@ -176,22 +207,32 @@ def write_report(
         lines.append(
             f"| {table.row(row).label} ({row_metric(table, table.row(row)).model}) | " + " | ".join(cellsrow) + " |"
         )
+    return lines, blocked
+
+
+def _unfinished(table: Table, blocked: dict[str, str], outcomes: dict[Cell, Outcome]) -> list[str]:
+    """The lists of what has no score and why: rows not run in this version, columns whose data are missing (with
+    the command that fetches them), failed runs."""
+    lines: list[str] = []
     if blocked:
         lines += ["", "Not run in this version:", ""] + [f"* {label}: {reason}" for reason, label in blocked.items()]
-    missing = {c.column.key: (c, o) for c, o in (outcomes or {}).items() if o.status == "data missing"}
+    missing = {c.column.key: (c, o) for c, o in outcomes.items() if o.status == "data missing"}
     if missing:
         lines += ["", "Columns whose data are missing (fetch them, then run the same command again):", ""]
         for key, (cell, outcome) in missing.items():
             assert cell.config is not None
             lines.append(f"* {table.column(key).label}: {outcome.message}\n  fetch: `{fetch_command(cell.config)}`")
-    failed = [(c, o) for c, o in (outcomes or {}).items() if o.status == "failed"]
+    failed = [(c, o) for c, o in outcomes.items() if o.status == "failed"]
     if failed:
         lines += ["", "Failed runs:", ""] + [
             f"* {c.row.label}, {c.column.label}, seed {c.seed}: {o.message}" for c, o in failed
         ]
-    if at_rounds:
-        lines += _at_rounds(table, rows, columns, by, scores, at_rounds, digits)
-    lines += [
+    return lines
+
+
+def _per_run(scores: dict[Cell, Score], digits: int) -> list[str]:
+    """One line per scored run: its scored value and round, final value, time per round and run directory."""
+    lines = [
         "",
         "Per run (s/round: median wall time of a round):",
         "",
@@ -204,31 +245,27 @@ def write_report(
             f"| {cell.column.label} | {cell.row.label} | {cell.seed} | {s.best:.{digits}f} | {s.best_round} "
             f"| {s.final:.{digits}f} | {s.seconds_per_round:.1f} | {name} |"
         )
-    if command:
-        lines += ["", f"Written by `{command}`."]
-    path = out / f"{table.name}.md"
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
-    write_json(
-        out / f"{table.name}.json",
-        {
-            "table": table.name,
-            "metric": table.metric,
-            "rounds": rounds,
-            "runs": [
-                {
-                    "row": c.row.key,
-                    "column": c.column.key,
-                    "seed": c.seed,
-                    "run_dir": str(c.run_dir),
-                    "scored": row_metric(table, c.row).column,
-                    **{k: v for k, v in asdict(s).items() if k != "curve"},
-                }
-                for c, s in scores.items()
-            ],
-        },
-    )
-    return path
+    return lines
+
+
+def _summary(table: Table, scores: dict[Cell, Score], rounds: int) -> dict[str, object]:
+    """The report's JSON: every scored run's score (without its curve) and where it came from."""
+    return {
+        "table": table.name,
+        "metric": table.metric,
+        "rounds": rounds,
+        "runs": [
+            {
+                "row": c.row.key,
+                "column": c.column.key,
+                "seed": c.seed,
+                "run_dir": str(c.run_dir),
+                "scored": row_metric(table, c.row).column,
+                **{k: v for k, v in asdict(s).items() if k != "curve"},
+            }
+            for c, s in scores.items()
+        ],
+    }
 
 
 def _row_choices(table: Table, rows: list[str], by: dict[tuple[str, str], list[Cell]]) -> list[str]:

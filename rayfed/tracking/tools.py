@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from rayfed.config.trackers import TRACKER_PACKAGES
 from rayfed.tracking.tracker import Tracker
 from rayfed.util.errors import ConfigError
 
@@ -17,7 +18,22 @@ FIGURES = "figures"
 
 
 def tracker_class(name: str) -> type[Tracker]:
-    """The tracker ``engine.loggers`` calls ``name`` (one of :data:`rayfed.config.TRACKERS`)."""
+    """The tracker ``engine.loggers`` calls ``name`` (one of :data:`rayfed.config.TRACKERS`). A library that is
+    installed but fails to import (a protobuf clash in ``import mlflow``) is a ConfigError in one line naming
+    the tracker and the fix: every check that refuses a run before anything is written starts here."""
+    try:
+        return _imported(name)
+    except Exception as error:  # the library's own import error, whatever its type
+        module, extra = TRACKER_PACKAGES[name]
+        why = " ".join(f"{type(error).__name__}: {error}".split())  # one line: such messages span several
+        raise ConfigError(
+            f"engine.loggers names {name!r}, but its package {module!r} fails to import ({why}); fix that "
+            f"installation (the package the error names, or pip install --force-reinstall 'rayfed[{extra}]'), or "
+            f"leave {name!r} out of engine.loggers"
+        ) from error
+
+
+def _imported(name: str) -> type[Tracker]:
     if name == "tensorboard":
         from rayfed.tracking.tensorboard_tracker import TensorBoardTracker
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from rayfed.train.flat import FlatModel
 from rayfed.train.host import to_device
-from rayfed.train.stack_plan import parameter_major
+from rayfed.train.stack_layout import parameter_major
 from rayfed.train.stacked_layers import model_unstackable, stacked_layers
 
 __all__ = [
@@ -35,14 +35,11 @@ def eval_batch_size(device: torch.device) -> int:
 
 @dataclass(frozen=True)
 class EvalStats:
+    """What one model's evaluation counted: correct predictions, summed cross-entropy and samples."""
+
     correct: int
     loss_sum: float
     count: int
-
-    @property
-    def mean_loss(self) -> float:
-        """The mean cross-entropy over the samples; NaN without samples."""
-        return self.loss_sum / self.count if self.count else math.nan
 
 
 @torch.no_grad()

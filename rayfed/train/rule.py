@@ -52,11 +52,6 @@ class PhaseRule:
         self._term = client_term
         self._mapped: dict[tuple[str, Any], Callable[..., Any]] = {}
 
-    @property
-    def optimizer_kind(self) -> str:
-        """Which buffers the optimiser keeps: ``adam``, ``momentum`` or ``none``."""
-        return "adam" if isinstance(self.phase.optimizer, Adam) else "momentum" if self.momentum else "none"
-
     # --- the loss ----------------------------------------------------------------------------------------
     def cross_entropy(
         self, logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None, width: int

@@ -1,6 +1,6 @@
 """One client's phase, step by step, on the worker's model of its architecture.
 
-The client's batches are drawn on the host (:func:`~rayfed.train.batches.draw_batches`) and reach the
+The client's batches are drawn on the host (:func:`~rayfed.train.step.phase_batches`) and reach the
 device in one transfer; its samples are gathered there one block of equal-size steps at a time. The step
 is :func:`~rayfed.train.step.make_step` on the worker's model itself (:class:`OneModel`): eagerly, the step's
 values are views rebound at every step and the losses are kept per step; on a GPU that captures, they are
@@ -18,42 +18,29 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rayfed.train.batches import ClientBatches, draw_batches
-from rayfed.train.dropout import client_dropout, signed_seed
+from rayfed.train.batches import ClientBatches
+from rayfed.train.dropout import client_dropout
 from rayfed.train.flat import FlatModel
 from rayfed.train.graphs import StepGraphs
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
-from rayfed.train.phase import NO_PARAMETERS, Adam, Phase
+from rayfed.train.phase import Adam, Phase
 from rayfed.train.rule import PhaseRule
 from rayfed.train.stacking import stack_key
-from rayfed.train.step import LossRecord, make_step, reads_steps
+from rayfed.train.step import (
+    LossRecord,
+    extra_lrs,
+    make_step,
+    phase_batches,
+    phase_samples,
+    phase_seed,
+    reads_steps,
+    trained_range,
+)
 from rayfed.train.update import adam_scalars
 from rayfed.train.workspace import StepInputs, StepState
 
-__all__ = [
-    "PhaseOutcome",
-    "SequentialTraining",
-    "OneModel",
-    "phase_seed",
-    "trained_range",
-    "frozen_outside",
-    "captured_features",
-]
-
-
-def phase_seed(job: ClientJob, phase_index: int) -> int:
-    """The int64 seed of the client's dropout masks in its ``phase_index``-th phase of the round."""
-    return signed_seed(job.generator.initial_seed() + 7919 * phase_index)
-
-
-def trained_range(phase: Phase, flat: FlatModel) -> tuple[int, int]:
-    """The range of the parameter vector whose gradients the phase computes: ``Phase.trains``, all of it by
-    default, and all of it when the phase trains only its trainables (their gradients come from the model's)."""
-    if phase.trains is None or tuple(phase.trains) == NO_PARAMETERS:
-        return 0, flat.size
-    lo, hi = phase.trains
-    return lo, hi
+__all__ = ["PhaseOutcome", "SequentialTraining", "OneModel", "frozen_outside"]
 
 
 @contextmanager
@@ -69,21 +56,6 @@ def frozen_outside(flat: FlatModel, lo: int, hi: int) -> Iterator[None]:
     finally:
         for p in frozen:
             p.requires_grad_(True)
-
-
-@contextmanager
-def captured_features(module: nn.Module, name: str | None) -> Iterator[list[torch.Tensor]]:
-    """While the block runs, every forward appends the input of ``module``'s submodule ``name`` to the list
-    yielded (nothing without a name)."""
-    captured: list[torch.Tensor] = []
-    if name is None:
-        yield captured
-        return
-    hook = module.get_submodule(name).register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
-    try:
-        yield captured
-    finally:
-        hook.remove()
 
 
 class OneModel:
@@ -152,45 +124,22 @@ class SequentialTraining:
         """Train ``job.flat`` through ``phase`` in place from the model it holds; ``momentum`` (the trained range's
         buffer, kept from the client's last round) or None starts from zero; ``replays`` allows CUDA graphs;
         ``where`` names the phase in errors."""
-        flat, device = job.flat, job.device
-        x_all, y_all = phase.inputs if phase.inputs is not None else (job.x_train, job.y_train)
-        train = job.train
-        (batches,) = draw_batches(
-            [(job.generator, int(y_all.shape[0]))],
-            epochs=phase.epochs,
-            batch=phase.batch_size or train.batch_size,
-            drop_last=train.drop_last if phase.drop_last is None else phase.drop_last,
-            views=phase.view_count,
-            augment=phase.augment,
-            image_size=tuple(x_all.shape[1:]),
-        )
-        lo, hi = trained_range(phase, flat)
-        rule = PhaseRule(phase, train, stacked=False, where=where, shapes=flat.layout.shapes)
+        flat = job.flat
+        x_all, y_all = samples = phase_samples(phase, job)
+        (batches,) = phase_batches(phase, [job], [samples])
+        trained = trained_range(phase, flat)
+        rule = PhaseRule(phase, job.train, stacked=False, where=where, shapes=flat.layout.shapes)
         if phase.load is not None:
             (start, stop), values = phase.load
             with torch.no_grad():
                 flat.vector[start:stop].copy_(values)
         static = replays and self.graphs.fixed
-        key = (id(flat), stack_key(phase), batches.index.shape[1], tuple(x_all.shape[1:]), y_all.dtype)
-        dropout_layers = any(True for _ in _dropouts(flat.module))
-        new = StepState.new(
-            phase,
-            _part(flat.vector, lo, hi),
-            rule.momentum,
-            counts_steps=reads_steps(phase, flat.module),
-            lr=self._lr(job.lr, device),
-            seeds=torch.full((1,), phase_seed(job, phase_index), dtype=torch.int64, device=device)
-            if dropout_layers
-            else None,
-            constants=dict(phase.constants),
-            extra={k: t.value.clone() for k, t in phase.extra.items()},
-            extra_lr=self.extra_lrs(phase, device),
-            loss_sums=torch.zeros((), device=device) if static else None,
-        )
+        new = self._start(job, phase, phase_index, rule, trained, static)
         if momentum is not None and new.optimizer.momentum is not None:
             new.optimizer.momentum.copy_(momentum)
         if not batches.steps:
             return PhaseOutcome([], 0, False, new.extra, new.optimizer.momentum)
+        key = (id(flat), stack_key(phase), batches.index.shape[1], tuple(x_all.shape[1:]), y_all.dtype)
         state, feeds = new, dict[int, StepInputs]()
         if static:  # a captured step reads the storage it was captured on: this key's, filled anew
             if key in self._held:
@@ -199,41 +148,7 @@ class SequentialTraining:
             else:
                 state = new.copy()
                 self._held[key] = (state, feeds)
-        moved = self._move(batches, phase, job)
-        record = LossRecord(state)
-        model = OneModel(flat, (lo, hi))
-        flat.module.train()
-        with (
-            frozen_outside(flat, lo, hi),
-            captured_features(flat.module, phase.features) as captured,
-            client_dropout(flat.module) as dropout,
-        ):
-            dropout.update(
-                seeds=state.seeds,
-                width=1,
-                step=state.step,
-                views=phase.view_count,
-                batch=int(batches.index.shape[1]),
-            )
-            mutable = [flat.vector, flat.buffers, *state.mutable()]
-            index, draws = moved["index"], moved.get("draws")
-            for first, stop in _blocks(batches):
-                size = int(batches.sizes[first])
-                # A batch of another size reads its own fixed inputs (and has its own captured step).
-                feed = feeds.setdefault(size, StepInputs()) if static else StepInputs()
-                step = make_step(model, rule, state, feed, record, captured, self.pixel_scale)
-                rows = index[first:stop, :size]
-                xs, ys = x_all[rows], y_all[rows]  # one gather per block of equal-size steps
-                for s in range(stop - first):
-                    feed.fill(
-                        static,
-                        x=xs[s],
-                        y=ys[s],
-                        draws=None if draws is None else draws[first + s, :, :size],
-                        adam=moved["adam"][first + s] if isinstance(phase.optimizer, Adam) else None,
-                    )
-                    self.graphs.run((*key, size) if static else None, step, mutable)
-            rule.edit_params("on_train_end", flat.params, state)
+        record = self._steps(job, rule, state, feeds if static else None, batches, samples, trained, key)
         extra, momentum = state.extra, state.optimizer.momentum
         losses = record.steps
         if static:  # the workspace serves the next client: keep copies
@@ -243,21 +158,87 @@ class SequentialTraining:
             momentum = None if momentum is None else momentum.clone()
         return PhaseOutcome(losses, batches.steps, static, extra, momentum)
 
+    def _start(
+        self, job: ClientJob, phase: Phase, phase_index: int, rule: PhaseRule, trained: tuple[int, int], static: bool
+    ) -> StepState:
+        """What the phase's first step starts from: the trained range of ``job.flat``, zero optimiser buffers, the
+        round's learning rate, the client's dropout seed (where the model drops out), the phase's constants and
+        trainables; a loss sum to add to when the step is replayed (``static``)."""
+        flat, device = job.flat, job.device
+        dropout_layers = any(True for _ in _dropouts(flat.module))
+        return StepState.new(
+            phase,
+            _part(flat.vector, *trained),
+            rule.momentum,
+            counts_steps=reads_steps(phase, flat.module),
+            lr=self._lr(job.lr, device),
+            seeds=torch.full((1,), phase_seed(job, phase_index), dtype=torch.int64, device=device)
+            if dropout_layers
+            else None,
+            constants=dict(phase.constants),
+            extra={k: t.value.clone() for k, t in phase.extra.items()},
+            extra_lr=extra_lrs(phase, device),
+            loss_sums=torch.zeros((), device=device) if static else None,
+        )
+
+    def _steps(
+        self,
+        job: ClientJob,
+        rule: PhaseRule,
+        state: StepState,
+        feeds: dict[int, StepInputs] | None,
+        batches: ClientBatches,
+        samples: tuple[torch.Tensor, torch.Tensor],
+        trained: tuple[int, int],
+        key: tuple[Hashable, ...],
+    ) -> LossRecord:
+        """Run the phase's steps on ``job.flat``, then its ``on_train_end``; returns the losses they report. With
+        ``feeds`` (a replayed step's fixed inputs, one per batch size) each step is captured once under ``key`` and
+        its size, and replayed; without, it runs eagerly."""
+        flat, phase = job.flat, rule.phase
+        x_all, y_all = samples
+        moved = self._move(batches, phase, job)
+        record = LossRecord(state)
+        model = OneModel(flat, trained)
+        flat.module.train()
+        with (
+            frozen_outside(flat, *trained),
+            client_dropout(flat.module) as dropout,
+        ):
+            dropout.update(
+                seeds=state.seeds,
+                width=1,
+                step=state.step,
+                views=phase.samples.views,
+                batch=int(batches.index.shape[1]),
+            )
+            mutable = [flat.vector, flat.buffers, *state.mutable()]
+            index, draws = moved["index"], moved.get("draws")
+            for first, stop in _blocks(batches):
+                size = int(batches.sizes[first])
+                # A batch of another size reads its own fixed inputs (and has its own captured step).
+                feed = feeds.setdefault(size, StepInputs()) if feeds is not None else StepInputs()
+                step = make_step(model, rule, state, feed, record, self.pixel_scale)
+                rows = index[first:stop, :size]
+                xs, ys = x_all[rows], y_all[rows]  # one gather per block of equal-size steps
+                for s in range(stop - first):
+                    feed.fill(
+                        feeds is not None,
+                        x=xs[s],
+                        y=ys[s],
+                        draws=None if draws is None else draws[first + s, :, :size],
+                        adam=moved["adam"][first + s] if isinstance(phase.optimizer, Adam) else None,
+                    )
+                    self.graphs.run((*key, size) if feeds is not None else None, step, mutable)
+            rule.edit_params("on_train_end", flat.params, state)
+        return record
+
     def _lr(self, lr: float, device: torch.device) -> torch.Tensor:
         """The learning rate as a 0-d tensor on ``device``, made once per value (the clients of a round share it)."""
         key = (device, lr)
         if key not in self._lrs:
             self._lrs = {key: torch.full((), lr, device=device)}  # one round's value kept
         return self._lrs[key]
-
-    @staticmethod
-    def extra_lrs(phase: Phase, device: torch.device) -> dict[str, torch.Tensor]:
-        """The trainables' own learning rates, as 0-d tensors of their dtypes (those with none use the round's)."""
-        return {
-            k: torch.full((), float(t.lr), dtype=t.value.dtype, device=device)
-            for k, t in phase.extra.items()
-            if t.lr is not None
-        }
 
     def _move(self, batches: ClientBatches, phase: Phase, job: ClientJob) -> dict[str, torch.Tensor]:
         """The phase's batch indices, view draws and Adam scalars on the device, in one transfer."""

@@ -1,12 +1,8 @@
-"""What a stack of clients trains on, step by step, and its stack of parameters in the layout a step reads.
+"""What a stack of clients trains on, step by step: :class:`StackPlan`.
 
-* :class:`StackPlan`: every client's batches (:class:`~rayfed.train.batches.ClientBatches`), the clients
-  ordered by their step counts, longest first, so the clients still training are always a prefix of the
-  stack; everything a step reads of it reaches the device in one transfer;
-* :func:`parameter_major` / :func:`client_major`: the clients' flat vectors (C, P), one per client,
-  and the parameter-major stack a step trains (every client's copy of parameter 0, then of
-  parameter 1, ...: :meth:`ParamLayout.stacked_views`), in which the C kernels of a convolution
-  are one grouped kernel without a copy.
+Every client's batches (:class:`~rayfed.train.batches.ClientBatches`), the clients ordered by their step counts,
+longest first, so the clients still training are always a prefix of the stack; everything a step reads of it
+reaches the device in one transfer.
 """
 
 from __future__ import annotations
@@ -19,9 +15,8 @@ import torch
 
 from rayfed.train.batches import ClientBatches
 from rayfed.train.host import to_device
-from rayfed.train.layout import ParamLayout
 
-__all__ = ["StackPlan", "parameter_major", "client_major", "first_models", "logical_rows"]
+__all__ = ["StackPlan"]
 
 
 @dataclass(frozen=True)
@@ -96,31 +91,3 @@ class StackPlan:
             moved_order,
             moved[len(moved) - len(extra) :],
         )
-
-
-def parameter_major(stack: torch.Tensor, layout: ParamLayout) -> torch.Tensor:
-    """The (C, P) client-major ``stack`` of flat vectors as one parameter-major vector
-    (:meth:`ParamLayout.stacked_views`)."""
-    out = stack.new_empty(stack.numel())
-    for target, values in zip(layout.stacked_views(out, len(stack)), layout.views(stack)):
-        target.copy_(values)
-    return out
-
-
-def client_major(stack: torch.Tensor, layout: ParamLayout, width: int) -> torch.Tensor:
-    """The inverse of :func:`parameter_major` for ``width`` models: their (width, P) flat vectors."""
-    out = stack.new_empty(width, layout.size)
-    for target, values in zip(layout.views(out), layout.stacked_views(stack, width)):
-        target.copy_(values)
-    return out
-
-
-def first_models(stack: torch.Tensor, layout: ParamLayout, width: int, keep: int) -> torch.Tensor:
-    """The parameter-major stack of the first ``keep`` of its ``width`` models."""
-    return torch.cat([view[:keep].reshape(-1) for view in layout.stacked_views(stack, width)])
-
-
-def logical_rows(rows: torch.Tensor, layout: ParamLayout) -> torch.Tensor:
-    """(C, P) flat vectors (channels-last kernels) as their parameters in logical order, one row per client:
-    what ``flatten_logically`` makes of one client's parameter tensors."""
-    return torch.cat([view.reshape(len(rows), -1) for view in layout.views(rows[:, : layout.size])], dim=1)

@@ -5,9 +5,8 @@ that narrows when clients finish. :class:`StackSpace` holds the ``width`` client
 parameters as one parameter-major stack, each BatchNorm layer's running statistics, the step's
 :class:`~rayfed.train.workspace.StepState` (one row per client) and its batch
 (:class:`~rayfed.train.workspace.StepInputs`, allocated for ``width`` clients so a captured step reads them).
-:func:`first_space` builds the whole stack's at the first step; :meth:`StackSpace.narrowed` the first clients'
-when the others finish, and :meth:`StackSpace.write_out` writes the finished clients' rows into the phase's
-:class:`StackOut`.
+:meth:`StackSpace.narrowed` holds the first clients' when the others finish, and :meth:`StackSpace.write_out` writes
+the finished clients' rows into the phase's :class:`StackOutcome`.
 """
 
 from __future__ import annotations
@@ -19,25 +18,36 @@ import torch
 from rayfed.train.flat import FlatModel
 from rayfed.train.layout import ParamLayout
 from rayfed.train.rule import PhaseRule
-from rayfed.train.stack_plan import client_major, first_models
+from rayfed.train.stack_layout import client_major, first_models
+from rayfed.train.stack_plan import StackPlan
 from rayfed.train.update import OptimizerState
 from rayfed.train.workspace import StepInputs, StepState
 
-__all__ = ["StackOut", "StackSpace", "sub_layout"]
+__all__ = ["StackOutcome", "StackSpace"]
 
 
 @dataclass
-class StackOut:
-    """What a stacked phase leaves, one row per client in stack order: written as clients finish."""
+class StackOutcome:
+    """What a stacked phase leaves, one row per client: in stack order while clients finish and are written out
+    (:meth:`StackSpace.write_out`), then in the order of the jobs (:meth:`in_job_order`)."""
 
     trained: torch.Tensor
     """(C, S) the trained models: parameters, then floating-point buffers."""
     loss_sums: torch.Tensor
     """(C,) each client's summed reported loss."""
+    steps: list[int]
+    """Each client's step count."""
     extra: dict[str, torch.Tensor]
     """Each trainable's final values, (C, ...)."""
     momentum: torch.Tensor | None
     """(C, trained range) the momentum buffers, for ``SGD.keep_momentum``."""
+
+    def in_job_order(self, plan: StackPlan) -> StackOutcome:
+        """This outcome, in stack order, back in the order of the jobs of ``plan``."""
+        back = plan.back
+        momentum = None if self.momentum is None else self.momentum[back]
+        extra = {k: v[back] for k, v in self.extra.items()}
+        return StackOutcome(self.trained[back], self.loss_sums[back], plan.steps, extra, momentum)
 
 
 @dataclass
@@ -104,7 +114,7 @@ class StackSpace:
     def write_out(
         self,
         keep: int,
-        out: StackOut,
+        out: StackOutcome,
         flat: FlatModel,
         sub: ParamLayout,
         rule: PhaseRule,
@@ -131,14 +141,3 @@ class StackSpace:
             momentum = state.optimizer.momentum
             if momentum is not None and out.momentum is not None:
                 out.momentum[keep:width] = client_major(momentum, sub, width)[keep:]
-
-
-def sub_layout(layout: ParamLayout, lo: int, hi: int) -> ParamLayout:
-    """The layout of the parameters in [lo, hi) of ``layout``'s vector, as a vector of their own."""
-    first, last = layout.offsets.index(lo), layout.offsets.index(hi)
-    return ParamLayout(
-        layout.names[first:last],
-        layout.shapes[first:last],
-        tuple(o - lo for o in layout.offsets[first : last + 1]),
-        layout.channels_last[first:last] if layout.channels_last else (),
-    )

@@ -26,14 +26,12 @@ On a GPU a step of ``width`` clients is captured once per width as a CUDA graph 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from rayfed.train.batches import draw_batches
 from rayfed.train.dropout import client_dropout
 from rayfed.train.flat import FlatModel
 from rayfed.train.graphs import StepGraphs
@@ -41,34 +39,29 @@ from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
 from rayfed.train.phase import Adam, Phase
 from rayfed.train.rule import PhaseRule
-from rayfed.train.sequential import SequentialTraining, captured_features, phase_seed, trained_range
-from rayfed.train.stack_plan import StackPlan, parameter_major
-from rayfed.train.stack_space import StackOut, StackSpace, sub_layout
+from rayfed.train.stack_layout import parameter_major, sub_layout
+from rayfed.train.stack_plan import StackPlan
+from rayfed.train.stack_space import StackOutcome, StackSpace
 from rayfed.train.stacked_layers import stacked_layers
 from rayfed.train.stacking import stack_key
-from rayfed.train.step import LossRecord, make_step, reads_steps
+from rayfed.train.step import (
+    LossRecord,
+    extra_lrs,
+    make_step,
+    phase_batches,
+    phase_samples,
+    phase_seed,
+    reads_steps,
+    trained_range,
+)
 from rayfed.train.update import adam_scalars
 from rayfed.train.workspace import StepState
 
-__all__ = ["StackOutcome", "StackedTraining", "StackModel", "WORKSPACE_FRACTION"]
+__all__ = ["StackedTraining", "StackModel", "WORKSPACE_FRACTION"]
 
 WORKSPACE_FRACTION = 0.1
 """Workspaces stay allocated between calls (so their captured steps can be replayed) while they take at
 most this share of the GPU's free memory; beyond it a call allocates its own and runs eagerly."""
-
-
-@dataclass
-class StackOutcome:
-    """What a stack's phase leaves, every tensor with one row per client in the order of the jobs."""
-
-    trained: torch.Tensor
-    """(C, S) the trained models: parameters, then floating-point buffers."""
-    loss_sums: torch.Tensor
-    """(C,) each client's summed reported loss."""
-    steps: list[int]
-    extra: dict[str, torch.Tensor]
-    momentum: torch.Tensor | None
-    """(C, trained range) the momentum buffers, for ``SGD.keep_momentum``."""
 
 
 class StackModel:
@@ -155,22 +148,14 @@ class StackedTraining:
     ) -> StackOutcome:
         """Train ``jobs`` through their ``phases`` (one signature) from ``starts`` (C, S); ``momentum`` (C, trained
         range) continues the clients' kept buffers; ``replays`` allows CUDA graphs; ``where`` names the phase."""
-        phase, flat, train, device = phases[0], self.flat, jobs[0].train, starts.device
-        data = [p.inputs if p.inputs is not None else (j.x_train, j.y_train) for p, j in zip(phases, jobs)]
-        batches = draw_batches(
-            [(job.generator, int(y.shape[0])) for job, (_, y) in zip(jobs, data)],
-            epochs=phase.epochs,
-            batch=phase.batch_size or train.batch_size,
-            drop_last=train.drop_last if phase.drop_last is None else phase.drop_last,
-            views=phase.view_count,
-            augment=phase.augment,
-            image_size=tuple(data[0][0].shape[1:]),
-        )
+        phase, flat, device = phases[0], self.flat, starts.device
+        data = [phase_samples(p, j) for p, j in zip(phases, jobs)]
+        batches = phase_batches(phase, jobs, data)
         longest = max(b.steps for b in batches)
         adam = [adam_scalars(jobs[0].lr, phase.optimizer.betas, longest)] if isinstance(phase.optimizer, Adam) else []
         seeds = np.array([phase_seed(job, phase_index) for job in jobs], dtype=np.int64)
         plan = StackPlan.of(batches, [int(y.shape[0]) for _, y in data], device, [seeds, *adam])
-        rule = PhaseRule(phase, train, stacked=True, where=where, shapes=flat.layout.shapes)
+        rule = PhaseRule(phase, jobs[0].train, stacked=True, where=where, shapes=flat.layout.shapes)
         trained = trained_range(phase, flat)
         sub = sub_layout(flat.layout, *trained)
         ordered = starts[plan.order_index]
@@ -178,14 +163,15 @@ class StackedTraining:
             (a, b), _ = phase.load
             ordered[:, a:b] = torch.stack([phases[c].load[1] for c in plan.order])  # type: ignore[index]
         extra = {k: torch.stack([phases[c].extra[k].value for c in plan.order]) for k in phase.extra}
-        out = StackOut(
-            ordered.clone(),  # the rows of finished clients are written as they finish
+        out = StackOutcome(  # in stack order: the rows of finished clients are written as they finish
+            ordered.clone(),
             torch.zeros(len(jobs), device=device),
+            [plan.steps[c] for c in plan.order],
             {k: v.clone() for k, v in extra.items()},
             None if momentum is None else momentum[plan.order_index].clone(),
         )
         if longest == 0:
-            return self._outcome(out, plan)
+            return out.in_job_order(plan)
         x = torch.cat([data[c][0] for c in plan.order])
         y = torch.cat([data[c][1] for c in plan.order])
         space: StackSpace | None = None
@@ -193,7 +179,6 @@ class StackedTraining:
         with (
             stacked_layers(flat.module) as current,
             client_dropout(flat.module) as dropout,
-            captured_features(flat.module, phase.features) as captured,
         ):
             for s, width in enumerate(plan.active):
                 if space is None or width < space.width:
@@ -205,19 +190,19 @@ class StackedTraining:
                     space = self._workspace(values, phase, plan, x, y, replays)
                     model = StackModel(space, flat, trained, current)
                     record = LossRecord(space.state)
-                    step = make_step(model, rule, space.state, space.batch, record, captured, self.pixel_scale)
+                    step = make_step(model, rule, space.state, space.batch, record, self.pixel_scale)
                 self._fill(space, plan, s, x, y)
                 dropout.update(
                     seeds=space.state.seeds,
                     width=width,
                     step=space.state.step,
-                    views=phase.view_count,
+                    views=phase.samples.views,
                     batch=plan.batch,
                 )
                 self.graphs.run(self._key(space, phase), step, space.mutable())
         if space is not None:
             space.write_out(0, out, flat, sub, rule, self.buffers)
-        return self._outcome(out, plan)
+        return out.in_job_order(plan)
 
     @staticmethod
     def _fill(space: StackSpace, plan: StackPlan, s: int, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -261,7 +246,7 @@ class StackedTraining:
             seeds=plan.extra[0][plan.order_index],
             constants={k: torch.stack([phases[c].constants[k] for c in order]) for k in lead.constants},
             extra={k: v.clone() for k, v in extra.items()},
-            extra_lr=SequentialTraining.extra_lrs(lead, device),
+            extra_lr=extra_lrs(lead, device),
             loss_sums=torch.zeros(len(order), device=device),
         )
         if momentum is not None and state.optimizer.momentum is not None:
@@ -272,7 +257,9 @@ class StackedTraining:
         }
         return StackSpace(len(order), stack, norms, state)
 
-    def _narrow(self, space: StackSpace, width: int, out: StackOut, sub: ParamLayout, rule: PhaseRule) -> StackSpace:
+    def _narrow(
+        self, space: StackSpace, width: int, out: StackOutcome, sub: ParamLayout, rule: PhaseRule
+    ) -> StackSpace:
         """The first ``width`` clients' values, once the clients after them have finished and are written out."""
         space.write_out(width, out, self.flat, sub, rule, self.buffers)
         return space.narrowed(width, self.flat.layout, sub)
@@ -310,15 +297,6 @@ class StackedTraining:
     def _key(self, space: StackSpace, phase: Phase) -> Hashable | None:
         """What a captured step is specific to: its workspace; None for one made for this call alone (eager)."""
         return (id(space), stack_key(phase)) if any(kept is space for kept in self._kept.values()) else None
-
-    @staticmethod
-    def _outcome(out: StackOut, plan: StackPlan) -> StackOutcome:
-        """``out`` (in stack order) back in the order of the jobs."""
-        back = plan.back
-        momentum = None if out.momentum is None else out.momentum[back]
-        return StackOutcome(
-            out.trained[back], out.loss_sums[back], plan.steps, {k: v[back] for k, v in out.extra.items()}, momentum
-        )
 
     def _buffer(self, layer: str, stat: str) -> slice:
         """Where a BatchNorm layer's running statistic lies in a state (parameters, then buffers)."""

@@ -8,11 +8,15 @@ trained parameters and of the trainables, the step count and the reported loss. 
 client and a stack is only how the step sees the model, a :class:`StepModel`: the worker's model itself
 (:mod:`rayfed.train.sequential`), or a stack of models driven through the layers' stacked forms
 (:mod:`rayfed.train.stacked`). Nothing in a step reads a value back to the host.
+
+Both paths read a phase alike, through the functions here: its samples (:func:`phase_samples`) and the batches
+drawn from them (:func:`phase_batches`), the range of parameters it trains (:func:`trained_range`), its dropout
+seed (:func:`phase_seed`) and its trainables' learning rates (:func:`extra_lrs`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -20,12 +24,28 @@ from torch import nn
 from torch.autograd.graph import _engine_run_backward
 
 from rayfed.data.augment import apply_augment
-from rayfed.train.dropout import SEEDED_DROPOUT
-from rayfed.train.phase import Outputs, Phase
+from rayfed.train.batches import ClientBatches, draw_batches
+from rayfed.train.dropout import SEEDED_DROPOUT, signed_seed
+from rayfed.train.flat import FlatModel
+from rayfed.train.job import ClientJob
+from rayfed.train.phase import NO_PARAMETERS, Outputs, Phase
 from rayfed.train.rule import PhaseRule
 from rayfed.train.workspace import StepInputs, StepState
 
-__all__ = ["StepModel", "LossRecord", "make_step", "reads_steps", "reads_anchor", "unit", "backward_from"]
+__all__ = [
+    "StepModel",
+    "LossRecord",
+    "make_step",
+    "reads_steps",
+    "reads_anchor",
+    "unit",
+    "backward_from",
+    "phase_samples",
+    "phase_batches",
+    "trained_range",
+    "phase_seed",
+    "extra_lrs",
+]
 
 _UNITS: dict[torch.device, torch.Tensor] = {}
 
@@ -57,6 +77,53 @@ def reads_anchor(phase: Phase) -> bool:
     round's starting parameters to those phases alone."""
     hooks = (phase.loss, phase.on_train_batch_start, phase.on_after_backward, phase.on_train_end)
     return any(hook is not None for hook in hooks)
+
+
+def phase_samples(phase: Phase, job: ClientJob) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (x, y) samples the client trains on in ``phase``: the phase's ``inputs``, else the client's train split."""
+    inputs = phase.samples.inputs
+    return inputs if inputs is not None else (job.x_train, job.y_train)
+
+
+def phase_batches(
+    phase: Phase, jobs: Sequence[ClientJob], samples: Sequence[tuple[torch.Tensor, torch.Tensor]]
+) -> list[ClientBatches]:
+    """Each client's batches in ``phase`` (one client's, or a stack's, in the order of ``jobs``) over its
+    ``samples``, drawn from its generator with the phase's epochs, batch size, ``drop_last`` and views, else the
+    round's (:func:`~rayfed.train.batches.draw_batches`)."""
+    train = jobs[0].train
+    return draw_batches(
+        [(job.generator, int(y.shape[0])) for job, (_, y) in zip(jobs, samples)],
+        epochs=phase.epochs,
+        batch=phase.samples.batch_size or train.batch_size,
+        drop_last=train.drop_last if phase.samples.drop_last is None else phase.samples.drop_last,
+        views=phase.samples.views,
+        augment=phase.samples.augment,
+        image_size=tuple(samples[0][0].shape[1:]),
+    )
+
+
+def trained_range(phase: Phase, flat: FlatModel) -> tuple[int, int]:
+    """The range of the parameter vector whose gradients the phase computes: ``Phase.trains``, all of it by
+    default, and all of it when the phase trains only its trainables (their gradients come from the model's)."""
+    if phase.trains is None or tuple(phase.trains) == NO_PARAMETERS:
+        return 0, flat.size
+    lo, hi = phase.trains
+    return lo, hi
+
+
+def phase_seed(job: ClientJob, phase_index: int) -> int:
+    """The int64 seed of the client's dropout masks in its ``phase_index``-th phase of the round."""
+    return signed_seed(job.generator.initial_seed() + 7919 * phase_index)
+
+
+def extra_lrs(phase: Phase, device: torch.device) -> dict[str, torch.Tensor]:
+    """The trainables' own learning rates, as 0-d tensors of their dtypes (those with none use the round's)."""
+    return {
+        k: torch.full((), float(t.lr), dtype=t.value.dtype, device=device)
+        for k, t in phase.extra.items()
+        if t.lr is not None
+    }
 
 
 class StepModel(Protocol):
@@ -107,11 +174,10 @@ def make_step(
     state: StepState,
     batch: StepInputs,
     record: LossRecord,
-    features: list[torch.Tensor],
     pixel_scale: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
 ) -> Callable[[], None]:
-    """One step of ``rule``'s phase on ``model`` (module docstring), reading ``batch`` and ``state`` when it runs;
-    ``features`` receives what the phase's ``features`` layer reads at each forward."""
+    """One step of ``rule``'s phase on ``model`` (module docstring), reading ``batch`` and ``state`` when it
+    runs."""
     phase = rule.phase
     device = state.lr.device
     one = unit(device)
@@ -123,16 +189,14 @@ def make_step(
         params = model.begin()
         x = batch.x
         assert x is not None and batch.y is not None
-        augment = phase.augment
+        augment = phase.samples.augment
         if augment is not None:
             mean, std = pixel_scale(x)
             draws = batch.draws
             assert draws is not None
-            x = torch.cat([apply_augment(x, draws[v], mean, std, augment) for v in range(phase.view_count)])
+            x = torch.cat([apply_augment(x, draws[v], mean, std, augment) for v in range(phase.samples.views)])
         x = model.inputs(x)
         outputs = phase.forward(model.module, x) if phase.forward is not None else Outputs(model.module(x), None)
-        if phase.features is not None and phase.forward is None:
-            outputs = Outputs(outputs.logits, features.pop())
         ce = rule.cross_entropy(outputs.logits, batch.y, batch.weight, width) if phase.cross_entropy else None
         term = None
         if phase.loss is not None:

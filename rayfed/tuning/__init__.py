@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from rayfed.util.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ imports them
+    from rayfed.tuning.progress import TrialLines, round_lines  # noqa: F401
     from rayfed.tuning.pruning import PRUNERS, PruningCallback, make_pruner  # noqa: F401
     from rayfed.tuning.report import best_trials_table, write_plots  # noqa: F401
     from rayfed.tuning.resume import finished_trials, recover_interrupted  # noqa: F401
@@ -38,6 +39,7 @@ __all__, __getattr__, __dir__ = lazy_exports(
         "rayfed.tuning.study": ("tune", "OBJECTIVES", "SAMPLERS"),
         "rayfed.tuning.space": ("SearchSpace", "FloatParam", "IntParam", "CategoricalParam", "Param", "load_space"),
         "rayfed.tuning.pruning": ("PruningCallback", "make_pruner", "PRUNERS"),
+        "rayfed.tuning.progress": ("TrialLines", "round_lines"),
         "rayfed.tuning.storage": ("open_storage", "default_storage_url"),
         "rayfed.tuning.resume": ("finished_trials", "recover_interrupted"),
         "rayfed.tuning.report": ("best_trials_table", "write_plots"),

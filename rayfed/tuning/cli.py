@@ -10,8 +10,9 @@ Example::
     rayfed tune examples/space.yaml configs/mnist_practical.toml data.root=~/data train.rounds=50 \\
         --trials 40 --parallel 2 --study-name lambda
 
-Running the same command again resumes the study from its storage. The best trials
-are printed at the end and plots are written to the study directory.
+Running the same command again resumes the study from its storage. Each trial prints a line per
+round and one when it ends (:mod:`rayfed.tuning.progress`); the best trials are printed at the end
+and plots are written to the study directory.
 """
 
 from __future__ import annotations
@@ -52,21 +53,27 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     tune.add_argument("--timeout", type=float, metavar="SECONDS", help="stop starting trials after this long")
     tune.add_argument("--top", type=int, default=10, help="rows in the best-trials table (default 10)")
     tune.add_argument("--no-plots", action="store_true", help="do not write plots")
-    tune.add_argument("--progress", action="store_true", help="show each trial's progress bar")
+    tune.add_argument(
+        "--progress", action="store_true", help="show each trial's progress bars (in place of a line per round)"
+    )
     tune.set_defaults(handler=_tune)
     return tune
 
 
 def _tune(ns: argparse.Namespace) -> int:
+    import optuna
+
     from rayfed.config.args import config_from_args
+    from rayfed.tuning.progress import TrialLines, round_lines
     from rayfed.tuning.report import best_trials_table, write_plots
     from rayfed.tuning.storage import default_storage_url
     from rayfed.tuning.study import tune
 
     logging.getLogger("rayfed").setLevel(logging.INFO)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # its line per trial: TrialLines says more
     config = config_from_args(ns.args)
     if not ns.progress and not any(a.startswith("engine.progress=") for a in ns.args):
-        config = config.override({"engine.progress": False})
+        config = config.override({"engine.progress": False})  # no bars from parallel trials: lines instead
     name = ns.study_name or Path(ns.space).stem
     study_dir = Path(ns.study_dir or Path("runs") / "tune" / name)
     study = tune(  # Ctrl-C: StudyInterrupted, printed by rayfed.cli.main with this command to resume
@@ -82,6 +89,8 @@ def _tune(ns: argparse.Namespace) -> int:
         seed=ns.seed,
         parallel_trials=ns.parallel,
         timeout_s=ns.timeout,
+        callbacks=[TrialLines(ns.trials)],
+        trial_callbacks=None if config.engine.progress else round_lines,
     )
     print(best_trials_table(study, top=ns.top))
     if not ns.no_plots:

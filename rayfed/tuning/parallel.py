@@ -7,25 +7,31 @@ cluster holds") and K trials at once, each trial runs on an even share of the wo
 would wait on each other forever. A trial's numbers do not depend on its workers (the batching of its clients
 does not), so sharing changes when a trial ends, not what it finds.
 
-Trials run in threads, and Ctrl-C reaches only the main thread, where Optuna waits for them:
-:func:`stopping_parallel_trials` makes it also ask every running trial to stop after its round.
+Trials run in threads, and Ctrl-C (or SIGTERM) reaches only the main thread, where Optuna waits for them.
+There :func:`stopping_parallel_trials` turns the signal into a :class:`TrialStop` request instead of an
+exception: each running trial ends after its current round (its run checkpointed, the trial marked
+interrupted, so that the study's resume retries it), no trial starts after it, and Optuna's loop ends as
+the trials do, every one of them finished before the study's Ray is shut down. A second Ctrl-C says again
+what the study waits for; it cannot tear down a round half-way, which is what left trials failed before.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
 from rayfed.config import EngineConfig
+from rayfed.engine.interrupts import Terminated, how_stopped
 from rayfed.util.errors import ResourceError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["trial_workers", "check_cluster_fits", "stopping_parallel_trials"]
+__all__ = ["trial_workers", "check_cluster_fits", "TrialStop", "stopping_parallel_trials"]
 
 
 def trial_workers(engine: EngineConfig, parallel_trials: int) -> dict[str, int]:
@@ -68,21 +74,53 @@ def check_cluster_fits(engine: EngineConfig, parallel_trials: int) -> None:
             )
 
 
+class TrialStop:
+    """A request that every running trial stop after its current round: Ctrl-C or SIGTERM while trials run in
+    threads (:func:`stopping_parallel_trials`)."""
+
+    def __init__(self) -> None:
+        self._requested = threading.Event()
+        self.terminated = False
+        """Whether SIGTERM asked (the command line then exits with 143, as after a run's SIGTERM)."""
+
+    def request(self, *, terminated: bool) -> None:
+        self.terminated = self.terminated or terminated
+        self._requested.set()
+
+    def is_set(self) -> bool:
+        return self._requested.is_set()
+
+    def interruption(self) -> KeyboardInterrupt:
+        """What a stopped trial raises: :class:`~rayfed.engine.interrupts.Terminated` after SIGTERM, else a
+        KeyboardInterrupt, as the signal would have in the main thread."""
+        return Terminated() if self.terminated else KeyboardInterrupt()
+
+
 @contextmanager
-def stopping_parallel_trials(stop: threading.Event, parallel_trials: int) -> Iterator[None]:
-    """With trials in threads, Ctrl-C reaches only the main thread, where Optuna then waits for the running
-    trials: make SIGINT also set ``stop`` so that they end after their current round."""
-    previous = signal.getsignal(signal.SIGINT)
-    if parallel_trials == 1 or threading.current_thread() is not threading.main_thread() or not callable(previous):
+def stopping_parallel_trials(stop: TrialStop, parallel_trials: int) -> Iterator[None]:
+    """With trials in threads, make Ctrl-C and SIGTERM request ``stop`` (and say so on stderr) instead of raising
+    in the main thread, where Optuna waits for the trials: each then ends after its current round, and Optuna's
+    loop with them. A signal that is ignored, or left to the system (SIGTERM outside ``rayfed``), stays so."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    taken = {sig: handler for sig, handler in previous.items() if callable(handler)}
+    if parallel_trials == 1 or threading.current_thread() is not threading.main_thread() or not taken:
         yield
         return
 
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-        previous(signum, frame)
+    def request(signum: int, frame: FrameType | None) -> None:
+        again = stop.is_set()
+        stop.request(terminated=signum == signal.SIGTERM)
+        print(
+            f"{how_stopped(stop.interruption())}: {'still ' if again else ''}waiting for the running trials to end "
+            "their current round; each is retried when the study resumes",
+            file=sys.stderr,
+            flush=True,
+        )
 
-    signal.signal(signal.SIGINT, interrupt)
+    for sig in taken:
+        signal.signal(sig, request)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in taken.items():
+            signal.signal(sig, handler)

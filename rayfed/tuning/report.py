@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 import rayfed.tuning.attrs as attrs
 
-__all__ = ["best_trials_table", "write_plots"]
+__all__ = ["best_trials_table", "write_plots", "format_value"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +42,9 @@ def best_trials_table(study: optuna.Study, top: int = 10) -> str:
         [
             str(t.number),
             _state(t),
-            _fmt(t.value),
-            _fmt(t.user_attrs.get(attrs.ROUNDS_RUN)),
-            *(_fmt(t.params.get(n)) for n in names),
+            format_value(t.value),
+            format_value(t.user_attrs.get(attrs.ROUNDS_RUN)),
+            *(format_value(t.params.get(n)) for n in names),
         ]
         for t in rows
     ]
@@ -126,7 +126,8 @@ def _state(trial: FrozenTrial) -> str:
     return trial.state.name
 
 
-def _fmt(value: Any) -> str:
+def format_value(value: Any) -> str:
+    """A trial's value, rounds or parameter as the table and the trial lines show it: 4 significant digits."""
     if value is None:
         return "-"
     if isinstance(value, float):

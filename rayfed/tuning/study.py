@@ -23,31 +23,28 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import optuna
-import pyarrow as pa
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 import rayfed.tuning.attrs as attrs
 from rayfed.config import RunConfig, check_installed
-from rayfed.engine import RunResult, run
-from rayfed.engine.callbacks import Callback, RunView
+from rayfed.engine import RunResult
+from rayfed.engine.callbacks import Callback
 from rayfed.engine.interrupts import StudyInterrupted, was_terminated
-from rayfed.engine.metrics import RoundRecord
-from rayfed.tracking import StudyLink, Tracking, check_services
+from rayfed.tracking import check_services
 from rayfed.tuning.parallel import stopping_parallel_trials
-from rayfed.tuning.pruning import PruningCallback, make_pruner
-from rayfed.tuning.resume import driver_id, finished_trials, recover_interrupted
+from rayfed.tuning.pruning import make_pruner
+from rayfed.tuning.resume import finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
 from rayfed.tuning.storage import open_storage, storage_errors
+from rayfed.tuning.trials import TrialRunner, quiet_interrupted_trials
 from rayfed.util import plugins
 from rayfed.util.errors import ConfigError
 
@@ -92,124 +89,168 @@ def tune(
     Parameters
     ----------
     base_config
-        The run every trial starts from; its ``seed`` is every trial's seed and its
-        ``run_dir`` is ignored (trials run in ``<study_dir>/trial_NNNN``).
+        The run every trial starts from; its ``seed`` is every trial's seed and its ``run_dir`` is ignored
+        (trials run in ``<study_dir>/trial_NNNN``).
     space
-        A :class:`SearchSpace`, a mapping ``path -> Param | spec``, or a YAML/TOML/JSON
-        file; validated against ``base_config`` before any trial runs.
+        A :class:`SearchSpace`, a mapping ``path -> Param | spec``, or a YAML/TOML/JSON file; validated against
+        ``base_config`` before any trial runs.
     n_trials
-        Finished trials wanted (complete, pruned, or failed with an error). Trials
-        finished by an earlier session of the study count; interrupted ones are retried.
-    study_name, study_dir
-        The study's name in the storage, and the folder of its trials' run directories
-        (default ``runs/tune/<study_name>``).
-    storage
-        ``None`` (``sqlite:///<study_dir>/study.db``), an Optuna storage URL,
+        Finished trials wanted (complete, pruned, or failed with an error; interrupted ones are retried).
+    study_name, study_dir, storage
+        The study's name in the storage; the folder of its trials' run directories (default
+        ``runs/tune/<study_name>``); ``None`` (``sqlite:///<study_dir>/study.db``), an Optuna storage URL,
         ``journal:///path/study.log``, or an ``optuna.storages.BaseStorage``.
-    direction, objective
-        ``objective`` is ``"best"`` (best round accuracy, as the papers report),
-        ``"final"`` (last evaluated round), or a function of the :class:`RunResult`.
-        Accuracy objectives are maximised; ``direction="minimize"`` needs a callable
-        objective and ``pruner="none"`` (the pruner sees round accuracies).
-    pruner
-        ``"median"``, ``"successive_halving"``, ``"hyperband"``, ``"none"``, or an Optuna pruner.
+    direction, objective, pruner
+        ``objective`` is ``"best"`` (best round accuracy, as the papers report), ``"final"`` (last evaluated
+        round), or a function of the :class:`RunResult`. Accuracies are maximised; ``direction="minimize"``
+        needs a callable objective and ``pruner="none"``. ``pruner``: ``"median"``, ``"successive_halving"``,
+        ``"hyperband"``, ``"none"``, or an Optuna pruner.
     sampler, seed
-        A name in :data:`SAMPLERS` (``"tpe"``, the default, or ``"random"``), seeded for this session
-        with :func:`session_seed` of ``seed`` (default ``base_config.seed``) and the trials the study
-        already holds, so a resumed or extended study samples new points instead of proposing the
-        earlier trials' parameters again; or an Optuna sampler, used as it is (its state is the
-        caller's). With ``parallel_trials > 1`` Optuna reseeds the sampler per thread, so which
-        parameters are tried is no longer reproducible (each trial's result still is).
-    parallel_trials
-        Trials running at once. With ``engine.backend="ray"`` each needs ``engine.num_workers`` x
-        ``engine.num_cpus_per_worker`` CPUs; with ``engine.num_workers=0`` each takes an even share of the
-        workers the cluster holds.
-    timeout_s, catch, callbacks
-        Passed to ``study.optimize`` (``callbacks`` are Optuna's, called after each trial).
+        A name in :data:`SAMPLERS`, seeded with :func:`session_seed` of ``seed`` (default ``base_config.seed``)
+        and the trials the study holds, so that a resumed study samples new points; or an Optuna sampler, used
+        as it is. With ``parallel_trials > 1`` Optuna reseeds it per thread: which parameters are tried is then
+        not reproducible (each trial's result still is).
+    parallel_trials, timeout_s, catch, callbacks
+        Passed to ``study.optimize`` (``callbacks``: Optuna's, after each trial). On Ray each parallel trial
+        needs ``engine.num_workers`` workers, or with 0 takes an even share (:mod:`rayfed.tuning.parallel`).
     trial_callbacks
         ``trial -> [rayfed Callback, ...]``: extra callbacks for each trial's run.
 
     Raises
     ------
-    ConfigError
-        For an invalid space or argument, or an existing study created with another
-        base config or space; nothing has run then.
-    ResourceError
-        When ``parallel_trials`` trials cannot all get their Ray workers at once (or a worker each).
+    ConfigError, ResourceError
+        For an invalid space or argument, a study created with another base config or space, or parallel
+        trials that cannot all get their Ray workers at once; nothing has run then.
     StudyInterrupted
-        On Ctrl-C (a KeyboardInterrupt): each running trial stops (with parallel trials, after its
-        current round), checkpoints its run and is retried when the study resumes.
+        On Ctrl-C or SIGTERM: each running trial stops (with parallel trials, after its current round),
+        checkpoints its run and is retried when the study resumes (:mod:`rayfed.tuning.trials`).
     """
     _check_arguments(n_trials, parallel_trials, study_name, direction, objective, sampler)
-    check_installed(base_config.engine.loggers)
-    objective_fn = OBJECTIVES[objective] if isinstance(objective, str) else objective
-    space = load_space(space) if isinstance(space, (str, Path)) else space
-    space = space if isinstance(space, SearchSpace) else SearchSpace(space)
-    space.validate(base_config)
-    resolved_pruner = make_pruner(pruner, rounds=base_config.train.rounds)
-    if direction == "minimize" and not isinstance(resolved_pruner, optuna.pruners.NopPruner):
-        raise ConfigError(
-            "direction='minimize' needs pruner='none': pruners compare round accuracies, which are maximised"
-        )
     study_dir = Path(study_dir if study_dir is not None else Path("runs") / "tune" / study_name)
-    check_services(base_config.engine.loggers, study_dir)
-    if base_config.engine.backend == "ray":  # the cluster refused before the storage is written
-        from rayfed.actors import check_resources
-
-        check_resources(base_config.engine)
-    with storage_errors(storage, study_dir):
-        study = optuna.create_study(
-            storage=open_storage(storage, study_dir),
-            sampler=None if isinstance(sampler, str) else sampler,
-            pruner=resolved_pruner,
-            study_name=study_name,
-            direction=direction,
-            load_if_exists=True,
-        )
-    _check_same_study(study, base_config, space, direction)
-    _check_trial_dirs(study, study_dir)
-    recover_interrupted(study)
-    if isinstance(sampler, str):
-        told = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
-        study.sampler = SAMPLERS[sampler](session_seed(base_config.seed if seed is None else seed, told))
+    space, resolved_pruner = _checked_setup(base_config, space, pruner, direction, study_dir)
+    study = _opened_study(base_config, space, study_name, study_dir, storage, direction, resolved_pruner)
+    study.sampler = _sampler(study, sampler, base_config.seed if seed is None else seed)
     remaining = n_trials - len(finished_trials(study))
     if remaining <= 0:
         logger.info("study %r already holds %d finished trials; nothing to run", study_name, n_trials - remaining)
         return study
-    parent = None
-    if "mlflow" in base_config.engine.loggers:
-        from rayfed.tracking.mlflow_tracker import study_run
-
-        parent = study_run(study_name, study_dir, {"space": space.to_dict(), **base_config.to_dict()})
-
-    def optimize(base: RunConfig) -> None:
-        runner = _TrialRunner(base, space, study_name, study_dir, objective_fn, trial_callbacks, parent)
-        with stopping_parallel_trials(runner.stop, parallel_trials), _quiet_interrupted_trials(runner.interrupted):
-            study.optimize(
-                runner,
-                n_trials=remaining,
-                n_jobs=parallel_trials,
-                timeout=timeout_s,
-                catch=catch,
-                callbacks=list(callbacks),
-            )
-
+    objective_fn = OBJECTIVES[objective] if isinstance(objective, str) else objective
+    parent = _mlflow_parent(base_config, space, study_name, study_dir)
+    runner = TrialRunner(base_config, space, study_name, study_dir, objective_fn, trial_callbacks, parent)
+    options = {"n_trials": remaining, "timeout": timeout_s, "catch": catch, "callbacks": list(callbacks)}
     try:
-        if base_config.engine.backend == "local":
-            optimize(base_config)
-            return study
-        from rayfed.actors import ray_session
-        from rayfed.tuning.parallel import check_cluster_fits, trial_workers
-
-        # one Ray for the whole study; each trial's run reuses it
-        with ray_session(base_config.engine, plugins.by_value_modules(base_config)):
-            trial_base = base_config.override(trial_workers(base_config.engine, parallel_trials))
-            check_cluster_fits(trial_base.engine, parallel_trials)
-            optimize(trial_base)
-        return study
+        _run_trials(study, runner, parallel_trials, options)
     except KeyboardInterrupt as stop:  # each interrupted trial checkpointed its run and is retried on resume
         finished = len(finished_trials(study))
         raise StudyInterrupted(study_name, finished, n_trials, terminated=was_terminated(stop)) from None
+    return study
+
+
+def _checked_setup(
+    base: RunConfig,
+    space: SearchSpace | Mapping[str, Any] | str | Path,
+    pruner: str | optuna.pruners.BasePruner,
+    direction: str,
+    study_dir: Path,
+) -> tuple[SearchSpace, optuna.pruners.BasePruner]:
+    """Everything checked before the study's storage is written: the trackers, the search space (read and
+    validated against ``base``), the pruner, and on Ray the cluster to join or this machine."""
+    check_installed(base.engine.loggers)
+    space = _checked_space(space, base)
+    resolved_pruner = _checked_pruner(pruner, direction, base)
+    check_services(base.engine.loggers, study_dir)
+    if base.engine.backend == "ray":
+        from rayfed.actors import check_resources
+
+        check_resources(base.engine)
+    return space, resolved_pruner
+
+
+def _checked_space(space: SearchSpace | Mapping[str, Any] | str | Path, base: RunConfig) -> SearchSpace:
+    """The search space, read from its file or mapping and validated against the base config."""
+    space = load_space(space) if isinstance(space, (str, Path)) else space
+    space = space if isinstance(space, SearchSpace) else SearchSpace(space)
+    space.validate(base)
+    return space
+
+
+def _checked_pruner(
+    pruner: str | optuna.pruners.BasePruner, direction: str, base: RunConfig
+) -> optuna.pruners.BasePruner:
+    """The pruner by name or as given; a minimised objective takes none (pruners compare round accuracies)."""
+    resolved = make_pruner(pruner, rounds=base.train.rounds)
+    if direction == "minimize" and not isinstance(resolved, optuna.pruners.NopPruner):
+        raise ConfigError(
+            "direction='minimize' needs pruner='none': pruners compare round accuracies, which are maximised"
+        )
+    return resolved
+
+
+def _opened_study(
+    base: RunConfig,
+    space: SearchSpace,
+    study_name: str,
+    study_dir: Path,
+    storage: str | BaseStorage | None,
+    direction: Literal["maximize", "minimize"],
+    pruner: optuna.pruners.BasePruner,
+) -> optuna.Study:
+    """The study, created or loaded from its storage, checked to be this setup's, its interrupted trials
+    re-enqueued (:func:`~rayfed.tuning.resume.recover_interrupted`)."""
+    with storage_errors(storage, study_dir):
+        study = optuna.create_study(
+            storage=open_storage(storage, study_dir),
+            pruner=pruner,
+            study_name=study_name,
+            direction=direction,
+            load_if_exists=True,
+        )
+    _check_same_study(study, base, space, direction)
+    _check_trial_dirs(study, study_dir)
+    recover_interrupted(study)
+    return study
+
+
+def _sampler(study: optuna.Study, sampler: str | optuna.samplers.BaseSampler, seed: int) -> optuna.samplers.BaseSampler:
+    """An Optuna sampler as given; a sampler's name, made with this session's seed (:func:`session_seed`)."""
+    if not isinstance(sampler, str):
+        return sampler
+    told = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
+    return SAMPLERS[sampler](session_seed(seed, told))
+
+
+def _mlflow_parent(base: RunConfig, space: SearchSpace, study_name: str, study_dir: Path) -> str | None:
+    """The study's own MLflow run, in which each trial's is nested, with MLflow among ``engine.loggers``."""
+    if "mlflow" not in base.engine.loggers:
+        return None
+    from rayfed.tracking.mlflow_tracker import study_run
+
+    return study_run(study_name, study_dir, {"space": space.to_dict(), **base.to_dict()})
+
+
+def _run_trials(study: optuna.Study, runner: TrialRunner, parallel_trials: int, options: dict[str, Any]) -> None:
+    """Run the study's trials: in this process, or on one Ray for the whole study (joined or started here), on
+    which each trial's run gets its share of the workers (:mod:`rayfed.tuning.parallel`)."""
+    base = runner.base
+    if base.engine.backend == "local":
+        _optimize(study, runner, parallel_trials, options)
+        return
+    from rayfed.actors import ray_session
+    from rayfed.tuning.parallel import check_cluster_fits, trial_workers
+
+    with ray_session(base.engine, plugins.by_value_modules(base)):
+        trial_base = base.override(trial_workers(base.engine, parallel_trials))
+        check_cluster_fits(trial_base.engine, parallel_trials)
+        _optimize(study, replace(runner, base=trial_base), parallel_trials, options)
+
+
+def _optimize(study: optuna.Study, runner: TrialRunner, parallel_trials: int, options: dict[str, Any]) -> None:
+    """``study.optimize`` over ``runner``. Ctrl-C stops the running trials after their round, quietly; raises a
+    KeyboardInterrupt once they have (:class:`~rayfed.tuning.parallel.TrialStop`)."""
+    with stopping_parallel_trials(runner.stop, parallel_trials), quiet_interrupted_trials(runner.interrupted):
+        study.optimize(runner, n_jobs=parallel_trials, **options)
+    if runner.stop.is_set():  # Optuna's loop can end with every stopped trial's interruption left in its thread
+        raise runner.stop.interruption()
 
 
 def session_seed(seed: int, told: int) -> int:
@@ -219,95 +260,6 @@ def session_seed(seed: int, told: int) -> int:
     if told == 0:
         return seed
     return int(np.random.SeedSequence([seed, told]).generate_state(1)[0])
-
-
-class _TrialRunner:
-    """The objective: one run per trial, reporting rounds, stopping when pruned."""
-
-    def __init__(
-        self,
-        base: RunConfig,
-        space: SearchSpace,
-        study_name: str,
-        study_dir: Path,
-        objective: Callable[[RunResult], float],
-        trial_callbacks: Callable[[optuna.Trial], Sequence[Callback]] | None,
-        mlflow_parent_run_id: str | None,
-    ) -> None:
-        self.base, self.space, self.study_name, self.study_dir = base, space, study_name, study_dir
-        self.objective, self.trial_callbacks = objective, trial_callbacks
-        self.mlflow_parent_run_id = mlflow_parent_run_id
-        """The study's own MLflow run, in which each trial's is nested (with MLflow among engine.loggers)."""
-        self.driver = driver_id()
-        self.stop = threading.Event()
-        """Set by Ctrl-C while trials run in threads: each stops after its current round."""
-        self.interrupted: set[int] = set()
-        """Numbers of the trials stopped by Ctrl-C (retried when the study resumes)."""
-
-    def __call__(self, trial: optuna.Trial) -> float:
-        try:
-            return self._trial(trial)
-        except KeyboardInterrupt:  # in its run or around it (Ctrl-C between two trials lands in one of them)
-            self.interrupted.add(trial.number)
-            raise
-
-    def _trial(self, trial: optuna.Trial) -> float:
-        trial.set_user_attr(attrs.DRIVER, self.driver)
-        params = self.space.suggest(trial)
-        run_dir = (self.study_dir / f"trial_{trial.number:04d}").resolve()
-        trial.set_user_attr(attrs.RUN_DIR, str(run_dir))
-        pruning = PruningCallback(trial)
-        extra = list(self.trial_callbacks(trial)) if self.trial_callbacks else []
-        callbacks = [pruning, _StopWhenSet(self.stop), *extra]
-        if self.base.engine.loggers:
-            link = StudyLink(self.study_name, self.study_dir, trial.number, self.mlflow_parent_run_id)
-            callbacks.append(Tracking(self.base.engine.loggers, link))
-        try:
-            result = run(self.base.override({**params, "run_dir": str(run_dir)}), callbacks=callbacks)
-        except Exception as e:  # an error, not an interruption: the trial counts as finished and is not retried
-            trial.set_user_attr(attrs.ERROR, f"{type(e).__name__}: {e}")
-            raise
-        for name in ("best_accuracy", "final_accuracy"):
-            value = getattr(result, name)
-            trial.set_user_attr(f"rayfed.{name}", None if math.isnan(value) else value)
-        trial.set_user_attr(attrs.ROUNDS_RUN, result.rounds_run)
-        if pruning.pruned_round is not None:
-            trial.set_user_attr(attrs.PRUNED_ROUND, pruning.pruned_round)
-            raise optuna.TrialPruned(f"pruned at round {pruning.pruned_round}")
-        value = float(self.objective(result))
-        if math.isnan(value):
-            trial.set_user_attr(attrs.ERROR, "the objective is NaN (no round was evaluated?)")
-        return value
-
-
-class _StopWhenSet(Callback):
-    """Ends a trial's run after its current round once ``stop`` is set, as Ctrl-C would (KeyboardInterrupt)."""
-
-    def __init__(self, stop: threading.Event) -> None:
-        self.stop = stop
-
-    def after_round(self, run: RunView, record: RoundRecord, clients: pa.Table) -> bool:
-        if self.stop.is_set():
-            raise KeyboardInterrupt
-        return False
-
-
-@contextmanager
-def _quiet_interrupted_trials(interrupted: set[int]) -> Iterator[None]:
-    """Drop Optuna's warnings (with a traceback) about trials that Ctrl-C stopped: the command line says it once."""
-    optimize_logger = logging.getLogger("optuna.study._optimize")
-
-    def keep(record: logging.LogRecord) -> bool:
-        stopped_by_user = record.exc_info is not None and isinstance(record.exc_info[1], KeyboardInterrupt)
-        return not stopped_by_user and not any(
-            record.getMessage().startswith(f"Trial {number} failed") for number in interrupted
-        )
-
-    optimize_logger.addFilter(keep)
-    try:
-        yield
-    finally:
-        optimize_logger.removeFilter(keep)
 
 
 def _check_arguments(

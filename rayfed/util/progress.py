@@ -65,9 +65,10 @@ def on_terminal() -> bool:
         return False
 
 
-def steps(total: int, desc: str, unit: str, *, initial: int = 0) -> tqdm | StepLines:
-    """Progress over ``total`` steps (rounds, calibrations): a bar on a terminal, one line per step in a log."""
-    if on_terminal():
+def steps(total: int, desc: str, unit: str, *, initial: int = 0, lines: bool = False) -> tqdm | StepLines:
+    """Progress over ``total`` steps (rounds, calibrations): a bar on a terminal, one line per step in a log (and
+    on a terminal too with ``lines``)."""
+    if on_terminal() and not lines:
         return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True)
     return StepLines(total, desc, unit, initial=initial)
 

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from rayfed import RunConfig
-from rayfed.algorithms import ALGORITHMS, RoundContext
-from rayfed.util.errors import RayfedError
+from rayfed.algorithms import ALGORITHMS, RoundContext, resolve
+from rayfed.algorithms.borrowed import BorrowedTraining
+from rayfed.util.errors import MethodError, RayfedError
+from tests.algorithms.body_head_cases import tiny_problem
 from tests.conftest import runner_and_server
 
 TRAINS_LENT = {"fedprox", "sgdm", "ditto", "feduv", "fednh", "fedavg", "fedrep", "fedbabu", "local"}
@@ -44,3 +48,35 @@ def test_a_client_half_lent_to_fedavg_trains_or_is_refused_naming_it(lent: str, 
         assert "\n" not in str(error) and repr(lent) in str(error), str(error)
         return
     assert all(math.isfinite(report.train_loss) and report.steps > 0 for report in result.reports)
+
+
+def test_a_lent_method_that_reads_what_the_run_lacks_is_refused_and_its_own_errors_are_raised_as_they_are() -> None:
+    # Prepare: FedProx's phases lent to FedAvg, replaced by broken ones.
+    _, spec = tiny_problem()
+    config = RunConfig().override({"algorithm.name": "fedavg", "algorithm.client": "fedprox"})
+    half = resolve(config.algorithm).make_client(spec)
+    assert isinstance(half, BorrowedTraining)
+    message, job = SimpleNamespace(vector=None), SimpleNamespace(start=SimpleNamespace())
+
+    def reads_the_message(message: Any, job: Any) -> Any:
+        return message.anchor
+
+    def reads_the_start(message: Any, job: Any) -> Any:
+        return job.start.cores
+
+    def reads_the_job(message: Any, job: Any) -> Any:
+        return job.personal_model
+
+    # Execute, assert: a field the run's message or start lacks is refused naming both halves; any other
+    # AttributeError is the lent method's own, raised as it is.
+    refused = "'fedprox' lends its phases to algorithm.name='fedavg', but they read"
+    half.training.phases = reads_the_message  # type: ignore[method-assign]
+    with pytest.raises(MethodError, match=f"{refused} a message 'fedavg' does not send .*'anchor'"):
+        half.phases(message, job)
+    half.training.phases = reads_the_start  # type: ignore[method-assign]
+    with pytest.raises(MethodError, match=rf"{refused} a start \(job.start\) the client half of 'fedavg' .*'cores'"):
+        half.phases(message, job)
+    half.training.phases = reads_the_job  # type: ignore[method-assign]
+    with pytest.raises(AttributeError, match="personal_model") as raised:
+        half.phases(message, job)
+    assert not isinstance(raised.value, MethodError)

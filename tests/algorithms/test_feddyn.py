@@ -19,7 +19,7 @@ from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
 from rayfed.train.problem import ProblemSpec
-from rayfed.train.stack_plan import logical_rows
+from rayfed.train.stack_layout import logical_rows
 from tests.algorithms.read_back import settled
 from tests.conftest import client_job, tiny_overrides, train_client
 

@@ -15,7 +15,7 @@ from rayfed.algorithms.borrowed import BorrowedTraining
 from rayfed.algorithms.common.global_model import GlobalModel
 from rayfed.algorithms.fedawa import FedAWAModel
 from rayfed.algorithms.fedprox import FedProxClient, FedProxParams
-from rayfed.train.stack_plan import logical_rows
+from rayfed.train.stack_layout import logical_rows
 from tests.algorithms.body_head_cases import full_batch_gradient, job, tiny_problem
 from tests.algorithms.read_back import settled
 from tests.conftest import train_client

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import optuna
@@ -20,6 +19,7 @@ from optuna.trial import TrialState
 
 from rayfed import ConfigError, ResourceError, RunConfig, run
 from rayfed.cli import main
+from rayfed.engine.callbacks import Callback
 from rayfed.engine.interrupts import StudyInterrupted
 from rayfed.tuning import (
     CategoricalParam,
@@ -35,6 +35,7 @@ from rayfed.tuning import (
 )
 from rayfed.util.processes import process_start_time
 from tests.conftest import tiny_overrides
+from tests.waiting import wait_for_file, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 LR_SPACE = {"train.lr": FloatParam(0.01, 0.1, log=True)}
@@ -325,10 +326,8 @@ def test_killed_study_resumes_without_repeating_finished_trials(tmp_path) -> Non
     ]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 90
-        while not (study_dir / "trial_0002" / "config.json").exists():  # trials 0 and 1 are done
-            assert process.poll() is None and time.monotonic() < deadline, "the study did not reach trial 2"
-            time.sleep(0.05)
+        trial_2 = study_dir / "trial_0002" / "config.json"  # trials 0 and 1 are done
+        wait_for_file(trial_2, process, "the study's trial 2", limit_s=90)
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
@@ -406,9 +405,21 @@ def test_cli_tune_runs_a_study_from_a_yaml_space(tmp_path, capsys) -> None:
             "median",
         ]
     )
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert code == 0
     assert "study 'lr': 2 complete" in out and "train.lr" in out.splitlines()[1]
+    # while it ran: a line per round of each trial and one per finished trial, on stderr
+    lines = err.splitlines()
+    for number in (0, 1):
+        assert [line.split(" (")[0] for line in lines if line.startswith(f"trial_000{number}: ")] == [
+            f"trial_000{number}: 1/2 round",
+            f"trial_000{number}: 2/2 round",
+        ]
+    ended = [line for line in lines if " complete: " in line]
+    assert [line.split(" complete: ")[0] for line in ended] == ["trial_0000", "trial_0001"]
+    assert all(" after 2 rounds (train.lr=" in line for line in ended)
+    assert ended[0].split("); ")[1].startswith("1 of 2 trials finished, best trial_0000: ")
+    assert ended[1].split("); ")[1].startswith("2 of 2 trials finished, best trial_000")
     assert f"optuna-dashboard sqlite:///{study_dir.resolve() / 'study.db'}" in out
     assert (study_dir / "trial_0000" / "rounds.parquet").exists() and (study_dir / "trial_0001").is_dir()
     assert (study_dir / "optimization_history.png").stat().st_size > 0
@@ -469,3 +480,122 @@ def test_ctrl_c_between_two_trials_says_nothing_but_the_stop_and_retries_the_tri
     assert not [r for r in printed if r.exc_info is not None], [r.getMessage() for r in printed]
     resumed = tune(base_config(tmp_path), LR_SPACE, n_trials=3, study_name="c", study_dir=tmp_path / "study")
     assert len(finished_trials(resumed)) == 3
+
+
+# --- Ctrl-C with parallel trials ---------------------------------------------------------------
+
+
+def _interrupted_trials_stopped_after_a_round(study_dir: Path, trials: list, rounds: int) -> None:
+    """Each trial was stopped by the interruption (FAIL without an error: the resume retries it) after a whole
+    round, of which its run holds the metrics and the checkpoint."""
+    from rayfed.engine.checkpoint import checkpoint_round, newest_checkpoint
+
+    assert [(t.state, attrs.ERROR in t.user_attrs) for t in trials] == [(TrialState.FAIL, False)] * len(trials)
+    for trial in trials:
+        recorded = [row["round"] for row in rounds_of(trial)]
+        assert 1 <= len(recorded) < rounds, recorded
+        assert checkpoint_round(newest_checkpoint(study_dir / f"trial_{trial.number:04d}")) == recorded[-1]
+
+
+def test_ctrl_c_stops_parallel_trials_after_their_round_and_the_resume_retries_each(tmp_path, capsys) -> None:
+    # Prepare: two trials in threads; once both have finished round 0, Ctrl-C reaches the process (the main
+    # thread, where Optuna waits for them).
+    both_ran_a_round = threading.Barrier(2, timeout=120)
+
+    class CtrlCOnceBothRan(Callback):
+        def after_round(self, run, record, clients) -> bool:
+            if record.round == 0 and both_ran_a_round.wait() == 0:
+                os.kill(os.getpid(), signal.SIGINT)
+            return False
+
+    base = base_config(tmp_path, **{"train.rounds": 6})
+    kwargs = {"study_name": "par", "study_dir": tmp_path / "study", "pruner": "none", "parallel_trials": 2}
+
+    # Execute
+    with pytest.raises(StudyInterrupted, match="0 of 3 trials finished"):
+        tune(base, LR_SPACE, n_trials=3, trial_callbacks=lambda trial: [CtrlCOnceBothRan()], **kwargs)
+
+    # Assert: the signal was answered at once with what the study waits for; both trials stopped after a round,
+    # as interrupted; the resume retries both and completes the study.
+    assert (
+        capsys.readouterr()
+        .err.splitlines()
+        .count(
+            "interrupted: waiting for the running trials to end their current round; each is retried when the study "
+            "resumes"
+        )
+        == 1
+    )
+    stopped = optuna.load_study(study_name="par", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}").get_trials()
+    _interrupted_trials_stopped_after_a_round(tmp_path / "study", stopped, 6)
+    resumed = tune(base, LR_SPACE, n_trials=3, **kwargs)
+    retries = {t.user_attrs[attrs.RETRY_OF]: t for t in resumed.get_trials() if attrs.RETRY_OF in t.user_attrs}
+    assert sorted(retries) == [0, 1] and [t.state for t in retries.values()] == [TrialState.COMPLETE] * 2
+    assert [retries[n].params for n in (0, 1)] == [t.params for t in stopped]
+    assert len(finished_trials(resumed)) == 3
+
+
+@pytest.mark.timeout(900)
+def test_one_ctrl_c_ends_rayfed_tune_parallel_on_ray_and_a_resume_completes_every_stopped_trial(tmp_path) -> None:
+    # Prepare: `rayfed tune --trials 2 --parallel 2` on its private Ray, in a process group of its own as a
+    # terminal starts it; Ctrl-C (SIGINT to the whole group, Ray's processes included) once both trials have
+    # recorded a round. Optuna has handed out both trials then, and waits for them in its thread pool's shutdown.
+    (tmp_path / "space.yaml").write_text("train.lr: {type: float, low: 0.01, high: 0.1, log: true}\n")
+    study_dir = tmp_path / "study"
+    rounds = 30
+    overrides = [
+        'data.options={"num_samples": 1000}',
+        "train.batch_size=25",
+        "data.num_clients=10",
+        "data.partition=pathological",
+        f"train.rounds={rounds}",
+        "engine.checkpoint_every=0",
+    ]
+    tail = ["--trials", "2", "--parallel", "2", "--study-name", "c", "--study-dir", str(study_dir), "--pruner", "none"]
+    command = [sys.executable, "-m", "rayfed", "tune", str(tmp_path / "space.yaml"), *overrides, *tail, "--no-plots"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    process = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+
+        def both_ran_a_round() -> bool:
+            assert process.poll() is None, "rayfed tune ended before both trials ran a round"
+            return all((study_dir / f"trial_000{n}" / "rounds.parquet").exists() for n in (0, 1))
+
+        wait_until(both_ran_a_round, "the two trials did not both run a round", limit_s=600)
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=300)  # a guard against a hang, not a measure: a round takes ~1 s
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+
+    # Assert: one Ctrl-C ended it with the resume line and no traceback; both trials stopped after a round.
+    assert process.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "waiting for the running trials to end their current round" in err
+    assert "study 'c' interrupted: 0 of 2 trials finished; resume it with: rayfed tune " in out
+    stopped = optuna.load_study(study_name="c", storage=f"sqlite:///{study_dir / 'study.db'}").get_trials()
+    _interrupted_trials_stopped_after_a_round(study_dir, stopped, rounds)
+
+    # Execute: the resume, in this process (engine.* may change between sessions of a study).
+    resumed = tune(
+        base_config(tmp_path, **{"train.rounds": rounds}),
+        tmp_path / "space.yaml",
+        n_trials=2,
+        study_name="c",
+        study_dir=study_dir,
+        pruner="none",
+    )
+
+    # Assert: every stopped trial was retried with its parameters, and the study holds its two trials.
+    retried = {t.user_attrs[attrs.RETRY_OF]: t for t in resumed.get_trials() if attrs.RETRY_OF in t.user_attrs}
+    assert sorted(retried) == [0, 1] and all(t.state == TrialState.COMPLETE for t in retried.values())
+    assert [retried[n].params for n in (0, 1)] == [t.params for t in stopped]
+    assert len(finished_trials(resumed)) == 2

@@ -1,0 +1,124 @@
+"""A study's objective: each trial is one rayfed run, reporting its rounds, stopped when pruned or interrupted.
+
+:class:`TrialRunner` runs ``base.override(params)`` in ``<study_dir>/trial_NNNN`` and returns the objective
+of its :class:`~rayfed.engine.result.RunResult`. A trial that Ctrl-C or SIGTERM stops (in its run, around
+it, or through :class:`~rayfed.tuning.parallel.TrialStop` while trials run in threads) raises a
+KeyboardInterrupt: Optuna marks it ``FAIL`` without ``rayfed.error``, and the study's resume retries it
+(:mod:`rayfed.tuning.resume`). A run that fails with an error once a stop was asked is counted as
+interrupted too, so a trial torn down by the stop is retried rather than recorded as an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+import pyarrow as pa
+
+import rayfed.tuning.attrs as attrs
+from rayfed.config import RunConfig
+from rayfed.engine import RunResult, run
+from rayfed.engine.callbacks import Callback, RunView
+from rayfed.engine.metrics import RoundRecord
+from rayfed.tracking import StudyLink, Tracking
+from rayfed.tuning.parallel import TrialStop
+from rayfed.tuning.pruning import PruningCallback
+from rayfed.tuning.resume import driver_id
+from rayfed.tuning.space import SearchSpace
+
+__all__ = ["TrialRunner", "quiet_interrupted_trials"]
+
+
+@dataclass
+class TrialRunner:
+    """The objective: one run per trial, reporting rounds, stopping when pruned or asked to stop."""
+
+    base: RunConfig
+    """The config each trial overrides with its parameters (on Ray, with its share of the workers)."""
+    space: SearchSpace
+    study_name: str
+    study_dir: Path
+    objective: Callable[[RunResult], float]
+    trial_callbacks: Callable[[optuna.Trial], Sequence[Callback]] | None
+    mlflow_parent_run_id: str | None
+    """The study's own MLflow run, in which each trial's is nested (with MLflow among engine.loggers)."""
+    driver: str = field(default_factory=driver_id)
+    stop: TrialStop = field(default_factory=TrialStop)
+    """Requested by Ctrl-C or SIGTERM while trials run in threads: each stops after its current round."""
+    interrupted: set[int] = field(default_factory=set)
+    """Numbers of the trials stopped by Ctrl-C or SIGTERM (retried when the study resumes)."""
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        try:
+            if self.stop.is_set():  # asked before this trial started (Optuna had already handed it out)
+                raise self.stop.interruption()
+            return self._trial(trial)
+        except KeyboardInterrupt:  # in its run or around it (Ctrl-C between two trials lands in one of them)
+            self.interrupted.add(trial.number)
+            raise
+
+    def _trial(self, trial: optuna.Trial) -> float:
+        trial.set_user_attr(attrs.DRIVER, self.driver)
+        params = self.space.suggest(trial)
+        run_dir = (self.study_dir / f"trial_{trial.number:04d}").resolve()
+        trial.set_user_attr(attrs.RUN_DIR, str(run_dir))
+        pruning = PruningCallback(trial)
+        callbacks = [pruning, *(self.trial_callbacks(trial) if self.trial_callbacks else [])]
+        if self.base.engine.loggers:
+            link = StudyLink(self.study_name, self.study_dir, trial.number, self.mlflow_parent_run_id)
+            callbacks.append(Tracking(self.base.engine.loggers, link))
+        callbacks.append(_StopWhenAsked(self.stop))  # last: every other callback has taken the round
+        try:
+            result = run(self.base.override({**params, "run_dir": str(run_dir)}), callbacks=callbacks)
+        except Exception as e:
+            if self.stop.is_set():  # torn down while the study stopped: interrupted, and retried on resume
+                raise self.stop.interruption() from e
+            trial.set_user_attr(attrs.ERROR, f"{type(e).__name__}: {e}")  # an error: finished, not retried
+            raise
+        for name in ("best_accuracy", "final_accuracy"):
+            value = getattr(result, name)
+            trial.set_user_attr(f"rayfed.{name}", None if math.isnan(value) else value)
+        trial.set_user_attr(attrs.ROUNDS_RUN, result.rounds_run)
+        if pruning.pruned_round is not None:
+            trial.set_user_attr(attrs.PRUNED_ROUND, pruning.pruned_round)
+            raise optuna.TrialPruned(f"pruned at round {pruning.pruned_round}")
+        value = float(self.objective(result))
+        if math.isnan(value):
+            trial.set_user_attr(attrs.ERROR, "the objective is NaN (no round was evaluated?)")
+        return value
+
+
+class _StopWhenAsked(Callback):
+    """Ends a trial's run after its current round once ``stop`` is requested, as Ctrl-C would in the main thread
+    (the run checkpoints its last round and raises RunInterrupted)."""
+
+    def __init__(self, stop: TrialStop) -> None:
+        self.stop = stop
+
+    def after_round(self, run: RunView, record: RoundRecord, clients: pa.Table) -> bool:
+        if self.stop.is_set():
+            raise self.stop.interruption()
+        return False
+
+
+@contextmanager
+def quiet_interrupted_trials(interrupted: set[int]) -> Iterator[None]:
+    """Drop Optuna's warnings (with a traceback) about trials that Ctrl-C stopped: the command line says it once."""
+    optimize_logger = logging.getLogger("optuna.study._optimize")
+
+    def keep(record: logging.LogRecord) -> bool:
+        stopped_by_user = record.exc_info is not None and isinstance(record.exc_info[1], KeyboardInterrupt)
+        return not stopped_by_user and not any(
+            record.getMessage().startswith(f"Trial {number} failed") for number in interrupted
+        )
+
+    optimize_logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        optimize_logger.removeFilter(keep)
