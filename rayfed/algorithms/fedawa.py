@@ -64,15 +64,13 @@ from rayfed.algorithms.fedawa_objective import (
     EXACT_SMOOTHING,
     ClientVectorProducts,
     MatrixFreeProducts,
-    adam_steps,
     code_objective,
     combine,
     gram_statistics,
     layer_groups,
-    minimise_on_simplex,
     paper_objective,
-    softmax,
 )
+from rayfed.algorithms.fedawa_solvers import adam_steps, minimise_on_simplex, softmax
 from rayfed.algorithms.fedawa_weights import INITIAL_WEIGHTS, needs_label_counts
 from rayfed.algorithms.hooks import Contribution, RoundContext
 from rayfed.algorithms.registry import Reporting, register_algorithm

@@ -17,16 +17,13 @@ from rayfed.algorithms.fedawa import FedAWALServer, FedAWAParams, FedAWAServer
 from rayfed.algorithms.fedawa_objective import (
     EXACT_SMOOTHING,
     MatrixFreeProducts,
-    adam_steps,
     code_objective,
     combine,
     gram_statistics,
     layer_groups,
-    minimise_on_simplex,
     paper_objective,
-    project_onto_simplex,
-    softmax,
 )
+from rayfed.algorithms.fedawa_solvers import adam_steps, minimise_on_simplex, project_onto_simplex, softmax
 from rayfed.algorithms.fedawa_weights import INITIAL_WEIGHTS
 from rayfed.algorithms.sgdm import MOMENTUM_KEY, PersistentMomentumClient
 from rayfed.config import TrainConfig
