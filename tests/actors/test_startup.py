@@ -60,6 +60,7 @@ def test_auth_mode_is_set_only_for_the_private_cluster(monkeypatch: pytest.Monke
     assert "RAY_AUTH_MODE" not in os.environ  # restored after the run
     assert "RAY_preload_python_modules" not in os.environ
     monkeypatch.setattr("rayfed.actors.cluster.check_reachable", lambda address, source: None)  # a cluster there
+    monkeypatch.setattr("rayfed.actors.cluster._say_joined", lambda setting, target: None)  # no nodes to list
     with ray_session(EngineConfig(ray_address="127.0.0.1:6379")):
         pass
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
@@ -82,6 +83,7 @@ def test_a_private_ray_without_a_dashboard_records_no_task_events_or_metrics(mon
     )
     monkeypatch.setattr("ray.shutdown", lambda: None)
     monkeypatch.setattr("rayfed.actors.cluster.check_reachable", lambda address, source: None)
+    monkeypatch.setattr("rayfed.actors.cluster._say_joined", lambda setting, target: None)  # the stub has no nodes
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     for key in UNWATCHED_CLUSTER_ENV:
         monkeypatch.delenv(key, raising=False)
