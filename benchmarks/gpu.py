@@ -24,9 +24,10 @@ Four measurements, each on the first CUDA device:
   one captured CUDA graph per step; training only, seconds per round.
 
     python benchmarks/gpu.py [--data-root DIR] [--rounds 4] [--repeats 3]
-        [--clients 20,50,100,200] [--out benchmarks/results/gpu.json]
+        [--clients 20,50,100,200] [--out FILE.json | --record]
 
-The results go to ``--out`` (``benchmarks/results/gpu.json``). The last line holds
+The results go to ``--out``, or with ``--record`` to ``benchmarks/results/gpu.json`` with the commit measured
+(nowhere without either). The last line holds
 ``mnist_round_s=<s> mnist_vs_plain_graph=<s / the graph-replayed plain loop's> vectorized_over_sequential_cnn4=<x>
 vectorized_over_sequential_resnet20=<y> fractional_over_whole=<z> auto_vs_best=<auto's round / the
 better of on and off>`` (ratios of speed > 1: stacked, resp. fractional, is faster; a stacking ratio is the
@@ -52,7 +53,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RoundTimer, median_after_warmup  # noqa: E402
+from common import RoundTimer, add_output_arguments, median_after_warmup, output_path, provenance  # noqa: E402
 
 from rayfed import RunConfig, run  # noqa: E402
 from rayfed.algorithms import RoundContext  # noqa: E402
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         default="fedavg",
         help="methods whose stacking is timed (comma-separated); all but fedavg on cnn4 only",
     )
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "gpu.json")
+    add_output_arguments(parser, "gpu.json")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print(NO_GPU, flush=True)
@@ -330,22 +331,25 @@ def main(argv: list[str] | None = None) -> int:
         "fractional_over_whole": fractional["ratio"],
         "auto_vs_best": auto / min(mnist["on"]["round_s"], mnist["off"]["round_s"]),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "device": device,
-                "torch": torch.__version__,
-                "args": {k: str(v) for k, v in vars(args).items()},
-                "stacking": stacking,
-                "fractional": fractional,
-                "mnist": mnist,
-                "plain": plain,
-                "summary": summary,
-            },
-            indent=2,
+    out = output_path(args, "gpu.json")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(
+            json.dumps(
+                {
+                    **provenance(),
+                    "device": device,
+                    "torch": torch.__version__,
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "stacking": stacking,
+                    "fractional": fractional,
+                    "mnist": mnist,
+                    "plain": plain,
+                    "summary": summary,
+                },
+                indent=2,
+            )
         )
-    )
     print(" ".join(f"{k}={v:.3f}" for k, v in summary.items()))
     return 0
 

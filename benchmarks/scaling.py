@@ -24,16 +24,18 @@ float32 twice, K = 10) and the round time should not grow with M. Measured per p
   as the driver maps the object store's copy;
 * ``setup_s``: generating the dataset, partitioning and building the model (driver).
 
-Writes ``scaling.parquet`` and ``scaling.png`` to ``--out`` (default benchmarks/results);
-the last line is ``server_mem_mb_100k=<peak MB> round_s_100k=<seconds>`` for the largest
-population up to 100,000 clients, followed by ``server_mem_mb_1m=<peak MB>
-driver_mem_mb_1m=<peak MB> round_s_1m=<seconds>`` for the largest one above.
+With ``--record`` it writes ``scaling.parquet``, ``scaling.png`` and ``scaling.json`` (the commit measured) to
+benchmarks/results, with ``--out DIR`` to DIR, and otherwise nothing. The last line is
+``server_mem_mb_100k=<peak MB> round_s_100k=<seconds>`` for the largest population up to 100,000 clients,
+followed by ``server_mem_mb_1m=<peak MB> driver_mem_mb_1m=<peak MB> round_s_1m=<seconds>`` for the largest one
+above.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import sys
 import tempfile
 import time
@@ -44,7 +46,14 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RoundTimer, median_after_warmup, private_ray  # noqa: E402
+from common import (  # noqa: E402
+    RESULTS,
+    RoundTimer,
+    add_output_arguments,
+    median_after_warmup,
+    private_ray,
+    provenance,
+)
 
 from rayfed import RunConfig, Simulation  # noqa: E402
 
@@ -204,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=6, help="rounds per population; the first is warm-up")
     parser.add_argument("--workers", type=int, default=0, help="ClientWorker actors (0 = one per CPU)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    add_output_arguments(parser, "scaling.parquet, scaling.png and scaling.json")
     args = parser.parse_args(argv)
     populations = [int(p) for p in args.populations.split(",") if p.strip()]
     rows = []
@@ -220,10 +229,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"accuracy {row['accuracy']:.3f}",
                 flush=True,
             )
-    args.out.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), args.out / "scaling.parquet")
-    plot(rows, args.out / "scaling.png")
-    print(f"wrote {args.out / 'scaling.parquet'} and {args.out / 'scaling.png'}")
+    out = RESULTS if args.record else args.out
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows), out / "scaling.parquet")
+        plot(rows, out / "scaling.png")
+        arguments = {k: str(v) for k, v in vars(args).items()}
+        (out / "scaling.json").write_text(json.dumps({**provenance(), "args": arguments}, indent=2))
+        print(f"wrote scaling.parquet, scaling.png and scaling.json (the commit measured) in {out}")
     print(" ".join(last_line_fields(rows)))
     return 0
 

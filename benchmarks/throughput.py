@@ -45,14 +45,17 @@ is reported. The last line::
 over the 2-process loop's. Measurements, and what was tried to make rayfed faster, are in
 benchmarks/README.md ("Throughput" section).
 
-Run: ``python benchmarks/throughput.py [--rounds 6] [--out benchmarks/results/throughput.json]``;
-``--vectorize on`` trains the clients of a worker call stacked (``engine.vectorize``).
+Run: ``python benchmarks/throughput.py [--rounds 6] [--out FILE.json | --record]``; ``--record`` writes the
+figures, with the commit measured, to ``benchmarks/results/throughput.json`` (tracked), ``--out`` anywhere else;
+``--vectorize on`` trains the clients of a worker call stacked (``engine.vectorize``). To compare a branch with
+another interleaved: ``python benchmarks/compare.py --base main``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -60,6 +63,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -68,7 +72,16 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import PssSampler, RoundTimer, median_after_warmup  # noqa: E402
+from common import (  # noqa: E402
+    CpuMeter,
+    PssSampler,
+    RoundTimer,
+    add_output_arguments,
+    median_after_warmup,
+    output_path,
+    process_cpu_s,
+    provenance,
+)
 
 from rayfed import RunConfig, run  # noqa: E402
 from rayfed.algorithms.common.proximal import flatten_logically
@@ -250,19 +263,39 @@ class TwoProcessLoop:
         for pipe in self.pipes:
             pipe.recv()  # "ready": data loaded, model built
         self.seconds: list[float] = []
+        self.cpu: list[dict[str, float]] = []
+        """CPU seconds of each round: its processes' and the parent's."""
+        self.phases: list[dict[str, float]] = []
+        """Seconds of each round's phases: training (sending the clients to the processes until both answered),
+        averaging their sums, evaluating."""
         self.accuracies: list[float] = []
 
     def round(self, t: int) -> None:
+        cpu = self._cpu()
         started = time.perf_counter()
         sampled = self.evaluator.sampled(t)
         share = -(-len(sampled) // len(self.pipes))
         for rank, pipe in enumerate(self.pipes):
             pipe.send((t, sampled[rank * share : (rank + 1) * share]))
         weight = sum(pipe.recv() for pipe in self.pipes)
+        trained = time.perf_counter()
         self.global_vector.copy_(self.sums.sum(dim=0).div_(weight))
+        aggregated = time.perf_counter()
         accuracy = self.evaluator.evaluate(sampled, self.global_vector)
-        self.seconds.append(time.perf_counter() - started)
+        finished = time.perf_counter()
+        self.seconds.append(finished - started)
+        self.cpu.append({name: spent - before for (name, spent), before in zip(self._cpu().items(), cpu.values())})
+        self.phases.append(
+            {"train": trained - started, "aggregate": aggregated - trained, "evaluate": finished - aggregated}
+        )
         self.accuracies.append(accuracy)
+
+    def _cpu(self) -> dict[str, float]:
+        """CPU seconds so far of the processes (all) and of this one, the parent (which also evaluates)."""
+        return {
+            "processes": sum(process_cpu_s(p.pid) for p in self.processes if p.pid is not None),
+            "parent": process_cpu_s(os.getpid()),
+        }
 
     def close(self) -> None:
         for pipe in self.pipes:
@@ -296,23 +329,67 @@ class Interleaved(RoundTimer):
     def __init__(self, *plain: PlainLoop | TwoProcessLoop) -> None:
         super().__init__()
         self.plain = plain
+        self.meter = CpuMeter(os.getpid())
+        self.cpu: list[dict[str, float]] = []
+        """CPU seconds of rayfed's processes in each timed round, by process name (the loops' left out)."""
+
+    def on_run_start(self, run) -> None:
+        super().on_run_start(run)
+        self.meter.start()
 
     def after_round(self, run, record, clients) -> bool:
         super().after_round(run, record, clients)
+        self.cpu.append(self.meter.stop())
         for loop in self.plain:
             loop.round(record.round)
+        self.meter.start()
         self._last = time.perf_counter()
         return False
 
 
-def breakdown(history: list[dict]) -> str:
-    """Median seconds per phase over the measured rounds (from rayfed's own round records)."""
-    rows = history[1:] or history
-    med = {k: statistics.median(r[k] for r in rows) for k in ("train_s", "aggregate_s", "evaluate_s", "round_s")}
-    return (
-        f"train {med['train_s']:.3f} s, aggregate {med['aggregate_s']:.3f} s, "
-        f"evaluate {med['evaluate_s']:.3f} s, round {med['round_s']:.3f} s"
-    )
+PHASES = ("train", "evaluate", "aggregate", "driver")
+"""Where a round goes. rayfed's from its round records (``train_s``, ``evaluate_s``, ``aggregate_s``; the
+aggregation includes the next broadcast) and, as ``driver``, the rest of the timed round: the driver's work
+between rounds (the metrics files, sampling, splitting the clients). The 2-process loop's ``driver`` is its
+sampling and the pipe messages outside training."""
+
+
+def phase_medians(history: list[dict], seconds: list[float]) -> dict[str, float]:
+    """rayfed's median milliseconds per phase over the measured rounds, from its round records and the timed
+    rounds ``seconds`` (:data:`PHASES`)."""
+    rows = list(zip(history, seconds))[1:]
+    med = {k: 1e3 * statistics.median(r[f"{k}_s"] for r, _ in rows) for k in PHASES[:3]}
+    med["driver"] = 1e3 * statistics.median(s - r["round_s"] for r, s in rows)
+    return med
+
+
+def loop_phase_medians(loop: TwoProcessLoop) -> dict[str, float]:
+    """The 2-process loop's median milliseconds per phase over the measured rounds (:data:`PHASES`)."""
+    rows = list(zip(loop.phases, loop.seconds))[1:]
+    med = {k: 1e3 * statistics.median(p[k] for p, _ in rows) for k in PHASES[:3]}
+    med["driver"] = 1e3 * statistics.median(s - sum(p.values()) for p, s in rows)
+    return med
+
+
+def cpu_medians(cpu: list[dict[str, float]], seconds: list[float]) -> dict[str, float]:
+    """Median CPU milliseconds per process name over the measured rounds, and ``idle_or_other``: the machine's
+    cores times the round's wall time, less these processes' CPU time (cores left idle, or used by processes
+    outside the measurement: on a shared box, other jobs; for the loops, also rayfed's idle Ray)."""
+    rows = list(zip(cpu, seconds))[1:] or list(zip(cpu, seconds))
+    cores = len(os.sched_getaffinity(0))
+    names = sorted({name for spent, _ in rows for name in spent})
+    med = {name: 1e3 * statistics.median(spent.get(name, 0.0) for spent, _ in rows) for name in names}
+    med["idle_or_other"] = 1e3 * statistics.median(cores * wall - sum(spent.values()) for spent, wall in rows)
+    return med
+
+
+def _cpu(med: dict[str, float]) -> str:
+    busy = sorted((k for k in med if k != "idle_or_other"), key=lambda k: -med[k])
+    return ", ".join(f"{k} {med[k]:.0f}" for k in [*busy, "idle_or_other"] if med[k] >= 0.5 or k == "idle_or_other")
+
+
+def _phases(med: dict[str, float]) -> str:
+    return ", ".join(f"{k} {med[k]:.0f}" for k in PHASES) + f" (sum {sum(med.values()):.0f})"
 
 
 def _times(seconds: list[float]) -> str:
@@ -328,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--vectorize", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--scenarios", default="s1,s2", help="comma-separated: s1, s2")
-    parser.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON here")
+    parser.add_argument("--no-pss", action="store_true", help="skip the PSS run of rayfed alone (S2)")
+    add_output_arguments(parser, "throughput.json")
     parser.add_argument(
         "--pss-of",
         choices=sorted(SCENARIOS),
@@ -356,10 +434,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in results.items():
         r["ratio"] = r["engine_updates_per_s"] / r["plain_updates_per_s"]
         r["limit_ratio"] = r["engine_updates_per_s"] / r["two_process_updates_per_s"]
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
+    out = output_path(args, "throughput.json")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
         arguments = {k: str(v) for k, v in vars(args).items()}
-        args.out.write_text(json.dumps({"args": arguments, "results": results}, indent=2))
+        out.write_text(json.dumps({**provenance(), "args": arguments, "results": results}, indent=2))
     fields = [f"throughput_ratio_{name}={r['ratio']:.3f}" for name, r in results.items()]
     fields += [f"limit_ratio_{name}={r['limit_ratio']:.3f}" for name, r in results.items()]
     fields += [
@@ -385,7 +464,7 @@ def measure(s: Scenario, config: RunConfig, args: argparse.Namespace) -> dict[st
         limit.close()
     rates = [s.sampled_per_round / median_after_warmup(loop.seconds) for loop in (probe, *probe.plain)]
     gap = max(abs(a - row["accuracy"]) for loop in probe.plain for a, row in zip(loop.accuracies, history))
-    result: dict[str, float | bool | dict[str, float]] = {
+    result: dict[str, Any] = {
         "engine_updates_per_s": rates[0],
         "plain_updates_per_s": rates[1],
         "plain_channels_last_updates_per_s": rates[2],
@@ -400,7 +479,13 @@ def measure(s: Scenario, config: RunConfig, args: argparse.Namespace) -> dict[st
     )
     for label, loop, rate in zip(labels, (probe, *probe.plain), rates):
         print(f"{s.name.upper()} {label}{rate:6.1f} updates/s  (rounds {_times(loop.seconds)} s)", flush=True)
-    print(f"    rayfed phases (median): {breakdown(history)}", flush=True)
+    phases = {"rayfed": phase_medians(history, probe.seconds), "two_process": loop_phase_medians(limit)}
+    cpu = {"rayfed": cpu_medians(probe.cpu, probe.seconds), "two_process": cpu_medians(limit.cpu, limit.seconds)}
+    result |= {"phases_ms": phases, "cpu_ms": cpu}
+    print(f"    where a round goes (median ms): rayfed {_phases(phases['rayfed'])}", flush=True)
+    print(f"                                    2 processes {_phases(phases['two_process'])}", flush=True)
+    print(f"    CPU per round (median ms): rayfed {_cpu(cpu['rayfed'])}", flush=True)
+    print(f"                               2 processes {_cpu(cpu['two_process'])}", flush=True)
     for label, loop in zip(("plain", "plain channels-last", "2 processes"), probe.plain):
         pairs = ", ".join(f"{a:.4f}/{row['accuracy']:.4f}" for a, row in zip(loop.accuracies, history))
         print(f"    accuracy per round, {label} / rayfed: {pairs}", flush=True)
@@ -408,7 +493,7 @@ def measure(s: Scenario, config: RunConfig, args: argparse.Namespace) -> dict[st
         f"    rayfed / plain channels-last: {rates[0] / rates[2]:.3f}, rayfed / 2 processes: {rates[0] / rates[3]:.3f}",
         flush=True,
     )
-    if s.name == "s2":
+    if s.name == "s2" and not args.no_pss:
         peak, samples = rayfed_pss(s, args)
         result["rayfed_peak_pss_mb"] = sum(peak.values())
         result["rayfed_peak_pss_by_process_mb"] = peak

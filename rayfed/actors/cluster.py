@@ -56,6 +56,7 @@ __all__ = [
     "ray_session",
     "ray_started",
     "PRIVATE_CLUSTER_ENV",
+    "UNWATCHED_CLUSTER_ENV",
     "local_node",
     "cluster_nodes",
     "alive_node_ids",
@@ -100,12 +101,22 @@ among them: a ClientWorker imports it when it is placed, and the server of an al
 module does without torch (FedAvg, FedAdam, L-DAWA) runs in a process ~300 MB smaller.
 Preloading torch as well did not start runs sooner (benchmarks/README.md, "Whole runs")."""
 
+UNWATCHED_CLUSTER_ENV = {
+    "RAY_task_events_report_interval_ms": "0",
+    "RAY_enable_metrics_collection": "0",
+}
+"""What a private local Ray without a dashboard would record for no one, off where the user has not set these
+variables: every task's state changes, sent to the GCS for the dashboard and the state API, and the metrics its
+processes export for Prometheus. Off, its GCS and dashboard agent take about 10 ms less CPU a round of
+``benchmarks/throughput.py`` (benchmarks/README.md, "Throughput")."""
+
 
 @contextmanager
 def ray_started(address: str | None, *, source: str = "RAY_ADDRESS", **options: object) -> Iterator[None]:
     """Ray for the body: the one already initialised in this process, the cluster at ``address``, or a
-    private local Ray with :data:`PRIVATE_CLUSTER_ENV` (``options`` go to ``ray.init`` either way). Whatever is
-    started here is shut down at the end, and the environment is restored. An ``address`` (the value of the
+    private local Ray (``options`` go to ``ray.init`` either way) with :data:`PRIVATE_CLUSTER_ENV` (and, without a
+    dashboard, :data:`UNWATCHED_CLUSTER_ENV`). Whatever is started here is shut down at the end, and the environment
+    is restored. An ``address`` (the value of the
     setting ``source``) where no cluster answers is refused (:func:`~rayfed.actors.address.check_reachable`).
 
     A private Ray's processes are watched by a :class:`~rayfed.util.reaper.Reaper`, so that they end
@@ -115,7 +126,10 @@ def ray_started(address: str | None, *, source: str = "RAY_ADDRESS", **options: 
         return
     target = check_reachable(address, source) if address else None  # "auto" resolved as rayfed documents it
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    own = {} if address else {k: v for k, v in PRIVATE_CLUSTER_ENV.items() if k not in os.environ}
+    private = {} if address else dict(PRIVATE_CLUSTER_ENV)
+    if not address and not options.get("include_dashboard"):
+        private.update(UNWATCHED_CLUSTER_ENV)
+    own = {k: v for k, v in private.items() if k not in os.environ}
     os.environ.update(own)  # for the cluster started here, while it runs
     reaper = None
     try:

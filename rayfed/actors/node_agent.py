@@ -8,9 +8,11 @@ from the node's own object store, which stay on the node until the server fetche
 call's :class:`Outcome`, which the driver reads. The driver and the server so do work per node and per round; what
 grows with the workers (calls, waits, replies, additions) happens on the workers' nodes, on all of them at once.
 
-A worker that dies or overruns ``engine.round_timeout_s`` gets no further call: its outcome says why, and the driver
-drops the worker and runs the call again elsewhere. Calls still waiting when the node has no worker left come back
-not run. The agent asks Ray for no CPU and imports no torch; a round's sums never depend on which node added what.
+Each worker holds up to two calls, the one it runs and the next, as the driver's own node's workers do. A worker that
+dies or overruns ``engine.round_timeout_s`` gets no further call: its running call's outcome says why, and the
+driver drops the worker and runs the call again elsewhere; the call it held behind that one waits for the node's
+other workers, and the calls still waiting when the node has no worker left come back not run. The agent asks Ray
+for no CPU and imports no torch; a round's sums never depend on which node added what.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rayfed.actors.pool_calls import DEPTH
 from rayfed.actors.ray_calls import ACTOR_FAILURES, POLL_S, InFlight, kill_actor, timeout_text
 from rayfed.execution.summation import CallTree, pieces_of
 
@@ -55,31 +58,51 @@ def run_calls(
     tree: tuple[int, dict[int, int]] | None = None,
 ) -> tuple[dict[range, Any] | None, list[Outcome]]:
     """Run ``worker.method(*args)`` for every ``(call, args)`` of ``calls`` on ``workers`` (``(slot, actor)``), each
-    worker taking the next call when free. With ``tree`` (the round's number of calls, each call's place among them),
-    the calls' first return values are sums, added up along the round's tree. Returns (those sums, or None; every
-    call's outcome)."""
-    idle, waiting = deque(workers), deque(calls)
-    flights: InFlight[tuple[int, tuple[int, Any]]] = InFlight()
+    worker holding up to :data:`~rayfed.actors.pool_calls.DEPTH` calls (the one it runs and the next). With ``tree``
+    (the round's number of calls, each call's place among them), the calls' first return values are sums, added up
+    along the round's tree. Returns (those sums, or None; every call's outcome). A worker's failure is its running
+    call's; the calls it held behind that one wait again for the node's other workers."""
+    actors, waiting, args_of = dict(workers), deque(calls), dict(calls)
+    held: dict[int, list[int]] = {slot: [] for slot, _ in workers}
+    """The calls each worker still able to run holds, in the order it runs them."""
+    flights: InFlight[tuple[int, int]] = InFlight()
     outcomes: list[Outcome] = []
     sums: dict[int, Any] = {}
+
+    def fail(slot: int, why: str) -> None:
+        """The worker in ``slot`` failed (died, or overran its running call): it gets no more calls, and those it
+        held behind its running one wait again."""
+        running, *behind = held.pop(slot)
+        outcomes.append(Outcome(running, slot, failure=why))
+        waiting.extendleft((call, args_of[call]) for call in reversed(behind))
+        flights.forget(lambda about: about[1] == slot)
+
     while waiting or len(flights):
-        while waiting and idle:
-            worker, (call, args) = idle.popleft(), waiting.popleft()
-            flights.add((call, worker), getattr(worker[1], method).remote(*args), timeout_s)
+        while waiting and (free := [slot for slot, calls in held.items() if len(calls) < DEPTH]):
+            slot = min(free, key=lambda s: len(held[s]))
+            if held[slot] and len(waiting) < len(held):  # the last calls: one at a time, to whoever is free
+                break
+            (call, args), limit = waiting.popleft(), None if timeout_s is None else timeout_s * (len(held[slot]) + 1)
+            held[slot].append(call)
+            flights.add((call, slot), getattr(actors[slot], method).remote(*args), limit)
         answered, _ = flights.answered(timeout_s=POLL_S if timeout_s is None else min(POLL_S, timeout_s / 4))
+        answered.sort(key=lambda answer: _place(held, *answer[0].about))
         for flight, value in answered:
-            call, worker = flight.about
-            if isinstance(value, ACTOR_FAILURES):
-                outcomes.append(Outcome(call, worker[0], failure=type(value).__name__))
+            call, slot = flight.about
+            if call not in held.get(slot, ()):  # its worker failed already: the call went back to wait
                 continue
-            outcomes.append(Outcome(call, worker[0], value))
-            idle.append(worker)
+            if isinstance(value, ACTOR_FAILURES):
+                fail(slot, type(value).__name__)
+                continue
+            held[slot].remove(call)
+            outcomes.append(Outcome(call, slot, value))
             if tree is not None:
                 sums[tree[1][call]] = flight.refs[0]
         for flight in flights.overdue():
-            call, worker = flight.about
-            outcomes.append(Outcome(call, worker[0], failure=timeout_text(timeout_s)))
-        if not idle and not len(flights):
+            call, slot = flight.about
+            if call in held.get(slot, ()):
+                fail(slot, timeout_text(timeout_s))
+        if not held and not len(flights):
             break
     outcomes.extend(Outcome(call, -1, failure=NOT_RUN) for call, _ in waiting)
     if tree is None or not sums:
@@ -87,6 +110,12 @@ def run_calls(
     places = sorted(sums)
     parts = ray.get([sums[place] for place in places])  # made on this node: read from its store without a copy
     return CallTree(tree[0]).reduce({range(p, p + 1): part for p, part in zip(places, parts)}), outcomes
+
+
+def _place(held: dict[int, list[int]], call: int, slot: int) -> int:
+    """Where ``call`` stands among its worker's calls: replies are read in the order the worker ran them."""
+    calls = held.get(slot, [])
+    return calls.index(call) if call in calls else 0
 
 
 @ray.remote(num_cpus=0, max_restarts=0)

@@ -8,7 +8,7 @@ node agents (:mod:`rayfed.actors.node_agent`) run in light processes.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -73,6 +73,11 @@ class InFlight(Generic[T]):
         now = time.monotonic()
         late = [ref for ref, flight in self._flights.items() if flight.deadline < now]
         return [self._flights.pop(ref) for ref in late]
+
+    def forget(self, which: Callable[[T], bool]) -> list[Flight[T]]:
+        """Stop awaiting the flights whose ``about`` ``which`` picks; returns them."""
+        picked = [ref for ref, flight in self._flights.items() if which(flight.about)]
+        return [self._flights.pop(ref) for ref in picked]
 
     def clear(self) -> list[Flight[T]]:
         """Stop awaiting every flight; returns them."""

@@ -33,9 +33,10 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayfed.actors.cluster import alive_node_ids, ask_for_workers, check_resources, pool_target
+from rayfed.actors.pool_calls import CallResult
 from rayfed.actors.ray_calls import ACTOR_FAILURES, kill_actor
 from rayfed.actors.server_actor import ServerActor
-from rayfed.actors.worker_pool import CallResult, WorkerPool
+from rayfed.actors.worker_pool import WorkerPool
 from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
@@ -229,9 +230,11 @@ class RayExecutor(Executor):
         return list(self._ran_on)
 
     def _on_nodes_gone(self) -> list[int]:
-        """The round's chunks that trained on a node which is no longer alive."""
-        alive = alive_node_ids()
-        return [i for i, node in enumerate(self._ran_on) if node not in alive]
+        """The round's chunks that trained on a node which is no longer alive. Chunks that trained on the server's
+        node need no asking: while the server runs, so does its node."""
+        elsewhere = {node for node in self._ran_on if node != self._server_node}
+        alive = alive_node_ids() if elsewhere else set()
+        return [i for i, node in enumerate(self._ran_on) if node in elsewhere and node not in alive]
 
     def evaluate(
         self,

@@ -4,10 +4,12 @@ It hands client batches to idle workers, keeps results in batch order, and follo
 (after Ray's ``ActorPool`` and Ray Train's elastic ``WorkerGroup``):
 
 * **Nodes.** Each node gets a stretch of consecutive calls, as long as its share of the workers
-  (:mod:`rayfed.actors.call_queues`). The driver's own node's workers are called one call at a time; every other
-  node gets its whole stretch in one call to its :class:`~rayfed.actors.node_agent.NodeAgent`, which runs it on
-  the node's workers and adds up their sums there. The driver so makes a call and reads a reply per node, not per
-  worker, and the server fetches one object per node.
+  (:mod:`rayfed.actors.call_queues`). The driver's own node's workers hold up to
+  :data:`~rayfed.actors.pool_calls.DEPTH` calls each: the one they run and the next, which Ray queues on the actor,
+  so that a worker starts its next call as soon as it ends one rather than once the driver has heard of it and
+  answered; every other node gets its whole stretch in one call to its :class:`~rayfed.actors.node_agent.NodeAgent`,
+  which runs it on the node's workers and adds up their sums there. The driver so makes a call and reads a reply
+  per node, not per worker, and the server fetches one object per node.
 
 * **Size.** Before each batch of calls, and after each failure, the pool is brought to ``target()``
   workers, the number the cluster's alive nodes hold now (``engine.num_workers``, or all of them up
@@ -34,7 +36,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -43,52 +44,17 @@ from rayfed.actors.call_queues import CallQueues
 from rayfed.actors.client_worker import ClientWorker
 from rayfed.actors.cluster import alive_node_ids
 from rayfed.actors.node_agent import NOT_RUN, NodeAgents, Outcome
+from rayfed.actors.pool_calls import DEPTH, Batch, CallResult, PoolWorker, place, preview
 from rayfed.actors.ray_calls import ACTOR_FAILURES, POLL_S, Flight, InFlight, kill_actor, timeout_text
 from rayfed.execution.executor import no_progress
 from rayfed.util.errors import WorkerError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WorkerPool", "CallResult"]
+__all__ = ["WorkerPool"]
 
 _EXIT_WAIT_S = 2.0
 """How long shutdown waits for the workers to exit on their own before killing them."""
-
-
-@dataclass(frozen=True)
-class CallResult:
-    """One chunk's call: the fetched last return value, the other return refs (unfetched), where it ran."""
-
-    refs: list[Any]
-    """The other return refs: ``train``'s contribution, which goes to the server by reference; for a call run by a
-    node's agent, the sums of the node's calls (shared by the calls it ran)."""
-    value: Any
-    node: str
-    """The Ray node that ran it, whose object store holds ``refs`` until someone fetches them."""
-    summed_on_node: bool = False
-    """True if ``refs`` holds its node's sums, keyed by the calls they span, rather than this call's own."""
-
-
-@dataclass(eq=False)
-class _Worker:
-    """One ``ClientWorker`` actor: its slot (the name in messages, kept by its replacement) and its start."""
-
-    slot: int
-    actor: Any
-    ready: Any
-    """``actor.node_and_pid`` ref: resolves once Ray has placed the actor and its constructor ran."""
-    node: str = field(default="")
-    """Its node's id, once started ("" before)."""
-
-
-@dataclass
-class _Batch:
-    """Calls in flight together: one call of a worker of the driver's node, or a node's stretch on its agent."""
-
-    calls: list[int]
-    workers: list[_Worker]
-    node: str
-    by_agent: bool
 
 
 class WorkerPool:
@@ -115,7 +81,7 @@ class WorkerPool:
         self._here: str = ray.get_runtime_context().get_node_id()
         """The driver's node: its workers are called directly, those of every other node through its agent."""
         self._agents = NodeAgents(self._init_args[0] if self._init_args else None)  # the run's config comes first
-        self._pool: list[_Worker] = []
+        self._pool: list[PoolWorker] = []
         self._free_slots: list[int] = []
         self.replacements = 0
         """Workers started in place of failed ones."""
@@ -149,9 +115,9 @@ class WorkerPool:
         else:
             slot = len(self._pool)
         actor = ClientWorker.options(**self._options).remote(*self._init_args)  # type: ignore[attr-defined]
-        self._pool.append(_Worker(slot, actor, actor.node_and_pid.remote()))
+        self._pool.append(PoolWorker(slot, actor, actor.node_and_pid.remote()))
 
-    def _drop(self, worker: _Worker) -> None:
+    def _drop(self, worker: PoolWorker) -> None:
         kill_actor(worker.actor)
         self._pool.remove(worker)
         self._free_slots.append(worker.slot)
@@ -190,18 +156,20 @@ class WorkerPool:
         self._resize()
         results: list[CallResult | None] = [None] * len(chunks)
         failures = [0] * len(chunks)
+        for worker in self._pool:
+            worker.running.clear()
         idle = sorted((w for w in self._pool if w.node), key=lambda w: (w.node, w.slot))
         queue = CallQueues(len(chunks), (w.node for w in idle))
-        flights: InFlight[_Batch] = InFlight()
+        flights: InFlight[Batch] = InFlight()
         stalled_since: float | None = None
 
-        def failed(i: int, node: str, reason: str, worker: _Worker | None) -> None:
+        def failed(i: int, node: str, reason: str, worker: PoolWorker | None) -> None:
             """Chunk i failed on ``worker`` (dropped), or with its node's agent (None): it runs again."""
             failures[i] += 1
             who = f"ClientWorker {worker.slot}" if worker else f"the agent of node {node[:8]}"
             if failures[i] > self._max_retries:
                 raise WorkerError(
-                    f"{who} failed ({reason}) in round {round_index} while running clients {_preview(chunks[i])}; "
+                    f"{who} failed ({reason}) in round {round_index} while running clients {preview(chunks[i])}; "
                     f"these clients failed {failures[i]} times, and engine.max_retries={self._max_retries} allows "
                     f"{self._max_retries} re-runs."
                 )
@@ -210,7 +178,7 @@ class WorkerPool:
                 who,
                 node[:8],
                 reason,
-                _preview(chunks[i]),
+                preview(chunks[i]),
             )
             if worker is not None:
                 self._drop(worker)
@@ -234,17 +202,16 @@ class WorkerPool:
             answered, started = flights.answered(starting, self._poll_s())
             for ref in started:
                 self._started(starting[ref], idle)
-            for flight, value in answered:
+            for flight, value in sorted(answered, key=lambda answer: place(answer[0].about)):
                 batch = flight.about
                 if isinstance(value, ACTOR_FAILURES):
-                    self._lost(batch, type(value).__name__, failed, idle)
+                    self._lost(batch, type(value).__name__, failed, idle, queue)
                 elif batch.by_agent:
                     self._from_agent(batch, flight, value, queue, failed, done, idle)
                 else:
-                    done(batch.calls[0], batch.node, value, flight.refs[:-1], False)
-                    idle.append(batch.workers[0])
+                    self._ran(batch, flight, value, done, idle)
             for flight in flights.overdue():
-                self._lost(flight.about, timeout_text(self._timeout_s), failed, idle)
+                self._lost(flight.about, timeout_text(self._timeout_s), failed, idle, queue)
             if not answered and not started:
                 self._resize()
         return [r for r in results if r is not None]
@@ -253,15 +220,16 @@ class WorkerPool:
         self,
         method: str,
         queue: CallQueues,
-        idle: list[_Worker],
-        flights: InFlight[_Batch],
+        idle: list[PoolWorker],
+        flights: InFlight[Batch],
         args: Callable[[int], tuple[Any, ...]],
         summed: tuple[int, Sequence[int]] | None,
     ) -> None:
         """Give waiting calls to idle workers: every other node's stretch in one call to its agent (when it has
-        none in flight), then one call to each idle worker of the driver's node."""
+        none in flight), then to the driver's node's workers, the least busy first, up to
+        :data:`~rayfed.actors.pool_calls.DEPTH` calls each."""
         busy = {flight.about.node for flight in flights if flight.about.by_agent}
-        elsewhere: dict[str, list[_Worker]] = {}
+        elsewhere: dict[str, list[PoolWorker]] = {}
         for worker in idle:
             if worker.node != self._here and worker.node not in busy:
                 elsewhere.setdefault(worker.node, []).append(worker)
@@ -277,27 +245,49 @@ class WorkerPool:
             )
             rounds_of_calls = -(-len(calls) // len(workers))  # the agent's calls, one after another per worker
             limit = None if self._timeout_s is None else self._timeout_s * (rounds_of_calls + 1)
-            flights.add(_Batch(calls, workers, node, by_agent=True), refs, limit)
-        for worker in [w for w in idle if w.node == self._here]:
+            flights.add(Batch(calls, workers, node, by_agent=True), refs, limit)
+        here = [w for w in idle if w.node == self._here]
+        workers_here = sum(w.node == self._here for w in self._pool)
+        while here:
+            worker = min(here, key=lambda w: len(w.running))  # every worker's next call before any one's second
+            if worker.running and len(queue) < workers_here:  # the last calls: one at a time, to whoever is free
+                break
             i = queue.take(worker.node)
             if i is None:
                 break
-            idle.remove(worker)
-            flights.add(
-                _Batch([i], [worker], worker.node, False),
-                getattr(worker.actor, method).remote(*args(i)),
-                self._timeout_s,
-            )
+            limit = None if self._timeout_s is None else self._timeout_s * (len(worker.running) + 1)
+            worker.running.append(i)
+            flights.add(Batch([i], [worker], worker.node, False), getattr(worker.actor, method).remote(*args(i)), limit)
+            if len(worker.running) >= DEPTH:
+                here.remove(worker)
+                idle.remove(worker)
+
+    def _ran(
+        self,
+        batch: Batch,
+        flight: Flight[Batch],
+        value: Any,
+        done: Callable[[int, str, Any, list[Any], bool], None],
+        idle: list[PoolWorker],
+    ) -> None:
+        """A worker of the driver's node answered a call (unless it failed before: the call went back then)."""
+        worker, call = batch.workers[0], batch.calls[0]
+        if call not in worker.running:
+            return
+        worker.running.remove(call)
+        done(call, batch.node, value, flight.refs[:-1], False)
+        if worker not in idle:
+            idle.append(worker)
 
     def _from_agent(
         self,
-        batch: _Batch,
-        flight: Flight[_Batch],
+        batch: Batch,
+        flight: Flight[Batch],
         outcomes: list[Outcome],
         queue: CallQueues,
-        failed: Callable[[int, str, str, _Worker | None], None],
+        failed: Callable[[int, str, str, PoolWorker | None], None],
         done: Callable[[int, str, Any, list[Any], bool], None],
-        idle: list[_Worker],
+        idle: list[PoolWorker],
     ) -> None:
         """A node's agent answered: its calls' replies, and its node's sums (``flight.refs[0]``)."""
         workers = {w.slot: w for w in batch.workers}
@@ -311,12 +301,27 @@ class WorkerPool:
         idle.extend(workers.values())
 
     def _lost(
-        self, batch: _Batch, reason: str, failed: Callable[[int, str, str, _Worker | None], None], idle: list[_Worker]
+        self,
+        batch: Batch,
+        reason: str,
+        failed: Callable[[int, str, str, PoolWorker | None], None],
+        idle: list[PoolWorker],
+        queue: CallQueues,
     ) -> None:
         """A call died with its worker, or a node's agent with its calls (its node left, or the agent alone died or
-        hung: it is replaced, and the node's workers stay in the pool while the node is alive)."""
+        hung: it is replaced, and the node's workers stay in the pool while the node is alive). A worker's failure is
+        its running call's; the calls queued behind it go back to the queue as they were."""
         if not batch.by_agent:
-            failed(batch.calls[0], batch.node, reason, batch.workers[0])
+            worker = batch.workers[0]
+            if batch.calls[0] not in worker.running:  # its worker failed already: the call went back then
+                return
+            running, *behind = worker.running
+            worker.running.clear()
+            for i in reversed(behind):
+                queue.put_back(i, worker.node)
+            if worker in idle:
+                idle.remove(worker)
+            failed(running, batch.node, reason, worker)
             return
         self._agents.forget(batch.node)
         alive = batch.node in alive_node_ids()
@@ -330,7 +335,7 @@ class WorkerPool:
         if not alive:
             self._resize()
 
-    def _started(self, worker: _Worker, idle: list[_Worker]) -> None:
+    def _started(self, worker: PoolWorker, idle: list[PoolWorker]) -> None:
         """A new worker has been placed (or its creation failed: it is dropped, and its node's room re-read)."""
         try:
             worker.node, _ = ray.get(worker.ready)
@@ -378,9 +383,3 @@ class WorkerPool:
             kill_actor(worker.actor)
         self._pool = []
         self._agents.shutdown()
-
-
-def _preview(chunk: Sequence[int], limit: int = 8) -> str:
-    ids = list(chunk)
-    text = ", ".join(map(str, ids[:limit]))
-    return f"[{text}{', ...' if len(ids) > limit else ''}] ({len(ids)} clients)"

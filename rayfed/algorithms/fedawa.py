@@ -64,15 +64,13 @@ from rayfed.algorithms.fedawa_objective import (
     EXACT_SMOOTHING,
     ClientVectorProducts,
     MatrixFreeProducts,
-    adam_steps,
     code_objective,
     combine,
     gram_statistics,
     layer_groups,
-    minimise_on_simplex,
     paper_objective,
-    softmax,
 )
+from rayfed.algorithms.fedawa_solvers import adam_steps, minimise_on_simplex, softmax
 from rayfed.algorithms.fedawa_weights import INITIAL_WEIGHTS, needs_label_counts
 from rayfed.algorithms.hooks import Contribution, RoundContext
 from rayfed.algorithms.registry import Reporting, register_algorithm
@@ -215,15 +213,18 @@ class FedAWAServer(StateSizes, GlobalModelServer[FedAWAParams, ClientVectors]):
         vectors = contribution.matrix()
         self._first_sight(ids, contribution.sizes, contribution.label_counts)
         if self.params.fidelity == "exact":
-            lam, metrics = self._exact_weights(ctx, vectors, ids)
+            lam, metrics, products = *self._exact_weights(ctx, vectors, ids), None
         else:
-            lam, metrics = self._adam_weights(vectors, ids)
-        self.global_vector = combine(self.global_vector, vectors, lam, self.groups, self.params.gamma)
+            lam, metrics, products = self._adam_weights(vectors, ids)
+        self.global_vector = combine(self.global_vector, vectors, lam, self.groups, self.params.gamma, products)
         metrics.update(clients_aggregated=float(len(ids)), fedawa_max_weight=float(lam.max(axis=1).mean()))
         return metrics
 
-    def _adam_weights(self, vectors: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
-        """``code`` and ``paper``: Adam on the logits; returns the weights to aggregate with."""
+    def _adam_weights(
+        self, vectors: np.ndarray, ids: np.ndarray
+    ) -> tuple[np.ndarray, dict[str, float], ClientVectorProducts]:
+        """``code`` and ``paper``: Adam on the logits; returns the weights to aggregate with, the metrics and the
+        products the objective read (which may hold the weighted sum :func:`combine` needs)."""
         p = self.params
         products: ClientVectorProducts
         if p.server_steps == 1:  # one evaluation: two products with T beat forming T Tᵀ
@@ -243,7 +244,7 @@ class FedAWAServer(StateSizes, GlobalModelServer[FedAWAParams, ClientVectors]):
         )
         if p.fidelity == "paper":  # Alg. 1 aggregates with the optimised weights
             lam = softmax(self.client_state[:, ids])
-        return lam, {"fedawa_objective": float(value.mean())}
+        return lam, {"fedawa_objective": float(value.mean())}, products
 
     def _exact_weights(
         self, ctx: RoundContext, vectors: np.ndarray, ids: np.ndarray

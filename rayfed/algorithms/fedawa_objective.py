@@ -1,4 +1,4 @@
-"""FedAWA's objectives and solvers, on M × M quantities of the client vectors.
+"""FedAWA's objectives and its aggregation, on M × M quantities of the client vectors (the solvers: fedawa_solvers).
 
 Shi et al., "FedAWA: Adaptive Optimization of Aggregation Weights in Federated Learning
 Using Client Vectors", CVPR 2025, Sec. 4.3-4.4. Client vector τ_k = θ_k − θ_g (Eq. 1),
@@ -48,18 +48,12 @@ __all__ = [
     "paper_objective",
     "code_objective",
     "EXACT_SMOOTHING",
-    "project_onto_simplex",
-    "SolverReport",
-    "minimise_on_simplex",
-    "softmax",
-    "adam_steps",
     "combine",
 ]
 
 EXACT_SMOOTHING = 1e-6
 """ε² = EXACT_SMOOTHING · mean_k ‖τ_k‖² smooths the norms of Eq. 3 at zero for the exact minimiser
 (:func:`paper_objective`); about the resolution of ‖τ_k − τ_g‖² computed from a float32 Gram matrix."""
-_ARMIJO = 1e-4
 
 
 # --- layers -------------------------------------------------------------------------------------
@@ -92,8 +86,9 @@ def layer_groups(layout: ParamLayout, buffer_layout: ParamLayout | None, *, laye
     each buffer joining its module's ``weight`` (else ``bias``) group."""
     size = layout.size
     buffers = buffer_layout if buffer_layout is not None else ParamLayout((), (), (0,))
-    if not layer_wise:
-        return LayerGroups((slice(0, size),), ((slice(0, size + buffers.size), 0),))
+    if not layer_wise:  # the buffers a segment of their own: the parameters' sum is the one the objective made
+        pieces = [(slice(0, size), 0)] + ([(slice(size, size + buffers.size), 0)] if buffers.size else [])
+        return LayerGroups((slice(0, size),), tuple(pieces))
     param_slices = tuple(slice(a, b) for a, b in zip(layout.offsets[:-1], layout.offsets[1:]))
     index = {name: i for i, name in enumerate(layout.names)}
     segments: list[tuple[slice, int]] = [(s, i) for i, s in enumerate(param_slices)]
@@ -128,6 +123,11 @@ class ClientVectorProducts(abc.ABC):
     @abc.abstractmethod
     def gram(self, x: np.ndarray) -> np.ndarray:
         """G_l x_l for every row x_l of ``x`` (L, M)."""
+
+    def weighted_sum(self, group: int, weights: np.ndarray) -> np.ndarray | None:
+        """T_lᵀ w of group l (Σ_k w_k τ_k,l, float32) for the float32 ``weights`` w (M,), if a product made it
+        already (None if not): :func:`combine` then reads the uploads once less."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -170,24 +170,34 @@ class MatrixFreeProducts(ClientVectorProducts):
     """G_l x = T_l (T_lᵀ x): two GEMVs over the uploads per product, no Gram matrix.
 
     Setting up reads the uploads twice (the row norms and b = T θ_g), one pass fewer than
-    SYRK plus b; each evaluation of an objective then takes two products (Gλ, Gw).
+    SYRK plus b; each evaluation of an objective then takes two products (Gλ, Gw). The inner
+    products T_lᵀ x of the last two evaluations are kept (:meth:`weighted_sum`): the weights a
+    single Adam step evaluates are those it aggregates with, whose sum is then not made again.
     """
 
     def __init__(self, vectors: np.ndarray, global_vector: np.ndarray, slices: Sequence[slice]) -> None:
         self.vectors, self.slices = vectors, tuple(slices)
-        blocks = [vectors[:, s] for s in self.slices]
+        self.blocks = [vectors[:, s] for s in self.slices]
         # row by row with BLAS dots (as accurate as the SYRK's diagonal; einsum's float32 sum is not)
-        self.diag = np.stack([np.matmul(t[:, None, :], t[:, :, None])[:, 0, 0] for t in blocks]).astype(np.float64)
-        self.b = np.stack([t @ global_vector[s] for t, s in zip(blocks, self.slices)]).astype(np.float64)
+        self.diag = np.stack([np.matmul(t[:, None, :], t[:, :, None])[:, 0, 0] for t in self.blocks]).astype(np.float64)
+        self.b = np.stack([t @ global_vector[s] for t, s in zip(self.blocks, self.slices)]).astype(np.float64)
         self.c = _squared_norms(global_vector, self.slices)
+        self._kept: list[dict[tuple[int, bytes], np.ndarray]] = []
+        """T_lᵀ x of the last two products (Gλ, Gw), by group and float32 weights x_l."""
 
     def gram(self, x: np.ndarray) -> np.ndarray:
         out = np.empty(x.shape, np.float64)
-        weights = x.astype(np.float32)
-        for group, part in enumerate(self.slices):
-            block = self.vectors[:, part]
-            out[group] = block @ np.matmul(weights[group], block)
+        kept = {}
+        for group, (weights, block) in enumerate(zip(x.astype(np.float32), self.blocks)):
+            inner = np.matmul(weights, block)
+            out[group] = block @ inner
+            kept[group, weights.tobytes()] = inner
+        self._kept = [*self._kept[-1:], kept]
         return out
+
+    def weighted_sum(self, group: int, weights: np.ndarray) -> np.ndarray | None:
+        key = (group, weights.tobytes())
+        return next((kept[key] for kept in self._kept if key in kept), None)
 
 
 def _squared_norms(vector: np.ndarray, slices: Sequence[slice]) -> np.ndarray:
@@ -284,116 +294,32 @@ def code_objective(products: ClientVectorProducts, distance: str, group_sizes: n
     return evaluate
 
 
-# --- solvers ------------------------------------------------------------------------------------
-
-
-def project_onto_simplex(v: np.ndarray) -> np.ndarray:
-    """Euclidean projection of every row of ``v`` onto the probability simplex (sort-based)."""
-    u = -np.sort(-v, axis=-1)
-    cumulative = np.cumsum(u, axis=-1) - 1.0
-    ks = np.arange(1, v.shape[-1] + 1)
-    rho = (u - cumulative / ks > 0).sum(axis=-1)
-    theta = np.take_along_axis(cumulative, (rho - 1)[..., None], axis=-1) / rho[..., None]
-    return np.maximum(v - theta, 0.0)
-
-
-@dataclass(frozen=True)
-class SolverReport:
-    steps: int
-    start: np.ndarray
-    """f(λ⁰) per problem."""
-    final: np.ndarray
-    """f(λ*) per problem."""
-    gap: np.ndarray
-    """Frank–Wolfe gap at λ* per problem."""
-
-
-def minimise_on_simplex(
-    objective: Objective, lam0: np.ndarray, *, tolerance: float, max_steps: int
-) -> tuple[np.ndarray, SolverReport]:
-    """Minimise L independent smooth functions over the simplex, batched: λ (L, M).
-
-    Projected gradient descent, λ⁺ = Π_Δ(λ − η_l ∇f_l(λ)), with a per-problem step η_l. λ⁺
-    is taken only if it satisfies Armijo's condition along the projection arc,
-    f(λ⁺) ≤ f(λ) + 10⁻⁴ ⟨∇f(λ), λ⁺ − λ⟩ (so f never increases), and η_l then becomes the
-    Barzilai–Borwein step sᵀs / sᵀy, s = λ⁺ − λ, y = ∇f(λ⁺) − ∇f(λ) (2η_l where sᵀy ≤ 0,
-    the function being non-convex); otherwise λ stays and η_l halves. η_l starts at
-    1 / (max ∇f − min ∇f) at λ⁰.
-
-    Stopping rule: problem l is done once its Frank–Wolfe gap
-    ⟨∇f(λ), λ⟩ − min_k ∂f/∂λ_k = max_{s ∈ Δ} ⟨∇f(λ), λ − s⟩ (zero exactly at the
-    first-order stationary points on Δ) is at most ``tolerance`` · |f_l(λ⁰)|; all stop
-    after ``max_steps`` steps. One objective evaluation per step.
-    """
-    lam = np.array(lam0, dtype=np.float64)
-    f, g = objective(lam)
-    start = f.copy()
-    threshold = tolerance * np.maximum(np.abs(start), 1e-300)
-    eta = 1.0 / np.maximum(np.ptp(g, axis=1), 1e-300)
-    steps = 0
-    gap = (lam * g).sum(axis=1) - g.min(axis=1)
-    while steps < max_steps:
-        active = gap > threshold
-        if not active.any():
-            break
-        steps += 1
-        candidate = project_onto_simplex(lam - eta[:, None] * g)
-        fc, gc = objective(candidate)
-        step = candidate - lam
-        accept = active & (fc <= f + _ARMIJO * (g * step).sum(axis=1))
-        sy, ss = (step * (gc - g)).sum(axis=1), (step * step).sum(axis=1)
-        bb = np.where(sy > 0, ss / np.where(sy > 0, sy, 1.0), 2.0 * eta)
-        eta = np.where(accept, np.clip(bb, 1e-12, 1e12), 0.5 * eta)
-        lam = np.where(accept[:, None], candidate, lam)
-        f = np.where(accept, fc, f)
-        g = np.where(accept[:, None], gc, g)
-        gap = (lam * g).sum(axis=1) - g.min(axis=1)
-    return lam, SolverReport(steps, start, f, gap)
-
-
-def softmax(z: np.ndarray) -> np.ndarray:
-    e = np.exp(z - z.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def adam_steps(
-    objective: Objective, z0: np.ndarray, *, steps: int, lr: float, betas: tuple[float, float]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``steps`` ≥ 1 steps of a new ``torch.optim.Adam`` (eps 10⁻⁸) on f(softmax(z)), rows of z (L, M).
-
-    Returns (λ, f(λ), z): λ = softmax(z) at the start of the last step (the weights the
-    code aggregates with), the objective there, and z after the last step.
-    """
-    z = np.array(z0, dtype=np.float64)
-    m = np.zeros_like(z)
-    v = np.zeros_like(z)
-    b1, b2 = betas
-    for t in range(1, steps + 1):
-        lam = softmax(z)
-        value, grad_lam = objective(lam)
-        grad = lam * (grad_lam - (lam * grad_lam).sum(axis=1, keepdims=True))  # through the softmax
-        m = b1 * m + (1 - b1) * grad
-        v = b2 * v + (1 - b2) * grad**2
-        m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)
-        z = z - lr * m_hat / (np.sqrt(v_hat) + 1e-8)
-    return lam, value, z
-
-
 # --- aggregation --------------------------------------------------------------------------------
 
 
 def combine(
-    global_vector: np.ndarray, vectors: np.ndarray, lam: np.ndarray, groups: LayerGroups, gamma: float
+    global_vector: np.ndarray,
+    vectors: np.ndarray,
+    lam: np.ndarray,
+    groups: LayerGroups,
+    gamma: float,
+    products: ClientVectorProducts | None = None,
 ) -> np.ndarray:
     """γ Σ_k λ_k θ_k / Σ_k λ_k = γ (θ_g + Σ_k λ_k τ_k) for rows λ on the simplex, per segment.
 
-    One GEMV per segment (one in all for FedAWA); λ (L, M) float64, ``vectors`` (M, S) float32.
+    One GEMV per segment (one per group and one per piece of buffers), λ (L, M) float64, ``vectors`` (M, S)
+    float32; none for a group's parameters whose Σ_k λ_k τ_k ``products`` made already for the same weights
+    (:meth:`ClientVectorProducts.weighted_sum`: the same product, so the same bits).
     """
     weights = np.vstack([lam, lam.mean(axis=0, keepdims=True)]).astype(np.float32)
     out = np.empty_like(global_vector)
     for part, group in groups.segments:
-        np.matmul(weights[group], vectors[:, part], out=out[part])  # (np.dot is slow on strided views)
-    out += global_vector
+        made = None
+        if products is not None and group < groups.num_groups and part == groups.param_slices[group]:
+            made = products.weighted_sum(group, weights[group])
+        if made is None:
+            made = np.matmul(weights[group], vectors[:, part])  # (np.dot is slow on strided views)
+        np.add(made, global_vector[part], out=out[part])
     if gamma != 1.0:
         out *= np.float32(gamma)
     return out

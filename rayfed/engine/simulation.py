@@ -50,7 +50,7 @@ from rayfed.execution.reports import ClientReport
 from rayfed.execution.settlement import NON_FINITE
 from rayfed.train.job import ClientState
 from rayfed.util import plugins
-from rayfed.util.allocator import return_freed_memory
+from rayfed.util.allocator import FreedMemory
 from rayfed.util.errors import CheckpointError, DiskFullError, ServerError, WorkerError
 from rayfed.util.plugin_sources import refuse_run_while_importing
 from rayfed.util.progress import progress_bar, progress_shown
@@ -204,9 +204,9 @@ class Simulation:
             all_clients = np.arange(config.data.num_clients, dtype=np.int64)
             if config.engine.eval_initial and self.start_round == 0 and not any(r["round"] < 0 for r in self.history):
                 self._evaluate_initial(broadcast, all_clients)
-            stopped_early = False
+            stopped_early, heap = False, FreedMemory()
             for t in range(self.start_round, config.train.rounds):
-                return_freed_memory()  # the pages the set-up or the last round freed go back before this round
+                heap.give_back()  # the pages the set-up or the last rounds freed go back before this round
                 broadcast, stopped_early = self._round(t, broadcast, all_clients)
                 if stopped_early:
                     break

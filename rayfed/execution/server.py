@@ -44,7 +44,9 @@ class Server:
         cover every call (single calls, or what a node added up), and fold the total into the state."""
         total = CallTree(calls).total(pieces) if calls else None
         bytes_received = sum(p.nbytes for p in pieces.values() if p is not None)
-        if total is not None and not total.is_finite():
+        # A sum may overflow where its parts did not; the rows of a concatenation were each found finite on their
+        # workers (rayfed.execution.settlement), so reading them once more here could find nothing.
+        if total is not None and total.sum_is_one_part and not total.is_finite():
             logger.warning("round %d: aggregate is not finite; the global state is kept", ctx.round)
             total = None
         # A round without an acceptable update leaves the state as it is: answered here, for every method.

@@ -42,9 +42,8 @@ def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     if not tensors:
         return []
     pieces = [t.detach().contiguous().reshape(-1) for t in tensors]
-    buffer = host_copy(
-        torch.cat([(p.to(torch.uint8) if p.dtype == torch.bool else p).view(torch.uint8) for p in pieces])
-    )
+    joined = torch.cat([(p.to(torch.uint8) if p.dtype == torch.bool else p).view(torch.uint8) for p in pieces])
+    buffer = joined.numpy() if joined.device.type == "cpu" else host_copy(joined)  # the join is a copy already
     arrays, offset = [], 0
     for tensor, piece in zip(tensors, pieces):
         size = piece.numel() * piece.element_size()

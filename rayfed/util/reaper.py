@@ -6,8 +6,12 @@ cannot shut them down, and Ray's agents outlive their raylet by a minute or more
 driver starts this module as a separate process (:class:`Reaper`) and tells it, over a pipe
 it keeps open, the processes to watch. The reaper follows them and their descendants (each
 by pid and start time, so a reused pid is never taken for one of them) and, when the pipe
-closes (the driver ended them itself, or died), sends what is left SIGTERM, then SIGKILL
-after :data:`GRACE_S`, and exits.
+closes (the driver ended them itself, or died), looks for their descendants once more, sends
+what is left SIGTERM, then SIGKILL after :data:`GRACE_S`, and exits. Looking for descendants
+reads every process's ``/proc/<pid>/stat`` (milliseconds on a busy machine), so it does so
+every :data:`POLL_S` while new processes appear and ever less often, down to every
+:data:`QUIET_POLL_S`, while none do (a running Ray's processes rarely change); it notices the
+pipe closing at once whatever the interval.
 
     python -m rayfed.util.reaper      # reads pids, one per line, from stdin until it closes
 """
@@ -24,12 +28,14 @@ from collections.abc import Iterable
 
 from rayfed.util.processes import children, process_start_time
 
-__all__ = ["Reaper", "GRACE_S", "POLL_S"]
+__all__ = ["Reaper", "GRACE_S", "POLL_S", "QUIET_POLL_S"]
 
 GRACE_S = 3.0
 """Seconds between SIGTERM and SIGKILL for the processes left when the driver is gone."""
 POLL_S = 0.5
-"""How often the watched processes' descendants are looked for."""
+"""How often the watched processes' descendants are looked for while new ones appear."""
+QUIET_POLL_S = 8.0
+"""How often at the least: the interval doubles from :data:`POLL_S` up to this while no new process appears."""
 
 
 class Reaper:
@@ -81,9 +87,9 @@ def main() -> None:
     """Read pids from stdin; follow them and their descendants; reap them all when stdin closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     watched: dict[int, str] = {}
-    stdin, pending = sys.stdin.fileno(), b""
+    stdin, pending, interval = sys.stdin.fileno(), b"", POLL_S
     while True:
-        ready, _, _ = select.select([stdin], [], [], POLL_S)
+        ready, _, _ = select.select([stdin], [], [], interval)
         chunk = os.read(stdin, 4096) if ready else None
         if chunk is not None:
             pending += chunk
@@ -94,7 +100,9 @@ def main() -> None:
                     watched[int(line)] = start
         # forget the processes that ended (their pids may be reused), then add the children of the others
         watched = {pid: start for pid, start in watched.items() if process_start_time(pid) == start}
-        watched.update(children(frozenset(watched)))
+        new = {pid: start for pid, start in children(frozenset(watched)).items() if pid not in watched}
+        watched.update(new)
+        interval = POLL_S if new or chunk else min(QUIET_POLL_S, 2 * interval)
         if chunk == b"":  # the driver closed the pipe, or is gone
             _reap(watched)
             return

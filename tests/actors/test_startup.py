@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rayfed.actors.cluster import ray_session
+from rayfed.actors.cluster import UNWATCHED_CLUSTER_ENV, ray_session
 from rayfed.config import EngineConfig
 
 AUTH_WARNING = "Token authentication is enabled"
@@ -68,6 +68,36 @@ def test_auth_mode_is_set_only_for_the_private_cluster(monkeypatch: pytest.Monke
         pass
     assert seen == ["disabled", None, "token"]
     assert os.environ["RAY_AUTH_MODE"] == "token"
+
+
+def test_a_private_ray_without_a_dashboard_records_no_task_events_or_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Task events and metrics, which only a dashboard (or the state API) reads, are off for a private Ray
+    without one; on with the dashboard, for a joined cluster, and wherever the user set them."""
+    seen: list[tuple[str | None, str | None]] = []
+    monkeypatch.setattr("ray.is_initialized", lambda: False)
+    monkeypatch.setattr(
+        "ray.init",
+        lambda **_: seen.append(
+            (os.environ.get("RAY_task_events_report_interval_ms"), os.environ.get("RAY_enable_metrics_collection"))
+        ),
+    )
+    monkeypatch.setattr("ray.shutdown", lambda: None)
+    monkeypatch.setattr("rayfed.actors.cluster.check_reachable", lambda address, source: None)
+    monkeypatch.setattr("rayfed.actors.cluster._say_joined", lambda setting, target: None)  # the stub has no nodes
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for key in UNWATCHED_CLUSTER_ENV:
+        monkeypatch.delenv(key, raising=False)
+    with ray_session(EngineConfig()):
+        pass
+    with ray_session(EngineConfig(dashboard=True)):
+        pass
+    with ray_session(EngineConfig(ray_address="127.0.0.1:6379")):
+        pass
+    monkeypatch.setenv("RAY_enable_metrics_collection", "1")
+    with ray_session(EngineConfig()):
+        pass
+    assert seen == [("0", "0"), (None, None), (None, None), ("0", "1")]
+    assert "RAY_task_events_report_interval_ms" not in os.environ  # restored after the run
 
 
 def test_reproduce_starts_its_private_ray_the_same_way(monkeypatch: pytest.MonkeyPatch) -> None:

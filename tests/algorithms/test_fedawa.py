@@ -17,15 +17,13 @@ from rayfed.algorithms.fedawa import FedAWALServer, FedAWAParams, FedAWAServer
 from rayfed.algorithms.fedawa_objective import (
     EXACT_SMOOTHING,
     MatrixFreeProducts,
-    adam_steps,
     code_objective,
+    combine,
     gram_statistics,
     layer_groups,
-    minimise_on_simplex,
     paper_objective,
-    project_onto_simplex,
-    softmax,
 )
+from rayfed.algorithms.fedawa_solvers import adam_steps, minimise_on_simplex, project_onto_simplex, softmax
 from rayfed.algorithms.fedawa_weights import INITIAL_WEIGHTS
 from rayfed.algorithms.sgdm import MOMENTUM_KEY, PersistentMomentumClient
 from rayfed.config import TrainConfig
@@ -146,6 +144,32 @@ def test_gram_statistics_and_matrix_free_products_match_numpy() -> None:
         np.testing.assert_allclose(products.gram(x)[0], t @ t.T @ x[0], rtol=1e-5)
         np.testing.assert_allclose(products.b[0], t @ theta_g[:P], rtol=1e-5)
         assert products.c[0] == pytest.approx(float(theta_g[:P].astype(np.float64) @ theta_g[:P]), rel=1e-6)
+
+
+@pytest.mark.parametrize("layer_wise", [False, True])
+def test_combine_takes_the_weighted_sum_a_product_made_and_gives_the_same_bits(layer_wise: bool) -> None:
+    # Prepare: the products of one objective evaluation at λ (Gλ, then Gw for another w), as one Adam step makes.
+    theta_g, vectors = _random_problem(seed=6, m=5)
+    groups = layer_groups(LAYOUT, BUFFERS, layer_wise=layer_wise)
+    rng = np.random.default_rng(7)
+    lam, w = rng.dirichlet(np.ones(5), size=(2, groups.num_groups))
+    products = MatrixFreeProducts(vectors, theta_g, groups.param_slices)
+    products.gram(lam)
+    products.gram(w)
+    # Execute
+    reused = combine(theta_g, vectors, lam, groups, 0.9, products)
+    made = combine(theta_g, vectors, lam, groups, 0.9)
+    # Assert: every group's parameters come from the products (λ's and w's both kept), to the last bit; the buffers
+    # are their own segments; weights the products never saw are made afresh.
+    for group, part in enumerate(groups.param_slices):
+        for x in (lam, w):
+            kept = products.weighted_sum(group, x[group].astype(np.float32))
+            np.testing.assert_array_equal(kept, np.matmul(x[group].astype(np.float32), vectors[:, part]))
+        assert products.weighted_sum(group, np.full(5, 0.2, np.float32)) is None
+    assert any(part.start >= P for part, _ in groups.segments)
+    np.testing.assert_array_equal(reused, made)
+    products.gram(rng.dirichlet(np.ones(5), size=groups.num_groups))  # a third product: λ's is forgotten
+    assert products.weighted_sum(0, lam[0].astype(np.float32)) is None
 
 
 # --- solvers ------------------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """The summation tree over a round's calls (``rayfed.execution.summation``): the same bits whoever adds which
-subtree, the rows of concatenated uploads in call order, and pieces that do not fit the tree refused."""
+subtree, the rows of concatenated uploads in call order, pieces that do not fit the tree refused, and the server's
+check of the total."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from rayfed.algorithms import ClientVectors, WeightedSum
+from rayfed.algorithms import ClientVectors, RoundContext, WeightedSum
+from rayfed.execution.server import Server
 from rayfed.execution.summation import CallTree, tree_sum
 
 
@@ -111,3 +113,35 @@ def test_a_tree_has_calls() -> None:
         CallTree(0)
     with pytest.raises(ValueError, match="call 5 is not one of the round's 5 calls"):
         CallTree(5).subtrees([5])
+
+
+class _Half:
+    """A server half that records what it is given to aggregate."""
+
+    def __init__(self) -> None:
+        self.given: list[object] = []
+
+    def aggregate(self, ctx: RoundContext, total: object) -> dict[str, float]:
+        self.given.append(total)
+        return {}
+
+
+def test_the_server_reads_a_sum_again_for_overflow_but_not_the_rows_of_a_concatenation(monkeypatch) -> None:
+    # Prepare: a server around a recording half; is_finite counted per kind of upload.
+    server, half = Server.__new__(Server), _Half()
+    server.half = half  # type: ignore[assignment]
+    ctx = RoundContext(round=0, seed=0, lr=0.1, sampled=np.arange(4))
+    checked: list[str] = []
+    is_finite = WeightedSum.is_finite
+    monkeypatch.setattr(ClientVectors, "is_finite", lambda self: checked.append("rows") or True)
+    monkeypatch.setattr(WeightedSum, "is_finite", lambda self: checked.append("sum") or is_finite(self))
+    big = np.full(3, 3e38, np.float32)  # finite parts whose sum overflows float32
+    # Execute
+    server.aggregate(ctx, *[ClientVectors.of(np.full(3, i, np.float32), i, 1.0) for i in range(4)])
+    with np.errstate(over="ignore"):
+        refused = server.aggregate(ctx, WeightedSum(big, 1.0), WeightedSum(big, 1.0))
+    # Assert: the rows, each found finite on its worker, are not read again; the overflowing sum is refused
+    # (answered by the server, never handed to the half).
+    assert checked == ["sum"]
+    assert len(half.given) == 1 and isinstance(half.given[0], ClientVectors) and half.given[0].count == 4
+    assert refused["clients_aggregated"] == 0.0

@@ -1,4 +1,5 @@
-"""The driver gives its loading's freed pages back; a worker keeps freed buffers (rayfed.util.allocator).
+"""The driver gives its loading's freed pages back, again only once its memory grew; a worker keeps freed buffers
+(rayfed.util.allocator).
 
 Each case runs in a fresh interpreter, so the test process's own heap cannot blur the numbers.
 """
@@ -59,3 +60,24 @@ def test_keep_freed_memory_sets_both_limits() -> None:
     code = "from rayfed.util.allocator import keep_freed_memory; print(keep_freed_memory())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"
+
+
+GATED = """
+from rayfed.util.allocator import FreedMemory
+
+heap = FreedMemory(slack_bytes=32 << 20)
+first, again = heap.give_back(), heap.give_back()
+blocks, keepers = [], []
+for _ in range(1500):  # about 96 MiB of holes below live memory, as in HOLES
+    block = bytearray(65536)
+    block[::4096] = b"\\x01" * 16
+    blocks.append(block)
+    keepers.append(bytearray(600))
+del blocks
+print(first, again, heap.give_back(), heap.give_back())
+"""
+
+
+def test_freed_memory_trims_first_and_then_only_once_the_resident_memory_grew() -> None:
+    out = subprocess.run([sys.executable, "-c", GATED], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "False", "True", "False"]
