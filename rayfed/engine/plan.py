@@ -11,7 +11,9 @@ A run that cannot be carried out is refused here, with every file of its directo
 * its inputs: the dataset, the problem (the algorithm checks its params against it), the held-out
   server data and the partition (:class:`~rayfed.engine.inputs.RunInputs`);
 * whether any client can take a local step (:func:`rayfed.engine.trainability.check_trainable`);
-* the packages of the experiment trackers ``engine.loggers`` names (:func:`rayfed.config.check_installed`).
+* the packages of the experiment trackers ``engine.loggers`` names (:func:`rayfed.config.check_installed`);
+* its system model: the clients' devices, and the rounds the loop asks for (:mod:`rayfed.engine.system_setup`),
+  with ``system.step_s`` measured where the run calibrates it (:mod:`rayfed.engine.calibration`).
 
 It also says, once, what of the fast path the run cannot take (:mod:`rayfed.engine.fast_path`).
 
@@ -26,12 +28,15 @@ from pathlib import Path
 
 from rayfed.algorithms import ResolvedAlgorithm, resolve
 from rayfed.config import RunConfig, check_installed
+from rayfed.engine.calibration import with_measured_step_s, with_recorded_step_s
 from rayfed.engine.fast_path import log_slow_paths
 from rayfed.engine.inputs import RunInputs
 from rayfed.engine.resume_point import ResumePoint, read_resume_point
+from rayfed.engine.rounds import Rounds
 from rayfed.engine.run_dir import check_creatable, check_run_dir
 from rayfed.engine.run_identity import RunMarker, run_identity
 from rayfed.engine.sizing import MemoryEstimate, check_fits
+from rayfed.engine.system_setup import plan_rounds
 from rayfed.engine.trainability import check_trainable
 from rayfed.util import plugins
 from rayfed.util.progress import progress_shown
@@ -54,6 +59,8 @@ class RunPlan:
     """The run marker to write, and the checkpoint and rounds it continues from (none for a new run)."""
     memory: MemoryEstimate
     inputs: RunInputs
+    rounds: Rounds
+    """Whom each round trains and what its system model records (:mod:`rayfed.engine.rounds`)."""
 
 
 def default_run_dir(config: RunConfig) -> Path:
@@ -72,10 +79,13 @@ def plan_run(config: RunConfig, *, resume: bool = False) -> RunPlan:
     check_installed(config.engine.loggers)
     run_dir = Path(config.run_dir) if config.run_dir else default_run_dir(config)
     check_creatable(run_dir)
+    config = with_recorded_step_s(config, run_dir)
     continues = check_run_dir(run_dir, config, resume=resume)
     memory = check_fits(config, run_dir)
     with progress_shown(config.engine.progress):
         inputs = RunInputs.prepare(config, algorithm, run_dir, continues=continues)
+    if not continues:
+        config = with_measured_step_s(config, algorithm, inputs)
     identity = run_identity(config, inputs.partition)
     if continues:
         point = read_resume_point(run_dir, config, identity, algorithm.may_hold_nan)
@@ -83,4 +93,5 @@ def plan_run(config: RunConfig, *, resume: bool = False) -> RunPlan:
         point = ResumePoint(RunMarker.new(identity, config.train.rounds))
     check_trainable(inputs.partition.num_train(), config.train)
     log_slow_paths(config, algorithm, inputs.dataset)
-    return RunPlan(config, algorithm, run_dir, continues, identity, point, memory, inputs)
+    rounds = plan_rounds(config, algorithm, inputs)
+    return RunPlan(config, algorithm, run_dir, continues, identity, point, memory, inputs, rounds)

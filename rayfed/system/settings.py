@@ -54,6 +54,12 @@ class SystemConfig:
         "Seconds one local step takes on the reference device (slowdown 1); measure it on the run's own model "
         "and machine to put virtual time in that device's seconds.",
     )
+    calibrate: bool = documented(
+        False,
+        "Measure system.step_s before the run: the median seconds of one local SGD step of the run's own model "
+        "on a batch of its data, on this machine (the driver's device), which then stands as system.step_s in "
+        "the run's config.json, so that the run and its resume use that number.",
+    )
     compute_spread: float = documented(
         0.6,
         "devices=lognormal: σ of ln(slowdown), the log-normal spread of the devices' time per step around the "
@@ -105,6 +111,11 @@ class SystemConfig:
         "Probability, in [0, 1), that a client that started training is lost before it reports (FLGo's "
         "connectivity, prob_drop); its work is never received.",
     )
+    target_accuracy: float | None = documented(
+        None,
+        "A pooled test accuracy in (0, 1] to reach: summary.json then records the virtual time (and the round) of "
+        "the first evaluation at or above it; null = none.",
+    )
     seed: int = documented(
         1,
         "Seed of the devices drawn (speeds, bandwidths, online hours), in [0, 2**32 - 1]; fixed across training "
@@ -142,6 +153,9 @@ class SystemConfig:
         )
         check_real("system.over_commit", self.over_commit, low=1)
         check_real("system.dropout", self.dropout, low=0, high=1, high_open=True)
+        check(isinstance(self.calibrate, bool), "system.calibrate", self.calibrate, "true or false")
+        if self.target_accuracy is not None:
+            check_real("system.target_accuracy", self.target_accuracy, low=0, high=1, low_open=True)
         check(is_int(self.seed) and 0 <= self.seed < 2**32, "system.seed", self.seed, "an integer in [0, 2**32 - 1]")
 
     def _refuse_settings_without_devices(self) -> None:
