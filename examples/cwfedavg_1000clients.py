@@ -145,13 +145,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def record(path: Path, summary: dict[str, object], history: list[dict[str, float]], seconds: float) -> None:
-    """``--record``: the summary without the run directory, the command's seconds and each round's pooled accuracy
-    of the personalised and of the global model, as JSON (what the README's figures are checked against)."""
+    """``--record``: the summary without the run directory, the command's seconds, each round's pooled accuracy of
+    the personalised and of the global model, and how this machine's kernels round (``numerics``: the README's
+    figures are checked against these where a machine rounds the same), as JSON."""
+    from rayfed.train.numerics import fingerprint
+
     rounds = [
         {"round": int(r["round"]), "accuracy": r["accuracy"], "global_accuracy": r["global_accuracy"]} for r in history
     ]
     kept = {key: value for key, value in summary.items() if key != "run_dir"}
-    text = json.dumps({**kept, "seconds": round(seconds, 1), "rounds": rounds}, indent=1)
+    text = json.dumps({**kept, "seconds": round(seconds, 1), "numerics": fingerprint(), "rounds": rounds}, indent=1)
     path.write_text(text + "\n")
 
 

@@ -90,7 +90,6 @@ register_algorithm(
     client=HeadProxClient,
     summary="HeadProx (an example of a user's own method): personal heads, averaged bodies, a proximal body term",
     keeps_client_state=True,
-    label="HeadProx",
 )
 
 

@@ -3,6 +3,7 @@
 >>> import rayfed
 >>> config = rayfed.RunConfig().override({"algorithm.name": "fedprox", "train.rounds": 5})
 >>> result = rayfed.run(config)  # doctest: +SKIP
+>>> print(rayfed.check("fedprox"))  # does it stack, with equal losses? (docs/methods.md)  # doctest: +SKIP
 
 The names below are imported on first use (PEP 562, module ``__getattr__``), so that
 ``import rayfed`` and the command line (``rayfed --help``, ``rayfed list``) do not import
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ i
         TrainConfig,
         load_config,
     )
+    from rayfed.engine.method_check import check  # noqa: F401
     from rayfed.engine.result import RunResult  # noqa: F401
     from rayfed.engine.simulation import Simulation  # noqa: F401
     from rayfed.tracking.runs import run  # noqa: F401
@@ -51,6 +53,7 @@ __all__, __getattr__, __dir__ = lazy_exports(
             "TrainConfig",
             "load_config",
         ),
+        "rayfed.engine.method_check": ("check",),
         "rayfed.engine.result": ("RunResult",),
         "rayfed.engine.simulation": ("Simulation",),
         "rayfed.tracking.runs": ("run",),

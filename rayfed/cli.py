@@ -7,6 +7,8 @@
     rayfed plot RUN_DIR [RUN_DIR ...] --out DIR    figures (PNG) from finished runs
     rayfed run --preset NAME [field=value ...]     start from a paper's protocol (rayfed.config.presets)
     rayfed reproduce TABLE [--rounds N ...]        run and report one of the papers' tables (rayfed.reproduce)
+    rayfed check METHOD [field.path=value ...]     run a method two rounds on tiny data, stacked and one client
+                                                   at a time, and say whether it stacks, with equal losses
 
 Examples::
 
@@ -58,6 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories; their curves share one plot")
     plot.add_argument("--out", required=True, metavar="DIR", help="folder for the PNG files")
     plot.set_defaults(handler=_plot)
+    checking = sub.add_parser(
+        "check",
+        help="run a method two rounds on tiny data, stacked and one client at a time, and report its mistakes",
+        description="Run a method for two rounds on tiny synthetic data, stacked (engine.vectorize=on) and one client "
+        "at a time, on the CPU; say whether it stacks, whether both give equal losses, its upload and message sizes, "
+        "and every mistake with its fix. Exit status 1 if it does not stack, differs or has a mistake.",
+    )
+    checking.add_argument("method", metavar="METHOD", help="a registered algorithm, or a .py file that registers some")
+    checking.add_argument("overrides", nargs="*", help="field.path=value on top of the tiny run (model.name=...)")
+    checking.add_argument("--rounds", type=int, default=2, help="rounds to run (default 2)")
+    checking.add_argument("--clients", type=int, default=8, help="clients, all trained in every round (default 8)")
+    checking.set_defaults(handler=_check)
     _add_tune_parser(sub)
     from rayfed.reproduce.cli import add_reproduce_parser
 
@@ -104,6 +118,20 @@ def _plot(ns: argparse.Namespace) -> int:
     for path in paths:
         print(path)
     return 0
+
+
+def _check(ns: argparse.Namespace) -> int:
+    from rayfed.config import parse_override
+    from rayfed.engine.method_check import check, methods_in
+
+    overrides = dict(parse_override(arg) for arg in ns.overrides)
+    methods = [ns.method]
+    if ns.method.endswith(".py"):
+        methods = methods_in(ns.method)
+        overrides.setdefault("plugins", [ns.method])
+    reports = [check(method, overrides, rounds=ns.rounds, clients=ns.clients) for method in methods]
+    print("\n".join(str(report) for report in reports))
+    return 0 if all(report.ok for report in reports) else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

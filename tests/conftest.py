@@ -1,12 +1,24 @@
-"""Shared fixtures: tiny configs on the offline synthetic dataset, and one Ray cluster per session."""
+"""Shared fixtures: tiny configs on the offline synthetic dataset (generated once per process for each set of
+options), one Ray cluster per session, and the suite's two lanes (:mod:`tests.lanes`)."""
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+import torch
+
+from tests.cached_synthetic import cache_synthetic
+from tests.lanes import pytest_collection_modifyitems  # noqa: F401  (the hook that marks each test's lane)
+
+T = TypeVar("T")
+
+pytest_plugins = ("pytester",)  # tests/test_lanes.py collects example tests
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -17,6 +29,11 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="rayfed-test-cache-")
 # Checkpoints are sealed with a key kept outside run directories (rayfed.engine.checkpoint_key): the tests' own,
 # made on first use, so that they never make or read the user's.
 os.environ["RAYFED_CHECKPOINT_KEY_FILE"] = str(Path(tempfile.mkdtemp(prefix="rayfed-test-key-")) / "checkpoint.key")
+# One torch thread, as a run's workers have (engine.torch_threads), whatever ran before in this process: two
+# pytest-xdist workers on two cores would otherwise wait on each other's OpenMP barriers.
+torch.set_num_threads(1)
+
+cache_synthetic()
 
 
 def tiny_overrides(run_dir: Path, **extra: object) -> dict[str, object]:
@@ -48,6 +65,23 @@ def ray_cluster():
     ray.shutdown()
 
 
+def python_calls(work: Callable[[], T]) -> tuple[int, T]:
+    """The Python calls (functions and builtins, nested ones included) that ``work()`` makes, and its result:
+    a count that tells a vectorised step from a Python loop over clients or samples, whatever the box's load."""
+    calls = 0
+
+    def count(frame: object, event: str, arg: object) -> None:
+        nonlocal calls
+        calls += event in ("call", "c_call")
+
+    sys.setprofile(count)
+    try:
+        result = work()
+    finally:
+        sys.setprofile(None)
+    return calls, result
+
+
 def train_phases(job, phases, *, mean=(0.5,), std=(0.5,), output_layers=None):
     """Train ``job`` through ``phases`` with the one loop, from the model in ``job.flat``, as a worker trains a
     client alone (the phases checked first, as a worker checks them); returns its mean reported loss and its
@@ -67,10 +101,8 @@ def train_phases(job, phases, *, mean=(0.5,), std=(0.5,), output_layers=None):
 def train_client(half, message, job, *, mean=(0.5,), std=(0.5,), output_layers=None):
     """Start ``job`` as a worker does (``job.start`` = ``half.start(message, job)``, its model loaded into
     ``job.flat``), then train it through ``half.phases(message, job)``, as :func:`train_phases`."""
-    from rayfed.algorithms import model_of
-
     job.start = half.start(message, job)
-    job.flat.load_state(model_of(job.start))
+    job.flat.load_state(job.start.model)
     phases = half.phases(message, job)
     return train_phases(job, phases, mean=mean, std=std, output_layers=output_layers)
 

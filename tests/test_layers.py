@@ -35,16 +35,18 @@ EXTENDS = {
     ("sgdm", "fedavg"),
     ("ditto", "fedavg"),
     ("fedclassavg", "fedavg"),
+    ("fedadam", "fedavg"),
     ("fedawa", "sgdm"),
     ("feddyn", "sgdm"),
     ("feddisco", "fedawa_weights"),
 }
-"""(algorithm, algorithm it builds on): FedAvg's server under other clients, the persistent-momentum client
-of FedAWA and FedDyn, FedAWA's registry of initial weights that FedDisco registers into."""
+"""(algorithm, algorithm it builds on): FedAvg's server under other clients (and FedAdam's, which names its central
+optimiser), the persistent-momentum client of FedAWA and FedDyn, FedAWA's registry of initial weights that FedDisco
+registers into."""
 
 FAMILY_SUFFIXES = ("_equations", "_params", "_objective", "_figures", "_weights")
 """A method's own modules beside its main one (``cwfedavg_equations`` belongs to ``cwfedavg``)."""
-SHARED = {"hooks", "registry", "sizing", "contributions", "figures", "common"}
+SHARED = {"hooks", "declarations", "registry", "sizing", "contributions", "figures", "common"}
 """Modules of rayfed.algorithms that are not an algorithm: the contract and what algorithms share."""
 
 

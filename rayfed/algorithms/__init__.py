@@ -9,17 +9,16 @@ algorithm imports only its module (the server process of FedAvg imports no torch
 """
 
 from rayfed.algorithms.contributions import ClientVectors, WeightedSum, sum_contributions
-from rayfed.algorithms.hooks import (
-    ClientHalf,
-    Contribution,
-    NoParams,
-    RoundContext,
-    ServerHalf,
-    SharedBody,
-    Start,
-    model_of,
+from rayfed.algorithms.declarations import SharedBody
+from rayfed.algorithms.hooks import ClientHalf, Contribution, NoParams, RoundContext, ServerHalf, Start
+from rayfed.algorithms.registry import (
+    ALGORITHMS,
+    Algorithm,
+    Capabilities,
+    Reporting,
+    ResolvedAlgorithm,
+    register_algorithm,
 )
-from rayfed.algorithms.registry import ALGORITHMS, Algorithm, ResolvedAlgorithm, register_algorithm
 from rayfed.algorithms.settings import resolve
 
 __all__ = [
@@ -29,6 +28,8 @@ __all__ = [
     "ClientVectors",
     "Contribution",
     "NoParams",
+    "Capabilities",
+    "Reporting",
     "ResolvedAlgorithm",
     "RoundContext",
     "ServerHalf",
@@ -37,6 +38,5 @@ __all__ = [
     "WeightedSum",
     "register_algorithm",
     "resolve",
-    "model_of",
     "sum_contributions",
 ]

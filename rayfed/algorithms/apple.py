@@ -47,7 +47,8 @@ import torch
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
+from rayfed.algorithms.sizing import StateSizes
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
@@ -317,7 +318,7 @@ class AppleClient(ClientHalf[AppleParams, CoreModels]):
 # --- server side ----------------------------------------------------------------------------
 
 
-class AppleServer(ServerHalf[AppleParams, ClientVectors]):
+class AppleServer(StateSizes, ServerHalf[AppleParams, ClientVectors]):
     """Keeps every client's latest core model and its version; aggregates nothing."""
 
     @classmethod
@@ -350,9 +351,7 @@ class AppleServer(ServerHalf[AppleParams, ClientVectors]):
     def broadcast(self) -> CoreModels:
         return CoreModels(self.cores, self.versions, self.num_params, self.initial, self.p0, self.start)
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         self.cores, self.versions = self.cores.copy(), self.versions.copy()  # the last broadcast reads the old
         self.cores[contribution.client_ids] = contribution.matrix()
         self.versions[contribution.client_ids] = ctx.round + 1
@@ -373,5 +372,5 @@ register_algorithm(
     client=AppleClient,
     summary="APPLE (Luo & Wu 2022): personal model = DR-vector mix of all clients' core models, copies kept locally",
     keeps_client_state=True,
-    label="APPLE",
+    reporting=Reporting(label="APPLE"),
 )

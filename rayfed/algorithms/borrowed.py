@@ -9,10 +9,9 @@ only what every message has, or nothing (FedProx's proximal term anchors at the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from rayfed.algorithms.hooks import ClientHalf, Contribution, SharedBody
+from rayfed.algorithms.hooks import ClientHalf, Contribution, Start
 from rayfed.util.errors import MethodError
 
 if TYPE_CHECKING:
@@ -29,11 +28,8 @@ class BorrowedTraining(ClientHalf[Any, Any]):
     def __init__(self, own: ClientHalf[Any, Any], training: ClientHalf[Any, Any], names: tuple[str, str]) -> None:
         super().__init__(own.params, own.spec)
         self.own, self.training, self.names = own, training, names
-        # the lent phases may train a model whose output layer reads normalised features (FedNH's cosine classifier)
-        self.normalized_features = own.normalized_features or training.normalized_features  # type: ignore[misc]
-        self.eval_reads_train = own.eval_reads_train  # type: ignore[misc]
 
-    def start(self, message: Any, job: ClientJob) -> Any:
+    def start(self, message: Any, job: ClientJob) -> Start:
         return self.own.start(message, job)
 
     def phases(self, message: Any, job: ClientJob) -> list[Phase]:
@@ -67,6 +63,3 @@ class BorrowedTraining(ClientHalf[Any, Any]):
 
     def bytes_down(self, message: Any, job: ClientJob) -> int:
         return self.own.bytes_down(message, job)
-
-    def shared_body(self, message: Any, jobs: Sequence[ClientJob]) -> SharedBody | None:
-        return self.own.shared_body(message, jobs)

@@ -53,8 +53,8 @@ import numpy as np
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.common.cluster_state import ClusterModelState
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.batches import steps_per_epoch
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
@@ -260,9 +260,9 @@ class ClusterModels:
 class CFLClient(ClientHalf[Any, ClusterModels]):
     """Starts from its cluster's model θ_{c(i)}, trains, and sends its update Δθ_i with its local SGD's λ_i."""
 
-    def start(self, message: ClusterModels, job: ClientJob) -> np.ndarray:
+    def start(self, message: ClusterModels, job: ClientJob) -> Start:
         """θ_i ← θ_{c(i)}."""
-        return message.model_of(job.client_id)
+        return Start(message.model_of(job.client_id))
 
     def upload(self, message: ClusterModels, job: ClientJob) -> Contribution:
         """Δθ_i = θ_i − θ_{c(i)} (parameters then buffers), and λ_i of the client's local SGD."""
@@ -294,9 +294,7 @@ class CFLServer(ClusterModelState, ServerHalf[CFLParams, ClientUpdates]):
     def broadcast(self) -> ClusterModels:
         return ClusterModels(self.models, self.assignment)
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientUpdates | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0, "cfl_clusters": float(len(self.models))}
+    def aggregate(self, ctx: RoundContext, contribution: ClientUpdates) -> dict[str, float]:
         ids, sizes, updates = contribution.client_ids, contribution.sizes, contribution.matrix()
         params = updates[:, : self.num_params]
         if self.params.norms == "gradient":  # −ḡ_i = Δθ_i / λ_i; a client that took no step has no gradient
@@ -349,5 +347,5 @@ register_algorithm(
     client=CFLClient,
     summary="CFL (Sattler et al. 2020): FedAvg per cluster; a cluster near stationarity is bipartitioned by the "
     "cosine similarity of its clients' updates",
-    label="CFL",
+    reporting=Reporting(label="CFL"),
 )

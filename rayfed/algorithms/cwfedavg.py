@@ -54,10 +54,10 @@ from rayfed.algorithms.cwfedavg_equations import (
 )
 from rayfed.algorithms.cwfedavg_figures import cwfedavg_figures
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, ModelParts, model_parts
-from rayfed.algorithms.figures import Figure, FinishedRun
-from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, SharedBody
-from rayfed.algorithms.registry import register_algorithm
-from rayfed.algorithms.sizing import buffer_bytes
+from rayfed.algorithms.declarations import SharedBody, SharedBodyEvaluation
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
+from rayfed.algorithms.registry import Reporting, register_algorithm
+from rayfed.algorithms.sizing import StateSizes, buffer_bytes
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
@@ -155,7 +155,7 @@ class ClasswiseModels:
     parts: ModelParts
 
 
-class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels]):
+class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEvaluation):
     """Starts from Σ_j p̃_ij G_j (Eq. 7); plain SGD on CE + c·‖p_i − p̃_i(W)‖₂ (Eq. 8), recomputed from the live
     output weight each mini-batch (the per-client constant is p_i); sends p̃_i (Eq. 4) and its share of Eq. 6
     and FedAvg."""
@@ -189,11 +189,11 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels]):
         state[size:] = buffers
         return state
 
-    def start(self, message: ClasswiseModels, job: ClientJob) -> np.ndarray:
+    def start(self, message: ClasswiseModels, job: ClientJob) -> Start:
         """θ_i^cw ← Σ_j p̃_ij G_j (Eq. 7); θ_i^other ← G_avg; buffers stay the client's own (the initial ones before
         it has trained)."""
         own = job.state["buffers"] if job.state and "buffers" in job.state else message.initial_buffers
-        return self._state(message, job, self._row(message, job), np.asarray(own))
+        return Start(self._state(message, job, self._row(message, job), np.asarray(own)))
 
     def phases(self, message: ClasswiseModels, job: ClientJob) -> list[Phase]:
         if not self.coefficient:
@@ -231,6 +231,11 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels]):
             model=theta[parts.classwise].clone(),
         )
 
+    def bytes_down(self, message: ClasswiseModels, job: ClientJob) -> int:
+        """One model's parameters (4·P bytes): the model it starts from (Eq. 7), which the server can form from
+        its row p̃_i; the K heads it is mixed from are not counted."""
+        return job.worker_model.size * 4
+
     def global_model(self, message: ClasswiseModels, job: ClientJob) -> np.ndarray:
         """The global model: Eq. 7 with the clients' overall class distribution p_j = Σ_i n_ij / Σ_ij n_ij
         (``job`` holds every client's counts, summed) in place of a client's row, G_avg elsewhere and the
@@ -256,7 +261,7 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels]):
         return SharedBody(state, heads[:, : k * h].reshape(len(jobs), k, h), heads[:, k * h :])
 
 
-class CwFedAvgServer(ServerHalf[CwFedAvgParams, ClasswiseSum]):
+class CwFedAvgServer(StateSizes, ServerHalf[CwFedAvgParams, ClasswiseSum]):
     """Keeps G_1..G_K (K × P_cw), G_avg, the M × K rows p̃ and the M × K row norms; no client models."""
 
     @classmethod
@@ -281,10 +286,6 @@ class CwFedAvgServer(ServerHalf[CwFedAvgParams, ClasswiseSum]):
         buffers = spec.buffer_layouts[architecture].size if architecture in spec.buffer_layouts else 0
         return 4 * (2 * (k * classwise + parts.shared_size) + 2 * m * k + buffers)
 
-    @classmethod
-    def figures(cls, params: CwFedAvgParams, run: FinishedRun) -> list[Figure]:
-        return cwfedavg_figures(params, run)
-
     def __init__(self, params: CwFedAvgParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)  # validates
         architecture = sole_architecture(spec)
@@ -300,9 +301,7 @@ class CwFedAvgServer(ServerHalf[CwFedAvgParams, ClasswiseSum]):
     def broadcast(self) -> ClasswiseModels:
         return ClasswiseModels(self.heads, self.shared, self.initial_buffers, self.p_tilde, self.parts)
 
-    def aggregate(self, ctx: RoundContext, contribution: ClasswiseSum | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClasswiseSum) -> dict[str, float]:
         absent = int((contribution.masses <= 0).sum())
         if absent:
             logger.warning("round %d: %d classes have no uploaded mass; their models are kept", ctx.round, absent)
@@ -337,11 +336,14 @@ register_algorithm(
     client=CwFedAvgClient,
     summary="cwFedAvg with WDR (Lee & Choi, ICCV 2025): class-wise aggregation personalised by p-tilde",
     keeps_client_state=True,
-    label=CwFedAvgParams.label,
-    label_note=(
-        "cwFedAvg (X): X names the class-wise layers, aggregated per class (Eq. 6); the others are averaged as in "
-        "FedAvg (Output: the output layer alone; FC+Output, ...: the last blocks; a+b: the layers named). w/o WDR: "
-        "without the weight distribution regulariser; w/ Dist.: the clients' true class distributions, sent to the "
-        "server, in place of those read off the output layer, and no regulariser."
+    reporting=Reporting(
+        label=CwFedAvgParams.label,
+        label_note=(
+            "cwFedAvg (X): X names the class-wise layers, aggregated per class (Eq. 6); the others are averaged as in "
+            "FedAvg (Output: the output layer alone; FC+Output, ...: the last blocks; a+b: the layers named). w/o WDR: "
+            "without the weight distribution regulariser; w/ Dist.: the clients' true class distributions, sent to the "
+            "server, in place of those read off the output layer, and no regulariser."
+        ),
+        figures=cwfedavg_figures,
     ),
 )

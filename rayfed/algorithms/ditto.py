@@ -22,9 +22,8 @@ beside it.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -33,7 +32,8 @@ from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelClient
 from rayfed.algorithms.common.own_models import MODEL_KEY, saved_model
 from rayfed.algorithms.common.proximal import proximal_term
 from rayfed.algorithms.fedavg import FedAvgServer
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.hooks import HELD_BY_CLIENTS
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Batch, Constants, Kept, Outputs, Params, Phase
 from rayfed.train.problem import ProblemSpec
@@ -66,7 +66,7 @@ class DittoParams:
 class DittoModels(GlobalModel):
     """The global model w^t, and the common initialisation for personal models not yet trained."""
 
-    initial: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.float32))
+    initial: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32), metadata=HELD_BY_CLIENTS)
 
 
 class DittoClient(GlobalModelClient[DittoParams, GlobalModel]):
@@ -103,12 +103,8 @@ class DittoClient(GlobalModelClient[DittoParams, GlobalModel]):
         """The global model w^t."""
         return message.vector
 
-    def shared_body(self, message: GlobalModel, jobs: Sequence[ClientJob]) -> None:
-        """Every client is evaluated with its own personal model: one forward each."""
-        return None
 
-
-class DittoServer(FedAvgServer):
+class DittoServer(FedAvgServer[DittoParams]):
     """FedAvg's server; its broadcast also carries the initialisation for new personal models."""
 
     def __init__(self, params: DittoParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
@@ -127,5 +123,5 @@ register_algorithm(
     summary="Ditto (Li et al. 2021): FedAvg global model plus a personal model per client, "
     "regularised by (lambda/2)||v - w_g||^2",
     keeps_client_state=True,
-    label="Ditto",
+    reporting=Reporting(label="Ditto"),
 )

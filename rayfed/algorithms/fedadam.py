@@ -6,7 +6,8 @@ FedAdam section.
 
 Clients train as in FedAvg and upload n_k·θ_k (a :class:`WeightedSum`). With Δ_t the pseudo-
 gradient, here the sample-size weighted average of the models minus the global model,
-the server updates (Algorithm 2, no bias correction)
+the server updates (Algorithm 2, no bias correction; FedAvg's server with the central optimiser
+:class:`~rayfed.algorithms.common.central_optimizers.CentralAdam`)
 
     m_t = β1 m_{t−1} + (1 − β1) Δ_t
     v_t = β2 v_{t−1} + (1 − β2) Δ_t²
@@ -23,20 +24,16 @@ clients' average, since they are statistics, not something the pseudo-gradient s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
-
-from rayfed.algorithms.common.global_model import GlobalModelClient, GlobalModelServer
-from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.hooks import RoundContext
-from rayfed.algorithms.registry import register_algorithm
-from rayfed.train.problem import ProblemSpec
+from rayfed.algorithms.common.central_optimizers import CentralAdam
+from rayfed.algorithms.common.global_model import GlobalModelClient
+from rayfed.algorithms.fedavg import FedAvgServer
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_real
 
-__all__ = ["FedAdamParams", "adam_server_step", "FedAdamServer"]
+__all__ = ["FedAdamParams", "FedAdamServer"]
 
 
 @section("algorithm.params")
@@ -61,41 +58,12 @@ class FedAdamParams:
             check_real(p + name, getattr(self, name), low=0, high=1, high_open=True)
 
 
-def adam_server_step(
-    theta: np.ndarray, delta: np.ndarray, m: np.ndarray, v: np.ndarray, params: FedAdamParams
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One FedAdam update (Algorithm 2): returns (θ_t, m_t, v_t) from θ_{t−1}, Δ_t, m_{t−1}, v_{t−1}."""
-    m = params.beta1 * m + (1 - params.beta1) * delta
-    v = params.beta2 * v + (1 - params.beta2) * delta * delta
-    theta = theta + params.server_lr * m / (np.sqrt(v) + params.tau)
-    return theta.astype(np.float32), m.astype(np.float32), v.astype(np.float32)
+class FedAdamServer(FedAvgServer[FedAdamParams]):
+    """FedAvg's server stepping θ_g with Adam (Algorithm 2), whose moments m, v are saved with it."""
 
-
-class FedAdamServer(GlobalModelServer[FedAdamParams, WeightedSum]):
-    """Keeps θ_g and Adam's moments m, v (parameters only)."""
-
-    def __init__(self, params: FedAdamParams, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
-        super().__init__(params, spec, initial)
-        self.num_params = spec.layouts[self.architecture].size
-        self.m = np.zeros(self.num_params, np.float32)
-        self.v = np.zeros(self.num_params, np.float32)
-
-    def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
-        average = contribution.average()
-        p = self.num_params
-        delta = average[:p] - self.global_vector[:p]
-        theta, self.m, self.v = adam_server_step(self.global_vector[:p], delta, self.m, self.v, self.params)
-        self.global_vector = np.concatenate([theta, average[p:]]).astype(np.float32, copy=False)
-        return {"clients_aggregated": float(contribution.count), "fedadam_delta_norm": float(np.linalg.norm(delta))}
-
-    def extra_state(self) -> dict[str, np.ndarray]:
-        return {"m": self.m, "v": self.v}
-
-    def load_extra_state(self, state: Mapping[str, np.ndarray]) -> None:
-        self.m = np.array(state["m"], dtype=np.float32)
-        self.v = np.array(state["v"], dtype=np.float32)
+    def central_optimizer(self, size: int) -> CentralAdam:
+        p = self.params
+        return CentralAdam(size, lr=p.server_lr, beta1=p.beta1, beta2=p.beta2, tau=p.tau)
 
 
 register_algorithm(
@@ -104,6 +72,5 @@ register_algorithm(
     server=FedAdamServer,
     client=GlobalModelClient,
     summary="FedAdam (Reddi et al. 2021): server Adam on the pseudo-gradient (weighted average - global)",
-    label="FedAdam",
-    single_model=True,
+    reporting=Reporting(label="FedAdam", single_model=True),
 )

@@ -38,8 +38,8 @@ from rayfed.algorithms.common.architecture import require_homogeneous, sole_arch
 from rayfed.algorithms.common.own_models import save_model_state, saved_model
 from rayfed.algorithms.common.proximal import proximal_term
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
@@ -139,11 +139,11 @@ class FedAMPClient(ClientHalf[FedAMPParams, CloudModels]):
     """Receives u_i and starts from it (or from its own w_i), trains on cross-entropy + (λ/(2α_K))‖w − u_i‖²
     (Eq. 8), keeps w_i for evaluation and uploads it whole (parameters, then buffers)."""
 
-    def start(self, message: CloudModels, job: ClientJob) -> np.ndarray:
+    def start(self, message: CloudModels, job: ClientJob) -> Start:
         """u_i, or (``start="own"``) the client's own w_i."""
         if self.params.start == "own":
-            return saved_model(job, message.initial)
-        return message.clouds[job.client_id]
+            return Start(saved_model(job, message.initial))
+        return Start(message.clouds[job.client_id])
 
     def phases(self, message: CloudModels, job: ClientJob) -> list[Phase]:
         if self.params.lamda == 0:
@@ -197,9 +197,7 @@ class FedAMPServer(ServerHalf[FedAMPParams, ClientVectors]):
     def broadcast(self) -> CloudModels:
         return CloudModels(self.clouds, self.initial)
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         self.models = self.models.copy()  # the last broadcast may still be read
         self.models[contribution.client_ids] = contribution.matrix()
         self.seen[contribution.client_ids] = True
@@ -236,5 +234,5 @@ register_algorithm(
     client=FedAMPClient,
     summary="FedAMP (Huang et al. 2021): attention-weighted personal cloud model per client + proximal term",
     keeps_client_state=True,
-    label="FedAMP",
+    reporting=Reporting(label="FedAMP"),
 )

@@ -22,7 +22,7 @@ import numpy as np
 
 from rayfed.algorithms.common.asynchronous import AsynchronousParams, KeptUpdatesServer
 from rayfed.algorithms.common.global_model import WholeModelsClient
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_real
 
@@ -64,6 +64,5 @@ register_algorithm(
     server=FedAsyncServer,
     client=WholeModelsClient,
     summary="FedAsync (Xie et al. 2019): asynchronous clients, each update mixed in with weight alpha*s(staleness)",
-    label="FedAsync",
-    single_model=True,
+    reporting=Reporting(label="FedAsync", single_model=True),
 )

@@ -75,9 +75,9 @@ from rayfed.algorithms.fedawa_objective import (
 )
 from rayfed.algorithms.fedawa_weights import INITIAL_WEIGHTS, needs_label_counts
 from rayfed.algorithms.hooks import Contribution, RoundContext
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.algorithms.sgdm import PersistentMomentumClient
-from rayfed.algorithms.sizing import momentum_bytes
+from rayfed.algorithms.sizing import StateSizes, momentum_bytes
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
@@ -172,7 +172,7 @@ class FedAWAClient(PersistentMomentumClient):
 # --- the server half ----------------------------------------------------------------------------
 
 
-class FedAWAServer(GlobalModelServer[FedAWAParams, ClientVectors]):
+class FedAWAServer(StateSizes, GlobalModelServer[FedAWAParams, ClientVectors]):
     """Keeps θ_g and, per client id, its logit (``code``, ``paper``) or weight (``exact``); one group of λ."""
 
     layer_wise = False
@@ -210,9 +210,7 @@ class FedAWAServer(GlobalModelServer[FedAWAParams, ClientVectors]):
     def broadcast(self) -> FedAWAModel:
         return FedAWAModel(self.global_vector, needs_label_counts(self.params.initial_weights))
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         ids = contribution.client_ids
         vectors = contribution.matrix()
         self._first_sight(ids, contribution.sizes, contribution.label_counts)
@@ -316,8 +314,7 @@ register_algorithm(
     summary="FedAWA (Shi et al. 2025): aggregation weights learnt from client vectors (Eq. 3); "
     "fidelity=code (default), paper or exact",
     keeps_client_state=True,
-    label=lambda params: params.label("FedAWA"),
-    single_model=True,
+    reporting=Reporting(label=lambda params: params.label("FedAWA"), single_model=True),
 )
 register_algorithm(
     "fedawa_l",
@@ -327,6 +324,5 @@ register_algorithm(
     summary="FedAWA-L (Shi et al. 2025): layer-wise aggregation weights from client vectors (Eq. 4); "
     "fidelity=code (default), paper or exact",
     keeps_client_state=True,
-    label=lambda params: params.label("FedAWA-L"),
-    single_model=True,
+    reporting=Reporting(label=lambda params: params.label("FedAWA-L"), single_model=True),
 )

@@ -33,8 +33,8 @@ from rayfed.algorithms.common.body_head import (
     part_phase,
     split_body_head,
 )
-from rayfed.algorithms.hooks import SharedBody
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.declarations import EvaluationReadsTrain, SharedBody
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Phase
 from rayfed.train.problem import ProblemSpec
@@ -60,11 +60,9 @@ class FedBabuParams(BodyHeadParams):
         check_int("algorithm.params.finetune_epochs", self.finetune_epochs, low=0)
 
 
-class FedBabuClient(PartialClient):
+class FedBabuClient(PartialClient, EvaluationReadsTrain):
     """Local SGD on the body only; the head stays exactly at h_0 (no step, no weight decay). Evaluated after
     fine-tuning the whole model on its training split, which evaluation jobs carry."""
-
-    eval_reads_train = True
 
     def __init__(self, params: FedBabuParams, spec: ProblemSpec) -> None:
         super().__init__(params, spec)
@@ -108,5 +106,5 @@ register_algorithm(
     client=FedBabuClient,
     summary="FedBABU (Oh et al. 2022): body trained and averaged, head fixed at init; whole model fine-tuned "
     "at evaluation",
-    label="FedBABU",
+    reporting=Reporting(label="FedBABU"),
 )

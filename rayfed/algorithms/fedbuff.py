@@ -25,7 +25,7 @@ import numpy as np
 
 from rayfed.algorithms.common.asynchronous import AsynchronousParams, KeptUpdatesServer
 from rayfed.algorithms.common.global_model import WholeModelsClient
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.util.documented import documented, section
 from rayfed.util.validation import check_int, check_real
 
@@ -71,6 +71,5 @@ register_algorithm(
     server=FedBuffServer,
     client=WholeModelsClient,
     summary="FedBuff (Nguyen et al. 2022): asynchronous clients, a server step per K staleness-weighted updates",
-    label="FedBuff",
-    single_model=True,
+    reporting=Reporting(label="FedBuff", single_model=True),
 )

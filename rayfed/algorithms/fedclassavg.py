@@ -60,13 +60,13 @@ from rayfed.algorithms.common.own_models import (
 from rayfed.algorithms.contributions import WeightedState, WeightedSum
 from rayfed.algorithms.fedclassavg_equations import classifier_prox, supcon_loss
 from rayfed.algorithms.hooks import ClientHalf, RoundContext, ServerHalf, Start
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.data.augment import SIMCLR_AUGMENT
 from rayfed.models import seeded_init
 from rayfed.models.fedclassavg_nets import FedClassAvgNet
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
-from rayfed.train.phase import Adam, Batch, Constants, Outputs, Params, Phase, Views
+from rayfed.train.phase import Adam, Batch, Constants, Outputs, Params, Phase, Samples
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
 from rayfed.util.errors import ConfigError
@@ -218,7 +218,7 @@ class FedClassAvgClient(ClientHalf[FedClassAvgParams, FedClassAvgMessage]):
             epochs=epochs,
             loss=self.objective,
             optimizer=Adam(self.params.adam_betas, self.params.adam_eps),
-            views=Views(SIMCLR_AUGMENT, self.views),
+            samples=Samples(augment=SIMCLR_AUGMENT, views=self.views),
             forward=self.forward,
             constants={"anchor": anchor},
             load=(part, anchor),
@@ -261,9 +261,6 @@ class FedClassAvgClient(ClientHalf[FedClassAvgParams, FedClassAvgMessage]):
             return message.vector
         return own_model_state(job, message.init)
 
-    def bytes_down(self, message: FedClassAvgMessage, job: ClientJob) -> int:
-        return int(message.vector.nbytes)
-
 
 # --- server side ----------------------------------------------------------------------------
 
@@ -299,9 +296,7 @@ class FedClassAvgServer(ServerHalf[FedClassAvgParams, WeightedSum]):
     def broadcast(self) -> FedClassAvgMessage:
         return FedClassAvgMessage(self.global_vector, self.init)
 
-    def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: WeightedSum) -> dict[str, float]:
         self.global_vector = contribution.average()
         return {"clients_aggregated": float(contribution.count)}
 
@@ -343,5 +338,5 @@ register_algorithm(
     client=FedClassAvgClient,
     summary="FedClassAvg (Jang et al. 2022): classifier averaging + local SupCon for heterogeneous models",
     keeps_client_state=True,
-    label=lambda params: "FedClassAvg+weight" if params.mode == "weight" else "FedClassAvg",
+    reporting=Reporting(label=lambda params: "FedClassAvg+weight" if params.mode == "weight" else "FedClassAvg"),
 )

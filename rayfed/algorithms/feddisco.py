@@ -32,7 +32,7 @@ from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelClient
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.fedawa_weights import register_initial_weights
 from rayfed.algorithms.hooks import Contribution, RoundContext
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
@@ -142,9 +142,7 @@ class ModelAndHistogramClient(GlobalModelClient[FedDiscoParams, GlobalModel]):
 class FedDiscoServer(GlobalModelServer[FedDiscoParams, ClientVectors]):
     """Keeps θ_g; aggregates the round's models with the discrepancy-aware weights (every state entry)."""
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         if contribution.label_counts is None:
             raise ValueError("feddisco: the uploads carry no label counts")
         p = self.params
@@ -163,6 +161,5 @@ register_algorithm(
     server=FedDiscoServer,
     client=ModelAndHistogramClient,
     summary="FedDisco (Ye et al. 2023): weights ReLU(n_k/n - a d_k + b) from label-distribution discrepancy",
-    label="FedDisco",
-    single_model=True,
+    reporting=Reporting(label="FedDisco", single_model=True),
 )

@@ -45,9 +45,9 @@ from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelServer
 from rayfed.algorithms.common.proximal import flatten_logically, proximal_term
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.hooks import Contribution, RoundContext
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.algorithms.sgdm import MOMENTUM_KEY, PersistentMomentumClient
-from rayfed.algorithms.sizing import momentum_bytes, parameter_bytes
+from rayfed.algorithms.sizing import StateSizes, momentum_bytes, parameter_bytes
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import SGD, Batch, Constants, Outputs, Params, Phase
@@ -158,7 +158,7 @@ class FedDynClient(PersistentMomentumClient):
         return WeightedSum.of(trained, float(job.num_train) if message.size_weighted else 1.0)
 
 
-class FedDynServer(GlobalModelServer[FedDynParams, WeightedSum]):
+class FedDynServer(StateSizes, GlobalModelServer[FedDynParams, WeightedSum]):
     """Keeps θ and the server state h (parameters)."""
 
     @classmethod
@@ -174,9 +174,7 @@ class FedDynServer(GlobalModelServer[FedDynParams, WeightedSum]):
     def broadcast(self) -> FedDynModel:
         return FedDynModel(self.global_vector, self.params.alpha, self.params.fidelity == "code")
 
-    def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: WeightedSum) -> dict[str, float]:
         mean = contribution.average()
         p = self.num_params
         theta, self.h = feddyn_server_step(
@@ -205,6 +203,5 @@ register_algorithm(
     client=FedDynClient,
     summary="FedDyn (Acar et al. 2021): dynamic regulariser -<grad_k, w> + (alpha/2)||w - w_g||^2, server state h",
     keeps_client_state=True,
-    label="FedDyn",
-    single_model=True,
+    reporting=Reporting(label="FedDyn", single_model=True),
 )

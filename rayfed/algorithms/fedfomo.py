@@ -43,7 +43,8 @@ from rayfed.algorithms.common.architecture import require_homogeneous, sole_arch
 from rayfed.algorithms.common.own_models import save_model_state, saved_model
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
+from rayfed.algorithms.sizing import StateSizes
 from rayfed.train.evaluate import model_losses
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
@@ -274,7 +275,7 @@ def _affinity(job: ClientJob, num_clients: int) -> np.ndarray:
 # --- server side ----------------------------------------------------------------------------
 
 
-class FedFomoServer(ServerHalf[FedFomoParams, ClientVectors]):
+class FedFomoServer(StateSizes, ServerHalf[FedFomoParams, ClientVectors]):
     """Keeps every client's latest uploaded model; a row is offered once its client has uploaded."""
 
     @classmethod
@@ -298,9 +299,7 @@ class FedFomoServer(ServerHalf[FedFomoParams, ClientVectors]):
     def broadcast(self) -> FomoModels:
         return FomoModels(self.models, self.available, self.spec.seed, self.num_params)
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         self.models = self.models.copy()  # the last broadcast still reads the old rows
         self.models[contribution.client_ids] = contribution.matrix()
         self.available = self.available.copy()
@@ -322,5 +321,5 @@ register_algorithm(
     client=FedFomoClient,
     summary="FedFomo (Zhang et al. 2021): clients weight others' models by validation-loss gain per distance",
     keeps_client_state=True,
-    label="FedFomo",
+    reporting=Reporting(label="FedFomo"),
 )

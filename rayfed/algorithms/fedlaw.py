@@ -41,8 +41,9 @@ from torch.func import functional_call
 
 from rayfed.algorithms.common.global_model import GlobalModelServer, WholeModelsClient
 from rayfed.algorithms.contributions import ClientVectors
+from rayfed.algorithms.declarations import HeldOutData
 from rayfed.algorithms.hooks import RoundContext
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.data.held_out import HeldOutRequest
 from rayfed.data.transforms import model_inputs
 from rayfed.models import build_model
@@ -187,7 +188,7 @@ def learn_aggregation(
 
 
 # --- the halves -----------------------------------------------------------------------------------
-class FedLAWServer(GlobalModelServer[FedLAWParams, ClientVectors]):
+class FedLAWServer(GlobalModelServer[FedLAWParams, ClientVectors], HeldOutData):
     """Keeps θ_g; learns (λ, γ) on the proxy set every round and aggregates with them."""
 
     @classmethod
@@ -209,9 +210,7 @@ class FedLAWServer(GlobalModelServer[FedLAWParams, ClientVectors]):
         code_bn = params.batchnorm == "code" and len(self.global_vector) > p
         self.server_buffers = torch.from_numpy(self.global_vector[p:].copy()) if code_bn else None
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         started = time.perf_counter()
         thetas = torch.from_numpy(np.ascontiguousarray(contribution.matrix(), dtype=np.float32))
         generator = torch.Generator().manual_seed(init_seed(self.spec.seed, _PROXY_STREAM + ctx.round))
@@ -249,6 +248,5 @@ register_algorithm(
     server=FedLAWServer,
     client=WholeModelsClient,
     summary="FedLAW (Li et al. 2023): shrink factor and softmax weights learnt by CE on a server proxy set",
-    label="FedLAW",
-    single_model=True,
+    reporting=Reporting(label="FedLAW", single_model=True),
 )

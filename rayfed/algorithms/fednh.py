@@ -49,9 +49,10 @@ from rayfed.algorithms.common.architecture import sole_architecture
 from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelServer
 from rayfed.algorithms.common.own_models import CLIENT_INIT_STREAM, save_model_state, saved_model
 from rayfed.algorithms.contributions import WeightedSum
+from rayfed.algorithms.declarations import NormalizedFeatures
 from rayfed.algorithms.fednh_equations import class_means, initial_prototypes, smooth_prototypes
-from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, Start
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.evaluate import features_before_output
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
@@ -181,18 +182,16 @@ class FedNHMessage(GlobalModel):
 # --- the two halves -----------------------------------------------------------------------------
 
 
-class FedNHClient(ClientHalf[FedNHParams, FedNHMessage]):
+class FedNHClient(ClientHalf[FedNHParams, FedNHMessage], NormalizedFeatures):
     """SGD on CE of the cosine logits, prototypes fixed; s learned too when ``learn_scale``.
 
-    The output layer reads L2-normalised features (``normalized_features``), so with weight s·μ and zero
+    The output layer reads L2-normalised features (:class:`NormalizedFeatures`), so with weight s·μ and zero
     bias the model's forward is FedNH's classifier. s is a trainable of the phase, updated by the phase's SGD
     (the run's momentum and weight decay) from its gradient, read off the output weight's: with W = s·μ,
     ∂L/∂s = Σ_c ⟨∂L/∂W_c, μ_c⟩ (:meth:`scale_gradient`, after backward, which also zeroes the head's gradients
     and clips). Before each step and when the phase ends the output layer is s·μ with zero bias
     (:meth:`cosine_head`). A trained client keeps its model (its PM) and sends its body, s, and its class means.
     """
-
-    normalized_features = True
 
     def __init__(self, params: FedNHParams, spec: ProblemSpec) -> None:
         super().__init__(params, spec)
@@ -202,8 +201,8 @@ class FedNHClient(ClientHalf[FedNHParams, FedNHMessage]):
         self._bias = layout.names.index(f"{output}.bias") if f"{output}.bias" in layout.names else None
         self._body: dict[torch.device, torch.Tensor] = {}
 
-    def start(self, message: FedNHMessage, job: ClientJob) -> np.ndarray:
-        return message.vector
+    def start(self, message: FedNHMessage, job: ClientJob) -> Start:
+        return Start(message.vector)
 
     def phases(self, message: GlobalModel, job: ClientJob) -> list[Phase]:
         """One phase of the run's SGD on the cosine classifier, s trained where learned. Lent to another server half
@@ -322,9 +321,7 @@ class FedNHServer(GlobalModelServer[FedNHParams, PrototypeSum]):
     def broadcast(self) -> FedNHMessage:
         return FedNHMessage(self.global_vector, self.prototypes, self.scale, self.head)
 
-    def aggregate(self, ctx: RoundContext, contribution: PrototypeSum | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: PrototypeSum) -> dict[str, float]:
         average = contribution.body.average()
         vector = self.global_vector.copy()
         vector[self.head.body] = average[:-1]
@@ -357,5 +354,5 @@ register_algorithm(
     client=FedNHClient,
     summary="FedNH (Dai et al., AAAI 2023): fixed uniform prototypes as cosine classifier, smoothed with class means",
     keeps_client_state=True,
-    label="FedNH",
+    reporting=Reporting(label="FedNH"),
 )

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rayfed.algorithms.common.body_head import BodyHeadParams, PartialClient, PartialServer
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.util.documented import section
 
 __all__ = ["FedPerParams", "FedPerServer"]
@@ -48,5 +48,5 @@ register_algorithm(
     client=PartialClient,
     summary="FedPer (Arivazhagan et al. 2019): base layers averaged, personalisation (head) layers kept local",
     keeps_client_state=True,
-    label="FedPer",
+    reporting=Reporting(label="FedPer"),
 )

@@ -42,8 +42,8 @@ import torch
 
 from rayfed.algorithms.common.class_counts import class_counts
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
-from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.evaluate import features_before_output
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
@@ -184,24 +184,16 @@ class FedProtoClient(ClientHalf[FedProtoParams, FedProtoMessage]):
     """Its own model; SGD on CE + λ·MSE(embedding, global prototype); keeps the model and sends its class sums of
     embeddings over the training split (eval mode)."""
 
-    def start(self, message: FedProtoMessage, job: ClientJob) -> np.ndarray:
-        return own_model_state(job, message.init)
+    def start(self, message: FedProtoMessage, job: ClientJob) -> Start:
+        return Start(own_model_state(job, message.init))
 
     def phases(self, message: FedProtoMessage, job: ClientJob) -> list[Phase]:
-        layer = self.spec.output_layer[job.architecture]
         if not self.params.lam or not message.present.any():  # the first round: plain CE
             return super().phases(message, job)
         protos, mask = to_device(
             [np.asarray(message.prototypes, np.float32), np.asarray(message.present, np.float32)], job.device
         )
-        return [
-            Phase(
-                epochs=job.train.local_epochs,
-                loss=self.pull,
-                features=layer,
-                constants={"prototypes": protos, "present": mask},
-            )
-        ]
+        return [Phase(epochs=job.train.local_epochs, loss=self.pull, constants={"prototypes": protos, "present": mask})]
 
     def pull(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
         """λ·MSE(f(x), C̄^(y)) over the batch."""
@@ -275,9 +267,7 @@ class FedProtoServer(ServerHalf[FedProtoParams, ClassSums]):
     def broadcast(self) -> FedProtoMessage:
         return FedProtoMessage(self.prototypes, self.present, self.init)
 
-    def aggregate(self, ctx: RoundContext, contribution: ClassSums | None) -> dict[str, float]:
-        if contribution is None:
-            return {"classes_with_prototype": float(self.present.sum())}
+    def aggregate(self, ctx: RoundContext, contribution: ClassSums) -> dict[str, float]:
         new, seen = contribution.prototypes(self.params.aggregation)
         self.prototypes = np.where(seen[:, None], new, self.prototypes).astype(np.float32)
         self.present = self.present | seen
@@ -298,5 +288,5 @@ register_algorithm(
     client=FedProtoClient,
     summary="FedProto (Tan et al. 2022): exchange class prototypes; local CE + lambda MSE to the global prototype",
     keeps_client_state=True,
-    label="FedProto",
+    reporting=Reporting(label="FedProto"),
 )

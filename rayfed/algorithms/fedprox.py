@@ -18,7 +18,7 @@ import torch
 from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelClient
 from rayfed.algorithms.common.proximal import proximal_term
 from rayfed.algorithms.fedavg import FedAvgServer
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
 from rayfed.util.documented import documented, section
@@ -60,6 +60,5 @@ register_algorithm(
     server=FedAvgServer,
     client=FedProxClient,
     summary="FedProx (Li et al. 2020): FedAvg + client proximal term (mu/2)||w - w_g||^2",
-    label="FedProx",
-    single_model=True,
+    reporting=Reporting(label="FedProx", single_model=True),
 )

@@ -29,7 +29,7 @@ from rayfed.algorithms.common.body_head import (
     part_phase,
     split_body_head,
 )
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Phase
 from rayfed.train.problem import ProblemSpec
@@ -90,5 +90,5 @@ register_algorithm(
     client=FedRepClient,
     summary="FedRep (Collins et al. 2021): head trained tau_h epochs, then body tau_b epochs; body averaged",
     keeps_client_state=True,
-    label="FedRep",
+    reporting=Reporting(label="FedRep"),
 )

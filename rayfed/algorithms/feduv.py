@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelClient
 from rayfed.algorithms.fedavg import FedAvgServer
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
 from rayfed.train.problem import ProblemSpec
@@ -162,11 +162,7 @@ class FedUVClient(GlobalModelClient[FedUVParams, GlobalModel]):
     def phases(self, message: GlobalModel, job: ClientJob) -> list[Phase]:
         if not self.params.variance_coeff and not self.params.uniformity_coeff:
             return super().phases(message, job)
-        return [
-            Phase(
-                epochs=job.train.local_epochs, loss=self.regularisers, features=self.spec.output_layer[job.architecture]
-            )
-        ]
+        return [Phase(epochs=job.train.local_epochs, loss=self.regularisers)]
 
     def regularisers(self, out: Outputs, batch: Batch, params: Params, constants: Constants) -> torch.Tensor:
         """λ·L_V + μ·L_U of the mini-batch."""
@@ -186,6 +182,5 @@ register_algorithm(
     server=FedAvgServer,
     client=FedUVClient,
     summary="FedUV (Son et al., CVPR 2024): FedAvg + classifier-variance hinge and representation uniformity",
-    label="FedUV",
-    single_model=True,
+    reporting=Reporting(label="FedUV", single_model=True),
 )

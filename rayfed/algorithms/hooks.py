@@ -4,39 +4,44 @@ Round t, as the engine runs it (``rayfed.engine``, ``rayfed.execution``)::
 
     message = server.broadcast()                     # data, on the server; Ray stores it once
     for each sampled client i (on a worker):
-        client.start(message, job_i)                 # its starting model, e.g. Eq. 7 of cwFedAvg
+        job_i.start = client.start(message, job_i)   # its starting model, e.g. Eq. 7 of cwFedAvg
         the one loop trains client.phases(message, job_i)    # local objective, e.g. CE + WDR (rayfed.train.loop)
-        c_i = client.upload(message, job_i)          # what it sends, from the trained model in job_i.flat
+        c_i = client.upload(message, job_i)          # what it sends, from the trained model (and job_i.state:
+                                                     # what it keeps for its next round)
     contribution = c_1 + c_2 + ...                   # summed on the workers, then on the server
-    server.aggregate(ctx, contribution)              # e.g. Eq. 6 of cwFedAvg
+    server.aggregate(ctx, contribution)              # e.g. Eq. 6 of cwFedAvg (a round without one keeps the state)
     each evaluated client: client.evaluation(message', job), then (client.fine_tuning) accuracy on its own test split
 
 * :class:`ServerHalf`: the server's state, its message (:meth:`ServerHalf.broadcast`: plain data, e.g. a frozen
-  dataclass of numpy arrays) and its aggregation rule (and, as :class:`StateSizes`, what that state weighs).
+  dataclass of numpy arrays) and its aggregation rule.
 * :class:`ClientHalf`: the whole client. From the message it reads, it makes its starting model, declares its
   local training as phases (:class:`~rayfed.train.phase.Phase`), which the one loop runs for every method, one
   client at a time or stacked, makes its upload and its evaluation model. Each of these is written for one
   client; the loop forms stacks of clients itself.
 * :class:`Contribution`: an upload with an associative, commutative ``+``, so workers sum their clients before
   returning and the server sums the rest.
+
+What a method may declare beside these (a shared body to evaluate once, held-out server data, its state's size)
+is opt-in (:mod:`rayfed.algorithms.declarations`, :mod:`rayfed.algorithms.sizing`); what only reports read (its
+label, its figures) is declared when it registers (:class:`~rayfed.algorithms.registry.Reporting`). docs/methods.md
+is the page for method authors.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
 from rayfed.algorithms.contributions import Contribution, WeightedState
-from rayfed.algorithms.sizing import StateSizes
 from rayfed.train.problem import ProblemSpec
 
 if TYPE_CHECKING:  # the server never trains: torch is imported where clients train
-    from rayfed.algorithms.figures import Figure, FinishedRun
-    from rayfed.data.held_out import HeldOutRequest
     from rayfed.train.job import ClientJob
     from rayfed.train.phase import Phase
 
@@ -44,8 +49,8 @@ __all__ = [
     "RoundContext",
     "Contribution",
     "Start",
-    "model_of",
-    "SharedBody",
+    "HELD_BY_CLIENTS",
+    "message_bytes",
     "ClientHalf",
     "ServerHalf",
     "NoParams",
@@ -90,27 +95,35 @@ class RoundContext:
 
 @dataclass
 class Start:
-    """A client's starting model (``model``: its state, parameters then buffers, as a numpy array or a tensor on
-    its device), with what the client made of the message for its phases and upload to read: a client half
-    whose :meth:`ClientHalf.start` decides more than the model returns a subclass (IFCA: the cluster it chose),
-    and finds it again as ``job.start``."""
+    """What a client starts its round from (:meth:`ClientHalf.start`): ``model``, its state (parameters then
+    buffers, as a numpy array or a tensor on its device). A client half whose start decides more than the model
+    returns a subclass carrying it (IFCA: the cluster it chose), and finds it again as ``job.start`` in its
+    ``phases`` and ``upload``. The same array for every client (a global model) lets a stack start from one copy."""
 
     model: Any
 
 
-def model_of(start: Any) -> Any:
-    """The starting state a :meth:`ClientHalf.start` returned: its ``model`` if it is a :class:`Start`."""
-    return start.model if isinstance(start, Start) else start
+HELD_BY_CLIENTS: Mapping[str, bool] = MappingProxyType({"rayfed.held_by_clients": True})
+"""The metadata of a message field that every client already holds, so that its download does not count it
+(``field(metadata=HELD_BY_CLIENTS)``): the common initialisation a client starts its own model from (Ditto's,
+FedPer's head), or what each client decided itself (IFCA's last chosen clusters)."""
 
 
-@dataclass(frozen=True)
-class SharedBody:
-    """Evaluation models that differ at most in the output layer: ``state`` outside it, and each client's
-    output layer ``weight`` (C, K, h) and ``bias`` (C, K), or None when every client uses ``state`` whole."""
-
-    state: np.ndarray
-    weight: np.ndarray | None = None
-    bias: np.ndarray | None = None
+def message_bytes(message: Any) -> int:
+    """Bytes of the arrays a message carries, through nested dataclasses and tuples, less the fields marked
+    :data:`HELD_BY_CLIENTS`: what a client downloads when it receives the message whole. Numbers and layouts
+    (a few bytes, the same every round) are not counted."""
+    if isinstance(message, np.ndarray):
+        return int(message.nbytes)
+    if isinstance(message, tuple | list):
+        return sum(message_bytes(item) for item in message)
+    if dataclasses.is_dataclass(message) and not isinstance(message, type):
+        return sum(
+            message_bytes(getattr(message, f.name))
+            for f in dataclasses.fields(message)
+            if f.metadata != HELD_BY_CLIENTS
+        )
+    return 0
 
 
 class ClientHalf(abc.ABC, Generic[P, M]):
@@ -124,22 +137,14 @@ class ClientHalf(abc.ABC, Generic[P, M]):
     before it trains (:mod:`rayfed.train.phase_checks`).
     """
 
-    normalized_features: ClassVar[bool] = False
-    """True if the client's output layer reads L2-normalised features (FedNH's cosine classifier): the
-    worker builds its models so (:func:`rayfed.models.layers.normalize_inputs_of`)."""
-    eval_reads_train: ClassVar[bool] = False
-    """True if :meth:`evaluation` or :meth:`fine_tuning` read the client's training split (FedBABU fine-tunes on
-    it, IFCA picks its cluster by training loss), so evaluation jobs carry it."""
-
     def __init__(self, params: P, spec: ProblemSpec) -> None:
         self.params = params
         self.spec = spec
 
     @abc.abstractmethod
-    def start(self, message: M, job: ClientJob) -> Any:
-        """The client's starting model this round (its state, parameters then buffers, as a numpy array or a
-        tensor), or a :class:`Start` carrying it. Returning the same array for every client (a global model)
-        lets a stack start from one copy."""
+    def start(self, message: M, job: ClientJob) -> Start:
+        """The client's start this round: its starting model, and what else it made of the message
+        (:class:`Start`)."""
 
     def phases(self, message: M, job: ClientJob) -> list[Phase]:
         """The client's local training this round; ``job.start`` holds what :meth:`start` returned."""
@@ -152,11 +157,17 @@ class ClientHalf(abc.ABC, Generic[P, M]):
         """What the client sends, from its trained model (``job.trained``, its state; ``job.model``, the module)
         and ``job.extra``; tensors on the device are read back once with the rest of the call. FedAvg's upload is
         declared (:class:`~rayfed.algorithms.contributions.WeightedState`): the worker then makes a stack's at
-        once."""
+        once.
+
+        It is also where the client saves what it keeps for its next round, in a method registered with
+        ``keeps_client_state``: ``job.state`` as it stands after ``upload`` is stored (a dict of arrays or
+        device tensors; assign a new dict, e.g. ``job.state = {**(job.state or {}), "model": job.trained.clone()}``,
+        and leave the arrays of the old one as they are). What the phases keep (a :class:`~rayfed.train.phase.Kept`
+        model, ``SGD(keep_momentum=...)``) is already in it. ``upload`` must not change ``job.trained``."""
 
     def evaluation(self, message: M, job: ClientJob) -> Any:
         """The model the client is evaluated with (a state, as :meth:`start`); by default its starting one."""
-        return model_of(self.start(message, job))
+        return self.start(message, job).model
 
     def fine_tuning(self, message: M, job: ClientJob) -> list[Phase]:
         """Phases trained on the evaluation model before it is evaluated (FedBABU's); none by default."""
@@ -169,16 +180,13 @@ class ClientHalf(abc.ABC, Generic[P, M]):
         return None
 
     def bytes_down(self, message: M, job: ClientJob) -> int:
-        """Bytes the client receives this round; by default its whole model."""
-        return job.worker_model.size * 4
-
-    def shared_body(self, message: M, jobs: Sequence[ClientJob]) -> SharedBody | None:
-        """The evaluation models of ``jobs`` (one architecture) when they share everything but the output
-        layer, so the worker runs the body once over all their test samples; None (the default) otherwise."""
-        return None
+        """Bytes the client receives this round (the run's ``bytes_down``); by default the whole message
+        (:func:`message_bytes`). A client that receives part of it (its own row, the models it chooses) says
+        so here."""
+        return message_bytes(message)
 
 
-class ServerHalf(StateSizes, abc.ABC, Generic[P, C]):
+class ServerHalf(abc.ABC, Generic[P, C]):
     """The server's state and aggregation rule; lives in the ``ServerActor``. ``initial`` maps each
     architecture to its common initial state (all clients of an architecture start from it)."""
 
@@ -192,29 +200,20 @@ class ServerHalf(StateSizes, abc.ABC, Generic[P, C]):
         """The one check of ``params`` against the problem; raise ConfigError naming the field. The engine
         calls it before anything is written, and the constructor again; nothing to check by default."""
 
-    @classmethod
-    def held_out(cls, params: P, spec: ProblemSpec) -> HeldOutRequest | None:
-        """The server data no client may own (FedLAW's proxy set, KT-pFL's public set), carved out of the pool
-        before the partition and handed over as ``spec.held_out``; None by default."""
-        return None
-
-    @classmethod
-    def figures(cls, params: P, run: FinishedRun) -> list[Figure]:
-        """The figures this method draws from a finished run (``rayfed plot``), as data; none by default."""
-        return []
-
     @abc.abstractmethod
     def broadcast(self) -> Any:
         """The message of the next round: plain data (a function of the server's state only)."""
 
     @abc.abstractmethod
-    def aggregate(self, ctx: RoundContext, contribution: C | None) -> dict[str, float]:
-        """Fold the round's summed contribution into the state; None means no acceptable update, and the state
-        stays as it is. Returns metrics."""
+    def aggregate(self, ctx: RoundContext, contribution: C) -> dict[str, float]:
+        """Fold the round's summed contribution into the state; returns metrics. It is called only with one:
+        a round without an acceptable update keeps the state as it is, and the server answers it for every
+        method (``clients_aggregated`` = 0)."""
 
     @abc.abstractmethod
     def state_dict(self) -> dict[str, np.ndarray]:
         """Everything needed to resume, as named numpy arrays (saved without pickle)."""
 
     @abc.abstractmethod
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None: ...
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore what :meth:`state_dict` returned (a resumed run's server)."""

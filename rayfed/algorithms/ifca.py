@@ -29,7 +29,7 @@ clients chose.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -38,8 +38,9 @@ import torch
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.common.cluster_state import ClusterModelState
 from rayfed.algorithms.contributions import WeightedSum, join
-from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.declarations import EvaluationReadsTrain
+from rayfed.algorithms.hooks import HELD_BY_CLIENTS, ClientHalf, Contribution, RoundContext, ServerHalf, Start
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.models import build_model, seeded_init
 from rayfed.train.evaluate import model_losses
 from rayfed.train.flat import FlatModel
@@ -146,7 +147,7 @@ class IFCAModels:
     """The k cluster models (k, S), each client's last chosen cluster (M,; −1 = never) and the most chosen one."""
 
     models: np.ndarray
-    assignment: np.ndarray
+    assignment: np.ndarray = field(metadata=HELD_BY_CLIENTS)
     default_cluster: int
 
 
@@ -157,11 +158,9 @@ class ClusterStart(Start):
     cluster: Any = None
 
 
-class IFCAClient(ClientHalf[Any, IFCAModels]):
+class IFCAClient(ClientHalf[Any, IFCAModels], EvaluationReadsTrain):
     """Picks ĵ = argmin_j F_i(θ_j) on its training data (on the device), trains θ_ĵ and sends it in ĵ's row.
     Evaluated with the cluster it picks so on the evaluation job (which carries the training split)."""
-
-    eval_reads_train = True
 
     def __init__(self, params: Any, spec: ProblemSpec) -> None:
         super().__init__(params, spec)
@@ -188,10 +187,6 @@ class IFCAClient(ClientHalf[Any, IFCAModels]):
         start: ClusterStart = job.start
         state = job.trained
         return ClusterSums.of(start.cluster, state, job.client_id, job.num_train, len(message.models))
-
-    def bytes_down(self, message: IFCAModels, job: ClientJob) -> int:
-        """All k models."""
-        return int(message.models.nbytes)
 
 
 def cluster_initialisation(spec: ProblemSpec, architecture: str, cluster: int) -> np.ndarray:
@@ -224,9 +219,7 @@ class IFCAServer(ClusterModelState, ServerHalf[IFCAParams, ClusterSums]):
         chosen = self.assignment[self.assignment >= 0]
         return int(np.bincount(chosen, minlength=len(self.models)).argmax()) if len(chosen) else 0
 
-    def aggregate(self, ctx: RoundContext, contribution: ClusterSums | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClusterSums) -> dict[str, float]:
         # New arrays, so broadcasts already handed out (and Ray's zero-copy reads) stay valid.
         models, assignment = self.models.copy(), self.assignment.copy()
         for cluster in np.flatnonzero(contribution.weights > 0):
@@ -248,5 +241,5 @@ register_algorithm(
     client=IFCAClient,
     summary="IFCA (Ghosh et al. 2020): k cluster models; each client trains the one with its lowest training loss, "
     "the server averages per cluster",
-    label=lambda params: f"IFCA (k={params.num_clusters})",
+    reporting=Reporting(label=lambda params: f"IFCA (k={params.num_clusters})"),
 )

@@ -47,7 +47,8 @@ import torch
 from rayfed.algorithms.common.architecture import require_homogeneous
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf
+from rayfed.algorithms.declarations import HeldOutData
+from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.ktpfl_equations import (
     code_distillation_loss,
     distillation_loss,
@@ -56,13 +57,13 @@ from rayfed.algorithms.ktpfl_equations import (
     soft_predictions,
     update_coefficients,
 )
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.data.held_out import HeldOutRequest
 from rayfed.data.transforms import model_inputs
 from rayfed.train.evaluate import eval_batch_size
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
-from rayfed.train.phase import SGD, Batch, Constants, Outputs, Params, Phase
+from rayfed.train.phase import SGD, Batch, Constants, Outputs, Params, Phase, Samples
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
 from rayfed.util.errors import ConfigError
@@ -202,11 +203,11 @@ class KTpFLClient(ClientHalf[KTpFLParams, KTpFLMessage]):
                 self._inputs[device] = (raw, model_inputs(self._public.inputs, mean, std, device=device))
         return self._inputs[device]
 
-    def start(self, message: KTpFLMessage, job: ClientJob) -> np.ndarray:
+    def start(self, message: KTpFLMessage, job: ClientJob) -> Start:
         """Its own model, or (+weight) Σ_m c̃_nm w_m."""
         if message.mixing is not None and message.models is not None:
-            return (message.mixing[job.client_id] @ message.models).astype(np.float32)
-        return own_model_state(job, message.init)
+            return Start((message.mixing[job.client_id] @ message.models).astype(np.float32))
+        return Start(own_model_state(job, message.init))
 
     def phases(self, message: KTpFLMessage, job: ClientJob) -> list[Phase]:
         """The distillation on the public set (from the second round on, without +weight), then local training
@@ -225,10 +226,8 @@ class KTpFLClient(ClientHalf[KTpFLParams, KTpFLMessage]):
                     loss=self.distillation,
                     cross_entropy=False,
                     optimizer=SGD(momentum=0.0, weight_decay=0.0),
-                    batch_size=self.params.distill_batch_size,
-                    drop_last=code,
+                    samples=Samples((x_distil, targets), self.params.distill_batch_size, drop_last=code),
                     reports=False,
-                    inputs=(x_distil, targets),
                 )
             )
         return [*phases, Phase(epochs=local_epochs(self.params, job.round, job.train.local_epochs))]
@@ -265,7 +264,7 @@ class KTpFLClient(ClientHalf[KTpFLParams, KTpFLMessage]):
         return 0 if message.targets is None else int(message.targets[job.client_id].nbytes)
 
 
-class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
+class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors], HeldOutData):
     """Holds c (M x M), every client's latest predictions and, with +weight, their models."""
 
     @classmethod
@@ -316,9 +315,7 @@ class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors]):
         mixing = mixing_weights(torch.as_tensor(self.coefficients), torch.as_tensor(self.seen)).numpy()
         return KTpFLMessage(self.init, None, mixing.astype(np.float32), self.models[self.seen])
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         rows, ids = contribution.matrix(), contribution.client_ids
         width = self.predictions[0].size
         self.predictions[ids] = rows[:, :width].reshape(len(ids), *self.predictions.shape[1:])
@@ -370,6 +367,5 @@ register_algorithm(
     client=KTpFLClient,
     summary="KT-pFL (Zhang et al. 2021): soft predictions on a public set mixed by a learnt coefficient matrix",
     keeps_client_state=True,
-    label=lambda params: params.label(),
-    epochs_by_round=local_epochs,
+    reporting=Reporting(label=lambda params: params.label(), epochs_by_round=local_epochs),
 )

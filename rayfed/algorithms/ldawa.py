@@ -35,7 +35,7 @@ import numpy as np
 from rayfed.algorithms.common.global_model import GlobalModelServer, WholeModelsClient
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.hooks import RoundContext
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.layout import ParamLayout
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented, section
@@ -102,9 +102,7 @@ class LDAWAServer(GlobalModelServer[LDAWAParams, ClientVectors]):
         super().__init__(params, spec, initial)
         self.layout = spec.layouts[self.architecture]
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         if ctx.round < self.params.warmup_rounds:  # the authors' FedAvg warm-up
             self.global_vector = contribution.size_weighted_mean()
             return {"clients_aggregated": float(contribution.count)}
@@ -122,6 +120,5 @@ register_algorithm(
     server=LDAWAServer,
     client=WholeModelsClient,
     summary="L-DAWA (Rehman et al. 2023): each client layer scaled by min(1, cos(theta_k^l, theta_g^l)), mean 1/K",
-    label="L-DAWA",
-    single_model=True,
+    reporting=Reporting(label="L-DAWA", single_model=True),
 )

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rayfed.algorithms.common.body_head import BodyHeadParams, PartialClient, PartialServer
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.util.documented import section
 
 __all__ = ["LgFedAvgParams", "LgFedAvgServer"]
@@ -50,5 +50,5 @@ register_algorithm(
     client=PartialClient,
     summary="LG-FedAvg (Liang et al. 2020): local representations (body) kept per client, global head averaged",
     keeps_client_state=True,
-    label="LG-FedAvg",
+    reporting=Reporting(label="LG-FedAvg"),
 )

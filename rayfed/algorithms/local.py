@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
-from rayfed.algorithms.hooks import ClientHalf, Contribution, NoParams, RoundContext, ServerHalf
-from rayfed.algorithms.registry import register_algorithm
+from rayfed.algorithms.hooks import ClientHalf, Contribution, NoParams, RoundContext, ServerHalf, Start
+from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.job import ClientJob
 from rayfed.train.problem import ProblemSpec
 
@@ -56,15 +56,12 @@ class OwnModels:
 class OwnModelClient(ClientHalf[Any, OwnModels]):
     """A client that trains its own model, kept in its state, and sends nothing."""
 
-    def start(self, message: OwnModels, job: ClientJob) -> np.ndarray:
-        return own_model_state(job, message.init)
+    def start(self, message: OwnModels, job: ClientJob) -> Start:
+        return Start(own_model_state(job, message.init))
 
     def upload(self, message: OwnModels, job: ClientJob) -> Contribution:
         save_model_state(job)
         return NoUpload()
-
-    def bytes_down(self, message: OwnModels, job: ClientJob) -> int:
-        return 0
 
 
 class LocalServer(ServerHalf[NoParams, NoUpload]):
@@ -77,8 +74,8 @@ class LocalServer(ServerHalf[NoParams, NoUpload]):
     def broadcast(self) -> OwnModels:
         return self.message
 
-    def aggregate(self, ctx: RoundContext, contribution: NoUpload | None) -> dict[str, float]:
-        return {"clients_trained": float(contribution.count if contribution is not None else 0)}
+    def aggregate(self, ctx: RoundContext, contribution: NoUpload) -> dict[str, float]:
+        return {"clients_trained": float(contribution.count)}
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {}
@@ -94,5 +91,5 @@ register_algorithm(
     client=OwnModelClient,
     summary="Local-only training: each client trains its own model, kept in the client state store; no aggregation",
     keeps_client_state=True,
-    label="Local",
+    reporting=Reporting(label="Local"),
 )

@@ -18,23 +18,27 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rayfed.algorithms.borrowed import BorrowedTraining
+from rayfed.algorithms.declarations import FastPathLimits, held_out_request
 from rayfed.algorithms.hooks import ClientHalf, ServerHalf
+from rayfed.algorithms.sizing import sizes_of
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.registry import Registry, caller_module
 
 if TYPE_CHECKING:
+    from rayfed.algorithms.figures import Figure, FinishedRun
     from rayfed.data.held_out import HeldOutRequest
     from rayfed.train.settings import TrainConfig
 
-__all__ = ["Capabilities", "Algorithm", "ALGORITHMS", "register_algorithm", "ResolvedAlgorithm"]
+__all__ = ["Capabilities", "Reporting", "Algorithm", "ALGORITHMS", "register_algorithm", "ResolvedAlgorithm"]
 
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What the fast path may do with an algorithm's clients, declared when it registers (nothing inspects its
-    code): train a call's clients as one stack (:mod:`rayfed.train.stacked`), and replay their steps from CUDA
-    graphs. Every method trains through the one loop, so both hold unless the mathematics forbids them;
-    ``reason`` then says why (``rayfed list METHOD`` shows it, and a run logs it once)."""
+    """What the fast path may do with an algorithm's clients: train a call's clients as one stack
+    (:mod:`rayfed.train.stacked`), and replay their steps from CUDA graphs. Every method trains through the one
+    loop, so both hold unless its client half declares otherwise
+    (:class:`~rayfed.algorithms.declarations.FastPathLimits`: nothing inspects its code); ``reason`` then says why
+    (``rayfed list METHOD`` shows it, and a run logs it once)."""
 
     stacks: bool = True
     replays: bool = True
@@ -44,9 +48,39 @@ class Capabilities:
         if (not self.stacks or not self.replays) and not self.reason:
             raise ValueError("an algorithm that cannot stack or replay must say why (Capabilities.reason)")
 
+    @classmethod
+    def of(cls, client_half: type) -> Capabilities:
+        """What ``client_half`` allows: all of it, unless it declares :class:`FastPathLimits`."""
+        if not issubclass(client_half, FastPathLimits):
+            return cls()
+        stack, replay = client_half.cannot_stack, client_half.cannot_replay
+        return cls(stacks=not stack, replays=not replay, reason="; ".join(r for r in (stack, replay) if r))
+
     def summary(self) -> str:
         """``stacks, replays`` or what of them holds."""
         return ", ".join(name for name, holds in (("stacks", self.stacks), ("replays", self.replays)) if holds) or "-"
+
+
+@dataclass(frozen=True)
+class Reporting:
+    """What only reports, tables and figures read of a method, declared apart from its mathematics: nothing of
+    it changes how the method trains, and every field may be left out."""
+
+    label: str | Callable[[Any], str] = ""
+    """Its display name in figures and tables, or a function of its params giving one (a variant's name);
+    "" = its registered name."""
+    label_note: str = ""
+    """What the parts of its label mean, where they are the papers' shorthand (a figure prints it under its
+    legend)."""
+    single_model: bool = False
+    """True if every client is evaluated with the one global model (FedAvg), so the run's ``accuracy`` is the
+    global model's (the papers' tables read it); False if clients are evaluated with models of their own
+    (``global_accuracy``, where the method has a global model besides them, is the global model's)."""
+    epochs_by_round: Callable[[Any, int, int], int] | None = None
+    """``(params, round, train.local_epochs) -> epochs`` where its client half's local epochs vary from round to
+    round (KT-pFL's ramp); None: ``train.local_epochs`` every round. ``reproduce --plan`` costs rounds by it."""
+    figures: Callable[[Any, FinishedRun], list[Figure]] | None = None
+    """``(params, finished run) -> figures`` it draws of itself (``rayfed plot``), as data; None: none."""
 
 
 @dataclass(frozen=True)
@@ -60,24 +94,22 @@ class Algorithm:
     summary: str
     keeps_client_state: bool = False
     """True if clients keep state between rounds (stored in the client state store)."""
-    describe: Callable[[Any], str] | None = None
-    """The method's display name for given params (figures, tables); None = :attr:`name`."""
-    single_model: bool = False
-    """True if every client is evaluated with the one global model (FedAvg), so the run's ``accuracy`` is the
-    global model's; False if clients are evaluated with models of their own (``global_accuracy``, where the
-    algorithm has a global model besides them, is the global model's)."""
-    capabilities: Capabilities = Capabilities()
-    """What the fast path may do with its client half's training."""
-    label_note: str = ""
-    """What the parts of its label mean, where they are the papers' shorthand (a figure prints it under its
-    legend)."""
-    epochs_by_round: Callable[[Any, int, int], int] | None = None
-    """``(params, round, train.local_epochs) -> epochs`` where its client half's local epochs vary from round to
-    round (KT-pFL's ramp); None: ``train.local_epochs`` every round. ``reproduce --plan`` costs rounds by it."""
+    reporting: Reporting = Reporting()
+    """What reports, tables and figures read of it."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the fast path may do with its client half's training (:meth:`Capabilities.of`)."""
+        return Capabilities.of(self.client_half)
 
     def label(self, params: Any) -> str:
         """How figures and tables name this algorithm run with ``params``."""
-        return self.describe(params) if self.describe is not None else self.name
+        label = self.reporting.label
+        return (label if isinstance(label, str) else label(params)) or self.name
+
+    def figures(self, params: Any, run: FinishedRun) -> list[Figure]:
+        """The figures this method draws of a finished run (:attr:`Reporting.figures`); none by default."""
+        return [] if self.reporting.figures is None else self.reporting.figures(params, run)
 
 
 def _import_algorithms(name: str | None) -> None:
@@ -103,35 +135,18 @@ def register_algorithm(
     client: type[ClientHalf[Any, Any]],
     summary: str,
     keeps_client_state: bool = False,
-    label: str | Callable[[Any], str] | None = None,
-    single_model: bool = False,
-    capabilities: Capabilities = Capabilities(),
-    label_note: str = "",
-    epochs_by_round: Callable[[Any, int, int], int] | None = None,
+    reporting: Reporting = Reporting(),
 ) -> Algorithm:
     """Register an algorithm under ``name``; one call at the bottom of its module (in rayfed, or in a module or
     script of your own: :mod:`rayfed.util.plugins` carries it to every process of a run).
 
-    ``label`` is its display name, or a function of its params giving one (a variant's name);
-    ``single_model`` says that every client is evaluated with the one global model (:attr:`Algorithm.single_model`);
-    ``capabilities`` what the fast path may do with its clients (:class:`Capabilities`); ``label_note`` what the
-    parts of its label mean (:attr:`Algorithm.label_note`); ``epochs_by_round`` its local epochs' schedule where
-    they vary by round (:attr:`Algorithm.epochs_by_round`).
+    ``params`` is its hyper-parameters' dataclass (``algorithm.params.*``), ``server`` and ``client`` its halves,
+    ``summary`` one line for ``rayfed list``; ``keeps_client_state`` says that its clients keep state between
+    rounds (``job.state``); ``reporting`` what only reports, tables and figures read of it (:class:`Reporting`: its
+    label, ...). What a half declares beside the contract is opt-in, on the half itself
+    (:mod:`rayfed.algorithms.declarations`).
     """
-    describe = (lambda _params, text=label: text) if isinstance(label, str) else label
-    algorithm = Algorithm(
-        name,
-        params,
-        server,
-        client,
-        summary,
-        keeps_client_state,
-        describe,
-        single_model,
-        capabilities,
-        label_note,
-        epochs_by_round,
-    )
+    algorithm = Algorithm(name, params, server, client, summary, keeps_client_state, reporting)
     ALGORITHMS.register(name, origin=caller_module())(algorithm)
     return algorithm
 
@@ -158,7 +173,7 @@ class ResolvedAlgorithm:
     def local_epochs(self, train: TrainConfig, round_index: int) -> int:
         """The local epochs a client trains in round ``round_index``: ``train.local_epochs``, or the schedule of the
         algorithm whose client half runs (:attr:`Algorithm.epochs_by_round`)."""
-        schedule = self.client_algorithm.epochs_by_round
+        schedule = self.client_algorithm.reporting.epochs_by_round
         return train.local_epochs if schedule is None else schedule(self.client_params, round_index, train.local_epochs)
 
     @property
@@ -171,8 +186,9 @@ class ResolvedAlgorithm:
         self.algorithm.server_half.validate(self.server_params, spec)
 
     def held_out(self, spec: ProblemSpec) -> HeldOutRequest | None:
-        """The server half's request for held-out data (:meth:`ServerHalf.held_out`), if any."""
-        return self.algorithm.server_half.held_out(self.server_params, spec)
+        """The server half's request for held-out data, if it declares one
+        (:class:`~rayfed.algorithms.declarations.HeldOutData`)."""
+        return held_out_request(self.algorithm.server_half, self.server_params, spec)
 
     def client_state_bytes(self, spec: ProblemSpec, train: TrainConfig) -> int:
         """Bytes one client keeps between rounds: 0 without client state; else
@@ -181,17 +197,17 @@ class ResolvedAlgorithm:
         if not self.keeps_client_state:
             return 0
         if self.algorithm.keeps_client_state:
-            return self.algorithm.server_half.client_state_bytes(self.server_params, spec, train)
-        return self.client_algorithm.server_half.client_state_bytes(self.client_params, spec, train)
+            return sizes_of(self.algorithm.server_half).client_state_bytes(self.server_params, spec, train)
+        return sizes_of(self.client_algorithm.server_half).client_state_bytes(self.client_params, spec, train)
 
     @property
     def may_hold_nan(self) -> frozenset[str]:
         """The server state arrays in which NaN is a value (:attr:`StateSizes.may_hold_nan`)."""
-        return self.algorithm.server_half.may_hold_nan
+        return sizes_of(self.algorithm.server_half).may_hold_nan
 
     def server_state_bytes(self, spec: ProblemSpec) -> int:
         """Bytes the server half holds (:meth:`StateSizes.server_state_bytes`)."""
-        return self.algorithm.server_half.server_state_bytes(self.server_params, spec)
+        return sizes_of(self.algorithm.server_half).server_state_bytes(self.server_params, spec)
 
     def make_server(self, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> ServerHalf[Any, Any]:
         return self.algorithm.server_half(self.server_params, spec, initial)

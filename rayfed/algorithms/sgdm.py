@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelClient
 from rayfed.algorithms.fedavg import FedAvgServer
 from rayfed.algorithms.hooks import NoParams
-from rayfed.algorithms.registry import register_algorithm
-from rayfed.algorithms.sizing import momentum_bytes
+from rayfed.algorithms.registry import Reporting, register_algorithm
+from rayfed.algorithms.sizing import StateSizes, momentum_bytes
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import SGD, Phase
 from rayfed.train.problem import ProblemSpec
@@ -47,7 +47,7 @@ class PersistentMomentumClient(GlobalModelClient[Any, GlobalModel]):
         return [Phase(epochs=job.train.local_epochs, optimizer=SGD(keep_momentum=MOMENTUM_KEY))]
 
 
-class SGDMServer(FedAvgServer):
+class SGDMServer(StateSizes, FedAvgServer[NoParams]):
     """FedAvg's server, for clients that keep their momentum buffers."""
 
     @classmethod
@@ -62,6 +62,5 @@ register_algorithm(
     client=PersistentMomentumClient,
     summary="FedAvg with SGD-momentum clients whose buffers persist across rounds (FedAWA's clients)",
     keeps_client_state=True,
-    label="FedAvg (SGDM)",
-    single_model=True,
+    reporting=Reporting(label="FedAvg (SGDM)", single_model=True),
 )

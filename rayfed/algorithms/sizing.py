@@ -1,10 +1,11 @@
 """What an algorithm's state weighs: the small protocol the engine reads before a run starts.
 
-:class:`StateSizes` is the server half's second face (every :class:`~rayfed.algorithms.hooks.ServerHalf` is
-one): how many bytes a client keeps between rounds, how many the server holds, and which server arrays may
-hold NaN. :mod:`rayfed.engine.sizing` reads it to refuse, before anything is written, a run whose states
-fit neither memory nor disk; :mod:`rayfed.engine.checkpoint` reads ``may_hold_nan`` to refuse the state
-of a run that diverged.
+:class:`StateSizes` is what a server half declares, opt-in, when its method's state differs from the default
+(one model per client that keeps state, two on the server): how many bytes a client keeps between rounds, how
+many the server holds, and which server arrays may hold NaN. A server half subclasses it to say so; the engine
+reads :func:`sizes_of` a server half, its own declaration or the default. :mod:`rayfed.engine.sizing` reads it
+to refuse, before anything is written, a run whose states fit neither memory nor disk;
+:mod:`rayfed.engine.checkpoint` reads ``may_hold_nan`` to refuse the state of a run that diverged.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "StateSizes",
+    "sizes_of",
     "model_state_bytes",
     "architecture_state_bytes",
     "parameter_bytes",
@@ -52,10 +54,10 @@ class StateSizes:
         default two models of the largest architecture, the global model and the sum it is aggregated from."""
         return 2 * model_state_bytes(spec)
 
-    def memory_bytes(self) -> int:
-        """Bytes of state the server holds now (for the scaling benchmark)."""
-        state = self.state_dict()  # type: ignore[attr-defined]  # a ServerHalf's
-        return sum(int(v.nbytes) for v in state.values())
+
+def sizes_of(server_half: type) -> type[StateSizes]:
+    """The sizes a server half declares (it subclasses :class:`StateSizes`), else the default ones."""
+    return server_half if issubclass(server_half, StateSizes) else StateSizes
 
 
 def model_state_bytes(spec: ProblemSpec) -> int:

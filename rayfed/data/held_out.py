@@ -8,9 +8,10 @@ NeurIPS 2021, arXiv:2111.02862; about 3,000 images in the FedClassAvg paper, Tab
 
 The contract (docs/algorithms.md, "Held-out server data" section):
 
-1. a server half declares what it needs with the classmethod ``held_out(params, spec)``,
-   returning a :class:`HeldOutRequest` (size, class-balanced or not, shared with the clients
-   or not) or ``None`` (the default: no held-out data);
+1. a server half declares what it needs (``HeldOutData``, ``rayfed.algorithms.declarations``) with
+   the classmethod ``held_out(params, spec)``, returning a :class:`HeldOutRequest` (size,
+   class-balanced or not, shared with the clients or not); one that declares none has no
+   held-out data;
 2. the engine draws the indices once with :func:`choose_held_out`, from ``data.seed`` on a
    stream of its own, writes them to ``held_out.parquet`` in the run directory (read back
    when the run resumes), and partitions only the rest of the pool

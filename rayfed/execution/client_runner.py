@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rayfed.algorithms import ClientHalf, Contribution, RoundContext, model_of, resolve
+from rayfed.algorithms import ClientHalf, Contribution, RoundContext, resolve
 from rayfed.algorithms.contributions import WeightedState
+from rayfed.algorithms.declarations import normalizes_features
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
 from rayfed.execution.client_data import ClientData
@@ -73,9 +74,9 @@ class ClientRunner(ClientData):
 
     def model_for(self, architecture: str) -> FlatModel:
         """This worker's model of ``architecture``; its output layer reads normalised features where the client
-        half asks for it (:attr:`ClientHalf.normalized_features`)."""
+        half declares it (:class:`~rayfed.algorithms.declarations.NormalizedFeatures`)."""
         flat = super().model_for(architecture)
-        if self.client_half.normalized_features:
+        if normalizes_features(self.client_half):
             normalize_inputs_of(flat.module, self.spec.output_layer[architecture])
         return flat
 
@@ -122,7 +123,7 @@ class ClientRunner(ClientData):
     def _start(self, message: Any, job: ClientJob) -> Any:
         """The client's start (``job.start``) and the state it starts from."""
         job.start = self.client_half.start(message, job)
-        return model_of(job.start)
+        return job.start.model
 
     def _phases(self, message: Any, job: ClientJob) -> list[Phase]:
         return self._checked(self.client_half.phases(message, job), job, "phases")

@@ -1,6 +1,7 @@
 """Evaluating a call's clients on their own test splits, and the global model on the same splits.
 
-Clients whose evaluation models share everything but the output layer (``ClientHalf.shared_body``)
+Clients whose evaluation models share everything but the output layer (a client half that declares
+:class:`~rayfed.algorithms.declarations.SharedBodyEvaluation`)
 are evaluated together: one forward of the shared body over all their test samples, then each
 client's output layer as a batched matrix product. A global model with that same body costs one
 more matrix product; any other global model one forward over all their test samples. Counts and
@@ -17,7 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rayfed.algorithms import ClientHalf, RoundContext, SharedBody
+from rayfed.algorithms import ClientHalf, RoundContext
+from rayfed.algorithms.declarations import SharedBody, evaluation_reads_train, shared_body
 from rayfed.execution.client_data import ClientData
 from rayfed.execution.reports import EvalReport
 from rayfed.train.evaluate import eval_batch_size, evaluate_model, features_before_output
@@ -58,7 +60,7 @@ def evaluate_clients(
     ``evaluation``, fine-tuned by its ``fine_tuning``) on its own test split, and of the global model
     (``client.global_model``), if the algorithm has one, on the same split.
 
-    Clients whose evaluation models share everything but the output layer (``client.shared_body``) are
+    Clients whose evaluation models share everything but the output layer (its declared ``shared_body``) are
     evaluated together: one forward of the shared body over all their test samples, then each client's output
     layer as a batched matrix product. A global model with that same body costs one more matrix product; any
     other global model one forward over all their test samples.
@@ -77,7 +79,7 @@ def evaluate_clients(
         )
         global_model = client.global_model(message, population)
         global_state = None if global_model is None else _host_state(global_model)
-        plan = client.shared_body(message, [data.job(cid, ctx, states.get(cid), evaluation=True) for cid in ids])
+        plan = shared_body(client, message, [data.job(cid, ctx, states.get(cid), evaluation=True) for cid in ids])
         if plan is not None and plan.weight is None:  # one model for every client: one pooled forward
             own = _evaluate_pooled(data, ids, plan.state)
             on_global = own if global_state is not None and np.array_equal(global_state, plan.state) else None
@@ -88,7 +90,7 @@ def evaluate_clients(
             for cid in ids:
                 test = data.gather(data.partition.test(cid))
                 job = data.job(cid, ctx, states.get(cid), test=test, evaluation=True)
-                if client.eval_reads_train:  # its evaluation reads the train split (FedBABU, IFCA)
+                if evaluation_reads_train(client):  # FedBABU, IFCA
                     job.x_train, job.y_train = data.gather(data.partition.train(cid))
                 evaluation_model(message, job)
                 result = evaluate_model(job.model, job.x_test, job.y_test)

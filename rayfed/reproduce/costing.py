@@ -5,7 +5,7 @@ warm-up) when it has rounds to run. The cells of one shape (row and column: the 
 numbers) share one measurement, taken from a run of that shape already under ``OUT/runs`` (its rounds' wall
 times), else by **calibration**: two rounds of the shape's first cell, in a temporary folder, on this machine as
 the cell would run (CPU, or its GPU share). A round costs the median of the rounds timed; where the method's local
-epochs vary by round (KT-pFL's ramp, :attr:`~rayfed.algorithms.Algorithm.epochs_by_round`), a round costs
+epochs vary by round (KT-pFL's ramp, :attr:`~rayfed.algorithms.Reporting.epochs_by_round`), a round costs
 ``fixed + per_epoch x epochs``, fitted to rounds of different epochs (calibration then times one round more).
 
 Wall time spreads the cells over the slots that run at once: ``--parallel``, bounded by this machine's CPUs (each

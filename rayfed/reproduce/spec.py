@@ -178,7 +178,7 @@ def row_metric(table: Table, row: Row) -> RowMetric:
     """The model ``row`` reports and the column it is scored on.
 
     An algorithm that evaluates every client with its one global model (FedAvg; registered with
-    ``single_model``) reports that model in ``accuracy``; any other reports its clients' own models there and
+    ``Reporting.single_model``) reports that model in ``accuracy``; any other reports its clients' own models there and
     its global model, if it has one, in ``global_accuracy``. A single-model row cannot report personalised
     models, and the test loss that picks a round is that of the clients' own evaluation models.
 
@@ -192,7 +192,7 @@ def row_metric(table: Table, row: Row) -> RowMetric:
 
     if table.metric not in _LOSS_COLUMNS:
         raise ValueError(f"Table {table.name!r}: metric={table.metric!r} is not one of {tuple(_LOSS_COLUMNS)}")
-    single = ALGORITHMS.get(row.algorithm).single_model if row.algorithm in ALGORITHMS.names() else False
+    single = ALGORITHMS.get(row.algorithm).reporting.single_model if row.algorithm in ALGORITHMS.names() else False
     model = row.evaluates or ("global" if single else "personalised")
     if single and model == "personalised":
         raise ValueError(

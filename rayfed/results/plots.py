@@ -11,10 +11,10 @@ writes, into ``DIR``:
   :data:`~rayfed.results.run_data.SAME_NUMBERS`) are seeds of one method and share a colour and a
   legend entry; the legend, below the axes, names the method (``Algorithm.label``) and, where
   lines share that name, the fields that tell them apart (``cwFedAvg (Output), train.lr=0.01``);
-  a note under it explains the labels' parts (``Algorithm.label_note``). A run without a round
+  a note under it explains the labels' parts (``Reporting.label_note``). A run without a round
   yet is left out (none with one: nothing is drawn);
 * the figures a run's method draws of itself from its newest checkpoint, as its server half
-  says (``ServerHalf.figures``), as ``<run>-<figure>.png`` (``<run>`` is the run directory's
+  says (``Reporting.figures``), as ``<run>-<figure>.png`` (``<run>`` is the run directory's
   name). cwFedAvg draws those of Lee & Choi, "Class-Wise Federated Averaging for Efficient
   Personalization", ICCV 2025 (:mod:`rayfed.algorithms.cwfedavg_figures`): ``p_vs_p_tilde``
   (Fig. 2c), ``norms_local`` (Fig. 3) and ``norms_global`` (Fig. 6). Methods that draw none get
@@ -134,7 +134,7 @@ def plot_accuracy_curves(runs: Sequence[RunData], path: str | Path) -> Path:
         handles, labels = ax.get_legend_handles_labels()
         wrapped = [textwrap.fill(label, 70, subsequent_indent="  ") for label in labels]
         ax.legend(handles, wrapped, fontsize="small", loc="upper left", bbox_to_anchor=(0.0, -0.14), frameon=False)
-    notes = sorted({note for run in runs if (note := ALGORITHMS.get(run.config.algorithm.name).label_note)})
+    notes = sorted({note for run in runs if (note := ALGORITHMS.get(run.config.algorithm.name).reporting.label_note)})
     if notes:
         fig.text(0.01, 0.0, textwrap.fill(" ".join(notes), 110), fontsize="x-small", va="top", color="0.3")
     return _save(fig, Path(path))
@@ -220,13 +220,13 @@ def plot_row_norms(norms: np.ndarray, path: str | Path, *, rows: str, title: str
 
 
 def plot_run_figures(run: RunData, out: str | Path, stem: str | None = None) -> list[Path]:
-    """The figures the run's method draws of itself (``ServerHalf.figures``), as ``out/<stem>-<name>.png``
+    """The figures the run's method draws of itself (``Reporting.figures``), as ``out/<stem>-<name>.png``
     (stem: the run's name); none for a method that draws none, or a run without a checkpoint."""
     if not run.server:
         return []
     out, stem = Path(out), stem or run.name
     config = run.config
-    figures = ALGORITHMS.get(config.algorithm.name).server_half.figures(config.algorithm.params, finished_run(run))
+    figures = ALGORITHMS.get(config.algorithm.name).figures(config.algorithm.params, finished_run(run))
     label, rounds = method_label(config), (run.checkpoint_round or 0) + 1
     return [
         _draw(figure, out / f"{stem}-{figure.name}.png", f"{run.name}: {label} after {rounds} rounds")

@@ -105,7 +105,7 @@ class LocalLoop:
                 models[current] = flat.state()
                 flat.load_state(models[key] if key in models else _kept_model(job, phase, flat, models[None]))
                 current = key
-            phase = self._on_features(phase, job, flat)
+            phase = self._reading_features(self._on_features(phase, job, flat), job.architecture)
             where = self._where(job.client_id, index, len(own))
             outcome = self.sequential.run(job, phase, index, _kept_momentum(job, phase, flat), replays, where)
             extra.update(outcome.extra)
@@ -165,6 +165,7 @@ class LocalLoop:
                 for c, job in enumerate(jobs):
                     flat.load_state(models[key][c])
                     column[c] = self._on_features(column[c], job, flat)
+            column = [self._reading_features(p, jobs[0].architecture) for p in column]
             where = self._where("stack of " + ",".join(str(j.client_id) for j in jobs[:8]), index, count)
             outcome = runner.run(jobs, column, index, models[key], momentum, replays, where)
             models[key] = outcome.trained
@@ -187,9 +188,10 @@ class LocalLoop:
         """The output layer, when ``phase`` trains it alone, on the model's own forward of its own samples, and the
         layers before it map each sample alike at every step (no BatchNorm, no active dropout)."""
         name = self.output_layers.get(architecture)
-        if name is None or phase.trains is None or phase.forward is not None or phase.views is not None:
+        samples = phase.samples
+        if name is None or phase.trains is None or phase.forward is not None or samples.augment is not None:
             return None
-        if phase.features is not None or phase.load is not None:
+        if samples.views != 1 or phase.load is not None:
             return None
         layer = flat.module.get_submodule(name)
         part = flat.slice_of(name)
@@ -212,7 +214,16 @@ class LocalLoop:
             layer = flat.module.get_submodule(name)
             assert isinstance(layer, nn.Linear)
             features = x.new_empty(0, layer.in_features)
-        return dataclasses.replace(phase, inputs=(features, y), forward=_layer_forward(name))
+        samples = dataclasses.replace(phase.samples, inputs=(features, y))
+        return dataclasses.replace(phase, samples=samples, forward=_layer_forward(name))
+
+    def _reading_features(self, phase: Phase, architecture: str) -> Phase:
+        """``phase``, whose loss reads the input of the model's output layer as ``Outputs.features`` where it has a
+        loss and the module's own forward."""
+        name = self.output_layers.get(architecture)
+        if phase.loss is None or phase.forward is not None or name is None:
+            return phase
+        return dataclasses.replace(phase, forward=_with_features(name))
 
 
 def _anchored(phases: list[Phase], anchor: torch.Tensor) -> list[Phase]:
@@ -234,10 +245,28 @@ def _same_in_training(model: nn.Module) -> bool:
 
 @functools.cache
 def _layer_forward(name: str) -> Forward:
-    """The forward of a model's layer ``name`` alone (one function per name, so phases using it stack)."""
+    """The forward of a model's layer ``name`` alone, on the features it reads (one function per name, so phases
+    using it stack)."""
 
     def forward(module: torch.nn.Module, x: torch.Tensor) -> Outputs:
-        return Outputs(module.get_submodule(name)(x))
+        return Outputs(module.get_submodule(name)(x), x)
+
+    return forward
+
+
+@functools.cache
+def _with_features(name: str) -> Forward:
+    """The model's forward, with the input of its layer ``name`` (the output layer) as ``Outputs.features`` (one
+    function per name, so phases using it stack)."""
+
+    def forward(module: torch.nn.Module, x: torch.Tensor) -> Outputs:
+        read: list[torch.Tensor] = []
+        hook = module.get_submodule(name).register_forward_pre_hook(lambda _layer, args: read.append(args[0]))
+        try:
+            logits = module(x)
+        finally:
+            hook.remove()
+        return Outputs(logits, read[-1])
 
     return forward
 

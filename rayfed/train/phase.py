@@ -7,17 +7,17 @@ public set, then local training. The one loop (:mod:`rayfed.train.loop`) runs ev
 method, one client at a time or many clients stacked, and replays its steps from CUDA graphs: a method
 written as phases is on the fast path without code of its own for it.
 
-A phase names what it trains (all parameters, a contiguous range such as a head or a body, or none), on
-which samples (the client's training split, or inputs it brings: a public set), for how many epochs of
-which batches, with which optimiser (:class:`SGD`, :class:`Adam`, or :class:`NoStep`), which model (the
-round's, or one the client keeps in its state: :class:`Kept`), and the extra tensors it trains beside the
-model's parameters (:class:`Trainable`: FedNH's scale, APPLE's core model and mixing vector), which the
-same optimiser updates. Its hooks are pure functions of *one* client's tensors, named as in PyTorch
-Lightning:
+A phase names what it trains (all parameters, a contiguous range such as a head or a body, or none), for
+how many epochs of which samples (:class:`Samples`: the client's training split, or inputs it brings, a
+public set; their batches and random views), with which optimiser (:class:`SGD`, :class:`Adam`, or
+:class:`NoStep`), which model (the round's, or one the client keeps in its state: :class:`Kept`), and the
+extra tensors it trains beside the model's parameters (:class:`Trainable`: FedNH's scale, APPLE's core model
+and mixing vector), which the same optimiser updates. Its hooks are pure functions of *one* client's tensors,
+named as in PyTorch Lightning:
 
 * ``loss(out, batch, params, constants)``: a term added to the cross-entropy of the logits (or, with
-  ``cross_entropy=False``, the whole loss), from the logits and, when the phase asks, the features the
-  output layer reads (:class:`Outputs`), the batch's targets (:class:`Batch`), the parameters and the
+  ``cross_entropy=False``, the whole loss), from the logits and the features the output layer reads
+  (:class:`Outputs`), the batch's targets (:class:`Batch`), the parameters and the
   client's constants. ``constants["start"]`` is the round's starting parameters, flattened in logical
   order (the anchor of a proximal term), in every phase that has a loss or a hook;
 * ``on_train_batch_start(params, constants, extra)``: edits before a step's forward;
@@ -50,7 +50,7 @@ __all__ = [
     "NoStep",
     "Optimizer",
     "OPTIMIZERS",
-    "Views",
+    "Samples",
     "Kept",
     "Trainable",
     "Outputs",
@@ -116,12 +116,21 @@ OPTIMIZERS = (SGD, Adam, NoStep)
 
 
 @dataclass(frozen=True)
-class Views:
-    """Random views of each batch that the forward sees, one after the other (FedClassAvg's two), drawn with
-    ``augment``."""
+class Samples:
+    """What a phase's steps see, where it is not the client's training split in the run's batches: ``inputs``,
+    (inputs, targets) on the job's device that it trains on instead (KT-pFL's public set: this client's values);
+    ``batch_size`` and ``drop_last`` (None: ``train.batch_size``, ``train.drop_last``); and ``views`` random views of
+    each batch drawn with ``augment``, which the forward sees one after the other (FedClassAvg's two)."""
 
-    augment: AugmentConfig
-    count: int = 1
+    inputs: tuple[torch.Tensor, torch.Tensor] | None = None
+    batch_size: int | None = None
+    """Samples per step; None = ``train.batch_size``."""
+    drop_last: bool | None = None
+    """Skip an epoch's short last batch; None = ``train.drop_last``."""
+    augment: AugmentConfig | None = None
+    """How each view is drawn; None: the batch itself."""
+    views: int = 1
+    """Views of each batch the forward sees (more than one needs ``augment``)."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +155,8 @@ class Trainable:
 
 @dataclass(frozen=True)
 class Outputs:
-    """What a step's forward produced for one client: logits, and the features the phase asked for."""
+    """What a step's forward produced for one client: logits, and the features its output layer read (in a phase
+    with a loss and the module's own forward; a phase's own forward gives what it gives)."""
 
     logits: torch.Tensor
     features: torch.Tensor | None = None
@@ -175,8 +185,8 @@ other) to its outputs (FedClassAvg's extractor features and its classifier's log
 class Phase:
     """One stretch of a client's local training (module docstring).
 
-    The fields up to ``on_train_end`` describe the phase and are the same for every client of a stack;
-    ``constants``, ``extra``, ``inputs`` and ``load`` are this client's values.
+    The fields up to ``on_train_end`` describe the phase and are the same for every client of a stack (but the
+    ``inputs`` of its ``samples``); ``constants``, ``extra`` and ``load`` are this client's values.
     """
 
     epochs: int
@@ -192,17 +202,12 @@ class Phase:
     :data:`NO_PARAMETERS` = none (only the trainables). The rest stays exactly as it is (no step, no weight
     decay) and backward skips it. A phase that trains the output layer alone of a model without BatchNorm or
     active dropout computes the features it reads once, not at every step (FedRep's head epochs)."""
-    batch_size: int | None = None
-    """Samples per step; None = ``train.batch_size``."""
-    drop_last: bool | None = None
-    """Skip an epoch's short last batch; None = ``train.drop_last``."""
-    views: Views | None = None
-    """Random views of each batch (None: the batch itself)."""
-    features: str | None = None
-    """The module whose input the loss reads as ``Outputs.features`` (the output layer: penultimate
-    features); None when the loss reads none."""
+    samples: Samples = Samples()
+    """What its steps see (:class:`Samples`): by default the client's training split in ``train.batch_size``
+    batches."""
     forward: Forward | None = None
-    """The phase's own forward (``Outputs``), None = the module's forward, with the features captured."""
+    """The phase's own forward (``Outputs``); None = the module's forward, with (in a phase with a loss) the
+    input of its output layer as ``Outputs.features``."""
     model: Kept | None = None
     """None: the round's model (started from the client half's ``start``, then uploaded); else a model the
     client keeps in its state."""
@@ -215,17 +220,6 @@ class Phase:
     constants: Constants = field(default_factory=dict)
     extra: Mapping[str, Trainable] = field(default_factory=dict)
     """The tensors this phase trains beside the model's parameters, by name."""
-    inputs: tuple[torch.Tensor, torch.Tensor] | None = None
-    """(inputs, targets) the phase trains on, on the job's device; None = the client's training split."""
     load: tuple[tuple[int, int], torch.Tensor] | None = None
     """A range of the parameter vector and the values loaded into it when the phase starts (FedClassAvg's
     warm-up loads the client's own classifier)."""
-
-    @property
-    def view_count(self) -> int:
-        """Views of each batch the forward sees (1 without :attr:`views`)."""
-        return 1 if self.views is None else self.views.count
-
-    @property
-    def augment(self) -> AugmentConfig | None:
-        return None if self.views is None else self.views.augment

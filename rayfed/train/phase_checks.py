@@ -19,7 +19,7 @@ import torch
 
 from rayfed.data.augment import AugmentConfig
 from rayfed.train.flat import FlatModel
-from rayfed.train.phase import NO_PARAMETERS, OPTIMIZERS, SGD, Adam, Kept, Phase, Trainable, Views
+from rayfed.train.phase import NO_PARAMETERS, OPTIMIZERS, SGD, Adam, Kept, Phase, Samples, Trainable
 from rayfed.util.errors import MethodError
 
 __all__ = ["PhaseContext", "check_phases", "HookResults", "RESERVED_CONSTANTS"]
@@ -82,23 +82,7 @@ def _problems(phase: Phase, where: PhaseContext) -> list[tuple[str, Any, str]]:
         out.append(("loss", None, "leaves the phase without a loss (cross_entropy=False); give a loss, or keep CE"))
     out.extend(_optimizer_problems(phase))
     out.extend(_range_problems(phase, flat))
-    if phase.batch_size is not None and (
-        isinstance(phase.batch_size, bool) or not isinstance(phase.batch_size, int) or phase.batch_size < 1
-    ):
-        out.append(("batch_size", phase.batch_size, "must be a whole number >= 1, or None for train.batch_size"))
-    if phase.drop_last is not None and not isinstance(phase.drop_last, bool):
-        out.append(("drop_last", phase.drop_last, "must be True, False or None (train.drop_last)"))
-    if phase.views is not None and (
-        not isinstance(phase.views, Views)
-        or not isinstance(phase.views.augment, AugmentConfig)
-        or isinstance(phase.views.count, bool)
-        or not isinstance(phase.views.count, int)
-        or phase.views.count < 1
-    ):
-        out.append(("views", phase.views, "must be Views(augment=AugmentConfig(...), count=n >= 1), or None"))
-    if phase.features is not None and _module(flat, phase.features) is None:
-        names = ", ".join(n for n, _ in flat.module.named_modules() if n)
-        out.append(("features", phase.features, f"names no module of this client's model; its modules: {names}"))
+    out.extend(_samples_problems(phase.samples))
     out.extend(_model_problems(phase, where))
     out.extend(_value_problems(phase, flat))
     return out
@@ -193,21 +177,35 @@ def _value_problems(phase: Phase, flat: FlatModel) -> list[tuple[str, Any, str]]
             out.append(("extra", f"{name}: lr={trainable.lr!r}", "needs a learning rate >= 0, or None (the round's)"))
         if trainable.lr is not None and not isinstance(phase.optimizer, SGD):
             out.append(("extra", f"{name}: lr={trainable.lr!r}", "sets its own lr, which only SGD takes"))
-    if phase.inputs is not None and not (
-        isinstance(phase.inputs, tuple)
-        and len(phase.inputs) == 2
-        and all(isinstance(t, torch.Tensor) for t in phase.inputs)
-        and len(phase.inputs[0]) == len(phase.inputs[1])
-    ):
-        out.append(("inputs", phase.inputs, "must be (inputs, targets) tensors of equal length, or None"))
     return out
 
 
-def _module(flat: FlatModel, name: str) -> torch.nn.Module | None:
-    try:
-        return flat.module.get_submodule(name) if isinstance(name, str) else None
-    except AttributeError:
-        return None
+def _samples_problems(samples: Any) -> list[tuple[str, Any, str]]:
+    """What is wrong with a phase's ``samples`` (:class:`~rayfed.train.phase.Samples`)."""
+    if not isinstance(samples, Samples):
+        return [
+            ("samples", samples, "must be Samples(inputs=..., batch_size=..., drop_last=..., augment=..., views=...)")
+        ]
+    out: list[tuple[str, Any, str]] = []
+    inputs, size, views = samples.inputs, samples.batch_size, samples.views
+    if inputs is not None and not (
+        isinstance(inputs, tuple)
+        and len(inputs) == 2
+        and all(isinstance(t, torch.Tensor) for t in inputs)
+        and len(inputs[0]) == len(inputs[1])
+    ):
+        out.append(("samples.inputs", inputs, "must be (inputs, targets) tensors of equal length, or None"))
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        out.append(("samples.batch_size", size, "must be a whole number >= 1, or None for train.batch_size"))
+    if samples.drop_last is not None and not isinstance(samples.drop_last, bool):
+        out.append(("samples.drop_last", samples.drop_last, "must be True, False or None (train.drop_last)"))
+    if samples.augment is not None and not isinstance(samples.augment, AugmentConfig):
+        out.append(("samples.augment", samples.augment, "must be an AugmentConfig (rayfed.data.augment), or None"))
+    if isinstance(views, bool) or not isinstance(views, int) or views < 1:
+        out.append(("samples.views", views, "must be a whole number >= 1"))
+    elif views > 1 and samples.augment is None:
+        out.append(("samples.views", views, "are copies of the same batch without augment; give augment=..."))
+    return out
 
 
 def _shape(value: Any) -> tuple[int, ...] | str:
@@ -220,6 +218,8 @@ def _short(value: Any) -> str:
         return f"<{type(value).__name__} of shape {tuple(value.shape)}>"
     if isinstance(value, type):
         return f"<class {value.__module__}.{value.__qualname__}>"
+    if isinstance(value, tuple) and value and any(isinstance(v, torch.Tensor | np.ndarray) for v in value):
+        return "(" + ", ".join(_short(v) for v in value) + ")"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 

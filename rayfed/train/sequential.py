@@ -29,7 +29,6 @@ from rayfed.train.rule import PhaseRule
 from rayfed.train.stacking import stack_key
 from rayfed.train.step import (
     LossRecord,
-    captured_features,
     extra_lrs,
     make_step,
     phase_batches,
@@ -204,14 +203,13 @@ class SequentialTraining:
         flat.module.train()
         with (
             frozen_outside(flat, *trained),
-            captured_features(flat.module, phase.features) as captured,
             client_dropout(flat.module) as dropout,
         ):
             dropout.update(
                 seeds=state.seeds,
                 width=1,
                 step=state.step,
-                views=phase.view_count,
+                views=phase.samples.views,
                 batch=int(batches.index.shape[1]),
             )
             mutable = [flat.vector, flat.buffers, *state.mutable()]
@@ -220,7 +218,7 @@ class SequentialTraining:
                 size = int(batches.sizes[first])
                 # A batch of another size reads its own fixed inputs (and has its own captured step).
                 feed = feeds.setdefault(size, StepInputs()) if feeds is not None else StepInputs()
-                step = make_step(model, rule, state, feed, record, captured, self.pixel_scale)
+                step = make_step(model, rule, state, feed, record, self.pixel_scale)
                 rows = index[first:stop, :size]
                 xs, ys = x_all[rows], y_all[rows]  # one gather per block of equal-size steps
                 for s in range(stop - first):

@@ -46,7 +46,6 @@ from rayfed.train.stacked_layers import stacked_layers
 from rayfed.train.stacking import stack_key
 from rayfed.train.step import (
     LossRecord,
-    captured_features,
     extra_lrs,
     make_step,
     phase_batches,
@@ -180,7 +179,6 @@ class StackedTraining:
         with (
             stacked_layers(flat.module) as current,
             client_dropout(flat.module) as dropout,
-            captured_features(flat.module, phase.features) as captured,
         ):
             for s, width in enumerate(plan.active):
                 if space is None or width < space.width:
@@ -192,13 +190,13 @@ class StackedTraining:
                     space = self._workspace(values, phase, plan, x, y, replays)
                     model = StackModel(space, flat, trained, current)
                     record = LossRecord(space.state)
-                    step = make_step(model, rule, space.state, space.batch, record, captured, self.pixel_scale)
+                    step = make_step(model, rule, space.state, space.batch, record, self.pixel_scale)
                 self._fill(space, plan, s, x, y)
                 dropout.update(
                     seeds=space.state.seeds,
                     width=width,
                     step=space.state.step,
-                    views=phase.view_count,
+                    views=phase.samples.views,
                     batch=plan.batch,
                 )
                 self.graphs.run(self._key(space, phase), step, space.mutable())

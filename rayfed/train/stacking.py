@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from rayfed.train.phase import Kept, Phase
+from rayfed.train.phase import Kept, Phase, Samples
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["stack_key", "function_key", "stack_groups"]
+__all__ = ["stack_key", "function_key", "stack_groups", "split_reason"]
 
 _DESCRIPTION = (
     "epochs",
@@ -31,11 +31,8 @@ _DESCRIPTION = (
     "cross_entropy",
     "optimizer",
     "trains",
-    "batch_size",
-    "drop_last",
-    "views",
-    "features",
     "forward",
+    "samples",
     "model",
     "reports",
     "on_train_batch_start",
@@ -91,6 +88,8 @@ def _field_key(phase: Phase, name: str) -> Hashable:
         return function_key(value)
     if isinstance(value, Kept):  # its initial state is a value of the client's: only its shape must agree
         return ("kept", value.key, tuple(getattr(value.initial, "shape", ())))
+    if isinstance(value, Samples):  # its inputs are the client's values: whether it has any must agree
+        return ("samples", value.batch_size, value.drop_last, value.augment, value.views, value.inputs is None)
     return value
 
 
@@ -102,7 +101,6 @@ def stack_key(phase: Phase) -> tuple[Any, ...]:
         _shapes(phase.constants),
         _shapes(phase.extra),
         phase.load[0] if phase.load is not None else None,
-        phase.inputs is None,
     )
 
 
@@ -124,16 +122,27 @@ def _difference(a: Sequence[Phase], b: Sequence[Phase]) -> str:
     return ""
 
 
-def stack_groups(method: str, phases: Sequence[Sequence[Phase]]) -> list[list[int]]:
-    """The positions of clients whose phases stack together, in order; the reason the first two groups differ is
-    logged once per worker and method."""
+def _groups(phases: Sequence[Sequence[Phase]]) -> list[list[int]]:
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, own in enumerate(phases):
         groups.setdefault(tuple(stack_key(p) for p in own), []).append(i)
+    return list(groups.values())
+
+
+def split_reason(phases: Sequence[Sequence[Phase]]) -> str:
+    """Why clients with these phases do not all train in one stack, in words ("" when they do): the first thing
+    that keeps the first two groups apart."""
+    groups = _groups(phases)
+    return _difference(phases[groups[0][0]], phases[groups[1][0]]) if len(groups) > 1 else ""
+
+
+def stack_groups(method: str, phases: Sequence[Sequence[Phase]]) -> list[list[int]]:
+    """The positions of clients whose phases stack together, in order; the reason the first two groups differ
+    (:func:`split_reason`) is logged once per worker and method."""
+    groups = _groups(phases)
     if len(groups) > 1:
-        firsts = [members[0] for members in groups.values()]
-        reason = _difference(phases[firsts[0]], phases[firsts[1]])
+        reason = split_reason(phases)
         if (method, reason) not in _logged:
             _logged.add((method, reason))
             logger.warning("algorithm %r: its clients train in %d stacks, not one: %s", method, len(groups), reason)
-    return list(groups.values())
+    return groups

@@ -11,14 +11,12 @@ client and a stack is only how the step sees the model, a :class:`StepModel`: th
 
 Both paths read a phase alike, through the functions here: its samples (:func:`phase_samples`) and the batches
 drawn from them (:func:`phase_batches`), the range of parameters it trains (:func:`trained_range`), its dropout
-seed (:func:`phase_seed`), its trainables' learning rates (:func:`extra_lrs`) and the features its loss reads
-(:func:`captured_features`).
+seed (:func:`phase_seed`) and its trainables' learning rates (:func:`extra_lrs`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -47,7 +45,6 @@ __all__ = [
     "trained_range",
     "phase_seed",
     "extra_lrs",
-    "captured_features",
 ]
 
 _UNITS: dict[torch.device, torch.Tensor] = {}
@@ -84,7 +81,8 @@ def reads_anchor(phase: Phase) -> bool:
 
 def phase_samples(phase: Phase, job: ClientJob) -> tuple[torch.Tensor, torch.Tensor]:
     """The (x, y) samples the client trains on in ``phase``: the phase's ``inputs``, else the client's train split."""
-    return phase.inputs if phase.inputs is not None else (job.x_train, job.y_train)
+    inputs = phase.samples.inputs
+    return inputs if inputs is not None else (job.x_train, job.y_train)
 
 
 def phase_batches(
@@ -98,10 +96,10 @@ def phase_batches(
     drawn = draw_batches(
         [(job.generator, int(y.shape[0])) for job, (_, y) in zip(jobs, samples)],
         epochs=phase.epochs,
-        batch=phase.batch_size or train.batch_size,
-        drop_last=train.drop_last if phase.drop_last is None else phase.drop_last,
-        views=phase.view_count,
-        augment=phase.augment,
+        batch=phase.samples.batch_size or train.batch_size,
+        drop_last=train.drop_last if phase.samples.drop_last is None else phase.samples.drop_last,
+        views=phase.samples.views,
+        augment=phase.samples.augment,
         image_size=tuple(samples[0][0].shape[1:]),
     )
     return [_within_budget(job, batches) for job, batches in zip(jobs, drawn)]
@@ -138,21 +136,6 @@ def extra_lrs(phase: Phase, device: torch.device) -> dict[str, torch.Tensor]:
         for k, t in phase.extra.items()
         if t.lr is not None
     }
-
-
-@contextmanager
-def captured_features(module: nn.Module, name: str | None) -> Iterator[list[torch.Tensor]]:
-    """While the block runs, every forward appends the input of ``module``'s submodule ``name`` to the list
-    yielded (nothing without a name)."""
-    captured: list[torch.Tensor] = []
-    if name is None:
-        yield captured
-        return
-    hook = module.get_submodule(name).register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
-    try:
-        yield captured
-    finally:
-        hook.remove()
 
 
 class StepModel(Protocol):
@@ -203,11 +186,10 @@ def make_step(
     state: StepState,
     batch: StepInputs,
     record: LossRecord,
-    features: list[torch.Tensor],
     pixel_scale: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
 ) -> Callable[[], None]:
-    """One step of ``rule``'s phase on ``model`` (module docstring), reading ``batch`` and ``state`` when it runs;
-    ``features`` receives what the phase's ``features`` layer reads at each forward."""
+    """One step of ``rule``'s phase on ``model`` (module docstring), reading ``batch`` and ``state`` when it
+    runs."""
     phase = rule.phase
     device = state.lr.device
     one = unit(device)
@@ -219,16 +201,14 @@ def make_step(
         params = model.begin()
         x = batch.x
         assert x is not None and batch.y is not None
-        augment = phase.augment
+        augment = phase.samples.augment
         if augment is not None:
             mean, std = pixel_scale(x)
             draws = batch.draws
             assert draws is not None
-            x = torch.cat([apply_augment(x, draws[v], mean, std, augment) for v in range(phase.view_count)])
+            x = torch.cat([apply_augment(x, draws[v], mean, std, augment) for v in range(phase.samples.views)])
         x = model.inputs(x)
         outputs = phase.forward(model.module, x) if phase.forward is not None else Outputs(model.module(x), None)
-        if phase.features is not None and phase.forward is None:
-            outputs = Outputs(outputs.logits, features.pop())
         ce = rule.cross_entropy(outputs.logits, batch.y, batch.weight, width) if phase.cross_entropy else None
         term = None
         if phase.loss is not None:

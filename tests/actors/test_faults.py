@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from rayfed.engine import Simulation
 from rayfed.util.errors import ServerError
 from rayfed.util.files import load_arrays
 from tests.conftest import tiny_overrides
+from tests.waiting import wait_for_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -216,11 +216,7 @@ def test_driver_killed_mid_run_resumes_to_identical_metrics(tmp_path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoints" / "round_000001.npz").exists():
-        assert driver.poll() is None, driver.stderr.read().decode()
-        assert time.monotonic() < deadline, "the driver never reached round 1"
-        time.sleep(0.05)
+    wait_for_file(run_dir / "checkpoints" / "round_000001.npz", driver, "the driver's checkpoint of round 1")
     driver.kill()
     driver.wait()
     assert not (run_dir / "summary.json").exists()  # it really died before the end

@@ -126,8 +126,9 @@ def test_pick_device_uses_cuda_only_when_given_a_gpu(monkeypatch) -> None:
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert pick_device(0.25) == torch.device("cpu")  # a GPU share, but no CUDA: train on the CPU
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert pick_device(0.25) == torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU worker, here without CUDA:
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)  # the device Ray gave the worker
+    assert pick_device(0.25) == torch.device("cuda", 1)
     assert pick_device(0.0) == torch.device("cpu")
 
 

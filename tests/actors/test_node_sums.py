@@ -16,6 +16,7 @@ from rayfed.actors.node_agent import NOT_RUN, NodeAgent, NodeAgents, run_calls
 from rayfed.algorithms import WeightedSum
 from rayfed.execution.summation import CallTree, tree_sum
 from tests.execution.test_summation import _bits, _sums
+from tests.waiting import wait_until
 
 
 def test_each_node_takes_a_stretch_of_consecutive_calls_as_long_as_its_share_of_workers() -> None:
@@ -71,14 +72,15 @@ def _fake_worker(ray):
 
 def _wait_until_dead(ray: Any, actor: Any, limit_s: float = 30.0) -> None:
     """Return once a call to ``actor`` fails as an actor's death does."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
+
+    def dead() -> bool:
         try:
             ray.get(actor.__ray_ready__.remote(), timeout=limit_s)
         except ray.exceptions.RayActorError:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"the actor still answered {limit_s} s after ray.kill")
+            return True
+        return False
+
+    wait_until(dead, "the actor's death after ray.kill", limit_s=limit_s, every_s=0.1)
 
 
 @pytest.mark.timeout(120)

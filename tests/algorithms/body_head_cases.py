@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rayfed import RunConfig, run
-from rayfed.algorithms import ClientHalf, Contribution, ServerHalf, model_of
+from rayfed.algorithms import ClientHalf, Contribution, ServerHalf
 from rayfed.config import TrainConfig
 from rayfed.engine.callbacks import Callback
 from rayfed.train.flat import FlatModel
@@ -89,7 +89,7 @@ def upload_trained(
     for cid, (row, n) in enumerate(zip(trained, sizes)):
         client = job(flat, cid, n)
         client.start = half.start(message, client)
-        flat.load_state(model_of(client.start))
+        flat.load_state(client.start.model)
         if whole_state:
             flat.load_state(row)
         else:

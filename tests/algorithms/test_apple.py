@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from rayfed import ResourceError, RunConfig
-from rayfed.algorithms import model_of
 from rayfed.algorithms.apple import (
     CORES_KEY,
     DR_KEY,
@@ -144,7 +143,7 @@ def _one_step_of_client_1(fidelity: str):  # noqa: ANN202
     train_client(client, message, job)
     # ∇_φ L at φ_1, computed here.
     phi = torch.from_numpy(p @ cores.astype(np.float64)).float()
-    np.testing.assert_allclose(model_of(job.start), phi.numpy(), rtol=1e-6)  # the start is φ_1
+    np.testing.assert_allclose(job.start.model, phi.numpy(), rtol=1e-6)  # the start is φ_1
     trained = flat.numpy()
     flat.vector.data.copy_(phi)
     flat.zero_grad()

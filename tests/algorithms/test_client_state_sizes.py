@@ -1,4 +1,4 @@
-"""Every algorithm states the client state it really keeps (``ServerHalf.client_state_bytes``).
+"""Every algorithm states the client state it really keeps (``StateSizes.client_state_bytes``).
 
 The engine refuses, before anything is written, a run whose clients' states fit neither memory nor
 disk (:func:`rayfed.engine.sizing.check_client_states`); an estimate above what the clients keep

@@ -262,7 +262,7 @@ def test_start_mixes_the_class_models_by_the_clients_row_and_takes_the_fedavg_re
     rows = np.array([[0.5, 0.5], [0.25, 0.75], [1, 0]], np.float32)
     message = ClasswiseModels(heads, shared, np.zeros(0, np.float32), rows, parts)
     # Execute
-    flat.load_state(CwFedAvgClient(CwFedAvgParams(), spec).start(message, _job(flat, 1, [5, 15])))
+    flat.load_state(CwFedAvgClient(CwFedAvgParams(), spec).start(message, _job(flat, 1, [5, 15])).model)
     # Assert: 0.25·1 + 0.75·3 = 2.5 over the head; G_avg elsewhere.
     np.testing.assert_allclose(flat.numpy(parts.classwise), 2.5)
     np.testing.assert_array_equal(parts.gather_shared(flat.numpy()), shared)
@@ -334,9 +334,9 @@ def test_batchnorm_statistics_stay_with_their_client() -> None:
     server.aggregate(_ctx([0], 2), upload)
     returning, fresh = _job(flat, 0, [6, 4]), _job(flat, 1, [5, 5])
     returning.state = trained.state
-    flat.load_state(client.start(server.broadcast(), fresh))
+    flat.load_state(client.start(server.broadcast(), fresh).model)
     fresh_buffers = flat.buffers.clone()
-    flat.load_state(client.start(server.broadcast(), returning))
+    flat.load_state(client.start(server.broadcast(), returning).model)
     # Assert: the returning client gets its own statistics back, a new one the initial ones.
     assert not np.allclose(own, initial_buffers.numpy())
     np.testing.assert_array_equal(flat.buffers.numpy(), own)

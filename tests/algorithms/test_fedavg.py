@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from rayfed import RunConfig, run
-from rayfed.algorithms import ALGORITHMS, RoundContext, WeightedSum, sum_contributions
+from rayfed.algorithms import ALGORITHMS, RoundContext, WeightedSum, resolve, sum_contributions
 from rayfed.algorithms.common.proximal import proximal_term
 from rayfed.algorithms.fedavg import FedAvgServer
 from rayfed.engine.callbacks import Callback
+from rayfed.engine.inputs import RunInputs
+from rayfed.execution.server import Server
 from rayfed.train.layout import ParamLayout
 from rayfed.train.problem import ProblemSpec
 from tests.conftest import tiny_overrides
@@ -45,10 +49,20 @@ def test_partial_sums_merge_in_any_order() -> None:
     assert left.count == right.count == 5 and left.weight == right.weight == 14
 
 
-def test_no_contribution_keeps_the_global_model() -> None:
-    server = FedAvgServer(None, _spec(2), {"m": np.ones(2, np.float32)})
-    metrics = server.aggregate(_ctx(), None)
-    assert metrics["clients_aggregated"] == 0 and np.array_equal(server.global_vector, np.ones(2))
+@pytest.mark.parametrize("name", ["fedavg", "cfl", "fedproto", "local"])
+def test_a_round_without_an_upload_keeps_the_state_and_is_answered_by_the_server(name: str, tmp_path: Path) -> None:
+    # Prepare: the server of a run; its half would fail on a missing contribution, so the server must not call it.
+    config = RunConfig().override(tiny_overrides(tmp_path, **{"algorithm.name": name}))
+    inputs = RunInputs.prepare(config, resolve(config.algorithm), tmp_path, continues=False)
+    server = Server(config, inputs.spec, inputs.initial)
+    before = {k: v.copy() for k, v in server.state_dict().items()}
+    server.half.aggregate = None  # type: ignore[assignment]  # any call would raise
+    # Execute: the round's calls all failed (no contribution).
+    metrics = server.aggregate(_ctx(), None, None)
+    # Assert
+    assert metrics == {"clients_aggregated": 0.0, "server_bytes_received": 0.0}
+    after = server.state_dict()
+    assert sorted(after) == sorted(before) and all(np.array_equal(after[k], before[k]) for k in before)
 
 
 def test_weighted_sum_flags_non_finite_values() -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rayfed import ConfigError, RunConfig, run
-from rayfed.algorithms import RoundContext, model_of
+from rayfed.algorithms import RoundContext
 from rayfed.algorithms.fedclassavg import (
     CLASSIFIER_LAYER,
     FedClassAvgParams,
@@ -191,7 +191,7 @@ def test_clients_start_from_their_own_initialisation(tmp_path) -> None:
     def loaded(cid: int, hook: str) -> np.ndarray:
         ctx = RoundContext(round=0, seed=0, lr=5e-4, sampled=np.array([cid]))
         job = runner.job(cid, ctx, None, test=runner.gather(runner.partition.test(cid)))
-        model = model_of(half.start(message, job)) if hook == "start" else half.evaluation(message, job)
+        model = half.start(message, job).model if hook == "start" else half.evaluation(message, job)
         job.flat.load_state(model)
         return job.flat.numpy()
 

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 from rayfed import RunConfig
-from rayfed.algorithms import model_of
 from rayfed.algorithms.common.own_models import MODEL_KEY
 from rayfed.algorithms.fedfomo import (
     AFFINITY_KEY,
@@ -39,7 +38,7 @@ def _job(flat: FlatModel, x: torch.Tensor, y: torch.Tensor, state: dict[str, np.
 def _started(client: FedFomoClient, message: FomoModels, job: ClientJob) -> None:
     """Start ``job`` as a worker does: ``job.start`` and its model in ``job.flat``."""
     job.start = client.start(message, job)
-    job.flat.load_state(model_of(job.start))
+    job.flat.load_state(job.start.model)
 
 
 def test_the_start_model_weights_models_by_validation_loss_gain_per_distance() -> None:

@@ -38,7 +38,7 @@ def test_server_averages_uploaded_bodies_and_clients_keep_their_heads() -> None:
     assert uploads[0].nbytes == (body.stop - body.start) * 4 + 8
     returning = job(flat, 1)
     returning.state = jobs[1].state
-    flat.load_state(half.start(server.broadcast(), returning))
+    flat.load_state(half.start(server.broadcast(), returning).model)
     np.testing.assert_allclose(flat.numpy()[body], server.shared)
     np.testing.assert_array_equal(flat.numpy()[head], models[1, head])
 

@@ -88,7 +88,6 @@ def test_client_adds_both_terms_on_the_penultimate_features() -> None:
     seen: list[torch.Tensor] = []
     client = FedUVClient(params, spec)
     (phase,) = client.phases(GlobalModel(flat.numpy()), job)
-    assert phase.features == "fc"  # the loop hands the term what the output layer reads
 
     def spy(out: Outputs, batch: Batch, weights: Params, constants: Constants) -> torch.Tensor:
         term = client.regularisers(out, batch, weights, constants)
@@ -97,8 +96,8 @@ def test_client_adds_both_terms_on_the_penultimate_features() -> None:
         seen.append(2.5 * variance_loss(out.logits, variance_target(3)) + 0.5 * uniformity_loss(out.features, "code"))
         return term
 
-    # Execute
-    train_phases(job, [dataclasses.replace(phase, loss=spy)])
+    # Execute: as a worker trains it, whose loop knows the output layer and hands the term what it reads.
+    train_phases(job, [dataclasses.replace(phase, loss=spy)], output_layers={job.architecture: "fc"})
     # Assert: the term is λL_V + μL_U with the features the output layer read (relu(body(x)) up to order).
     assert len(seen) == 2
     torch.testing.assert_close(seen[0], seen[1].detach())

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from rayfed import ConfigError, RunConfig, run
-from rayfed.algorithms import RoundContext, model_of, sum_contributions
+from rayfed.algorithms import RoundContext, sum_contributions
 from rayfed.algorithms.ifca import (
     ClusterSums,
     IFCAClient,
@@ -60,7 +60,7 @@ def test_client_trains_the_cluster_model_with_the_lowest_loss_on_its_training_da
     message, client = IFCAModels(models, np.full(1, -1), default_cluster=0), IFCAClient(None, None)
     # Execute
     job.start = client.start(message, job)
-    job.flat.load_state(model_of(job.start))
+    job.flat.load_state(job.start.model)
     upload = settled(client.upload(message, job))
     # Assert: F_i(θ_j) are the direct losses (float64, on the device); argmin_j F_i(θ_j) is picked, loaded and
     # uploaded in its cluster's row alone, weighted by n_i.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,7 @@ from rayfed.config import DataConfig
 from rayfed.data import Partition, PoolSlices, load_partition, make_partition
 from rayfed.data.pool_slices import slice_stride
 from rayfed.util.errors import ConfigError, DatasetError
-from tests.conftest import tiny_overrides
+from tests.conftest import python_calls, tiny_overrides
 
 K = 10
 
@@ -138,17 +137,16 @@ def test_more_clients_than_samples_need_slices_and_a_slice_size():
         make_partition(labels, K, DataConfig(partition="slices", num_clients=5, samples_per_client=101))
 
 
-def test_a_million_clients_partition_in_seconds_without_per_sample_arrays():
+def test_a_million_clients_partition_without_a_python_step_per_client_or_per_sample_arrays():
     # Prepare
     labels = pool_labels(150_000)
 
     # Execute
-    started = time.perf_counter()
-    part = slices(labels, 1_000_000, 15)
-    elapsed = time.perf_counter() - started
+    calls, part = python_calls(lambda: slices(labels, 1_000_000, 15))
 
-    # Assert
-    assert elapsed < 20, f"1,000,000 clients took {elapsed:.1f} s"
+    # Assert: a few hundred Python calls whatever the number of clients (measured 509 for 1,000,000 and 508
+    # for 10,000), and arrays of the pool's and the clients' sizes only. How long: benchmarks/quick_answers.py.
+    assert calls < 5_000, f"{calls} Python calls for 1,000,000 clients"
     assert part.order.nbytes == 150_000 * 8 and part.label_counts.nbytes == 1_000_000 * K * 4
     assert (part.label_counts.sum(axis=1) == 15).all()
 

@@ -8,11 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from rayfed.util.processes import children, process_start_time
 from tests.conftest import tiny_overrides
+from tests.waiting import wait_for_file, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 _GONE_WITHIN_S = 30
@@ -45,11 +45,7 @@ def _start_driver(run_dir: Path) -> subprocess.Popen[str]:
 
 def _descendants_once_training(driver: subprocess.Popen[str], run_dir: Path) -> dict[int, str]:
     """Every process the driver started (pid: start time), once its first round is recorded."""
-    deadline = time.monotonic() + 120
-    while not (run_dir / "rounds.parquet").exists():
-        assert driver.poll() is None, driver.stderr.read() if driver.stderr else ""
-        assert time.monotonic() < deadline, "the driver never finished a round"
-        time.sleep(0.1)
+    wait_for_file(run_dir / "rounds.parquet", driver, "the driver's first round")
     found: dict[int, str] = {}
     frontier = frozenset({driver.pid})
     while frontier:
@@ -59,13 +55,13 @@ def _descendants_once_training(driver: subprocess.Popen[str], run_dir: Path) -> 
     return found
 
 
-def _alive_after(processes: dict[int, str], seconds: float) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while True:
-        alive = [pid for pid, start in processes.items() if process_start_time(pid) == start]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.5)
+def _all_gone(processes: dict[int, str]) -> None:
+    """Return once none of ``processes`` runs (a pid reused by a later process has another start time)."""
+
+    def gone() -> bool:
+        return all(process_start_time(pid) != start for pid, start in processes.items())
+
+    wait_until(gone, f"the end of the driver's processes {sorted(processes)}", limit_s=_GONE_WITHIN_S, every_s=0.5)
 
 
 def test_sigterm_stops_a_run_like_ctrl_c_with_one_line_and_status_143(tmp_path) -> None:
@@ -80,7 +76,7 @@ def test_sigterm_stops_a_run_like_ctrl_c_with_one_line_and_status_143(tmp_path) 
     assert line.startswith("terminated (SIGTERM): ") and "rounds done, checkpoint of round" in line
     assert line.endswith(f"continue with: rayfed run --resume {run_dir}")
     assert any((run_dir / "checkpoints").glob("round_*.npz"))
-    assert _alive_after(started, _GONE_WITHIN_S) == []
+    _all_gone(started)
 
 
 def test_a_killed_driver_leaves_no_process_of_its_private_ray_behind(tmp_path) -> None:
@@ -90,4 +86,4 @@ def test_a_killed_driver_leaves_no_process_of_its_private_ray_behind(tmp_path) -
     assert len(started) >= 4  # the GCS, the raylet, the agents, the workers, the watchdog
     driver.kill()
     driver.communicate()
-    assert _alive_after(started, _GONE_WITHIN_S) == []
+    _all_gone(started)

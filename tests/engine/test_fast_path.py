@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from rayfed.algorithms import resolve
-from rayfed.algorithms.registry import Capabilities
+from rayfed.algorithms.declarations import FastPathLimits
 from rayfed.config import RunConfig
 from rayfed.engine.fast_path import log_slow_paths, slow_paths
 from rayfed.engine.problem_build import ShapeOnly
@@ -68,8 +68,12 @@ def test_an_algorithm_that_declares_it_cannot_stack_is_named_with_its_reason() -
     # Setup: a method registered as one that cannot stack (none of the registered ones is)
     config = _config()
     fedavg = resolve(config.algorithm)
-    declared = Capabilities(stacks=False, replays=False, reason="its clients draw their batches from one another")
-    cannot_stack = dataclasses.replace(fedavg.algorithm, capabilities=declared)
+    limited = type(
+        "Limited",
+        (fedavg.algorithm.client_half, FastPathLimits),
+        {"cannot_stack": "its clients draw their batches from one another", "cannot_replay": ""},
+    )
+    cannot_stack = dataclasses.replace(fedavg.algorithm, client_half=limited)
     algorithm = dataclasses.replace(fedavg, client_algorithm=cannot_stack)
 
     # Execute

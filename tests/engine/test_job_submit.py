@@ -18,12 +18,13 @@ import shlex
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 HOLD_CLUSTER = """
@@ -50,9 +51,9 @@ def _free_port() -> int:
 
 
 def _cluster_line(proc: subprocess.Popen, timeout_s: float) -> str:
-    """The JSON after the ``CLUSTER`` line ``proc`` prints, or "" if none comes within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while (left := deadline - time.monotonic()) > 0 and select.select([proc.stdout], [], [], left)[0]:
+    """The JSON after the ``CLUSTER`` line ``proc`` prints, or "" if it ends first or prints nothing for
+    ``timeout_s`` seconds."""
+    while select.select([proc.stdout], [], [], timeout_s)[0]:
         line = proc.stdout.readline()
         if not line:  # the process exited
             return ""
@@ -70,15 +71,14 @@ def _quiet_env() -> dict[str, str]:
 def _wait_for_job_api(url: str, timeout_s: float) -> None:
     from ray.job_submission import JobSubmissionClient
 
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def answers() -> bool:
         try:
             JobSubmissionClient(url).list_jobs()
-            return
         except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+            return False
+        return True
+
+    wait_until(answers, f"the job API at {url}", limit_s=timeout_s, every_s=0.5)
 
 
 def _missing_dashboard_packages() -> list[str]:

@@ -1,4 +1,4 @@
-"""Every algorithm's evaluation plan (``ClientHalf.shared_body``) gives what a forward per client gives.
+"""Every algorithm's evaluation plan (a declared ``shared_body``) gives what a forward per client gives.
 
 A client half that declares a shared body (or one shared model) lets the worker evaluate all its
 clients in pooled forwards; a wrong declaration (say, a subclass that evaluates personal models
@@ -7,6 +7,7 @@ but inherits its parent's plan) would report the accuracy of a model the clients
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +27,11 @@ _OVERRIDES: dict[str, dict[str, Any]] = {  # what a method needs, or where a def
 }
 
 
-class _OneByOne:
-    """A client half as it is, except that it declares no evaluation plan: one forward per client."""
-
-    def __init__(self, inner: ClientHalf[Any, Any]) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def shared_body(self, message: object, jobs: object) -> None:
-        return None
+def _one_by_one(half: ClientHalf[Any, Any]) -> ClientHalf[Any, Any]:
+    """The same client half, whose shared body (where it declares one) is never there: one forward per client."""
+    one_by_one = copy.copy(half)
+    one_by_one.shared_body = lambda message, jobs: None  # type: ignore[attr-defined]
+    return one_by_one
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
@@ -61,7 +56,7 @@ def test_the_evaluation_plan_equals_a_forward_per_client(name: str, tmp_path: Pa
     broadcast = server.broadcast()
     # Execute
     planned = runner.evaluate(broadcast, ctx, ids, trained.states)
-    runner.client_half = _OneByOne(runner.client_half)  # type: ignore[assignment]
+    runner.client_half = _one_by_one(runner.client_half)
     one_by_one = runner.evaluate(broadcast, ctx, ids, trained.states)
     # Assert: the same counts and correct predictions per client, the same losses to float tolerance.
     assert [(r.num_test, r.correct, r.global_correct) for r in planned] == [

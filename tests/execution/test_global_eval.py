@@ -109,13 +109,7 @@ def test_no_global_model_leaves_the_reports_empty() -> None:
 class _NoGlobal:
     """A client half with neither a shared body nor a global model: each client evaluated with a zero model."""
 
-    eval_reads_train = False
-    normalized_features = False
-
     def global_model(self, message, job) -> None:  # noqa: ANN001
-        return None
-
-    def shared_body(self, message, jobs):  # noqa: ANN001, ANN201
         return None
 
     def evaluation(self, message, job) -> torch.Tensor:  # noqa: ANN001

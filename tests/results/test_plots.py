@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from rayfed import RunConfig, run  # noqa: E402
-from rayfed.algorithms.cwfedavg import CwFedAvgServer  # noqa: E402
+from rayfed.algorithms import ALGORITHMS  # noqa: E402
 from rayfed.cli import main  # noqa: E402
 from rayfed.data import LABEL_COUNTS_FILE, read_label_counts  # noqa: E402
 from rayfed.results.plots import finished_run, load_run, method_label  # noqa: E402
@@ -94,7 +94,7 @@ def test_class_head_norms_read_the_output_weight(runs):
     assert method_label(data.config) == "cwFedAvg (Output)"
     heads = data.server["heads"]  # Output mode: the class-wise part is fc.weight (K x 512) then fc.bias (K)
     expected = np.linalg.norm(heads[:, : 10 * 512].reshape(10, 10, 512).astype(np.float64), axis=-1)
-    figures = {f.name: f for f in CwFedAvgServer.figures(data.config.algorithm.params, finished_run(data))}
+    figures = {f.name: f for f in ALGORITHMS.get("cwfedavg").figures(data.config.algorithm.params, finished_run(data))}
     assert set(figures) == set(CW_FIGURES)
     np.testing.assert_allclose(figures["norms_global"].values, expected)
 

@@ -1,33 +1,30 @@
 """Every registered method trains a call's clients as one stack, with the results of training them one by one.
 
 The contract of the one loop (:mod:`rayfed.train.loop`): a method declares its local training as phases, and
-with ``engine.vectorize=on`` the worker trains its clients as one stack. For each registered algorithm, two
-rounds of eight clients of unequal sizes, each trained from the same message and states once with
-``vectorize=off`` and once with ``on``: every client's loss, steps and update norm, the call's summed
-contribution and the clients' new states agree within float tolerance, and the stacked training of the second
-round (the loop's work: what stacking changes) issues well under half the ATen operations per client-step of the
+with ``engine.vectorize=on`` the worker trains its clients as one stack. For each registered algorithm, what
+``rayfed check`` runs (:mod:`rayfed.engine.method_check`): two rounds of eight clients of unequal sizes, each trained
+from the same message and states once with ``vectorize=off`` and once with ``on``: every call's clients train in
+one stack; every client's loss, steps and update norm, the call's summed contribution and the clients' new states
+agree within float tolerance (:mod:`rayfed.engine.path_comparison`); and the stacked training of the second round
+(the loop's work: what stacking changes) issues well under half the ATen operations per client-step of the
 sequential one (the first warms up). A new method joins this test by registering.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from rayfed import RunConfig
-from rayfed.algorithms import ALGORITHMS, RoundContext, resolve
+from rayfed.algorithms import ALGORITHMS
+from rayfed.engine.method_check import TwoPaths, check_config
+from rayfed.engine.path_comparison import path_differences
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.reports import TrainResult
-from rayfed.execution.server import Server
-from tests.conftest import runner_and_server
 
 _CLIENTS = 8
 ON_GPU = os.environ.get("RAYFED_TEST_DEVICE") == "cuda"
@@ -58,33 +55,11 @@ PADDED = ("fedavg", "feduv", "fedproto", "fedclassavg", "ktpfl")
 """Methods also run with ``train.drop_last=false``: a stack pads its clients' short last batches."""
 
 
-def _config(name: str, vectorize: str, tmp_path: Path, **extra: Any) -> RunConfig:
-    return RunConfig().override(
-        {
-            "data.dataset": "synthetic",
-            "data.options": {"num_samples": 480},
-            "data.num_clients": _CLIENTS,
-            "data.partition": "dirichlet",
-            "data.alpha": 1.0,
-            "model.name": "cnn4",
-            "algorithm.name": name,
-            "train.batch_size": 8,
-            "train.lr": 0.005,
-            "engine.backend": "local",
-            "engine.vectorize": vectorize,
-            "engine.stack_size": _CLIENTS,
-            "engine.torch_threads": 1,
-            "engine.num_gpus_per_worker": 1.0 if ON_GPU else 0.0,
-            "run_dir": str(tmp_path / vectorize),
-            **OVERRIDES.get(name, {}),
-            **extra,
-        }
-    )
-
-
-def _runner(name: str, vectorize: str, tmp_path: Path, **extra: Any) -> tuple[ClientRunner, Server, RunConfig]:
-    config = _config(name, vectorize, tmp_path, **extra)
-    return (*runner_and_server(config, tmp_path / vectorize), config)
+def _paths(name: str, tmp_path: Path, **extra: Any) -> TwoPaths:
+    """``rayfed check``'s two paths (:class:`~rayfed.engine.method_check.TwoPaths`) of ``name`` on its tiny data,
+    with what the method needs here."""
+    device = {"engine.num_gpus_per_worker": 1.0 if ON_GPU else 0.0}
+    return TwoPaths(check_config(name, {**device, **OVERRIDES.get(name, {}), **extra}, clients=_CLIENTS), tmp_path)
 
 
 def _train(runner: ClientRunner, *args: Any, ops: list[float] | None) -> TrainResult:
@@ -121,64 +96,10 @@ def _train(runner: ClientRunner, *args: Any, ops: list[float] | None) -> TrainRe
     return result
 
 
-def _rounds(
-    name: str, tmp_path: Path, ops: list[float] | None = None, **extra: Any
-) -> list[tuple[TrainResult, TrainResult]]:
-    """Two rounds of every client, as the engine runs them, each trained sequentially and stacked from the same
-    message and states (the second round profiled when ``ops`` is given); the sequential results carry the run
-    on."""
-    sequential, server, config = _runner(name, "off", tmp_path, **extra)
-    stacked, _, _ = _runner(name, "on", tmp_path, **extra)
-    states: dict[int, Any] = {}
-    results = []
-    clients = config.data.num_clients
-    for t in range(2):
-        ctx = RoundContext(round=t, seed=0, lr=config.train.lr, sampled=np.arange(clients))
-        message = server.broadcast()
-        one, other = (
-            _train(runner, message, ctx, list(range(clients)), states, ops=ops if t else None)
-            for runner in (sequential, stacked)
-        )
-        states.update(one.states)
-        server.aggregate(ctx, one.contribution)
-        results.append((one, other))
-    return results
-
-
-def _arrays(value: Any) -> list[np.ndarray]:
-    """Every number a contribution or a state holds, as arrays in a fixed order."""
-    if value is None:
-        return []
-    if isinstance(value, np.ndarray | np.generic | int | float):
-        return [np.asarray(value, dtype=np.float64)]
-    if isinstance(value, dict):
-        return [a for key in sorted(value) for a in _arrays(value[key])]
-    if dataclasses.is_dataclass(value):
-        return [a for f in dataclasses.fields(value) for a in _arrays(getattr(value, f.name))]
-    return []
-
-
-def _close(a: np.ndarray, b: np.ndarray) -> None:
-    """Equal up to float rounding, grown by two rounds of training: the bulk of the entries within 1e-4 of the
-    array's largest value, and every entry within 1e-2 of it (a stack sums its convolutions in another order than
-    one client does, and where that flips a ReLU or a max-pool tie of a client, a few entries move further)."""
-    scale = max(1.0, float(np.abs(b).max(initial=0.0)))
-    diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
-    assert float(diff.max(initial=0.0)) <= 1e-2 * scale, (float(diff.max()), scale)
-    assert float(np.quantile(diff, 0.999)) <= 1e-4 * scale if diff.size else True, (np.quantile(diff, 0.999), scale)
-
-
-def _assert_same(sequential: TrainResult, stacked: TrainResult) -> None:
-    for one, other in zip(sequential.reports, stacked.reports):
-        assert (one.client_id, one.steps, one.rejected) == (other.client_id, other.steps, other.rejected)
-        for a, b in ((one.train_loss, other.train_loss), (one.update_norm, other.update_norm)):
-            assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-3, abs=1e-5)
-    for a, b in zip(_arrays(sequential.contribution), _arrays(stacked.contribution), strict=True):
-        _close(a, b)
-    assert sorted(sequential.states) == sorted(stacked.states)
-    for cid in sequential.states:
-        for a, b in zip(_arrays(sequential.states[cid]), _arrays(stacked.states[cid]), strict=True):
-            _close(a, b)
+def _rounds(paths: TwoPaths, ops: list[float] | None = None) -> list[tuple[TrainResult, TrainResult]]:
+    """Two rounds of every client, each trained one at a time and stacked from the same message and states (the
+    second round profiled when ``ops`` is given)."""
+    return [paths.round(0), paths.round(1, train=lambda runner, *args: _train(runner, *args, ops=ops))]
 
 
 needs_the_device = pytest.mark.skipif(
@@ -192,13 +113,13 @@ def test_every_method_stacks_with_the_results_of_training_one_by_one(name: str, 
     torch.set_num_threads(1)
     # Execute: two rounds, each trained sequentially and stacked; the second profiled.
     ops: list[float] = []
-    rounds = _rounds(name, tmp_path, ops)
-    # Assert: the algorithm declares it stacks; the clients' numbers, uploads and states agree; and the stack
+    paths = _paths(name, tmp_path)
+    rounds = _rounds(paths, ops)
+    # Assert: every call's clients trained in one stack; their numbers, uploads and states agree; and the stack
     # issues well under half the operations per client-step.
-    capabilities = resolve(_config(name, "on", tmp_path).algorithm).capabilities
-    assert capabilities.stacks, f"{name} declares it cannot stack: {capabilities.reason}"
+    assert paths.stack_note() == ""
     for one, other in rounds:
-        _assert_same(one, other)
+        assert path_differences(one, other) == []
     sequential, stacked = ops
     if not ON_GPU:  # the host's share of the work; on a GPU both paths replay CUDA graphs, which issue no ATen ops
         assert stacked < 0.5 * sequential, (sequential, stacked)
@@ -207,7 +128,9 @@ def test_every_method_stacks_with_the_results_of_training_one_by_one(name: str, 
 @needs_the_device
 @pytest.mark.parametrize("name", PADDED)
 def test_short_last_batches_are_padded_in_a_stack(name: str, tmp_path: Path) -> None:
-    rounds = _rounds(name, tmp_path, **{"train.drop_last": False})
+    paths = _paths(name, tmp_path, **{"train.drop_last": False})
+    rounds = _rounds(paths)
     assert any(r.steps * 8 != r.num_train for r in rounds[0][0].reports)  # some client ends on a short batch
+    assert paths.stack_note() == ""
     for one, other in rounds:
-        _assert_same(one, other)
+        assert path_differences(one, other) == []

@@ -22,7 +22,7 @@ from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelClient
 from rayfed.algorithms.fedavg import FedAvgServer
 from rayfed.algorithms.hooks import NoParams
 from rayfed.train.job import ClientJob
-from rayfed.train.phase import NO_PARAMETERS, Adam, Kept, Phase, Trainable
+from rayfed.train.phase import NO_PARAMETERS, Adam, Kept, Phase, Samples, Trainable
 from rayfed.util.errors import MethodError
 from tests.conftest import runner_and_server
 
@@ -85,7 +85,16 @@ MISTAKES: list[tuple[str, PhasesOf, list[str]]] = [
     ("nothing", lambda job: None, ["returned None", "not a list of Phase"]),
     ("not a phase", lambda job: [{"epochs": 1}], ["phase 0 of 1 is {'epochs': 1}", "Phase(epochs=..."]),
     ("no loss at all", lambda job: [Phase(epochs=1, cross_entropy=False)], ["Phase.loss=None", "without a loss"]),
-    ("no such module", lambda job: [Phase(epochs=1, features="no_such_module")], ["Phase.features='no_such_module'"]),
+    (
+        "views without augmentation",
+        lambda job: [Phase(epochs=1, samples=Samples(views=2))],
+        ["Phase.samples.views=2", "copies of the same batch", "augment="],
+    ),
+    (
+        "samples as a pair",
+        lambda job: [Phase(epochs=1, samples=(job.x_train, job.y_train))],
+        ["Phase.samples=(", "Samples("],
+    ),
     ("loss per sample", lambda job: [Phase(epochs=1, loss=_per_sample)], ["its loss returned a tensor of shape (8,)"]),
     (
         "a trainable without gradient",

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import optuna
@@ -36,6 +35,7 @@ from rayfed.tuning import (
 )
 from rayfed.util.processes import process_start_time
 from tests.conftest import tiny_overrides
+from tests.waiting import wait_for_file, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 LR_SPACE = {"train.lr": FloatParam(0.01, 0.1, log=True)}
@@ -326,10 +326,8 @@ def test_killed_study_resumes_without_repeating_finished_trials(tmp_path) -> Non
     ]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 90
-        while not (study_dir / "trial_0002" / "config.json").exists():  # trials 0 and 1 are done
-            assert process.poll() is None and time.monotonic() < deadline, "the study did not reach trial 2"
-            time.sleep(0.05)
+        trial_2 = study_dir / "trial_0002" / "config.json"  # trials 0 and 1 are done
+        wait_for_file(trial_2, process, "the study's trial 2", limit_s=90)
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
@@ -566,10 +564,12 @@ def test_one_ctrl_c_ends_rayfed_tune_parallel_on_ray_and_a_resume_completes_ever
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 600
-        while not all((study_dir / f"trial_000{n}" / "rounds.parquet").exists() for n in (0, 1)):
-            assert process.poll() is None and time.monotonic() < deadline, "the two trials did not both run a round"
-            time.sleep(0.1)
+
+        def both_ran_a_round() -> bool:
+            assert process.poll() is None, "rayfed tune ended before both trials ran a round"
+            return all((study_dir / f"trial_000{n}" / "rounds.parquet").exists() for n in (0, 1))
+
+        wait_until(both_ran_a_round, "the two trials did not both run a round", limit_s=600)
         os.killpg(process.pid, signal.SIGINT)
         out, err = process.communicate(timeout=300)  # a guard against a hang, not a measure: a round takes ~1 s
     finally:

@@ -29,6 +29,7 @@ import numpy as np
 
 from rayfed.algorithms.common.global_model import GlobalModelServer
 from rayfed.algorithms.contributions import ClientVectors
+from rayfed.algorithms.declarations import DeferredUpdates
 from rayfed.algorithms.hooks import RoundContext
 from rayfed.algorithms.sizing import model_state_bytes
 from rayfed.train.problem import ProblemSpec
@@ -97,7 +98,7 @@ class AsynchronousParams:
 P = TypeVar("P", bound=AsynchronousParams)
 
 
-class KeptUpdatesServer(GlobalModelServer[P, ClientVectors]):
+class KeptUpdatesServer(GlobalModelServer[P, ClientVectors], DeferredUpdates):
     """θ_g, and per version still to make the sum of the weighted updates that make it (module docstring). Its
     clients upload their trained models whole (``WholeModelsClient``)."""
 
@@ -123,12 +124,16 @@ class KeptUpdatesServer(GlobalModelServer[P, ClientVectors]):
         """Each kept update's weight: s(t − τ) by default."""
         return self.params.weight(staleness)
 
-    def aggregate(self, ctx: RoundContext, contribution: ClientVectors | None) -> dict[str, float]:
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         """Keep the uploads of the clients launched from version ``ctx.round``, then make version ``ctx.round + 1``
         from the updates kept for it. A round without arrival versions (``ctx.arrives_at`` None: no schedule) is
         one synchronous step: its updates make the next version, with staleness 0."""
-        if contribution is not None:
-            self._keep(ctx, contribution)
+        self._keep(ctx, contribution)
+        return self.step_without_uploads(ctx)
+
+    def step_without_uploads(self, ctx: RoundContext) -> dict[str, float]:
+        """Make version ``ctx.round + 1`` from the updates kept for it; the server asks this alone in a round
+        without an acceptable upload (none launched from ``ctx.round`` arrives, or their sum was not finite)."""
         made = self.kept.pop(ctx.round + 1, None)
         if made is None:
             return {"clients_aggregated": 0.0}

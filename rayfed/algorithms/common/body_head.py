@@ -22,7 +22,7 @@ statistics) follow the block they belong to.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -30,7 +30,9 @@ import torch
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture, trailing_blocks
 from rayfed.algorithms.contributions import WeightedState, WeightedSum
-from rayfed.algorithms.hooks import ClientHalf, RoundContext, ServerHalf, SharedBody
+from rayfed.algorithms.declarations import SharedBody, SharedBodyEvaluation
+from rayfed.algorithms.hooks import HELD_BY_CLIENTS, ClientHalf, RoundContext, ServerHalf, Start
+from rayfed.algorithms.sizing import StateSizes
 from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
 from rayfed.train.phase import Phase
@@ -183,7 +185,7 @@ class PartialModels:
     the other part (its persisted ones when ``keep_local``, else the initial ones: FedBABU's fixed head)."""
 
     shared: np.ndarray
-    initial_local: np.ndarray
+    initial_local: np.ndarray = field(metadata=HELD_BY_CLIENTS)
     split: BodyHead
     shared_part: str
     """``"body"`` (FedPer, FedRep, FedBABU) or ``"head"`` (LG-FedAvg)."""
@@ -201,7 +203,7 @@ class PartialModels:
         return state
 
 
-class PartialClient(ClientHalf[Any, PartialModels]):
+class PartialClient(ClientHalf[Any, PartialModels], SharedBodyEvaluation):
     """The client of "average one part, keep the other": it starts from the global part and its own part, trains
     both (FedPer, LG-FedAvg) and sends the averaged part, weighted by n_i, keeping the other (or dropping it:
     FedBABU)."""
@@ -213,9 +215,9 @@ class PartialClient(ClientHalf[Any, PartialModels]):
             return np.asarray(job.state[LOCAL_KEY])
         return message.initial_local
 
-    def start(self, message: PartialModels, job: ClientJob) -> np.ndarray:
+    def start(self, message: PartialModels, job: ClientJob) -> Start:
         """The global part from the server, the client's own part from its state."""
-        return message.model_state(self.local_values(message, job))
+        return Start(message.model_state(self.local_values(message, job)))
 
     def upload(self, message: PartialModels, job: ClientJob) -> WeightedState:
         """The trained averaged part, weighted by n_i; the other part is kept (or dropped: FedBABU)."""
@@ -223,10 +225,6 @@ class PartialClient(ClientHalf[Any, PartialModels]):
         if message.keep_local:
             job.state = {LOCAL_KEY: split.gather(job.trained, split.part(message.local_part))}
         return WeightedState(split.part(message.shared_part))
-
-    def bytes_down(self, message: PartialModels, job: ClientJob) -> int:
-        """Only the averaged part travels."""
-        return int(message.shared.nbytes)
 
     def shared_body(self, message: PartialModels, jobs: Sequence[ClientJob]) -> SharedBody | None:
         """When the body is averaged and each client's own part is just the output layer, every evaluation model is
@@ -240,7 +238,7 @@ class PartialClient(ClientHalf[Any, PartialModels]):
         return SharedBody(state, heads[:, : k * h].reshape(len(jobs), k, h), heads[:, k * h :])
 
 
-class PartialServer(ServerHalf[Any, WeightedSum]):
+class PartialServer(StateSizes, ServerHalf[Any, WeightedSum]):
     """Keeps the averaged part of the one architecture; averages the uploads as FedAvg does.
 
     Subclasses set :attr:`shared_part` and :attr:`keep_local`.
@@ -273,10 +271,8 @@ class PartialServer(ServerHalf[Any, WeightedSum]):
     def broadcast(self) -> PartialModels:
         return PartialModels(self.shared, self.initial_local, self.split, self.shared_part, self.keep_local)
 
-    def aggregate(self, ctx: RoundContext, contribution: WeightedSum | None) -> dict[str, float]:
+    def aggregate(self, ctx: RoundContext, contribution: WeightedSum) -> dict[str, float]:
         """The averaged part ← Σ_i n_i θ_i^part / Σ_i n_i over the clients that uploaded."""
-        if contribution is None:
-            return {"clients_aggregated": 0.0}
         self.shared = contribution.average()
         return {"clients_aggregated": float(contribution.count)}
 

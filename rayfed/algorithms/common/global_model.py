@@ -16,7 +16,8 @@ import numpy as np
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.contributions import ClientVectors, WeightedState
-from rayfed.algorithms.hooks import ClientHalf, Contribution, ServerHalf, SharedBody
+from rayfed.algorithms.declarations import SharedBody, SharedBodyEvaluation
+from rayfed.algorithms.hooks import ClientHalf, Contribution, ServerHalf, Start
 from rayfed.train.problem import ProblemSpec
 
 if TYPE_CHECKING:
@@ -42,22 +43,23 @@ class GlobalModel:
 M = TypeVar("M", bound=GlobalModel)
 
 
-class GlobalModelClient(ClientHalf[P, M]):
+class GlobalModelClient(ClientHalf[P, M], SharedBodyEvaluation):
     """FedAvg's client: it starts from θ_g, trains, and sends its model weighted by its training samples; it is
     evaluated with θ_g itself (the one model)."""
 
-    def start(self, message: M, job: ClientJob) -> np.ndarray:
-        return message.vector
+    def start(self, message: M, job: ClientJob) -> Start:
+        return Start(message.vector)
 
     def upload(self, message: M, job: ClientJob) -> Contribution | WeightedState:
         return WeightedState()
 
-    def bytes_down(self, message: M, job: ClientJob) -> int:
-        return int(message.vector.nbytes)
-
     def shared_body(self, message: M, jobs: Sequence[ClientJob]) -> SharedBody | None:
-        """Every client is evaluated with the global model itself (a subclass whose ``evaluation`` returns another
-        model says so here)."""
+        """Every client is evaluated with the global model itself, in one forward for all of them; a subclass that
+        evaluates other models (its own ``start`` or ``evaluation``: Ditto's personal models) is evaluated client
+        by client."""
+        own = type(self)
+        if own.start is not GlobalModelClient.start or own.evaluation is not ClientHalf.evaluation:
+            return None
         return SharedBody(message.vector)
 
 
