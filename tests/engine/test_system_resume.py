@@ -3,9 +3,6 @@ SIGKILLed mid-run and the run resumed: synchronous rounds with a deadline, and F
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +12,8 @@ import pytest
 from rayfed import run
 from rayfed.util.files import load_arrays
 from tests.conftest import tiny_overrides
-from tests.waiting import wait_for_file
+from tests.killed_driver import killed_and_resumed
 
-REPO = Path(__file__).resolve().parents[2]
 CASES = {
     "sync": {
         "system.devices": "lognormal",
@@ -77,35 +73,14 @@ def test_two_ray_workers_give_the_bits_of_a_local_run(tmp_path, ray_cluster, cas
     _same(_records(tmp_path / "ray"), _records(tmp_path / "local"))
 
 
-def _cli_value(value: object) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_driver_killed_mid_run_resumes_to_the_bits_of_an_uninterrupted_run(tmp_path, case) -> None:
     # Prepare: the uninterrupted run
     overrides = {**CASES[case], "train.rounds": 5, "engine.checkpoint_every": 1}
     run(tiny_overrides(tmp_path / "ref", **overrides))
     run_dir = tmp_path / "killed"
-    args = [f"{k}={_cli_value(v)}" for k, v in tiny_overrides(run_dir, **overrides).items()]
     # Execute: the same run in a driver SIGKILLed once round 1 is checkpointed, then resumed
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "rayfed", "run", "--quiet", *args],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    wait_for_file(run_dir / "checkpoints" / "round_000001.npz", driver, "the driver's checkpoint of round 1")
-    driver.kill()
-    driver.wait()
-    assert not (run_dir / "summary.json").exists()  # it died before the end
-    resumed = subprocess.run(
-        [sys.executable, "-m", "rayfed", "run", "--quiet", "--resume", str(run_dir)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    resumed = killed_and_resumed(run_dir, tiny_overrides(run_dir, **overrides))
     # Assert
     assert resumed.returncode == 0, resumed.stderr
     _same(_records(run_dir), _records(tmp_path / "ref"))
