@@ -84,14 +84,14 @@ def test_system_heterogeneity_in_its_smallest_form(tmp_path, capsys) -> None:
         ["--out", str(tmp_path), "--clients", "10", "--per-round", "2", "--concurrency", "4", "--rounds", "2",
          "--samples", "1000", "--deadline", "20", "--target", "0.01", "train.batch_size=20"]
     )  # fmt: skip
-    # Assert: a line per run with its virtual hours to the target (every run reaches 1 %), and the figure
+    # Assert: a line per run with its virtual seconds to the target (every run reaches 1 %), and the figure
     lines = capsys.readouterr().out.splitlines()
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:5]}
     assert code == 0 and sorted(rows) == ["fedavg", "fedavg-deadline", "fedavg-overcommit", "fedbuff"]
-    for name, (accuracy, hours, to_target) in rows.items():
+    for name, (accuracy, seconds, to_target) in rows.items():
         summary = json.loads((tmp_path / name / "summary.json").read_text())
-        assert float(hours) == round(summary["virtual_time_s"] / 3600, 3) and float(accuracy) > 0
-        assert float(to_target) == round(summary["virtual_time_to_target_s"] / 3600, 3)
+        assert float(seconds) == round(summary["virtual_time_s"], 1) and float(accuracy) > 0
+        assert float(to_target) == round(summary["virtual_time_to_target_s"], 1)
         assert json.loads((tmp_path / name / "config.json").read_text())["train"]["batch_size"] == 20
     assert lines[5] == f"figure: {tmp_path / 'accuracy.png'}" and (tmp_path / "accuracy.png").stat().st_size > 1000
 
