@@ -5,8 +5,9 @@ client, batch 10, one local epoch, on a private local Ray with one ClientWorker 
 clients of which 100 train each round. It runs alternately without a system model and with one
 (``system.devices=lognormal``: every client a device, the rounds on the virtual clock, each client's status and
 ``virtual_time_s`` recorded), ``--repeats`` times each, in one Ray, so that a drift in the shared machine's speed
-weighs on both alike. Without a deadline every device is online, so both train the same clients with the same
-numbers: the difference is the system model's own work.
+weighs on both alike; which of a pair runs first alternates, as the second run of a pair starts while Ray still
+tears the first one's actors down. Without a deadline every device is online, so both train the same clients with
+the same numbers: the difference is the system model's own work.
 
 Two measures, each a ratio taken within the same runs:
 
@@ -18,7 +19,7 @@ Two measures, each a ratio taken within the same runs:
 
 The last line: ``wall_ratio=<x> system_share=<y> system_share_deadline=<z>``. Run (alone: it times)::
 
-    python benchmarks/system_overhead.py [--scenario s2] [--rounds 6] [--repeats 3]
+    python benchmarks/system_overhead.py [--scenario s2] [--rounds 6] [--repeats 4]
 """
 
 from __future__ import annotations
@@ -78,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="s2")
     parser.add_argument("--rounds", type=int, default=6, help="rounds per run; the first is warm-up")
-    parser.add_argument("--repeats", type=int, default=3, help="pairs of runs, without and with the system model")
+    parser.add_argument(
+        "--repeats", type=int, default=4, help="pairs of runs without and with the system model, in turn either order"
+    )
     parser.add_argument("--deadline", type=float, default=6.0, help="system.deadline_s of the deadline run")
     parser.add_argument("--workers", type=int, default=0, help="ClientWorker actors (0 = one per CPU)")
     args = parser.parse_args(argv)
@@ -87,9 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     ratios, shares = [], []
     with tempfile.TemporaryDirectory(prefix="rayfed-system-") as tmp, private_ray():
         base = scenario_config(scenario, args, Path(tmp) / "run")
-        for repeat in range(args.repeats):
+        for repeat in range(args.repeats):  # the order alternates: a run after another pays for its teardown
+            first_on = repeat % 2 == 1
+            if first_on:
+                on, share = timed_run(base.override({**SYSTEM, "run_dir": f"{tmp}/on{repeat}"}))
             off, _ = timed_run(base.override({"run_dir": f"{tmp}/off{repeat}"}))
-            on, share = timed_run(base.override({**SYSTEM, "run_dir": f"{tmp}/on{repeat}"}))
+            if not first_on:
+                on, share = timed_run(base.override({**SYSTEM, "run_dir": f"{tmp}/on{repeat}"}))
             ratios.append(on / off)
             shares.append(share / on)
             print(f"repeat {repeat}: {off:.3f} s/round without, {on:.3f} s with ({on / off:.3f}x)", flush=True)
