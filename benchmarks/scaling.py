@@ -24,6 +24,9 @@ float32 twice, K = 10) and the round time should not grow with M. Measured per p
   as the driver maps the object store's copy;
 * ``setup_s``: generating the dataset, partitioning and building the model (driver).
 
+``--system`` runs every population with the system model (each client a lognormal device and a daily window
+online, 12 hours around 22:00; docs/system.md): what its profiles and virtual clock cost in memory and time.
+
 With ``--record`` it writes ``scaling.parquet``, ``scaling.png`` and ``scaling.json`` (the commit measured) to
 benchmarks/results, with ``--out DIR`` to DIR, and otherwise nothing. The last line is
 ``server_mem_mb_100k=<peak MB> round_s_100k=<seconds>`` for the largest population up to 100,000 clients,
@@ -63,6 +66,8 @@ SAMPLED_PER_ROUND = 100
 LARGEST_DEALT = 100_000
 """Populations up to this size get their own 15 samples per client; larger ones share the pool."""
 MB = 2**20
+SYSTEM = {"system.devices": "lognormal", "system.availability": "diurnal", "system.online_hours": 12.0}
+"""``--system``: every client a device and a daily window online (docs/system.md), the rounds on the virtual clock."""
 
 
 def rss_bytes(pid: int | str, field: str = "VmRSS") -> int:
@@ -129,6 +134,7 @@ def population_config(clients: int, args: argparse.Namespace, run_dir: Path) -> 
             "engine.checkpoint_every": 0,
             "engine.progress": False,
             "run_dir": str(run_dir),
+            **(SYSTEM if args.system else {}),
         }
     )
 
@@ -214,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6, help="rounds per population; the first is warm-up")
     parser.add_argument("--workers", type=int, default=0, help="ClientWorker actors (0 = one per CPU)")
     add_output_arguments(parser, "scaling.parquet, scaling.png and scaling.json")
+    parser.add_argument(
+        "--system", action="store_true", help="with the system model: devices, availability, virtual time"
+    )
     args = parser.parse_args(argv)
     populations = [int(p) for p in args.populations.split(",") if p.strip()]
     rows = []

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rayfed"
 
 LAYERS = (
     ("util",),
-    ("models", "data"),
+    ("models", "data", "system"),
     ("train",),
     ("algorithms",),
     ("config",),

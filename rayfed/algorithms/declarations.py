@@ -15,6 +15,8 @@ evaluate faster or to carve data out before the run, and most methods have none 
 A server half:
 
 * :class:`HeldOutData`: data no client may own (FedLAW's proxy set, KT-pFL's public set);
+* :class:`DeferredUpdates`: updates kept for later rounds, so a round without uploads may still change the state
+  (FedAsync's and FedBuff's updates arriving at a later server step);
 * what its state weighs, where it differs from the default: :class:`~rayfed.algorithms.sizing.StateSizes`.
 
 A half that borrows another's phases (``algorithm.client``, :class:`~rayfed.algorithms.borrowed.BorrowedTraining`)
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from rayfed.algorithms.borrowed import BorrowedTraining
-from rayfed.algorithms.hooks import ClientHalf
+from rayfed.algorithms.hooks import ClientHalf, RoundContext
 from rayfed.train.problem import ProblemSpec
 
 if TYPE_CHECKING:
@@ -46,6 +48,7 @@ __all__ = [
     "EvaluationReadsTrain",
     "FastPathLimits",
     "HeldOutData",
+    "DeferredUpdates",
     "shared_body",
     "normalizes_features",
     "evaluation_reads_train",
@@ -102,6 +105,16 @@ class HeldOutData(abc.ABC):
     def held_out(cls, params: Any, spec: ProblemSpec) -> HeldOutRequest:
         """The server data no client may own (FedLAW's proxy set, KT-pFL's public set), carved out of the pool
         before the partition (:mod:`rayfed.data.held_out`) and handed to both halves as ``spec.held_out``."""
+
+
+class DeferredUpdates(abc.ABC):
+    """A server half that keeps uploads for a later round's step (the asynchronous methods: an update arrives at
+    the server step of a later model version). A round without an acceptable upload then still takes the step the
+    kept updates make: the server asks :meth:`step_without_uploads` where it would otherwise keep the state."""
+
+    @abc.abstractmethod
+    def step_without_uploads(self, ctx: RoundContext) -> dict[str, float]:
+        """Fold into the state what was kept for round ``ctx.round``; returns metrics."""
 
 
 def _evaluated(client: ClientHalf[Any, Any]) -> ClientHalf[Any, Any]:

@@ -78,6 +78,19 @@ class RoundContext:
     """The round's learning rate of local training (``train.lr_at(round)``)."""
     sampled: np.ndarray
     """Ids of the clients that train this round, sorted."""
+    step_budget: np.ndarray | None = None
+    """With a system model's partial work (``system.late_work="partial"``, :mod:`rayfed.system.rounds`): int64, one
+    per sampled client, the local steps it takes before it must upload (-1: all its phases' steps); None: all."""
+    arrives_at: np.ndarray | None = None
+    """Asynchronous aggregation (:mod:`rayfed.system.schedule`): int64, one per sampled client, the model version
+    its update is applied to make (the round is the version it trains from); None in synchronous rounds."""
+
+    def budget_of(self, client_id: int) -> int | None:
+        """The local steps client ``client_id`` may take this round, or None for all (:attr:`step_budget`)."""
+        if self.step_budget is None:
+            return None
+        budget = int(self.step_budget[np.searchsorted(self.sampled, client_id)])
+        return None if budget < 0 else budget
 
 
 @dataclass

@@ -17,7 +17,15 @@ from rayfed.train.problem import ProblemSpec
 if TYPE_CHECKING:
     from rayfed.train.settings import TrainConfig
 
-__all__ = ["StateSizes", "sizes_of", "model_state_bytes", "parameter_bytes", "buffer_bytes", "momentum_bytes"]
+__all__ = [
+    "StateSizes",
+    "sizes_of",
+    "model_state_bytes",
+    "architecture_state_bytes",
+    "parameter_bytes",
+    "buffer_bytes",
+    "momentum_bytes",
+]
 
 
 class StateSizes:
@@ -54,7 +62,12 @@ def sizes_of(server_half: type) -> type[StateSizes]:
 
 def model_state_bytes(spec: ProblemSpec) -> int:
     """Bytes of one float32 model state (parameters, then floating-point buffers) of the largest architecture."""
-    return 4 * max((sum(_sizes(spec, arch)) for arch in spec.layouts), default=0)
+    return max((architecture_state_bytes(spec, arch) for arch in spec.layouts), default=0)
+
+
+def architecture_state_bytes(spec: ProblemSpec, architecture: str) -> int:
+    """Bytes of one float32 model state (parameters, then floating-point buffers) of ``architecture``."""
+    return 4 * sum(_sizes(spec, architecture))
 
 
 def parameter_bytes(spec: ProblemSpec) -> int:

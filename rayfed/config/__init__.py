@@ -4,7 +4,7 @@ files and ``field.path=value`` overrides (:mod:`~rayfed.util.config_tree`), the 
 and the catalogue ``rayfed list`` prints (:mod:`~rayfed.config.catalogue`).
 
 Each section type lives beside the code that reads it (``rayfed.data.settings``, ``rayfed.train.settings``,
-``rayfed.algorithms.settings``; the model and engine sections here, read by nothing below),
+``rayfed.algorithms.settings``, ``rayfed.system.settings``; the model and engine sections here, read by nothing below),
 so no module below the config imports it, not even for type checking; the config gathers them into one
 :class:`RunConfig` and checks the names that refer to registries of the layers below.
 """
@@ -15,6 +15,7 @@ from rayfed.config.run_config import (
     EngineConfig,
     ModelConfig,
     RunConfig,
+    SystemConfig,
     TrainConfig,
     field_reference,
     is_field_path,
@@ -32,6 +33,7 @@ __all__ = [
     "EngineConfig",
     "ModelConfig",
     "RunConfig",
+    "SystemConfig",
     "TrainConfig",
     "saved_differences",
     "field_reference",

@@ -31,6 +31,7 @@ from rayfed.config.retired import refuse_retired, without_retired
 from rayfed.config.trackers import TRACKERS
 from rayfed.data.partitioners import PARTITIONERS
 from rayfed.data.settings import DataConfig
+from rayfed.system.settings import SystemConfig
 from rayfed.train.settings import TrainConfig
 from rayfed.util import plugins
 from rayfed.util.config_tree import (
@@ -54,6 +55,7 @@ __all__ = [
     "TrainConfig",
     "AlgorithmConfig",
     "EngineConfig",
+    "SystemConfig",
     "RunConfig",
     "load_config",
     "read_table_file",
@@ -225,6 +227,11 @@ class RunConfig:
     train: TrainConfig = documented(TrainConfig, "Rounds and local SGD (TrainConfig).")
     algorithm: AlgorithmConfig = documented(AlgorithmConfig, "The algorithm and its parameters (AlgorithmConfig).")
     engine: EngineConfig = documented(EngineConfig, "Workers, sampling, evaluation, checkpoints (EngineConfig).")
+    system: SystemConfig = documented(
+        SystemConfig,
+        "The clients' devices, when they are online, deadlines and the virtual clock (SystemConfig, "
+        "docs/system.md); off by default.",
+    )
     seed: int = documented(0, "Training seed: model initialisation, client sampling and mini-batch order.")
     run_dir: str | None = documented(None, "Where results go; null = runs/<algorithm>-<dataset>-s<seed>-<time>.")
     plugins: tuple[str, ...] = documented(

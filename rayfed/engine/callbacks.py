@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from rayfed.engine.checkpoint import checkpoint_round, newest_checkpoint, save_checkpoint
 from rayfed.engine.metrics import RoundRecord
+from rayfed.engine.system_records import PARTICIPATION_FILE, participation, system_summary
 from rayfed.train.job import ClientState
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.files import write_json, write_parquet
@@ -53,6 +54,8 @@ class RunView:
     """The first round this process runs (after the checkpoint it resumed from, else 0)."""
     rows: Callable[[], Sequence[Mapping[str, Any]]]
     state: Callable[[], tuple[dict[str, np.ndarray], Iterator[tuple[int, ClientState]]]]
+    system_state: Callable[[], dict[str, np.ndarray]] = dict
+    """What the run's system model saves of its rounds (:meth:`rayfed.engine.rounds.Rounds.state`)."""
 
     @property
     def run_name(self) -> str:
@@ -100,7 +103,8 @@ class Callback:
 
 class MetricsWriter(Callback):
     """Writes ``rounds.parquet`` (rewritten atomically each round), ``clients/round_XXXXXX.parquet``,
-    ``clients/initial.parquet`` and, when the run finishes, ``summary.json``."""
+    ``clients/initial.parquet`` and, when the run finishes, ``summary.json`` (and with a system model
+    ``participation.parquet``: :mod:`rayfed.engine.system_records`)."""
 
     def on_initial_evaluation(self, run: RunView, record: RoundRecord, clients: pa.Table) -> None:
         write_parquet(run.run_dir / "clients" / "initial.parquet", clients)
@@ -125,8 +129,11 @@ class MetricsWriter(Callback):
                     "rounds_run": result.rounds_run,
                     "stopped_early": result.stopped_early,
                     "rounds_without_finite_loss": result.rounds_without_loss,
+                    **system_summary(run.history, run.config.system),
                 },
             )
+            if run.config.system.enabled:  # who the deadline (or the schedule) left out
+                write_parquet(run.run_dir / PARTICIPATION_FILE, participation(run.run_dir, run.config.data.num_clients))
 
     @staticmethod
     def write_rounds(run: RunView) -> None:
@@ -157,7 +164,7 @@ class Checkpointer(Callback):
     def save(run: RunView, round_index: int) -> Path:
         """Server state, client states and the round (:mod:`rayfed.engine.checkpoint`)."""
         server, clients = run.state()
-        return save_checkpoint(run.run_dir, round_index, server, clients, run.identity)
+        return save_checkpoint(run.run_dir, round_index, server, clients, run.identity, run.system_state())
 
 
 class ProgressBar(Callback):

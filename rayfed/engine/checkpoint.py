@@ -1,8 +1,9 @@
 """Checkpoints of a run: the server state, the client states and the round, in one pickle-free ``.npz``.
 
 A checkpoint ``<run_dir>/checkpoints/round_XXXXXX.npz`` holds the arrays
-``server/<name>``, ``client/<id>/<name>`` and ``meta``: JSON bytes with the round it was
-written after, :data:`CHECKPOINT_FORMAT`, the identity of the run that wrote it
+``server/<name>``, ``client/<id>/<name>``, with a system model ``system/<name>`` (the rounds' virtual time, or
+an asynchronous schedule's state: :meth:`rayfed.engine.rounds.Rounds.state`), and ``meta``: JSON bytes with the
+round it was written after, :data:`CHECKPOINT_FORMAT`, the identity of the run that wrote it
 (:mod:`rayfed.engine.run_identity`), the id of the key that sealed it and its seal: an HMAC-SHA256,
 under this machine's checkpoint key (:mod:`rayfed.engine.checkpoint_key`), of its other arrays and of
 those four fields. The engine writes one every ``engine.checkpoint_every`` rounds and resumes from the
@@ -29,7 +30,7 @@ import json
 import logging
 import os
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,7 @@ _SEALED = ("round", "format", "identity", "key_id")
 """The metadata a checkpoint's seal covers beside its arrays."""
 _CHECKPOINTS_KEPT = 2
 _DIRECTORY = "checkpoints"
-_SERVER, _CLIENT, _META = "server/", "client/", "meta"
+_SERVER, _CLIENT, _SYSTEM, _META = "server/", "client/", "system/", "meta"
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ class Checkpoint:
     clients: dict[int, ClientState]
     path: Path
     """The file it was read from."""
+    system: dict[str, np.ndarray] = field(default_factory=dict)
+    """What the run's system model saved of its rounds (none without one)."""
 
 
 def save_checkpoint(
@@ -88,10 +91,12 @@ def save_checkpoint(
     server: Mapping[str, np.ndarray],
     clients: Iterable[tuple[int, ClientState]],
     identity: str,
+    system: Mapping[str, np.ndarray] | None = None,
 ) -> Path:
     """Write the checkpoint after ``round_index`` of the run ``identity`` atomically, then drop all but the
     newest two; returns its path."""
     arrays: dict[str, np.ndarray] = {f"{_SERVER}{k}": np.asarray(v) for k, v in server.items()}
+    arrays.update({f"{_SYSTEM}{k}": np.asarray(v) for k, v in (system or {}).items()})
     for cid, state in clients:
         for name, value in state.items():
             arrays[f"{_CLIENT}{cid}/{name}"] = np.asarray(value)
@@ -256,9 +261,10 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 def _split(path: Path, arrays: Mapping[str, np.ndarray]) -> Checkpoint:
     round_index = int(_read_meta(path, arrays)["round"])
     server = {k[len(_SERVER) :]: v for k, v in arrays.items() if k.startswith(_SERVER)}
+    system = {k[len(_SYSTEM) :]: v for k, v in arrays.items() if k.startswith(_SYSTEM)}
     clients: dict[int, ClientState] = {}
     for key, value in arrays.items():
         if key.startswith(_CLIENT):
             client, name = key[len(_CLIENT) :].split("/", 1)
             clients.setdefault(int(client), {})[name] = value
-    return Checkpoint(round_index, server, clients, path)
+    return Checkpoint(round_index, server, clients, path, system)

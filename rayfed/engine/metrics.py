@@ -71,6 +71,10 @@ class RoundRecord:
     local_acc_mean: float = math.nan
     test_loss_mean: float = math.nan
     extra: dict[str, float] = field(default_factory=dict)
+    """The server half's metrics (columns ``server_*``)."""
+    system: dict[str, float] = field(default_factory=dict)
+    """With a system model: the round's virtual time and what became of its clients (columns as named,
+    :mod:`rayfed.engine.system_records`); empty without one."""
 
     def loss_problem(self) -> str | None:
         """Why this training round has no finite ``train_loss`` (its models did not change), or None if it has one."""
@@ -79,6 +83,7 @@ class RoundRecord:
     def as_row(self) -> dict[str, float]:
         row = asdict(self)
         row.update({f"server_{k}" if not k.startswith("server_") else k: v for k, v in row.pop("extra").items()})
+        row.update(row.pop("system"))
         return row
 
 

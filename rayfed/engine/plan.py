@@ -12,7 +12,9 @@ A run that cannot be carried out is refused here, with every file of its directo
 * its inputs: the dataset, the problem (the algorithm checks its params against it), the held-out
   server data and the partition (:class:`~rayfed.engine.inputs.RunInputs`);
 * whether any client can take a local step (:func:`rayfed.engine.trainability.check_trainable`);
-* the packages of the experiment trackers ``engine.loggers`` names (:func:`rayfed.config.check_installed`).
+* the packages of the experiment trackers ``engine.loggers`` names (:func:`rayfed.config.check_installed`);
+* its system model: the clients' devices, and the rounds the loop asks for (:mod:`rayfed.engine.system_setup`),
+  with ``system.step_s`` measured where the run calibrates it (:mod:`rayfed.engine.calibration`).
 
 It also says, once, what of the fast path the run cannot take (:mod:`rayfed.engine.fast_path`).
 
@@ -27,14 +29,17 @@ from pathlib import Path
 
 from rayfed.algorithms import ResolvedAlgorithm, resolve
 from rayfed.config import RunConfig, check_installed
+from rayfed.engine.calibration import with_measured_step_s, with_recorded_step_s
 from rayfed.engine.fast_path import log_slow_paths
 from rayfed.engine.inputs import RunInputs
 from rayfed.engine.plugin_seal import check_sources, marker_note, marker_sources
 from rayfed.engine.resume_point import ResumePoint, read_resume_point
+from rayfed.engine.rounds import Rounds
 from rayfed.engine.run_dir import check_creatable, check_run_dir
 from rayfed.engine.run_identity import RunMarker, run_identity
 from rayfed.engine.run_seal import check_config_file
 from rayfed.engine.sizing import MemoryEstimate, check_fits
+from rayfed.engine.system_setup import plan_rounds
 from rayfed.engine.trainability import check_trainable
 from rayfed.util.plugins import plugin_sources, run_sources
 from rayfed.util.progress import progress_shown
@@ -57,6 +62,8 @@ class RunPlan:
     """The run marker to write, and the checkpoint and rounds it continues from (none for a new run)."""
     memory: MemoryEstimate
     inputs: RunInputs
+    rounds: Rounds
+    """Whom each round trains and what its system model records (:mod:`rayfed.engine.rounds`)."""
 
 
 def default_run_dir(config: RunConfig) -> Path:
@@ -77,6 +84,7 @@ def plan_run(config: RunConfig, *, resume: bool = False) -> RunPlan:
     check_installed(config.engine.loggers)
     run_dir = Path(config.run_dir) if config.run_dir else default_run_dir(config)
     check_creatable(run_dir)
+    config = with_recorded_step_s(config, run_dir)
     continues = check_run_dir(run_dir, config, resume=resume)
     recorded, accepted = RunMarker.read(run_dir) if continues else None, []
     if recorded is not None:  # what the directory holds is what its run sealed, before anything runs
@@ -88,6 +96,8 @@ def plan_run(config: RunConfig, *, resume: bool = False) -> RunPlan:
     memory = check_fits(config, run_dir)
     with progress_shown(config.engine.progress):
         inputs = RunInputs.prepare(config, algorithm, run_dir, continues=continues)
+    if not continues:
+        config = with_measured_step_s(config, algorithm, inputs)
     identity = run_identity(config, inputs.partition)
     if recorded is not None:
         point = read_resume_point(run_dir, config, identity, algorithm.may_hold_nan, recorded)
@@ -97,4 +107,5 @@ def plan_run(config: RunConfig, *, resume: bool = False) -> RunPlan:
     point = replace(point, marker=point.marker.recording(config.to_dict(), records, accepted))
     check_trainable(inputs.partition.num_train(), config.train)
     log_slow_paths(config, algorithm, inputs.dataset)
-    return RunPlan(config, algorithm, run_dir, continues, identity, point, memory, inputs)
+    rounds = plan_rounds(config, algorithm, inputs)
+    return RunPlan(config, algorithm, run_dir, continues, identity, point, memory, inputs, rounds)

@@ -56,8 +56,11 @@ _UNSEALED_FORMAT = 1
 
 
 def run_identity(config: RunConfig, partition: ClientPartition) -> str:
-    """SHA-256 of ``config`` without its :data:`CONTINUABLE` fields, and of ``partition``'s digest."""
+    """SHA-256 of ``config`` without its :data:`CONTINUABLE` fields (and without the ``system`` section while it
+    models no device), and of ``partition``'s digest."""
     defining = _without(config.to_dict(), CONTINUABLE)
+    if not config.system.enabled:  # as before the section existed: runs without a system model keep their identity
+        del defining["system"]
     text = json.dumps(defining, sort_keys=True, default=str) + partition.digest()
     return hashlib.sha256(text.encode()).hexdigest()
 

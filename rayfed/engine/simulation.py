@@ -54,7 +54,6 @@ from rayfed.util.allocator import FreedMemory
 from rayfed.util.errors import CheckpointError, DiskFullError, ServerError, WorkerError
 from rayfed.util.plugin_sources import refuse_run_while_importing
 from rayfed.util.progress import progress_bar, progress_shown
-from rayfed.util.seeding import sample_clients
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +84,8 @@ class Simulation:
             inputs.partition,
         )
         self.num_train = self.partition.num_train()
+        self.rounds = plan.rounds
+        """Whom each round trains, and what the system model records of it (:mod:`rayfed.engine.rounds`)."""
         builtin: list[Callback] = [MetricsWriter(), Checkpointer()]
         if config.engine.progress:
             builtin.append(ProgressBar())
@@ -95,7 +96,14 @@ class Simulation:
         self.executor: Executor | None = None
         self._warned_untrained = False
         self.view = RunView(
-            self.run_dir, config, self.spec, plan.identity, self.start_round, lambda: tuple(self.history), self._state
+            self.run_dir,
+            config,
+            self.spec,
+            plan.identity,
+            self.start_round,
+            lambda: tuple(self.history),
+            self._state,
+            self.rounds.state,
         )
         """What the callbacks see of this run."""
         for callback in self.callbacks:  # each may refuse the run while nothing is written yet
@@ -119,6 +127,8 @@ class Simulation:
         self._check_shapes(self._checkpoint, self.executor.server_state())
         drop_client_tables_from(self.run_dir, self.start_round)
         self.executor.load_server_state(self._checkpoint.server)
+        if self._checkpoint.system:
+            self.rounds.restore(self._checkpoint.system)
         self.states.clear()
         for cid, state in self._checkpoint.clients.items():
             self.states.put(cid, state)
@@ -162,15 +172,15 @@ class Simulation:
         self._opening = (replace(inputs, dataset=self.dataset), marker)
 
     def _chunks(self, client_ids: np.ndarray) -> list[list[int]]:
-        """The clients' batches, one per worker call: the same on every backend and number of workers."""
+        """The clients' batches, one per worker call: the same on every backend and number of workers; none for no
+        client (a round of a system model in which no client's work counts)."""
+        if not len(client_ids):
+            return []
         return make_chunks(client_ids, self.num_train, num_calls(len(client_ids), self.config.engine.clients_per_call))
 
     def _context(self, round_index: int) -> RoundContext:
-        """The round's facts, decided here once: its sampled clients and learning rate. The initial
-        model's evaluation (round -1) samples as round 0 and has round 0's learning rate."""
-        config, t = self.config, max(round_index, 0)
-        sampled = sample_clients(config.seed, t, config.data.num_clients, config.engine.join_ratio)
-        return RoundContext(round=round_index, seed=config.seed, lr=config.train.lr_at(t), sampled=sampled)
+        """The round's facts, decided once (:meth:`rayfed.engine.rounds.Rounds.context`)."""
+        return self.rounds.context(round_index)
 
     def run(self) -> RunResult:
         """Take the run directory's lock, record the run there (:func:`~rayfed.engine.run_dir.open_run_dir`) and
@@ -249,9 +259,9 @@ class Simulation:
             )
         seconds = time.perf_counter() - started
         record = summarise_round(-1, [], evals, {"evaluate": seconds, "round": seconds}, {})
+        clients = self.rounds.settle(-1, record, client_table(-1, [], evals))
         self.history.insert(0, record.as_row())
         _same_columns(self.history)
-        clients = client_table(-1, [], evals)
         for callback in self.callbacks:
             callback.on_initial_evaluation(self.view, record, clients)
 
@@ -289,10 +299,10 @@ class Simulation:
                 "round": finished - started,
             }
             record = summarise_round(t, reports, evals, timings, extra)
+            clients = self.rounds.settle(t, record, client_table(t, reports, evals))
             self._warn_untrained(record, reports)
             self.history.append(record.as_row())
             _same_columns(self.history)
-            clients = client_table(t, reports, evals)
             stop = False
             for callback in self.callbacks:  # the metrics files and checkpoints of the round
                 stop = callback.after_round(self.view, record, clients) or stop

@@ -107,6 +107,7 @@ class ClientData:
             train=self.config.train,
             lr=ctx.lr,
             generator=torch.Generator().manual_seed(client_seed(ctx.seed, round_index, cid)),
+            step_budget=None if evaluation else ctx.budget_of(cid),
             state=state,
         )
 

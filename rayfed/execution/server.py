@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from rayfed.algorithms import Contribution, RoundContext, ServerHalf, resolve
+from rayfed.algorithms.declarations import DeferredUpdates
 from rayfed.config import RunConfig
 from rayfed.execution.summation import CallTree
 from rayfed.train.problem import ProblemSpec
@@ -49,10 +50,16 @@ class Server:
         if total is not None and total.sum_is_one_part and not total.is_finite():
             logger.warning("round %d: aggregate is not finite; the global state is kept", ctx.round)
             total = None
-        # A round without an acceptable update leaves the state as it is: answered here, for every method.
-        metrics = {"clients_aggregated": 0.0} if total is None else dict(self.half.aggregate(ctx, total))
+        metrics = dict(self.half.aggregate(ctx, total)) if total is not None else self._without_uploads(ctx)
         metrics["server_bytes_received"] = float(bytes_received)
         return metrics
+
+    def _without_uploads(self, ctx: RoundContext) -> dict[str, float]:
+        """A round without an acceptable update leaves the state as it is: answered here, for every method, but
+        one that kept earlier uploads for this round's step (:class:`DeferredUpdates`)."""
+        if isinstance(self.half, DeferredUpdates):
+            return dict(self.half.step_without_uploads(ctx))
+        return {"clients_aggregated": 0.0}
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return self.half.state_dict()

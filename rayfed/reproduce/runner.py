@@ -79,7 +79,8 @@ def run_dir_name(config: RunConfig) -> str:
 
     Left out of the digest: what does not change a run's numbers (``engine.*`` but ``engine.eval_local``, which
     adds columns, ``run_dir``, ``plugins``, where the data live), ``train.rounds``, so a run asked for more rounds
-    is the same run, extended, and the fields of :data:`_LATER_FIELDS` at their defaults; values renamed since runs were
+    is the same run, extended, the ``system`` section while it is off, and the fields of :data:`_LATER_FIELDS` at
+    their defaults; values renamed since runs were
     first named enter it under :data:`_RENAMED_VALUES`.
     """
     plain = {k: v for k, v in config.to_dict().items() if k not in ("engine", "run_dir", "plugins")}
@@ -87,6 +88,8 @@ def run_dir_name(config: RunConfig) -> str:
     plain["data"] = {k: v for k, v in plain["data"].items() if k not in ("root", "download")}
     if config.engine.eval_local:
         plain["eval_local"] = True
+    if not config.system.enabled:  # off, the system section changes no number (docs/system.md)
+        plain.pop("system", None)
     algorithm = config.algorithm.name
     for owner, path, default in _LATER_FIELDS:
         parent = _parent(plain, path)

@@ -6,8 +6,9 @@ writes, into ``DIR``:
 
 * ``accuracy.png``: pooled test accuracy against the round, counted as the progress bar counts
   it (1 = the first round; 0 = the initial model, evaluated with ``engine.eval_initial``), one
-  line per run. Runs whose configs differ in the seed alone (:meth:`~rayfed.config.RunConfig.diff`,
-  ignoring ``seed`` and the fields that change no number,
+  line per run; beside it, where a run has a system model, against its virtual time in hours
+  (``virtual_time_s``, docs/system.md). Runs whose configs differ in the seed alone
+  (:meth:`~rayfed.config.RunConfig.diff`, ignoring ``seed`` and the fields that change no number,
   :data:`~rayfed.results.run_data.SAME_NUMBERS`) are seeds of one method and share a colour and a
   legend entry; the legend, below the axes, names the method (``Algorithm.label``) and, where
   lines share that name, the fields that tell them apart (``cwFedAvg (Output), train.lr=0.01``);
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from rayfed.results.run_data import (
     finished_run,
     load_run,
     method_label,
+    virtual_time_points,
 )
 from rayfed.util.errors import ConfigError, RayfedError
 from rayfed.util.files import atomic_write
@@ -64,6 +66,7 @@ __all__ = [
     "method_label",
     "curve_groups",
     "accuracy_points",
+    "virtual_time_points",
     "finished_run",
     "plot_accuracy_curves",
     "plot_p_vs_p_tilde",
@@ -94,22 +97,58 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def plot_accuracy_curves(runs: Sequence[RunData], path: str | Path) -> Path:
-    """Pooled accuracy against the round, one line per run, one colour per method (:func:`curve_groups`)."""
-    from matplotlib import rcParams
+    """Pooled accuracy against the round, one line per run, one colour per method (:func:`curve_groups`); beside
+    it, where a run has a system model, against virtual time in hours (docs/system.md)."""
     from matplotlib.ticker import MaxNLocator
 
-    fig = _figure_class()(figsize=(7.5, 4.5))
-    ax = fig.add_subplot()
+    timed = any(virtual_time_points(run)[0] for run in runs)
+    fig = _figure_class()(figsize=(13.0 if timed else 7.5, 4.5))
+    axes = fig.subplots(1, 2 if timed else 1, squeeze=False)[0]
+    ax = axes[0]
+    _draw_curves(ax, runs, accuracy_points)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round (1 = the first; 0 = the initial model)")
+    if timed:
+        _draw_curves(axes[1], runs, virtual_time_points)
+        axes[1].set_xlabel("virtual time (hours; runs without a system model: none)")
+    for each in axes:
+        each.set_ylabel("pooled test accuracy (%)")
+        each.grid(alpha=0.3)
+    data = {(run.config.data.dataset, run.config.data.partition) for run in runs}
+    on = f"\n{' '.join(data.pop())}" if len(data) == 1 else ""
+    title = (
+        f"Accuracy of the clients' models (pooled over test samples; dashed: global model){on}"
+        if any(accuracy_points(run, "global_accuracy")[0] for run in runs)
+        else f"Accuracy of the clients' models (pooled over test samples){on}"
+    )
+    (fig.suptitle if timed else ax.set_title)(title, fontsize="medium")
+    if ax.get_legend_handles_labels()[1]:  # below the axes, wrapped: long labels are never cut at the edge
+        handles, labels = ax.get_legend_handles_labels()
+        wrapped = [textwrap.fill(label, 70, subsequent_indent="  ") for label in labels]
+        ax.legend(handles, wrapped, fontsize="small", loc="upper left", bbox_to_anchor=(0.0, -0.14), frameon=False)
+    notes = sorted(
+        {note for run in runs if run.method_held and (note := ALGORITHMS.get(run.algorithm).reporting.label_note)}
+    )
+    if notes:
+        fig.text(0.01, 0.0, textwrap.fill(" ".join(notes), 110), fontsize="x-small", va="top", color="0.3")
+    return _save(fig, Path(path))
+
+
+def _draw_curves(ax: Any, runs: Sequence[RunData], points: Callable[..., tuple[list, list[float]]]) -> None:
+    """One line per run at ``points(run)`` (and, dashed, its global model's), one colour and legend entry per
+    group of seeds (:func:`curve_groups`)."""
+    from matplotlib import rcParams
+
     cycle = [c["color"] for c in rcParams["axes.prop_cycle"]]
     for n, group in enumerate(curve_groups(runs)):
         legend: str | None = group.legend
         for run in group.runs:
-            x, y = accuracy_points(run)
+            x, y = points(run)
             if not x:
                 continue
             colour = cycle[n % len(cycle)]
             ax.plot(x, y, color=colour, marker="." if len(x) < 30 else None, linewidth=1.2, alpha=0.85, label=legend)
-            gx, gy = accuracy_points(run, "global_accuracy")
+            gx, gy = points(run, "global_accuracy")
             if gx:  # the global model on the same clients: what personalisation adds is the gap
                 ax.plot(
                     gx,
@@ -121,28 +160,6 @@ def plot_accuracy_curves(runs: Sequence[RunData], path: str | Path) -> Path:
                     label=f"{legend}: global model" if legend is not None else None,
                 )
             legend = None  # one legend entry per group
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round (1 = the first; 0 = the initial model)")
-    ax.set_ylabel("pooled test accuracy (%)")
-    data = {(run.config.data.dataset, run.config.data.partition) for run in runs}
-    on = f"\n{' '.join(data.pop())}" if len(data) == 1 else ""
-    ax.set_title(
-        f"Accuracy of the clients' models (pooled over test samples; dashed: global model){on}"
-        if any(accuracy_points(run, "global_accuracy")[0] for run in runs)
-        else f"Accuracy of the clients' models (pooled over test samples){on}",
-        fontsize="medium",
-    )
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[1]:  # below the axes, wrapped: long labels are never cut at the edge
-        handles, labels = ax.get_legend_handles_labels()
-        wrapped = [textwrap.fill(label, 70, subsequent_indent="  ") for label in labels]
-        ax.legend(handles, wrapped, fontsize="small", loc="upper left", bbox_to_anchor=(0.0, -0.14), frameon=False)
-    notes = sorted(
-        {note for run in runs if run.method_held and (note := ALGORITHMS.get(run.algorithm).reporting.label_note)}
-    )
-    if notes:
-        fig.text(0.01, 0.0, textwrap.fill(" ".join(notes), 110), fontsize="x-small", va="top", color="0.3")
-    return _save(fig, Path(path))
 
 
 def _clients_to_show(p: np.ndarray, count: int) -> list[int]:

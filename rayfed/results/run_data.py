@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from rayfed.config.retired import without_retired
 from rayfed.data import LABEL_COUNTS_FILE, read_label_counts
 from rayfed.engine.checkpoint import load_checkpoint, newest_checkpoint
 from rayfed.engine.metrics import counted_round
+from rayfed.engine.system_records import VIRTUAL_TIME
 from rayfed.util.config_tree import get_path, tree_differences
 from rayfed.util.errors import CheckpointError, ConfigError
 
@@ -43,6 +44,7 @@ __all__ = [
     "CurveGroup",
     "curve_groups",
     "accuracy_points",
+    "virtual_time_points",
     "finished_run",
 ]
 
@@ -215,8 +217,21 @@ def accuracy_points(run: RunData, column: str = "accuracy") -> tuple[list[int], 
     ``column="global_accuracy"`` gives the global model's curve on the same clients (none for an
     algorithm without a global model besides the evaluated ones, or a run written before it existed).
     """
-    values = [(counted_round(int(r["round"])), r.get(column)) for r in run.rounds]
-    points = [(x, 100 * y) for x, y in values if y is not None and not math.isnan(y)]
+    x, y = _points(run, column, lambda row: counted_round(int(row["round"])))
+    return [int(v) for v in x], y
+
+
+def virtual_time_points(run: RunData, column: str = "accuracy") -> tuple[list[float], list[float]]:
+    """(virtual time in hours, pooled accuracy in %) of the run's evaluated rounds: the end of each round on the
+    system model's clock (``virtual_time_s``, docs/system.md), 0 for the initial model; none for a run without
+    a system model."""
+    return _points(run, column, lambda row: None if row.get(VIRTUAL_TIME) is None else row[VIRTUAL_TIME] / 3600)
+
+
+def _points(run: RunData, column: str, x_of: Callable[[dict[str, Any]], float | None]) -> tuple[list, list[float]]:
+    """(x, 100 × ``column``) of the rows where both are known."""
+    values = [(x_of(r), r.get(column)) for r in run.rounds]
+    points = [(x, 100 * y) for x, y in values if x is not None and y is not None and not math.isnan(y)]
     return [x for x, _ in points], [y for _, y in points]
 
 

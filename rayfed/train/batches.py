@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -23,8 +24,12 @@ from rayfed.train.host import host_values
 __all__ = ["ClientBatches", "draw_batches", "steps_per_epoch"]
 
 
-def steps_per_epoch(n: int, batch: int, drop_last: bool) -> int:
-    """Mini-batches of one pass over ``n`` samples: n // batch with ``drop_last``, else ⌈n / batch⌉.
+N = TypeVar("N", int, np.ndarray)
+
+
+def steps_per_epoch(n: N, batch: int, drop_last: bool) -> N:
+    """Mini-batches of one pass over ``n`` samples (a count, or an array of counts): n // batch with ``drop_last``,
+    else ⌈n / batch⌉.
 
     >>> steps_per_epoch(25, 10, True), steps_per_epoch(25, 10, False), steps_per_epoch(5, 10, True)
     (2, 3, 0)
@@ -52,6 +57,13 @@ class ClientBatches:
     def padded(self) -> bool:
         """Whether some step is short (a stack then weighs its padding 0)."""
         return bool(len(self.sizes)) and int(self.sizes.min()) < self.index.shape[1]
+
+    def first(self, steps: int) -> ClientBatches:
+        """The first ``steps`` of these batches (all of them when there are no more)."""
+        if steps >= self.steps:
+            return self
+        draws = None if self.draws is None else self.draws[:steps]
+        return ClientBatches(self.index[:steps], self.sizes[:steps], draws)
 
     def weight(self) -> np.ndarray:
         """(steps, batch) float32: 1 for a sample, 0 for an unused place."""

@@ -90,9 +90,10 @@ def phase_batches(
 ) -> list[ClientBatches]:
     """Each client's batches in ``phase`` (one client's, or a stack's, in the order of ``jobs``) over its
     ``samples``, drawn from its generator with the phase's epochs, batch size, ``drop_last`` and views, else the
-    round's (:func:`~rayfed.train.batches.draw_batches`)."""
+    round's (:func:`~rayfed.train.batches.draw_batches`). A client with a step budget (``ClientJob.step_budget``,
+    its partial work before a deadline) keeps the first batches within it, which its budget then pays for."""
     train = jobs[0].train
-    return draw_batches(
+    drawn = draw_batches(
         [(job.generator, int(y.shape[0])) for job, (_, y) in zip(jobs, samples)],
         epochs=phase.epochs,
         batch=phase.samples.batch_size or train.batch_size,
@@ -101,6 +102,17 @@ def phase_batches(
         augment=phase.samples.augment,
         image_size=tuple(samples[0][0].shape[1:]),
     )
+    return [_within_budget(job, batches) for job, batches in zip(jobs, drawn)]
+
+
+def _within_budget(job: ClientJob, batches: ClientBatches) -> ClientBatches:
+    """``batches`` cut to the client's remaining step budget, which they use up (drawn whole first, so the batches
+    the client does take are the ones it takes without a budget)."""
+    if job.step_budget is None:
+        return batches
+    kept = batches.first(job.step_budget)
+    job.step_budget -= kept.steps
+    return kept
 
 
 def trained_range(phase: Phase, flat: FlatModel) -> tuple[int, int]:

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-__all__ = ["client_seed", "sample_clients", "init_seed"]
+__all__ = ["client_seed", "sample_clients", "sample_among", "participants", "init_seed"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,11 @@ def init_seed(seed: int, stream: int = 0) -> int:
     return int(np.random.SeedSequence([seed, _INIT, stream]).generate_state(1, dtype=np.uint32)[0])
 
 
+def participants(num_clients: int, join_ratio: float) -> int:
+    """How many clients a round samples: ⌊join_ratio·M⌋, at least 1 (all M with ``join_ratio`` >= 1)."""
+    return num_clients if join_ratio >= 1.0 else max(1, int(join_ratio * num_clients))
+
+
 def sample_clients(seed: int, round_index: int, num_clients: int, join_ratio: float) -> np.ndarray:
     """Sorted ids of the round's participants: ⌊join_ratio·M⌋ (at least 1) drawn without replacement.
 
@@ -40,10 +45,23 @@ def sample_clients(seed: int, round_index: int, num_clients: int, join_ratio: fl
     """
     if join_ratio >= 1.0:
         return np.arange(num_clients, dtype=np.int64)
-    count = max(1, int(join_ratio * num_clients))
+    count = participants(num_clients, join_ratio)
     _warn_if_rounded(join_ratio, num_clients, count)
+    return sample_among(seed, round_index, np.arange(num_clients, dtype=np.int64), count)
+
+
+def sample_among(seed: int, round_index: int, candidates: np.ndarray, count: int) -> np.ndarray:
+    """Sorted ``count`` of the sorted ids ``candidates``, drawn without replacement from the round's sampling
+    stream (all of them when there are no more): with every client a candidate, :func:`sample_clients`'s draw,
+    so a round that samples among the clients online draws the same clients when all of them are.
+
+    >>> sample_among(0, 3, np.arange(10), 4).tolist() == sample_clients(0, 3, 10, 0.4).tolist()
+    True
+    """
+    if count >= len(candidates):
+        return np.asarray(candidates, dtype=np.int64).copy()
     rng = np.random.default_rng(np.random.SeedSequence([seed, _SAMPLING, round_index]))
-    return np.sort(rng.choice(num_clients, size=count, replace=False)).astype(np.int64)
+    return np.sort(np.asarray(candidates, dtype=np.int64)[rng.choice(len(candidates), size=count, replace=False)])
 
 
 @functools.cache  # once per (join_ratio, M) in a process: every round samples the same count

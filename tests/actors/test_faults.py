@@ -7,8 +7,6 @@ import math
 import os
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +21,7 @@ from rayfed.engine import Simulation
 from rayfed.util.errors import ServerError
 from rayfed.util.files import load_arrays
 from tests.conftest import tiny_overrides
-from tests.waiting import wait_for_file
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.killed_driver import killed_and_resumed
 
 
 class _Capture:
@@ -208,37 +204,14 @@ def test_driver_killed_mid_run_resumes_to_identical_metrics(tmp_path) -> None:
     reference = run(RunConfig().override(overrides))
     run_dir = tmp_path / "killed"
     overrides = tiny_overrides(run_dir, **{"train.rounds": 5, "engine.checkpoint_every": 1})
-    args = [f"{k}={_cli_value(v)}" for k, v in overrides.items()]
-    # Execute: start the same run as a separate driver process and SIGKILL it once round 1 is checkpointed.
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "rayfed", "run", "--quiet", *args],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    wait_for_file(run_dir / "checkpoints" / "round_000001.npz", driver, "the driver's checkpoint of round 1")
-    driver.kill()
-    driver.wait()
-    assert not (run_dir / "summary.json").exists()  # it really died before the end
-    resumed = subprocess.run(
-        [sys.executable, "-m", "rayfed", "run", "--quiet", "--resume", str(run_dir)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    # Execute: the same run in a driver process SIGKILLed once round 1 is checkpointed, then resumed
+    resumed = killed_and_resumed(run_dir, overrides)
     # Assert
     assert resumed.returncode == 0, resumed.stderr
     rows = pq.read_table(run_dir / "rounds.parquet").to_pylist()
     assert [r["round"] for r in rows] == [0, 1, 2, 3, 4]
     assert [r["accuracy"] for r in rows] == reference.accuracies
     assert [r["train_loss"] for r in rows] == [r["train_loss"] for r in reference.history]
-
-
-def _cli_value(value: object) -> str:
-    import json
-
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 def test_non_finite_updates_are_rejected_and_global_model_stays_finite(tmp_path) -> None:

@@ -27,7 +27,14 @@ def _example(name: str) -> ModuleType:
 
 
 def test_every_example_is_covered_here() -> None:
-    covered = {"cwfedavg_1000clients", "fedclassavg_mnist", "motivating_example", "optuna_lambda_search", "own_method"}
+    covered = {
+        "cwfedavg_1000clients",
+        "fedclassavg_mnist",
+        "motivating_example",
+        "optuna_lambda_search",
+        "own_method",
+        "system_heterogeneity",
+    }
     assert {path.stem for path in EXAMPLES.glob("*.py")} == covered
 
 
@@ -69,6 +76,24 @@ def test_fedclassavg_mnist_offline_and_what_it_needs_without_data(tmp_path, caps
     with pytest.raises(SystemExit) as stopped:
         example.main(common)
     assert stopped.value.code == 2 and "--offline" in capsys.readouterr().err
+
+
+def test_system_heterogeneity_in_its_smallest_form(tmp_path, capsys) -> None:
+    # Execute: the four runs on 10 clients, 2 a round, 2 rounds (an override as rayfed run takes it)
+    code = _example("system_heterogeneity").main(
+        ["--out", str(tmp_path), "--clients", "10", "--per-round", "2", "--concurrency", "4", "--rounds", "2",
+         "--samples", "1000", "--deadline", "20", "--target", "0.01", "train.batch_size=20"]
+    )  # fmt: skip
+    # Assert: a line per run with its virtual seconds to the target (every run reaches 1 %), and the figure
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:5]}
+    assert code == 0 and sorted(rows) == ["fedavg", "fedavg-deadline", "fedavg-overcommit", "fedbuff"]
+    for name, (accuracy, seconds, to_target) in rows.items():
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        assert float(seconds) == round(summary["virtual_time_s"], 1) and float(accuracy) > 0
+        assert float(to_target) == round(summary["virtual_time_to_target_s"], 1)
+        assert json.loads((tmp_path / name / "config.json").read_text())["train"]["batch_size"] == 20
+    assert lines[5] == f"figure: {tmp_path / 'accuracy.png'}" and (tmp_path / "accuracy.png").stat().st_size > 1000
 
 
 def test_motivating_example_in_its_smallest_form(capsys) -> None:

@@ -212,3 +212,24 @@ def test_accuracy_figure_draws_the_global_model_dashed_where_the_run_has_one(run
     assert global_points == ([1], [100 * stored[0]])
     assert accuracy_points(fedavg, "global_accuracy") == ([], [])
     assert path.stat().st_size > 1000
+
+
+def test_a_run_with_a_system_model_is_drawn_against_virtual_time_beside_the_rounds(tmp_path):
+    from matplotlib.image import imread
+
+    from rayfed.results.plots import plot_accuracy_curves, virtual_time_points
+
+    # Arrange: a run with virtual time (the initial model at 0 s, an unevaluated round left out) and one without
+    timed = _run("timed", [0.2, float("nan"), 0.4])
+    for row, seconds in zip(timed.rounds, [1800.0, 3600.0, 9000.0]):
+        row["virtual_time_s"] = seconds
+    timed.rounds.insert(0, {"round": -1, "accuracy": 0.1, "virtual_time_s": 0.0})
+    plain = _run("plain", [0.3])
+    # Act
+    points = virtual_time_points(timed)
+    wide = imread(plot_accuracy_curves([timed, plain], tmp_path / "timed.png")).shape[1]
+    narrow = imread(plot_accuracy_curves([plain], tmp_path / "plain.png")).shape[1]
+    # Assert: hours against %, and a second panel only where a run has virtual time
+    assert points == ([0.0, 0.5, 2.5], [10.0, 20.0, 40.0])
+    assert virtual_time_points(plain) == ([], [])
+    assert wide > 1.5 * narrow

@@ -1,0 +1,168 @@
+"""What the asynchronous methods (FedAsync, FedBuff) share: their params, the staleness weights, and a server that
+keeps each client's update until the server step it arrives in.
+
+The engine simulates asynchronous aggregation in virtual time (:mod:`rayfed.system.schedule`, docs/system.md): a
+round is a model version v. The clients launched from version v train as one call from θ_v, and the server receives
+their uploads right after, in that round's aggregation; but each update belongs to the server step that makes the
+version it arrives at (``RoundContext.arrives_at``), after the updates that reach the server before it. So the
+server keeps them: per version still to make, the sum of the updates that make it, each weighted by
+s(t − τ) of its staleness t − τ (τ = v the version it trained from, t + 1 the version it makes), as FedAsync
+(Xie, Koyejo and Gupta, "Asynchronous Federated Optimization", 2019, arXiv:1903.03934, Sec. 5.2) defines s:
+
+    constant:    s(t − τ) = 1
+    polynomial:  s(t − τ) = (t − τ + 1)^(−a)                            (FedBuff's experiments: a = 1/2)
+    hinge:       s(t − τ) = 1 if t − τ ≤ b, else 1 / (a (t − τ − b) + 1)
+
+Each round's aggregation then applies the kept sum of the version it makes (:meth:`KeptUpdatesServer.apply`, the
+method's rule). What the server keeps is part of its state (checkpoints): the updates in flight are at most the
+concurrency C, so it holds at most C + 2 models.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+from rayfed.algorithms.common.global_model import GlobalModelServer
+from rayfed.algorithms.contributions import ClientVectors
+from rayfed.algorithms.declarations import DeferredUpdates
+from rayfed.algorithms.hooks import RoundContext
+from rayfed.algorithms.sizing import model_state_bytes
+from rayfed.train.problem import ProblemSpec
+from rayfed.util.documented import documented
+from rayfed.util.validation import check_choice, check_int, check_real
+
+__all__ = ["STALENESS", "staleness_weight", "AsynchronousParams", "KeptUpdatesServer"]
+
+STALENESS = ("constant", "polynomial", "hinge")
+"""FedAsync's staleness functions s(t − τ)."""
+_PARAMS = "algorithm.params."
+_KEPT, _KEPT_META = "kept/", "kept_meta"
+"""State names of the kept sums (one per version) and of their (version, weight, count) rows."""
+
+
+def staleness_weight(staleness: np.ndarray, kind: str, a: float, b: int) -> np.ndarray:
+    """s(t − τ) of each staleness t − τ (module docstring), in float64.
+
+    >>> staleness_weight(np.array([0, 3, 8]), "polynomial", 0.5, 0).tolist()
+    [1.0, 0.5, 0.3333333333333333]
+    >>> staleness_weight(np.array([0, 4, 6]), "hinge", 10.0, 4).tolist()
+    [1.0, 1.0, 0.047619047619047616]
+    """
+    lag = np.asarray(staleness, dtype=np.float64)
+    if kind == "constant":
+        return np.ones_like(lag)
+    if kind == "polynomial":
+        return (lag + 1.0) ** -a
+    return np.where(lag <= b, 1.0, 1.0 / (a * (lag - b) + 1.0))
+
+
+@dataclass(frozen=True)
+class AsynchronousParams:
+    """The asynchronous schedule's and the staleness weights' params every asynchronous method has: a method whose
+    params are these is simulated asynchronously (:mod:`rayfed.engine.asynchronous`)."""
+
+    concurrency: int = documented(
+        10,
+        "C, the clients training at once: a client that reports frees its slot for a new one (FedBuff's concurrency, "
+        "FedScale's max_concurrency); at most the clients ever online.",
+    )
+    staleness: str = documented(
+        "polynomial",
+        "s(t - tau), the weight of an update of staleness t - tau: constant (1), polynomial ((t - tau + 1)^-a) or "
+        "hinge (1 up to b, then 1 / (a (t - tau - b) + 1)), FedAsync's three.",
+    )
+    staleness_a: float = documented(0.5, "a of the polynomial and hinge staleness functions (FedBuff: 1/2).")
+    staleness_b: int = documented(4, "b of the hinge staleness function: the staleness weighted 1.")
+
+    def __post_init__(self) -> None:
+        check_int(_PARAMS + "concurrency", self.concurrency, low=1)
+        check_choice(_PARAMS + "staleness", self.staleness, STALENESS)
+        check_real(_PARAMS + "staleness_a", self.staleness_a, low=0)
+        check_int(_PARAMS + "staleness_b", self.staleness_b, low=0)
+
+    @property
+    def buffer(self) -> int:
+        """K, the updates each server step applies (FedAsync: one)."""
+        return 1
+
+    def weight(self, staleness: np.ndarray) -> np.ndarray:
+        """s(t − τ) of each update's staleness."""
+        return staleness_weight(staleness, self.staleness, self.staleness_a, self.staleness_b)
+
+
+P = TypeVar("P", bound=AsynchronousParams)
+
+
+class KeptUpdatesServer(GlobalModelServer[P, ClientVectors], DeferredUpdates):
+    """θ_g, and per version still to make the sum of the weighted updates that make it (module docstring). Its
+    clients upload their trained models whole (``WholeModelsClient``)."""
+
+    def __init__(self, params: P, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
+        super().__init__(params, spec, initial)
+        self.kept: dict[int, tuple[np.ndarray, float, int]] = {}
+        """Version -> (Σ weight × update, Σ weight, count) of the updates that arrive to make it."""
+
+    @classmethod
+    def server_state_bytes(cls, params: Any, spec: ProblemSpec) -> int:
+        """θ_g, a sum, and at most one kept update per client in flight."""
+        return (2 + params.concurrency) * model_state_bytes(spec)
+
+    @abc.abstractmethod
+    def update_of(self, models: np.ndarray) -> np.ndarray:
+        """What the server keeps of each uploaded model (rows) launched from the current θ_g, before its weight."""
+
+    @abc.abstractmethod
+    def apply(self, total: np.ndarray, weight: float, count: int) -> dict[str, float]:
+        """Fold the kept sum of the version being made (``count`` updates whose weights sum to ``weight``) into θ_g."""
+
+    def weights(self, staleness: np.ndarray) -> np.ndarray:
+        """Each kept update's weight: s(t − τ) by default."""
+        return self.params.weight(staleness)
+
+    def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
+        """Keep the uploads of the clients launched from version ``ctx.round``, then make version ``ctx.round + 1``
+        from the updates kept for it. A round without arrival versions (``ctx.arrives_at`` None: no schedule) is
+        one synchronous step: its updates make the next version, with staleness 0."""
+        self._keep(ctx, contribution)
+        return self.step_without_uploads(ctx)
+
+    def step_without_uploads(self, ctx: RoundContext) -> dict[str, float]:
+        """Make version ``ctx.round + 1`` from the updates kept for it; the server asks this alone in a round
+        without an acceptable upload (none launched from ``ctx.round`` arrives, or their sum was not finite)."""
+        made = self.kept.pop(ctx.round + 1, None)
+        if made is None:
+            return {"clients_aggregated": 0.0}
+        total, weight, count = made
+        return {"clients_aggregated": float(count), **self.apply(total, weight, count)}
+
+    def _keep(self, ctx: RoundContext, contribution: ClientVectors) -> None:
+        if ctx.arrives_at is None:  # no schedule (a round driven by hand): every update makes the next version
+            arrives = np.full(contribution.count, ctx.round + 1, dtype=np.int64)
+        else:
+            arrives = ctx.arrives_at[np.searchsorted(ctx.sampled, contribution.client_ids)]
+        weights = self.weights(arrives - 1 - ctx.round)
+        updates = self.update_of(contribution.matrix())
+        for version in np.unique(arrives).tolist():
+            rows = arrives == version
+            added = weights[rows].astype(np.float32) @ updates[rows]
+            total, weight, count = self.kept.get(version, (np.zeros_like(added), 0.0, 0))
+            self.kept[version] = (total + added, weight + float(weights[rows].sum()), count + int(rows.sum()))
+
+    def extra_state(self) -> dict[str, np.ndarray]:
+        """The kept sums (none when none is kept, so a fresh server's state is θ_g alone)."""
+        if not self.kept:
+            return {}
+        versions = sorted(self.kept)
+        meta = np.array([[v, self.kept[v][1], self.kept[v][2]] for v in versions], dtype=np.float64)
+        return {_KEPT_META: meta, **{f"{_KEPT}{v}": self.kept[v][0] for v in versions}}
+
+    def load_extra_state(self, state: Mapping[str, np.ndarray]) -> None:
+        meta = np.asarray(state.get(_KEPT_META, np.zeros((0, 3))))
+        self.kept = {
+            int(v): (np.array(state[f"{_KEPT}{int(v)}"], dtype=np.float32), float(w), int(n)) for v, w, n in meta
+        }

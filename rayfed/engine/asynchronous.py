@@ -1,0 +1,105 @@
+"""Asynchronous aggregation in the round loop: a round per server step, in virtual-time order.
+
+An asynchronous method (FedAsync, FedBuff: params that are
+:class:`~rayfed.algorithms.common.asynchronous.AsynchronousParams`) runs through the same round loop as every
+other, one round per model version v (docs/system.md, "Asynchronous aggregation"). Its schedule
+(:class:`~rayfed.system.schedule.AsyncSchedule`), simulated ahead of the training, says which clients are launched
+from version v and the version each one's update arrives at; in round v:
+
+1. the launched clients whose updates will arrive train as one round (one set of calls, stacked where the method
+   stacks) from θ_v, each one's arrival version in ``RoundContext.arrives_at``;
+2. the server keeps their uploads, and makes version v + 1 from the updates that arrive at it
+   (:class:`~rayfed.algorithms.common.asynchronous.KeptUpdatesServer`);
+3. the round records the step's virtual time, its arrivals (``clients_finished``, their staleness) and the clients
+   lost since the previous step (``clients_offline``, ``clients_dropped``).
+
+Clients launched near the run's end train even when their updates arrive after its last version, so that a run
+continued with more rounds (``train.rounds`` raised) gives the numbers of one planned with them. A checkpoint saves
+the schedule's state after the round's step (:class:`~rayfed.system.schedule.AsyncState`): a resumed run simulates
+from it the same events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from rayfed.algorithms import RoundContext
+from rayfed.config import RunConfig
+from rayfed.engine.metrics import RoundRecord
+from rayfed.engine.rounds import Rounds
+from rayfed.engine.system_records import VIRTUAL_TIME, status_counts, with_status
+from rayfed.system.schedule import AsyncSchedule, AsyncState, VersionPlan
+from rayfed.system.status import ClientStatus
+
+__all__ = ["AsyncRounds", "UNBOUNDED"]
+
+UNBOUNDED = 2**62
+"""The last version the schedule is simulated to: none, so that every launched update that ever arrives trains."""
+
+
+class AsyncRounds(Rounds):
+    """The rounds of an asynchronous method (module docstring). ``schedule_from(state)`` makes the run's schedule
+    from a saved state, or from its start (None)."""
+
+    def __init__(self, config: RunConfig, schedule_from: Callable[[AsyncState | None], AsyncSchedule]) -> None:
+        super().__init__(config)
+        self.schedule_from = schedule_from
+        self.schedule = schedule_from(None)
+        self._plan: VersionPlan | None = None
+        self._after: AsyncState | None = None
+        """The schedule's state after the last round settled: what a checkpoint saves."""
+
+    def _plan_of(self, version: int) -> VersionPlan:
+        if self._plan is None or self._plan.version != version:
+            self._plan = self.schedule.plan(version)
+        return self._plan
+
+    def context(self, round_index: int) -> RoundContext:
+        """The clients launched from version ``round_index`` whose updates arrive, sorted, with their arrival
+        versions; the initial model's evaluation (round -1) has round 0's."""
+        config, version = self.config, max(round_index, 0)
+        plan = self._plan_of(version)
+        arrives = plan.arrives_at >= 0
+        order = np.argsort(plan.launched[arrives], kind="stable")
+        return RoundContext(
+            round=round_index,
+            seed=config.seed,
+            lr=config.train.lr_at(version),
+            sampled=plan.launched[arrives][order],
+            arrives_at=plan.arrives_at[arrives][order],
+        )
+
+    def settle(self, round_index: int, record: RoundRecord, clients: pa.Table) -> pa.Table:
+        """The step's virtual time, its arrivals and their staleness, its lost clients; in the per-client table the
+        status of each client whose update arrived (``finished``, with its ``staleness``) or was lost (a client with
+        two events in one step, one that arrived and was launched again, shows its first)."""
+        if round_index < 0:
+            record.system = {VIRTUAL_TIME: 0.0}
+            return clients
+        plan = self._plan_of(round_index)
+        step = plan.step
+        self._after = step.state
+        ids = np.concatenate([step.arrived, step.lost])
+        status = np.concatenate([np.full(len(step.arrived), ClientStatus.FINISHED, np.int8), step.lost_status])
+        staleness = np.concatenate([step.staleness, np.full(len(step.lost), -1)])
+        ids, order = np.unique(ids, return_index=True)  # a client with two events in a step: its first one
+        record.system = {
+            VIRTUAL_TIME: step.time_s,
+            **status_counts(status),
+            "clients_launched": float(len(plan.launched)),
+            "staleness_mean": float(step.staleness.mean()) if len(step.staleness) else float("nan"),
+            "staleness_max": float(step.staleness.max(initial=0)),
+        }
+        lag = pa.array(staleness[order], mask=staleness[order] < 0)
+        return with_status(clients, round_index, ids, status[order], {"staleness": lag})
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {} if self._after is None else self._after.to_arrays()
+
+    def restore(self, state: Mapping[str, np.ndarray]) -> None:
+        self._after = AsyncState.from_arrays(dict(state))
+        self.schedule = self.schedule_from(self._after)
+        self._plan = None

@@ -1,0 +1,108 @@
+"""Whom each round trains, and what the round's system model records of it: what the round loop asks each round.
+
+The round loop (:mod:`rayfed.engine.simulation`) is written once; a :class:`Rounds` tells it, each round, the
+round's context (:meth:`Rounds.context`: the clients that train, their learning rate, any step budgets) and, once
+the round is summarised, adds what the system model knows of it to its records (:meth:`Rounds.settle`). Its
+:meth:`~Rounds.state` is what a checkpoint saves of it, so a resumed run asks the same.
+
+* :class:`Rounds`: no system model (``system.devices="off"``): ``engine.join_ratio``'s sample, nothing more;
+* :class:`VirtualRounds`: synchronous rounds in virtual time (:class:`~rayfed.system.rounds.SyncRounds`): the
+  clients whose work counts train (partial ones up to their steps by the deadline), and each round records its
+  virtual time and each sampled client's fate;
+* :class:`rayfed.engine.asynchronous.AsyncRounds`: asynchronous aggregation, a round per server step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from rayfed.algorithms import RoundContext
+from rayfed.config import RunConfig
+from rayfed.engine.metrics import RoundRecord
+from rayfed.engine.system_records import VIRTUAL_TIME, status_counts, with_status
+from rayfed.system.rounds import RoundOutcome, SyncRounds
+from rayfed.system.status import ClientStatus
+from rayfed.util.seeding import sample_clients
+
+__all__ = ["Rounds", "VirtualRounds"]
+
+
+class Rounds:
+    """Rounds without a system model: each samples ``engine.join_ratio`` of the clients (module docstring)."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+
+    def context(self, round_index: int) -> RoundContext:
+        """The round's facts, decided here once: its clients and learning rate. The initial model's evaluation
+        (round -1) samples as round 0 and has round 0's learning rate."""
+        config, t = self.config, max(round_index, 0)
+        sampled = sample_clients(config.seed, t, config.data.num_clients, config.engine.join_ratio)
+        return RoundContext(round=round_index, seed=config.seed, lr=config.train.lr_at(t), sampled=sampled)
+
+    def settle(self, round_index: int, record: RoundRecord, clients: pa.Table) -> pa.Table:
+        """Add what the system model knows of the round to its record (``record.system``) and its per-client
+        table (returned), and move on to the next round; nothing without a system model."""
+        return clients
+
+    def state(self) -> dict[str, np.ndarray]:
+        """What a checkpoint saves of the rounds run so far."""
+        return {}
+
+    def restore(self, state: Mapping[str, np.ndarray]) -> None:
+        """Continue after the rounds whose :meth:`state` a checkpoint saved."""
+
+
+class VirtualRounds(Rounds):
+    """Synchronous rounds in virtual time (module docstring): each one begins when the previous one ended."""
+
+    def __init__(self, config: RunConfig, rounds: SyncRounds) -> None:
+        super().__init__(config)
+        self.rounds = rounds
+        self.now_s = 0.0
+        """The run's virtual time: the end of the last round settled."""
+        self._outcome: RoundOutcome | None = None
+
+    def _outcome_of(self, round_index: int) -> RoundOutcome:
+        if self._outcome is None or self._outcome.round != round_index:
+            self._outcome = self.rounds.round(round_index, self.now_s)
+        return self._outcome
+
+    def context(self, round_index: int) -> RoundContext:
+        """The clients whose work the round counts; a partial one's step budget is the steps it did by the deadline."""
+        config, t = self.config, max(round_index, 0)
+        outcome = self._outcome_of(t)
+        counted = outcome.status <= ClientStatus.PARTIAL
+        budget = None
+        if (outcome.status == ClientStatus.PARTIAL).any():
+            partial = outcome.status[counted] == ClientStatus.PARTIAL
+            budget = np.where(partial, outcome.steps[counted], -1).astype(np.int64)
+        return RoundContext(
+            round=round_index,
+            seed=config.seed,
+            lr=config.train.lr_at(t),
+            sampled=outcome.client_ids[counted],
+            step_budget=budget,
+        )
+
+    def settle(self, round_index: int, record: RoundRecord, clients: pa.Table) -> pa.Table:
+        """The round's virtual time and status counts; each sampled client's status and ``finish_s`` (when its
+        upload reached the server, null if it never did)."""
+        if round_index < 0:
+            record.system = {VIRTUAL_TIME: 0.0}
+            return clients
+        outcome = self._outcome_of(round_index)
+        self.now_s = outcome.end_s
+        record.system = {VIRTUAL_TIME: outcome.end_s, **status_counts(outcome.status)}
+        finish = pa.array(outcome.finish_s, mask=~np.isfinite(outcome.finish_s))
+        return with_status(clients, round_index, outcome.client_ids, outcome.status, {"finish_s": finish})
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"now_s": np.array([self.now_s])}
+
+    def restore(self, state: Mapping[str, np.ndarray]) -> None:
+        self.now_s = float(state["now_s"][0])
+        self._outcome = None

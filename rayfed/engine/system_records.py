@@ -1,0 +1,122 @@
+"""What a run with a system model records of it: virtual time, each client's fate, participation, time to target.
+
+With ``system.devices`` on (docs/system.md), every row of ``rounds.parquet`` gains
+
+* ``virtual_time_s``: the run's virtual time when the round (or asynchronous server step) ended; 0 for the initial
+  model's row;
+* ``clients_<status>``: how many of the round's clients ended in each :class:`~rayfed.system.status.ClientStatus`
+  (``clients_finished``, ``clients_partial``, ``clients_late``, ...);
+
+and every per-client file a ``status`` column (that status, by name, for each client the round sampled or
+launched; null for a client only evaluated), beside the columns the round's kind adds (a synchronous round's
+``finish_s``, an asynchronous one's ``staleness``). When the run finishes, ``participation.parquet`` counts for
+every client how often each status befell it (who the deadline leaves out), and ``summary.json`` records the run's
+virtual time and, with ``system.target_accuracy``, the virtual time and round of the first evaluation that reached
+it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from rayfed.system.settings import SystemConfig
+from rayfed.system.status import STATUS_NAMES
+
+__all__ = [
+    "VIRTUAL_TIME",
+    "PARTICIPATION_FILE",
+    "status_counts",
+    "with_status",
+    "system_summary",
+    "participation",
+]
+
+VIRTUAL_TIME = "virtual_time_s"
+"""The ``rounds.parquet`` column of the run's virtual time after each round."""
+PARTICIPATION_FILE = "participation.parquet"
+
+
+def status_counts(status: np.ndarray) -> dict[str, float]:
+    """``clients_<status>``: how many of ``status`` (int8 :class:`~rayfed.system.status.ClientStatus`) are each."""
+    counts = np.bincount(np.asarray(status, dtype=np.int64), minlength=len(STATUS_NAMES))
+    return {f"clients_{name}": float(count) for name, count in zip(STATUS_NAMES, counts)}
+
+
+def with_status(
+    table: pa.Table,
+    round_index: int,
+    client_ids: np.ndarray,
+    status: np.ndarray,
+    columns: Mapping[str, np.ndarray | pa.Array] | None = None,
+) -> pa.Table:
+    """The per-client ``table`` of round ``round_index`` (sorted by ``client_id``) with a row for each of
+    ``client_ids`` (sorted; the ones the round did not train get their rows here, ``sampled`` true), their
+    ``status`` by name, and ``columns``, one value per client of ``client_ids`` (null in the other rows)."""
+    base = table["client_id"].to_numpy().astype(np.int64)
+    ids = np.union1d(base, client_ids)
+    in_base, in_mine = np.isin(ids, base), np.isin(ids, client_ids)
+    rows = pa.array(_positions(base, ids), mask=~in_base, type=pa.int64())
+    picks = pa.array(_positions(client_ids, ids), mask=~in_mine, type=pa.int64())
+    trained = table["sampled"].take(rows).fill_null(False).to_numpy(zero_copy_only=False)
+    out = {name: table[name].take(rows) for name in table.column_names}
+    out["round"] = pa.array(np.full(len(ids), round_index), pa.int32())
+    out["client_id"] = pa.array(ids, pa.int32())
+    out["sampled"] = pa.array(in_mine | trained, pa.bool_())
+    out["status"] = pa.array(_NAMES[np.asarray(status, np.int64)], pa.string()).take(picks)
+    for name, values in (columns or {}).items():
+        out[name] = (values if isinstance(values, pa.Array) else pa.array(values)).take(picks)
+    return pa.table(out)
+
+
+_NAMES = np.array(STATUS_NAMES, dtype=object)
+
+
+def _positions(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Where each of ``ids`` is in ``sorted_ids`` (clipped into range where it is not there)."""
+    return np.minimum(np.searchsorted(sorted_ids, ids), max(len(sorted_ids) - 1, 0))
+
+
+def system_summary(history: Sequence[Mapping[str, Any]], system: SystemConfig) -> dict[str, Any]:
+    """``summary.json``'s entries of a run with a system model (none without one): its virtual time, and with
+    ``system.target_accuracy`` the virtual time and round (counted from 1) of the first evaluated round whose
+    pooled accuracy reached it (null if none did)."""
+    if not system.enabled:
+        return {}
+    rounds = [row for row in history if row["round"] >= 0]
+    summary: dict[str, Any] = {VIRTUAL_TIME: float(rounds[-1][VIRTUAL_TIME]) if rounds else 0.0}
+    if system.target_accuracy is not None:
+        reached = next(
+            (row for row in history if _finite(row.get("accuracy")) and row["accuracy"] >= system.target_accuracy),
+            None,
+        )
+        summary["target_accuracy"] = system.target_accuracy
+        summary["virtual_time_to_target_s"] = None if reached is None else float(reached[VIRTUAL_TIME])
+        summary["rounds_to_target"] = None if reached is None else int(reached["round"]) + 1
+    return summary
+
+
+def _finite(value: Any) -> bool:
+    return value is not None and not math.isnan(value)
+
+
+def participation(run_dir: Path, num_clients: int) -> pa.Table:
+    """For every client, how many rounds (or launches) the per-client files record of each status (``sampled``:
+    all of them together), read from ``clients/round_*.parquet``."""
+    counts = np.zeros((num_clients, len(STATUS_NAMES)), dtype=np.int64)
+    for path in sorted((run_dir / "clients").glob("round_*.parquet")):
+        table = pq.read_table(path, columns=["client_id", "status"])
+        named = table.filter(table["status"].is_valid())
+        ids = named["client_id"].to_numpy().astype(np.int64)
+        codes = pc.index_in(named["status"], value_set=pa.array(STATUS_NAMES)).to_numpy().astype(np.int64)
+        np.add.at(counts, (ids, codes), 1)
+    columns = {"client_id": pa.array(np.arange(num_clients), pa.int32()), "sampled": counts.sum(axis=1)}
+    columns.update({name: counts[:, index] for index, name in enumerate(STATUS_NAMES)})
+    return pa.table(columns)
