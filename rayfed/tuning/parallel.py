@@ -13,6 +13,10 @@ exception: each running trial ends after its current round (its run checkpointed
 interrupted, so that the study's resume retries it), no trial starts after it, and Optuna's loop ends as
 the trials do, every one of them finished before the study's Ray is shut down. A second Ctrl-C says again
 what the study waits for; it cannot tear down a round half-way, which is what left trials failed before.
+
+The threads take their trials one at a time (:class:`OneClaimAtATime`): Optuna claims a waiting trial (a retry
+the resume re-enqueued) by reading its state and writing it, which an SQLite storage does not hold apart, so two
+threads could claim the same retry and run it twice in one run directory.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
+
+import optuna
 
 from rayfed.config import EngineConfig
 from rayfed.engine.interrupts import Terminated, how_stopped
@@ -31,7 +38,7 @@ from rayfed.util.errors import ResourceError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["trial_workers", "check_cluster_fits", "TrialStop", "stopping_parallel_trials"]
+__all__ = ["trial_workers", "check_cluster_fits", "TrialStop", "stopping_parallel_trials", "OneClaimAtATime"]
 
 
 def trial_workers(engine: EngineConfig, parallel_trials: int) -> dict[str, int]:
@@ -124,3 +131,14 @@ def stopping_parallel_trials(stop: TrialStop, parallel_trials: int) -> Iterator[
     finally:
         for sig, handler in taken.items():
             signal.signal(sig, handler)
+
+
+class OneClaimAtATime(optuna.Study):
+    """A study whose trial threads ask for their next trial one at a time, so that each waiting trial is claimed
+    by one thread only (the module's docstring says why)."""
+
+    _claiming = threading.Lock()
+
+    def ask(self, fixed_distributions: dict[str, Any] | None = None) -> optuna.Trial:
+        with self._claiming:
+            return super().ask(fixed_distributions)

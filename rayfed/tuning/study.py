@@ -39,7 +39,7 @@ from rayfed.engine import RunResult
 from rayfed.engine.callbacks import Callback
 from rayfed.engine.interrupts import StudyInterrupted, was_terminated
 from rayfed.tracking import check_services
-from rayfed.tuning.parallel import stopping_parallel_trials
+from rayfed.tuning.parallel import OneClaimAtATime, stopping_parallel_trials
 from rayfed.tuning.pruning import make_pruner
 from rayfed.tuning.resume import finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
@@ -199,13 +199,11 @@ def _opened_study(
     """The study, created or loaded from its storage, checked to be this setup's, its interrupted trials
     re-enqueued (:func:`~rayfed.tuning.resume.recover_interrupted`)."""
     with storage_errors(storage, study_dir):
-        study = optuna.create_study(
-            storage=open_storage(storage, study_dir),
-            pruner=pruner,
-            study_name=study_name,
-            direction=direction,
-            load_if_exists=True,
+        opened = open_storage(storage, study_dir)
+        optuna.create_study(
+            storage=opened, pruner=pruner, study_name=study_name, direction=direction, load_if_exists=True
         )
+        study = OneClaimAtATime(study_name=study_name, storage=opened, pruner=pruner)
     _check_same_study(study, base, space, direction)
     _check_trial_dirs(study, study_dir)
     recover_interrupted(study)
