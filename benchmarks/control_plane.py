@@ -35,7 +35,6 @@ import argparse
 import logging
 import math
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,11 +42,9 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from rayfed import RunConfig, Simulation  # noqa: E402
-from rayfed.actors import worker_pool  # noqa: E402
-from rayfed.engine.callbacks import Callback  # noqa: E402
+from rayfed import RunConfig, Simulation
+from rayfed.actors import worker_pool
+from rayfed.engine.callbacks import Callback
 
 CPUS_PER_WORKER = 0.05
 ROUNDS = 5
