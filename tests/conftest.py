@@ -4,6 +4,7 @@ options), one Ray cluster per session, and the suite's two lanes (:mod:`tests.la
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Callable
@@ -29,6 +30,13 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="rayfed-test-cache-")
 # Checkpoints are sealed with a key kept outside run directories (rayfed.engine.checkpoint_key): the tests' own,
 # made on first use, so that they never make or read the user's.
 os.environ["RAYFED_CHECKPOINT_KEY_FILE"] = str(Path(tempfile.mkdtemp(prefix="rayfed-test-key-")) / "checkpoint.key")
+# Ctrl-C as a terminal's foreground process receives it. A shell starts a background job (`.ci/run &`, `nohup`)
+# with SIGINT ignored; Python then installs no handler, and every process it starts ignores SIGINT too, so the
+# tests that interrupt rayfed with it (tests/engine/test_interrupts.py, the Ctrl-C tests of tests/tuning) would
+# see nothing arrive. A handled signal is reset to its default in the processes started from here (xdist's
+# workers, `python -m rayfed`), where Python installs its own handler again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # One torch thread, as a run's workers have (engine.torch_threads), whatever ran before in this process: two
 # pytest-xdist workers on two cores would otherwise wait on each other's OpenMP barriers.
 torch.set_num_threads(1)
