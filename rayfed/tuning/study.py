@@ -39,7 +39,7 @@ from rayfed.engine import RunResult
 from rayfed.engine.callbacks import Callback
 from rayfed.engine.interrupts import StudyInterrupted, was_terminated
 from rayfed.tracking import check_services
-from rayfed.tuning.parallel import OneClaimAtATime, stopping_parallel_trials
+from rayfed.tuning.parallel import OneClaimAtATime, check_cluster_fits, stopping_parallel_trials, trial_workers
 from rayfed.tuning.pruning import make_pruner
 from rayfed.tuning.resume import finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
@@ -235,7 +235,6 @@ def _run_trials(study: optuna.Study, runner: TrialRunner, parallel_trials: int, 
         _optimize(study, runner, parallel_trials, options)
         return
     from rayfed.actors import ray_session
-    from rayfed.tuning.parallel import check_cluster_fits, trial_workers
 
     with ray_session(base.engine, plugins.run_sources(base)):
         trial_base = base.override(trial_workers(base.engine, parallel_trials))
