@@ -29,7 +29,10 @@ copies without blocking).
 
 The last line: ``seq_ops_vs_plain=<ATen ops per client-step, rayfed sequential / plain loop>
 stacked_ops_vs_plain=<ATen ops per stacked step of all clients / plain ops per step>
-syncs_per_step=<host syncs per client-step, the worse of the two rayfed paths>``.
+syncs_per_step=<host syncs per client-step, the worse of the two rayfed paths>
+seq_accumulations_per_step=<gradients autograd added into a .grad per client-step, rayfed sequential>``: 0, since
+the sequential step takes each gradient from backward and updates its parameter from it, where adding it into a
+zeroed buffer first costs passes over the model that a CPU feels (benchmarks/README.md, "Throughput").
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ from rayfed.models import build_model
 
 SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero"})
 """Profiler events that wait for the device: a scalar read back, or an output shape that depends on values."""
+ACCUMULATE = "torch::autograd::AccumulateGrad"
+"""The profiler's event of autograd adding a gradient into a parameter's ``.grad`` (or taking it as the ``.grad``)."""
 HOST_COPIES = frozenset({"cpu", "tolist"})
 """Tensor methods that copy to the host (on a CPU tensor they are no-ops the profiler does not see)."""
 DEVICE_COPIES = frozenset({"to", "cuda", "copy_"})
@@ -110,6 +115,8 @@ class Count:
     syncs: int
     client_steps: int
     top: list[tuple[str, int]]
+    accumulations: int
+    """Gradients autograd added into a parameter's ``.grad`` (``AccumulateGrad`` nodes run)."""
 
 
 def count(work: Callable[[], int]) -> Count:
@@ -119,7 +126,8 @@ def count(work: Callable[[], int]) -> Count:
         steps = work()
     names = collections.Counter(event.name for event in prof.events() if event.name.startswith("aten::"))
     syncs = sum(n for name, n in names.items() if name in SYNC_OPS) + copies.count
-    return Count(sum(names.values()), syncs, steps, names.most_common(12))
+    accumulations = sum(1 for event in prof.events() if event.name == ACCUMULATE)
+    return Count(sum(names.values()), syncs, steps, names.most_common(12), accumulations)
 
 
 def rayfed_call(clients: int, samples: int, vectorize: str) -> Callable[[], int]:
@@ -192,9 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     ):
         unit = "stacked step" if measured is stacked else "client-step"
         print(
-            f"{name:>17}: {measured.ops / per:7.1f} ATen ops per {unit}, {measured.syncs} host syncs in "
-            f"{measured.client_steps} client-steps; most frequent: "
-            + ", ".join(f"{op.removeprefix('aten::')} {n / per:.1f}" for op, n in measured.top[:6]),
+            f"{name:>17}: {measured.ops / per:7.1f} ATen ops and {measured.accumulations / per:4.1f} gradient "
+            f"accumulations per {unit}, {measured.syncs} host syncs in {measured.client_steps} client-steps; "
+            "most frequent: " + ", ".join(f"{op.removeprefix('aten::')} {n / per:.1f}" for op, n in measured.top[:6]),
             flush=True,
         )
     print(f"measured in {time.perf_counter() - started:.1f} s", flush=True)
@@ -202,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         "seq_ops_vs_plain": sequential.ops / sequential.client_steps / plain_per_step,
         "stacked_ops_vs_plain": stacked.ops / stacked_steps / plain_per_step,
         "syncs_per_step": max(sequential.syncs / sequential.client_steps, stacked.syncs / stacked.client_steps),
+        "seq_accumulations_per_step": sequential.accumulations / sequential.client_steps,
     }
     print(" ".join(f"{k}={v:.3f}" for k, v in summary.items()))
     return 0

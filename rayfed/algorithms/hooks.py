@@ -98,7 +98,8 @@ class Start:
     """What a client starts its round from (:meth:`ClientHalf.start`): ``model``, its state (parameters then
     buffers, as a numpy array or a tensor on its device). A client half whose start decides more than the model
     returns a subclass carrying it (IFCA: the cluster it chose), and finds it again as ``job.start`` in its
-    ``phases`` and ``upload``. The same array for every client (a global model) lets a stack start from one copy."""
+    ``phases`` and ``upload``. The same array for every client (a global model) lets a stack start from one copy.
+    The worker reads ``model`` again once the client has trained (the update's norm), so it stays as it was."""
 
     model: Any
 

@@ -134,14 +134,14 @@ class ClientRunner(ClientData):
 
     def _train_one(self, message: Any, job: ClientJob, settlement: Settlement) -> None:
         started = time.perf_counter()
-        job.flat.load_state(_state_on(self._start(message, job), job.device))
-        start = job.flat.vector.detach().clone()
+        start = _state_on(self._start(message, job), job.device)
+        job.flat.load_state(start)
         start_loss = self._start_loss(job)
         # Layers without client masks that draw from torch's global generator get the client's seed too.
         seed_global_generators(job.generator.initial_seed(), job.device)
         loss, steps = self.loop.train_one(job, self._phases(message, job), replays=self.capabilities.replays)
         measures = self._measures(job, start_loss)
-        norm = torch.linalg.vector_norm(job.flat.vector.detach() - start)
+        norm = torch.linalg.vector_norm(job.flat.vector.detach() - start[: job.flat.size])  # the start, as a stack's
         upload = _made(self.client_half.upload(message, job), job)
         down = self.client_half.bytes_down(message, job)
         settlement.add(Uploads.of_one(job, upload, loss, norm, steps, down, time.perf_counter() - started, measures))

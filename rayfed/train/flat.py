@@ -6,7 +6,9 @@ to a view into one contiguous buffer, so that
 
 * loading a client's starting point is one ``copy_`` of P floats,
 * reading the trained model is one ``clone`` (or zero-copy numpy view),
-* an SGD step is one fused update over all parameters (see :mod:`rayfed.train.update`),
+* a backward run on the module (outside the training loop: a test, a user's own code) leaves the whole
+  gradient in one vector too, :attr:`FlatModel.grad` (the loop's steps take their gradients from backward
+  directly and update the parameters tensor by tensor, :mod:`rayfed.train.sequential`),
 * BatchNorm running statistics live in a second flat buffer, so a model's whole state
   is one vector too (:meth:`FlatModel.state_numpy`),
 * a *part* of the model (a layer, the output layer, the class-wise blocks) is a

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 __all__ = ["PhaseRule"]
 
 
+def _whole(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """A tensor as the one piece an update takes."""
+    return [tensor]
+
+
 class PhaseRule:
     """One phase's loss, edits and updates (module docstring); ``stacked`` runs the per-client functions over a
     stack. ``where`` names the phase in errors; ``shapes`` are the model's parameter shapes."""
@@ -149,28 +154,32 @@ class PhaseRule:
     # --- the optimiser -----------------------------------------------------------------------------------
     def update(
         self,
-        values: torch.Tensor,
-        grad: torch.Tensor,
+        values: list[torch.Tensor],
+        grads: list[torch.Tensor],
         buffers: OptimizerState,
         lr: torch.Tensor,
         adam: torch.Tensor | None,
+        pieces: Callable[[torch.Tensor], list[torch.Tensor]] = _whole,
     ) -> None:
-        """The optimiser's step on ``values`` (in place) from ``grad``: SGD at the learning rate ``lr``, Adam with
-        the step's scalars ``adam`` (:func:`~rayfed.train.update.adam_scalars`)."""
+        """The optimiser's step on ``values`` (in place) from ``grads``, pieces of one another's shapes: SGD at the
+        learning rate ``lr``, Adam with the step's scalars ``adam`` (:func:`~rayfed.train.update.adam_scalars`).
+        ``pieces`` cuts the optimiser's ``buffers`` (laid out as the values end to end) as the values are cut."""
         optimizer = self.phase.optimizer
         if isinstance(optimizer, NoStep):
             return
         if isinstance(optimizer, Adam):
             assert adam is not None and buffers.exp_avg is not None and buffers.exp_avg_sq is not None
-            adam_update(values, grad, buffers.exp_avg, buffers.exp_avg_sq, optimizer.betas, optimizer.eps, adam)
+            moments = pieces(buffers.exp_avg), pieces(buffers.exp_avg_sq)
+            adam_update(values, grads, *moments, optimizer.betas, optimizer.eps, adam)
             return
-        sgd_update(values, grad, lr, momentum=self.momentum, weight_decay=self.weight_decay, buffer=buffers.momentum)
+        momentum = None if buffers.momentum is None else pieces(buffers.momentum)
+        sgd_update(values, grads, lr, momentum=self.momentum, weight_decay=self.weight_decay, buffers=momentum)
 
     def update_extra(self, state: StepState, grads: Mapping[str, torch.Tensor], adam: torch.Tensor | None) -> None:
         """The same optimiser's step on every trainable, from the gradient ``on_after_backward`` gave it."""
         for name, value in state.extra.items():
             lr = state.extra_lr.get(name, state.lr)
-            self.update(value, grads[name], state.extra_optimizer[name], lr, adam)
+            self.update([value], [grads[name]], state.extra_optimizer[name], lr, adam)
 
 
 def _mapped_dims(value: Any) -> Any:

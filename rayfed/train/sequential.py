@@ -26,9 +26,11 @@ from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import Adam, Phase
 from rayfed.train.rule import PhaseRule
+from rayfed.train.stack_layout import sub_layout
 from rayfed.train.stacking import stack_key
 from rayfed.train.step import (
     LossRecord,
+    backward_from,
     extra_lrs,
     make_step,
     phase_batches,
@@ -36,6 +38,7 @@ from rayfed.train.step import (
     phase_seed,
     reads_steps,
     trained_range,
+    unit,
 )
 from rayfed.train.update import adam_scalars
 from rayfed.train.workspace import StepInputs, StepState
@@ -59,29 +62,42 @@ def frozen_outside(flat: FlatModel, lo: int, hi: int) -> Iterator[None]:
 
 
 class OneModel:
-    """A step's view of one client's model: the worker's model itself (:class:`~rayfed.train.step.StepModel`)."""
+    """A step's view of one client's model: the worker's model itself (:class:`~rayfed.train.step.StepModel`).
+
+    Backward hands over each trained parameter's gradient as it makes it, and the optimiser updates the parameter
+    from it tensor by tensor: no gradient is added into a buffer that must be zeroed first, two passes over the
+    model a step that a CPU feels (benchmarks/README.md, "Throughput")."""
 
     width = 1
 
     def __init__(self, flat: FlatModel, trained: tuple[int, int]) -> None:
         self.flat, self.module = flat, flat.module
         lo, hi = trained
-        offsets = flat.layout.offsets
-        self._grads = [p.grad if offsets[i] >= lo and offsets[i + 1] <= hi else None for i, p in enumerate(flat.params)]
-        self._stepped = (_part(flat.vector, lo, hi), _part(flat.grad, lo, hi))
+        self._layout = sub_layout(flat.layout, lo, hi)
+        self._first = flat.layout.offsets.index(lo)
+        self._trained: list[torch.Tensor] = list(flat.params[self._first : self._first + len(self._layout.names)])
+        self._grads: list[torch.Tensor] = []
 
     def plain(self) -> list[torch.Tensor]:
         return list(self.flat.params)
 
     def begin(self) -> list[torch.Tensor]:
-        self.flat.zero_grad()
         return list(self.flat.params)
 
-    def grads(self) -> list[torch.Tensor | None]:
-        return self._grads
+    def backward(self, loss: torch.Tensor) -> None:
+        made = backward_from(loss, unit(loss.device), self._trained)
+        self._grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self._trained, made)]
 
-    def stepped(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._stepped
+    def grads(self) -> list[torch.Tensor | None]:
+        grads: list[torch.Tensor | None] = [None] * len(self.flat.params)
+        grads[self._first : self._first + len(self._grads)] = self._grads
+        return grads
+
+    def stepped(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        return self._trained, self._grads
+
+    def pieces(self, buffer: torch.Tensor) -> list[torch.Tensor]:
+        return self._layout.views(buffer)
 
     def inputs(self, x: torch.Tensor) -> torch.Tensor:
         return x

@@ -46,6 +46,7 @@ from rayfed.train.stacked_layers import stacked_layers
 from rayfed.train.stacking import stack_key
 from rayfed.train.step import (
     LossRecord,
+    backward_from,
     extra_lrs,
     make_step,
     phase_batches,
@@ -53,6 +54,7 @@ from rayfed.train.step import (
     phase_seed,
     reads_steps,
     trained_range,
+    unit,
 )
 from rayfed.train.update import adam_scalars
 from rayfed.train.workspace import StepState
@@ -73,6 +75,9 @@ class StackModel:
         self.layout, self.trained, self.current = flat.layout, trained, current
         self.sub = sub_layout(flat.layout, *trained)
         self._leaf: torch.Tensor | None = None
+        self._whole = trained == (0, flat.layout.size)
+        # The parameters outside the trained range, viewed once: the optimiser changes the stack in place.
+        self._frozen = [] if self._whole else flat.layout.stacked_views(space.stack.detach(), space.width)
 
     def _block(self) -> torch.Tensor:
         lo, hi = self.trained
@@ -87,10 +92,10 @@ class StackModel:
         gradients. The layers read them, and each BatchNorm layer its running statistics, from ``current``."""
         width, layout = self.width, self.layout
         leaf = self._block().detach().requires_grad_(True)
-        if self.trained == (0, layout.size):  # every parameter trains: the leaf is the whole stack
+        if self._whole:  # every parameter trains: the leaf is the whole stack
             views = layout.stacked_views(leaf, width)
         else:
-            views = layout.stacked_views(self.space.stack.detach(), width)
+            views = list(self._frozen)
             first = layout.offsets.index(self.trained[0])
             views[first : first + len(self.sub.names)] = self.sub.stacked_views(leaf, width)
         self._leaf = leaf
@@ -107,8 +112,14 @@ class StackModel:
         grads[first : first + len(self.sub.names)] = self.sub.stacked_views(grad, self.width)
         return grads
 
-    def stepped(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._block(), self._gradient()
+    def backward(self, loss: torch.Tensor) -> None:
+        backward_from(loss, unit(loss.device))  # into the leaf's gradient, new every step
+
+    def stepped(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        return [self._block()], [self._gradient()]
+
+    def pieces(self, buffer: torch.Tensor) -> list[torch.Tensor]:
+        return [buffer]
 
     def _gradient(self) -> torch.Tensor:
         assert self._leaf is not None and self._leaf.grad is not None

@@ -58,12 +58,18 @@ def unit(device: torch.device) -> torch.Tensor:
     return _UNITS[device]
 
 
-def backward_from(loss: torch.Tensor, one: torch.Tensor) -> None:
+def backward_from(
+    loss: torch.Tensor, one: torch.Tensor, inputs: Sequence[torch.Tensor] = ()
+) -> tuple[torch.Tensor | None, ...]:
     """``loss.backward(one)`` for a 0-d ``loss`` and its :func:`unit`, calling autograd's engine as
     ``torch.autograd.backward`` does but without that function's check of a given gradient's shape, whose
     first use imports ``torch.fx``'s symbolic shapes and sympy: about 32 MB in every worker process
-    (benchmarks/README.md, "Where the S2 peak goes")."""
-    _engine_run_backward((loss,), (one,), False, False, (), allow_unreachable=True, accumulate_grad=True)
+    (benchmarks/README.md, "Where the S2 peak goes"). With ``inputs``, their gradients are returned as
+    ``torch.autograd.grad`` returns them (None for one the loss does not reach) instead of added into their
+    ``.grad``."""
+    return _engine_run_backward(
+        (loss,), (one,), False, False, tuple(inputs), allow_unreachable=True, accumulate_grad=not inputs
+    )
 
 
 def reads_steps(phase: Phase, module: nn.Module) -> bool:
@@ -149,15 +155,24 @@ class StepModel(Protocol):
         ...
 
     def begin(self) -> list[torch.Tensor]:
-        """Every parameter as the forward reads it, gradients cleared; those that train require gradients."""
+        """Every parameter as the forward reads it; those that train require gradients."""
+        ...
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """The step's gradients of ``loss`` (0-d) with respect to the parameters that train."""
         ...
 
     def grads(self) -> list[torch.Tensor | None]:
-        """Every parameter's gradient after backward, None where it does not train."""
+        """Every parameter's gradient from the step's :meth:`backward`, None where it does not train."""
         ...
 
-    def stepped(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(values, gradient) of the parameters the optimiser steps, flat."""
+    def stepped(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(values, gradients) of the parameters the optimiser steps, as the pieces it updates them in."""
+        ...
+
+    def pieces(self, buffer: torch.Tensor) -> list[torch.Tensor]:
+        """An optimiser buffer of the stepped parameters (laid out as their values, end to end), cut as
+        :meth:`stepped` cuts the values."""
         ...
 
     def inputs(self, x: torch.Tensor) -> torch.Tensor:
@@ -191,8 +206,6 @@ def make_step(
     """One step of ``rule``'s phase on ``model`` (module docstring), reading ``batch`` and ``state`` when it
     runs."""
     phase = rule.phase
-    device = state.lr.device
-    one = unit(device)
     width = model.width
 
     def step() -> None:
@@ -215,12 +228,12 @@ def make_step(
             assert state.step is not None  # a phase with a loss counts its steps (reads_steps)
             term = rule.term(outputs, batch.y, batch.weight, state.step, params, state.constants, width)
         total = _total(ce, term)
-        backward_from(total, one)
+        model.backward(total)
         extra_grads = rule.edit_grads(params, model.grads(), state) if phase.on_after_backward is not None else {}
         with torch.no_grad():
             if rule.steps_parameters:
-                values, grad = model.stepped()
-                rule.update(values, grad, state.optimizer, state.lr, batch.adam)
+                values, grads = model.stepped()
+                rule.update(values, grads, state.optimizer, state.lr, batch.adam, model.pieces)
             rule.update_extra(state, extra_grads, batch.adam)
             if state.step is not None:
                 state.step.add_(1)

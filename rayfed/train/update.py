@@ -1,9 +1,12 @@
-"""The optimisers' updates, written once for one client's flat parameter vector and for a stack of them.
+"""The optimisers' updates, written once for one client's parameters and for a stack of them.
 
 Every path that trains (one client at a time, a stack of clients, a step replayed from a CUDA graph)
-updates parameters through these functions. The learning rate and Adam's per-step scalars are 0-d
-tensors, so a captured step reads the values of the round and step it replays; the arithmetic is
-``torch.optim``'s, operation for operation, so the same gradients give the same parameters.
+updates parameters through these functions, which take their tensors as pieces (``torch._foreach`` ops): one
+client's parameters tensor by tensor, each beside the gradient backward has just made for it (adding that
+gradient into a flat buffer first would cost a pass over the model a step), or a stack's as one flat block.
+The learning rate and Adam's per-step scalars are 0-d tensors, so a captured step reads the values of the
+round and step it replays; the arithmetic is ``torch.optim``'s, operation for operation, so the same gradients
+give the same parameters.
 """
 
 from __future__ import annotations
@@ -52,39 +55,43 @@ class OptimizerState:
 
 
 def sgd_update(
-    params: torch.Tensor,
-    grad: torch.Tensor,
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
     lr: torch.Tensor,
     *,
     momentum: float,
     weight_decay: float,
-    buffer: torch.Tensor | None,
+    buffers: list[torch.Tensor] | None,
 ) -> None:
     """One step of ``torch.optim.SGD`` (dampening 0, no Nesterov) on ``params`` in place.
 
-    With weight decay g <- g + wd·w; with momentum b <- m·b + g and w <- w − lr·b, else w <- w − lr·g.
-    A zero buffer gives b = g at the first step, as torch's SGD does. ``lr`` is a 0-d tensor.
+    ``params``, ``grads`` and the momentum ``buffers`` are pieces of one another's shapes: one client's parameters
+    tensor by tensor, or a stack's as one flat tensor. With weight decay g <- g + wd·w; with momentum b <- m·b + g
+    and w <- w − lr·b, else w <- w − lr·g. A zero buffer gives b = g at the first step, as torch's SGD does.
+    ``lr`` is a 0-d tensor.
     """
     if weight_decay:
-        grad = grad.add(params, alpha=weight_decay)
+        grads = list(torch._foreach_add(grads, params, alpha=weight_decay))
     if momentum:
-        if buffer is None:
+        if buffers is None:
             raise ValueError("momentum > 0 needs a momentum buffer")
-        buffer.mul_(momentum).add_(grad)
-        grad = buffer
-    params.addcmul_(grad, lr, value=-1.0)
+        torch._foreach_mul_(buffers, momentum)
+        torch._foreach_add_(buffers, grads)
+        grads = buffers
+    torch._foreach_addcmul_(params, grads, [lr] * len(params), value=-1.0)
 
 
 def adam_update(
-    params: torch.Tensor,
-    grad: torch.Tensor,
-    exp_avg: torch.Tensor,
-    exp_avg_sq: torch.Tensor,
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
     betas: tuple[float, float],
     eps: float,
     scalars: torch.Tensor,
 ) -> None:
-    """One step of ``torch.optim.Adam`` (no weight decay, no amsgrad) on ``params`` in place.
+    """One step of ``torch.optim.Adam`` (no weight decay, no amsgrad) on ``params`` in place, pieces as in
+    :func:`sgd_update`.
 
     ``scalars`` holds the step's (√(1 − β2^t), −lr / (1 − β1^t)) (:func:`adam_scalars`): m <- β1·m + (1 − β1)·g,
     v <- β2·v + (1 − β2)·g², w <- w − lr/(1 − β1^t) · m / (√v / √(1 − β2^t) + ε). A parameter whose
@@ -92,10 +99,16 @@ def adam_update(
     gradient).
     """
     beta1, beta2 = betas
-    exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    denom = (exp_avg_sq.sqrt() / scalars[0]).add_(eps)
-    params.add_(exp_avg.mul(scalars[1]).div_(denom))
+    torch._foreach_mul_(exp_avgs, beta1)
+    torch._foreach_add_(exp_avgs, grads, alpha=1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+    denoms = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_div_(denoms, scalars[0])
+    torch._foreach_add_(denoms, eps)
+    steps = torch._foreach_mul(exp_avgs, scalars[1])
+    torch._foreach_div_(steps, denoms)
+    torch._foreach_add_(params, steps)
 
 
 def adam_scalars(lr: float, betas: tuple[float, float], steps: int) -> np.ndarray:

@@ -1,6 +1,6 @@
 """The GPU path's CPU proxies hold: per step, no more ATen operations than a plain PyTorch loop (sequential),
-at most twice a plain step's for a stack of 20 clients, and at most one host sync per call
-(``benchmarks/step_overhead.py``, whose workload this runs)."""
+at most twice a plain step's for a stack of 20 clients, at most one host sync per call, and no gradient added into
+a ``.grad`` by the sequential step (``benchmarks/step_overhead.py``, whose workload this runs)."""
 
 from __future__ import annotations
 
@@ -28,3 +28,5 @@ def test_steps_issue_no_more_operations_than_a_plain_loop_and_read_nothing_back(
     assert sequential.ops / sequential.client_steps <= plain_per_step
     assert stacked.ops / (stacked.client_steps / 20) <= 2 * plain_per_step
     assert sequential.syncs <= 1 and stacked.syncs <= 1  # one transfer per call: 0.01 per client-step
+    assert sequential.accumulations == 0  # each gradient goes from backward to its update, never into a .grad
+    assert plain.accumulations > 0  # the count sees the accumulations of a plain backward

@@ -40,7 +40,7 @@ def test_sgd_update_is_torch_sgd_with_momentum_and_weight_decay() -> None:
         ours,
         flat,
         torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01),
-        lambda _: sgd_update(flat.vector, flat.grad, lr, momentum=0.9, weight_decay=0.01, buffer=buffer),
+        lambda _: sgd_update([flat.vector], [flat.grad], lr, momentum=0.9, weight_decay=0.01, buffers=[buffer]),
     )
     for theirs, mine in zip(reference.parameters(), ours.parameters()):
         torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-7)
@@ -55,7 +55,28 @@ def test_adam_update_is_torch_adam() -> None:
         ours,
         flat,
         torch.optim.Adam(reference.parameters(), lr=0.01, betas=(0.5, 0.999), foreach=False),
-        lambda step: adam_update(flat.vector, flat.grad, m, v, (0.5, 0.999), 1e-8, scalars[step]),
+        lambda step: adam_update([flat.vector], [flat.grad], [m], [v], (0.5, 0.999), 1e-8, scalars[step]),
     )
     for theirs, mine in zip(reference.parameters(), ours.parameters()):
         torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-7)
+
+
+def test_an_update_tensor_by_tensor_is_the_flat_update_bit_for_bit() -> None:
+    """One client's parameters are updated tensor by tensor (each beside its fresh gradient), a stack's as one flat
+    block: the pieces give the flat update's bits, for SGD with momentum and weight decay and for Adam."""
+    torch.manual_seed(0)
+    sizes = [832, 51_264, 4_099, 10, 3]  # vectorised bodies and scalar tails at every piece's end
+    values, grads = torch.randn(sum(sizes)), torch.randn(sum(sizes))
+    lr, scalars = torch.tensor(0.05), torch.tensor([0.03, -0.05])
+
+    def pieces(t: torch.Tensor) -> list[torch.Tensor]:
+        return list(t.split(sizes))
+
+    flat = [values.clone(), torch.rand(sum(sizes)), torch.rand(sum(sizes))]
+    cut = [t.clone() for t in flat]
+    sgd_update([flat[0]], [grads], lr, momentum=0.9, weight_decay=0.01, buffers=[flat[1]])
+    sgd_update(pieces(cut[0]), pieces(grads), lr, momentum=0.9, weight_decay=0.01, buffers=pieces(cut[1]))
+    adam_update([flat[0]], [grads], [flat[1]], [flat[2]], (0.5, 0.999), 1e-8, scalars)
+    adam_update(pieces(cut[0]), pieces(grads), pieces(cut[1]), pieces(cut[2]), (0.5, 0.999), 1e-8, scalars)
+    for whole, split in zip(flat, cut):
+        assert torch.equal(whole, split)
