@@ -1,6 +1,6 @@
 """The tests' synthetic dataset, generated once per process for each set of options.
 
-About 200 tests run tiny runs on the same 3,000 synthetic samples; :func:`cache_synthetic` registers, in place
+About 200 tests run tiny runs on the same 1,200 synthetic samples; :func:`cache_synthetic` registers, in place
 of rayfed's loader for ``data.dataset="synthetic"``, one that generates each set of options once and hands out
 that dataset after. Its arrays are read-only, so that no test can change what the next one reads (a run's
 workers get them read-only from Ray's object store as it is). Tests of the generator itself call
@@ -18,7 +18,7 @@ from rayfed.data import DATASETS, ArrayDataset, synthetic
 __all__ = ["CACHED_BYTES", "cache_synthetic"]
 
 CACHED_BYTES = 8 << 20
-"""The largest dataset kept (a tiny run's 3,000 samples take 2.4 MB); larger ones, such as those a memory test
+"""The largest dataset kept (a tiny run's 1,200 samples take 1 MB); larger ones, such as those a memory test
 measures, are generated on every load."""
 
 

@@ -23,7 +23,7 @@ from rayfed.engine.trainability import check_trainable
 from rayfed.execution.reports import ClientReport
 from rayfed.util.errors import CheckpointFormatError
 from rayfed.util.files import load_arrays, save_arrays
-from tests.conftest import tiny_overrides
+from tests.conftest import TINY_SAMPLES, tiny_overrides
 
 
 def _run(tmp_path, **overrides: object):
@@ -34,7 +34,7 @@ def _run(tmp_path, **overrides: object):
     ("overrides", "error", "fragments"),
     [
         ({"data.classes_per_client": 11}, ConfigError, ["data.classes_per_client", "11", "10"]),
-        ({"data.num_clients": 5000}, ConfigError, ["data.num_clients", "5000", "3000"]),
+        ({"data.num_clients": 5000}, ConfigError, ["data.num_clients", "5000", str(TINY_SAMPLES)]),
         ({"data.dataset": "cifar1000"}, ConfigError, ["data.dataset='cifar1000'", "cifar100", "known"]),
         ({"model.name": "resnet99"}, ConfigError, ["model.name='resnet99'", "known", "cnn4"]),
     ],

@@ -128,6 +128,7 @@ def test_the_default_server_lr_learns_where_the_flag_default_of_one_collapses(tm
                 tmp_path / name,
                 **{
                     "algorithm.name": "fedadam",
+                    "data.options": {"num_samples": 3000},  # enough steps for 3 rounds to learn
                     "data.partition": "dirichlet",
                     "data.alpha": 0.5,
                     "train.rounds": 3,

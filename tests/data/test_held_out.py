@@ -21,7 +21,7 @@ from rayfed.data.held_out import (
 from rayfed.engine import Simulation
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.util.errors import ConfigError, DatasetError
-from tests.conftest import tiny_overrides
+from tests.conftest import TINY_SAMPLES, tiny_overrides
 
 
 def test_balanced_draw_has_equal_class_counts_and_depends_only_on_the_seed() -> None:
@@ -93,7 +93,7 @@ def test_engine_records_the_held_out_set_reads_it_back_and_keeps_it_from_workers
     partition = load_partition(tmp_path / "run" / "partition.parquet", first.dataset.labels, 10)
     owned = pq.read_table(tmp_path / "run" / "partition.parquet").column("index").to_numpy()
     assert not np.intersect1d(owned, saved).size
-    assert int(partition.num_train().sum() + partition.num_test().sum()) == 3000 - 60
+    assert int(partition.num_train().sum() + partition.num_test().sum()) == TINY_SAMPLES - 60
     # The workers' spec drops a server-only set and keeps a shared one.
     runner = ClientRunner(config, first.spec, first.dataset, first.partition)
     assert runner.spec.held_out is None and first.spec.held_out is not None

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rayfed import CheckpointError, ConfigError, RunConfig, run
-from tests.conftest import tiny_overrides
+from tests.conftest import TINY_SAMPLES, tiny_overrides
 
 
 def test_local_run_writes_metrics_partition_and_checkpoint(tmp_path) -> None:
@@ -23,7 +23,7 @@ def test_local_run_writes_metrics_partition_and_checkpoint(tmp_path) -> None:
     assert {"accuracy", "acc_mean", "acc_std", "train_loss", "train_s", "aggregate_s", "evaluate_s"} <= set(rounds[0])
     clients = pq.read_table(tmp_path / "run" / "clients").to_pylist()
     assert len(clients) == 20 and all(0 <= c["test_acc"] <= 1 for c in clients)
-    assert pq.read_table(tmp_path / "run" / "partition.parquet").num_rows == 3000
+    assert pq.read_table(tmp_path / "run" / "partition.parquet").num_rows == TINY_SAMPLES
     checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert checkpoints == ["round_000000.npz", "round_000001.npz"]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["rounds_run"] == 2
