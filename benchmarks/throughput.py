@@ -45,7 +45,7 @@ is reported. The last line::
 over the 2-process loop's. Measurements, and what was tried to make rayfed faster, are in
 benchmarks/README.md ("Throughput" section).
 
-Run: ``python benchmarks/throughput.py [--rounds 6] [--out FILE.json | --record]``; ``--record`` writes the
+Run: ``python benchmarks/throughput.py [--rounds 11] [--out FILE.json | --record]``; ``--record`` writes the
 figures, with the commit measured, to ``benchmarks/results/throughput.json`` (tracked), ``--out`` anywhere else;
 ``--vectorize on`` trains the clients of a worker call stacked (``engine.vectorize``). To compare a branch with
 another interleaved: ``python benchmarks/compare.py --base main``.
@@ -398,7 +398,13 @@ def _times(seconds: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=6, help="rounds per measurement; the first is warm-up")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=11,
+        help="rounds per measurement; the first is warm-up (the box's rounds move by 20 %% from one to the next, so "
+        "the median of 10 holds a ratio to a few hundredths where that of 5 does not)",
+    )
     parser.add_argument("--workers", type=int, default=0, help="ClientWorker actors (0 = one per CPU)")
     parser.add_argument(
         "--clients-per-call", type=int, default=0, help="engine.clients_per_call (0 = 2 calls per worker)"
