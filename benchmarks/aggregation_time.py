@@ -18,7 +18,12 @@ state:
 * ``fedawa*``: ``server.aggregate`` on the (20, S) stack of client vectors τ_k (one
   :class:`ClientVectors` upload, as merged by the engine), in each fidelity with its
   defaults (``code`` and ``paper``: one Adam step, matrix-free; ``exact``: the Gram
-  matrix and the projected-gradient minimiser);
+  matrix and the projected-gradient minimiser). Where the server asks for them (its
+  broadcast's ``norm_slices``: the matrix-free fidelities), the upload holds the squared
+  norms of its rows, made by the workers once they read their rows back (untimed, as
+  cwfedavg's uploads below);
+* ``fedawa (code), norms on the server``: for reference, the default fidelity given the rows
+  alone (as from a client half that does not send the norms): one more pass over them;
 * ``cwfedavg`` (when registered): its 20 uploads built by its broadcast on the workers
   (untimed), then summed and aggregated on the server;
 * ``ldawa``: ``server.aggregate`` on the (20, S) stack of whole models (per-layer cosines to
@@ -32,7 +37,9 @@ state:
   SYRK, nothing else. An exact FedAWA on the server computes it after the last upload
   and reads the uploads once more to combine them, so one GEMV plus this is the
   ``floor`` the FedAWA rows are compared with (``x floor``). With a single Adam step the
-  default fidelity needs no Gram matrix (a few GEMVs instead), so it can beat the floor.
+  default fidelity needs no Gram matrix: it reads the rows five times, in GEMVs (b = T θ_g,
+  then T(Tᵀλ) and T(Tᵀw) for the two products of its gradient; the aggregate is the Tᵀλ
+  already made), so it can beat the floor where a SYRK costs more than four GEMVs.
 
 Each is timed ``--repeats`` times, interleaved, and the median is reported with its ratios
 to ``fedavg`` and to the floor. BLAS and torch use one thread, as the engine's actors do,
@@ -155,11 +162,14 @@ def _timers(name: str, shape: tuple[int, int, int], clients: int, seed: int) -> 
     params = taus[:, : flat.layout.size]
     timers[GRAM] = lambda: params @ params.T  # BLAS SYRK: what any exact server-side FedAWA must compute
 
-    vectors = ClientVectors((taus,), ids, sizes)
     for algorithm in ("fedawa", "fedawa_l"):
         for fidelity in FIDELITIES:
             server = ALGORITHMS.get(algorithm).server_half(FedAWAParams(fidelity=fidelity), spec, initial)
+            slices = server.broadcast().norm_slices  # the workers' part (the norms they make): untimed
+            vectors = ClientVectors((taus,), ids, sizes, None, slices).with_square_norms()
             timers[f"{algorithm} ({fidelity})"] = _fresh(server, ctx, vectors)
+    server = ALGORITHMS.get("fedawa").server_half(FedAWAParams(), spec, initial)
+    timers[f"fedawa ({FIDELITIES[0]}), norms on the server"] = _fresh(server, ctx, ClientVectors((taus,), ids, sizes))
 
     labels = np.random.default_rng(seed + 1).multinomial(1000, np.full(NUM_CLASSES, 0.1), size=clients)
     whole = ClientVectors((models,), ids, sizes)
@@ -313,7 +323,7 @@ def main() -> None:
     torch.set_num_threads(1)
     floor_ratios: dict[str, dict[str, float]] = {}
     print(f"median server aggregation CPU time, {args.clients} clients, {args.repeats} repeats, 1 thread")
-    print(f"{'model':9s} {'algorithm':18s} {'ms':>9s} {'x fedavg':>9s} {'x floor':>9s}")
+    print(f"{'model':9s} {'algorithm':34s} {'ms':>9s} {'x fedavg':>9s} {'x floor':>9s}")
     for name, shape in MODELS:
         medians = _measure(_timers(name, shape, args.clients, args.seed), args.repeats)
         base = medians["fedavg"]
@@ -327,7 +337,7 @@ def main() -> None:
         if law is not None:
             medians[f"fedlaw ({args.fedlaw_epochs} ep)"] = law
         for algorithm, seconds in {**medians, "floor (GEMV + Gram)": floor}.items():
-            print(f"{name:9s} {algorithm:18s} {seconds * 1e3:9.3f} {seconds / base:9.2f} {seconds / floor:9.2f}")
+            print(f"{name:9s} {algorithm:34s} {seconds * 1e3:9.3f} {seconds / base:9.2f} {seconds / floor:9.2f}")
     if "cwfedavg" not in ALGORITHMS:
         print("cwfedavg: not registered in this tree, left out")
     if "fedlaw" not in ALGORITHMS:

@@ -5,7 +5,10 @@ synthetic 1x28x28 images, 6 clients, cnn4; FedClassAvg on ``fca_alexnet``), once
 (``engine.vectorize=off``). The digest hashes every recorded metric except the wall-clock timings, the server's
 state and every client's state after the last round, bit for bit. Compare two checkouts by their printed lines:
 
-    python benchmarks/digest.py [--rounds 3] [--methods fedavg,ditto] > digest.txt
+    python benchmarks/digest.py [--rounds 3] [--methods fedavg,ditto] [--without server_bytes_received] > digest.txt
+
+``--without`` leaves named metrics out, for a change that alters them on purpose (an upload that carries more
+bytes): every other number must still agree.
 
 One line per method, ``<method> <digest> accuracy=<last round's pooled accuracy>``; the last line
 ``methods=<n> digest=<digest of all lines>``.
@@ -60,7 +63,7 @@ class FinalStates(Callback):
         return False
 
 
-def method_digest(name: str, rounds: int, root: Path) -> tuple[str, float]:
+def method_digest(name: str, rounds: int, root: Path, without: frozenset[str] = frozenset()) -> tuple[str, float]:
     states = FinalStates()
     config = RunConfig().override(
         {
@@ -85,7 +88,7 @@ def method_digest(name: str, rounds: int, root: Path) -> tuple[str, float]:
     digest = hashlib.sha256()
     for row in result.history:
         for key in sorted(row):
-            if not is_timing(key):
+            if not is_timing(key) and key not in without:
                 digest.update(f"{key}={row[key]!r};".encode())
     for key in sorted(states.server):
         digest.update(key.encode() + np.ascontiguousarray(states.server[key]).tobytes())
@@ -99,12 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--methods", default="", help="comma-separated methods (default: every registered one)")
+    parser.add_argument("--without", default="", help="comma-separated metrics the digest leaves out")
     args = parser.parse_args(argv)
+    without = frozenset(m for m in args.without.split(",") if m)
     methods = [m for m in args.methods.split(",") if m] or sorted(ALGORITHMS)
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in methods:
-            digest, accuracy = method_digest(name, args.rounds, Path(tmp))
+            digest, accuracy = method_digest(name, args.rounds, Path(tmp), without)
             lines.append(f"{name} {digest} accuracy={accuracy:.4f}")
             print(lines[-1], flush=True)
     print(f"methods={len(methods)} digest={hashlib.sha256(chr(10).join(lines).encode()).hexdigest()[:16]}")

@@ -241,7 +241,7 @@ class ClientUpdates(ClientVectors):
             return NotImplemented
         joined = ClientVectors.__add__(self, other)
         lengths = np.concatenate([self.step_lengths, other.step_lengths])
-        return ClientUpdates(joined.blocks, joined.client_ids, joined.sizes, joined.label_counts, lengths)
+        return ClientUpdates(joined.blocks, joined.client_ids, joined.sizes, joined.label_counts, step_lengths=lengths)
 
     __iadd__ = __add__
 
@@ -271,7 +271,7 @@ class CFLClient(ClientHalf[Any, ClusterModels]):
         change = job.trained - to_device([message.model_of(job.client_id)], job.device)[0]
         row = ClientVectors.of(change, job.client_id, job.num_train)
         lengths = np.array([step_length(job.lr, steps, train.momentum)], np.float64)
-        return ClientUpdates(row.blocks, row.client_ids, row.sizes, None, lengths)
+        return ClientUpdates(row.blocks, row.client_ids, row.sizes, None, step_lengths=lengths)
 
     def bytes_down(self, message: ClusterModels, job: ClientJob) -> int:
         return int(message.models.shape[1]) * 4

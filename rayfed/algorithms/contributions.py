@@ -17,7 +17,16 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-__all__ = ["Contribution", "WeightedSum", "WeightedState", "ClientVectors", "sum_contributions", "join", "as_float32"]
+__all__ = [
+    "Contribution",
+    "WeightedSum",
+    "WeightedState",
+    "ClientVectors",
+    "row_square_norms",
+    "sum_contributions",
+    "join",
+    "as_float32",
+]
 
 C = TypeVar("C", bound="Contribution")
 
@@ -215,28 +224,56 @@ class ClientVectors(Contribution):
     label_counts: np.ndarray | None = None
     """(M, K) training-label counts, one row per client, for methods whose clients reveal them
     (FedDisco); ``None`` when they are not uploaded (then they cost no bytes)."""
+    norm_slices: tuple[tuple[int, int], ...] = ()
+    """Column ranges (start, stop) whose squared norms the server reads (FedAWA's ‖τ_k,l‖² per group l); the
+    worker computes them, in parallel with the other workers, once the rows are on its host."""
+    square_norms: np.ndarray | None = None
+    """(M, len(norm_slices)) float32 :func:`row_square_norms` of the rows; ``None`` until read back, or when no
+    ranges were asked for."""
 
     @classmethod
-    def of(cls, vector: Any, client_id: int, size: float, label_counts: np.ndarray | None = None) -> ClientVectors:
+    def of(
+        cls,
+        vector: Any,
+        client_id: int,
+        size: float,
+        label_counts: np.ndarray | None = None,
+        norm_slices: tuple[tuple[int, int], ...] = (),
+    ) -> ClientVectors:
         """One client's upload (its vector: a numpy array, or a tensor it owns on the worker's device);
-        ``label_counts`` (K,) only if the method sends them."""
+        ``label_counts`` (K,) only if the method sends them; ``norm_slices`` the ranges whose squared norms
+        the server reads."""
         counts = None if label_counts is None else np.asarray(label_counts, np.int64)[None, :]
-        return cls((vector[None, :],), np.array([client_id], np.int64), np.array([size], np.float64), counts)
+        ids, sizes = np.array([client_id], np.int64), np.array([size], np.float64)
+        upload = cls((vector[None, :],), ids, sizes, counts, norm_slices)
+        return upload.with_square_norms() if isinstance(vector, np.ndarray) else upload
 
     def __add__(self, other: ClientVectors) -> ClientVectors:
-        if (self.label_counts is None) != (other.label_counts is None):
-            raise ValueError("cannot add client vectors with label counts to client vectors without")
-        counts = None
-        if self.label_counts is not None and other.label_counts is not None:
-            counts = np.concatenate([self.label_counts, other.label_counts])
+        if self.norm_slices != other.norm_slices:
+            raise ValueError("cannot add client vectors whose squared norms cover different ranges")
         return ClientVectors(
             self.blocks + other.blocks,
             np.concatenate([self.client_ids, other.client_ids]),
             np.concatenate([self.sizes, other.sizes]),
-            counts,
+            _rows_of_both(self.label_counts, other.label_counts, "label counts"),
+            self.norm_slices,
+            _rows_of_both(self.square_norms, other.square_norms, "squared norms"),
         )
 
     __iadd__ = __add__
+
+    def with_host_arrays(self, arrays: Sequence[np.ndarray]) -> ClientVectors:
+        """The rows on the host, and their squared norms over ``norm_slices`` made there."""
+        host = super().with_host_arrays(arrays)
+        assert isinstance(host, ClientVectors)
+        return host.with_square_norms()
+
+    def with_square_norms(self) -> ClientVectors:
+        """This upload with :attr:`square_norms` of its host rows, if asked for and not made yet."""
+        if not self.norm_slices or self.square_norms is not None:
+            return self
+        norms = [row_square_norms(block, self.norm_slices) for block in self.blocks]
+        return dataclasses.replace(self, square_norms=np.concatenate(norms))
 
     @property
     def count(self) -> int:
@@ -252,6 +289,29 @@ class ClientVectors(Contribution):
         """Σ_k n_k x_k / Σ_k n_k over the rows (FedAvg's rule on stacked uploads), in float32."""
         sizes = np.asarray(self.sizes, np.float64)
         return ((sizes / sizes.sum()).astype(np.float32) @ self.matrix()).astype(np.float32)
+
+
+def _rows_of_both(a: np.ndarray | None, b: np.ndarray | None, what: str) -> np.ndarray | None:
+    """The rows of ``a`` then those of ``b``; None if both are None."""
+    if (a is None) != (b is None):
+        raise ValueError(f"cannot add client vectors with {what} to client vectors without")
+    return None if a is None or b is None else np.concatenate([a, b])
+
+
+def row_square_norms(rows: np.ndarray, slices: Sequence[tuple[int, int]]) -> np.ndarray:
+    """(M, L) float32: ‖r_k[a:b]‖² of every row r_k (M, S) over every column range (a, b) of ``slices``.
+
+    Each is one BLAS dot product of the row with itself, which reads no other row: a worker's rows give the
+    bits the server would get from the whole matrix.
+
+    >>> row_square_norms(np.array([[1.0, 2.0, 2.0]], np.float32), [(0, 3), (1, 2)]).tolist()
+    [[9.0, 4.0]]
+    """
+    out = np.empty((rows.shape[0], len(slices)), np.float32)
+    for group, (start, stop) in enumerate(slices):
+        part = rows[:, start:stop]
+        out[:, group] = np.matmul(part[:, None, :], part[:, :, None])[:, 0, 0]
+    return out
 
 
 def sum_contributions(parts: Iterable[C | None]) -> C | None:

@@ -154,6 +154,10 @@ class FedAWAModel(GlobalModel):
     them)."""
 
     send_label_counts: bool = False
+    norm_slices: tuple[tuple[int, int], ...] = ()
+    """The parameter ranges of the groups of λ, whose squared norms the clients' workers make (one pass over
+    the uploads fewer on the server: :class:`~rayfed.algorithms.fedawa_objective.MatrixFreeProducts`); none
+    where the server forms the Gram matrix, whose diagonal holds them."""
 
 
 class FedAWAClient(PersistentMomentumClient):
@@ -164,7 +168,7 @@ class FedAWAClient(PersistentMomentumClient):
         assert isinstance(message, FedAWAModel)
         counts = job.train_label_counts if message.send_label_counts else None
         vector = job.trained - to_device([message.vector], job.device)[0]
-        return ClientVectors.of(vector, job.client_id, job.num_train, counts)
+        return ClientVectors.of(vector, job.client_id, job.num_train, counts, message.norm_slices)
 
 
 # --- the server half ----------------------------------------------------------------------------
@@ -205,8 +209,18 @@ class FedAWAServer(StateSizes, GlobalModelServer[FedAWAParams, ClientVectors]):
         """Per group and client id: the logit (``code``, ``paper``) or weight (``exact``); NaN = not seen yet."""
         self._warned_vertex = False
 
+    @property
+    def matrix_free(self) -> bool:
+        """One Adam step evaluates the objective once: two products with T beat forming T Tᵀ."""
+        return self.params.fidelity != "exact" and self.params.server_steps == 1
+
+    @property
+    def norm_slices(self) -> tuple[tuple[int, int], ...]:
+        """The ranges whose squared norms the clients' workers make: the groups' parameters, when matrix-free."""
+        return tuple((s.start, s.stop) for s in self.groups.param_slices) if self.matrix_free else ()
+
     def broadcast(self) -> FedAWAModel:
-        return FedAWAModel(self.global_vector, needs_label_counts(self.params.initial_weights))
+        return FedAWAModel(self.global_vector, needs_label_counts(self.params.initial_weights), self.norm_slices)
 
     def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
         ids = contribution.client_ids
@@ -215,20 +229,21 @@ class FedAWAServer(StateSizes, GlobalModelServer[FedAWAParams, ClientVectors]):
         if self.params.fidelity == "exact":
             lam, metrics, products = *self._exact_weights(ctx, vectors, ids), None
         else:
-            lam, metrics, products = self._adam_weights(vectors, ids)
+            lam, metrics, products = self._adam_weights(contribution, vectors)
         self.global_vector = combine(self.global_vector, vectors, lam, self.groups, self.params.gamma, products)
         metrics.update(clients_aggregated=float(len(ids)), fedawa_max_weight=float(lam.max(axis=1).mean()))
         return metrics
 
     def _adam_weights(
-        self, vectors: np.ndarray, ids: np.ndarray
+        self, contribution: ClientVectors, vectors: np.ndarray
     ) -> tuple[np.ndarray, dict[str, float], ClientVectorProducts]:
         """``code`` and ``paper``: Adam on the logits; returns the weights to aggregate with, the metrics and the
         products the objective read (which may hold the weighted sum :func:`combine` needs)."""
-        p = self.params
+        p, ids = self.params, contribution.client_ids
         products: ClientVectorProducts
-        if p.server_steps == 1:  # one evaluation: two products with T beat forming T Tᵀ
-            products = MatrixFreeProducts(vectors, self.global_vector, self.groups.param_slices)
+        if self.matrix_free:  # the workers' squared norms, if they made them for this server's groups
+            norms = contribution.square_norms if contribution.norm_slices == self.norm_slices else None
+            products = MatrixFreeProducts(vectors, self.global_vector, self.groups.param_slices, norms)
         else:
             products = gram_statistics(vectors, self.global_vector, self.groups.param_slices)
         if p.fidelity == "code":

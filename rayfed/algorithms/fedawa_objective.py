@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rayfed.algorithms.contributions import row_square_norms
 from rayfed.train.layout import ParamLayout
 
 __all__ = [
@@ -169,17 +170,25 @@ def gram_statistics(vectors: np.ndarray, global_vector: np.ndarray, slices: Sequ
 class MatrixFreeProducts(ClientVectorProducts):
     """G_l x = T_l (T_lᵀ x): two GEMVs over the uploads per product, no Gram matrix.
 
-    Setting up reads the uploads twice (the row norms and b = T θ_g), one pass fewer than
-    SYRK plus b; each evaluation of an objective then takes two products (Gλ, Gw). The inner
-    products T_lᵀ x of the last two evaluations are kept (:meth:`weighted_sum`): the weights a
-    single Adam step evaluates are those it aggregates with, whose sum is then not made again.
+    Setting up reads the uploads once for b = T θ_g, and once more for the row norms unless the
+    workers made them (``square_norms``, (M, L) from :func:`row_square_norms`, the same bits); each
+    evaluation of an objective then takes two products (Gλ, Gw). The inner products T_lᵀ x of the
+    last two evaluations are kept (:meth:`weighted_sum`): the weights a single Adam step evaluates
+    are those it aggregates with, whose sum is then not made again.
     """
 
-    def __init__(self, vectors: np.ndarray, global_vector: np.ndarray, slices: Sequence[slice]) -> None:
+    def __init__(
+        self,
+        vectors: np.ndarray,
+        global_vector: np.ndarray,
+        slices: Sequence[slice],
+        square_norms: np.ndarray | None = None,
+    ) -> None:
         self.vectors, self.slices = vectors, tuple(slices)
         self.blocks = [vectors[:, s] for s in self.slices]
-        # row by row with BLAS dots (as accurate as the SYRK's diagonal; einsum's float32 sum is not)
-        self.diag = np.stack([np.matmul(t[:, None, :], t[:, :, None])[:, 0, 0] for t in self.blocks]).astype(np.float64)
+        if square_norms is None:  # BLAS dots, as accurate as the SYRK's diagonal (einsum's float32 sum is not)
+            square_norms = row_square_norms(vectors, [(s.start, s.stop) for s in self.slices])
+        self.diag = square_norms.T.astype(np.float64)
         self.b = np.stack([t @ global_vector[s] for t, s in zip(self.blocks, self.slices)]).astype(np.float64)
         self.c = _squared_norms(global_vector, self.slices)
         self._kept: list[dict[tuple[int, bytes], np.ndarray]] = []

@@ -183,7 +183,8 @@ def test_gradient_norms_divide_each_update_by_its_step_length() -> None:
     def upload() -> ClientUpdates:
         rows = (ClientVectors.of(u, i, n) for u, i, n in zip(updates, [0, 1, 2], [1.0, 1.0, 2.0]))
         return sum_contributions(
-            ClientUpdates(r.blocks, r.client_ids, r.sizes, None, np.array([length])) for r, length in zip(rows, lengths)
+            ClientUpdates(r.blocks, r.client_ids, r.sizes, None, step_lengths=np.array([length]))
+            for r, length in zip(rows, lengths)
         )
 
     params = {"warmup_rounds": 0, "eps1": 0.5, "eps2": 1.5}
