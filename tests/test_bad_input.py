@@ -88,10 +88,13 @@ def test_selective_layers_not_in_the_model_are_refused_before_anything_is_writte
     assert not (tmp_path / "run").exists()  # a corrected retry with the same run_dir is not refused
 
 
-def test_model_that_does_not_fit_the_dataset_names_model_and_shape(tmp_path) -> None:
+def test_model_that_does_not_fit_the_dataset_names_model_and_shape(tmp_path, monkeypatch) -> None:
     from rayfed.models import MODELS, ModelSpec, register_model
     from rayfed.models._spec import min_side_reason
 
+    # the test's model leaves the registry with the test (test_registry_lists_every_model may run after it)
+    monkeypatch.setattr(MODELS, "_items", dict(MODELS._items))
+    monkeypatch.setattr(MODELS, "_origins", dict(MODELS._origins))
     if "test_needs_64px" not in MODELS:
         register_model(
             ModelSpec(

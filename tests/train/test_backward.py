@@ -14,13 +14,19 @@ from rayfed.train.flat import FlatModel
 from rayfed.train.step import backward_from, unit
 
 
-def test_backward_from_gives_the_gradients_of_backward() -> None:
+def _input_and_two_alike_models() -> tuple[torch.Tensor, list[FlatModel]]:
+    """A batch of 6 images and two models with the same initial weights."""
     torch.manual_seed(0)
     x = torch.randn(6, 1, 8, 8)
     nets = []
     for _ in range(2):
         torch.manual_seed(1)
         nets.append(FlatModel(nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 6 * 6, 4))))
+    return x, nets
+
+
+def test_backward_from_gives_the_gradients_of_backward() -> None:
+    x, nets = _input_and_two_alike_models()
     nets[0].module(x).logsumexp(1).mean().backward()
     backward_from(nets[1].module(x).logsumexp(1).mean(), unit(x.device))
     assert nets[0].grad.abs().sum() > 0
@@ -30,12 +36,7 @@ def test_backward_from_gives_the_gradients_of_backward() -> None:
 def test_backward_from_inputs_returns_their_gradients_and_leaves_grad_alone() -> None:
     """With ``inputs`` (one client's step), the gradients come back as autograd computes them, in the inputs'
     order, and nothing is added into any ``.grad``: the flat gradient buffer stays as it was."""
-    torch.manual_seed(0)
-    x = torch.randn(6, 1, 8, 8)
-    nets = []
-    for _ in range(2):
-        torch.manual_seed(1)
-        nets.append(FlatModel(nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 6 * 6, 4))))
+    x, nets = _input_and_two_alike_models()
     nets[0].module(x).logsumexp(1).mean().backward()
     grads = backward_from(nets[1].module(x).logsumexp(1).mean(), unit(x.device), nets[1].params)
     assert [tuple(g.shape) for g in grads] == [tuple(p.shape) for p in nets[1].params]
