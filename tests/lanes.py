@@ -68,25 +68,14 @@ tests) -> what ``pytest -p no:xdist --durations=0`` measured (2026-11-28, the bo
 stacking contract of every method stays in the fast lane whatever it takes (up to 18 s for one method)."""
 
 
-HEAVIEST_FIRST = ("marked slow", "starts Ray", "spawns processes")
-"""Reasons of the slow tests that start first: each takes 10 to 150 s on the 2-core box (a cluster, a process
-of its own), where an engine run takes 2 to 10 and a fast test less than 5."""
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every collected test's lane, and the xdist group of those sharing the session's Ray; then order them
-    the longest kinds first (:data:`HEAVIEST_FIRST`, then the rest of the slow lane, then the fast lane), each
-    kind in collection order. pytest-xdist hands tests out in this order as its workers free up, so the suite
-    ends with short tests on both workers instead of one worker's last cluster test while the other idles."""
-    kinds: dict[str, int] = {}
+    """Mark every collected test's lane, and the xdist group of those sharing the session's Ray."""
     for item in items:
         why = why_slow(item)
         if why and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow(reason=why))
         if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("ray"))
-        kinds[item.nodeid] = 0 if why in HEAVIEST_FIRST else 1 if why else 2
-    items.sort(key=lambda item: kinds[item.nodeid])
 
 
 def why_slow(item: pytest.Item) -> str | None:
