@@ -224,8 +224,8 @@ class ClientVectors(Contribution):
     label_counts: np.ndarray | None = None
     """(M, K) training-label counts, one row per client, for methods whose clients reveal them
     (FedDisco); ``None`` when they are not uploaded (then they cost no bytes)."""
-    norm_slices: tuple[tuple[int, int], ...] = ()
-    """Column ranges (start, stop) whose squared norms the server reads (FedAWA's ‖τ_k,l‖² per group l); the
+    norm_slices: tuple[slice, ...] = ()
+    """Column ranges whose squared norms the server reads (FedAWA's ‖τ_k,l‖² per group l); the
     worker computes them, in parallel with the other workers, once the rows are on its host."""
     square_norms: np.ndarray | None = None
     """(M, len(norm_slices)) float32 :func:`row_square_norms` of the rows; ``None`` until read back, or when no
@@ -238,7 +238,7 @@ class ClientVectors(Contribution):
         client_id: int,
         size: float,
         label_counts: np.ndarray | None = None,
-        norm_slices: tuple[tuple[int, int], ...] = (),
+        norm_slices: tuple[slice, ...] = (),
     ) -> ClientVectors:
         """One client's upload (its vector: a numpy array, or a tensor it owns on the worker's device);
         ``label_counts`` (K,) only if the method sends them; ``norm_slices`` the ranges whose squared norms
@@ -298,18 +298,18 @@ def _rows_of_both(a: np.ndarray | None, b: np.ndarray | None, what: str) -> np.n
     return None if a is None or b is None else np.concatenate([a, b])
 
 
-def row_square_norms(rows: np.ndarray, slices: Sequence[tuple[int, int]]) -> np.ndarray:
-    """(M, L) float32: ‖r_k[a:b]‖² of every row r_k (M, S) over every column range (a, b) of ``slices``.
+def row_square_norms(rows: np.ndarray, slices: Sequence[slice]) -> np.ndarray:
+    """(M, L) float32: ‖r_k[s]‖² of every row r_k (M, S) over every column range s of ``slices``.
 
     Each is one BLAS dot product of the row with itself, which reads no other row: a worker's rows give the
     bits the server would get from the whole matrix.
 
-    >>> row_square_norms(np.array([[1.0, 2.0, 2.0]], np.float32), [(0, 3), (1, 2)]).tolist()
+    >>> row_square_norms(np.array([[1.0, 2.0, 2.0]], np.float32), [slice(0, 3), slice(1, 2)]).tolist()
     [[9.0, 4.0]]
     """
     out = np.empty((rows.shape[0], len(slices)), np.float32)
-    for group, (start, stop) in enumerate(slices):
-        part = rows[:, start:stop]
+    for group, columns in enumerate(slices):
+        part = rows[:, columns]
         out[:, group] = np.matmul(part[:, None, :], part[:, :, None])[:, 0, 0]
     return out
 

@@ -154,7 +154,7 @@ class FedAWAModel(GlobalModel):
     them)."""
 
     send_label_counts: bool = False
-    norm_slices: tuple[tuple[int, int], ...] = ()
+    norm_slices: tuple[slice, ...] = ()
     """The parameter ranges of the groups of λ, whose squared norms the clients' workers make (one pass over
     the uploads fewer on the server: :class:`~rayfed.algorithms.fedawa_objective.MatrixFreeProducts`); none
     where the server forms the Gram matrix, whose diagonal holds them."""
@@ -215,9 +215,9 @@ class FedAWAServer(StateSizes, GlobalModelServer[FedAWAParams, ClientVectors]):
         return self.params.fidelity != "exact" and self.params.server_steps == 1
 
     @property
-    def norm_slices(self) -> tuple[tuple[int, int], ...]:
+    def norm_slices(self) -> tuple[slice, ...]:
         """The ranges whose squared norms the clients' workers make: the groups' parameters, when matrix-free."""
-        return tuple((s.start, s.stop) for s in self.groups.param_slices) if self.matrix_free else ()
+        return self.groups.param_slices if self.matrix_free else ()
 
     def broadcast(self) -> FedAWAModel:
         return FedAWAModel(self.global_vector, needs_label_counts(self.params.initial_weights), self.norm_slices)

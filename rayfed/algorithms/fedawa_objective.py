@@ -187,7 +187,7 @@ class MatrixFreeProducts(ClientVectorProducts):
         self.vectors, self.slices = vectors, tuple(slices)
         self.blocks = [vectors[:, s] for s in self.slices]
         if square_norms is None:  # BLAS dots, as accurate as the SYRK's diagonal (einsum's float32 sum is not)
-            square_norms = row_square_norms(vectors, [(s.start, s.stop) for s in self.slices])
+            square_norms = row_square_norms(vectors, self.slices)
         self.diag = square_norms.T.astype(np.float64)
         self.b = np.stack([t @ global_vector[s] for t, s in zip(self.blocks, self.slices)]).astype(np.float64)
         self.c = _squared_norms(global_vector, self.slices)
