@@ -74,8 +74,8 @@ class AsyncRounds(Rounds):
 
     def settle(self, round_index: int, record: RoundRecord, clients: pa.Table) -> pa.Table:
         """The step's virtual time, its arrivals and their staleness, its lost clients; in the per-client table the
-        status of each client whose update arrived (``finished``, with its ``staleness``) or was lost (a client with
-        two events in one step, one that arrived and was launched again, shows its first)."""
+        status of each client whose update arrived (``finished``, with its ``staleness``) or was lost, a row per event
+        (a client that arrived twice in one step has two rows, and participation counts both)."""
         if round_index < 0:
             record.system = {VIRTUAL_TIME: 0.0}
             return clients
@@ -85,7 +85,7 @@ class AsyncRounds(Rounds):
         ids = np.concatenate([step.arrived, step.lost])
         status = np.concatenate([np.full(len(step.arrived), ClientStatus.FINISHED, np.int8), step.lost_status])
         staleness = np.concatenate([step.staleness, np.full(len(step.lost), -1)])
-        ids, order = np.unique(ids, return_index=True)  # a client with two events in a step: its first one
+        order = np.argsort(ids, kind="stable")  # a client with two events in a step: a row each, in event order
         record.system = {
             VIRTUAL_TIME: step.time_s,
             **status_counts(status),
@@ -94,7 +94,7 @@ class AsyncRounds(Rounds):
             "staleness_max": float(step.staleness.max(initial=0)),
         }
         lag = pa.array(staleness[order], mask=staleness[order] < 0)
-        return with_status(clients, round_index, ids, status[order], {"staleness": lag})
+        return with_status(clients, round_index, ids[order], status[order], {"staleness": lag})
 
     def state(self) -> dict[str, np.ndarray]:
         return {} if self._after is None else self._after.to_arrays()

@@ -59,12 +59,17 @@ def with_status(
 ) -> pa.Table:
     """The per-client ``table`` of round ``round_index`` (sorted by ``client_id``) with a row for each of
     ``client_ids`` (sorted; the ones the round did not train get their rows here, ``sampled`` true), their
-    ``status`` by name, and ``columns``, one value per client of ``client_ids`` (null in the other rows)."""
-    base = table["client_id"].to_numpy().astype(np.int64)
-    ids = np.union1d(base, client_ids)
-    in_base, in_mine = np.isin(ids, base), np.isin(ids, client_ids)
+    ``status`` by name, and ``columns``, one value per client of ``client_ids`` (null in the other rows). A client
+    that ``client_ids`` holds twice (an asynchronous client that arrived twice in one step) gets a row for each,
+    the table's own columns in the first."""
+    base, client_ids = table["client_id"].to_numpy().astype(np.int64), np.asarray(client_ids, np.int64)
+    rank = np.arange(len(client_ids)) - np.searchsorted(client_ids, client_ids)  # a repeated client's k-th row
+    width = int(rank.max(initial=0)) + 1
+    mine = client_ids * width + rank  # (client, k) as one sorted key
+    ids, repeat = np.divmod(np.union1d(base * width, mine), width)
+    in_base, in_mine = (repeat == 0) & np.isin(ids, base), np.isin(ids * width + repeat, mine)
     rows = pa.array(_positions(base, ids), mask=~in_base, type=pa.int64())
-    picks = pa.array(_positions(client_ids, ids), mask=~in_mine, type=pa.int64())
+    picks = pa.array(_positions(client_ids, ids) + repeat, mask=~in_mine, type=pa.int64())
     trained = table["sampled"].take(rows).fill_null(False).to_numpy(zero_copy_only=False)
     out = {name: table[name].take(rows) for name in table.column_names}
     out["round"] = pa.array(np.full(len(ids), round_index), pa.int32())

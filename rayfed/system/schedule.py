@@ -235,25 +235,26 @@ class _Segment:
         self.launched: list[tuple[int, int]] = []
 
     def run(self) -> ServerStep:
-        """Fill the free slots, then take events until the buffer holds ``K`` updates: the server step."""
-        for _ in range(self.free):
-            self._launch()
+        """Take events until the buffer holds ``K`` updates: the server step. Simultaneous events go in a fixed
+        order (docs/system.md): every event of one instant is taken, in launch order, the server stepping whenever
+        the buffer fills, before the slots they free are filled, from the newest version."""
         while True:  # never dry: a slot's own client, idle once it ends, comes online again (__init__)
+            if not self.queue or self.queue[0][0] > self.now:  # the instant's events are all taken
+                for _ in range(self.free):
+                    self._launch()
+                self.free = 0
             end, index, client, launched_from, status = heapq.heappop(self.queue)
-            self.now = end
+            self.now, self.free = end, self.free + 1
             if client == _WAITING:
-                self._launch()
                 continue
             self.busy[client] = False
             if status != ClientStatus.FINISHED:
                 self.lost.append((client, index, status))
-                self._launch()
                 continue
             self.arrived.append((client, index, self.version - launched_from))
             self.buffered += 1
             if self.buffered == self.schedule.buffer_size:
                 return self._server_step()
-            self._launch()
 
     def _launch(self) -> None:
         """Start a client drawn among those online and idle now, from the current version; or, with none, let the
@@ -299,7 +300,7 @@ class _Segment:
             self.now,
             self.version,
             0,
-            1,
+            self.free,
             self.launches,
             np.array(client, dtype=np.int64),
             np.array(index, dtype=np.int64),

@@ -59,13 +59,23 @@ def _plans(schedule: AsyncSchedule, versions: range) -> list[VersionPlan]:
 
 def test_equal_devices_give_the_schedule_worked_out_by_hand() -> None:
     first, second, third = _plans(_on_equal_devices(4, 2, 10), range(3))
-    # 4 clients start at 0 and all report at 2.8 s; the first report's replacement starts from version 0 too
-    assert len(first.launched) == 5 and first.arrives_at.tolist() == [1, 1, 2, 2, 3]
+    # 4 clients start at 0 and all report at 2.8 s: the server takes both its steps of that instant before the
+    # freed slots are filled, so all 4 replacements start from version 2 and none from version 1
+    assert len(first.launched) == 4 and first.arrives_at.tolist() == [1, 1, 2, 2]
     assert (first.step.time_s, first.step.staleness.tolist()) == (pytest.approx(2.8), [0, 0])
     assert (second.step.time_s, second.step.staleness.tolist()) == (pytest.approx(2.8), [1, 1])
-    assert len(second.launched) == 2 and second.arrives_at.tolist() == [3, 4]
-    assert (third.step.time_s, third.step.staleness.tolist()) == (pytest.approx(5.6), [2, 1])
-    assert len(set(first.launched.tolist())) == 5  # a client trains once at a time
+    assert len(second.launched) == 0
+    assert len(third.launched) == 4 and third.arrives_at.tolist() == [3, 3, 4, 4]
+    assert (third.step.time_s, third.step.staleness.tolist()) == (pytest.approx(5.6), [0, 0])
+    assert len(set(first.launched.tolist()) | set(third.launched.tolist())) == 8  # an idle client is drawn
+
+
+def test_with_concurrency_equal_to_the_buffer_every_step_is_synchronous() -> None:
+    # C = K on equal devices: every instant's K arrivals make one step, and every client starts from it
+    plans = _plans(_on_equal_devices(5, 5, 20), range(20))
+    assert all(len(plan.launched) == 5 and plan.arrives_at.tolist() == [plan.version + 1] * 5 for plan in plans)
+    assert all(plan.step.staleness.tolist() == [0] * 5 for plan in plans)
+    assert [plan.step.time_s for plan in plans] == pytest.approx([2.8 * (v + 1) for v in range(20)])
 
 
 def _heterogeneous(**fields: object) -> tuple[SystemConfig, DeviceProfiles]:

@@ -144,7 +144,7 @@ class KeptUpdatesServer(GlobalModelServer[P, ClientVectors], DeferredUpdates):
         if ctx.arrives_at is None:  # no schedule (a round driven by hand): every update makes the next version
             arrives = np.full(contribution.count, ctx.round + 1, dtype=np.int64)
         else:
-            arrives = ctx.arrives_at[np.searchsorted(ctx.sampled, contribution.client_ids)]
+            arrives = ctx.arrives_at[_launch_rows(ctx.sampled, contribution.client_ids)]
         weights = self.weights(arrives - 1 - ctx.round)
         updates = self.update_of(contribution.matrix())
         for version in np.unique(arrives).tolist():
@@ -166,3 +166,19 @@ class KeptUpdatesServer(GlobalModelServer[P, ClientVectors], DeferredUpdates):
         self.kept = {
             int(v): (np.array(state[f"{_KEPT}{int(v)}"], dtype=np.float32), float(w), int(n)) for v, w, n in meta
         }
+
+
+def _launch_rows(sampled: np.ndarray, client_ids: np.ndarray) -> np.ndarray:
+    """The row of ``sampled`` (sorted; a client launched twice from one version is there twice, each launch with
+    its own arrival) that each upload of ``client_ids`` answers: a client's k-th upload its k-th launch, so that
+    every launch's update is kept for its own arrival, never a repeated client's first.
+
+    >>> _launch_rows(np.array([0, 0, 1, 2]), np.array([2, 0, 1, 0])).tolist()
+    [3, 0, 2, 1]
+    """
+    ids = np.asarray(client_ids, dtype=np.int64)
+    order = np.argsort(ids, kind="stable")
+    first = np.searchsorted(ids[order], ids[order])  # the first upload of each one's client, in sorted order
+    rows = np.empty(len(ids), dtype=np.int64)
+    rows[order] = np.searchsorted(sampled, ids[order]) + np.arange(len(ids)) - first
+    return rows

@@ -1,0 +1,76 @@
+"""Asynchronous runs end to end: what rounds.parquet and the per-client files record is what the server applied
+(a client launched twice from one version has each update applied at its own arrival, and counted each time), and
+FedBuff with every client in the buffer on equal devices is synchronous FedAvg (Nguyen et al. 2022)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from rayfed import run
+from rayfed.util.files import load_arrays
+from tests.conftest import tiny_overrides
+
+THREE = {"data.num_clients": 3, "data.partition": "iid", "train.rounds": 8}
+"""3 clients of 225 training samples: 30 local steps each (batch 32, 1 epoch)."""
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return pq.read_table(run_dir / "rounds.parquet").to_pylist()
+
+
+@pytest.mark.parametrize("buffer_size", [2, 3])
+def test_a_client_launched_twice_from_one_version_is_applied_and_counted_at_each_arrival(
+    tmp_path, buffer_size: int
+) -> None:
+    # Prepare: devices whose rounds take 1.82, 2.63 and 4.56 s (30 steps of 1/30 s times the slowdown, links free),
+    # C = 3: client 0 reports first and is drawn again from version 0 (tests/algorithms/test_async_arrivals); with
+    # K = 3 it arrives twice in the first step (at 1.82 and 3.64 s, client 1 at 2.63 s between)
+    table = tmp_path / "devices.csv"
+    rows = [f"{c},{s},1e12,1e12" for c, s in enumerate([1.82, 2.63, 4.56])]
+    table.write_text("client_id,slowdown,download_mbps,upload_mbps\n" + "\n".join(rows) + "\n")
+    overrides = {
+        **THREE,
+        "system.devices": "trace",
+        "system.device_trace": str(table),
+        "system.step_s": 1 / 30,
+        "algorithm.name": "fedbuff",
+        "algorithm.params": {"concurrency": 3, "buffer_size": buffer_size},
+    }
+    # Execute
+    run(tiny_overrides(tmp_path / "run", **overrides))
+    # Assert: every step applies K updates, as rounds.parquet says
+    steps = _rows(tmp_path / "run")
+    assert [r["server_clients_aggregated"] for r in steps] == [float(buffer_size)] * 8
+    assert [r["clients_finished"] for r in steps] == [float(buffer_size)] * 8
+    # participation counts every arrival, a client's two in one step included
+    participation = pq.read_table(tmp_path / "run" / "participation.parquet").to_pydict()
+    assert sum(participation["finished"]) == 8 * buffer_size
+    first = pq.read_table(tmp_path / "run" / "clients" / "round_000000.parquet").to_pylist()
+    arrived = [(c["client_id"], c["staleness"]) for c in first if c["status"] == "finished"]
+    if buffer_size == 2:  # the staleness of what the server applied: the schedule's (test_async_arrivals)
+        assert [r["staleness_mean"] for r in steps] == [0.0, 1.0, 1.0, 0.5, 1.5, 1.0, 0.5, 1.5]
+        assert steps[0]["clients_launched"] == 4.0 and arrived == [(0, 0.0), (1, 0.0)]
+    else:
+        assert arrived == [(0, 0.0), (0, 0.0), (1, 0.0)]
+
+
+def test_fedbuff_with_every_client_in_the_buffer_on_equal_devices_is_synchronous_fedavg(tmp_path) -> None:
+    # Prepare: C = K = M = 4 clients of equal size on equal devices, server learning rate 1
+    common = {**THREE, "data.num_clients": 4, "system.devices": "equal", "train.rounds": 4}
+    fedbuff = {"algorithm.name": "fedbuff", "algorithm.params": {"concurrency": 4, "buffer_size": 4, "server_lr": 1.0}}
+    # Execute
+    run(tiny_overrides(tmp_path / "fedbuff", **common, **fedbuff))
+    run(tiny_overrides(tmp_path / "fedavg", **common, **{"algorithm.name": "fedavg"}))
+    # Assert: every step applies the 4 updates of the version before it (staleness 0), and the model of every round
+    # is FedAvg's to float rounding (x − Σ (x − x_k) / K against the size-weighted mean of equal sizes)
+    steps, rounds = _rows(tmp_path / "fedbuff"), _rows(tmp_path / "fedavg")
+    assert [r["staleness_max"] for r in steps] == [0.0] * 4 and [r["clients_launched"] for r in steps] == [4.0] * 4
+    assert [r["virtual_time_s"] for r in steps] == [r["virtual_time_s"] for r in rounds]
+    for column in ("train_loss", "accuracy"):
+        np.testing.assert_allclose([r[column] for r in steps], [r[column] for r in rounds], rtol=1e-4)
+    last = [load_arrays(sorted((tmp_path / kind / "checkpoints").glob("*.npz"))[-1]) for kind in ("fedbuff", "fedavg")]
+    np.testing.assert_allclose(last[0]["server/global"], last[1]["server/global"], atol=1e-5)
