@@ -192,6 +192,9 @@ def _run(ns: argparse.Namespace) -> int:
         return 0
     from rayfed.engine.simulation import untrained_cause
 
+    if result.unreported:  # a system model that kept every client's work from the server
+        print(f"rayfed: error: {result.unreported}", file=sys.stderr)
+        return 1
     print(
         f"rayfed: error: no round produced a finite training loss (every client update was rejected as NaN or "
         f"infinite, or beyond engine.max_update_norm), so the models never changed; "

@@ -51,3 +51,33 @@ class RunResult:
     def trained(self) -> bool:
         """Whether any round produced a finite training loss (``rayfed run`` exits with 1 when none did)."""
         return self.rounds_run > len(self.rounds_without_loss)
+
+    @property
+    def unreported(self) -> str | None:
+        """With a system model, why no client's work reached the server in any round (each one dropped out, went
+        offline or was late: docs/system.md), or None if some did, or the run models no devices."""
+        system = self.config.system
+        rounds = [r for r in self.history if r["round"] >= 0]
+        if not system.enabled or not rounds or any(_counted(r) for r in rounds):
+            return None
+        lost = {status: int(sum(r.get(f"clients_{status}", 0) for r in rounds)) for status in _LOST}
+        causes = ", ".join(f"{count} {_LOST[status]}" for status, count in lost.items() if count)
+        return (
+            f"no client's work reached the server in any of the {len(rounds)} rounds ({causes or 'none sampled'}), "
+            f"so the models never changed: with system.dropout={system.dropout:g}, "
+            f"system.availability={system.availability!r} and system.deadline_s={system.deadline_s}, give the clients "
+            "longer online windows, lower system.dropout or raise system.deadline_s (docs/system.md)"
+        )
+
+
+_LOST = {
+    "dropped": "dropped out",
+    "offline": "went offline before they finished",
+    "late": "were late",
+}
+"""The statuses of a sampled client whose work never reaches the server, and what each says."""
+
+
+def _counted(row: dict[str, Any]) -> bool:
+    """Whether a round's server received some client's work (a finished or partial one)."""
+    return bool(row.get("clients_finished", 0) or row.get("clients_partial", 0))

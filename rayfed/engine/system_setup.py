@@ -19,6 +19,7 @@ from rayfed.engine.asynchronous import UNBOUNDED, AsyncRounds
 from rayfed.engine.inputs import RunInputs
 from rayfed.engine.rounds import Rounds, VirtualRounds
 from rayfed.system import AsyncSchedule, AsyncState, DeviceProfiles, SyncRounds, Workload, load_profiles
+from rayfed.system.limits import check_clock
 from rayfed.train.batches import steps_per_epoch
 from rayfed.util.errors import ConfigError
 
@@ -41,6 +42,7 @@ def plan_rounds(config: RunConfig, algorithm: ResolvedAlgorithm, inputs: RunInpu
     devices = load_profiles(system, config.data.num_clients)
     assert devices is not None  # system.devices is on
     work = run_workload(config, inputs)
+    check_clock(system, devices, work, config.train.rounds)
     if not asynchronous:
         return VirtualRounds(config, SyncRounds(system, devices, work, config.seed, config.engine.join_ratio))
     params: AsynchronousParams = algorithm.server_params

@@ -100,9 +100,23 @@ def _devices(config: SystemConfig, num_clients: int) -> DeviceColumns:
     if config.devices == "equal":
         return np.ones(num_clients), down, up
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, _DEVICES]))
-    slowdown = np.exp(config.compute_spread * rng.standard_normal(num_clients))
-    network = np.exp(config.bandwidth_spread * rng.standard_normal(num_clients))  # one draw: a device's link
-    return slowdown, down * network, up * network
+    slowdown = _lognormal("system.compute_spread", config.compute_spread, rng.standard_normal(num_clients))
+    network = _lognormal("system.bandwidth_spread", config.bandwidth_spread, rng.standard_normal(num_clients))
+    return slowdown, down * network, up * network  # one draw of the network: a device's link, both ways
+
+
+def _lognormal(field: str, spread: float, normal: np.ndarray) -> np.ndarray:
+    """exp(spread · Z) of each standard normal Z; ConfigError naming ``field`` for a spread so wide that a factor
+    leaves float64 (infinite, or 0)."""
+    with np.errstate(over="ignore", under="ignore"):
+        factors = np.exp(spread * normal)
+    client = first_not_positive(factors)
+    if client is not None:
+        raise ConfigError(
+            f"{field}={spread:g} is too wide a spread: client {client}'s draw exp({spread:g} × {normal[client]:.3g}) "
+            f"is {float(factors[client])!r}, outside float64; lower {field} (FedScale's tail_skew is 0.6)"
+        )
+    return factors
 
 
 def _availability(config: SystemConfig, num_clients: int) -> Availability:

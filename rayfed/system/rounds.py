@@ -128,9 +128,20 @@ class SyncRounds:
         self.config, self.devices, self.work, self.seed = config, devices, work, seed
         self.num_clients = devices.num_clients
         self.wanted = participants(self.num_clients, join_ratio)
-        self.drawn = min(self.num_clients, max(self.wanted, int(self.wanted * config.over_commit + 1e-9)))
+        self.drawn = self._drawn(config.over_commit)
         self._all = np.arange(self.num_clients, dtype=np.int64)
         self._check_deadline()
+
+    def _drawn(self, over_commit: float) -> int:
+        """⌊n · over_commit⌋, the clients a round samples; ConfigError for more than the run has."""
+        drawn = self.wanted * over_commit + 1e-9
+        if drawn >= self.num_clients + 1:
+            raise ConfigError(
+                f"system.over_commit={over_commit:g} would sample {self.wanted} × {over_commit:g} clients a round, "
+                f"more than the run's {self.num_clients}: set system.over_commit to at most "
+                f"{self.num_clients / self.wanted:g} (every client), or lower engine.join_ratio"
+            )
+        return max(self.wanted, int(drawn))
 
     def _check_deadline(self) -> None:
         """Refuse a deadline that no device meets: no round could ever count a client."""

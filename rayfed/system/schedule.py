@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rayfed.system.clock import Workload, client_times
+from rayfed.system.limits import check_reports
 from rayfed.system.profiles import DeviceProfiles
 from rayfed.system.settings import SystemConfig
 from rayfed.system.status import ClientStatus
@@ -37,6 +38,8 @@ _ASYNC = 22
 """The run seed's stream of the asynchronous launches (apart from sampling, batches and dropouts)."""
 _WAITING = -1
 """The client id of a slot that waits for a client to come online."""
+_STALLED = 100_000
+"""Launches lost between two server steps after which the schedule stops: it would wait for K arrivals forever."""
 _TRIES = 8
 """Clients drawn at a time while looking for one that is online and idle, before listing them all."""
 
@@ -169,6 +172,7 @@ class AsyncSchedule:
         self.concurrency, self.buffer_size, self.last_version = concurrency, buffer_size, last_version
         self.round_s = client_times(devices, work, np.arange(devices.num_clients), step_s=config.step_s).total_s
         """Each client's time from its launch to its report, Eq. (1) of :mod:`rayfed.system.clock`."""
+        check_reports(config, devices, self.round_s)
         self._state = state or AsyncState.start(concurrency)
         self._steps: dict[int, ServerStep] = {}
         self._arrives: dict[int, int] = {}
@@ -250,11 +254,23 @@ class _Segment:
             self.busy[client] = False
             if status != ClientStatus.FINISHED:
                 self.lost.append((client, index, status))
+                self._check_stalled()
                 continue
             self.arrived.append((client, index, self.version - launched_from))
             self.buffered += 1
             if self.buffered == self.schedule.buffer_size:
                 return self._server_step()
+
+    def _check_stalled(self) -> None:
+        """ConfigError once the step has lost :data:`_STALLED` launches without an arrival: a schedule that cannot
+        step (its clients online too briefly, or dropping out nearly always) stops with its reason, not a hang."""
+        if len(self.lost) >= _STALLED:
+            raise ConfigError(
+                f"the asynchronous schedule stopped at virtual time {self.now:.6g} s: {len(self.lost):,} launches "
+                f"since version {self.version} dropped out or went offline and {self.buffered} of the "
+                f"{self.schedule.buffer_size} updates its server waits for arrived; give the clients longer online "
+                "windows (system.availability) or lower system.dropout, the work (train.local_epochs) or system.step_s"
+            )
 
     def _launch(self) -> None:
         """Start a client drawn among those online and idle now, from the current version; or, with none, let the

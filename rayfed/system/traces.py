@@ -47,6 +47,8 @@ TABLE_SUFFIXES = (".csv", ".parquet")
 DeviceColumns = tuple[np.ndarray, np.ndarray, np.ndarray]
 """(slowdown, download bytes/s, upload bytes/s), one value per client."""
 _PLAIN = (dict, list, int, float, str)
+_PICKLE_START = b"\x80"
+"""The first byte of a pickle of protocol 2 or later (pickle's PROTO opcode)."""
 
 
 class PlainDataUnpickler(pickle.Unpickler):
@@ -64,11 +66,19 @@ def read_plain_pickle(path: str, field: str) -> Any:
     """The plain data pickled in ``path`` (dicts, lists, numbers and strings); ConfigError naming ``field`` and
     the file for anything else (a class instance, a tuple, bytes, a file that is not a pickle)."""
     try:
-        data = PlainDataUnpickler(io.BytesIO(Path(path).read_bytes())).load()
+        raw = Path(path).read_bytes()
     except OSError as error:
         raise ConfigError(
             f"{field}={path!r} cannot be read ({error.strerror or error}); give a readable file"
         ) from None
+    if not raw.startswith(_PICKLE_START):
+        raise ConfigError(
+            f"{field}={path!r} is not a pickle (it starts with {raw[:12]!r}, where FedScale's pickled traces, protocol "
+            f"2 or later, start with {_PICKLE_START!r}): name a table {' or '.join(TABLE_SUFFIXES)}, or give "
+            "FedScale's pickled file (docs/system.md)"
+        )
+    try:
+        data = PlainDataUnpickler(io.BytesIO(raw)).load()
     except Exception as error:  # any corrupt or foreign pickle raises, and nothing in it has run
         raise ConfigError(
             f"{field}={path!r} is refused: {error}; rayfed reads a pickled trace as plain data only (dicts, "
@@ -81,10 +91,15 @@ def read_plain_pickle(path: str, field: str) -> Any:
 
 def _check_plain(data: Any, field: str, path: str) -> None:
     """Refuse anything but dicts, lists, numbers and strings (a pickle builds tuples, sets, bytes and None without
-    naming a class)."""
-    stack = [data]
+    naming a class). Each dict or list is looked into once, so a pickle that shares one many times, or holds
+    itself, is checked in one pass over what it holds."""
+    stack, seen = [data], set()
     while stack:
         item = stack.pop()
+        if isinstance(item, (dict, list)):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
         if not isinstance(item, _PLAIN):
             raise ConfigError(
                 f"{field}={path!r} is refused: it holds a {type(item).__name__}, not plain data (dicts, lists, "
@@ -196,7 +211,29 @@ def read_table(path: str, field: str, columns: tuple[str, ...]) -> dict[str, np.
             f"{field}={path!r} has no column {', '.join(map(repr, missing))}; its columns are "
             f"{', '.join(table.column_names)}, and it needs {', '.join(columns)}"
         )
-    return {name: table.column(name).to_numpy() for name in columns}
+    return {name: table.column(name).to_numpy(zero_copy_only=False) for name in columns}
+
+
+def _numbers_of(table: dict[str, np.ndarray], name: str, rows: np.ndarray, field: str, path: str) -> np.ndarray:
+    """Column ``name`` at ``rows`` as float64; ConfigError naming the client and the cell that is not a number
+    (a .csv column with one such cell is read as text)."""
+    values = table[name][rows]
+    try:
+        return values.astype(np.float64)
+    except (TypeError, ValueError):
+        row = next(row for row, value in zip(rows, values, strict=True) if not _is_number_text(value))
+        raise ConfigError(
+            f"{field}={path!r}: client {int(table['client_id'][row])}'s {name} is {values[rows == row][0]!r}, not a "
+            f"number; write every {name} as a number"
+        ) from None
+
+
+def _is_number_text(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _client_ids(ids: np.ndarray, num_clients: int, field: str, path: str, *, one_row_each: bool) -> np.ndarray:
@@ -230,7 +267,7 @@ def table_devices(path: str, num_clients: int) -> DeviceColumns:
     order = rows[np.argsort(ids[rows])]
     columns = []
     for name in ("slowdown", "download_mbps", "upload_mbps"):
-        values = table[name][order].astype(np.float64)
+        values = _numbers_of(table, name, order, field, path)
         client = first_not_positive(values)
         if client is not None:
             raise ConfigError(
@@ -248,13 +285,12 @@ def table_availability(path: str, num_clients: int) -> Availability:
     field = "system.availability_trace"
     table = read_table(path, field, ("client_id", "start_s", "end_s", "period_s"))
     ids = _client_ids(table["client_id"], num_clients, field, path, one_row_each=False)
-    rows = ids < num_clients
-    ids, period = ids[rows], table["period_s"][rows].astype(np.float64)
+    rows = np.flatnonzero(ids < num_clients)
+    starts, ends, period = (_numbers_of(table, name, rows, field, path) for name in ("start_s", "end_s", "period_s"))
+    ids = ids[rows]
     periods = np.full(num_clients, np.nan)
     periods[ids] = period
     if (periods[ids] != period).any():
         client = int(ids[np.flatnonzero(periods[ids] != period)[0]])
         raise ConfigError(f"{field}={path!r}: client {client}'s rows give different period_s; give one per client")
-    return Availability.from_windows(
-        ids, table["start_s"][rows], table["end_s"][rows], periods, num_clients, f"{field}={path!r}"
-    )
+    return Availability.from_windows(ids, starts, ends, periods, num_clients, f"{field}={path!r}")

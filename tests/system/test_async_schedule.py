@@ -170,3 +170,30 @@ def test_more_concurrency_than_clients_ever_online_is_refused() -> None:
     online = Availability.from_windows(np.arange(5), np.zeros(5), np.ones(5), np.full(M, 10.0), M, "t")
     with pytest.raises(ConfigError, match=r"concurrency=6 is more than the 5 clients that are ever online"):
         _on_equal_devices(6, 2, 5, online)
+
+
+def test_a_schedule_that_loses_every_launch_stops_with_its_reason(monkeypatch) -> None:
+    # clients can report in principle (always online), but all but one in a million drop out: the step would take
+    # a million launches, and past the bound the schedule stops, saying why, instead of looking hung
+    monkeypatch.setattr("rayfed.system.schedule._STALLED", 500)
+    devices = _equal()
+    schedule = AsyncSchedule(
+        SystemConfig(devices="equal", dropout=0.999999),
+        devices,
+        _work(),
+        0,
+        concurrency=4,
+        buffer_size=2,
+        last_version=5,
+    )
+    with pytest.raises(ConfigError, match=r"^the asynchronous schedule stopped at virtual time .* 500 launches since"):
+        schedule.plan(0)
+
+
+def test_a_schedule_whose_clients_are_never_online_long_enough_is_refused() -> None:
+    # every client online 1 s of every 100 s, and each round takes 2.8 s
+    online = Availability.from_windows(np.arange(M), np.zeros(M), np.ones(M), np.full(M, 100.0), M, "t")
+    with pytest.raises(
+        ConfigError, match=r"could never make a step .* at most 1 s at a time, but its round takes 2.8 s"
+    ):
+        _on_equal_devices(4, 2, 5, online)

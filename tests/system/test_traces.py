@@ -94,11 +94,30 @@ def test_other_objects_are_refused_in_one_line(tmp_path, data, fragment) -> None
     assert "\n" not in str(raised.value)
 
 
-def test_a_file_that_is_not_a_pickle_is_refused(tmp_path) -> None:
+def test_a_file_that_is_not_a_pickle_is_refused_by_its_first_bytes(tmp_path) -> None:
     path = tmp_path / "trace.txt"
     path.write_text("client,computation\n1,2\n")
-    with pytest.raises(ConfigError, match=r"system.device_trace='.*trace.txt' is refused: .*plain data only"):
+    with pytest.raises(ConfigError) as raised:
         read_plain_pickle(str(path), "system.device_trace")
+    assert str(raised.value) == (
+        f"system.device_trace={str(path)!r} is not a pickle (it starts with b'client,compu', where FedScale's pickled "
+        "traces, protocol 2 or later, start with b'\\x80'): name a table .csv or .parquet, or give FedScale's "
+        "pickled file (docs/system.md)"
+    )
+
+
+def test_a_pickle_that_holds_itself_or_shares_a_list_many_times_is_checked_in_one_pass(tmp_path) -> None:
+    # a list that holds itself, and 2**80 paths through 80 shared lists: the check looks into each list once
+    looped: list = []
+    looped.append(looped)
+    shared: list = []
+    for _ in range(80):
+        shared = [shared, shared]
+    assert list(read_plain_pickle(_pickle(tmp_path / "shared", {1: shared}), "system.device_trace")) == [1]
+    with pytest.raises(ConfigError, match=r"client 0's 'computation' is \[\[...\]\]; it must be a finite number"):
+        load_profiles(
+            SystemConfig(devices="trace", device_trace=_pickle(tmp_path / "looped", {1: {"computation": looped}})), 1
+        )
 
 
 def test_a_trace_missing_clients_is_refused(tmp_path) -> None:
