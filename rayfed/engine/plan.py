@@ -5,9 +5,10 @@ A run that cannot be carried out is refused here, with every file of its directo
 
 * its run directory: can it be made, is it rayfed's to write in and free, may this run start or
   continue in it (:mod:`rayfed.engine.run_dir`), does a continued run's directory hold what its run sealed (the
-  marker's seal, ``config.json`` and the files of its code: :mod:`rayfed.engine.run_seal`,
-  :mod:`rayfed.engine.plugin_seal`), and where does it resume (:mod:`rayfed.engine.resume_point`, which reads
-  every file a resume needs and proves its checkpoint is this run's: :mod:`rayfed.engine.run_identity`);
+  marker's seal, ``config.json``, the files of its code and its trace files: :mod:`rayfed.engine.run_seal`,
+  :mod:`rayfed.engine.plugin_seal`, :mod:`rayfed.engine.trace_seal`), and where does it resume
+  (:mod:`rayfed.engine.resume_point`, which reads every file a resume needs and proves its checkpoint is this
+  run's: :mod:`rayfed.engine.run_identity`);
 * its resources: workers, memory and client states (:func:`rayfed.engine.sizing.check_fits`);
 * its inputs: the dataset, the problem (the algorithm checks its params against it), the held-out
   server data and the partition (:class:`~rayfed.engine.inputs.RunInputs`);
@@ -40,6 +41,7 @@ from rayfed.engine.run_identity import RunMarker, run_identity
 from rayfed.engine.run_seal import check_config_file
 from rayfed.engine.sizing import MemoryEstimate, check_fits
 from rayfed.engine.system_setup import plan_rounds
+from rayfed.engine.trace_seal import check_traces, trace_records
 from rayfed.engine.trainability import check_trainable
 from rayfed.util.plugins import plugin_sources, run_sources
 from rayfed.util.progress import progress_shown
@@ -86,13 +88,14 @@ def plan_run(config: RunConfig, *, resume: bool = False) -> RunPlan:
     check_creatable(run_dir)
     config = with_recorded_step_s(config, run_dir)
     continues = check_run_dir(run_dir, config, resume=resume)
-    recorded, accepted = RunMarker.read(run_dir) if continues else None, []
+    recorded, accepted, traces = RunMarker.read(run_dir) if continues else None, [], trace_records(config)
     if recorded is not None:  # what the directory holds is what its run sealed, before anything runs
         if recorded.config is not None:
             check_config_file(run_dir, recorded.config)
         accepted = check_sources(
             f"run_dir={str(run_dir)!r}", marker_sources(run_dir, recorded), sources, note=marker_note(recorded)
         )
+        accepted += check_traces(f"run_dir={str(run_dir)!r}", recorded.traces, traces)
     memory = check_fits(config, run_dir)
     with progress_shown(config.engine.progress):
         inputs = RunInputs.prepare(config, algorithm, run_dir, continues=continues)
@@ -104,7 +107,7 @@ def plan_run(config: RunConfig, *, resume: bool = False) -> RunPlan:
     else:
         point = ResumePoint(RunMarker.new(identity, config.train.rounds))
     records = [source.record() for source in sources]
-    point = replace(point, marker=point.marker.recording(config.to_dict(), records, accepted))
+    point = replace(point, marker=point.marker.recording(config.to_dict(), records, accepted, traces))
     check_trainable(inputs.partition.num_train(), config.train)
     log_slow_paths(config, algorithm, inputs.dataset)
     rounds = plan_rounds(config, algorithm, inputs)

@@ -28,7 +28,9 @@ from rayfed.util.plugin_sources import PluginSource, file_digest, locate
 
 __all__ = [
     "accept_plugins",
+    "accept_hint",
     "accepted_digests",
+    "is_accepted",
     "add_accept_option",
     "recorded_sources",
     "check_sources",
@@ -68,8 +70,8 @@ def add_accept_option(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="DIGEST",
-        help="continue a run whose plugin file changed: accept the file of this sha256 (the digits its refusal "
-        "names); recorded in the run's marker",
+        help="continue a run whose plugin or trace file changed: accept the file of this sha256 (the digits its "
+        "refusal names); recorded in the run's marker",
     )
 
 
@@ -78,12 +80,23 @@ def accepted_digests() -> tuple[str, ...]:
     return tuple(sorted(_ACCEPTED.get()))
 
 
+def is_accepted(sha256: str) -> bool:
+    """Whether a file of this digest is accepted here (:func:`accept_plugins`): a plugin's, or a trace's
+    (:mod:`rayfed.engine.trace_seal`)."""
+    return any(sha256.startswith(digest) for digest in _ACCEPTED.get())
+
+
 def _accepted(source: PluginSource) -> bool:
-    return any(source.sha256.startswith(digest) for digest in _ACCEPTED.get())
+    return is_accepted(source.sha256)
+
+
+def accept_hint(short: str) -> str:
+    """How to accept a file of the digest ``short`` (its first 16 hex digits)."""
+    return f"accept it with --accept-plugin {short} (in Python: with rayfed.accept_plugins({short!r}))"
 
 
 def _accept_hint(source: PluginSource) -> str:
-    return f"accept it with --accept-plugin {source.short} (in Python: with rayfed.accept_plugins({source.short!r}))"
+    return accept_hint(source.short)
 
 
 def recorded_sources(records: Sequence[Mapping[str, Any]], where: str) -> list[PluginSource]:

@@ -18,13 +18,15 @@ checkpoint key (:mod:`rayfed.engine.run_seal`) and records::
      "plugins": [{"entry": "my_methods", "module": "my_methods", "file": "/home/me/my_methods.py",
                   "sha256": "<sha256 of the file>", "kind": "name"}],
      "accepted": [{"file": "...", "sealed": "<sha256 or null>", "now": "<sha256>", "at": "..."}],
+     "traces": [{"field": "system.device_trace", "file": "/home/me/devices.csv", "sha256": "<sha256>"}],
      "key_id": "<the key's id>", "seal": "<HMAC-SHA256 of every other field>"}
 
 ``train_rounds`` lists the run's ``train.rounds`` as first set and as every continuation
 changed it (extended, or shortened to no fewer rounds than it holds); ``rayfed`` the version that last
 wrote the marker; ``plugins`` the files of the run's code outside rayfed (:mod:`rayfed.util.plugin_sources`)
-and ``accepted`` each change of them a continuation was told to accept (``--accept-plugin``). A marker of
-format 1 (before markers were sealed) holds the first three fields and no seal.
+and ``accepted`` each change of them a continuation was told to accept (``--accept-plugin``); ``traces`` the
+trace files its system model reads (:mod:`rayfed.engine.trace_seal`; absent from a marker written before traces
+were sealed). A marker of format 1 (before markers were sealed) holds the first three fields and no seal.
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ class RunMarker:
     """The run's sources outside rayfed (:meth:`rayfed.util.plugin_sources.PluginSource.record`)."""
     rayfed: str = VERSION
     accepted: tuple[dict[str, Any], ...] = ()
+    traces: tuple[dict[str, str], ...] | None = ()
+    """The trace files the run reads, with their digests (None: a marker from before traces were sealed)."""
     sealed: bool = True
     """False for a marker written before markers were sealed (format 1)."""
 
@@ -117,15 +121,21 @@ class RunMarker:
         return replace(self, train_rounds=(*self.train_rounds, entry))
 
     def recording(
-        self, config: Mapping[str, Any], plugins: Sequence[Mapping[str, str]], accepted: Sequence[Mapping[str, Any]]
+        self,
+        config: Mapping[str, Any],
+        plugins: Sequence[Mapping[str, str]],
+        accepted: Sequence[Mapping[str, Any]],
+        traces: Sequence[Mapping[str, str]] = (),
     ) -> RunMarker:
-        """This marker as the run now writes it: its config and sources, this rayfed, the changes just accepted."""
+        """This marker as the run now writes it: its config, sources and traces, this rayfed, the changes just
+        accepted."""
         return replace(
             self,
             config=dict(config),
             plugins=tuple(dict(record) for record in plugins),
             rayfed=VERSION,
             accepted=(*self.accepted, *(dict(entry) for entry in accepted)),
+            traces=tuple(dict(record) for record in traces),
             sealed=True,
         )
 
@@ -140,6 +150,7 @@ class RunMarker:
             "config": self.config,
             "plugins": list(self.plugins),
             "accepted": list(self.accepted),
+            "traces": list(self.traces or ()),
         }
         write_json(run_dir / MARKER_FILE, sealed(fields))
 
@@ -167,4 +178,5 @@ class RunMarker:
             plugins=tuple(data["plugins"]),
             rayfed=str(data["rayfed"]),
             accepted=tuple(data["accepted"]),
+            traces=tuple(data["traces"]) if "traces" in data else None,
         )
