@@ -16,7 +16,8 @@ A run directory holds::
     held_out.parquet         indices of the server's held-out samples, if the algorithm asks for any
     rounds.parquet           one row per round (accuracy, losses, timings, bytes); with engine.eval_initial
                              first a row round=-1: the initial model, before any training
-    clients/round_*.parquet  one row per client per round (clients/initial.parquet: the initial model)
+    clients/round_*.parquet  one row per client per round (clients/initial.parquet: the initial model); an
+                             asynchronous client that arrived twice in one step has a row per arrival
     checkpoints/round_*.npz  server state, client states and the round (no pickle)
     summary.json             best and final accuracy, rounds run, rounds without a finite training loss
     tracking.json            with engine.loggers: each tracker's logged run and last step (rayfed.tracking),
@@ -250,7 +251,7 @@ class Simulation:
         nor counted as a round."""
         assert self.executor is not None
         started, ctx = time.perf_counter(), self._context(-1)
-        targets = all_clients if self.config.engine.eval_clients == "all" else ctx.sampled
+        targets = all_clients if self.config.engine.eval_clients == "all" else np.unique(ctx.sampled)
         chunks = self._chunks(targets)
         keeps_state = self.algorithm.keeps_client_state
         with self._round_progress(len(chunks), "initial evaluation") as bar:
@@ -285,7 +286,7 @@ class Simulation:
             aggregated = time.perf_counter()
             evals = []
             if (t + 1) % config.engine.eval_every == 0 or t == config.train.rounds - 1:
-                targets = all_clients if config.engine.eval_clients == "all" else sampled
+                targets = all_clients if config.engine.eval_clients == "all" else np.unique(sampled)  # each once
                 chunks = self._chunks(targets)
                 with self._round_progress(len(chunks), f"round {t} evaluation") as bar:
                     evals = executor.evaluate(
