@@ -209,7 +209,8 @@ class AsyncSchedule:
 
 
 class _Segment:
-    """The events from one server step to the next, in virtual-time order (ties: the earlier launch first)."""
+    """The events from one server step to the next, in virtual-time order (ties: the earlier launch first, and
+    every event of an instant before the slots it frees are filled: :meth:`run`)."""
 
     def __init__(self, schedule: AsyncSchedule, state: AsyncState) -> None:
         self.schedule, self.availability = schedule, schedule.devices.availability
