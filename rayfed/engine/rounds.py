@@ -72,14 +72,14 @@ class VirtualRounds(Rounds):
         return self._outcome
 
     def context(self, round_index: int) -> RoundContext:
-        """The clients whose work the round counts; a partial one's step budget is the steps it did by the deadline."""
+        """The clients whose work the round counts; a partial one's step budget is the steps it did by the deadline
+        of the phases a budget covers."""
         config, t = self.config, max(round_index, 0)
         outcome = self._outcome_of(t)
         counted = outcome.status <= ClientStatus.PARTIAL
         budget = None
         if (outcome.status == ClientStatus.PARTIAL).any():
-            partial = outcome.status[counted] == ClientStatus.PARTIAL
-            budget = np.where(partial, outcome.steps[counted], -1).astype(np.int64)
+            budget = outcome.budget[counted]
         return RoundContext(
             round=round_index,
             seed=config.seed,
@@ -89,8 +89,8 @@ class VirtualRounds(Rounds):
         )
 
     def settle(self, round_index: int, record: RoundRecord, clients: pa.Table) -> pa.Table:
-        """The round's virtual time and status counts; each sampled client's status and ``finish_s`` (when its
-        upload reached the server, null if it never did)."""
+        """The round's virtual time and status counts; each sampled client's status, ``finish_s`` (when its
+        upload reached the server, null if it never did) and what the clock charged it (:meth:`charged`)."""
         if round_index < 0:
             record.system = {VIRTUAL_TIME: 0.0}
             return clients
@@ -98,7 +98,19 @@ class VirtualRounds(Rounds):
         self.now_s = outcome.end_s
         record.system = {VIRTUAL_TIME: outcome.end_s, **status_counts(outcome.status)}
         finish = pa.array(outcome.finish_s, mask=~np.isfinite(outcome.finish_s))
-        return with_status(clients, round_index, outcome.client_ids, outcome.status, {"finish_s": finish})
+        columns = {"finish_s": finish, **self.charged(outcome)}
+        return with_status(clients, round_index, outcome.client_ids, outcome.status, columns)
+
+    def charged(self, outcome: RoundOutcome) -> dict[str, np.ndarray]:
+        """What the clock charged each sampled client in Eq. 1 (docs/system.md): ``charged_steps`` (all its phases'
+        steps; a partial one's, those it took by the deadline), ``charged_bytes_down`` and ``charged_bytes_up``."""
+        steps, down, up = self.rounds.work.of(outcome.client_ids)
+        partial = outcome.status == ClientStatus.PARTIAL
+        return {
+            "charged_steps": np.where(partial, outcome.steps, steps).astype(np.int64),
+            "charged_bytes_down": down.astype(np.int64),
+            "charged_bytes_up": up.astype(np.int64),
+        }
 
     def state(self) -> dict[str, np.ndarray]:
         return {"now_s": np.array([self.now_s])}

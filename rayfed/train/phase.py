@@ -37,7 +37,7 @@ every phase a method declares before it trains.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -66,6 +66,7 @@ __all__ = [
     "Grads",
     "Extra",
     "NO_PARAMETERS",
+    "with_budget_cover",
 ]
 
 Params = Sequence[torch.Tensor]
@@ -213,6 +214,10 @@ class Phase:
     client keeps in its state."""
     reports: bool = True
     """Whether the phase's steps and cross-entropy count in the client's reported loss and step count."""
+    budgeted: bool | None = None
+    """Whether a deadline's step budget covers the phase (a partial client's steps, ``RoundContext.step_budget``:
+    the budgeted phases share it in order, the others train whole); None = the default, the phase whose result is
+    uploaded: the last one that trains the round's model (:func:`with_budget_cover`)."""
     on_train_batch_start: EditHook | None = None
     on_after_backward: GradHook | None = None
     on_train_end: EditHook | None = None
@@ -223,3 +228,11 @@ class Phase:
     load: tuple[tuple[int, int], torch.Tensor] | None = None
     """A range of the parameter vector and the values loaded into it when the phase starts (FedClassAvg's
     warm-up loads the client's own classifier)."""
+
+
+def with_budget_cover(phases: Sequence[Phase]) -> list[Phase]:
+    """``phases`` with ``budgeted`` decided for each: as declared, or by default (None) the last phase that trains
+    the round's model (``model`` None), whose result the client uploads (FedRep's body, Ditto's global model), so
+    that a partial client spends its steps on what the server receives (docs/system.md)."""
+    uploaded = max((i for i, p in enumerate(phases) if p.model is None), default=-1)
+    return [p if p.budgeted is not None else replace(p, budgeted=i == uploaded) for i, p in enumerate(phases)]
