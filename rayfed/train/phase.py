@@ -12,8 +12,9 @@ how many epochs of which samples (:class:`Samples`: the client's training split,
 public set; their batches and random views), with which optimiser (:class:`SGD`, :class:`Adam`, or
 :class:`NoStep`), which model (the round's, or one the client keeps in its state: :class:`Kept`), and the
 extra tensors it trains beside the model's parameters (:class:`Trainable`: FedNH's scale, APPLE's core model
-and mixing vector), which the same optimiser updates. Its hooks are pure functions of *one* client's tensors,
-named as in PyTorch Lightning:
+and mixing vector), which the same optimiser updates, and whether a deadline's step budget covers it (``budgeted``:
+by default the phase whose result is uploaded, so that a partial client trains what the server receives). Its
+hooks are pure functions of *one* client's tensors, named as in PyTorch Lightning:
 
 * ``loss(out, batch, params, constants)``: a term added to the cross-entropy of the logits (or, with
   ``cross_entropy=False``, the whole loss), from the logits and the features the output layer reads
