@@ -22,7 +22,8 @@ import pyarrow as pa
 from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.engine.metrics import RoundRecord
-from rayfed.engine.system_records import VIRTUAL_TIME, status_counts, with_status
+from rayfed.engine.system_records import ONLINE, VIRTUAL_TIME, status_counts, with_status
+from rayfed.system.profiles import DeviceProfiles
 from rayfed.system.rounds import RoundOutcome, SyncRounds
 from rayfed.system.status import ClientStatus
 from rayfed.util.seeding import sample_clients
@@ -47,6 +48,10 @@ class Rounds:
         """Add what the system model knows of the round to its record (``record.system``) and its per-client
         table (returned), and move on to the next round; nothing without a system model."""
         return clients
+
+    def devices(self) -> DeviceProfiles | None:
+        """The clients' devices, drawn once for the run (None without a system model)."""
+        return None
 
     def state(self) -> dict[str, np.ndarray]:
         """What a checkpoint saves of the rounds run so far."""
@@ -89,17 +94,22 @@ class VirtualRounds(Rounds):
         )
 
     def settle(self, round_index: int, record: RoundRecord, clients: pa.Table) -> pa.Table:
-        """The round's virtual time and status counts; each sampled client's status, ``finish_s`` (when its
-        upload reached the server, null if it never did) and what the clock charged it (:meth:`charged`)."""
+        """The round's virtual time, status counts and clients online when it sampled; each sampled client's
+        status, ``start_s`` (when the round began), ``finish_s`` (when its upload reached the server, null if it
+        never did) and what the clock charged it (:meth:`charged`)."""
         if round_index < 0:
             record.system = {VIRTUAL_TIME: 0.0}
             return clients
         outcome = self._outcome_of(round_index)
         self.now_s = outcome.end_s
-        record.system = {VIRTUAL_TIME: outcome.end_s, **status_counts(outcome.status)}
+        record.system = {VIRTUAL_TIME: outcome.end_s, **status_counts(outcome.status), ONLINE: float(outcome.online)}
         finish = pa.array(outcome.finish_s, mask=~np.isfinite(outcome.finish_s))
-        columns = {"finish_s": finish, **self.charged(outcome)}
+        began = np.full(len(outcome.client_ids), outcome.start_s)
+        columns = {"start_s": began, "finish_s": finish, **self.charged(outcome)}
         return with_status(clients, round_index, outcome.client_ids, outcome.status, columns)
+
+    def devices(self) -> DeviceProfiles | None:
+        return self.rounds.devices
 
     def charged(self, outcome: RoundOutcome) -> dict[str, np.ndarray]:
         """What the clock charged each sampled client in Eq. 1 (docs/system.md): ``charged_steps`` (all its phases'

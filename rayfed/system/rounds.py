@@ -24,7 +24,7 @@ function of arrays.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -61,6 +61,8 @@ class RoundOutcome:
     budget: np.ndarray
     """int64: a partial client's step budget, the steps it takes of the phases a budget covers (Eq. 2's k_i(D));
     -1 for the others."""
+    online: int = 0
+    """How many clients were online when the round sampled (all of them without an availability model)."""
 
     @property
     def counted_ids(self) -> np.ndarray:
@@ -187,7 +189,7 @@ class SyncRounds:
             rng = np.random.default_rng(np.random.SeedSequence([self.seed, _DROPOUT, round_index]))
             lost = rng.random(len(ids)) < self.config.dropout
         until = self.devices.availability.online_until(ids, start)
-        return settle_round(
+        outcome = settle_round(
             round_index,
             start,
             ids,
@@ -200,3 +202,4 @@ class SyncRounds:
             self.config,
             None if self.work.budgeted is None else self.work.budgeted[ids],
         )
+        return replace(outcome, online=len(online))

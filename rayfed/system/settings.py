@@ -56,9 +56,10 @@ class SystemConfig:
     )
     calibrate: bool = documented(
         False,
-        "Measure system.step_s before the run: the median seconds of one local SGD step of the run's own model "
-        "on a batch of its data, on this machine (the driver's device), which then stands as system.step_s in "
-        "the run's config.json, so that the run and its resume use that number.",
+        "Measure system.step_s before the run: the median seconds of a local round of the client with the most "
+        "training samples (the run's own method, model and data), over its steps of all its phases, trained a few "
+        "times after a warm-up on this machine (the driver's device); it then stands as system.step_s in the run's "
+        "config.json, so that the run and its resume use that number.",
     )
     compute_spread: float = documented(
         0.6,
