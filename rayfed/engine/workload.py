@@ -12,8 +12,9 @@ not cover step), which gives the bytes of its download and its upload.
 
 A method whose work changes from round to round is charged its first round's: KT-pFL's distillation on the public
 set, which begins in its second round, and its ramp of local epochs (``max_local_epochs``); FedClassAvg's warm-up
-epoch, which a client trains in its first round only. The per-client files show what each client was charged
-beside what it trained (``charged_steps``, ``trained_steps``).
+epoch, which a client trains in its first round only; the downloads of FedFoMo, APPLE and KT-pFL, whose first
+message carries no other client's model. The per-client files show what each client was charged beside what it
+trained and moved (``charged_steps``, ``trained_steps``; ``charged_bytes_down``, ``bytes_down``).
 """
 
 from __future__ import annotations
