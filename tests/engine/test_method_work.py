@@ -49,19 +49,25 @@ def test_the_clock_charges_the_steps_and_bytes_each_method_trains_and_sends(tmp_
         assert all((c["bytes_up"] < whole) == (method == "fedper") for c in clients)
 
 
-def _every_client_partial(tmp_path: Path, method: str) -> dict[str, object]:
-    """A deadline every client misses but meets with its phases outside the step budget and one step of the
-    budgeted ones (equal devices, clients of equal work)."""
+def _deadlines(tmp_path: Path, method: str) -> tuple[float, float, float]:
+    """On equal devices and clients of equal work: the most time any client needs for its transfers and the phases
+    outside the step budget, for those and one budgeted step, and the least time any client's whole round takes."""
     overrides = tiny_overrides(tmp_path / "probe", **EQUAL, **{"algorithm.name": method})
     sim = Simulation(RunConfig().override(overrides))
     assert isinstance(sim.rounds, VirtualRounds)
     rounds = sim.rounds.rounds
     work, ids = rounds.work, np.arange(10)
     times = client_times(rounds.devices, work, ids, step_s=0.05)
-    fixed = (work.steps - work.budgeted_of(ids)) * 0.05
-    least = float((times.download_s + times.upload_s + fixed + 0.05).max())
-    most = float(times.total_s.min())
-    assert (work.budgeted_of(ids) < work.steps).all() and least < most
+    fixed = times.download_s + times.upload_s + (work.steps - work.budgeted_of(ids)) * 0.05
+    assert (work.budgeted_of(ids) < work.steps).all()
+    return float(fixed.max()), float((fixed + 0.05).max()), float(times.total_s.min())
+
+
+def _every_client_partial(tmp_path: Path, method: str) -> dict[str, object]:
+    """A deadline every client misses but meets with its phases outside the step budget and one step of the
+    budgeted ones."""
+    _, least, most = _deadlines(tmp_path, method)
+    assert least < most
     deadline = {"system.deadline_s": (least + most) / 2, "system.late_work": "partial"}
     return tiny_overrides(tmp_path / "run", **EQUAL, **deadline, **{"algorithm.name": method})
 
@@ -79,6 +85,36 @@ def test_partial_clients_train_the_part_the_server_receives(tmp_path, method) ->
     for c in _trained(tmp_path / "run", 2):
         assert c["status"] == "partial" and c["update_norm"] > 0
         assert c["charged_steps"] == c["trained_steps"]
+
+
+def test_a_client_that_would_train_none_of_the_uploaded_phase_is_late_not_partial(tmp_path) -> None:
+    # Prepare: Ditto on spread devices, a deadline by which some clients train only part of their personal model
+    spread = {**EQUAL, "system.devices": "lognormal", "system.compute_spread": 1.0, "algorithm.name": "ditto"}
+    sim = Simulation(RunConfig().override(tiny_overrides(tmp_path / "probe", **spread)))
+    assert isinstance(sim.rounds, VirtualRounds)
+    rounds, ids = sim.rounds.rounds, np.arange(10)
+    times = client_times(rounds.devices, rounds.work, ids, step_s=0.05)
+    per_step = rounds.devices.slowdown * 0.05
+    fixed = times.download_s + times.upload_s + (rounds.work.steps - rounds.work.budgeted_of(ids)) * per_step
+    middle = int(np.argsort(rounds.devices.slowdown)[5])  # a step and a half of its global model past its fixed work
+    deadline = float(fixed[middle] + 1.5 * per_step[middle])
+    overrides = {**spread, "system.deadline_s": deadline, "system.late_work": "partial", "train.rounds": 4}
+    # Execute
+    Simulation(RunConfig().override(tiny_overrides(tmp_path / "run", **overrides))).run()
+    # Assert: a late client is partial exactly when it fits a step of the global model, and then moves it
+    missed = _trained(tmp_path / "run", 4) + [
+        c
+        for t in range(4)
+        for c in pq.read_table(tmp_path / "run" / "clients" / f"round_{t:06d}.parquet").to_pylist()
+        if c["status"] == "late"
+    ]
+    missed = [c for c in missed if c["status"] != "finished"]
+    fits = {c["client_id"]: fixed[c["client_id"]] + per_step[c["client_id"]] <= deadline for c in missed}
+    assert any(fits.values()) and not all(fits.values())
+    for c in missed:
+        assert (c["status"] == "partial") == fits[c["client_id"]]
+        if c["status"] == "partial":
+            assert c["update_norm"] > 0 and c["trained_steps"] > rounds.work.steps[c["client_id"]] // 2
 
 
 def test_a_round_whose_clients_stepped_only_in_unreported_phases_does_not_warn_of_no_step(caplog) -> None:
