@@ -24,6 +24,7 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rayfed.config import field_reference
 from rayfed.config.args import config_from_args
@@ -36,6 +37,9 @@ from rayfed.engine.interrupts import (
 )
 from rayfed.engine.plugin_seal import add_accept_option
 from rayfed.util.errors import ConfigError, RayfedError
+
+if TYPE_CHECKING:  # the CLI imports the engine when it runs
+    from rayfed.engine.result import RunResult
 
 __all__ = ["main", "build_parser"]
 
@@ -186,7 +190,7 @@ def _run(ns: argparse.Namespace) -> int:
     note = f" ({len(untrained)} without a finite training loss: {_rounds(untrained)})" if untrained else ""
     print(
         f"done: {result.rounds_run} rounds{note}, best accuracy {result.best_accuracy:.4f}, "
-        f"final {result.final_accuracy:.4f}, results in {result.run_dir}"
+        f"final {result.final_accuracy:.4f}{_virtual_time(result)}, results in {result.run_dir}"
     )
     if result.trained:
         return 0
@@ -202,6 +206,25 @@ def _run(ns: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 1
+
+
+def _virtual_time(result: RunResult) -> str:
+    """With a system model, the run's virtual time and, with ``system.target_accuracy``, its time to the target
+    (``summary.json``'s, docs/system.md); "" without one."""
+    from rayfed.engine.system_records import system_summary
+
+    summary = system_summary(result.history, result.config.system)
+    if not summary:
+        return ""
+    note = f", virtual time {summary['virtual_time_s']:.1f} s"
+    if "target_accuracy" not in summary:
+        return note
+    if summary["virtual_time_to_target_s"] is None:
+        return f"{note} (accuracy {summary['target_accuracy']:g} not reached)"
+    return (
+        f"{note} (accuracy {summary['target_accuracy']:g} at {summary['virtual_time_to_target_s']:.1f} s, "
+        f"round {summary['rounds_to_target']})"
+    )
 
 
 def _rounds(rounds: Sequence[int], shown: int = 5) -> str:

@@ -241,7 +241,7 @@ def test_clients_without_training_data_are_refused_even_without_drop_last() -> N
 def test_round_in_which_no_client_stepped_warns_and_its_loss_is_not_an_average_of_nans(caplog) -> None:
     def report(cid: int, steps: int, loss: float) -> ClientReport:
         return ClientReport(
-            cid, num_train=10, train_loss=loss, steps=steps, update_norm=0.0, bytes_up=0, bytes_down=0, seconds=0.0
+            cid, 10, loss, steps=steps, update_norm=0.0, bytes_up=0, bytes_down=0, seconds=0.0, trained_steps=steps
         )
 
     mixed = summarise_round(0, [report(0, 0, math.nan), report(1, 2, 0.5), report(2, 2, 1.5)], [], {}, {})

@@ -80,7 +80,8 @@ class RoundContext:
     """Ids of the clients that train this round, sorted."""
     step_budget: np.ndarray | None = None
     """With a system model's partial work (``system.late_work="partial"``, :mod:`rayfed.system.rounds`): int64, one
-    per sampled client, the local steps it takes before it must upload (-1: all its phases' steps); None: all."""
+    per sampled client, the local steps it takes before it must upload, in the phases the budget covers
+    (``Phase.budgeted``; the others train whole) (-1: all its phases' steps); None: all."""
     arrives_at: np.ndarray | None = None
     """Asynchronous aggregation (:mod:`rayfed.system.schedule`): int64, one per sampled client, the model version
     its update is applied to make (the round is the version it trains from); None in synchronous rounds."""

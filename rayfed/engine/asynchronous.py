@@ -31,6 +31,7 @@ from rayfed.config import RunConfig
 from rayfed.engine.metrics import RoundRecord
 from rayfed.engine.rounds import Rounds
 from rayfed.engine.system_records import VIRTUAL_TIME, status_counts, with_status
+from rayfed.system.profiles import DeviceProfiles
 from rayfed.system.schedule import AsyncSchedule, AsyncState, VersionPlan
 from rayfed.system.status import ClientStatus
 
@@ -51,6 +52,9 @@ class AsyncRounds(Rounds):
         self._plan: VersionPlan | None = None
         self._after: AsyncState | None = None
         """The schedule's state after the last round settled: what a checkpoint saves."""
+
+    def devices(self) -> DeviceProfiles:
+        return self.schedule.devices
 
     def _plan_of(self, version: int) -> VersionPlan:
         if self._plan is None or self._plan.version != version:

@@ -1,12 +1,12 @@
 """``system.calibrate``: the reference device's seconds per local step, measured on the run's own model.
 
 Virtual time counts a client's local steps in the reference device's seconds, ``system.step_s`` (docs/system.md).
-With ``system.calibrate`` the plan measures it before the run, on this machine: one client (the one with the
-most training samples) trains its round with the run's own method, model, data and batch size, on the device a
-worker of this run trains on, a few times after a first warm-up round; ``step_s`` is the median round's seconds
-over its steps. The measured value then stands as ``system.step_s`` in the run's ``config.json`` (and its
-identity), and a continued run takes it from there rather than measuring again: a run's numbers never depend on
-the machine it resumes on.
+With ``system.calibrate`` the plan measures it before the run, on this machine: one client (the one with the most
+training samples) trains its round with the run's own method, model, data and batch size, on the device a worker of
+this run trains on, a few times after a first warm-up round; ``step_s`` is the median round's seconds over its steps
+(of all its phases, reported or not). The measured value then stands as ``system.step_s`` in the run's
+``config.json`` (and its identity), and a continued run takes it from there rather than measuring again: a run's
+numbers never depend on the machine it resumes on.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def measure_step_s(config: RunConfig, algorithm: ResolvedAlgorithm, inputs: RunI
     seconds, steps = [], 0
     for _ in range(_TIMED_ROUNDS):
         started = time.perf_counter()
-        steps = runner.train(message, ctx, [client]).reports[0].steps
+        steps = runner.train(message, ctx, [client]).reports[0].trained_steps  # every phase's
         seconds.append(time.perf_counter() - started)
     if steps == 0:
         raise ConfigError(

@@ -29,7 +29,8 @@ import pyarrow as pa
 
 from rayfed.engine.checkpoint import checkpoint_round, newest_checkpoint, save_checkpoint
 from rayfed.engine.metrics import RoundRecord
-from rayfed.engine.system_records import PARTICIPATION_FILE, participation, system_summary
+from rayfed.engine.system_records import PARTICIPATION_FILE, device_tables, participation, system_summary
+from rayfed.system.profiles import DeviceProfiles
 from rayfed.train.job import ClientState
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.files import write_json, write_parquet
@@ -56,6 +57,8 @@ class RunView:
     state: Callable[[], tuple[dict[str, np.ndarray], Iterator[tuple[int, ClientState]]]]
     system_state: Callable[[], dict[str, np.ndarray]] = dict
     """What the run's system model saves of its rounds (:meth:`rayfed.engine.rounds.Rounds.state`)."""
+    devices: DeviceProfiles | None = None
+    """The clients' devices the run's system model drew (None without one)."""
 
     @property
     def run_name(self) -> str:
@@ -103,8 +106,13 @@ class Callback:
 
 class MetricsWriter(Callback):
     """Writes ``rounds.parquet`` (rewritten atomically each round), ``clients/round_XXXXXX.parquet``,
-    ``clients/initial.parquet`` and, when the run finishes, ``summary.json`` (and with a system model
-    ``participation.parquet``: :mod:`rayfed.engine.system_records`)."""
+    ``clients/initial.parquet`` and, when the run finishes, ``summary.json`` (and with a system model the drawn
+    devices when it starts and ``participation.parquet`` when it finishes: :mod:`rayfed.engine.system_records`)."""
+
+    def on_run_start(self, run: RunView) -> None:
+        if run.devices is not None:  # the devices the run drew (docs/system.md, "What a run records")
+            for name, table in device_tables(run.devices).items():
+                write_parquet(run.run_dir / name, table)
 
     def on_initial_evaluation(self, run: RunView, record: RoundRecord, clients: pa.Table) -> None:
         write_parquet(run.run_dir / "clients" / "initial.parquet", clients)

@@ -113,10 +113,10 @@ def summarise_round(
     extra: dict[str, float],
 ) -> RoundRecord:
     """Fold the round's client reports and evaluations into one :class:`RoundRecord`."""
-    if reports and not any(r.steps > 0 for r in reports):
+    if reports and not any(r.trained_steps > 0 for r in reports):
         logger.warning(
-            "round %d: none of the %d sampled clients took a local step (too few training samples for one "
-            "mini-batch: see train.batch_size and train.drop_last), so nothing was trained and train_loss is NaN",
+            "round %d: none of the %d sampled clients took a local step in any phase (too few training samples for "
+            "one mini-batch: see train.batch_size and train.drop_last), so nothing was trained and train_loss is NaN",
             round_index,
             len(reports),
         )
@@ -183,6 +183,7 @@ def client_table(round_index: int, reports: Sequence[ClientReport], evals: Seque
             "num_train": r.num_train,
             "train_loss": r.train_loss,
             "steps": r.steps,
+            "trained_steps": r.trained_steps,
             "update_norm": r.update_norm,
             "rejected": r.rejected,
             "bytes_up": r.bytes_up,
@@ -207,6 +208,7 @@ def client_table(round_index: int, reports: Sequence[ClientReport], evals: Seque
             ("num_train", pa.int32()),
             ("train_loss", pa.float64()),
             ("steps", pa.int32()),
+            ("trained_steps", pa.int32()),
             ("update_norm", pa.float64()),
             ("rejected", pa.string()),
             ("bytes_up", pa.int64()),

@@ -22,7 +22,8 @@ import pyarrow as pa
 from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.engine.metrics import RoundRecord
-from rayfed.engine.system_records import VIRTUAL_TIME, status_counts, with_status
+from rayfed.engine.system_records import ONLINE, VIRTUAL_TIME, status_counts, with_status
+from rayfed.system.profiles import DeviceProfiles
 from rayfed.system.rounds import RoundOutcome, SyncRounds
 from rayfed.system.status import ClientStatus
 from rayfed.util.seeding import sample_clients
@@ -48,6 +49,10 @@ class Rounds:
         table (returned), and move on to the next round; nothing without a system model."""
         return clients
 
+    def devices(self) -> DeviceProfiles | None:
+        """The clients' devices, drawn once for the run (None without a system model)."""
+        return None
+
     def state(self) -> dict[str, np.ndarray]:
         """What a checkpoint saves of the rounds run so far."""
         return {}
@@ -72,14 +77,14 @@ class VirtualRounds(Rounds):
         return self._outcome
 
     def context(self, round_index: int) -> RoundContext:
-        """The clients whose work the round counts; a partial one's step budget is the steps it did by the deadline."""
+        """The clients whose work the round counts; a partial one's step budget is the steps it did by the deadline
+        of the phases a budget covers."""
         config, t = self.config, max(round_index, 0)
         outcome = self._outcome_of(t)
         counted = outcome.status <= ClientStatus.PARTIAL
         budget = None
         if (outcome.status == ClientStatus.PARTIAL).any():
-            partial = outcome.status[counted] == ClientStatus.PARTIAL
-            budget = np.where(partial, outcome.steps[counted], -1).astype(np.int64)
+            budget = outcome.budget[counted]
         return RoundContext(
             round=round_index,
             seed=config.seed,
@@ -89,16 +94,33 @@ class VirtualRounds(Rounds):
         )
 
     def settle(self, round_index: int, record: RoundRecord, clients: pa.Table) -> pa.Table:
-        """The round's virtual time and status counts; each sampled client's status and ``finish_s`` (when its
-        upload reached the server, null if it never did)."""
+        """The round's virtual time, status counts and clients online when it sampled; each sampled client's
+        status, ``start_s`` (when the round began), ``finish_s`` (when its upload reached the server, null if it
+        never did) and what the clock charged it (:meth:`charged`)."""
         if round_index < 0:
             record.system = {VIRTUAL_TIME: 0.0}
             return clients
         outcome = self._outcome_of(round_index)
         self.now_s = outcome.end_s
-        record.system = {VIRTUAL_TIME: outcome.end_s, **status_counts(outcome.status)}
+        record.system = {VIRTUAL_TIME: outcome.end_s, **status_counts(outcome.status), ONLINE: float(outcome.online)}
         finish = pa.array(outcome.finish_s, mask=~np.isfinite(outcome.finish_s))
-        return with_status(clients, round_index, outcome.client_ids, outcome.status, {"finish_s": finish})
+        began = np.full(len(outcome.client_ids), outcome.start_s)
+        columns = {"start_s": began, "finish_s": finish, **self.charged(outcome)}
+        return with_status(clients, round_index, outcome.client_ids, outcome.status, columns)
+
+    def devices(self) -> DeviceProfiles | None:
+        return self.rounds.devices
+
+    def charged(self, outcome: RoundOutcome) -> dict[str, np.ndarray]:
+        """What the clock charged each sampled client in Eq. 1 (docs/system.md): ``charged_steps`` (all its phases'
+        steps; a partial one's, those it took by the deadline), ``charged_bytes_down`` and ``charged_bytes_up``."""
+        steps, down, up = self.rounds.work.of(outcome.client_ids)
+        partial = outcome.status == ClientStatus.PARTIAL
+        return {
+            "charged_steps": np.where(partial, outcome.steps, steps).astype(np.int64),
+            "charged_bytes_down": down.astype(np.int64),
+            "charged_bytes_up": up.astype(np.int64),
+        }
 
     def state(self) -> dict[str, np.ndarray]:
         return {"now_s": np.array([self.now_s])}

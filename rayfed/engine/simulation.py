@@ -105,6 +105,7 @@ class Simulation:
             lambda: tuple(self.history),
             self._state,
             self.rounds.state,
+            self.rounds.devices(),
         )
         """What the callbacks see of this run."""
         for callback in self.callbacks:  # each may refuse the run while nothing is written yet

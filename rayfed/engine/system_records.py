@@ -6,13 +6,15 @@ With ``system.devices`` on (docs/system.md), every row of ``rounds.parquet`` gai
   model's row;
 * ``clients_<status>``: how many of the round's clients ended in each :class:`~rayfed.system.status.ClientStatus`
   (``clients_finished``, ``clients_partial``, ``clients_late``, ...);
+* ``clients_online`` (a synchronous round): how many clients were online when it sampled;
 
 and every per-client file a ``status`` column (that status, by name, for each client the round sampled or
 launched; null for a client only evaluated), beside the columns the round's kind adds (a synchronous round's
 ``finish_s``, an asynchronous one's ``staleness``). When the run finishes, ``participation.parquet`` counts for
 every client how often each status befell it (who the deadline leaves out), and ``summary.json`` records the run's
 virtual time and, with ``system.target_accuracy``, the virtual time and round of the first evaluation that reached
-it.
+it. When the run starts, ``devices.parquet`` and ``availability.parquet`` keep the devices it drew
+(:func:`device_tables`).
 """
 
 from __future__ import annotations
@@ -27,12 +29,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from rayfed.system.profiles import BYTES_PER_MBIT, DeviceProfiles
 from rayfed.system.settings import SystemConfig
 from rayfed.system.status import STATUS_NAMES
 
 __all__ = [
     "VIRTUAL_TIME",
+    "ONLINE",
     "PARTICIPATION_FILE",
+    "DEVICES_FILE",
+    "AVAILABILITY_FILE",
+    "device_tables",
     "status_counts",
     "with_status",
     "system_summary",
@@ -41,7 +48,11 @@ __all__ = [
 
 VIRTUAL_TIME = "virtual_time_s"
 """The ``rounds.parquet`` column of the run's virtual time after each round."""
+ONLINE = "clients_online"
+"""The ``rounds.parquet`` column of how many clients were online when a synchronous round sampled."""
 PARTICIPATION_FILE = "participation.parquet"
+DEVICES_FILE = "devices.parquet"
+AVAILABILITY_FILE = "availability.parquet"
 
 
 def status_counts(status: np.ndarray) -> dict[str, float]:
@@ -125,3 +136,27 @@ def participation(run_dir: Path, num_clients: int) -> pa.Table:
     columns = {"client_id": pa.array(np.arange(num_clients), pa.int32()), "sampled": counts.sum(axis=1)}
     columns.update({name: counts[:, index] for index, name in enumerate(STATUS_NAMES)})
     return pa.table(columns)
+
+
+def device_tables(devices: DeviceProfiles) -> dict[str, pa.Table]:
+    """The run's drawn devices as its directory keeps them, in the trace tables' columns (docs/system.md, "Traces"),
+    so that one run's devices can be another's ``system.device_trace`` and ``system.availability_trace``:
+    ``devices.parquet`` (client_id, slowdown, download_mbps, upload_mbps), and ``availability.parquet`` (client_id,
+    start_s, end_s, period_s: one row per online window) unless every client is always online."""
+    ids = np.arange(devices.num_clients, dtype=np.int32)
+    tables = {
+        DEVICES_FILE: pa.table(
+            {
+                "client_id": ids,
+                "slowdown": devices.slowdown,
+                "download_mbps": devices.download_bps / BYTES_PER_MBIT,
+                "upload_mbps": devices.upload_bps / BYTES_PER_MBIT,
+            }
+        )
+    }
+    online = devices.availability
+    if not online.always:
+        owners = np.repeat(ids, np.diff(online.offsets))
+        windows = {"start_s": online.starts, "end_s": online.ends, "period_s": online.periods[owners]}
+        tables[AVAILABILITY_FILE] = pa.table({"client_id": owners, **windows})
+    return tables

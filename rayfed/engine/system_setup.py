@@ -1,29 +1,27 @@
 """The run's system model, made and checked before anything is written: :func:`plan_rounds`.
 
 From the ``system`` section (docs/system.md) it loads every client's device (:func:`~rayfed.system.load_profiles`:
-presets or trace files, a bad one refused in one line), works out each client's round (:func:`run_workload`) and
-builds what the round loop asks each round (:mod:`rayfed.engine.rounds`): synchronous rounds in virtual time, whose
-deadline must be one some device meets, or, for an asynchronous method, its schedule, whose buffer must fit its
-concurrency and whose concurrency the clients online.
+presets or trace files, a bad one refused in one line), works out each client's round from its method's own work
+(:func:`~rayfed.engine.workload.method_workload`) and builds what the round loop asks each round
+(:mod:`rayfed.engine.rounds`): synchronous rounds in virtual time, whose deadline must be one some device meets, or,
+for an asynchronous method, its schedule, whose buffer must fit its concurrency and whose concurrency the clients
+online.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from rayfed.algorithms import ResolvedAlgorithm
 from rayfed.algorithms.common.asynchronous import AsynchronousParams
-from rayfed.algorithms.sizing import architecture_state_bytes
 from rayfed.config import RunConfig
 from rayfed.engine.asynchronous import UNBOUNDED, AsyncRounds
 from rayfed.engine.inputs import RunInputs
 from rayfed.engine.rounds import Rounds, VirtualRounds
+from rayfed.engine.workload import method_workload
 from rayfed.system import AsyncSchedule, AsyncState, DeviceProfiles, SyncRounds, Workload, load_profiles
 from rayfed.system.limits import check_clock
-from rayfed.train.batches import steps_per_epoch
 from rayfed.util.errors import ConfigError
 
-__all__ = ["plan_rounds", "run_workload", "is_asynchronous"]
+__all__ = ["plan_rounds", "is_asynchronous"]
 
 
 def is_asynchronous(algorithm: ResolvedAlgorithm) -> bool:
@@ -41,7 +39,7 @@ def plan_rounds(config: RunConfig, algorithm: ResolvedAlgorithm, inputs: RunInpu
         return Rounds(config)
     devices = load_profiles(system, config.data.num_clients)
     assert devices is not None  # system.devices is on
-    work = run_workload(config, inputs)
+    work = method_workload(config, algorithm, inputs)
     check_clock(system, devices, work, config.train.rounds)
     if not asynchronous:
         return VirtualRounds(config, SyncRounds(system, devices, work, config.seed, config.engine.join_ratio))
@@ -83,17 +81,3 @@ def _check_kind(config: RunConfig, algorithm: ResolvedAlgorithm, asynchronous: b
         raise ConfigError(
             f"system.deadline_s and system.over_commit rule synchronous rounds; {name} has none: leave them out"
         )
-
-
-def run_workload(config: RunConfig, inputs: RunInputs) -> Workload:
-    """Each client's round: ``train.local_epochs`` epochs of its training split's mini-batches, one model down and
-    one model up (its architecture's state, parameters then buffers, in float32: what the FedAvg family sends)."""
-    train, spec = config.train, inputs.spec
-    sizes = np.asarray(inputs.partition.num_train(), dtype=np.int64)
-    steps = steps_per_epoch(sizes, train.batch_size, train.drop_last) * train.local_epochs
-    if not spec.client_architectures:
-        size = float(architecture_state_bytes(spec, spec.default_architecture))
-        return Workload(steps, size, size)
-    cycle = np.array([architecture_state_bytes(spec, arch) for arch in spec.client_architectures], dtype=np.float64)
-    each = cycle[np.arange(config.data.num_clients) % len(cycle)]  # ProblemSpec.architecture_of, for every client
-    return Workload(steps, each, each)

@@ -38,11 +38,12 @@ from rayfed.train.graphs import StepGraphs
 from rayfed.train.host import to_device
 from rayfed.train.job import ClientJob, ClientState, seed_global_generators
 from rayfed.train.loop import LocalLoop
-from rayfed.train.phase import Phase
+from rayfed.train.phase import Phase, with_budget_cover
 from rayfed.train.phase_checks import PhaseContext, check_phases
 from rayfed.train.problem import ProblemSpec
 from rayfed.train.stacked_layers import model_unstackable
 from rayfed.train.stacking import stack_groups
+from rayfed.train.step import phase_steps
 
 __all__ = ["ClientRunner", "resolve_vectorize"]
 
@@ -126,7 +127,21 @@ class ClientRunner(ClientData):
         return job.start.model
 
     def _phases(self, message: Any, job: ClientJob) -> list[Phase]:
-        return self._checked(self.client_half.phases(message, job), job, "phases")
+        """The client's phases, checked, each saying whether a deadline's step budget covers it."""
+        return with_budget_cover(self._checked(self.client_half.phases(message, job), job, "phases"))
+
+    def work_steps(
+        self, message: Any, ctx: RoundContext, client_id: int, num_train: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The steps that client ``client_id``'s phases of round ``ctx`` draw, found without training them, for a
+        client of its architecture with each of ``num_train`` training samples: over all its phases, and over
+        those a deadline's step budget covers (a system model's workload, :mod:`rayfed.engine.workload`)."""
+        (data,) = self.train_samples([client_id])
+        job = self.job(client_id, ctx, None, train=data)
+        job.flat.load_state(_state_on(self._start(message, job), job.device))
+        steps = [(phase_steps(p, num_train, self.config.train), p.budgeted) for p in self._phases(message, job)]
+        every = sum((n for n, _ in steps), np.zeros(len(num_train), np.int64))
+        return every, sum((n for n, budgeted in steps if budgeted), np.zeros(len(num_train), np.int64))
 
     def _checked(self, phases: Any, job: ClientJob, hook: str, *, may_be_empty: bool = False) -> list[Phase]:
         where = PhaseContext(self.method, hook, job.client_id, job.flat, self.keeps_state, may_be_empty)
@@ -224,6 +239,7 @@ class ClientRunner(ClientData):
                 trained.losses,
                 norms,
                 measures,
+                [job.trained_steps for job in jobs],
             )
         )
 

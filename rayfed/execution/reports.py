@@ -22,6 +22,7 @@ class ClientReport:
     num_train: int
     train_loss: float
     steps: int
+    """The steps of the phases that report (``Phase.reports``), over which ``train_loss`` is the mean."""
     update_norm: float
     bytes_up: int
     bytes_down: int
@@ -34,6 +35,8 @@ class ClientReport:
     """Test samples the trained model was evaluated on (``engine.eval_local``); 0 when it was not."""
     local_correct: int = 0
     """Correct predictions of the client's model right after its local training on its own test split."""
+    trained_steps: int = 0
+    """The steps it took over all its phases, reported or not (Ditto's personal phase too): its work."""
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,8 @@ class Uploads:
     loss: Any
     norm: Any
     measures: list[Measures]
+    trained_steps: list[int]
+    """Each client's steps over all its phases, reported or not (``ClientJob.trained_steps``)."""
 
     @classmethod
     def of_one(
@@ -89,6 +91,7 @@ class Uploads:
             loss,
             norm,
             [measures],
+            [job.trained_steps],
         )
 
 
@@ -143,6 +146,7 @@ class Settlement:
                     client_id=cid,
                     num_train=entry.num_train[k],
                     steps=entry.steps[k],
+                    trained_steps=entry.trained_steps[k],
                     train_loss=columns["loss"][i] if entry.steps[k] else math.nan,
                     update_norm=columns["norm"][i],
                     bytes_up=entry.bytes_up[k],

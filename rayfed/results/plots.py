@@ -6,14 +6,16 @@ writes, into ``DIR``:
 
 * ``accuracy.png``: pooled test accuracy against the round, counted as the progress bar counts
   it (1 = the first round; 0 = the initial model, evaluated with ``engine.eval_initial``), one
-  line per run; beside it, where a run has a system model, against its virtual time in hours
-  (``virtual_time_s``, docs/system.md). Runs whose configs differ in the seed alone
+  line per run; beside it, where a run has a system model, against its virtual time in the unit that fits
+  (seconds, minutes, hours or days: ``virtual_time_s``, docs/system.md). Runs whose configs differ in the seed alone
   (:meth:`~rayfed.config.RunConfig.diff`, ignoring ``seed`` and the fields that change no number,
   :data:`~rayfed.results.run_data.SAME_NUMBERS`) are seeds of one method and share a colour and a
   legend entry; the legend, below the axes, names the method (``Algorithm.label``) and, where
   lines share that name, the fields that tell them apart (``cwFedAvg (Output), train.lr=0.01``);
   a note under it explains the labels' parts (``Reporting.label_note``). A run without a round
   yet is left out (none with one: nothing is drawn);
+* ``<run>-timeline.png``, for a synchronous run with a system model: who trained when, one line per sampled
+  client and round, coloured by what became of its work (:func:`plot_timeline`);
 * the figures a run's method draws of itself from its newest checkpoint, as its server half
   says (``Reporting.figures``), as ``<run>-<figure>.png`` (``<run>`` is the run directory's
   name). cwFedAvg draws those of Lee & Choi, "Class-Wise Federated Averaging for Efficient
@@ -48,10 +50,13 @@ from rayfed.results.run_data import (
     CurveGroup,
     RunData,
     accuracy_points,
+    client_timeline,
     curve_groups,
     finished_run,
     load_run,
+    longest_virtual_time,
     method_label,
+    time_unit,
     virtual_time_points,
 )
 from rayfed.util.errors import ConfigError, RayfedError
@@ -69,6 +74,7 @@ __all__ = [
     "virtual_time_points",
     "finished_run",
     "plot_accuracy_curves",
+    "plot_timeline",
     "plot_p_vs_p_tilde",
     "plot_row_norms",
     "plot_run_figures",
@@ -98,10 +104,12 @@ def _save(fig: Any, path: Path) -> Path:
 
 def plot_accuracy_curves(runs: Sequence[RunData], path: str | Path) -> Path:
     """Pooled accuracy against the round, one line per run, one colour per method (:func:`curve_groups`); beside
-    it, where a run has a system model, against virtual time in hours (docs/system.md)."""
+    it, where a run has a system model, against virtual time in the unit that fits the runs (:func:`time_unit`,
+    docs/system.md)."""
     from matplotlib.ticker import MaxNLocator
 
     timed = any(virtual_time_points(run)[0] for run in runs)
+    unit, unit_s = time_unit(longest_virtual_time(runs))
     fig = _figure_class()(figsize=(13.0 if timed else 7.5, 4.5))
     axes = fig.subplots(1, 2 if timed else 1, squeeze=False)[0]
     ax = axes[0]
@@ -109,8 +117,8 @@ def plot_accuracy_curves(runs: Sequence[RunData], path: str | Path) -> Path:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round (1 = the first; 0 = the initial model)")
     if timed:
-        _draw_curves(axes[1], runs, virtual_time_points)
-        axes[1].set_xlabel("virtual time (hours; runs without a system model: none)")
+        _draw_curves(axes[1], runs, lambda run, column="accuracy": virtual_time_points(run, column, unit_s))
+        axes[1].set_xlabel(f"virtual time ({unit}; runs without a system model: none)")
     for each in axes:
         each.set_ylabel("pooled test accuracy (%)")
         each.grid(alpha=0.3)
@@ -160,6 +168,40 @@ def _draw_curves(ax: Any, runs: Sequence[RunData], points: Callable[..., tuple[l
                     label=f"{legend}: global model" if legend is not None else None,
                 )
             legend = None  # one legend entry per group
+
+
+_STATUS_COLOURS = {
+    "finished": "tab:green",
+    "partial": "tab:olive",
+    "surplus": "tab:blue",
+    "late": "tab:orange",
+    "offline": "tab:gray",
+    "dropped": "tab:red",
+}
+
+
+def plot_timeline(run: RunData, path: str | Path) -> Path | None:
+    """Who trained when in a synchronous run with a system model (:func:`client_timeline`): one line per sampled
+    client and round, from the round's start to the end of its work, coloured by its status; the rounds' ends as
+    grey verticals. None for a run without one (or an asynchronous one: its per-client rows hold no launch time)."""
+    lines = client_timeline(run)
+    if not lines:
+        return None
+    unit, unit_s = time_unit(float(np.nanmax(lines["end_s"])))
+    fig = _figure_class()(figsize=(10.0, 5.0))
+    ax = fig.subplots()
+    ends = [row["virtual_time_s"] / unit_s for row in run.rounds if int(row["round"]) >= 0]
+    ax.vlines(ends, -0.5, run.config.data.num_clients - 0.5, colors="0.85", linewidth=0.6)
+    for status, colour in _STATUS_COLOURS.items():
+        mine = lines["status"] == status
+        if mine.any():
+            ids, start, end = lines["client_id"][mine], lines["start_s"][mine], lines["end_s"][mine]
+            ax.hlines(ids, start / unit_s, end / unit_s, colors=colour, linewidth=2.0, label=f"{status} ({mine.sum()})")
+    ax.set_xlabel(f"virtual time ({unit}; grey: the rounds' ends)")
+    ax.set_ylabel("client")
+    ax.set_title(f"{run.name}: who trained when (one line per sampled client and round)", fontsize="medium")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    return _save(fig, Path(path))
 
 
 def _clients_to_show(p: np.ndarray, count: int) -> list[int]:
@@ -305,6 +347,8 @@ def write_figures(run_dirs: Sequence[str | Path], out: str | Path) -> tuple[list
     for run in runs:
         stem = run.name if run.name not in stems else f"{run.name}-{stems[run.name]}"
         stems[run.name] = stems.get(run.name, 0) + 1
+        timeline = plot_timeline(run, out / f"{stem}-timeline.png")
+        paths.extend([timeline] if timeline else [])
         drawn = plot_run_figures(run, out, stem)
         paths.extend(drawn)
         if not run.method_held:

@@ -1,8 +1,9 @@
 """What the figures read of a finished run directory: :class:`RunData`, and how runs are grouped and labelled.
 
-A run's ``config.json``, ``rounds.parquet`` and its newest checkpoint's server state (:func:`load_run`); the
-runs that are seeds of one method, under one legend entry (:func:`curve_groups`); a run's accuracy points
-(:func:`accuracy_points`); and what a method's own figures read (:func:`finished_run`).
+A run's ``config.json``, ``rounds.parquet``, its newest checkpoint's server state and, with a system model, the
+devices it drew (:func:`load_run`); the runs that are seeds of one method, under one legend entry
+(:func:`curve_groups`); a run's accuracy points (:func:`accuracy_points`); and what a method's own figures read
+(:func:`finished_run`).
 
 Reading a run runs none of its code: its ``config.json`` is data (:meth:`~rayfed.config.RunConfig.from_saved`
 imports none of its ``plugins``). A run whose method this process does not hold (a method of a plugin, not
@@ -29,7 +30,7 @@ from rayfed.config.retired import without_retired
 from rayfed.data import LABEL_COUNTS_FILE, read_label_counts
 from rayfed.engine.checkpoint import load_checkpoint, newest_checkpoint
 from rayfed.engine.metrics import counted_round
-from rayfed.engine.system_records import VIRTUAL_TIME
+from rayfed.engine.system_records import AVAILABILITY_FILE, DEVICES_FILE, VIRTUAL_TIME
 from rayfed.util.config_tree import get_path, tree_differences
 from rayfed.util.errors import CheckpointError, ConfigError
 
@@ -45,6 +46,10 @@ __all__ = [
     "curve_groups",
     "accuracy_points",
     "virtual_time_points",
+    "TIME_UNITS",
+    "time_unit",
+    "longest_virtual_time",
+    "client_timeline",
     "finished_run",
 ]
 
@@ -105,6 +110,12 @@ class RunData:
     """``server/*`` arrays of the newest checkpoint, without the prefix (empty if none)."""
     checkpoint_round: int | None = None
     """The round (0-based) after which that checkpoint was taken."""
+    devices: dict[str, np.ndarray] = field(default_factory=dict)
+    """With a system model, the devices the run drew (``devices.parquet``), column by column: ``client_id``,
+    ``slowdown``, ``download_mbps``, ``upload_mbps`` (empty without one, or for a run from before issue 65)."""
+    availability: dict[str, np.ndarray] = field(default_factory=dict)
+    """Their online windows (``availability.parquet``): ``client_id``, ``start_s``, ``end_s``, ``period_s``, one
+    entry per window (empty when every client is always online)."""
 
     @property
     def has_rounds(self) -> bool:
@@ -134,11 +145,20 @@ def load_run(run_dir: str | Path) -> RunData:
     config = _saved_config(run_dir / "config.json")
     rounds_file = run_dir / "rounds.parquet"
     rounds = pq.read_table(rounds_file).to_pylist() if rounds_file.is_file() else []
+    devices, availability = _columns(run_dir / DEVICES_FILE), _columns(run_dir / AVAILABILITY_FILE)
     newest = newest_checkpoint(run_dir)
     if newest is None:
-        return RunData(run_dir, config, rounds)
+        return RunData(run_dir, config, rounds, devices=devices, availability=availability)
     checkpoint = load_checkpoint(newest)
-    return RunData(run_dir, config, rounds, checkpoint.server, checkpoint.round)
+    return RunData(run_dir, config, rounds, checkpoint.server, checkpoint.round, devices, availability)
+
+
+def _columns(path: Path) -> dict[str, np.ndarray]:
+    """A parquet file's columns as numpy arrays (none if it is not there)."""
+    if not path.is_file():
+        return {}
+    table = pq.read_table(path)
+    return {name: table[name].to_numpy() for name in table.column_names}
 
 
 def _saved_config(path: Path) -> RunConfig | SavedConfig:
@@ -221,11 +241,54 @@ def accuracy_points(run: RunData, column: str = "accuracy") -> tuple[list[int], 
     return [int(v) for v in x], y
 
 
-def virtual_time_points(run: RunData, column: str = "accuracy") -> tuple[list[float], list[float]]:
-    """(virtual time in hours, pooled accuracy in %) of the run's evaluated rounds: the end of each round on the
-    system model's clock (``virtual_time_s``, docs/system.md), 0 for the initial model; none for a run without
-    a system model."""
-    return _points(run, column, lambda row: None if row.get(VIRTUAL_TIME) is None else row[VIRTUAL_TIME] / 3600)
+def virtual_time_points(
+    run: RunData, column: str = "accuracy", unit_s: float = 3600.0
+) -> tuple[list[float], list[float]]:
+    """(virtual time in units of ``unit_s`` seconds, hours by default, pooled accuracy in %) of the run's evaluated
+    rounds: the end of each round on the system model's clock (``virtual_time_s``, docs/system.md), 0 for the
+    initial model; none for a run without a system model."""
+    return _points(run, column, lambda row: None if row.get(VIRTUAL_TIME) is None else row[VIRTUAL_TIME] / unit_s)
+
+
+TIME_UNITS = (("seconds", 1.0), ("minutes", 60.0), ("hours", 3600.0), ("days", 86400.0))
+
+
+def time_unit(longest_s: float) -> tuple[str, float]:
+    """The unit a virtual-time axis that runs to ``longest_s`` seconds reads best in, and its seconds: the largest
+    of :data:`TIME_UNITS` of which it spans at least two (a 219-s run in minutes, a week in days).
+
+    >>> time_unit(42.5), time_unit(219.0), time_unit(7200.0), time_unit(7 * 86400.0)
+    (('seconds', 1.0), ('minutes', 60.0), ('hours', 3600.0), ('days', 86400.0))
+    """
+    return [(name, seconds) for name, seconds in TIME_UNITS if longest_s >= 2 * seconds or seconds == 1.0][-1]
+
+
+def longest_virtual_time(runs: Sequence[RunData]) -> float:
+    """The largest ``virtual_time_s`` the runs recorded (0 without a system model)."""
+    times = [row[VIRTUAL_TIME] for run in runs for row in run.rounds if row.get(VIRTUAL_TIME) is not None]
+    return max((t for t in times if math.isfinite(t)), default=0.0)
+
+
+def client_timeline(run: RunData) -> dict[str, np.ndarray]:
+    """Who trained when in a synchronous run with a system model, from its per-client files: one entry per client a
+    round sampled, its ``client_id``, ``round``, ``status``, when the round began (``start_s``) and when its work
+    ended (``end_s``: its upload's arrival, else the round's end: a late client trains until the round leaves it
+    out); empty for a run without a system model or an asynchronous one."""
+    ends = {int(row["round"]): row[VIRTUAL_TIME] for row in run.rounds if row.get(VIRTUAL_TIME) is not None}
+    parts = []
+    for path in sorted((run.run_dir / "clients").glob("round_*.parquet")):
+        table = pq.read_table(path)
+        if "start_s" not in table.column_names:
+            return {}
+        rows = table.filter(table["status"].is_valid())
+        parts.append({name: rows[name].to_numpy(zero_copy_only=False) for name in ("client_id", "round", "status")})
+        parts[-1]["start_s"] = rows["start_s"].to_numpy()
+        finish = rows["finish_s"].to_numpy(zero_copy_only=False).astype(np.float64)
+        end = ends.get(int(path.stem.split("_")[1]), np.nan)
+        parts[-1]["end_s"] = np.fmin(np.where(np.isnan(finish), end, finish), end)
+    if not parts:
+        return {}
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 
 def _points(run: RunData, column: str, x_of: Callable[[dict[str, Any]], float | None]) -> tuple[list, list[float]]:

@@ -8,6 +8,7 @@ which model version and when their updates arrive (:class:`AsyncSchedule`). Off 
 
 from rayfed.system.availability import Availability, diurnal
 from rayfed.system.clock import ClientTimes, Workload, client_times, steps_within
+from rayfed.system.models import register_availability, register_devices
 from rayfed.system.profiles import DeviceProfiles, load_profiles
 from rayfed.system.rounds import RoundOutcome, SyncRounds, settle_round
 from rayfed.system.schedule import AsyncSchedule, AsyncState, ServerStep, VersionPlan
@@ -23,6 +24,8 @@ __all__ = [
     "steps_within",
     "DeviceProfiles",
     "load_profiles",
+    "register_devices",
+    "register_availability",
     "RoundOutcome",
     "SyncRounds",
     "settle_round",

@@ -5,7 +5,8 @@ diurnal window each take a few megabytes (:attr:`DeviceProfiles.nbytes`) and are
 a second. :func:`load_profiles` makes them from the ``system`` section: drawn from ``system.seed`` (the same
 devices for every training seed, as ``data.seed`` keeps the same partition) or read from trace files.
 
->>> from rayfed.system.settings import SystemConfig
+>>> from rayfed.system.models import AVAILABILITY, DEVICES, model_availability, model_devices
+from rayfed.system.settings import SystemConfig
 >>> devices = load_profiles(SystemConfig(devices="lognormal", availability="diurnal"), 1000)
 >>> devices.num_clients, bool(np.median(devices.slowdown) < 1.1), devices.nbytes < 100_000
 (1000, True, True)
@@ -21,6 +22,7 @@ import numpy as np
 
 from rayfed.system.availability import Availability, diurnal
 from rayfed.system.checks import first_not_positive
+from rayfed.system.models import AVAILABILITY, DEVICES, model_availability, model_devices
 from rayfed.system.settings import SystemConfig
 from rayfed.system.traces import (
     DeviceColumns,
@@ -91,6 +93,9 @@ def load_profiles(config: SystemConfig, num_clients: int) -> DeviceProfiles | No
 
 
 def _devices(config: SystemConfig, num_clients: int) -> DeviceColumns:
+    if config.devices not in DEVICES:  # a model of the researcher's own (rayfed.system.models)
+        slowdown, down_mbps, up_mbps = model_devices(config.devices, config.seed, num_clients)
+        return slowdown, down_mbps * BYTES_PER_MBIT, up_mbps * BYTES_PER_MBIT
     if config.devices == "trace":
         assert config.device_trace is not None  # SystemConfig pairs them
         path = config.device_trace
@@ -120,6 +125,8 @@ def _lognormal(field: str, spread: float, normal: np.ndarray) -> np.ndarray:
 
 
 def _availability(config: SystemConfig, num_clients: int) -> Availability:
+    if config.availability not in AVAILABILITY:  # a model of the researcher's own (rayfed.system.models)
+        return model_availability(config.availability, config.seed, num_clients)
     if config.availability == "always":
         return Availability.everyone(num_clients)
     if config.availability == "diurnal":

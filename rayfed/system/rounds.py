@@ -12,7 +12,8 @@ A round that begins at virtual time ``t0`` (the end of the previous round):
 3. keeps the first ``n`` that finish by the deadline ``t0 + D`` (FedScale's over-commitment keeps the first
    finishers; ties go to the smaller client id); the others that finish in time are surplus, those after the
    deadline late. With ``system.late_work="partial"`` a round that reaches the deadline without ``n`` finished
-   clients also counts the late ones' partial work (Eq. 2), first finishers first, up to ``n`` clients;
+   clients also counts the late ones' partial work (Eq. 2), first finishers first, up to ``n`` clients: those that
+   take at least one step of the phases a step budget covers (what the server receives); the others stay late;
 4. ends when its ``n``-th client finished, or else at the deadline, or else (no deadline) when the last
    client it kept finished; a round in which no client reports and no deadline is set ends when the slowest
    sampled client would have finished.
@@ -23,7 +24,7 @@ function of arrays.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -57,6 +58,11 @@ class RoundOutcome:
     """int8 :class:`~rayfed.system.status.ClientStatus` of each one."""
     steps: np.ndarray
     """int64: the local steps of each one that count (all its steps, or its partial ones; 0 for the others)."""
+    budget: np.ndarray
+    """int64: a partial client's step budget, the steps it takes of the phases a budget covers (Eq. 2's k_i(D));
+    -1 for the others."""
+    online: int = 0
+    """How many clients were online when the round sampled (all of them without an availability model)."""
 
     @property
     def counted_ids(self) -> np.ndarray:
@@ -79,9 +85,11 @@ def settle_round(
     online_until: np.ndarray,
     wanted: int,
     config: SystemConfig,
+    budgeted: np.ndarray | None = None,
 ) -> RoundOutcome:
     """Steps 2-4 of the module docstring for the sampled ``client_ids`` (their times, their planned ``steps``,
-    each one's seconds per step, whether it drops out, and when it goes offline), keeping at most ``wanted``."""
+    each one's seconds per step, whether it drops out, and when it goes offline), keeping at most ``wanted``;
+    ``budgeted``: the steps of each one's phases that a step budget covers (None: all its steps)."""
     total = times.total_s
     status = np.full(len(client_ids), ClientStatus.FINISHED, dtype=np.int8)
     status[start_s + total > online_until] = ClientStatus.OFFLINE
@@ -95,22 +103,26 @@ def settle_round(
     status[in_time[wanted:]] = ClientStatus.SURPLUS
     kept = in_time[:wanted]
     done = np.where(status == ClientStatus.FINISHED, steps, 0).astype(np.int64)
+    budget = np.full(len(client_ids), -1, dtype=np.int64)
     if len(kept) == wanted:
         end = float(finish[kept[-1]])
     elif config.deadline_s is not None:
         end = float(deadline)
         if config.late_work == "partial":
             late = order[status[order] == ClientStatus.LATE]
-            partial = steps_within(_rows(times, late), steps[late], config.deadline_s, seconds_per_step[late])
+            covered = steps[late] if budgeted is None else budgeted[late]
+            fixed = None if budgeted is None else steps[late] - covered
+            partial = steps_within(_rows(times, late), covered, config.deadline_s, seconds_per_step[late], fixed=fixed)
             chosen = late[partial > 0][: wanted - len(kept)]
             status[chosen] = ClientStatus.PARTIAL
-            done[chosen] = partial[partial > 0][: wanted - len(kept)]
+            budget[chosen] = partial[partial > 0][: wanted - len(kept)]
+            done[chosen] = budget[chosen] + (0 if fixed is None else fixed[partial > 0][: wanted - len(kept)])
             finish[chosen] = deadline
     elif len(kept):
         end = float(finish[kept[-1]])
     else:
         end = float(start_s + total.max(initial=0.0))
-    return RoundOutcome(round_index, float(start_s), end, client_ids, finish, status, done)
+    return RoundOutcome(round_index, float(start_s), end, client_ids, finish, status, done, budget)
 
 
 def _rows(times: ClientTimes, rows: np.ndarray) -> ClientTimes:
@@ -149,8 +161,10 @@ class SyncRounds:
             return
         times = client_times(self.devices, self.work, self._all, step_s=self.config.step_s)
         needed = times.total_s
-        if self.config.late_work == "partial":  # one step is work to count
-            needed = times.download_s + times.upload_s + np.minimum(times.train_s, self._seconds_per_step(self._all))
+        if self.config.late_work == "partial":  # the steps no budget covers and one that it does are work to count
+            per_step = self._seconds_per_step(self._all)
+            fixed = (self.work.steps - self.work.budgeted_of(self._all)) * per_step
+            needed = times.download_s + times.upload_s + np.minimum(times.train_s, fixed + per_step)
         fastest = int(np.argmin(needed))
         if needed[fastest] > self.config.deadline_s:
             raise ConfigError(
@@ -186,7 +200,7 @@ class SyncRounds:
             rng = np.random.default_rng(np.random.SeedSequence([self.seed, _DROPOUT, round_index]))
             lost = rng.random(len(ids)) < self.config.dropout
         until = self.devices.availability.online_until(ids, start)
-        return settle_round(
+        outcome = settle_round(
             round_index,
             start,
             ids,
@@ -197,4 +211,6 @@ class SyncRounds:
             until,
             self.wanted,
             self.config,
+            None if self.work.budgeted is None else self.work.budgeted[ids],
         )
+        return replace(outcome, online=len(online))

@@ -18,16 +18,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from rayfed.system.models import AVAILABILITY, DEVICES, check_model_name
 from rayfed.util.documented import documented, section
 from rayfed.util.errors import ConfigError
 from rayfed.util.validation import check, check_choice, check_real, is_int
 
 __all__ = ["SystemConfig", "DEVICES", "AVAILABILITY", "LATE_WORK"]
 
-DEVICES = ("off", "equal", "lognormal", "trace")
-"""Where the clients' devices come from: none, one reference device for all, a lognormal spread, a trace file."""
-AVAILABILITY = ("always", "diurnal", "trace")
-"""When the clients are online: always, a daily window each, a trace file's windows."""
 LATE_WORK = ("drop", "partial")
 """What becomes of a client still training at the deadline: its work is dropped, or the steps it did count."""
 
@@ -41,7 +38,8 @@ class SystemConfig:
         "off",
         "off (no system model: every client is as fast as any other and always online), equal (every device the "
         "reference device), lognormal (speeds and bandwidths spread around it: system.compute_spread, "
-        "system.bandwidth_spread), or trace (read from system.device_trace).",
+        "system.bandwidth_spread), trace (read from system.device_trace), or the name of a device model of your "
+        "own (rayfed.system.register_devices, docs/system.md).",
     )
     device_trace: str | None = documented(
         None,
@@ -56,9 +54,10 @@ class SystemConfig:
     )
     calibrate: bool = documented(
         False,
-        "Measure system.step_s before the run: the median seconds of one local SGD step of the run's own model "
-        "on a batch of its data, on this machine (the driver's device), which then stands as system.step_s in "
-        "the run's config.json, so that the run and its resume use that number.",
+        "Measure system.step_s before the run: the median seconds of a local round of the client with the most "
+        "training samples (the run's own method, model and data), over its steps of all its phases, trained a few "
+        "times after a warm-up on this machine (the driver's device); it then stands as system.step_s in the run's "
+        "config.json, so that the run and its resume use that number.",
     )
     compute_spread: float = documented(
         0.6,
@@ -73,7 +72,8 @@ class SystemConfig:
     availability: str = documented(
         "always",
         "always (every client online all the time), diurnal (each client online for system.online_hours a day, "
-        "from an hour drawn around system.online_start_h), or trace (the windows of system.availability_trace).",
+        "from an hour drawn around system.online_start_h), trace (the windows of system.availability_trace), or the "
+        "name of an availability model of your own (rayfed.system.register_availability, docs/system.md).",
     )
     availability_trace: str | None = documented(
         None,
@@ -128,8 +128,8 @@ class SystemConfig:
         return self.devices != "off"
 
     def __post_init__(self) -> None:
-        check_choice("system.devices", self.devices, DEVICES)
-        check_choice("system.availability", self.availability, AVAILABILITY)
+        check_model_name("system.devices", self.devices)
+        check_model_name("system.availability", self.availability)
         check_choice("system.late_work", self.late_work, LATE_WORK)
         if not self.enabled:
             self._refuse_settings_without_devices()

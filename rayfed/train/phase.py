@@ -12,8 +12,9 @@ how many epochs of which samples (:class:`Samples`: the client's training split,
 public set; their batches and random views), with which optimiser (:class:`SGD`, :class:`Adam`, or
 :class:`NoStep`), which model (the round's, or one the client keeps in its state: :class:`Kept`), and the
 extra tensors it trains beside the model's parameters (:class:`Trainable`: FedNH's scale, APPLE's core model
-and mixing vector), which the same optimiser updates. Its hooks are pure functions of *one* client's tensors,
-named as in PyTorch Lightning:
+and mixing vector), which the same optimiser updates, and whether a deadline's step budget covers it (``budgeted``:
+by default the phase whose result is uploaded, so that a partial client trains what the server receives). Its
+hooks are pure functions of *one* client's tensors, named as in PyTorch Lightning:
 
 * ``loss(out, batch, params, constants)``: a term added to the cross-entropy of the logits (or, with
   ``cross_entropy=False``, the whole loss), from the logits and the features the output layer reads
@@ -37,7 +38,7 @@ every phase a method declares before it trains.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -66,6 +67,7 @@ __all__ = [
     "Grads",
     "Extra",
     "NO_PARAMETERS",
+    "with_budget_cover",
 ]
 
 Params = Sequence[torch.Tensor]
@@ -213,6 +215,10 @@ class Phase:
     client keeps in its state."""
     reports: bool = True
     """Whether the phase's steps and cross-entropy count in the client's reported loss and step count."""
+    budgeted: bool | None = None
+    """Whether a deadline's step budget covers the phase (a partial client's steps, ``RoundContext.step_budget``:
+    the budgeted phases share it in order, the others train whole); None = the default, the phase whose result is
+    uploaded: the last one that trains the round's model (:func:`with_budget_cover`)."""
     on_train_batch_start: EditHook | None = None
     on_after_backward: GradHook | None = None
     on_train_end: EditHook | None = None
@@ -223,3 +229,11 @@ class Phase:
     load: tuple[tuple[int, int], torch.Tensor] | None = None
     """A range of the parameter vector and the values loaded into it when the phase starts (FedClassAvg's
     warm-up loads the client's own classifier)."""
+
+
+def with_budget_cover(phases: Sequence[Phase]) -> list[Phase]:
+    """``phases`` with ``budgeted`` decided for each: as declared, or by default (None) the last phase that trains
+    the round's model (``model`` None), whose result the client uploads (FedRep's body, Ditto's global model), so
+    that a partial client spends its steps on what the server receives (docs/system.md)."""
+    uploaded = max((i for i, p in enumerate(phases) if p.model is None), default=-1)
+    return [p if p.budgeted is not None else replace(p, budgeted=i == uploaded) for i, p in enumerate(phases)]

@@ -78,6 +78,8 @@ def _problems(phase: Phase, where: PhaseContext) -> list[tuple[str, Any, str]]:
     for field in ("cross_entropy", "reports"):
         if not isinstance(getattr(phase, field), bool):
             out.append((field, getattr(phase, field), "must be True or False"))
+    if phase.budgeted is not None and not isinstance(phase.budgeted, bool):
+        out.append(("budgeted", phase.budgeted, "must be True, False or None (the phase whose result is uploaded)"))
     if phase.cross_entropy is False and phase.loss is None:
         out.append(("loss", None, "leaves the phase without a loss (cross_entropy=False); give a loss, or keep CE"))
     out.extend(_optimizer_problems(phase))

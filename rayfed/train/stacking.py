@@ -35,6 +35,7 @@ _DESCRIPTION = (
     "samples",
     "model",
     "reports",
+    "budgeted",
     "on_train_batch_start",
     "on_after_backward",
     "on_train_end",

@@ -19,17 +19,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import numpy as np
 import torch
 from torch import nn
 from torch.autograd.graph import _engine_run_backward
 
 from rayfed.data.augment import apply_augment
-from rayfed.train.batches import ClientBatches, draw_batches
+from rayfed.train.batches import ClientBatches, draw_batches, steps_per_epoch
 from rayfed.train.dropout import SEEDED_DROPOUT, signed_seed
 from rayfed.train.flat import FlatModel
 from rayfed.train.job import ClientJob
 from rayfed.train.phase import NO_PARAMETERS, Outputs, Phase
 from rayfed.train.rule import PhaseRule
+from rayfed.train.settings import TrainConfig
 from rayfed.train.workspace import StepInputs, StepState
 
 __all__ = [
@@ -42,6 +44,8 @@ __all__ = [
     "backward_from",
     "phase_samples",
     "phase_batches",
+    "phase_batching",
+    "phase_steps",
     "trained_range",
     "phase_seed",
     "extra_lrs",
@@ -97,24 +101,43 @@ def phase_batches(
     """Each client's batches in ``phase`` (one client's, or a stack's, in the order of ``jobs``) over its
     ``samples``, drawn from its generator with the phase's epochs, batch size, ``drop_last`` and views, else the
     round's (:func:`~rayfed.train.batches.draw_batches`). A client with a step budget (``ClientJob.step_budget``,
-    its partial work before a deadline) keeps the first batches within it, which its budget then pays for."""
-    train = jobs[0].train
+    its partial work before a deadline) keeps, in a phase the budget covers (``Phase.budgeted``), the first batches
+    within it, which its budget then pays for; every phase counts the steps it keeps in ``ClientJob.trained_steps``."""
+    batch, drop_last = phase_batching(phase, jobs[0].train)
     drawn = draw_batches(
         [(job.generator, int(y.shape[0])) for job, (_, y) in zip(jobs, samples)],
         epochs=phase.epochs,
-        batch=phase.samples.batch_size or train.batch_size,
-        drop_last=train.drop_last if phase.samples.drop_last is None else phase.samples.drop_last,
+        batch=batch,
+        drop_last=drop_last,
         views=phase.samples.views,
         augment=phase.samples.augment,
         image_size=tuple(samples[0][0].shape[1:]),
     )
-    return [_within_budget(job, batches) for job, batches in zip(jobs, drawn)]
+    kept = [_within_budget(job, phase, batches) for job, batches in zip(jobs, drawn)]
+    for job, batches in zip(jobs, kept):
+        job.trained_steps += batches.steps
+    return kept
 
 
-def _within_budget(job: ClientJob, batches: ClientBatches) -> ClientBatches:
-    """``batches`` cut to the client's remaining step budget, which they use up (drawn whole first, so the batches
-    the client does take are the ones it takes without a budget)."""
-    if job.step_budget is None:
+def phase_batching(phase: Phase, train: TrainConfig) -> tuple[int, bool]:
+    """(samples per step, ``drop_last``) of ``phase``: its own, else the round's."""
+    drop_last = train.drop_last if phase.samples.drop_last is None else phase.samples.drop_last
+    return phase.samples.batch_size or train.batch_size, drop_last
+
+
+def phase_steps(phase: Phase, num_train: np.ndarray, train: TrainConfig) -> np.ndarray:
+    """The steps ``phase`` draws for clients with ``num_train`` training samples (int64, one per client; over the
+    phase's own ``inputs`` where it brings them): its epochs' mini-batches, the work a system model's clock
+    charges (docs/system.md)."""
+    inputs = phase.samples.inputs
+    n = np.asarray(num_train, np.int64) if inputs is None else np.full(len(num_train), int(inputs[1].shape[0]))
+    return phase.epochs * steps_per_epoch(n, *phase_batching(phase, train))
+
+
+def _within_budget(job: ClientJob, phase: Phase, batches: ClientBatches) -> ClientBatches:
+    """``batches`` cut to the client's remaining step budget, which they use up, where the budget covers
+    ``phase`` (drawn whole first, so the batches the client does take are the ones it takes without a budget)."""
+    if job.step_budget is None or phase.budgeted is False:
         return batches
     kept = batches.first(job.step_budget)
     job.step_budget -= kept.steps

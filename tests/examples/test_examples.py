@@ -34,6 +34,7 @@ def test_every_example_is_covered_here() -> None:
         "optuna_lambda_search",
         "own_method",
         "system_heterogeneity",
+        "system_own_models",
     }
     assert {path.stem for path in EXAMPLES.glob("*.py")} == covered
 
@@ -94,6 +95,20 @@ def test_system_heterogeneity_in_its_smallest_form(tmp_path, capsys) -> None:
         assert float(to_target) == round(summary["virtual_time_to_target_s"], 1)
         assert json.loads((tmp_path / name / "config.json").read_text())["train"]["batch_size"] == 20
     assert lines[5] == f"figure: {tmp_path / 'accuracy.png'}" and (tmp_path / "accuracy.png").stat().st_size > 1000
+
+
+def test_system_own_models_in_its_smallest_form(tmp_path, capsys) -> None:
+    # Execute: 20 clients in two regions, 2 rounds
+    code = _example("system_own_models").main(["--out", str(tmp_path / "run"), "--clients", "20", "--rounds", "2"])
+    # Assert: a line per round; the devices the run drew are the catalogue's classes
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0 and lines[0].split() == ["round", "online", "kept", "offline", "virtual", "s"]
+    assert [line.split()[0] for line in lines[1:3]] == ["1", "2"]
+    assert lines[3].startswith("phone classes drawn (slowdown: clients):")
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (config["system"]["devices"], config["system"]["availability"]) == ("phone_classes", "regional_outages")
+    marker = json.loads((tmp_path / "run" / "rayfed-run.json").read_text())  # the models' file, sealed
+    assert [Path(p["file"]).name for p in marker["plugins"]] == ["system_own_models.py"]
 
 
 def test_motivating_example_in_its_smallest_form(capsys) -> None:

@@ -122,6 +122,26 @@ def test_a_client_that_goes_offline_before_it_finishes_loses_its_work() -> None:
     assert (outcome.status[1:] == ClientStatus.FINISHED).all()
 
 
+def test_partial_work_spends_the_budget_on_the_covered_steps_and_leaves_late_who_would_train_none() -> None:
+    # Prepare: 20 steps of which 10 (a phase outside the budget, a head) train whole before the budgeted 10
+    config, devices = _lognormal(deadline_s=4.0, late_work="partial")
+    work = Workload(np.full(M, 20, dtype=np.int64), 4e5, 4e5, budgeted=np.full(M, 10, dtype=np.int64))
+    outcome = SyncRounds(config, devices, work, seed=0, join_ratio=0.25).round(0, 0.0)
+    everything = SyncRounds(config, devices, _work(), seed=0, join_ratio=0.25).round(0, 0.0)
+    # Assert: a partial client takes its 10 fixed steps and a budget of the covered ones that fits by the deadline
+    partial = outcome.status == ClientStatus.PARTIAL
+    ids = outcome.client_ids[partial]
+    assert partial.any() and ((outcome.budget[partial] > 0) & (outcome.budget[partial] < 10)).all()
+    assert (outcome.steps[partial] == 10 + outcome.budget[partial]).all()
+    assert (outcome.budget[~partial] == -1).all()
+    times = client_times(devices, work, ids, step_s=config.step_s)
+    used = times.download_s + outcome.steps[partial] * devices.slowdown[ids] * 0.1 + times.upload_s
+    assert (used <= 4.0 + 1e-9).all()
+    # those that fit a step of the budget-free work but none of the covered steps stay late
+    was_partial = everything.client_ids[everything.status == ClientStatus.PARTIAL]
+    assert len(ids) < len(was_partial) and set(ids) <= set(was_partial)
+
+
 def test_a_deadline_no_device_can_meet_is_refused() -> None:
     config = SystemConfig(devices="equal", deadline_s=1.0)
     with pytest.raises(ConfigError) as raised:

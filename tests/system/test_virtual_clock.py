@@ -37,12 +37,25 @@ def test_partial_work_is_the_steps_that_fit_before_the_upload() -> None:
     assert steps_within(times, work.steps, 1.0, per_step).tolist() == [0, 0, 0]  # not even the transfers fit
 
 
+def test_partial_work_trains_the_phases_outside_the_budget_first() -> None:
+    # Prepare: 10, 10 and 40 steps, of which 5, 5 and 20 are outside the step budget and train whole
+    work = Workload(steps=np.array([10, 10, 40]), bytes_down=1e6, bytes_up=5e5, budgeted=np.array([5, 5, 20]))
+    ids = np.array([0, 1, 2])
+    times = client_times(_devices(), work, ids, step_s=0.2)
+    per_step = _devices().slowdown * 0.2
+    fixed = work.steps - work.budgeted_of(ids)
+    # Execute / Assert: room of 3 s, 0 s and 3 s (Eq. 2), less the steps outside the budget (5 x 0.2 s, 5 x 0.6 s,
+    # 20 x 0.1 s): 2 s (all 5 budgeted steps), none, 1 s (10 of 20)
+    assert steps_within(times, work.budgeted_of(ids), 6.0, per_step, fixed=fixed).tolist() == [5, 0, 10]
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
         ({"steps": np.array([-1]), "bytes_down": 1.0, "bytes_up": 1.0}, "Workload.steps holds one count >= 0"),
         ({"steps": np.array([1, 2]), "bytes_down": np.ones(3), "bytes_up": 1.0}, "Workload.bytes_down is one"),
         ({"steps": np.array([1]), "bytes_down": 1.0, "bytes_up": -1.0}, "Workload.bytes_up is one"),
+        ({"steps": np.array([1]), "bytes_down": 1.0, "bytes_up": 1.0, "budgeted": np.array([2])}, "from 0 to its"),
     ],
 )
 def test_a_workload_holds_one_entry_per_client(fields, message) -> None:
