@@ -15,7 +15,7 @@ idles while the others train, unless it takes its next client (``engine.pack_lan
 Runs that share a stack (K runs as lanes of one stack) are not built: ``ops_k8_vs_k1`` and
 ``cpu_k4_packed_vs_side_by_side`` print ``na``, and the output says so.
 
-    python benchmarks/packing.py [--data-root DIR] [--rounds 3] [--clients 8]
+    python benchmarks/packing.py [--data-root DIR] [--rounds 3] [--clients 8] [--gpu]
 
 The last line: ``packing: occupancy_dirichlet=<x> occupancy_pathological=<x> ops_k8_vs_k1=<x> packed_equal=<0|1>
 cpu_k4_packed_vs_side_by_side=<x>``.
@@ -88,7 +88,7 @@ def layouts(steps: Sequence[int]) -> dict[str, dict[str, float]]:
     return out
 
 
-def tiny_config(run_dir: Path, rounds: int, clients: int, packed: bool) -> RunConfig:
+def tiny_config(run_dir: Path, rounds: int, clients: int, packed: bool, gpu: bool = False) -> RunConfig:
     """FedAvg on tiny synthetic data of unequal clients, stacked, its clients packed into lanes or not."""
     return RunConfig().override(
         {
@@ -107,6 +107,7 @@ def tiny_config(run_dir: Path, rounds: int, clients: int, packed: bool) -> RunCo
             "engine.pack_lanes": packed,
             "engine.progress": False,
             "engine.torch_threads": 1,
+            "engine.num_gpus_per_worker": 1.0 if gpu else 0.0,
             "run_dir": str(run_dir),
         }
     )
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-root", help="recompute the MNIST protocol's step counts from real MNIST here")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the packed_equal runs")
     parser.add_argument("--clients", type=int, default=8, help="clients of the packed_equal runs")
+    parser.add_argument("--gpu", action="store_true", help="train the packed_equal runs on the GPU (CUDA graphs)")
     args = parser.parse_args(argv)
     steps = mnist_steps(args.data_root) if args.data_root else MNIST_STEPS
     occupancies = {}
@@ -149,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:44s} {row['lanes']:3.0f} lanes {row['stacked']:5.0f} stacked steps  {row['occupancy']:.3f}")
         occupancies[partition] = occupancy(packed_lanes(counts))
     with tempfile.TemporaryDirectory() as tmp:
-        alone = run(tiny_config(Path(tmp) / "one-lane-each", args.rounds, args.clients, packed=False)).history
-        config = tiny_config(Path(tmp) / "packed", args.rounds, args.clients, packed=True)
+        alone = run(tiny_config(Path(tmp) / "one-lane-each", args.rounds, args.clients, False, args.gpu)).history
+        config = tiny_config(Path(tmp) / "packed", args.rounds, args.clients, True, args.gpu)
         packed = run(config).history
     equal = agree(alone, packed)
     lanes, clients = tiny_lanes(config)
