@@ -1,13 +1,13 @@
 """The workspace of a stack of clients in training: what its steps read and change, as typed fields.
 
-A stacked phase (:mod:`rayfed.train.stacked`) trains its clients, longest first, as a prefix of the stack
-that narrows when clients finish. :class:`StackSpace` holds the ``width`` clients still training: their
+A stacked phase (:mod:`rayfed.train.stacked`) trains its clients in lanes, longest first, as a prefix of the stack
+that narrows when lanes finish. :class:`StackSpace` holds the ``width`` lanes still training: their
 parameters as one parameter-major stack, each BatchNorm layer's running statistics, the step's
-:class:`~rayfed.train.workspace.StepState` (one row per client) and its batch
-(:class:`~rayfed.train.workspace.StepInputs`, allocated for ``width`` clients so a captured step reads them).
-:meth:`StackSpace.narrowed` holds the first clients' when the others finish, and :meth:`StackSpace.write_out` writes
-the finished clients' rows into the phase's :class:`StackOutcome`.
-"""
+:class:`~rayfed.train.workspace.StepState` (one row per lane) and its batch
+(:class:`~rayfed.train.workspace.StepInputs`, allocated for ``width`` lanes so a captured step reads them).
+:meth:`StackSpace.narrowed` holds the first lanes' when the others finish, :meth:`StackSpace.write_out` writes
+finished clients' rows into the phase's :class:`StackOutcome`, and :meth:`StackSpace.take_lane` starts a lane's
+next client (packed lanes, :mod:`rayfed.train.lanes`)."""
 
 from __future__ import annotations
 

@@ -11,12 +11,14 @@ step issues about as many operations as one client's step, whatever C. The step 
 (:func:`~rayfed.train.step.make_step`) on the stack (:class:`StackModel`); the phase's hooks run for every
 client at once under ``torch.func.vmap`` (:class:`~rayfed.train.rule.PhaseRule`).
 
-Clients take different numbers of steps (their data sizes differ). They are ordered by their step
-count, longest first, and at step s only the clients that still have a step train: a prefix of the
-stack, so no step is spent on a client that has finished (:class:`~rayfed.train.stack_plan.StackPlan`,
+Clients take different numbers of steps (their data sizes differ). Each client trains in a lane of the stack, one
+client a lane or, packed, a lane taking its next client when its current one finishes (its row written out, the
+next client's values taking the lane: :mod:`rayfed.train.lanes`). The lanes are ordered by their step counts,
+longest first, and at step s only the lanes that still have a step train: a prefix of the stack, so no step is
+spent on a lane that has finished (:class:`~rayfed.train.stack_plan.StackPlan`,
 :class:`~rayfed.train.stack_space.StackSpace`). Each client draws its batches as the sequential loop does;
 a short last batch (``train.drop_last=False``) is padded with samples of weight 0. The result equals the
-sequential path within float tolerance (tests/train/test_stacked.py).
+sequential path within float tolerance (tests/train/test_stacked.py, tests/train/test_every_method_stacks.py).
 
 On a GPU a step of ``width`` clients is captured once per width as a CUDA graph and replayed
 (:mod:`rayfed.train.graphs`); its workspace stays allocated from call to call while the kept ones fit
