@@ -8,6 +8,8 @@ idles while the others train, unless it takes its next client (``engine.pack_lan
   (Dirichlet 0.1 and pathological, ``data.seed`` 0: :data:`MNIST_STEPS`, recomputed with ``--data-root``), laid
   out one lane a client (before), packed (``engine.pack_lanes``), and in stacks of about equal step counts trained
   one after the other (the alternative docs/architecture.md weighs).
+* **ATen operations per client-step** of one stacked call of that run's clients, packed and not, counted as
+  ``benchmarks/step_overhead.py`` counts them (the launch proxy of the GPU path): printed above the last line.
 * **packed_equal**: a run (FedAvg on tiny synthetic data, the stacked path) with its clients packed into lanes
   against the same run with one lane a client: 1 when every round's losses and accuracies agree within
   :data:`TOLERANCE`.
@@ -124,6 +126,30 @@ def tiny_lanes(config: RunConfig) -> tuple[int, int]:
     return len(packed_lanes(steps).clients), sum(1 for s in steps if s)
 
 
+def ops_per_client_step(config: RunConfig) -> float:
+    """ATen operations per client-step of one stacked training call over every client of ``config``'s first
+    round, counted as ``benchmarks/step_overhead.py`` counts (the GPU path's launch proxy)."""
+    import numpy as np
+    from step_overhead import count
+
+    from rayfed.algorithms import RoundContext
+    from rayfed.data import load_dataset, make_partition
+    from rayfed.engine.problem_build import build_problem
+    from rayfed.execution.client_runner import ClientRunner
+    from rayfed.execution.server import Server
+
+    data = config.data
+    dataset = load_dataset(data.dataset, data.root, seed=data.seed, options=data.options)
+    partition = make_partition(dataset.labels, dataset.num_classes, data)
+    spec, initial = build_problem(config, dataset)
+    broadcast = Server(config, spec, initial).broadcast()
+    runner = ClientRunner(config.override({"engine.stack_size": data.num_clients}), spec, dataset, partition)
+    ids = list(range(data.num_clients))
+    ctx = RoundContext(round=0, seed=config.seed, lr=config.train.lr, sampled=np.arange(data.num_clients))
+    counted = count(lambda: sum(report.steps for report in runner.train(broadcast, ctx, ids).reports))
+    return counted.ops / counted.client_steps
+
+
 def agree(one: list[dict[str, Any]], other: list[dict[str, Any]]) -> bool:
     """Whether two runs' rounds agree in every loss and accuracy within :data:`TOLERANCE`."""
     keys = [k for k in one[0] if "loss" in k or "acc" in k]
@@ -154,8 +180,16 @@ def main(argv: list[str] | None = None) -> int:
         alone = run(tiny_config(Path(tmp) / "one-lane-each", args.rounds, args.clients, False, args.gpu)).history
         config = tiny_config(Path(tmp) / "packed", args.rounds, args.clients, True, args.gpu)
         packed = run(config).history
+        ops = {
+            packed: ops_per_client_step(tiny_config(Path(tmp) / "ops", 1, args.clients, packed, args.gpu))
+            for packed in (False, True)
+        }
     equal = agree(alone, packed)
     lanes, clients = tiny_lanes(config)
+    print(
+        f"ATen ops per client-step of that stacked call: one lane a client {ops[False]:.1f}, packed {ops[True]:.1f} "
+        f"({ops[True] / ops[False]:.3f}x)"
+    )
     print(
         f"packed_equal: a run with its {clients} clients packed into {lanes} lanes (every client sampled each round) "
         f"against one lane a client, {len(alone)} rounds"
