@@ -13,12 +13,14 @@ to carry Ray there). Three steps, each with its own time limit and its whole out
   plain loop), shortened by ``--quick``.
 * ``throughput``: ``benchmarks/throughput.py`` with two workers on the machine's CPUs (an idle box: the limit
   ratio against two plain processes).
+* ``packing``: ``benchmarks/packing.py --gpu``: the lanes' occupancy, and a run packed into lanes against the same
+  run unpacked, stacked on the device with CUDA graphs.
 
-    python benchmarks/gpu_suite.py --out DIR [--data-root DIR] [--steps tests,gpu,throughput] [--quick]
+    python benchmarks/gpu_suite.py --out DIR [--data-root DIR] [--steps tests,gpu,throughput,packing] [--quick]
 
 The last line: ``gpu_suite: device=<name> tests=<passed>/<failed>/<errors> <gpu.py's figures>
-<throughput.py's figures>``; the exit status is 1 when a test failed or a step did not finish. Without CUDA it
-says so and exits 0.
+<throughput.py's figures> <packing.py's figures>``; the exit status is 1 when a test failed or a step did not
+finish. Without CUDA it says so and exits 0.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ CUDA_TESTS = (
     "tests/train/test_stacked.py",
     "tests/execution/test_global_eval.py",
 )
-STEPS = ("tests", "gpu", "throughput")
+STEPS = ("tests", "gpu", "throughput", "packing")
 
 
 def _run(name: str, command: list[str], out: Path, limit_s: float, env: dict[str, str]) -> tuple[str, bool, float]:
@@ -75,10 +77,13 @@ def _pytest_counts(text: str) -> str:
 
 
 def _last_figures(text: str) -> str:
-    """The last line of a benchmark made of ``key=value`` fields, or ``-``."""
+    """The last line of a benchmark made of ``key=value`` fields (after its name, ``name:``, where it has one), or
+    ``-``."""
     for line in reversed(text.splitlines()):
-        if line and all("=" in field for field in line.split()):
-            return line.strip()
+        fields = line.split()
+        fields = fields[1:] if fields and fields[0].endswith(":") else fields
+        if fields and all("=" in field for field in fields):
+            return " ".join(fields)
     return "-"
 
 
@@ -88,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-root", default=None, help="MNIST in torchvision's layout, for gpu.py")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
     parser.add_argument("--quick", action="store_true", help="shorter gpu.py and throughput runs (fewer rounds)")
-    parser.add_argument("--limits", default="240,200,150", help="seconds allowed to tests, gpu, throughput")
+    parser.add_argument(
+        "--limits", default="240,200,150,120", help="seconds allowed to tests, gpu, throughput, packing"
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -129,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
             str(args.out / "throughput.json"),
         ]
         text, ok, _ = _run("throughput", command, args.out, limits["throughput"], env)
+        summary.append(_last_figures(text))
+        all_ok &= ok
+    if "packing" in steps:
+        data = ["--data-root", args.data_root] if args.data_root else []
+        command = [sys.executable, "benchmarks/packing.py", "--gpu", *data]
+        text, ok, _ = _run("packing", command, args.out, limits["packing"], env)
         summary.append(_last_figures(text))
         all_ok &= ok
     print("gpu_suite: " + " ".join(summary), flush=True)

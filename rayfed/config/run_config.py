@@ -120,6 +120,9 @@ class EngineConfig:
         "batched products): on, off, or auto (stacked on CUDA, sequential on CPU: benchmarks/README.md).",
     )
     stack_size: int = documented(64, "Most clients trained in one stack (bounds the memory of a vectorised step).")
+    pack_lanes: bool = documented(
+        False, "Pack a stack's clients into fewer lanes, a lane taking the next client when one ends (same numbers)."
+    )
     cuda_graphs: bool = documented(
         True, "On a GPU, capture each training step once per shape as a CUDA graph and replay it (off: run eagerly)."
     )
@@ -193,6 +196,7 @@ class EngineConfig:
         check(self.clients_per_call >= 0, "engine.clients_per_call", self.clients_per_call, ">= 0")
         check_choice("engine.vectorize", self.vectorize, ("auto", "on", "off"))
         check(self.stack_size >= 1, "engine.stack_size", self.stack_size, ">= 1")
+        check(isinstance(self.pack_lanes, bool), "engine.pack_lanes", self.pack_lanes, "true or false")
         check(0 < self.join_ratio <= 1, "engine.join_ratio", self.join_ratio, "in (0, 1]")
         check(self.eval_every >= 1, "engine.eval_every", self.eval_every, ">= 1")
         check_choice("engine.eval_clients", self.eval_clients, ("all", "sampled"))

@@ -199,7 +199,8 @@ class ClientRunner(ClientData):
         from the stack when its client half asks for it (``job.trained``, ``job.model``); uploads declared as a
         weighted state (FedAvg's) are made for the whole stack in one product."""
         started = time.perf_counter()
-        trained = self.loop.train_stack(jobs, starts, phases, replays=self.capabilities.replays)
+        pack = self.config.engine.pack_lanes
+        trained = self.loop.train_stack(jobs, starts, phases, replays=self.capabilities.replays, pack=pack)
         flat = jobs[0].worker_model
         norms = torch.linalg.vector_norm(trained.states[:, : flat.size] - starts[:, : flat.size], dim=1)
         for row, job in enumerate(jobs):

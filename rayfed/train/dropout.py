@@ -62,9 +62,9 @@ def dropout_mask(
     rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(clients, *shape) masks, ``1 / (1 − p)`` where an element is kept and 0 where it is dropped: client c's
-    mask of the step ``step`` (a 0-d int64 tensor) for an activation of ``shape`` at the ``layer``-th dropout.
-    ``rows`` (shape[0],) numbers the activation's rows (default 0, 1, ...): a row keeps its mask whatever else
-    is in its batch.
+    mask of the step ``step`` (a 0-d int64 tensor, or one per client) for an activation of ``shape`` at the
+    ``layer``-th dropout. ``rows`` (shape[0],) numbers the activation's rows (default 0, 1, ...): a row keeps its
+    mask whatever else is in its batch.
 
     >>> seeds = torch.tensor([5, 7])
     >>> m = dropout_mask(seeds, torch.tensor(0), 0, (1000,), 0.5)
@@ -118,8 +118,8 @@ def _row_numbers(rows: int, current: Mapping[str, Any]) -> torch.Tensor | None:
 def client_dropout(module: nn.Module) -> Iterator[dict[str, Any]]:
     """Drive ``module``'s dropout layers with client masks while the block runs. The caller fills the mapping
     yielded: ``seeds`` (the clients' int64 seeds, in stack order), ``width`` (how many of them train),
-    ``step`` (a 0-d int64 tensor, the step within the phase), and ``views`` and ``batch`` (the phase's views
-    of its batches of ``batch`` samples); the phase's index goes into the seeds."""
+    ``step`` (a 0-d int64 tensor, the step within the phase; one per client in a packed stack), and ``views`` and
+    ``batch`` (the phase's views of its batches of ``batch`` samples); the phase's index goes into the seeds."""
     current: dict[str, Any] = {}
     layers = [layer for layer in module.modules() if isinstance(layer, SEEDED_DROPOUT)]
     for index, layer in enumerate(layers):

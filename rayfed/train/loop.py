@@ -132,9 +132,11 @@ class LocalLoop:
         phases: Sequence[Sequence[Phase]],
         *,
         replays: bool = True,
+        pack: bool = False,
     ) -> Trained:
         """Train ``jobs`` (clients of one architecture, sharing ``jobs[0].flat``, their phases stacking together) as
-        one stack from ``starts`` (C, S)."""
+        one stack from ``starts`` (C, S), its clients packed into lanes where ``pack``
+        (:func:`~rayfed.train.lanes.packed_lanes`)."""
         flat = jobs[0].flat
         own = [list(p) for p in phases]
         if any(reads_anchor(p) for p in own[0]):
@@ -167,7 +169,7 @@ class LocalLoop:
                     column[c] = self._on_features(column[c], job, flat)
             column = [self._reading_features(p, jobs[0].architecture) for p in column]
             where = self._where("stack of " + ",".join(str(j.client_id) for j in jobs[:8]), index, count)
-            outcome = runner.run(jobs, column, index, models[key], momentum, replays, where)
+            outcome = runner.run(jobs, column, index, models[key], momentum, replays, where, pack)
             models[key] = outcome.trained
             for c in range(len(jobs)):
                 extra[c].update({k: v[c] for k, v in outcome.extra.items()})

@@ -89,7 +89,8 @@ class PhaseRule:
         features = None if outputs.features is None else outputs.features.unflatten(1, (width, -1))
         labels = y.view(batch, width, *y.shape[1:])
         args = (logits, features, labels, weight, step, list(params), constants)
-        dims = (1, None if features is None else 1, 1, None if weight is None else 1, None, 0, 0)
+        step_dim = None if step.dim() == 0 else 0  # a packed stack's lanes count their own steps
+        dims = (1, None if features is None else 1, 1, None if weight is None else 1, step_dim, 0, 0)
         return self._per_client("term", self._term, dims)(*args)
 
     # --- the hooks ---------------------------------------------------------------------------------------

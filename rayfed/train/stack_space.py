@@ -1,13 +1,13 @@
 """The workspace of a stack of clients in training: what its steps read and change, as typed fields.
 
-A stacked phase (:mod:`rayfed.train.stacked`) trains its clients, longest first, as a prefix of the stack
-that narrows when clients finish. :class:`StackSpace` holds the ``width`` clients still training: their
+A stacked phase (:mod:`rayfed.train.stacked`) trains its clients in lanes, longest first, as a prefix of the stack
+that narrows when lanes finish. :class:`StackSpace` holds the ``width`` lanes still training: their
 parameters as one parameter-major stack, each BatchNorm layer's running statistics, the step's
-:class:`~rayfed.train.workspace.StepState` (one row per client) and its batch
-(:class:`~rayfed.train.workspace.StepInputs`, allocated for ``width`` clients so a captured step reads them).
-:meth:`StackSpace.narrowed` holds the first clients' when the others finish, and :meth:`StackSpace.write_out` writes
-the finished clients' rows into the phase's :class:`StackOutcome`.
-"""
+:class:`~rayfed.train.workspace.StepState` (one row per lane) and its batch
+(:class:`~rayfed.train.workspace.StepInputs`, allocated for ``width`` lanes so a captured step reads them).
+:meth:`StackSpace.narrowed` holds the first lanes' when the others finish, :meth:`StackSpace.write_out` writes
+finished clients' rows into the phase's :class:`StackOutcome`, and :meth:`StackSpace.take_lane` starts a lane's
+next client (packed lanes, :mod:`rayfed.train.lanes`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from rayfed.train.stack_plan import StackPlan
 from rayfed.train.update import OptimizerState
 from rayfed.train.workspace import StepInputs, StepState
 
-__all__ = ["StackOutcome", "StackSpace"]
+__all__ = ["StackOutcome", "StackSpace", "LaneStart"]
 
 
 @dataclass
@@ -82,7 +82,7 @@ class StackSpace:
         )
         state = StepState(
             lr=s.lr,
-            step=s.step,
+            step=s.step if s.step is None or s.step.dim() == 0 else rows(s.step),
             seeds=None if s.seeds is None else rows(s.seeds),
             constants={k: rows(v) for k, v in s.constants.items()},
             optimizer=optimizer,
@@ -113,31 +113,79 @@ class StackSpace:
 
     def write_out(
         self,
-        keep: int,
+        rows: slice,
+        slot: int,
         out: StackOutcome,
         flat: FlatModel,
         sub: ParamLayout,
         rule: PhaseRule,
         buffers: dict[str, tuple[slice, slice]],
     ) -> None:
-        """Write the clients from ``keep`` on, whose training ended, into ``out`` (rows ``keep`` to ``width``), after
-        the phase's ``on_train_end`` (run on copies: the clients before ``keep`` train on)."""
+        """Write the lanes ``rows``, whose clients' training ended, into ``out`` from ``slot`` on, after the phase's
+        ``on_train_end`` (run on copies: the other lanes train on)."""
         width, layout = self.width, flat.layout
         stack, state = self.stack, self.state
+        slots = slice(slot, slot + len(range(*rows.indices(width))))
         if rule.phase.on_train_end is not None:
             stack = stack.clone()
             state = StepState(**{**vars(state), "extra": {k: v.clone() for k, v in state.extra.items()}})
             rule.edit_params("on_train_end", layout.stacked_views(stack, width), state)
         with torch.no_grad():
-            out.trained[keep:width, : layout.size] = client_major(stack, layout, width)[keep:]
+            out.trained[slots, : layout.size] = client_major(stack, layout, width)[rows]
             if state.loss_sums is not None:
-                out.loss_sums[keep:width] = state.loss_sums[keep:]
+                out.loss_sums[slots] = state.loss_sums[rows]
             for name, (mean, var) in self.batch_norm.items():
                 at_mean, at_var = buffers[name]
-                out.trained[keep:width, at_mean] = mean[keep:]
-                out.trained[keep:width, at_var] = var[keep:]
+                out.trained[slots, at_mean] = mean[rows]
+                out.trained[slots, at_var] = var[rows]
             for name, value in state.extra.items():
-                out.extra[name][keep:width] = value[keep:]
+                out.extra[name][slots] = value[rows]
             momentum = state.optimizer.momentum
             if momentum is not None and out.momentum is not None:
-                out.momentum[keep:width] = client_major(momentum, sub, width)[keep:]
+                out.momentum[slots] = client_major(momentum, sub, width)[rows]
+
+    def take_lane(self, lane: int, client: LaneStart, layout: ParamLayout, sub: ParamLayout) -> None:
+        """Start ``client`` in ``lane``, whose previous client was written out: its model, running statistics,
+        seed, constants and trainables, a new optimiser's buffers (or its kept momentum), no loss, step 0."""
+        width, state = self.width, self.state
+        with torch.no_grad():
+            for target, value in zip(layout.stacked_views(self.stack, width), layout.views(client.model)):
+                target[lane].copy_(value)
+            for name, (mean, var) in self.batch_norm.items():
+                mean[lane].copy_(client.norms[name][0])
+                var[lane].copy_(client.norms[name][1])
+            if state.seeds is not None:
+                state.seeds[lane].copy_(client.seed)
+            for name, value in state.constants.items():
+                value[lane].copy_(client.constants[name])
+            for name, value in state.extra.items():
+                value[lane].copy_(client.extra[name])
+                for buffer in state.extra_optimizer[name].tensors():
+                    buffer[lane].zero_()
+            optimizer = state.optimizer
+            for buffer in optimizer.tensors():
+                kept = client.momentum if buffer is optimizer.momentum else None
+                starts = sub.views(kept) if kept is not None else [None] * len(sub.names)
+                for target, start in zip(sub.stacked_views(buffer, width), starts):
+                    if start is None:
+                        target[lane].zero_()
+                    else:
+                        target[lane].copy_(start)
+            if state.loss_sums is not None:
+                state.loss_sums[lane].zero_()
+            if state.step is not None:
+                state.step[lane].zero_()
+
+
+@dataclass(frozen=True)
+class LaneStart:
+    """What a client starts a lane from (:meth:`StackSpace.take_lane`)."""
+
+    model: torch.Tensor
+    """Its flat parameters (client-major, (P,))."""
+    norms: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    seed: torch.Tensor
+    constants: dict[str, torch.Tensor]
+    extra: dict[str, torch.Tensor]
+    momentum: torch.Tensor | None
+    """Its kept momentum over the trained range, None for a new optimiser's."""

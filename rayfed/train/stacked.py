@@ -11,12 +11,14 @@ step issues about as many operations as one client's step, whatever C. The step 
 (:func:`~rayfed.train.step.make_step`) on the stack (:class:`StackModel`); the phase's hooks run for every
 client at once under ``torch.func.vmap`` (:class:`~rayfed.train.rule.PhaseRule`).
 
-Clients take different numbers of steps (their data sizes differ). They are ordered by their step
-count, longest first, and at step s only the clients that still have a step train: a prefix of the
-stack, so no step is spent on a client that has finished (:class:`~rayfed.train.stack_plan.StackPlan`,
+Clients take different numbers of steps (their data sizes differ). Each client trains in a lane of the stack, one
+client a lane or, packed, a lane taking its next client when its current one finishes (its row written out, the
+next client's values taking the lane: :mod:`rayfed.train.lanes`). The lanes are ordered by their step counts,
+longest first, and at step s only the lanes that still have a step train: a prefix of the stack, so no step is
+spent on a lane that has finished (:class:`~rayfed.train.stack_plan.StackPlan`,
 :class:`~rayfed.train.stack_space.StackSpace`). Each client draws its batches as the sequential loop does;
 a short last batch (``train.drop_last=False``) is padded with samples of weight 0. The result equals the
-sequential path within float tolerance (tests/train/test_stacked.py).
+sequential path within float tolerance (tests/train/test_stacked.py, tests/train/test_every_method_stacks.py).
 
 On a GPU a step of ``width`` clients is captured once per width as a CUDA graph and replayed
 (:mod:`rayfed.train.graphs`); its workspace stays allocated from call to call while the kept ones fit
@@ -36,12 +38,11 @@ from rayfed.train.dropout import client_dropout
 from rayfed.train.flat import FlatModel
 from rayfed.train.graphs import StepGraphs
 from rayfed.train.job import ClientJob
-from rayfed.train.layout import ParamLayout
 from rayfed.train.phase import Adam, Phase
 from rayfed.train.rule import PhaseRule
 from rayfed.train.stack_layout import parameter_major, sub_layout
 from rayfed.train.stack_plan import StackPlan
-from rayfed.train.stack_space import StackOutcome, StackSpace
+from rayfed.train.stack_space import LaneStart, StackOutcome, StackSpace
 from rayfed.train.stacked_layers import stacked_layers
 from rayfed.train.stacking import stack_key
 from rayfed.train.step import (
@@ -156,35 +157,37 @@ class StackedTraining:
         momentum: torch.Tensor | None,
         replays: bool,
         where: str,
+        pack: bool = False,
     ) -> StackOutcome:
         """Train ``jobs`` through their ``phases`` (one signature) from ``starts`` (C, S); ``momentum`` (C, trained
-        range) continues the clients' kept buffers; ``replays`` allows CUDA graphs; ``where`` names the phase."""
+        range) continues the clients' kept buffers; ``replays`` allows CUDA graphs; ``where`` names the phase;
+        ``pack`` packs the clients into lanes (:func:`~rayfed.train.lanes.packed_lanes`; a phase with Adam, whose
+        scalars are the stack's step's, keeps a lane per client)."""
         phase, flat, device = phases[0], self.flat, starts.device
         data = [phase_samples(p, j) for p, j in zip(phases, jobs)]
         batches = phase_batches(phase, jobs, data)
         longest = max(b.steps for b in batches)
         adam = [adam_scalars(jobs[0].lr, phase.optimizer.betas, longest)] if isinstance(phase.optimizer, Adam) else []
         seeds = np.array([phase_seed(job, phase_index) for job in jobs], dtype=np.int64)
-        plan = StackPlan.of(batches, [int(y.shape[0]) for _, y in data], device, [seeds, *adam])
+        sizes = [int(y.shape[0]) for _, y in data]
+        plan = StackPlan.of(batches, sizes, device, [seeds, *adam], packed=pack and not adam)
         rule = PhaseRule(phase, jobs[0].train, stacked=True, where=where, shapes=flat.layout.shapes)
         trained = trained_range(phase, flat)
         sub = sub_layout(flat.layout, *trained)
-        ordered = starts[plan.order_index]
-        if phase.load is not None:
-            (a, b), _ = phase.load
-            ordered[:, a:b] = torch.stack([phases[c].load[1] for c in plan.order])  # type: ignore[index]
-        extra = {k: torch.stack([phases[c].extra[k].value for c in plan.order]) for k in phase.extra}
-        out = StackOutcome(  # in stack order: the rows of finished clients are written as they finish
-            ordered.clone(),
+        starting = _loaded(starts, phases)
+        extra = {k: torch.stack([p.extra[k].value for p in phases]) for k in phase.extra}
+        slotted = starting[plan.slot_index]
+        out = StackOutcome(  # in slot order (:class:`StackPlan`): the clients are written out as they finish
+            slotted.clone(),
             torch.zeros(len(jobs), device=device),
-            [plan.steps[c] for c in plan.order],
-            {k: v.clone() for k, v in extra.items()},
-            None if momentum is None else momentum[plan.order_index].clone(),
+            plan.steps,
+            {k: v[plan.slot_index] for k, v in extra.items()},
+            None if momentum is None else momentum[plan.slot_index],
         )
         if longest == 0:
             return out.in_job_order(plan)
-        x = torch.cat([data[c][0] for c in plan.order])
-        y = torch.cat([data[c][1] for c in plan.order])
+        x = torch.cat([inputs for inputs, _ in data])
+        y = torch.cat([labels for _, labels in data])
         space: StackSpace | None = None
         flat.module.train()
         with (
@@ -193,15 +196,22 @@ class StackedTraining:
         ):
             for s, width in enumerate(plan.active):
                 if space is None or width < space.width:
-                    if space is None:  # clients without a step keep their starting rows in ``out``
-                        values = self._first(phases, ordered, momentum, rule, trained, sub, plan, jobs[0].lr, extra)
-                        values = values if width == values.width else values.narrowed(width, flat.layout, sub)
+                    if space is None:
+                        firsts = starting[plan.first_index] if plan.lanes.packed else _first_rows(slotted, width)
+                        values = self._first(phases, firsts, momentum, rule, trained, plan, jobs[0].lr, extra)
                     else:
-                        values = self._narrow(space, width, out, sub, rule)
+                        space.write_out(slice(width, space.width), width, out, flat, sub, rule, self.buffers)
+                        values = space.narrowed(width, flat.layout, sub)
                     space = self._workspace(values, phase, plan, x, y, replays)
                     model = StackModel(space, flat, trained, current)
                     record = LossRecord(space.state)
                     step = make_step(model, rule, space.state, space.batch, record, self.pixel_scale)
+                for switch in plan.switches.get(s, ()):  # a lane whose client finished takes its next one
+                    start = self._lane_start(switch.client, phases, starting, momentum, plan, extra)
+                    space.write_out(
+                        slice(switch.lane, switch.lane + 1), switch.slot, out, flat, sub, rule, self.buffers
+                    )
+                    space.take_lane(switch.lane, start, flat.layout, sub)
                 self._fill(space, plan, s, x, y)
                 dropout.update(
                     seeds=space.state.seeds,
@@ -212,8 +222,28 @@ class StackedTraining:
                 )
                 self.graphs.run(self._key(space, phase), step, space.mutable())
         if space is not None:
-            space.write_out(0, out, flat, sub, rule, self.buffers)
+            space.write_out(slice(0, space.width), 0, out, flat, sub, rule, self.buffers)
         return out.in_job_order(plan)
+
+    def _lane_start(
+        self,
+        client: int,
+        phases: Sequence[Phase],
+        starting: torch.Tensor,
+        momentum: torch.Tensor | None,
+        plan: StackPlan,
+        extra: dict[str, torch.Tensor],
+    ) -> LaneStart:
+        """What ``client`` starts its lane from, as it would start a stack of its own."""
+        row = starting[client]
+        return LaneStart(
+            row,
+            {name: (row[mean], row[var]) for name, (mean, var) in self.buffers.items()},
+            plan.extra[0][client],
+            dict(phases[client].constants),
+            {k: v[client] for k, v in extra.items()},
+            None if momentum is None else momentum[client],
+        )
 
     @staticmethod
     def _fill(space: StackSpace, plan: StackPlan, s: int, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -238,42 +268,38 @@ class StackedTraining:
         momentum: torch.Tensor | None,
         rule: PhaseRule,
         trained: tuple[int, int],
-        sub: ParamLayout,
         plan: StackPlan,
         lr: float,
         extra: dict[str, torch.Tensor],
     ) -> StackSpace:
-        """Everything a step of the whole stack starts from, in stack order."""
-        layout, device, order = self.flat.layout, ordered.device, plan.order
+        """Everything a step of the whole stack starts from: each lane's first client's, whose starting states are
+        ``ordered``."""
+        layout, device, first, index = self.flat.layout, ordered.device, plan.first, plan.first_index
         stack = parameter_major(ordered[:, : layout.size], layout)
-        block = stack[len(order) * trained[0] : len(order) * trained[1]]
+        block = stack[len(first) * trained[0] : len(first) * trained[1]]
         lead = phases[0]
+        counts_steps = reads_steps(lead, self.flat.module)
         state = StepState.new(
             lead,
             block,
             rule.momentum,
-            counts_steps=reads_steps(lead, self.flat.module),
+            counts_steps=counts_steps,
             lr=torch.full((), lr, device=device),
-            seeds=plan.extra[0][plan.order_index],
-            constants={k: torch.stack([phases[c].constants[k] for c in order]) for k in lead.constants},
-            extra={k: v.clone() for k, v in extra.items()},
+            seeds=plan.extra[0][index],
+            constants={k: torch.stack([phases[c].constants[k] for c in first]) for k in lead.constants},
+            extra={k: v[index] for k, v in extra.items()},
             extra_lr=extra_lrs(lead, device),
-            loss_sums=torch.zeros(len(order), device=device),
+            loss_sums=torch.zeros(len(first), device=device),
         )
+        if counts_steps and plan.lanes.packed:  # each lane counts its own client's steps
+            state.step = torch.zeros(len(first), dtype=torch.int64, device=device)
         if momentum is not None and state.optimizer.momentum is not None:
-            state.optimizer.momentum = parameter_major(momentum[plan.order_index], sub)
+            state.optimizer.momentum = parameter_major(momentum[index], sub_layout(layout, *trained))
         norms = {
             name: (ordered[:, mean].contiguous(), ordered[:, var].contiguous())
             for name, (mean, var) in self.buffers.items()
         }
-        return StackSpace(len(order), stack, norms, state)
-
-    def _narrow(
-        self, space: StackSpace, width: int, out: StackOutcome, sub: ParamLayout, rule: PhaseRule
-    ) -> StackSpace:
-        """The first ``width`` clients' values, once the clients after them have finished and are written out."""
-        space.write_out(width, out, self.flat, sub, rule, self.buffers)
-        return space.narrowed(width, self.flat.layout, sub)
+        return StackSpace(len(first), stack, norms, state)
 
     def _workspace(
         self, values: StackSpace, phase: Phase, plan: StackPlan, x: torch.Tensor, y: torch.Tensor, replays: bool
@@ -282,7 +308,9 @@ class StackedTraining:
         fit), its batch allocated for ``width`` clients."""
         width = values.width
         static = replays and self.graphs.fixed
-        key = (width, stack_key(phase), plan.batch, tuple(x.shape[1:]), x.dtype, y.dtype, plan.weight is not None)
+        # A packed stack counts its lanes' steps apart (``StepState.step`` is one per lane).
+        shapes = (plan.batch, tuple(x.shape[1:]), x.dtype, y.dtype, plan.weight is not None, plan.lanes.packed)
+        key = (width, stack_key(phase), *shapes)
         if static and key in self._kept:
             space = self._kept[key]
             space.take(values)
@@ -313,3 +341,19 @@ class StackedTraining:
         """Where a BatchNorm layer's running statistic lies in a state (parameters, then buffers)."""
         within = self.flat.buffer_layout.index(f"{layer}.{stat}")
         return slice(self.flat.layout.size + within.start, self.flat.layout.size + within.stop)
+
+
+def _loaded(starts: torch.Tensor, phases: Sequence[Phase]) -> torch.Tensor:
+    """The clients' starting states with what their phases load (``Phase.load``); ``starts`` itself without (it is
+    read, never written: the rows taken from it are copies)."""
+    if phases[0].load is None:
+        return starts
+    (a, b), _ = phases[0].load
+    loaded = starts.clone()
+    loaded[:, a:b] = torch.stack([p.load[1] for p in phases])  # type: ignore[index]
+    return loaded
+
+
+def _first_rows(rows: torch.Tensor, count: int) -> torch.Tensor:
+    """The first ``count`` of ``rows``: ``rows`` itself when that is all of them (no view to issue)."""
+    return rows if count == len(rows) else rows[:count]

@@ -65,8 +65,8 @@ class StepState:
     lr: torch.Tensor
     """The round's learning rate, 0-d."""
     step: torch.Tensor | None
-    """The step's index in the phase, 0-d int64, where something reads it (:func:`~rayfed.train.step.reads_steps`:
-    ``Batch.step``, dropout masks); else None."""
+    """The step's index in the phase, 0-d int64 (one per lane, (width,), in a packed stack), where something reads
+    it (:func:`~rayfed.train.step.reads_steps`: ``Batch.step``, dropout masks); else None."""
     seeds: torch.Tensor | None
     """The clients' dropout seeds (one per client), None without dropout."""
     constants: dict[str, torch.Tensor]

@@ -25,6 +25,8 @@ from rayfed.engine.method_check import TwoPaths, check_config
 from rayfed.engine.path_comparison import path_differences
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.reports import TrainResult
+from rayfed.train import stack_plan
+from rayfed.train.lanes import Lanes, packed_lanes
 
 _CLIENTS = 8
 ON_GPU = os.environ.get("RAYFED_TEST_DEVICE") == "cuda"
@@ -132,5 +134,46 @@ def test_short_last_batches_are_padded_in_a_stack(name: str, tmp_path: Path) -> 
     rounds = _rounds(paths)
     assert any(r.steps * 8 != r.num_train for r in rounds[0][0].reports)  # some client ends on a short batch
     assert paths.stack_note() == ""
+    for one, other in rounds:
+        assert path_differences(one, other) == []
+
+
+@pytest.fixture
+def tight_lanes(monkeypatch: pytest.MonkeyPatch) -> list[Lanes]:
+    """Every stack packs its clients as tightly as a call taking twice its longest client's steps allows (a few
+    clients of about equal sizes would not pack within the default slack); the layouts, noted."""
+    layouts: list[Lanes] = []
+
+    def noted(steps: Any) -> Lanes:
+        layouts.append(packed_lanes(steps, slack=1.0))
+        return layouts[-1]
+
+    monkeypatch.setattr(stack_plan, "packed_lanes", noted)
+    return layouts
+
+
+@needs_the_device
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_method_packs_its_clients_into_lanes_with_the_results_of_training_one_by_one(
+    name: str, tmp_path: Path, tight_lanes: list[Lanes]
+) -> None:
+    # Execute: two rounds, each trained sequentially and stacked with its clients packed into lanes.
+    paths = _paths(name, tmp_path, **{"engine.pack_lanes": True})
+    rounds = _rounds(paths)
+    # Assert: some lane took a second client (a phase with Adam keeps a lane per client), and every client's
+    # numbers, uploads and states agree with training it alone.
+    assert paths.stack_note() == ""
+    assert any(layout.packed for layout in tight_lanes) or name == "fedclassavg"
+    for one, other in rounds:
+        assert path_differences(one, other) == []
+
+
+@needs_the_device
+@pytest.mark.parametrize("name", PADDED)
+def test_short_last_batches_are_padded_in_a_packed_stack(name: str, tmp_path: Path, tight_lanes: list[Lanes]) -> None:
+    paths = _paths(name, tmp_path, **{"train.drop_last": False, "engine.pack_lanes": True})
+    rounds = _rounds(paths)
+    assert any(r.steps * 8 != r.num_train for r in rounds[0][0].reports)  # some client ends on a short batch
+    assert any(layout.packed for layout in tight_lanes) or name == "fedclassavg"
     for one, other in rounds:
         assert path_differences(one, other) == []

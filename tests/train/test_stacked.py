@@ -15,6 +15,7 @@ from rayfed.train.dropout import dropout_mask
 from rayfed.train.flat import FlatModel
 from rayfed.train.graphs import StepGraphs
 from rayfed.train.job import ClientJob
+from rayfed.train.lanes import packed_lanes
 from rayfed.train.loop import LocalLoop
 from rayfed.train.phase import Batch, Constants, Outputs, Params, Phase
 from rayfed.train.stacked_layers import stack_blocker
@@ -66,7 +67,8 @@ def _prox(out: Outputs, batch: Batch, params: Params, constants: Constants) -> t
         (Phase(epochs=1, loss=_prox), {"drop_last": False}),
     ],
 )
-def test_stacked_training_matches_sequential(phase: Phase, options: dict) -> None:
+@pytest.mark.parametrize("pack", [False, True])
+def test_stacked_training_matches_sequential(phase: Phase, options: dict, pack: bool) -> None:
     # Prepare: one model, four clients with different starting points and data sizes.
     torch.manual_seed(0)
     flat = FlatModel(build_model("cnn4", (1, 16, 16), 4))
@@ -79,8 +81,9 @@ def test_stacked_training_matches_sequential(phase: Phase, options: dict) -> Non
         seq_stats.append(loop.train_one(job, [phase]))
         sequential.append(flat.vector.detach().clone())
     # ... and stacked, from the same starts with fresh generators.
-    stacked = loop.train_stack(_jobs(flat, **options), starts, [[phase]] * len(SIZES))
-    # Assert
+    stacked = loop.train_stack(_jobs(flat, **options), starts, [[phase]] * len(SIZES), pack=pack)
+    # Assert: the same models and losses (packed, the two shortest clients share a lane)
+    assert packed_lanes(stacked.steps).packed
     torch.testing.assert_close(stacked.states, torch.stack(sequential), rtol=1e-4, atol=2e-5)
     assert stacked.steps == [steps for _, steps in seq_stats]
     assert stacked.steps[2] == (0 if options.get("drop_last", True) else options.get("epochs", 1))
@@ -89,7 +92,8 @@ def test_stacked_training_matches_sequential(phase: Phase, options: dict) -> Non
             assert loss == pytest.approx(float(seq_loss), rel=1e-4)
 
 
-def test_batchnorm_models_stack_with_per_client_running_statistics() -> None:
+@pytest.mark.parametrize("pack", [False, True])
+def test_batchnorm_models_stack_with_per_client_running_statistics(pack: bool) -> None:
     # Prepare: resnet20 (BatchNorm in every block), clients of unequal sizes and starting points, a few steps at a
     # small lr. On random data its training is sensitive to float rounding: the sequential loop itself moves a
     # model by up to 7e-5 between 1 and 2 torch threads here, so that is the tolerance (batch statistics taken
@@ -109,8 +113,9 @@ def test_batchnorm_models_stack_with_per_client_running_statistics() -> None:
         sequential.append(flat.state())
     # ... and stacked.
     jobs = _jobs(flat, channels=3, sizes=sizes, lr=0.005)
-    trained = loop.train_stack(jobs, torch.cat([starts, buffers], dim=1), [[Phase(epochs=1)]] * 3)
-    # Assert: the same parameters and running statistics, client by client.
+    trained = loop.train_stack(jobs, torch.cat([starts, buffers], dim=1), [[Phase(epochs=1)]] * 3, pack=pack)
+    # Assert: the same parameters and running statistics, client by client (packed, the two shortest share a lane).
+    assert packed_lanes(trained.steps).packed
     assert not stack_blocker(flat.module, drop_last=True)
     torch.testing.assert_close(trained.states, torch.stack(sequential), rtol=1e-4, atol=2e-4)
     assert trained.steps == [2, 1, 3]

@@ -1,0 +1,207 @@
+"""How busy a stack keeps its lanes, and whether packing changes a number (CPU and GPU alike).
+
+A stack trains a call's clients as lanes of one model as many times as wide; a lane whose client has finished
+idles while the others train, unless it takes its next client (``engine.pack_lanes``, :mod:`rayfed.train.lanes`).
+
+* **Occupancy** of one call of the papers' MNIST protocol (20 clients, batch 10, one epoch) = useful client-steps /
+  (lanes × stacked steps), for the clients' step counts that rayfed's own partitioners give on real MNIST
+  (Dirichlet 0.1 and pathological, ``data.seed`` 0: :data:`MNIST_STEPS`, recomputed with ``--data-root``), laid
+  out one lane a client (before), packed (``engine.pack_lanes``), and in stacks of about equal step counts trained
+  one after the other (the alternative docs/architecture.md weighs).
+* **ATen operations per client-step** of one stacked call of that run's clients, packed and not, counted as
+  ``benchmarks/step_overhead.py`` counts them (the launch proxy of the GPU path): printed above the last line.
+* **packed_equal**: a run (FedAvg on tiny synthetic data, the stacked path) with its clients packed into lanes
+  against the same run with one lane a client: 1 when every round's losses and accuracies agree within
+  :data:`TOLERANCE`.
+
+Runs that share a stack (K runs as lanes of one stack) are not built: ``ops_k8_vs_k1`` and
+``cpu_k4_packed_vs_side_by_side`` print ``na``, and the output says so.
+
+    python benchmarks/packing.py [--data-root DIR] [--rounds 3] [--clients 8] [--gpu]
+
+The last line: ``packing: occupancy_dirichlet=<x> occupancy_pathological=<x> ops_k8_vs_k1=<x> packed_equal=<0|1>
+cpu_k4_packed_vs_side_by_side=<x>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rayfed.config.run_config import RunConfig
+from rayfed.engine.simulation import run
+from rayfed.train.lanes import LANE_SLACK, equal_length_groups, occupancy, one_lane_each, packed_lanes
+
+MNIST_STEPS = {
+    "dirichlet": [197, 37, 122, 190, 143, 464, 94, 95, 270, 300, 233, 282, 270, 160, 429, 408, 272, 423, 394, 457],
+    "pathological": [175, 98, 234, 599, 99, 154, 75, 730, 228, 218, 141, 397, 113, 175, 144, 629, 148, 142, 125, 616],
+}
+"""Each client's local steps in a round of the papers' MNIST protocol (20 clients, batch 10, one epoch, drop_last):
+its training samples // 10, as ``make_partition`` splits real MNIST (``data.seed`` 0, α = 0.1 for Dirichlet)."""
+TOLERANCE = 1e-5
+"""Relative agreement of a packed run's per-round numbers with its run unpacked: a lane's client trains on the same
+samples with the same arithmetic, but a stack of another width may sum its grouped products in another order."""
+NOT_BUILT = "runs sharing one stack are not built (issue 64, deliverables 2-3)"
+
+
+def mnist_steps(data_root: str) -> dict[str, list[int]]:
+    """:data:`MNIST_STEPS` recomputed from real MNIST under ``data_root`` with rayfed's partitioners."""
+    from rayfed.data import load_dataset, make_partition
+
+    out = {}
+    for partition in MNIST_STEPS:
+        config = RunConfig().override(
+            {
+                "data.dataset": "mnist",
+                "data.root": data_root,
+                "data.num_clients": 20,
+                "data.partition": partition,
+                "data.alpha": 0.1,
+            }
+        )
+        data = config.data
+        dataset = load_dataset(data.dataset, data.root, seed=data.seed, options=data.options)
+        out[partition] = [int(n) // 10 for n in make_partition(dataset.labels, dataset.num_classes, data).num_train()]
+    return out
+
+
+def layouts(steps: Sequence[int]) -> dict[str, dict[str, float]]:
+    """Lanes, stacked steps and occupancy of each way to lay out one call's clients (module docstring)."""
+    out = {}
+    for name, lanes in (
+        ("one lane a client", one_lane_each(steps)),
+        (f"packed (slack {LANE_SLACK:.2f}, the default)", packed_lanes(steps)),
+        ("packed (slack 0.30)", packed_lanes(steps, slack=0.3)),
+    ):
+        out[name] = {"lanes": len(lanes.clients), "stacked": lanes.stacked_steps, "occupancy": occupancy(lanes)}
+    for tolerance in (0.05, 0.2):
+        groups = equal_length_groups(steps, tolerance)
+        stacked = sum(steps[group[0]] for group in groups)
+        lane_steps = sum(len(group) * steps[group[0]] for group in groups)
+        out[f"{len(groups)} stacks of equal length (within {tolerance:.0%})"] = {
+            "lanes": max(len(group) for group in groups),
+            "stacked": stacked,
+            "occupancy": sum(steps) / lane_steps,
+        }
+    return out
+
+
+def tiny_config(run_dir: Path, rounds: int, clients: int, packed: bool, gpu: bool = False) -> RunConfig:
+    """FedAvg on tiny synthetic data of unequal clients, stacked, its clients packed into lanes or not."""
+    return RunConfig().override(
+        {
+            "data.dataset": "synthetic",
+            "data.options": {"num_samples": 60 * clients},
+            "data.num_clients": clients,
+            "data.partition": "dirichlet",
+            "data.alpha": 0.1,
+            "model.name": "cnn4",
+            "algorithm.name": "fedavg",
+            "train.rounds": rounds,
+            "train.batch_size": 4,
+            "engine.backend": "local",
+            "engine.vectorize": "on",
+            "engine.clients_per_call": clients,  # one call, one stack
+            "engine.pack_lanes": packed,
+            "engine.progress": False,
+            "engine.torch_threads": 1,
+            "engine.num_gpus_per_worker": 1.0 if gpu else 0.0,
+            "run_dir": str(run_dir),
+        }
+    )
+
+
+def tiny_lanes(config: RunConfig) -> tuple[int, int]:
+    """(lanes, clients) of the tiny run's first call, packed: its clients' steps as its partition gives them."""
+    from rayfed.data import load_dataset, make_partition
+
+    data = config.data
+    dataset = load_dataset(data.dataset, data.root, seed=data.seed, options=data.options)
+    sizes = make_partition(dataset.labels, dataset.num_classes, data).num_train()
+    steps = [int(n) // config.train.batch_size for n in sizes]
+    return len(packed_lanes(steps).clients), sum(1 for s in steps if s)
+
+
+def ops_per_client_step(config: RunConfig) -> float:
+    """ATen operations per client-step of one stacked training call over every client of ``config``'s first
+    round, counted as ``benchmarks/step_overhead.py`` counts (the GPU path's launch proxy)."""
+    import numpy as np
+    from step_overhead import count
+
+    from rayfed.algorithms import RoundContext
+    from rayfed.data import load_dataset, make_partition
+    from rayfed.engine.problem_build import build_problem
+    from rayfed.execution.client_runner import ClientRunner
+    from rayfed.execution.server import Server
+
+    data = config.data
+    dataset = load_dataset(data.dataset, data.root, seed=data.seed, options=data.options)
+    partition = make_partition(dataset.labels, dataset.num_classes, data)
+    spec, initial = build_problem(config, dataset)
+    broadcast = Server(config, spec, initial).broadcast()
+    runner = ClientRunner(config.override({"engine.stack_size": data.num_clients}), spec, dataset, partition)
+    ids = list(range(data.num_clients))
+    ctx = RoundContext(round=0, seed=config.seed, lr=config.train.lr, sampled=np.arange(data.num_clients))
+    counted = count(lambda: sum(report.steps for report in runner.train(broadcast, ctx, ids).reports))
+    return counted.ops / counted.client_steps
+
+
+def agree(one: list[dict[str, Any]], other: list[dict[str, Any]]) -> bool:
+    """Whether two runs' rounds agree in every loss and accuracy within :data:`TOLERANCE`."""
+    keys = [k for k in one[0] if "loss" in k or "acc" in k]
+    assert keys, sorted(one[0])
+    return len(one) == len(other) and all(
+        math.isclose(a[k], b[k], rel_tol=TOLERANCE, abs_tol=TOLERANCE) or (math.isnan(a[k]) and math.isnan(b[k]))
+        for a, b in zip(one, other)
+        for k in keys
+        if isinstance(a[k], float)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-root", help="recompute the MNIST protocol's step counts from real MNIST here")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the packed_equal runs")
+    parser.add_argument("--clients", type=int, default=8, help="clients of the packed_equal runs")
+    parser.add_argument("--gpu", action="store_true", help="train the packed_equal runs on the GPU (CUDA graphs)")
+    args = parser.parse_args(argv)
+    steps = mnist_steps(args.data_root) if args.data_root else MNIST_STEPS
+    occupancies = {}
+    for partition, counts in steps.items():
+        print(f"MNIST protocol, {partition}: {len(counts)} clients, {sum(counts)} client-steps, longest {max(counts)}")
+        for name, row in layouts(counts).items():
+            print(f"  {name:44s} {row['lanes']:3.0f} lanes {row['stacked']:5.0f} stacked steps  {row['occupancy']:.3f}")
+        occupancies[partition] = occupancy(packed_lanes(counts))
+    with tempfile.TemporaryDirectory() as tmp:
+        alone = run(tiny_config(Path(tmp) / "one-lane-each", args.rounds, args.clients, False, args.gpu)).history
+        config = tiny_config(Path(tmp) / "packed", args.rounds, args.clients, True, args.gpu)
+        packed = run(config).history
+        ops = {
+            packed: ops_per_client_step(tiny_config(Path(tmp) / "ops", 1, args.clients, packed, args.gpu))
+            for packed in (False, True)
+        }
+    equal = agree(alone, packed)
+    lanes, clients = tiny_lanes(config)
+    print(
+        f"ATen ops per client-step of that stacked call: one lane a client {ops[False]:.1f}, packed {ops[True]:.1f} "
+        f"({ops[True] / ops[False]:.3f}x)"
+    )
+    print(
+        f"packed_equal: a run with its {clients} clients packed into {lanes} lanes (every client sampled each round) "
+        f"against one lane a client, {len(alone)} rounds"
+    )
+    print(f"ops_k8_vs_k1, cpu_k4_packed_vs_side_by_side: na, {NOT_BUILT}")
+    print(
+        f"packing: occupancy_dirichlet={occupancies['dirichlet']:.3f} "
+        f"occupancy_pathological={occupancies['pathological']:.3f} ops_k8_vs_k1=na packed_equal={int(equal)} "
+        "cpu_k4_packed_vs_side_by_side=na"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
