@@ -41,6 +41,7 @@ from rayfed.engine.checkpoint import Checkpoint, checkpoint_round, checkpoints_o
 from rayfed.engine.interrupts import RunInterrupted, interrupts_deferred, terminate_as_interrupt, was_terminated
 from rayfed.engine.metrics import RoundRecord, client_table, summarise_round
 from rayfed.engine.plan import plan_run
+from rayfed.engine.privacy_records import privacy_columns, run_accounting
 from rayfed.engine.result import RunResult
 from rayfed.engine.resume_point import drop_client_tables_from, previous_checkpoint_fix
 from rayfed.engine.run_dir import open_run_dir, resume_command
@@ -85,6 +86,8 @@ class Simulation:
         )
         self.num_train = self.partition.num_train()
         self.rounds = plan.rounds
+        self.accounting = run_accounting(config)
+        """The accountant's analysis of the run's privacy (:mod:`rayfed.engine.privacy_records`); None: off."""
         """Whom each round trains, and what the system model records of it (:mod:`rayfed.engine.rounds`)."""
         builtin: list[Callback] = [MetricsWriter(), Checkpointer()]
         if config.engine.progress:
@@ -259,6 +262,7 @@ class Simulation:
             )
         seconds = time.perf_counter() - started
         record = summarise_round(-1, [], evals, {"evaluate": seconds, "round": seconds}, {})
+        record.privacy = privacy_columns(self.accounting, -1)
         clients = self.rounds.settle(-1, record, client_table(-1, [], evals))
         self.history.insert(0, record.as_row())
         _same_columns(self.history)
@@ -299,6 +303,7 @@ class Simulation:
                 "round": finished - started,
             }
             record = summarise_round(t, reports, evals, timings, extra)
+            record.privacy = privacy_columns(self.accounting, t)
             clients = self.rounds.settle(t, record, client_table(t, reports, evals))
             self._warn_untrained(record, reports)
             self.history.append(record.as_row())

@@ -16,6 +16,7 @@ import numpy as np
 from rayfed.algorithms import Contribution, RoundContext, ServerHalf, resolve
 from rayfed.algorithms.declarations import DeferredUpdates
 from rayfed.config import RunConfig
+from rayfed.execution.privacy import ServerPrivacy
 from rayfed.execution.summation import CallTree
 from rayfed.train.problem import ProblemSpec
 
@@ -29,6 +30,8 @@ class Server:
 
     def __init__(self, config: RunConfig, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         self.half: ServerHalf[object, Contribution] = resolve(config.algorithm).make_server(spec, initial)
+        self.privacy = ServerPrivacy(config, spec.train_sizes) if config.privacy.enabled else None
+        """The fixed denominator and central noise of DP-FedAvg (:mod:`rayfed.execution.privacy`); None: off."""
 
     def broadcast(self) -> Any:
         return self.half.broadcast()
@@ -50,6 +53,8 @@ class Server:
         if total is not None and total.sum_is_one_part and not total.is_finite():
             logger.warning("round %d: aggregate is not finite; the global state is kept", ctx.round)
             total = None
+        if total is not None and self.privacy is not None:
+            total = self.privacy.privatized(ctx, total, self.half)
         metrics = dict(self.half.aggregate(ctx, total)) if total is not None else self._without_uploads(ctx)
         metrics["server_bytes_received"] = float(bytes_received)
         return metrics
