@@ -1,0 +1,102 @@
+"""Private runs end to end: ε in rounds.parquet and summary.json is dp-accounting's own, the noise is seeded
+(local, Ray with two workers, a resumed run), no noise and no clipping is FedAvg to the bit, and what cannot be
+protected or met is refused before anything is written."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import dp_accounting
+import pyarrow.parquet as pq
+import pytest
+
+from rayfed import ConfigError, RunConfig, run
+from rayfed.algorithms import resolve
+from rayfed.engine.privacy_records import check_privacy
+from tests.conftest import tiny_overrides
+
+CENTRAL = {"privacy.mechanism": "central", "privacy.clip_norm": 0.5, "privacy.noise_multiplier": 0.8}
+COMPARED = ("accuracy", "acc_mean", "test_loss", "train_loss")
+
+
+def test_the_epsilon_column_is_dp_accountings_own(tmp_path) -> None:
+    config = RunConfig().override(tiny_overrides(tmp_path / "run", **CENTRAL, **{"engine.join_ratio": 0.5}))
+    run(config)
+    rounds = pq.read_table(tmp_path / "run" / "rounds.parquet").to_pylist()
+    for row in rounds:
+        t = row["round"] + 1
+        accountant = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+        gaussian = dp_accounting.GaussianDpEvent(0.8 / 2)  # replace-one: the sum's sensitivity is 2C
+        accountant.compose(dp_accounting.SampledWithoutReplacementDpEvent(10, 5, gaussian), t)
+        assert row["epsilon"] == accountant.get_epsilon(1e-5)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["epsilon"] == rounds[-1]["epsilon"] and summary["delta"] == 1e-5
+
+
+def test_no_noise_and_no_clipping_is_fedavg_bit_for_bit(tmp_path) -> None:
+    common = {"data.partition": "dirichlet", "engine.join_ratio": 0.6}
+    fedavg = run(RunConfig().override(tiny_overrides(tmp_path / "fedavg", **common)))
+    private = {
+        "privacy.mechanism": "central",
+        "privacy.clip_norm": math.inf,
+        "privacy.noise_multiplier": 0.0,
+        "privacy.weighting": "samples",
+    }
+    same = run(RunConfig().override(tiny_overrides(tmp_path / "dp", **common, **private)))
+    for key in COMPARED:
+        assert [r[key] for r in same.history] == [r[key] for r in fedavg.history], key
+    noised = run(RunConfig().override(tiny_overrides(tmp_path / "noised", **common, **CENTRAL)))
+    assert [r["test_loss"] for r in noised.history] != [r["test_loss"] for r in fedavg.history]
+
+
+def test_the_noise_is_the_same_on_ray_with_two_workers(tmp_path, ray_cluster) -> None:
+    local = run(RunConfig().override(tiny_overrides(tmp_path / "local", **CENTRAL)))
+    again = run(RunConfig().override(tiny_overrides(tmp_path / "again", **CENTRAL)))
+    ray_engine = {"engine.backend": "ray", "engine.num_workers": 2}
+    on_ray = run(RunConfig().override(tiny_overrides(tmp_path / "ray", **CENTRAL, **ray_engine)))
+    for key in (*COMPARED, "epsilon"):
+        assert [r[key] for r in again.history] == [r[key] for r in local.history], key
+        assert [r[key] for r in on_ray.history] == [r[key] for r in local.history], key
+
+
+def test_a_resumed_private_run_draws_the_same_noise(tmp_path) -> None:
+    local_dp = {**CENTRAL, "privacy.mechanism": "local", "privacy.noise_multiplier": 0.05}
+    full = run(RunConfig().override(tiny_overrides(tmp_path / "full", **local_dp, **{"train.rounds": 4})))
+    partial = RunConfig().override(tiny_overrides(tmp_path / "part", **local_dp, **{"engine.checkpoint_every": 2}))
+    run(partial)
+    resumed = run(partial.override({"train.rounds": 4}), resume=True)
+    for key in (*COMPARED, "epsilon"):
+        assert [r[key] for r in resumed.history] == [r[key] for r in full.history], key
+
+
+@pytest.mark.parametrize(
+    ("method", "names"),
+    [
+        ("cwfedavg", "class distributions"),
+        ("fedawa", "client vectors"),
+        ("fedproto", "prototypes"),
+        ("ktpfl", "soft labels"),
+        ("fedper", "is not declared a model"),
+    ],
+)
+def test_a_method_whose_upload_cannot_be_protected_is_refused(method: str, names: str) -> None:
+    config = RunConfig().override({"algorithm.name": method, **CENTRAL})
+    with pytest.raises(ConfigError) as refused:
+        check_privacy(config, resolve(config.algorithm))
+    line = str(refused.value)
+    assert f"algorithm.name={method!r}" in line and names in line and "\n" not in line
+
+
+def test_a_target_epsilon_the_run_cannot_meet_is_refused() -> None:
+    config = RunConfig().override({**CENTRAL, "privacy.target_epsilon": 1.0, "train.rounds": 50})
+    with pytest.raises(ConfigError, match=r"privacy.target_epsilon=1 cannot be met: epsilon after train.rounds=50"):
+        check_privacy(config, resolve(config.algorithm))
+    met = config.override({"privacy.target_epsilon": 1e6})
+    check_privacy(met, resolve(met.algorithm))
+
+
+def test_a_system_model_is_refused_until_its_sampling_is_accounted() -> None:
+    config = RunConfig().override({**CENTRAL, "system.devices": "equal"})
+    with pytest.raises(ConfigError, match="system.devices='equal'"):
+        check_privacy(config, resolve(config.algorithm))
