@@ -233,11 +233,7 @@ class RunConfig:
         "The clients' devices, when they are online, deadlines and the virtual clock (SystemConfig, "
         "docs/system.md); off by default.",
     )
-    privacy: PrivacyConfig = documented(
-        PrivacyConfig,
-        "Differential privacy of the clients' uploads: DP-FedAvg's clipping and Gaussian noise, and the "
-        "accountant's epsilon (PrivacyConfig, docs/privacy.md); off by default.",
-    )
+    privacy: PrivacyConfig = documented(PrivacyConfig, "DP-FedAvg (PrivacyConfig, docs/privacy.md); off by default.")
     seed: int = documented(0, "Training seed: model initialisation, client sampling and mini-batch order.")
     run_dir: str | None = documented(None, "Where results go; null = runs/<algorithm>-<dataset>-s<seed>-<time>.")
     plugins: tuple[str, ...] = documented(
