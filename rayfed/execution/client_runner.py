@@ -146,7 +146,7 @@ class ClientRunner(ClientData):
         measures = self._measures(job, start_loss)
         norm = torch.linalg.vector_norm(job.flat.vector.detach() - start[: job.flat.size])  # the start, as a stack's
         made = self.client_half.upload(message, job)
-        upload = _made(made, job) if self.privacy is None else self.privacy.one([made], job, start)
+        upload = _made(made, job) if self.privacy is None else self.privacy.one([made], job, start, settlement.ctx)
         down = self.client_half.bytes_down(message, job)
         settlement.add(Uploads.of_one(job, upload, loss, norm, steps, down, time.perf_counter() - started, measures))
 
@@ -200,7 +200,7 @@ class ClientRunner(ClientData):
 
         contribution: Contribution
         if self.privacy is not None:
-            contribution, private = self.privacy.stack(made, jobs, trained.states, starts)
+            contribution, private = self.privacy.stack(made, jobs, trained.states, starts, settlement.ctx)
             bytes_up = [contribution.nbytes] * len(jobs)
 
             def parts() -> list[Contribution]:

@@ -53,9 +53,13 @@ class Server:
         if total is not None and total.sum_is_one_part and not total.is_finite():
             logger.warning("round %d: aggregate is not finite; the global state is kept", ctx.round)
             total = None
-        if total is not None and self.privacy is not None:
-            total = self.privacy.privatized(ctx, total, self.half)
+        private: dict[str, float] = {}
+        if self.privacy is not None:
+            private = self.privacy.unclipped_fraction(ctx, None)
+            if total is not None:
+                total, private = self.privacy.privatized(ctx, total, self.half)
         metrics = dict(self.half.aggregate(ctx, total)) if total is not None else self._without_uploads(ctx)
+        metrics.update(private)
         metrics["server_bytes_received"] = float(bytes_received)
         return metrics
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["clipped_delta", "clipped_model"]
+__all__ = ["clipped_delta", "clipped_model", "unclipped"]
 
 
 def clipped_delta(delta: Any, clip_norm: float) -> Any:
@@ -33,3 +33,10 @@ def clipped_model(trained: Any, start: Any, clip_norm: float) -> Any:
     delta = trained - start
     norm = torch.linalg.vector_norm(delta, dim=-1, keepdim=True)
     return torch.where(norm > clip_norm, start + clipped_delta(delta, clip_norm), trained)
+
+
+def unclipped(trained: Any, start: Any, clip_norm: float) -> Any:
+    """1[‖θ − θ_g‖ ≤ C] per row, as float32 (adaptive clipping's bits, :mod:`rayfed.privacy.adaptive`)."""
+    import torch
+
+    return (torch.linalg.vector_norm(trained - start, dim=-1) <= clip_norm).float()

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["gaussian_noise", "SERVER_STREAM"]
+__all__ = ["gaussian_noise", "SERVER_STREAM", "COUNT_STREAM"]
 
 _PRIVACY = 0x5052  # the seed streams' tag of the privacy noise (rayfed.util.seeding's streams are 1, 2, 3)
 SERVER_STREAM = 0
 """The stream of the server's noise; client i's local noise is stream i + 1."""
+COUNT_STREAM = 2**32
+"""The stream of the noise on adaptive clipping's count of unclipped updates (beyond every client's)."""
 
 
 def gaussian_noise(seed: int, round_index: int, stream: int, size: int, std: float) -> np.ndarray:

@@ -64,6 +64,17 @@ class PrivacyConfig:
         "uniform (every clipped update counts once: the sum's sensitivity is C) or samples (by training samples, "
         "w_i = n_i / max_j n_j ≤ 1, the DP-FedAvg paper's weighted estimator: sensitivity C in units of w).",
     )
+    adaptive_quantile: float | None = documented(
+        None,
+        "γ of adaptive clipping (Andrew et al. 2021): the clip norm follows this quantile of the update norms, "
+        "starting at clip_norm; None: a fixed clip norm. Central DP only.",
+    )
+    adaptive_lr: float = documented(0.2, "η_C, the step of the clip norm's geometric update (the paper's 0.2).")
+    count_noise: float | None = documented(
+        None,
+        "σ_b, the Gaussian noise on the count of unclipped updates (adaptive clipping); None: m/20 for m clients "
+        "a round, the paper's choice. It must exceed noise_multiplier/2.",
+    )
 
     def __post_init__(self) -> None:
         check_choice("privacy.mechanism", self.mechanism, MECHANISMS)
@@ -79,12 +90,29 @@ class PrivacyConfig:
         check_real("privacy.delta", self.delta, low=0, high=1, low_open=True, high_open=True)
         if self.target_epsilon is not None:
             check_real("privacy.target_epsilon", self.target_epsilon, low=0, low_open=True)
+        if self.adaptive_quantile is not None:
+            check_real(
+                "privacy.adaptive_quantile", self.adaptive_quantile, low=0, high=1, low_open=True, high_open=True
+            )
+            if self.mechanism == "local" or math.isinf(self.clip_norm):
+                raise ConfigError(
+                    f"privacy.adaptive_quantile={self.adaptive_quantile:g} adapts a finite clip norm on the server: "
+                    f"use privacy.mechanism='central' with a finite privacy.clip_norm, or leave adaptive_quantile out"
+                )
+        check_real("privacy.adaptive_lr", self.adaptive_lr, low=0, low_open=True)
+        if self.count_noise is not None:
+            check_real("privacy.count_noise", self.count_noise, low=0)
         if math.isinf(self.clip_norm) and self.noise_multiplier > 0:
             raise ConfigError(
                 f"privacy.clip_norm=inf (no clipping) leaves the sensitivity unbounded, so "
                 f"privacy.noise_multiplier={self.noise_multiplier:g} has no finite noise: set a finite "
                 "privacy.clip_norm, or privacy.noise_multiplier=0"
             )
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the clip norm adapts (adaptive clipping)."""
+        return self.adaptive_quantile is not None
 
     @property
     def enabled(self) -> bool:

@@ -60,14 +60,23 @@ def test_the_noise_is_the_same_on_ray_with_two_workers(tmp_path, ray_cluster) ->
         assert [r[key] for r in on_ray.history] == [r[key] for r in local.history], key
 
 
-def test_a_resumed_private_run_draws_the_same_noise(tmp_path) -> None:
-    local_dp = {**CENTRAL, "privacy.mechanism": "local", "privacy.noise_multiplier": 0.05}
-    full = run(RunConfig().override(tiny_overrides(tmp_path / "full", **local_dp, **{"train.rounds": 4})))
-    partial = RunConfig().override(tiny_overrides(tmp_path / "part", **local_dp, **{"engine.checkpoint_every": 2}))
+@pytest.mark.parametrize(
+    ("privacy", "columns"),
+    [
+        ({**CENTRAL, "privacy.mechanism": "local", "privacy.noise_multiplier": 0.05}, ("epsilon",)),
+        ({**CENTRAL, "privacy.adaptive_quantile": 0.5, "privacy.clip_norm": 0.1}, ("epsilon", "clip_norm")),
+    ],
+    ids=["local", "adaptive"],
+)
+def test_a_resumed_private_run_draws_the_same_noise(tmp_path, privacy: dict, columns: tuple) -> None:
+    full = run(RunConfig().override(tiny_overrides(tmp_path / "full", **privacy, **{"train.rounds": 4})))
+    partial = RunConfig().override(tiny_overrides(tmp_path / "part", **privacy, **{"engine.checkpoint_every": 2}))
     run(partial)
     resumed = run(partial.override({"train.rounds": 4}), resume=True)
-    for key in (*COMPARED, "epsilon"):
+    for key in (*COMPARED, *columns):
         assert [r[key] for r in resumed.history] == [r[key] for r in full.history], key
+    if "clip_norm" in columns:
+        assert len({r["clip_norm"] for r in full.history}) > 1  # it adapted
 
 
 @pytest.mark.parametrize(

@@ -108,3 +108,22 @@ def test_the_noise_for_a_target_meets_it() -> None:
     z = accounting.noise_for(4.0, 10)
     assert accounting.epsilon_at(z, 10) <= 4.0 + 1e-3
     assert accounting.epsilon_at(z * 0.95, 10) > 4.0
+
+
+def test_the_clip_norm_moves_geometrically_toward_the_quantile() -> None:
+    from rayfed.privacy.adaptive import next_clip_norm, update_noise_multiplier
+
+    assert next_clip_norm(1.0, 0.5, 0.5, 0.2) == 1.0  # at the quantile it stays
+    assert next_clip_norm(1.0, 0.0, 0.5, 0.2) == pytest.approx(math.exp(0.1))  # all clipped: it grows
+    assert next_clip_norm(1.0, 1.0, 0.5, 0.2) == pytest.approx(math.exp(-0.1))  # none clipped: it shrinks
+    assert next_clip_norm(2.0, math.nan, 0.5, 0.2) == 2.0  # a round without uploads keeps it
+    z_update = update_noise_multiplier(1.0, 5.0)
+    assert (z_update**-2 + (2 * 5.0) ** -2) ** -0.5 == pytest.approx(1.0)  # Theorem 1: together they are z
+    assert math.isinf(update_noise_multiplier(1.0, 0.5))
+
+
+def test_adaptive_clipping_is_refused_where_it_cannot_adapt() -> None:
+    with pytest.raises(ConfigError, match="privacy.adaptive_quantile=0.5 adapts a finite clip norm"):
+        PrivacyConfig(mechanism="local", adaptive_quantile=0.5)
+    with pytest.raises(ConfigError, match="privacy.adaptive_quantile must be a finite number in"):
+        PrivacyConfig(mechanism="central", adaptive_quantile=1.0)
