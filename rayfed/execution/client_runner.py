@@ -200,11 +200,8 @@ class ClientRunner(ClientData):
 
         contribution: Contribution
         if self.privacy is not None:
-            contribution, private = self.privacy.stack(made, jobs, trained.states, starts, settlement.ctx)
+            contribution, parts = self.privacy.stack(made, jobs, trained.states, starts, settlement.ctx)
             bytes_up = [contribution.nbytes] * len(jobs)
-
-            def parts() -> list[Contribution]:
-                return list(private)
         elif isinstance(declared, WeightedState):
             contribution = declared.of_stack(trained.states, sizes)
             bytes_up = [contribution.nbytes] * len(jobs)  # each client's upload is as large as their sum

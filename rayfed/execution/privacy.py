@@ -28,7 +28,7 @@ uses the multiplier z_Δ left to it beside the count's noise.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,14 +118,16 @@ class ClientPrivacy:
 
     def stack(
         self, uploads: Sequence[Any], jobs: Sequence[Any], states: Any, starts: Any, ctx: RoundContext
-    ) -> tuple[WeightedSum, list[WeightedSum]]:
-        """A stack's summed upload (one product) and each client's, from the stack's trained states and starts."""
+    ) -> tuple[WeightedSum, Callable[[], list[Contribution]]]:
+        """A stack's summed upload (one product), and each client's, made only when asked (a call with a rejected
+        update), from the stack's trained states and starts."""
         models = self.clipped(uploads, states, starts, [job.client_id for job in jobs], ctx)
         weights = self.weights([job.num_train for job in jobs])
-        parts = [
-            self._summed(models[r : r + 1], weights[r : r + 1], states[r : r + 1], starts[r : r + 1], ctx)
-            for r in range(len(jobs))
-        ]
+
+        def parts() -> list[Contribution]:
+            rows = [slice(r, r + 1) for r in range(len(jobs))]
+            return [self._summed(models[r], weights[r], states[r], starts[r], ctx) for r in rows]
+
         return self._summed(models, weights, states, starts, ctx), parts
 
 

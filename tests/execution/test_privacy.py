@@ -41,7 +41,8 @@ def test_a_stacks_upload_is_its_clients_one_by_one() -> None:
             SimpleNamespace(client_id=cid, round=2, num_train=10 + cid, trained=states[i])
             for i, cid in enumerate([1, 4, 5, 9])
         ]
-        summed, parts = privacy.stack([WeightedState()] * 4, jobs, states, start.expand(4, -1), _ctx(2, 4))
+        summed, made = privacy.stack([WeightedState()] * 4, jobs, states, start.expand(4, -1), _ctx(2, 4))
+        parts = made()
         for job, part in zip(jobs, parts):
             alone = privacy.one([WeightedState()], job, start, _ctx(2, 4))
             assert torch.equal(alone.total, part.total) and alone.weight == part.weight == 1.0
@@ -99,7 +100,8 @@ def test_adaptive_clippings_bits_are_counted_alike_stacked_and_one_by_one() -> N
     start = torch.zeros(8)
     states = torch.stack([torch.full((8,), value) for value in (0.1, 0.5, 1.0, 3.0)])  # norms 0.28, 1.4, 2.8, 8.5
     jobs = [SimpleNamespace(client_id=i, round=0, num_train=5, trained=states[i]) for i in range(4)]
-    summed, parts = privacy.stack([WeightedState()] * 4, jobs, states, start.expand(4, -1), ctx)
+    summed, made = privacy.stack([WeightedState()] * 4, jobs, states, start.expand(4, -1), ctx)
+    parts = made()
     assert isinstance(summed, ClippedSum) and float(summed.unclipped) == 2.0  # within C_t = 2, not the config's 1
     ones = [privacy.one([WeightedState()], job, start, ctx) for job in jobs]
     assert [float(p.unclipped) for p in parts] == [float(p.unclipped) for p in ones] == [1.0, 1.0, 0.0, 0.0]
