@@ -28,10 +28,13 @@ __all__ = ["Server"]
 class Server:
     """Holds the global state; aggregates and broadcasts."""
 
+    privacy: ServerPrivacy | None = None
+    """The fixed denominator and central noise of DP-FedAvg (:mod:`rayfed.execution.privacy`); None: off."""
+
     def __init__(self, config: RunConfig, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         self.half: ServerHalf[object, Contribution] = resolve(config.algorithm).make_server(spec, initial)
-        self.privacy = ServerPrivacy(config, spec.train_sizes) if config.privacy.enabled else None
-        """The fixed denominator and central noise of DP-FedAvg (:mod:`rayfed.execution.privacy`); None: off."""
+        if config.privacy.enabled:
+            self.privacy = ServerPrivacy(config, spec.train_sizes)
 
     def broadcast(self) -> Any:
         return self.half.broadcast()

@@ -8,13 +8,16 @@ import json
 import math
 
 import dp_accounting
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from rayfed import ConfigError, RunConfig, run
 from rayfed.algorithms import resolve
 from rayfed.engine.privacy_records import check_privacy
+from rayfed.util.files import load_arrays
 from tests.conftest import tiny_overrides
+from tests.killed_driver import killed_and_resumed
 
 CENTRAL = {"privacy.mechanism": "central", "privacy.clip_norm": 0.5, "privacy.noise_multiplier": 0.8}
 COMPARED = ("accuracy", "acc_mean", "test_loss", "train_loss")
@@ -109,3 +112,25 @@ def test_a_system_model_is_refused_until_its_sampling_is_accounted() -> None:
     config = RunConfig().override({**CENTRAL, "system.devices": "equal"})
     with pytest.raises(ConfigError, match="system.devices='equal'"):
         check_privacy(config, resolve(config.algorithm))
+
+
+def test_a_private_run_sigkilled_and_resumed_gives_the_same_bits(tmp_path) -> None:
+    # Prepare: the uninterrupted run, central DP with adaptive clipping (its noise and its carried clip norm)
+    overrides = {**CENTRAL, "privacy.adaptive_quantile": 0.5, "train.rounds": 4, "engine.checkpoint_every": 1}
+    reference = run(tiny_overrides(tmp_path / "ref", **overrides))
+    run_dir = tmp_path / "killed"
+    # Execute: the same run in a driver SIGKILLed once round 1 is checkpointed, then `rayfed run --resume`
+    resumed = killed_and_resumed(run_dir, tiny_overrides(run_dir, **overrides))
+    # Assert
+    assert resumed.returncode == 0, resumed.stderr
+    rows = pq.read_table(run_dir / "rounds.parquet").to_pylist()
+    for key in (*COMPARED, "epsilon", "clip_norm", "server_unclipped_fraction"):
+        assert _plain([r[key] for r in rows]) == _plain([r[key] for r in reference.history]), key
+    killed, ref = (load_arrays(sorted((d / "checkpoints").glob("*.npz"))[-1]) for d in (run_dir, tmp_path / "ref"))
+    server = [name for name in ref if name.startswith("server/")]
+    assert server and all(np.array_equal(killed[name], ref[name]) for name in server)
+
+
+def _plain(values: list) -> list:
+    """``values`` with NaN as None, so that equal records compare equal."""
+    return [None if isinstance(v, float) and math.isnan(v) else v for v in values]
