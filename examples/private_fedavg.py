@@ -1,7 +1,8 @@
 """What differential privacy costs FedAvg and the personalised methods it protects (docs/privacy.md).
 
-The same clients, data and rounds train each method of ``--methods`` (FedAvg, FedProx and Ditto by default:
-Ditto's personal models never leave their clients, only its global track is uploaded and noised) without privacy
+The same clients, data and rounds train each method of ``--methods`` (FedAvg and Ditto by default, FedProx,
+FedAdam, FedUV or SGDM besides: Ditto's personal models never leave their clients, only its global track is
+uploaded and noised) without privacy
 and then with central DP-FedAvg at each noise multiplier of ``--noise`` (``privacy.clip_norm=--clip``), and the
 accountant gives the ε each run spends at δ = 1e-5. cwFedAvg is not among them: its clients upload their class
 distributions beside their models, which DP-FedAvg does not bound, and a private run of it is refused.
@@ -9,7 +10,7 @@ distributions beside their models, which DP-FedAvg does not bound, and a private
 It prints one line per run (final pooled accuracy, ε) and writes ``accuracy_vs_epsilon.png`` into ``--out``: each
 method's final accuracy against the ε it spent, the run without privacy drawn at the right as ε = ∞.
 
-    python examples/private_fedavg.py [--out runs/private] [--rounds 20] [--noise 0.5 1 2]
+    python examples/private_fedavg.py [--out runs/private] [--rounds 10] [--noise 0.05 0.2 1]
     python examples/private_fedavg.py data.alpha=0.1     # any field.path=value override
 """
 
@@ -25,15 +26,15 @@ from rayfed.config import parse_override
 
 
 def arguments() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="FedAvg, FedProx and Ditto under central DP at several noise levels")
+    parser = argparse.ArgumentParser(description="FedAvg and Ditto under central DP at several noise levels")
     parser.add_argument("--out", default="runs/private", help="folder of the run directories and the figure")
-    parser.add_argument("--methods", nargs="+", default=["fedavg", "fedprox", "ditto"], help="algorithm.name values")
-    parser.add_argument("--noise", nargs="+", type=float, default=[0.5, 1.0, 2.0], help="privacy.noise_multiplier")
-    parser.add_argument("--clip", type=float, default=0.5, help="privacy.clip_norm")
+    parser.add_argument("--methods", nargs="+", default=["fedavg", "ditto"], help="algorithm.name values")
+    parser.add_argument("--noise", nargs="+", type=float, default=[0.05, 0.2, 1.0], help="privacy.noise_multiplier")
+    parser.add_argument("--clip", type=float, default=1.0, help="privacy.clip_norm")
     parser.add_argument("--clients", type=int, default=40, help="data.num_clients")
     parser.add_argument("--per-round", type=int, default=10, help="clients a round samples")
-    parser.add_argument("--rounds", type=int, default=20, help="train.rounds")
-    parser.add_argument("--lr", type=float, default=0.05, help="train.lr (10x the papers' 0.005: 20 rounds learn)")
+    parser.add_argument("--rounds", type=int, default=10, help="train.rounds")
+    parser.add_argument("--lr", type=float, default=0.05, help="train.lr (10x the papers' 0.005: 10 rounds learn)")
     parser.add_argument("--samples", type=int, default=6000, help="synthetic samples shared by the clients")
     parser.add_argument("overrides", nargs="*", metavar="field.path=value")
     return parser
