@@ -9,6 +9,8 @@
     rayfed reproduce TABLE [--rounds N ...]        run and report one of the papers' tables (rayfed.reproduce)
     rayfed check METHOD [field.path=value ...]     run a method two rounds on tiny data, stacked and one client
                                                    at a time, and say whether it stacks, with equal losses
+    rayfed privacy [CONFIG] [field=value ...] [--target-epsilon E]
+                                                   a run's epsilon, or the noise multiplier a target needs
 
 Examples::
 
@@ -78,6 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
     checking.add_argument("--rounds", type=int, default=2, help="rounds to run (default 2)")
     checking.add_argument("--clients", type=int, default=8, help="clients, all trained in every round (default 8)")
     checking.set_defaults(handler=_check)
+    privacy = sub.add_parser(
+        "privacy",
+        help="say a run's epsilon after train.rounds rounds, or the noise multiplier a target epsilon needs",
+        description="The accountant's answer for a run's config (docs/privacy.md), without running it: epsilon at "
+        "privacy.delta after train.rounds rounds, or with --target-epsilon the smallest privacy.noise_multiplier "
+        "that meets it over those rounds.",
+    )
+    privacy.add_argument("args", nargs="*", help="an optional config file, then field.path=value overrides")
+    privacy.add_argument("--target-epsilon", type=float, metavar="E", help="the epsilon the run may spend")
+    privacy.set_defaults(handler=_privacy)
     _add_tune_parser(sub)
     from rayfed.reproduce.cli import add_reproduce_parser
 
@@ -138,6 +150,28 @@ def _check(ns: argparse.Namespace) -> int:
     reports = [check(method, overrides, rounds=ns.rounds, clients=ns.clients) for method in methods]
     print("\n".join(str(report) for report in reports))
     return 0 if all(report.ok for report in reports) else 1
+
+
+def _privacy(ns: argparse.Namespace) -> int:
+    from rayfed.engine.privacy_records import run_accounting
+
+    config = config_from_args(ns.args, None)
+    if not config.privacy.enabled:
+        config = config.override({"privacy.mechanism": "central"})
+    accounting = run_accounting(config)
+    assert accounting is not None
+    p, rounds = config.privacy, config.train.rounds
+    print(
+        f"{p.mechanism} DP, {accounting.per_round} of {accounting.num_clients} clients a round "
+        f"({'sampled without replacement' if accounting.sampled else 'all of them'}), {rounds} rounds, "
+        f"accountant {p.accountant}, delta {p.delta:g}"
+    )
+    if ns.target_epsilon is None:
+        print(f"epsilon {accounting.epsilon(rounds):.6g} with privacy.noise_multiplier={p.noise_multiplier:g}")
+    else:
+        z = accounting.noise_for(ns.target_epsilon, rounds)
+        print(f"privacy.noise_multiplier={z:.6g} gives epsilon {ns.target_epsilon:g} after {rounds} rounds")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

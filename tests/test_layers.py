@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rayfed"
 
 LAYERS = (
     ("util",),
-    ("models", "data", "system"),
+    ("models", "data", "system", "privacy"),
     ("train",),
     ("algorithms",),
     ("config",),
@@ -46,7 +46,7 @@ registers into."""
 
 FAMILY_SUFFIXES = ("_equations", "_params", "_objective", "_solvers", "_figures", "_weights")
 """A method's own modules beside its main one (``cwfedavg_equations`` belongs to ``cwfedavg``)."""
-SHARED = {"hooks", "declarations", "registry", "sizing", "contributions", "figures", "common"}
+SHARED = {"hooks", "declarations", "registry", "sizing", "contributions", "figures", "common", "private_uploads"}
 """Modules of rayfed.algorithms that are not an algorithm: the contract and what algorithms share."""
 
 

@@ -56,6 +56,7 @@ from rayfed.algorithms.cwfedavg_figures import cwfedavg_figures
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, ModelParts, model_parts
 from rayfed.algorithms.declarations import SharedBody, SharedBodyEvaluation
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
+from rayfed.algorithms.private_uploads import UploadBeyondModel
 from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.algorithms.sizing import StateSizes, buffer_bytes
 from rayfed.train.host import to_device
@@ -261,8 +262,10 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEval
         return SharedBody(state, heads[:, : k * h].reshape(len(jobs), k, h), heads[:, k * h :])
 
 
-class CwFedAvgServer(StateSizes, ServerHalf[CwFedAvgParams, ClasswiseSum]):
+class CwFedAvgServer(StateSizes, UploadBeyondModel, ServerHalf[CwFedAvgParams, ClasswiseSum]):
     """Keeps G_1..G_K (K × P_cw), G_avg, the M × K rows p̃ and the M × K row norms; no client models."""
+
+    beyond_model = "their class distributions (the rows p̃_i weighting their class-wise heads, Eq. 6)"
 
     @classmethod
     def validate(cls, params: CwFedAvgParams, spec: ProblemSpec) -> None:

@@ -24,6 +24,7 @@ from rayfed.algorithms.common.central_optimizers import CentralOptimizer
 from rayfed.algorithms.common.global_model import GlobalModelClient, GlobalModelServer
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.hooks import NoParams, RoundContext
+from rayfed.algorithms.private_uploads import ModelUpload
 from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.problem import ProblemSpec
 
@@ -32,7 +33,7 @@ __all__ = ["FedAvgServer"]
 P = TypeVar("P")
 
 
-class FedAvgServer(GlobalModelServer[P, WeightedSum]):
+class FedAvgServer(ModelUpload, GlobalModelServer[P, WeightedSum]):
     """Keeps θ_g; aggregates by the weighted average of the uploaded models, or, where a subclass names a central
     optimiser, by its step along the pseudo-gradient (the optimiser's state saved with θ_g)."""
 
@@ -40,6 +41,10 @@ class FedAvgServer(GlobalModelServer[P, WeightedSum]):
         super().__init__(params, spec, initial)
         self.num_params = spec.layouts[self.architecture].size
         self.optimizer = self.central_optimizer(self.num_params)
+
+    def privacy_reference(self) -> np.ndarray:
+        """θ_g, the model every client of the round started from (:class:`ModelUpload`)."""
+        return self.global_vector
 
     def central_optimizer(self, size: int) -> CentralOptimizer | None:
         """The server optimiser over the ``size`` parameters of θ_g (FedAdam's ``CentralAdam``); None, FedAvg's

@@ -73,6 +73,7 @@ from rayfed.algorithms.fedawa_objective import (
 from rayfed.algorithms.fedawa_solvers import adam_steps, minimise_on_simplex, softmax
 from rayfed.algorithms.fedawa_weights import INITIAL_WEIGHTS, needs_label_counts
 from rayfed.algorithms.hooks import Contribution, RoundContext
+from rayfed.algorithms.private_uploads import UploadBeyondModel
 from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.algorithms.sgdm import PersistentMomentumClient
 from rayfed.algorithms.sizing import StateSizes, momentum_bytes
@@ -174,8 +175,10 @@ class FedAWAClient(PersistentMomentumClient):
 # --- the server half ----------------------------------------------------------------------------
 
 
-class FedAWAServer(StateSizes, GlobalModelServer[FedAWAParams, ClientVectors]):
+class FedAWAServer(StateSizes, UploadBeyondModel, GlobalModelServer[FedAWAParams, ClientVectors]):
     """Keeps θ_g and, per client id, its logit (``code``, ``paper``) or weight (``exact``); one group of λ."""
+
+    beyond_model = "their client vectors τ_k = θ_k − θ_g one by one (the server weighs each, not their sum)"
 
     layer_wise = False
     may_hold_nan = frozenset({"client_state"})  # NaN: a client not seen yet

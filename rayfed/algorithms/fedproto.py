@@ -43,6 +43,7 @@ import torch
 from rayfed.algorithms.common.class_counts import class_counts
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
+from rayfed.algorithms.private_uploads import UploadBeyondModel
 from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.evaluate import features_before_output
 from rayfed.train.host import to_device
@@ -251,8 +252,10 @@ def feature_dim(spec: ProblemSpec) -> int:
     return next(iter(dims.values()))
 
 
-class FedProtoServer(ServerHalf[FedProtoParams, ClassSums]):
+class FedProtoServer(UploadBeyondModel, ServerHalf[FedProtoParams, ClassSums]):
     """Keeps the global prototypes C̄ (K, d) and which classes have one."""
+
+    beyond_model = "their class prototypes and per-class sample counts, not a model"
 
     @classmethod
     def validate(cls, params: FedProtoParams, spec: ProblemSpec) -> None:

@@ -85,6 +85,9 @@ class RoundContext:
     arrives_at: np.ndarray | None = None
     """Asynchronous aggregation (:mod:`rayfed.system.schedule`): int64, one per sampled client, the model version
     its update is applied to make (the round is the version it trains from); None in synchronous rounds."""
+    clip_norm: float | None = None
+    """With adaptive clipping (``privacy.adaptive_quantile``, :mod:`rayfed.privacy.adaptive`): the round's clip norm
+    C_t; None: ``privacy.clip_norm``."""
 
     def budget_of(self, client_id: int) -> int | None:
         """The local steps client ``client_id`` may take this round, or None for all (:attr:`step_budget`)."""

@@ -57,6 +57,7 @@ from rayfed.algorithms.ktpfl_equations import (
     soft_predictions,
     update_coefficients,
 )
+from rayfed.algorithms.private_uploads import UploadBeyondModel
 from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.data.held_out import HeldOutRequest
 from rayfed.data.transforms import model_inputs
@@ -264,8 +265,10 @@ class KTpFLClient(ClientHalf[KTpFLParams, KTpFLMessage]):
         return 0 if message.targets is None else int(message.targets[job.client_id].nbytes)
 
 
-class KTpFLServer(ServerHalf[KTpFLParams, ClientVectors], HeldOutData):
+class KTpFLServer(UploadBeyondModel, ServerHalf[KTpFLParams, ClientVectors], HeldOutData):
     """Holds c (M x M), every client's latest predictions and, with +weight, their models."""
+
+    beyond_model = "their soft labels on the public set, not a model"
 
     @classmethod
     def validate(cls, params: KTpFLParams, spec: ProblemSpec) -> None:

@@ -31,6 +31,7 @@ from rayfed.config.retired import refuse_retired, without_retired
 from rayfed.config.trackers import TRACKERS
 from rayfed.data.partitioners import PARTITIONERS
 from rayfed.data.settings import DataConfig
+from rayfed.privacy.settings import PrivacyConfig
 from rayfed.system.settings import SystemConfig
 from rayfed.train.settings import TrainConfig
 from rayfed.util import plugins
@@ -236,6 +237,7 @@ class RunConfig:
         "The clients' devices, when they are online, deadlines and the virtual clock (SystemConfig, "
         "docs/system.md); off by default.",
     )
+    privacy: PrivacyConfig = documented(PrivacyConfig, "DP-FedAvg (PrivacyConfig, docs/privacy.md); off by default.")
     seed: int = documented(0, "Training seed: model initialisation, client sampling and mini-batch order.")
     run_dir: str | None = documented(None, "Where results go; null = runs/<algorithm>-<dataset>-s<seed>-<time>.")
     plugins: tuple[str, ...] = documented(

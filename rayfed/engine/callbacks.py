@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from rayfed.engine.checkpoint import checkpoint_round, newest_checkpoint, save_checkpoint
 from rayfed.engine.metrics import RoundRecord
+from rayfed.engine.privacy_records import privacy_summary
 from rayfed.engine.system_records import PARTICIPATION_FILE, device_tables, participation, system_summary
 from rayfed.system.profiles import DeviceProfiles
 from rayfed.train.job import ClientState
@@ -138,6 +139,7 @@ class MetricsWriter(Callback):
                     "stopped_early": result.stopped_early,
                     "rounds_without_finite_loss": result.rounds_without_loss,
                     **system_summary(run.history, run.config.system),
+                    **privacy_summary(run.history, run.config),
                 },
             )
             if run.config.system.enabled:  # who the deadline (or the schedule) left out

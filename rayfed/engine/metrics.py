@@ -75,6 +75,8 @@ class RoundRecord:
     system: dict[str, float] = field(default_factory=dict)
     """With a system model: the round's virtual time and what became of its clients (columns as named,
     :mod:`rayfed.engine.system_records`); empty without one."""
+    privacy: dict[str, float] = field(default_factory=dict)
+    """With privacy on: ``epsilon`` after the round (:mod:`rayfed.engine.privacy_records`); empty without."""
 
     def loss_problem(self) -> str | None:
         """Why this training round has no finite ``train_loss`` (its models did not change), or None if it has one."""
@@ -84,6 +86,7 @@ class RoundRecord:
         row = asdict(self)
         row.update({f"server_{k}" if not k.startswith("server_") else k: v for k, v in row.pop("extra").items()})
         row.update(row.pop("system"))
+        row.update(row.pop("privacy"))
         return row
 
 

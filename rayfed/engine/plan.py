@@ -34,6 +34,7 @@ from rayfed.engine.calibration import with_measured_step_s, with_recorded_step_s
 from rayfed.engine.fast_path import log_slow_paths
 from rayfed.engine.inputs import RunInputs
 from rayfed.engine.plugin_seal import check_sources, marker_note, marker_sources
+from rayfed.engine.privacy_records import check_privacy
 from rayfed.engine.resume_point import ResumePoint, read_resume_point
 from rayfed.engine.rounds import Rounds
 from rayfed.engine.run_dir import check_creatable, check_run_dir
@@ -83,6 +84,7 @@ def plan_run(config: RunConfig, *, resume: bool = False) -> RunPlan:
     entries = tuple(dict.fromkeys([*config.plugins, *plugin_sources(config)]))
     config = replace(config, plugins=entries) if entries != config.plugins else config
     algorithm = resolve(config.algorithm)
+    check_privacy(config, algorithm)
     check_installed(config.engine.loggers)
     run_dir = Path(config.run_dir) if config.run_dir else default_run_dir(config)
     check_creatable(run_dir)

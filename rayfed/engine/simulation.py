@@ -42,6 +42,7 @@ from rayfed.engine.checkpoint import Checkpoint, checkpoint_round, checkpoints_o
 from rayfed.engine.interrupts import RunInterrupted, interrupts_deferred, terminate_as_interrupt, was_terminated
 from rayfed.engine.metrics import RoundRecord, client_table, summarise_round
 from rayfed.engine.plan import plan_run
+from rayfed.engine.privacy_records import PrivacyLedger
 from rayfed.engine.result import RunResult
 from rayfed.engine.resume_point import drop_client_tables_from, previous_checkpoint_fix
 from rayfed.engine.run_dir import open_run_dir, resume_command
@@ -86,6 +87,8 @@ class Simulation:
         )
         self.num_train = self.partition.num_train()
         self.rounds = plan.rounds
+        self.privacy = PrivacyLedger(config, self.history)
+        """The run's accountant and adaptive clip norm (:mod:`rayfed.engine.privacy_records`)."""
         """Whom each round trains, and what the system model records of it (:mod:`rayfed.engine.rounds`)."""
         builtin: list[Callback] = [MetricsWriter(), Checkpointer()]
         if config.engine.progress:
@@ -182,7 +185,7 @@ class Simulation:
 
     def _context(self, round_index: int) -> RoundContext:
         """The round's facts, decided once (:meth:`rayfed.engine.rounds.Rounds.context`)."""
-        return self.rounds.context(round_index)
+        return self.privacy.context(self.rounds.context(round_index))
 
     def run(self) -> RunResult:
         """Take the run directory's lock, record the run there (:func:`~rayfed.engine.run_dir.open_run_dir`) and
@@ -261,6 +264,7 @@ class Simulation:
             )
         seconds = time.perf_counter() - started
         record = summarise_round(-1, [], evals, {"evaluate": seconds, "round": seconds}, {})
+        record.privacy = self.privacy.columns(ctx, {})
         clients = self.rounds.settle(-1, record, client_table(-1, [], evals))
         self.history.insert(0, record.as_row())
         _same_columns(self.history)
@@ -301,6 +305,7 @@ class Simulation:
                 "round": finished - started,
             }
             record = summarise_round(t, reports, evals, timings, extra)
+            record.privacy = self.privacy.columns(ctx, extra)
             clients = self.rounds.settle(t, record, client_table(t, reports, evals))
             self._warn_untrained(record, reports)
             self.history.append(record.as_row())

@@ -29,6 +29,7 @@ from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
 from rayfed.execution.client_data import ClientData
 from rayfed.execution.evaluation import evaluate_clients
+from rayfed.execution.privacy import ClientPrivacy
 from rayfed.execution.reports import EvalReport, TrainResult
 from rayfed.execution.settlement import Measures, Settlement, Uploads, sum_in_order
 from rayfed.models.layers import normalize_inputs_of
@@ -72,6 +73,8 @@ class ClientRunner(ClientData):
         self.capabilities = algorithm.capabilities
         self.graphs = StepGraphs(self.device, enabled=config.engine.cuda_graphs and self.capabilities.replays)
         self.loop = LocalLoop(self.graphs, dataset.mean, dataset.std, self.spec.output_layer, self.method)
+        self.privacy = ClientPrivacy(config, self.method) if config.privacy.enabled else None
+        """Clips (and with local DP noises) the clients' uploads (:mod:`rayfed.execution.privacy`); None: off."""
 
     def model_for(self, architecture: str) -> FlatModel:
         """This worker's model of ``architecture``; its output layer reads normalised features where the client
@@ -157,7 +160,8 @@ class ClientRunner(ClientData):
         loss, steps = self.loop.train_one(job, self._phases(message, job), replays=self.capabilities.replays)
         measures = self._measures(job, start_loss)
         norm = torch.linalg.vector_norm(job.flat.vector.detach() - start[: job.flat.size])  # the start, as a stack's
-        upload = _made(self.client_half.upload(message, job), job)
+        made = self.client_half.upload(message, job)
+        upload = _made(made, job) if self.privacy is None else self.privacy.one([made], job, start, settlement.ctx)
         down = self.client_half.bytes_down(message, job)
         settlement.add(Uploads.of_one(job, upload, loss, norm, steps, down, time.perf_counter() - started, measures))
 
@@ -211,7 +215,10 @@ class ClientRunner(ClientData):
         declared = made[0] if all(isinstance(m, WeightedState) and m == made[0] for m in made) else None
 
         contribution: Contribution
-        if isinstance(declared, WeightedState):
+        if self.privacy is not None:
+            contribution, parts = self.privacy.stack(made, jobs, trained.states, starts, settlement.ctx)
+            bytes_up = [contribution.nbytes] * len(jobs)
+        elif isinstance(declared, WeightedState):
             contribution = declared.of_stack(trained.states, sizes)
             bytes_up = [contribution.nbytes] * len(jobs)  # each client's upload is as large as their sum
 

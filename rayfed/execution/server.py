@@ -16,6 +16,7 @@ import numpy as np
 from rayfed.algorithms import Contribution, RoundContext, ServerHalf, resolve
 from rayfed.algorithms.declarations import DeferredUpdates
 from rayfed.config import RunConfig
+from rayfed.execution.privacy import ServerPrivacy
 from rayfed.execution.summation import CallTree
 from rayfed.train.problem import ProblemSpec
 
@@ -27,8 +28,13 @@ __all__ = ["Server"]
 class Server:
     """Holds the global state; aggregates and broadcasts."""
 
+    privacy: ServerPrivacy | None = None
+    """The fixed denominator and central noise of DP-FedAvg (:mod:`rayfed.execution.privacy`); None: off."""
+
     def __init__(self, config: RunConfig, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         self.half: ServerHalf[object, Contribution] = resolve(config.algorithm).make_server(spec, initial)
+        if config.privacy.enabled:
+            self.privacy = ServerPrivacy(config, spec.train_sizes)
 
     def broadcast(self) -> Any:
         return self.half.broadcast()
@@ -50,7 +56,13 @@ class Server:
         if total is not None and total.sum_is_one_part and not total.is_finite():
             logger.warning("round %d: aggregate is not finite; the global state is kept", ctx.round)
             total = None
+        private: dict[str, float] = {}
+        if self.privacy is not None:
+            private = self.privacy.unclipped_fraction(ctx, None)
+            if total is not None:
+                total, private = self.privacy.privatized(ctx, total, self.half)
         metrics = dict(self.half.aggregate(ctx, total)) if total is not None else self._without_uploads(ctx)
+        metrics.update(private)
         metrics["server_bytes_received"] = float(bytes_received)
         return metrics
 

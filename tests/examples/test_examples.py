@@ -33,6 +33,7 @@ def test_every_example_is_covered_here() -> None:
         "motivating_example",
         "optuna_lambda_search",
         "own_method",
+        "private_fedavg",
         "system_heterogeneity",
         "system_own_models",
     }
@@ -133,3 +134,18 @@ def test_own_method_in_its_smallest_form(tmp_path) -> None:
     result = rayfed.run(example.config(1, 0.01, "local", 0, tmp_path / "run"))
     assert result.rounds_run == 1 and 0.0 <= result.final_accuracy <= 1.0
     assert [row["round"] for row in example.rounds(tmp_path / "run")] == [0]
+
+
+def test_private_fedavg_in_its_smallest_form(tmp_path, capsys) -> None:
+    # Execute: FedAvg and Ditto without privacy and at two noise multipliers, 10 clients, 2 rounds
+    code = _example("private_fedavg").main(
+        ["--out", str(tmp_path), "--methods", "fedavg", "ditto", "--noise", "0.5", "2", "--clients", "10",
+         "--per-round", "5", "--rounds", "2", "--samples", "1000"]
+    )  # fmt: skip
+    # Assert: a line per run, ε falling as the noise grows and infinite without privacy, and the figure
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: [float(v) for v in line.split()[1:]] for line in lines[1:7]}
+    assert code == 0 and sorted(rows) == sorted(f"{m}-{z}" for m in ("fedavg", "ditto") for z in ("off", "z0.5", "z2"))
+    for method in ("fedavg", "ditto"):
+        assert rows[f"{method}-off"][1] == float("inf") > rows[f"{method}-z0.5"][1] > rows[f"{method}-z2"][1]
+    assert (tmp_path / "accuracy_vs_epsilon.png").stat().st_size > 0

@@ -1,0 +1,127 @@
+"""A run's differential privacy at the engine (docs/privacy.md): the checks that refuse it before anything is
+written, and the ε it records after every round (``rounds.parquet``'s ``epsilon``, ``summary.json``'s).
+
+ε after t rounds depends on the config alone (the sampling, the noise multiplier, δ), so a resumed run records
+what the first attempt would have, and ``privacy.target_epsilon`` is checked over ``train.rounds`` before round 0:
+a run that would exceed it never starts (nothing needs to stop it mid-way).
+
+With adaptive clipping the engine carries the clip norm from round to round (:class:`PrivacyLedger`): round t's
+C_t travels in its context, the server reports the noised unclipped fraction b̃_t, and C_{t+1} follows from both
+(:func:`rayfed.privacy.adaptive.next_clip_norm`). Both are columns of ``rounds.parquet`` (``clip_norm``,
+``server_unclipped_fraction``), so a resumed run takes C up from its history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rayfed.algorithms import ResolvedAlgorithm, RoundContext
+from rayfed.algorithms.private_uploads import privacy_refusal
+from rayfed.config import RunConfig
+from rayfed.execution.privacy import UNCLIPPED
+from rayfed.privacy.accountant import Accounting, accounting_of
+from rayfed.privacy.adaptive import default_count_noise, next_clip_norm, update_noise_multiplier
+from rayfed.util.errors import ConfigError
+from rayfed.util.seeding import participants
+
+__all__ = ["EPSILON", "CLIP_NORM", "run_accounting", "check_privacy", "PrivacyLedger", "privacy_summary"]
+
+EPSILON = "epsilon"
+"""The column of ``rounds.parquet`` (and the entry of ``summary.json``): ε at ``privacy.delta`` after the round."""
+CLIP_NORM = "clip_norm"
+"""The column of ``rounds.parquet`` with adaptive clipping: the round's clip norm C_t."""
+
+
+def run_accounting(config: RunConfig) -> Accounting | None:
+    """The accountant's analysis of ``config``'s run (:func:`rayfed.privacy.accountant.accounting_of`); None
+    without privacy."""
+    if not config.privacy.enabled:
+        return None
+    clients = config.data.num_clients
+    return accounting_of(config.privacy, clients, participants(clients, config.engine.join_ratio))
+
+
+def check_privacy(config: RunConfig, algorithm: ResolvedAlgorithm) -> None:
+    """Refuse, in one line naming the field and the fix, a run whose privacy cannot hold: a method whose upload
+    the mechanism cannot protect, a system model (not covered yet), an accountant without an analysis of the
+    run's sampling, or ε over ``train.rounds`` above ``privacy.target_epsilon``."""
+    privacy = config.privacy
+    if not privacy.enabled:
+        return
+    refusal = privacy_refusal(algorithm.name, algorithm.algorithm.server_half, privacy.mechanism)
+    if refusal:
+        raise ConfigError(refusal)
+    if config.system.enabled:
+        raise ConfigError(
+            f"privacy.mechanism={privacy.mechanism!r} does not yet account for a system model's sampling among "
+            f"the clients online (system.devices={config.system.devices!r}): set system.devices='off' or "
+            "privacy.mechanism='off'"
+        )
+    accounting = run_accounting(config)
+    assert accounting is not None
+    if privacy.adaptive:
+        count = default_count_noise(accounting.per_round) if privacy.count_noise is None else privacy.count_noise
+        if math.isinf(update_noise_multiplier(privacy.noise_multiplier, count)):
+            raise ConfigError(
+                f"privacy.count_noise={count:g} leaves no noise for the updates: adaptive clipping needs it above "
+                f"privacy.noise_multiplier/2={privacy.noise_multiplier / 2:g} (Andrew et al. 2021, Section 3.2); "
+                "raise privacy.count_noise"
+            )
+    if privacy.target_epsilon is not None:
+        rounds = config.train.rounds
+        epsilon = accounting.epsilon(rounds)
+        if epsilon > privacy.target_epsilon:
+            raise ConfigError(
+                f"privacy.target_epsilon={privacy.target_epsilon:g} cannot be met: epsilon after train.rounds="
+                f"{rounds} rounds is {epsilon:.4g} at privacy.delta={privacy.delta:g} with "
+                f"privacy.noise_multiplier={privacy.noise_multiplier:g}; raise the noise multiplier (`rayfed "
+                f"privacy --target-epsilon {privacy.target_epsilon:g}` with the run's options names the one it "
+                "needs) or lower train.rounds"
+            )
+
+
+class PrivacyLedger:
+    """What the engine keeps of a run's privacy between rounds: the accountant's analysis, and with adaptive
+    clipping the next round's clip norm (module docstring). Without privacy it adds nothing."""
+
+    def __init__(self, config: RunConfig, history: Sequence[Mapping[str, Any]]) -> None:
+        self.privacy = config.privacy
+        self.accounting = run_accounting(config)
+        self.clip_norm = self.privacy.clip_norm
+        """C of the next round (adaptive clipping), taken up from the history of a resumed run."""
+        done = [row for row in history if row["round"] >= 0]
+        if self.privacy.adaptive and done:
+            self._advance(done[-1][CLIP_NORM], done[-1][f"server_{UNCLIPPED}"])
+
+    def _advance(self, clip_norm: float, unclipped_fraction: float) -> None:
+        quantile = self.privacy.adaptive_quantile
+        assert quantile is not None
+        self.clip_norm = next_clip_norm(clip_norm, unclipped_fraction, quantile, self.privacy.adaptive_lr)
+
+    def context(self, ctx: RoundContext) -> RoundContext:
+        """``ctx`` with the round's clip norm where it adapts."""
+        return dataclasses.replace(ctx, clip_norm=self.clip_norm) if self.privacy.adaptive else ctx
+
+    def columns(self, ctx: RoundContext, extra: Mapping[str, float]) -> dict[str, float]:
+        """The privacy columns of the row of round ``ctx.round`` (-1: the initial model, ε = 0), whose server
+        metrics are ``extra``; the clip norm moves on to the next round's. None without privacy."""
+        if self.accounting is None:
+            return {}
+        columns = {EPSILON: self.accounting.epsilon(ctx.round + 1)}
+        if self.privacy.adaptive and ctx.clip_norm is not None:
+            columns[CLIP_NORM] = ctx.clip_norm
+            if ctx.round >= 0:
+                self._advance(ctx.clip_norm, extra.get(UNCLIPPED, math.nan))
+        return columns
+
+
+def privacy_summary(history: Sequence[Mapping[str, Any]], config: RunConfig) -> dict[str, Any]:
+    """``summary.json``'s entries of a private run (none without privacy): the final ε and its δ."""
+    if not config.privacy.enabled:
+        return {}
+    rounds = [row for row in history if row["round"] >= 0]
+    epsilon = float(rounds[-1][EPSILON]) if rounds else 0.0
+    return {EPSILON: epsilon if math.isfinite(epsilon) else None, "delta": config.privacy.delta}

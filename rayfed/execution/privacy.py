@@ -1,0 +1,177 @@
+"""DP-FedAvg where the halves run (docs/privacy.md): the worker clips (and with local DP noises) each client's
+upload, the server noises the round's sum once and averages it over the clients the round planned.
+
+Off (``privacy.mechanism="off"``) neither exists and no number changes. On, only a method whose server half
+declares :class:`~rayfed.algorithms.private_uploads.ModelUpload` runs (the plan refuses the others), and its
+clients' uploads are checked to be the model it declares.
+
+Worker, client i of the round (θ_g its start, n_i its training samples, w_i its weight: 1, or n_i with
+``privacy.weighting="samples"``)::
+
+    θ̃_i = θ_g + Δ_i · min(1, C/‖Δ_i‖)         (rayfed.privacy.clipping; θ_i itself where ‖Δ_i‖ ≤ C)
+    local DP: θ̃_i += N(0, σ² I)               (σ = z·C, seeded by the run, the round and the client)
+    upload w_i θ̃_i and w_i                     (a stack's in one product)
+
+Server, the round planned the set P and received U ⊆ P (Σ_U w_i θ̃_i, Σ_U w_i)::
+
+    θ_g' = (Σ_U w_i θ̃_i + (W_P − W_U) θ_g + N(0, (σ w_max)² I)) / W_P      (central; no noise with local DP)
+
+W_P = Σ_P w_i is fixed by the plan, not by who reported (McMahan et al. 2018's fixed denominator); a planned
+client that sent nothing counts as a zero update. w_max is the largest weight any client can have (1, or the
+largest training split), the sum's sensitivity in units of the clip.
+
+With adaptive clipping (``privacy.adaptive_quantile``, :mod:`rayfed.privacy.adaptive`) the round's clip norm C_t
+comes with its context, each client also sends the bit 1[‖Δ_i‖ ≤ C_t] (a :class:`ClippedSum`), and the server
+reports the noised fraction of unclipped updates, from which the engine makes C_{t+1}; the update's noise then
+uses the multiplier z_Δ left to it beside the count's noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rayfed.algorithms import Contribution, RoundContext
+from rayfed.algorithms.contributions import WeightedState, WeightedSum
+from rayfed.algorithms.private_uploads import ModelUpload
+from rayfed.config import RunConfig
+from rayfed.privacy.adaptive import default_count_noise, update_noise_multiplier
+from rayfed.privacy.noise import COUNT_STREAM, SERVER_STREAM, gaussian_noise
+from rayfed.util.errors import ConfigError
+from rayfed.util.seeding import participants
+
+__all__ = ["ClippedSum", "ClientPrivacy", "ServerPrivacy", "UNCLIPPED"]
+
+UNCLIPPED = "unclipped_fraction"
+"""The server metric of adaptive clipping: b̃_t, the noised fraction of the round's updates left unclipped."""
+
+
+@dataclass
+class ClippedSum(WeightedSum):
+    """A :class:`WeightedSum` of clipped models with the count of those left unclipped (adaptive clipping's bits,
+    Σ_i 1[‖Δ_i‖ ≤ C_t]: a number, or a 0-d tensor while on a worker's device)."""
+
+    unclipped: Any = 0.0
+
+    def __add__(self, other: WeightedSum) -> ClippedSum:
+        assert isinstance(other, ClippedSum)
+        total = WeightedSum.__add__(self, other)
+        return ClippedSum(total.total, total.weight, total.count, self.unclipped + other.unclipped)
+
+    __iadd__ = __add__
+
+
+class ClientPrivacy:
+    """A worker's clipping (and local noise) of its clients' model uploads."""
+
+    def __init__(self, config: RunConfig, method: str) -> None:
+        self.privacy, self.seed, self.method = config.privacy, config.seed, method
+
+    def weights(self, sizes: Sequence[int]) -> list[int]:
+        """w_i of clients of ``sizes`` training samples: n_i (``weighting="samples"``) or 1."""
+        return list(sizes) if self.privacy.weighting == "samples" else [1] * len(sizes)
+
+    def clip_norm(self, ctx: RoundContext) -> float:
+        """The round's clip norm: C_t with adaptive clipping, else ``privacy.clip_norm``."""
+        return self.privacy.clip_norm if ctx.clip_norm is None else ctx.clip_norm
+
+    def clipped(self, uploads: Sequence[Any], trained: Any, starts: Any, ids: Sequence[int], ctx: RoundContext) -> Any:
+        """The clipped (and locally noised) models of clients ``ids`` (L, S) from their trained states and starts
+        (L, S), on their device; each of ``uploads`` must be the whole-model :class:`WeightedState`."""
+        from rayfed.privacy.clipping import clipped_model
+        from rayfed.train.host import to_device
+
+        for upload in uploads:
+            if not isinstance(upload, WeightedState) or upload.parts:
+                raise ConfigError(
+                    f"privacy.mechanism={self.privacy.mechanism!r}: algorithm {self.method!r} declares its upload "
+                    f"a whole model (ModelUpload) but its client uploaded {type(upload).__name__}"
+                    f"{' of parts' if isinstance(upload, WeightedState) else ''}: set privacy.mechanism='off'"
+                )
+        models = clipped_model(trained, starts, self.clip_norm(ctx))
+        if self.privacy.mechanism != "local" or self.privacy.noise_std == 0:
+            return models
+        size, std = trained.shape[-1], self.privacy.noise_std
+        noise = np.stack([gaussian_noise(self.seed, ctx.round, 1 + cid, size, std) for cid in ids])
+        return models + to_device([noise], models.device)[0]
+
+    def _summed(self, models: Any, weights: list[int], trained: Any, starts: Any, ctx: RoundContext) -> WeightedSum:
+        """Σ w_i θ̃_i in one product, with the unclipped count where the clip norm adapts."""
+        summed = WeightedState().of_stack(models, weights)
+        if not self.privacy.adaptive:
+            return summed
+        from rayfed.privacy.clipping import unclipped
+
+        bits = unclipped(trained, starts, self.clip_norm(ctx)).sum()
+        return ClippedSum(summed.total, summed.weight, summed.count, bits)
+
+    def one(self, uploads: Sequence[Any], job: Any, start: Any, ctx: RoundContext) -> WeightedSum:
+        """One client's upload (``uploads``: what its client half declared): its clipped model weighted by w_i."""
+        trained, starts = job.trained[None, :], start[None, :]
+        models = self.clipped(uploads, trained, starts, [job.client_id], ctx)
+        if self.privacy.adaptive:
+            return self._summed(models, self.weights([job.num_train]), trained, starts, ctx)
+        return WeightedSum.of(models[0], self.weights([job.num_train])[0])
+
+    def stack(
+        self, uploads: Sequence[Any], jobs: Sequence[Any], states: Any, starts: Any, ctx: RoundContext
+    ) -> tuple[WeightedSum, Callable[[], list[Contribution]]]:
+        """A stack's summed upload (one product), and each client's, made only when asked (a call with a rejected
+        update), from the stack's trained states and starts."""
+        models = self.clipped(uploads, states, starts, [job.client_id for job in jobs], ctx)
+        weights = self.weights([job.num_train for job in jobs])
+
+        def parts() -> list[Contribution]:
+            rows = [slice(r, r + 1) for r in range(len(jobs))]
+            return [self._summed(models[r], weights[r], states[r], starts[r], ctx) for r in rows]
+
+        return self._summed(models, weights, states, starts, ctx), parts
+
+
+class ServerPrivacy:
+    """The server's half of the mechanism: the fixed denominator and, for central DP, the round's noise."""
+
+    def __init__(self, config: RunConfig, train_sizes: np.ndarray | None) -> None:
+        self.privacy, self.seed = config.privacy, config.seed
+        samples = self.privacy.weighting == "samples"
+        if samples and train_sizes is None:
+            raise ValueError("privacy.weighting='samples' needs the clients' training sizes on the server")
+        self.sizes = train_sizes if samples else None
+        self.max_weight = float(np.max(train_sizes)) if samples and train_sizes is not None else 1.0
+        per_round = participants(config.data.num_clients, config.engine.join_ratio)
+        count_noise = self.privacy.count_noise
+        self.count_noise = default_count_noise(per_round) if count_noise is None else count_noise
+        """σ_b, the noise on the count of unclipped updates (adaptive clipping)."""
+        z = self.privacy.noise_multiplier
+        self.update_multiplier = update_noise_multiplier(z, self.count_noise) if self.privacy.adaptive else z
+        """The update's noise multiplier: z, or z_Δ beside the count's noise (:mod:`rayfed.privacy.adaptive`)."""
+
+    def planned_weight(self, ctx: RoundContext) -> float:
+        """W_P: the weights of the clients the round planned."""
+        return float(len(ctx.sampled)) if self.sizes is None else float(np.sum(self.sizes[ctx.sampled]))
+
+    def privatized(self, ctx: RoundContext, total: Contribution, half: Any) -> tuple[WeightedSum, dict[str, float]]:
+        """The round's sum as the server half folds it, completed to the planned weight with θ_g and noised, and
+        with adaptive clipping the noised unclipped fraction b̃_t (module docstring)."""
+        assert isinstance(total, WeightedSum) and isinstance(half, ModelUpload)  # the plan refused the rest
+        planned = self.planned_weight(ctx)
+        summed = total.total
+        if planned != total.weight:  # a planned client sent nothing: a zero update, θ_g
+            summed = summed + np.float32(planned - total.weight) * half.privacy_reference()
+        clip = self.privacy.clip_norm if ctx.clip_norm is None else ctx.clip_norm
+        std = 0.0 if self.update_multiplier == 0 else self.update_multiplier * clip * self.max_weight
+        if self.privacy.mechanism == "central" and std > 0:
+            summed = summed + gaussian_noise(self.seed, ctx.round, SERVER_STREAM, summed.shape[0], std)
+        return WeightedSum(summed, planned, total.count), self.unclipped_fraction(ctx, total)
+
+    def unclipped_fraction(self, ctx: RoundContext, total: Contribution | None) -> dict[str, float]:
+        """``{UNCLIPPED: b̃_t}`` with adaptive clipping (NaN in a round without uploads), else nothing."""
+        if not self.privacy.adaptive:
+            return {}
+        if not isinstance(total, ClippedSum):
+            return {UNCLIPPED: float("nan")}
+        noise = gaussian_noise(self.seed, ctx.round, COUNT_STREAM, 1, self.count_noise)[0] if self.count_noise else 0
+        return {UNCLIPPED: (float(total.unclipped) + float(noise)) / len(ctx.sampled)}

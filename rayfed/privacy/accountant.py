@@ -1,0 +1,137 @@
+"""ε after each round, from Google's ``dp-accounting`` (imported here only, and only when privacy is on).
+
+Which analysis applies is decided by how rayfed samples, once (docs/privacy.md, "Which analysis"):
+
+* every client every round (``engine.join_ratio >= 1``): the Gaussian mechanism on a sum whose sensitivity is C
+  under adding or removing one client, composed over the rounds (RDP or PLD);
+* ⌊join_ratio·N⌋ clients drawn without replacement each round (:func:`rayfed.util.seeding.sample_clients`): a fixed
+  sample size, not Poisson sampling, so the analysis is sampling without replacement under replacing one client
+  (Wang, Balle, Kasiviswanathan, AISTATS 2019, Theorem 27), where the clipped sum's sensitivity is 2C: the
+  Gaussian's multiplier relative to it is z/2. dp-accounting has it for RDP only; PLD is refused there;
+* local DP: each client's own release is the Gaussian mechanism on an update of norm ≤ C (sensitivity 2C when its
+  data are replaced: multiplier z/2), composed over every round without amplification (the server sees who
+  reported).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from rayfed.privacy.settings import PrivacyConfig
+from rayfed.util.errors import ConfigError
+
+__all__ = ["Accounting", "accounting_of"]
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """The analysis of one run: one round's dp-accounting event and the accountant that composes it."""
+
+    accountant: str
+    """``rdp`` or ``pld``."""
+    noise_multiplier: float
+    """The Gaussian's multiplier relative to the sensitivity of what it noises (z, or z/2: module docstring)."""
+    num_clients: int
+    per_round: int
+    """Clients a round samples: N for every client, or the fixed sample size m."""
+    replace_one: bool
+    """Whether neighbouring runs differ by one client replaced (sampling without replacement, local DP), not one
+    added or removed."""
+    delta: float
+
+    @property
+    def sampled(self) -> bool:
+        """Whether the rounds sample a subset of the clients (amplification by sampling applies)."""
+        return self.per_round < self.num_clients
+
+    def event(self, noise_multiplier: float | None = None) -> Any:
+        """One round's ``dp_event``: the (subsampled) Gaussian mechanism."""
+        import dp_accounting
+
+        z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
+        gaussian = dp_accounting.GaussianDpEvent(z)
+        if not self.sampled:
+            return gaussian
+        return dp_accounting.SampledWithoutReplacementDpEvent(self.num_clients, self.per_round, gaussian)
+
+    def fresh(self) -> Any:
+        """A new accountant of this analysis."""
+        import dp_accounting
+
+        relation = dp_accounting.NeighboringRelation
+        neighbours = relation.REPLACE_ONE if self.replace_one else relation.ADD_OR_REMOVE_ONE
+        if self.accountant == "pld":
+            return dp_accounting.pld.PLDAccountant(neighbours)
+        return dp_accounting.rdp.RdpAccountant(neighboring_relation=neighbours)
+
+    def epsilon(self, rounds: int) -> float:
+        """ε at :attr:`delta` after ``rounds`` rounds (0 before the first; inf without noise): a fresh
+        accountant composing one round's event ``rounds`` times, as dp-accounting's own use gives it."""
+        if rounds <= 0:
+            return 0.0
+        if self.noise_multiplier == 0:
+            return math.inf
+        accountant = self.fresh()
+        accountant.compose(self.event(), rounds)
+        return float(accountant.get_epsilon(self.delta))
+
+    def noise_for(self, target_epsilon: float, rounds: int) -> float:
+        """The smallest noise multiplier z (as ``privacy.noise_multiplier`` takes it) whose ε after ``rounds``
+        rounds is at most ``target_epsilon`` (dp-accounting's calibration)."""
+        import dp_accounting
+
+        scale, low, high = self.noise_multiplier_scale, 0.3, 100.0
+        if self.epsilon_at(high * scale, rounds) > target_epsilon:
+            raise ConfigError(
+                f"privacy.target_epsilon={target_epsilon:g} needs privacy.noise_multiplier above {high:g} over "
+                f"{rounds} rounds: allow a larger epsilon or run fewer rounds"
+            )
+        if self.epsilon_at(low * scale, rounds) <= target_epsilon:
+            return low  # any multiplier from here meets it; smaller ones are outside the search
+        z = dp_accounting.calibrate_dp_mechanism(
+            self.fresh,
+            lambda zz: dp_accounting.SelfComposedDpEvent(self.event(zz * scale), rounds),
+            target_epsilon,
+            self.delta,
+            dp_accounting.ExplicitBracketInterval(low, high),
+            tol=1e-4,
+        )
+        return float(z)
+
+    def epsilon_at(self, noise_multiplier: float, rounds: int) -> float:
+        """ε after ``rounds`` rounds with the accountant's multiplier ``noise_multiplier`` instead of the run's."""
+        accountant = self.fresh()
+        accountant.compose(self.event(noise_multiplier), rounds)
+        return float(accountant.get_epsilon(self.delta))
+
+    @property
+    def noise_multiplier_scale(self) -> float:
+        """The accountant's multiplier per unit of ``privacy.noise_multiplier`` (1, or 1/2 under replace-one)."""
+        return 0.5 if self.replace_one else 1.0
+
+
+def accounting_of(privacy: PrivacyConfig, num_clients: int, per_round: int) -> Accounting:
+    """The analysis that applies to a run of ``num_clients`` clients sampling ``per_round`` each round (module
+    docstring); ConfigError naming the fix where the chosen accountant has none, or dp-accounting is missing."""
+    try:
+        import dp_accounting  # noqa: F401  (checked before anything is written)
+    except ImportError:
+        raise ConfigError(
+            f"privacy.mechanism={privacy.mechanism!r} needs Google's dp-accounting for its accountant: "
+            "pip install 'rayfed[privacy]'"
+        ) from None
+    local = privacy.mechanism == "local"
+    sampled = per_round < num_clients and not local
+    replace_one = sampled or local
+    if sampled and privacy.accountant == "pld":
+        raise ConfigError(
+            f"privacy.accountant='pld' has no analysis of the fixed-size sampling engine.join_ratio does "
+            f"({per_round} of {num_clients} clients drawn without replacement each round; dp-accounting's PLD "
+            "accountant covers Poisson sampling only): set privacy.accountant='rdp', or engine.join_ratio=1"
+        )
+    z = privacy.noise_multiplier * (0.5 if replace_one else 1.0)
+    return Accounting(
+        privacy.accountant, z, num_clients, num_clients if local else per_round, replace_one, privacy.delta
+    )

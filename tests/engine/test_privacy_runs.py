@@ -1,0 +1,136 @@
+"""Private runs end to end: ε in rounds.parquet and summary.json is dp-accounting's own, the noise is seeded
+(local, Ray with two workers, a resumed run), no noise and no clipping is FedAvg to the bit, and what cannot be
+protected or met is refused before anything is written."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import dp_accounting
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from rayfed import ConfigError, RunConfig, run
+from rayfed.algorithms import resolve
+from rayfed.engine.privacy_records import check_privacy
+from rayfed.util.files import load_arrays
+from tests.conftest import tiny_overrides
+from tests.killed_driver import killed_and_resumed
+
+CENTRAL = {"privacy.mechanism": "central", "privacy.clip_norm": 0.5, "privacy.noise_multiplier": 0.8}
+COMPARED = ("accuracy", "acc_mean", "test_loss", "train_loss")
+
+
+def test_the_epsilon_column_is_dp_accountings_own(tmp_path) -> None:
+    config = RunConfig().override(tiny_overrides(tmp_path / "run", **CENTRAL, **{"engine.join_ratio": 0.5}))
+    run(config)
+    rounds = pq.read_table(tmp_path / "run" / "rounds.parquet").to_pylist()
+    for row in rounds:
+        t = row["round"] + 1
+        accountant = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+        gaussian = dp_accounting.GaussianDpEvent(0.8 / 2)  # replace-one: the sum's sensitivity is 2C
+        accountant.compose(dp_accounting.SampledWithoutReplacementDpEvent(10, 5, gaussian), t)
+        assert row["epsilon"] == accountant.get_epsilon(1e-5)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["epsilon"] == rounds[-1]["epsilon"] and summary["delta"] == 1e-5
+
+
+def test_no_noise_and_no_clipping_is_fedavg_bit_for_bit(tmp_path) -> None:
+    common = {"data.partition": "dirichlet", "engine.join_ratio": 0.6}
+    fedavg = run(RunConfig().override(tiny_overrides(tmp_path / "fedavg", **common)))
+    private = {
+        "privacy.mechanism": "central",
+        "privacy.clip_norm": math.inf,
+        "privacy.noise_multiplier": 0.0,
+        "privacy.weighting": "samples",
+    }
+    same = run(RunConfig().override(tiny_overrides(tmp_path / "dp", **common, **private)))
+    for key in COMPARED:
+        assert [r[key] for r in same.history] == [r[key] for r in fedavg.history], key
+    noised = run(RunConfig().override(tiny_overrides(tmp_path / "noised", **common, **CENTRAL)))
+    assert [r["test_loss"] for r in noised.history] != [r["test_loss"] for r in fedavg.history]
+
+
+def test_the_noise_is_the_same_on_ray_with_two_workers(tmp_path, ray_cluster) -> None:
+    local = run(RunConfig().override(tiny_overrides(tmp_path / "local", **CENTRAL)))
+    again = run(RunConfig().override(tiny_overrides(tmp_path / "again", **CENTRAL)))
+    ray_engine = {"engine.backend": "ray", "engine.num_workers": 2}
+    on_ray = run(RunConfig().override(tiny_overrides(tmp_path / "ray", **CENTRAL, **ray_engine)))
+    for key in (*COMPARED, "epsilon"):
+        assert [r[key] for r in again.history] == [r[key] for r in local.history], key
+        assert [r[key] for r in on_ray.history] == [r[key] for r in local.history], key
+
+
+@pytest.mark.parametrize(
+    ("privacy", "columns"),
+    [
+        ({**CENTRAL, "privacy.mechanism": "local", "privacy.noise_multiplier": 0.05}, ("epsilon",)),
+        ({**CENTRAL, "privacy.adaptive_quantile": 0.5, "privacy.clip_norm": 0.1}, ("epsilon", "clip_norm")),
+    ],
+    ids=["local", "adaptive"],
+)
+def test_a_resumed_private_run_draws_the_same_noise(tmp_path, privacy: dict, columns: tuple) -> None:
+    full = run(RunConfig().override(tiny_overrides(tmp_path / "full", **privacy, **{"train.rounds": 4})))
+    partial = RunConfig().override(tiny_overrides(tmp_path / "part", **privacy, **{"engine.checkpoint_every": 2}))
+    run(partial)
+    resumed = run(partial.override({"train.rounds": 4}), resume=True)
+    for key in (*COMPARED, *columns):
+        assert [r[key] for r in resumed.history] == [r[key] for r in full.history], key
+    if "clip_norm" in columns:
+        assert len({r["clip_norm"] for r in full.history}) > 1  # it adapted
+
+
+@pytest.mark.parametrize(
+    ("method", "names"),
+    [
+        ("cwfedavg", "class distributions"),
+        ("fedawa", "client vectors"),
+        ("fedproto", "prototypes"),
+        ("ktpfl", "soft labels"),
+        ("fedper", "is not declared a model"),
+    ],
+)
+def test_a_method_whose_upload_cannot_be_protected_is_refused(method: str, names: str) -> None:
+    config = RunConfig().override({"algorithm.name": method, **CENTRAL})
+    with pytest.raises(ConfigError) as refused:
+        check_privacy(config, resolve(config.algorithm))
+    line = str(refused.value)
+    assert f"algorithm.name={method!r}" in line and names in line and "\n" not in line
+
+
+def test_a_target_epsilon_the_run_cannot_meet_is_refused() -> None:
+    config = RunConfig().override({**CENTRAL, "privacy.target_epsilon": 1.0, "train.rounds": 50})
+    with pytest.raises(ConfigError, match=r"privacy.target_epsilon=1 cannot be met: epsilon after train.rounds=50"):
+        check_privacy(config, resolve(config.algorithm))
+    met = config.override({"privacy.target_epsilon": 1e6})
+    check_privacy(met, resolve(met.algorithm))
+
+
+def test_a_system_model_is_refused_until_its_sampling_is_accounted() -> None:
+    config = RunConfig().override({**CENTRAL, "system.devices": "equal"})
+    with pytest.raises(ConfigError, match="system.devices='equal'"):
+        check_privacy(config, resolve(config.algorithm))
+
+
+def test_a_private_run_sigkilled_and_resumed_gives_the_same_bits(tmp_path) -> None:
+    # Prepare: the uninterrupted run, central DP with adaptive clipping (its noise and its carried clip norm)
+    overrides = {**CENTRAL, "privacy.adaptive_quantile": 0.5, "train.rounds": 4, "engine.checkpoint_every": 1}
+    reference = run(tiny_overrides(tmp_path / "ref", **overrides))
+    run_dir = tmp_path / "killed"
+    # Execute: the same run in a driver SIGKILLed once round 1 is checkpointed, then `rayfed run --resume`
+    resumed = killed_and_resumed(run_dir, tiny_overrides(run_dir, **overrides))
+    # Assert
+    assert resumed.returncode == 0, resumed.stderr
+    rows = pq.read_table(run_dir / "rounds.parquet").to_pylist()
+    for key in (*COMPARED, "epsilon", "clip_norm", "server_unclipped_fraction"):
+        assert _plain([r[key] for r in rows]) == _plain([r[key] for r in reference.history]), key
+    killed, ref = (load_arrays(sorted((d / "checkpoints").glob("*.npz"))[-1]) for d in (run_dir, tmp_path / "ref"))
+    server = [name for name in ref if name.startswith("server/")]
+    assert server and all(np.array_equal(killed[name], ref[name]) for name in server)
+
+
+def _plain(values: list) -> list:
+    """``values`` with NaN as None, so that equal records compare equal."""
+    return [None if isinstance(v, float) and math.isnan(v) else v for v in values]
