@@ -40,7 +40,31 @@ def _cnn4_supports(input_shape: InputShape) -> str | None:
     return min_side_reason(input_shape, 16, "two 5x5 valid convs and two 2x2 max-pools")
 
 
-class FedAvgCNN(nn.Module):
+class _ConvClassifier(nn.Module):
+    """Conv blocks, then ``last_feat`` (Linear, ReLU) on the flattened maps, then the output layer ``fc``.
+
+    The one body of both CNNs: their blocks are top-level children registered in order (``conv1``, ``conv2``, ...,
+    ``last_feat``, ``fc``), so PyTorch's default initialisation draws their parameters in that order and the
+    class-wise blocks of cwFedAvg are the last children.
+    """
+
+    output_layer: str = "fc"
+
+    def __init__(self, convs: list[nn.Sequential], flat: int, hidden: int, num_classes: int) -> None:
+        super().__init__()
+        self._conv_names = [f"conv{i}" for i in range(1, len(convs) + 1)]
+        for name, block in zip(self._conv_names, convs):
+            self.add_module(name, block)
+        self.last_feat = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU(inplace=True))
+        self.fc = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for name in self._conv_names:
+            x = getattr(self, name)(x)
+        return self.fc(self.last_feat(torch.flatten(x, 1)))
+
+
+class FedAvgCNN(_ConvClassifier):
     """The 4-layer CNN of the cwFedAvg papers (PFLlib ``FedAvgCNN``; docs/algorithms.md, cwFedAvg section).
 
     ``conv1``: Conv 5x5 C->32, ReLU, MaxPool 2; ``conv2``: Conv 5x5 32->64, ReLU,
@@ -52,21 +76,11 @@ class FedAvgCNN(nn.Module):
     1024
     """
 
-    output_layer: str = "fc"
-
     def __init__(self, input_shape: InputShape, num_classes: int) -> None:
-        super().__init__()
         ensure_supported("FedAvgCNN", _cnn4_supports, input_shape)
         channels, height, width = input_shape
-        flat = 64 * _cnn4_side(height) * _cnn4_side(width)
-        self.conv1 = _conv_pool(channels, 32, 5)
-        self.conv2 = _conv_pool(32, 64, 5)
-        self.last_feat = nn.Sequential(nn.Linear(flat, 512), nn.ReLU(inplace=True))
-        self.fc = nn.Linear(512, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.conv2(self.conv1(x))
-        return self.fc(self.last_feat(torch.flatten(x, 1)))
+        convs = [_conv_pool(channels, 32, 5), _conv_pool(32, 64, 5)]
+        super().__init__(convs, 64 * _cnn4_side(height) * _cnn4_side(width), 512, num_classes)
 
 
 def _cnn5_side(side: int) -> int:
@@ -78,7 +92,7 @@ def _cnn5_supports(input_shape: InputShape) -> str | None:
     return min_side_reason(input_shape, 18, "three 3x3 valid convs and two 2x2 max-pools")
 
 
-class FedAWACNN(nn.Module):
+class FedAWACNN(_ConvClassifier):
     """FedAWA's "5-layer" CNN (the authors' ``CNNCifar10``/``CNNCifar100``; docs/algorithms.md, FedAWA).
 
     ``conv1``: Conv 3x3 C->32, ReLU, MaxPool 2; ``conv2``: Conv 3x3 32->64, ReLU,
@@ -90,22 +104,15 @@ class FedAWACNN(nn.Module):
     1024
     """
 
-    output_layer: str = "fc"
-
     def __init__(self, input_shape: InputShape, num_classes: int) -> None:
-        super().__init__()
         ensure_supported("FedAWACNN", _cnn5_supports, input_shape)
         channels, height, width = input_shape
-        flat = 64 * _cnn5_side(height) * _cnn5_side(width)
-        self.conv1 = _conv_pool(channels, 32, 3)
-        self.conv2 = _conv_pool(32, 64, 3)
-        self.conv3 = nn.Sequential(nn.Conv2d(64, 64, 3), nn.ReLU(inplace=True))
-        self.last_feat = nn.Sequential(nn.Linear(flat, 64), nn.ReLU(inplace=True))
-        self.fc = nn.Linear(64, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.conv3(self.conv2(self.conv1(x)))
-        return self.fc(self.last_feat(torch.flatten(x, 1)))
+        convs = [
+            _conv_pool(channels, 32, 3),
+            _conv_pool(32, 64, 3),
+            nn.Sequential(nn.Conv2d(64, 64, 3), nn.ReLU(inplace=True)),
+        ]
+        super().__init__(convs, 64 * _cnn5_side(height) * _cnn5_side(width), 64, num_classes)
 
 
 register_model(
