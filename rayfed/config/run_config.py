@@ -197,13 +197,11 @@ class EngineConfig:
         check(self.clients_per_call >= 0, "engine.clients_per_call", self.clients_per_call, ">= 0")
         check_choice("engine.vectorize", self.vectorize, ("auto", "on", "off"))
         check(self.stack_size >= 1, "engine.stack_size", self.stack_size, ">= 1")
-        check(isinstance(self.pack_lanes, bool), "engine.pack_lanes", self.pack_lanes, "true or false")
         check(0 < self.join_ratio <= 1, "engine.join_ratio", self.join_ratio, "in (0, 1]")
         check(self.eval_every >= 1, "engine.eval_every", self.eval_every, ">= 1")
         check_choice("engine.eval_clients", self.eval_clients, ("all", "sampled"))
-        check(isinstance(self.eval_initial, bool), "engine.eval_initial", self.eval_initial, "true or false")
-        check(isinstance(self.eval_train_loss, bool), "engine.eval_train_loss", self.eval_train_loss, "true or false")
-        check(isinstance(self.eval_local, bool), "engine.eval_local", self.eval_local, "true or false")
+        for flag in ("pack_lanes", "eval_initial", "eval_train_loss", "eval_local"):
+            check(isinstance(getattr(self, flag), bool), f"engine.{flag}", getattr(self, flag), "true or false")
         check(self.checkpoint_every >= 0, "engine.checkpoint_every", self.checkpoint_every, ">= 0 (0 = never)")
         if self.round_timeout_s is not None:
             check(self.round_timeout_s > 0, "engine.round_timeout_s", self.round_timeout_s, "> 0 or unset")
