@@ -12,7 +12,6 @@ imported here) is read as a :class:`SavedConfig`: its accuracy curves draw, its 
 from __future__ import annotations
 
 import json
-import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,8 +31,6 @@ from rayfed.engine.metrics import counted_round
 from rayfed.engine.system_records import VIRTUAL_TIME
 from rayfed.util.config_tree import get_path, tree_differences
 from rayfed.util.errors import CheckpointError, ConfigError
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "SAME_NUMBERS",
@@ -123,6 +120,12 @@ class RunData:
     def method_held(self) -> bool:
         """Whether this process holds the run's method (its own figures can be drawn)."""
         return isinstance(self.config, RunConfig)
+
+    @property
+    def has_label_counts(self) -> bool:
+        """Whether the run recorded its clients' class counts (``label_counts.parquet``), which its method's own
+        figures read; a run from before that file has none, and reading a run never loads its dataset."""
+        return (self.run_dir / LABEL_COUNTS_FILE).is_file()
 
 
 def load_run(run_dir: str | Path) -> RunData:
@@ -236,21 +239,22 @@ def _points(run: RunData, column: str, x_of: Callable[[dict[str, Any]], float | 
 
 
 def finished_run(run: RunData) -> FinishedRun:
-    """What a method's figures read: the server state, the clients' class counts and the problem
-    rebuilt without data (the one problem builder, on the ``meta`` device); a run whose method is held here."""
+    """What a method's figures read: the server state, the clients' class counts (``label_counts.parquet``) and
+    the problem rebuilt without data (the one problem builder, on the ``meta`` device); a run whose method is
+    held here.
+
+    A run without ``label_counts.parquet`` (written before rayfed recorded it) raises CheckpointError: its
+    figures would need the dataset its config names, and reading a run directory never loads, extracts or
+    downloads what it points to (README.md, "What a run directory may do")."""
     from rayfed.engine.problem_build import ShapeOnly, build_problem
 
     assert isinstance(run.config, RunConfig), "a method's figures need its method (RunData.method_held)"
-    path = run.run_dir / LABEL_COUNTS_FILE
-    if path.is_file():
-        counts, train_counts, shape = read_label_counts(path)
-    else:  # a run from before label_counts.parquet: rebuild the counts from the dataset
-        from rayfed.data import Partition, load_dataset
-
-        data = run.config.data
-        logger.info("%s has no %s; loading dataset %r for the labels", run.run_dir, LABEL_COUNTS_FILE, data.dataset)
-        dataset = load_dataset(data.dataset, data.root, download=False, seed=data.seed, options=data.options)
-        partition = Partition.load(run.run_dir / "partition.parquet", dataset.labels, dataset.num_classes)
-        counts, train_counts, shape = partition.label_counts, partition.train_label_counts, dataset.input_shape
+    if not run.has_label_counts:
+        raise CheckpointError(
+            f"{str(run.run_dir)!r} has no {LABEL_COUNTS_FILE} (a run from before rayfed recorded its clients' class "
+            "counts), which its method's figures read; reading a run never loads the dataset its config names, so "
+            "only its accuracy curve can be drawn (rerun it with this rayfed for its figures)"
+        )
+    counts, train_counts, shape = read_label_counts(run.run_dir / LABEL_COUNTS_FILE)
     spec, _ = build_problem(run.config, ShapeOnly(tuple(shape), counts.shape[1]), device="meta")
     return FinishedRun(run.server, counts, train_counts, spec)
