@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from rayfed.algorithms import ALGORITHMS
 from rayfed.algorithms.figures import FinishedRun
@@ -27,7 +26,7 @@ from rayfed.config import RunConfig, read_run_config, read_saved_config
 from rayfed.config.retired import without_retired
 from rayfed.data import LABEL_COUNTS_FILE, read_label_counts
 from rayfed.engine.checkpoint import load_checkpoint, newest_checkpoint
-from rayfed.engine.metrics import counted_round
+from rayfed.engine.metrics import counted_round, read_rounds_file
 from rayfed.engine.system_records import VIRTUAL_TIME
 from rayfed.util.config_tree import get_path, tree_differences
 from rayfed.util.errors import CheckpointError, ConfigError
@@ -136,7 +135,12 @@ def load_run(run_dir: str | Path) -> RunData:
         raise CheckpointError(f"{str(run_dir)!r} is not a run directory (no config.json)")
     config = _saved_config(run_dir / "config.json")
     rounds_file = run_dir / "rounds.parquet"
-    rounds = pq.read_table(rounds_file).to_pylist() if rounds_file.is_file() else []
+    try:
+        rounds = read_rounds_file(rounds_file) if rounds_file.is_file() else []
+    except ValueError as error:
+        raise CheckpointError(
+            f"{str(rounds_file)!r} cannot be read: {error}; restore it from a copy of the run, or leave this run out"
+        ) from None
     newest = newest_checkpoint(run_dir)
     if newest is None:
         return RunData(run_dir, config, rounds)
@@ -255,6 +259,12 @@ def finished_run(run: RunData) -> FinishedRun:
             "counts), which its method's figures read; reading a run never loads the dataset its config names, so "
             "only its accuracy curve can be drawn (rerun it with this rayfed for its figures)"
         )
-    counts, train_counts, shape = read_label_counts(run.run_dir / LABEL_COUNTS_FILE)
+    try:
+        counts, train_counts, shape = read_label_counts(run.run_dir / LABEL_COUNTS_FILE)
+    except ValueError as error:
+        raise CheckpointError(
+            f"{str(run.run_dir / LABEL_COUNTS_FILE)!r} cannot be read: {error}; restore it from a copy of the run, "
+            "or delete it to draw the run's accuracy curve alone"
+        ) from None
     spec, _ = build_problem(run.config, ShapeOnly(tuple(shape), counts.shape[1]), device="meta")
     return FinishedRun(run.server, counts, train_counts, spec)
