@@ -61,9 +61,9 @@ _CHUNK = 1 << 20
 def read_json(path: str | os.PathLike[str]) -> Any:
     """The JSON value in the regular file ``path``, bounded (:func:`parse_json`); OSError if it cannot be read,
     ValueError saying what is wrong with it."""
+    if not stat.S_ISREG(os.stat(path).st_mode):  # before opening: opening a pipe would wait for its writer
+        raise ValueError("it is not a regular file")
     with open(path, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise ValueError("it is not a regular file")
         raw = handle.read(MAX_JSON_BYTES + 1)
     if len(raw) > MAX_JSON_BYTES:
         raise ValueError(f"it holds more than {MAX_JSON_BYTES // 2**20} MiB, more than rayfed ever writes there")
@@ -181,11 +181,10 @@ def npz_parts(path: str | os.PathLike[str], members: Mapping[str, NpyMember]) ->
             yield name.encode()
             yield f"{member.dtype.str}{member.shape}".encode()
             with archive.open(f"{name}.npy") as stream:
-                _header(name, stream, archive.getinfo(f"{name}.npy").file_size)
-                if member.fortran_order and len(member.shape) > 1:
-                    array = np.lib.format.read_array(stream, allow_pickle=False)
-                    yield np.ascontiguousarray(array).tobytes()
+                if member.fortran_order and len(member.shape) > 1:  # its bytes are not in C order: read whole
+                    yield np.ascontiguousarray(np.lib.format.read_array(stream, allow_pickle=False)).tobytes()
                     continue
+                _header(name, stream, archive.getinfo(f"{name}.npy").file_size)
                 left = math.prod(member.shape) * member.dtype.itemsize
                 while left:
                     chunk = stream.read(min(left, _CHUNK))
