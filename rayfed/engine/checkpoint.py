@@ -11,7 +11,8 @@ newest; ``rayfed plot`` reads the newest one's server state. Only the two newest
 
 A resume trusts a checkpoint only when it proves where it came from
 (:func:`verified_checkpoint`): its run's identity, the round its file is named after, arrays and
-metadata that match their seal (none changed or cut short) and finite values. The seal is keyed, so
+metadata that match their seal (none changed or cut short; checked streamed from the file, each array's header
+bounded first, before any array is loaded) and finite values. The seal is keyed, so
 that a checkpoint edited and sealed again without the key, such as another run's whose identity was
 changed, or one whose round was, is refused: it protects against anyone who can write a run directory
 (a shared or synced folder, a copy received) but cannot read the key file outside it. It does not
@@ -242,6 +243,7 @@ def _check_seal(path: Path, meta: Mapping[str, Any]) -> None:
 
 
 def _check_file_seal(path: Path, meta: Mapping[str, Any]) -> None:
+    """:func:`_check_seal`, the file's damage left to it to name."""
     if "mac" not in meta:
         trusted = os.environ.get(TRUST_UNKEYED_VARIABLE) == "1"
         if not trusted:

@@ -112,12 +112,13 @@ class TrialStop:
 
 
 @contextmanager
-def stops_recorded(stop: TrialStop) -> Iterator[None]:
-    """For a whole study, from before its first trial: Ctrl-C and SIGTERM request ``stop`` and then act as they did
-    (Python's KeyboardInterrupt, :func:`~rayfed.engine.interrupts.terminate_as_interrupt`'s Terminated). An
+def stops_recorded() -> Iterator[TrialStop]:
+    """For a whole study, from before its first trial: Ctrl-C and SIGTERM request the stop it yields, then act as
+    they did (Python's KeyboardInterrupt, :func:`~rayfed.engine.interrupts.terminate_as_interrupt`'s Terminated). An
     interruption that lands where Python drops it (in a ``__del__`` or a weakref callback run while the study
     starts) is then not lost: the request ends the study when its next trial starts or its running trial's round
     ends. A signal that is ignored, or left to the system, stays so; off the main thread nothing changes."""
+    stop = TrialStop()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     taken = {sig: handler for sig, handler in previous.items() if callable(handler)}
     if threading.current_thread() is not threading.main_thread():
@@ -130,7 +131,7 @@ def stops_recorded(stop: TrialStop) -> Iterator[None]:
     for sig in taken:
         signal.signal(sig, record)
     try:
-        yield
+        yield stop
     finally:
         for sig, handler in taken.items():
             signal.signal(sig, handler)

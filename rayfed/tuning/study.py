@@ -41,7 +41,6 @@ from rayfed.engine.interrupts import StudyInterrupted, was_terminated
 from rayfed.tracking import check_services
 from rayfed.tuning.parallel import (
     OneClaimAtATime,
-    TrialStop,
     check_cluster_fits,
     stopping_parallel_trials,
     stops_recorded,
@@ -134,8 +133,7 @@ def tune(
         checkpoints its run and is retried when the study resumes (:mod:`rayfed.tuning.trials`).
     """
     _check_arguments(n_trials, parallel_trials, study_name, direction, objective, sampler)
-    stop = TrialStop()
-    with stops_recorded(stop):  # from before anything starts, a Ctrl-C is not lost (rayfed.tuning.parallel)
+    with stops_recorded() as stop:  # from before anything starts, a Ctrl-C is not lost (rayfed.tuning.parallel)
         study_dir = Path(study_dir if study_dir is not None else Path("runs") / "tune" / study_name)
         space, resolved_pruner = _checked_setup(base_config, space, pruner, direction, study_dir)
         study = _opened_study(base_config, space, study_name, study_dir, storage, direction, resolved_pruner)
@@ -144,11 +142,9 @@ def tune(
         if remaining <= 0:
             logger.info("study %r already holds %d finished trials; nothing to run", study_name, n_trials - remaining)
             return study
-        objective_fn = OBJECTIVES[objective] if isinstance(objective, str) else objective
+        score = OBJECTIVES[objective] if isinstance(objective, str) else objective
         parent = _mlflow_parent(base_config, space, study_name, study_dir)
-        runner = TrialRunner(
-            base_config, space, study_name, study_dir, objective_fn, trial_callbacks, parent, stop=stop
-        )
+        runner = TrialRunner(base_config, space, study_name, study_dir, score, trial_callbacks, parent, stop=stop)
         options = {"n_trials": remaining, "timeout": timeout_s, "catch": catch, "callbacks": list(callbacks)}
         try:
             _run_trials(study, runner, parallel_trials, options)

@@ -73,7 +73,7 @@ def test_compressed_or_object_members_are_refused(tmp_path: Path) -> None:
     np.savez_compressed(path, w=np.zeros(1000))
     with pytest.raises(ValueError, match="its array 'w' is compressed"):
         npz_members(path)
-    np.savez(path, w=np.array([{"a": 1}], dtype=object))
+    np.savez(path, w=np.array([{"a": 1}], dtype="O"))
     with pytest.raises(ValueError, match="its array 'w' holds Python objects"):
         npz_members(path)
 
