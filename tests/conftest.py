@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.cached_synthetic import cache_synthetic
-from tests.lanes import pytest_collection_modifyitems  # noqa: F401  (the hook that marks each test's lane)
+from tests.lanes import hypothesis_profile, pytest_collection_modifyitems  # noqa: F401  (marks each test's lane)
 
 T = TypeVar("T")
 
@@ -42,6 +42,11 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 torch.set_num_threads(1)
 
 cache_synthetic()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Hypothesis's budget by lane (:func:`tests.lanes.hypothesis_profile`)."""
+    hypothesis_profile(config)
 
 
 TINY_SAMPLES = 1200

@@ -34,7 +34,7 @@ import rayfed
 from rayfed.cli import main
 from rayfed.tuning import tune
 
-__all__ = ["MEASURED", "pytest_collection_modifyitems", "why_slow"]
+__all__ = ["MEASURED", "HYPOTHESIS_PROFILES", "hypothesis_profile", "pytest_collection_modifyitems", "why_slow"]
 
 RAY_FIXTURES = frozenset({"ray_cluster"})
 """Fixtures that start or hand out a Ray cluster."""
@@ -66,6 +66,30 @@ MEASURED: dict[str, str] = {
 """Tests the rules above do not find that took more than 5 s on the 2-core box (node id, or a file for all its
 tests) -> what ``pytest -p no:xdist --durations=0`` measured (2026-11-28, the box shared, load 3 to 5). The
 stacking contract of every method stays in the fast lane whatever it takes (up to 18 s for one method)."""
+
+
+HYPOTHESIS_PROFILES = {"fast lane": 12, "full suite": 40}
+"""The examples a property-based test (Hypothesis) draws: a small budget where the slow lane is left out
+(``-m "not slow"``), a larger one in the full suite; both derandomized (a fixed seed, so a run repeats)."""
+
+
+def hypothesis_profile(config: pytest.Config) -> str:
+    """The Hypothesis profile of this session (:data:`HYPOTHESIS_PROFILES`), registered and loaded: the fast lane's
+    when the marker expression leaves the slow lane out."""
+    from hypothesis import HealthCheck, settings
+
+    for name, examples in HYPOTHESIS_PROFILES.items():
+        settings.register_profile(
+            name,
+            max_examples=examples,
+            derandomize=True,
+            database=None,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )
+    chosen = "fast lane" if "not slow" in (config.getoption("markexpr", "") or "") else "full suite"
+    settings.load_profile(chosen)
+    return chosen
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -142,7 +142,7 @@ def ray_started(address: str | None, *, source: str = "RAY_ADDRESS", **options: 
         else:
             reaper = Reaper()
             before = set(children(frozenset({os.getpid()})))
-            ray.init(address="local", logging_level=logging.WARNING, **options)  # type: ignore[arg-type]
+            _start_private(options)
             reaper.watch(set(children(frozenset({os.getpid()}))) - before - {reaper.pid})
         yield
     finally:
@@ -151,6 +151,22 @@ def ray_started(address: str | None, *, source: str = "RAY_ADDRESS", **options: 
             reaper.stop()
         for key in own:
             del os.environ[key]
+
+
+def _start_private(options: dict[str, object]) -> None:
+    """``ray.init`` of a private local Ray; ResourceError with the fix where it times out starting (on a machine
+    too busy for Ray's processes to come up in the 30 s Ray gives them), instead of Ray's traceback."""
+    try:
+        ray.init(address="local", logging_level=logging.WARNING, **options)  # type: ignore[arg-type]
+    except Exception as error:  # Ray raises a bare Exception when its node times out starting
+        said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if "timed out" not in said:
+            raise
+        raise ResourceError(
+            f"a private Ray could not start on this machine (Ray: {said}), which happens when the machine is too "
+            "busy for Ray's processes to start within the 30 s Ray waits; run the command again when it is less "
+            "busy, with fewer workers (engine.num_workers=1), or in this process with engine.backend=local"
+        ) from None
 
 
 def _say_joined(setting: str, target: str) -> None:

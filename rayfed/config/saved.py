@@ -7,13 +7,13 @@ A config whose method only a plugin registers is then compared as the saved tree
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rayfed.config.retired import without_retired
 from rayfed.config.run_config import RunConfig
+from rayfed.util.bounded import read_json
 from rayfed.util.config_tree import tree_differences
 from rayfed.util.errors import CheckpointError, ConfigError
 
@@ -24,7 +24,7 @@ def read_saved_config(path: str | Path) -> dict[str, Any]:
     """A run's ``config.json`` as data (JSON, nothing built or imported); CheckpointError naming the file if it
     cannot be read or holds no table."""
     try:
-        saved = json.loads(Path(path).read_text(encoding="utf-8"))
+        saved = read_json(path)
         if not isinstance(saved, dict):
             raise ValueError(f"it holds a {type(saved).__name__}, not a table")
         return saved

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rayfed.data.csr import count_labels, group_by_client
+from rayfed.util.bounded import read_parquet
 from rayfed.util.errors import DatasetError
 from rayfed.util.files import digest_of, write_parquet
 
@@ -349,15 +350,26 @@ def write_label_counts(path: str | os.PathLike[str], partition: ClientPartition,
 
 
 def read_label_counts(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
-    """(label_counts, train_label_counts, input_shape) from a file of :func:`write_label_counts`."""
-    table = pq.read_table(path)
+    """(label_counts, train_label_counts, input_shape) from a file of :func:`write_label_counts`, checked first
+    (:func:`rayfed.util.bounded.read_parquet`: bounded, each column of the kind written); ValueError saying what is
+    wrong, for the reader to name the file and its fix."""
+    table = read_parquet(path)
 
     def matrix(name: str) -> np.ndarray:
+        kind = table.schema.field(name).type if name in table.column_names else None
+        if kind is None or not (pa.types.is_fixed_size_list(kind) and pa.types.is_integer(kind.value_type)):
+            raise ValueError(f"its column {name!r} holds {kind or 'nothing'}, not a row of whole numbers per client")
         column = table.column(name).combine_chunks()
+        if column.null_count or column.flatten().null_count:
+            raise ValueError(f"its column {name!r} has gaps")
         return column.flatten().to_numpy().reshape(len(column), -1).astype(np.int64)
 
+    counts, train_counts = matrix("label_counts"), matrix("train_label_counts")
     shape = (table.schema.metadata or {}).get(_META_INPUT_SHAPE, b"")
-    return matrix("label_counts"), matrix("train_label_counts"), tuple(int(s) for s in shape.split(b",") if s)
+    dims = shape.split(b",") if shape else []
+    if counts.shape != train_counts.shape or not counts.size or not dims or not all(d.isdigit() for d in dims):
+        raise ValueError(f"its counts ({counts.shape}, {train_counts.shape}) or input shape {shape!r} do not fit")
+    return counts, train_counts, tuple(int(d) for d in dims)
 
 
 register_partition_format("csr", Partition.from_table)

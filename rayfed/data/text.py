@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rayfed.data.archives import extract_tar
 from rayfed.data.dataset import ArrayDataset
 from rayfed.data.registry import DATASETS
 from rayfed.data.torchvision_data import require_root
@@ -200,17 +201,8 @@ def _ag_news_folder(root: str | None, download: bool) -> Path:
         return [f"{_AG_FOLDER}/{name}" for name in _AG_FILES if not (folder / name).is_file()]
 
     if missing() and (base / _AG_ARCHIVE).is_file():
-        import tarfile
-
-        logger.info("ag_news: extracting %s offline", base / _AG_ARCHIVE)
-        try:
-            with tarfile.open(base / _AG_ARCHIVE) as archive:
-                members = [m for m in archive.getmembers() if m.name in {f"{_AG_FOLDER}/{f}" for f in _AG_FILES}]
-                # Python's safe extraction filter where it exists (3.10.12+, 3.11.4+); the members are named above
-                safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-                archive.extractall(base, members=members, **safe)  # type: ignore[arg-type]
-        except (OSError, EOFError, tarfile.TarError) as error:
-            raise DatasetError(f"dataset 'ag_news': cannot extract {str(base / _AG_ARCHIVE)!r} ({error})") from error
+        wanted = {f"{_AG_FOLDER}/{name}" for name in _AG_FILES}
+        extract_tar("ag_news", base / _AG_ARCHIVE, base, wanted.__contains__)
     if missing():
         raise DatasetError(
             f"dataset 'ag_news': files missing under root {str(base)!r}: {', '.join(missing())}. rayfed cannot "

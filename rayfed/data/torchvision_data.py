@@ -16,7 +16,8 @@ torchvision is imported lazily, inside the loaders. Nothing touches the network 
   offline, before torchvision is called with ``download=False``. For EMNIST the
   ``.gz`` files may also sit in ``<root>/EMNIST/raw/gzip/`` or inside NIST's ``gzip.zip``
   (in ``<root>/EMNIST/raw/`` or ``<root>``), whose letters files are then extracted.
-* CIFAR: a ``cifar-*-python.tar.gz`` archive found in ``root`` is extracted offline.
+* CIFAR: a ``cifar-*-python.tar.gz`` archive found in ``root`` is extracted offline, refusing a member that
+  would land outside ``root`` (:func:`rayfed.data.archives.extract_tar`).
 * Anything still missing raises :class:`DatasetError` naming the files and the fix,
   unless ``download=True``, in which case torchvision downloads it.
 """
@@ -35,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from rayfed.data.archives import extract_tar
 from rayfed.data.dataset import ArrayDataset
 from rayfed.data.registry import DATASETS
 from rayfed.util.errors import ConfigError, DatasetError
@@ -234,7 +236,6 @@ def load_cifar100(
 def _load_cifar(name: str, class_name: str, root: str | None, download: bool, merge_splits: bool) -> ArrayDataset:
     base = require_root(name, root)
     import torchvision.datasets as tvd
-    from torchvision.datasets.utils import extract_archive
 
     cls = getattr(tvd, class_name)
     folder = base / cls.base_folder
@@ -245,11 +246,7 @@ def _load_cifar(name: str, class_name: str, root: str | None, download: bool, me
         return [f"{cls.base_folder}/{f}" for f in needed if not (folder / f).is_file()]
 
     if missing() and (base / cls.filename).is_file():
-        logger.info("%s: extracting %s offline", name, base / cls.filename)
-        try:
-            extract_archive(str(base / cls.filename), str(base))
-        except (OSError, EOFError) as error:
-            raise DatasetError(f"dataset {name!r}: cannot extract {str(base / cls.filename)!r} ({error})") from error
+        extract_tar(name, base / cls.filename, base)
     fix = f"put {cls.filename} (or its extracted {cls.base_folder}/ folder) into {str(base)!r}"
     splits = _load_splits(name, cls, base, missing(), fix, download=download, merge_splits=merge_splits)
     images = np.concatenate([s.data for s in splits]).transpose(0, 3, 1, 2)  # NHWC -> NCHW

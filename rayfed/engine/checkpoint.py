@@ -11,7 +11,8 @@ newest; ``rayfed plot`` reads the newest one's server state. Only the two newest
 
 A resume trusts a checkpoint only when it proves where it came from
 (:func:`verified_checkpoint`): its run's identity, the round its file is named after, arrays and
-metadata that match their seal (none changed or cut short) and finite values. The seal is keyed, so
+metadata that match their seal (none changed or cut short; checked streamed from the file, each array's header
+bounded first, before any array is loaded) and finite values. The seal is keyed, so
 that a checkpoint edited and sealed again without the key, such as another run's whose identity was
 changed, or one whose round was, is refused: it protects against anyone who can write a run directory
 (a shared or synced folder, a copy received) but cannot read the key file outside it. It does not
@@ -26,10 +27,12 @@ the user vouches for it (:data:`TRUST_UNKEYED_VARIABLE`).
 from __future__ import annotations
 
 import hmac
+import itertools
 import json
 import logging
 import os
-from collections.abc import Collection, Iterable, Mapping
+import zipfile
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ import numpy as np
 
 from rayfed.engine.checkpoint_key import KEY_FILE_VARIABLE, checkpoint_key, key_id, key_path
 from rayfed.train.job import ClientState
+from rayfed.util.bounded import npz_members, npz_parts, parse_json
 from rayfed.util.errors import CheckpointError, CheckpointFormatError, CheckpointKeyError
 from rayfed.util.files import digest_of, load_arrays, save_arrays
 
@@ -108,7 +112,7 @@ def save_checkpoint(
         "identity": identity,
         "key_id": key_id(key),
     }
-    meta["mac"] = _seal(arrays, meta, key)
+    meta["mac"] = _seal(_array_parts(arrays), meta, key)
     arrays[_META] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     directory = Path(run_dir) / _DIRECTORY
     path = directory / f"round_{round_index:06d}.npz"
@@ -129,19 +133,23 @@ def newest_checkpoint(run_dir: str | Path) -> Path | None:
     return checkpoints[-1] if checkpoints else None
 
 
-def _seal(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any], key: bytes | None) -> str:
-    """HMAC-SHA256 under ``key`` over every array but ``meta``, by name, and over the :data:`_SEALED` fields;
-    with ``key`` None, the plain SHA-256 of a checkpoint written before they were keyed (its ``sealed`` fields)."""
-    parts = [part for name in sorted(arrays) if name != _META for part in (name.encode(), arrays[name])]
+def _seal(parts: Iterable[np.ndarray | bytes], meta: Mapping[str, Any], key: bytes | None) -> str:
+    """HMAC-SHA256 under ``key`` over the ``parts`` of every array but ``meta`` (:func:`_array_parts`) and over
+    the :data:`_SEALED` fields; with ``key`` None, the plain SHA-256 of a checkpoint written before they were
+    keyed (its ``sealed`` fields)."""
     fields = _SEALED if key is not None else ("round", "format", "identity", "sealed") if meta.get("sealed") else ()
-    if fields:
-        parts.append(json.dumps({field: meta.get(field) for field in fields}, sort_keys=True).encode())
-    return digest_of(parts, key)
+    covered = [json.dumps({field: meta.get(field) for field in fields}, sort_keys=True).encode()] if fields else []
+    return digest_of(itertools.chain(parts, covered), key)
+
+
+def _array_parts(arrays: Mapping[str, np.ndarray]) -> list[np.ndarray | bytes]:
+    """What a seal covers of ``arrays``: each but ``meta``, by name, its name then its values."""
+    return [part for name in sorted(arrays) if name != _META for part in (name.encode(), arrays[name])]
 
 
 def _read_meta(path: Path, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
     try:
-        meta = json.loads(arrays[_META].tobytes())
+        meta = parse_json(arrays[_META].tobytes())
         int(meta["round"]), int(meta["format"])
         return dict(meta)
     except (KeyError, ValueError, TypeError) as e:
@@ -202,8 +210,8 @@ def verified_checkpoint(path: Path, identity: str, may_hold_nan: Collection[str]
         raise CheckpointError(
             f"checkpoint {str(path)!r} says it was written after round {meta['round']}, not the round its name says"
         )
+    _check_seal(path, meta)  # streamed from the file: no array is loaded before the seal holds
     arrays = load_arrays(path, fix="")
-    _check_seal(path, arrays, meta)
     allowed = {f"{_SERVER}{name}" for name in may_hold_nan}
     for name, array in arrays.items():
         if name in allowed or not np.issubdtype(array.dtype, np.floating):
@@ -217,9 +225,25 @@ def verified_checkpoint(path: Path, identity: str, may_hold_nan: Collection[str]
     return _split(path, arrays)
 
 
-def _check_seal(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-    """CheckpointError unless ``arrays`` and ``meta`` match the seal written with them, under this machine's key
-    (CheckpointKeyError: sealed with another key, or by a rayfed that did not key its checkpoints)."""
+def _file_parts(path: Path) -> Iterator[bytes]:
+    """:func:`_array_parts` of the checkpoint at ``path``, streamed from its file (each array's claims bounded
+    first: :func:`rayfed.util.bounded.npz_members`), without loading its arrays."""
+    members = {name: member for name, member in npz_members(path).items() if name != _META}
+    return npz_parts(path, members)
+
+
+def _check_seal(path: Path, meta: Mapping[str, Any]) -> None:
+    """CheckpointError unless the arrays of ``path`` and ``meta`` match the seal written with them, under this
+    machine's key (CheckpointKeyError: sealed with another key, or by a rayfed that did not key its checkpoints),
+    checked before any array is loaded."""
+    try:
+        _check_file_seal(path, meta)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
+        raise CheckpointError(f"checkpoint {str(path)!r} is truncated or corrupted: {error}") from error
+
+
+def _check_file_seal(path: Path, meta: Mapping[str, Any]) -> None:
+    """:func:`_check_seal`, the file's damage left to it to name."""
     if "mac" not in meta:
         trusted = os.environ.get(TRUST_UNKEYED_VARIABLE) == "1"
         if not trusted:
@@ -229,7 +253,7 @@ def _check_seal(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str,
                 f"resume once with {TRUST_UNKEYED_VARIABLE}=1 (its checksum is still checked, and later checkpoints "
                 "are keyed). Nothing in this run directory was changed"
             )
-        if meta.get("checksum") == _seal(arrays, meta, None):
+        if meta.get("checksum") == _seal(_file_parts(path), meta, None):
             logger.warning("%s: unkeyed checkpoint accepted (%s=1)", path, TRUST_UNKEYED_VARIABLE)
             return
     else:
@@ -243,7 +267,7 @@ def _check_seal(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str,
                 f"copy the key file of the machine that wrote it to {str(key_path())!r}, or point "
                 f"{KEY_FILE_VARIABLE} at it. Nothing in this run directory was changed"
             )
-        if hmac.compare_digest(str(meta.get("mac")), _seal(arrays, meta, key)):
+        if hmac.compare_digest(str(meta.get("mac")), _seal(_file_parts(path), meta, key)):
             return
     raise CheckpointError(
         f"checkpoint {str(path)!r} is damaged or was changed: its arrays or its metadata do not match the seal "

@@ -32,17 +32,20 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from rayfed.execution.reports import ClientReport, EvalReport
+from rayfed.util.bounded import INTEGER, NUMBER, read_parquet
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RoundRecord", "counted_round", "loss_problem", "summarise_round", "client_table"]
+__all__ = ["RoundRecord", "counted_round", "loss_problem", "summarise_round", "client_table", "read_rounds_file"]
 
 
 @dataclass
@@ -88,6 +91,13 @@ class RoundRecord:
         row.update(row.pop("system"))
         row.update(row.pop("privacy"))
         return row
+
+
+def read_rounds_file(path: str | os.PathLike[str], columns: list[str] | None = None) -> list[dict[str, Any]]:
+    """The rows of a ``rounds.parquet`` (:meth:`RoundRecord.as_row`; only ``columns``, if given), its columns
+    checked first: ``round`` whole numbers, every other column numbers (:func:`rayfed.util.bounded.read_parquet`);
+    ValueError saying what is wrong, for the reader to name the file and its fix."""
+    return read_parquet(path, {"round": INTEGER, "*": NUMBER}, columns=columns).to_pylist()
 
 
 def counted_round(round_index: int) -> int:

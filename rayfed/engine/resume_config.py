@@ -9,17 +9,19 @@ the overrides applied. Anything else is refused in one line, before anything run
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+from rayfed.algorithms import ALGORITHMS
 from rayfed.config import RunConfig, read_run_config, read_saved_config
 from rayfed.config.args import resume_overrides
-from rayfed.engine.plugin_seal import resume_sources
+from rayfed.engine.plugin_seal import marker_sources, resume_sources
 from rayfed.engine.run_identity import MARKER_FILE, RunMarker
 from rayfed.engine.run_seal import check_config_file
-from rayfed.util.config_tree import coerce
+from rayfed.util.config_tree import coerce, get_path
 from rayfed.util.errors import CheckpointError
-from rayfed.util.plugin_sources import load_source
+from rayfed.util.plugin_sources import PluginSource, load_source
 
 __all__ = ["resumed_config"]
 
@@ -41,4 +43,29 @@ def resumed_config(resume: str, args: Sequence[str]) -> RunConfig:
         entries = None if named is None else coerce(tuple[str, ...], named, "plugins")
         for source in resume_sources(run_dir, marker, saved, entries):
             load_source(source, f"plugins entry {source.entry!r}")
+        _check_method_held(resume, saved, marker_sources(run_dir, marker))
     return read_run_config(path).override({**overrides, "run_dir": str(resume)})
+
+
+def _check_method_held(resume: str, saved: Mapping[str, Any], sources: Sequence[PluginSource]) -> None:
+    """CheckpointError saying that the run's method is not registered here, and where its run registered it (the
+    ``sources`` its marker records), rather than blaming its intact ``config.json``."""
+    name = get_path(saved, "algorithm.name")
+    if not isinstance(name, str) or name in ALGORITHMS:
+        return
+    scripts = [source.file for source in sources if source.kind == "script"]
+    if scripts:
+        where = (
+            f"its run registered it in the script {scripts[0]!r}, which a resume imports as a module, so a "
+            'registration under `if __name__ == "__main__":` does not run: move it to the top of the script, or '
+            "continue the run from the script with rayfed.run(config, resume=True)"
+        )
+    elif sources:
+        files = ", ".join(repr(source.file) for source in sources)
+        where = f"none of the code its run was sealed with ({files}) registers it now; register it there again"
+    else:
+        where = "its run recorded no code of its own: give the file that registers it with plugins=[FILE]"
+    raise CheckpointError(
+        f"cannot resume {resume!r}: its method algorithm.name={name!r} is not registered in this process (its "
+        f"config.json is intact); {where}"
+    )

@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from rayfed.config import RunConfig
 from rayfed.engine.checkpoint import Checkpoint, checkpoint_identity, checkpoints_of, verified_checkpoint
+from rayfed.engine.metrics import read_rounds_file
 from rayfed.engine.run_dir import listed, resume_command
 from rayfed.engine.run_identity import MARKER_FILE, RunMarker
+from rayfed.util.bounded import read_parquet
 from rayfed.util.errors import CheckpointError, CheckpointFormatError, ConfigError
 
 logger = logging.getLogger(__name__)
@@ -93,7 +92,7 @@ def read_resume_point(
             f"(rounds.parquet keeps every round's results)"
         )
     restart = f"restore it from a copy, or {restart}"
-    history = _table(run_dir / _ROUNDS, restart)
+    history = _table(run_dir / _ROUNDS, restart, read_rounds_file)
     rounds = {row.get("round") for row in history}
     missing = sorted(set(range(held)) - rounds)
     if missing:
@@ -160,6 +159,10 @@ def previous_checkpoint_fix(
     )
 
 
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return read_parquet(path).to_pylist()
+
+
 def drop_client_tables_from(run_dir: Path, next_round: int) -> None:
     """Delete the per-client tables of the rounds a continued run will write again (from ``next_round`` on)."""
     for path in (run_dir / _CLIENTS).glob("round_*.parquet"):
@@ -167,13 +170,15 @@ def drop_client_tables_from(run_dir: Path, next_round: int) -> None:
             path.unlink()
 
 
-def _table(path: Path, fix: str) -> list[dict[str, Any]]:
+def _table(path: Path, fix: str, read: Callable[[Path], list[dict[str, Any]]] = _rows) -> list[dict[str, Any]]:
+    """The rows of the table ``path``, read by ``read`` (bounded: :mod:`rayfed.util.bounded`); CheckpointError
+    naming it, what is wrong and ``fix``."""
     if not path.is_file():
         raise CheckpointError(f"{str(path)!r} is missing; {fix}")
     try:
-        return pq.read_table(path).to_pylist()
-    except (OSError, pa.ArrowException) as error:
-        raise CheckpointError(f"{str(path)!r} is truncated or corrupted ({error}); {fix}") from error
+        return read(path)
+    except ValueError as error:
+        raise CheckpointError(f"{str(path)!r} is truncated or corrupted: {error}; {fix}") from None
 
 
 def _round_of(path: Path) -> int:

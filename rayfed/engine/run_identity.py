@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayfed.engine.run_seal import check_seal, sealed
+from rayfed.util.bounded import read_json
 from rayfed.util.errors import CheckpointError
 from rayfed.util.files import write_json
 from rayfed.util.version import VERSION
@@ -160,7 +161,7 @@ class RunMarker:
         for another key or a changed marker); CheckpointError naming the file if it is not one rayfed wrote."""
         path = run_dir / MARKER_FILE
         try:
-            data = json.loads(path.read_text())
+            data = read_json(path)
             if data["format"] not in (_MARKER_FORMAT, _UNSEALED_FORMAT):
                 raise ValueError(f"format {data['format']!r}, this rayfed writes {_MARKER_FORMAT}")
             base = (str(data["identity"]), str(data["created"]), tuple(data["train_rounds"]))

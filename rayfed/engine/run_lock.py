@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from rayfed.util.bounded import read_json
 from rayfed.util.errors import ConfigError
 from rayfed.util.processes import ProcessId, is_running
 
@@ -54,7 +55,7 @@ class LockOwner:
     def read(cls, path: Path) -> LockOwner | None:
         """The owner a lock file names; None if it names none (being written, or not a lock file)."""
         try:
-            data = json.loads(path.read_text())
+            data = read_json(path)
             process = ProcessId.parse(data["process"])
             return None if process is None else cls(process, str(data["started"]))
         except (OSError, ValueError, KeyError, TypeError):

@@ -11,17 +11,15 @@ still be restored from a copy.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
+from rayfed.engine.metrics import read_rounds_file
 from rayfed.engine.plugin_seal import check_named, marker_sources
 from rayfed.engine.run_identity import MARKER_FILE, RunMarker
+from rayfed.util.bounded import read_json
 from rayfed.util.errors import CheckpointError
 from rayfed.util.plugin_sources import locate
 
@@ -37,7 +35,6 @@ __all__ = [
 ]
 
 ROUNDS_FILE, SUMMARY_FILE = "rounds.parquet", "summary.json"
-_ARROW_OPEN = "Could not open Parquet input source '{}': "
 """How pyarrow's message starts, naming the file again."""
 
 
@@ -65,12 +62,12 @@ def damage(directory: Path | None) -> str | None:
     rounds, summary = directory / ROUNDS_FILE, directory / SUMMARY_FILE
     if rounds.is_file():
         try:
-            pq.read_table(rounds)
-        except (OSError, pa.ArrowException) as error:
-            return f"its {ROUNDS_FILE} cannot be read ({_first_line(error).replace(_ARROW_OPEN.format(rounds), '')})"
+            read_rounds_file(rounds)
+        except ValueError as error:
+            return f"its {ROUNDS_FILE} cannot be read: {error}"
     if summary.is_file():
         try:
-            int(json.loads(summary.read_text())["rounds_run"])
+            int(read_json(summary)["rounds_run"])
         except (OSError, ValueError, KeyError, TypeError) as error:
             return f"its {SUMMARY_FILE} cannot be read ({type(error).__name__}: {_first_line(error)})"
     return None
@@ -87,8 +84,8 @@ def read_rounds(directory: Path | None, columns: list[str] | None = None) -> lis
     if path is None or not path.is_file():
         return []
     try:
-        return pq.read_table(path, columns=columns).to_pylist()
-    except (OSError, pa.ArrowException):
+        return read_rounds_file(path, columns)
+    except ValueError:
         return []
 
 
@@ -98,7 +95,7 @@ def rounds_done(directory: Path) -> int:
     if not summary.is_file():
         return 0
     try:
-        return int(json.loads(summary.read_text())["rounds_run"])
+        return int(read_json(summary)["rounds_run"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0
 

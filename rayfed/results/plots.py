@@ -26,7 +26,8 @@ writes, into ``DIR``:
   (:mod:`rayfed.results.run_data`).
 
 The clients' class counts come from ``label_counts.parquet``, which the engine writes next to
-the partition; older runs without it fall back to reloading the dataset named in ``config.json``.
+the partition; an older run without it gets its accuracy curve only, with a note that says why: drawing never
+loads, extracts or downloads the dataset a run's ``config.json`` names.
 
 matplotlib is imported lazily (``pip install 'rayfed[plots]'``); figures are drawn on
 ``matplotlib.figure.Figure`` objects, so no pyplot state or GUI backend is touched.
@@ -45,6 +46,7 @@ import numpy as np
 from rayfed.algorithms import ALGORITHMS
 from rayfed.algorithms.figures import DistributionPairs, Figure, Heatmap
 from rayfed.config import RunConfig
+from rayfed.data import LABEL_COUNTS_FILE
 from rayfed.engine.run_dir import resume_command
 from rayfed.results.run_data import (
     CurveGroup,
@@ -285,10 +287,11 @@ def plot_row_norms(norms: np.ndarray, path: str | Path, *, rows: str, title: str
 
 def plot_run_figures(run: RunData, out: str | Path, stem: str | None = None) -> list[Path]:
     """The figures the run's method draws of itself (``Reporting.figures``), as ``out/<stem>-<name>.png``
-    (stem: the run's name); none for a method that draws none, a run without a checkpoint, or one whose method
-    this process does not hold (a plugin's: reading a run imports none)."""
+    (stem: the run's name); none for a method that draws none, a run without a checkpoint or without its clients'
+    class counts (``label_counts.parquet``: reading a run never loads its dataset), or one whose method this
+    process does not hold (a plugin's: reading a run imports none)."""
     config = run.config
-    if not run.server or not isinstance(config, RunConfig):
+    if not run.server or not isinstance(config, RunConfig) or not run.has_label_counts:
         return []
     out, stem = Path(out), stem or run.name
     figures = ALGORITHMS.get(config.algorithm.name).figures(config.algorithm.params, finished_run(run))
@@ -361,6 +364,12 @@ def write_figures(run_dirs: Sequence[str | Path], out: str | Path) -> tuple[list
             notes.append(
                 f"{run.run_dir}: no checkpoint (engine.checkpoint_every=0?), so no figures of the "
                 f"{run.algorithm} run's own: accuracy curve only"
+            )
+        elif not run.has_label_counts:
+            notes.append(
+                f"{run.run_dir}: no {LABEL_COUNTS_FILE} (a run from before rayfed recorded its clients' class counts), "
+                f"so no figures of the {run.algorithm} run's own: they read those counts, and drawing never loads the "
+                "dataset a run names: accuracy curve only"
             )
         elif not drawn:
             notes.append(

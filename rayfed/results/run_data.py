@@ -13,7 +13,6 @@ imported here) is read as a :class:`SavedConfig`: its accuracy curves draw, its 
 from __future__ import annotations
 
 import json
-import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from rayfed.algorithms import ALGORITHMS
 from rayfed.algorithms.figures import FinishedRun
@@ -29,12 +27,11 @@ from rayfed.config import RunConfig, read_run_config, read_saved_config
 from rayfed.config.retired import without_retired
 from rayfed.data import LABEL_COUNTS_FILE, read_label_counts
 from rayfed.engine.checkpoint import load_checkpoint, newest_checkpoint
-from rayfed.engine.metrics import counted_round
+from rayfed.engine.metrics import counted_round, read_rounds_file
 from rayfed.engine.system_records import AVAILABILITY_FILE, DEVICES_FILE, VIRTUAL_TIME
+from rayfed.util.bounded import NUMBER, read_parquet
 from rayfed.util.config_tree import get_path, tree_differences
 from rayfed.util.errors import CheckpointError, ConfigError
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "SAME_NUMBERS",
@@ -135,6 +132,12 @@ class RunData:
         """Whether this process holds the run's method (its own figures can be drawn)."""
         return isinstance(self.config, RunConfig)
 
+    @property
+    def has_label_counts(self) -> bool:
+        """Whether the run recorded its clients' class counts (``label_counts.parquet``), which its method's own
+        figures read; a run from before that file has none, and reading a run never loads its dataset."""
+        return (self.run_dir / LABEL_COUNTS_FILE).is_file()
+
 
 def load_run(run_dir: str | Path) -> RunData:
     """Read ``config.json`` (as data: nothing it names is imported), ``rounds.parquet`` and the newest
@@ -144,7 +147,12 @@ def load_run(run_dir: str | Path) -> RunData:
         raise CheckpointError(f"{str(run_dir)!r} is not a run directory (no config.json)")
     config = _saved_config(run_dir / "config.json")
     rounds_file = run_dir / "rounds.parquet"
-    rounds = pq.read_table(rounds_file).to_pylist() if rounds_file.is_file() else []
+    try:
+        rounds = read_rounds_file(rounds_file) if rounds_file.is_file() else []
+    except ValueError as error:
+        raise CheckpointError(
+            f"{str(rounds_file)!r} cannot be read: {error}; restore it from a copy of the run, or leave this run out"
+        ) from None
     devices, availability = _columns(run_dir / DEVICES_FILE), _columns(run_dir / AVAILABILITY_FILE)
     newest = newest_checkpoint(run_dir)
     if newest is None:
@@ -154,11 +162,23 @@ def load_run(run_dir: str | Path) -> RunData:
 
 
 def _columns(path: Path) -> dict[str, np.ndarray]:
-    """A parquet file's columns as numpy arrays (none if it is not there)."""
+    """A parquet file's columns of numbers as numpy arrays (none if it is not there), bounded as every table a reader
+    opens (:func:`rayfed.util.bounded.read_parquet`)."""
     if not path.is_file():
         return {}
-    table = pq.read_table(path)
+    table = _table(path, {"*": NUMBER})
     return {name: table[name].to_numpy() for name in table.column_names}
+
+
+def _table(path: Path, kinds: Mapping[str, str]) -> Any:
+    """The Parquet table at ``path``, bounded and its columns of ``kinds`` (:func:`rayfed.util.bounded.read_parquet`);
+    CheckpointError naming the file and the fix if it is damaged."""
+    try:
+        return read_parquet(path, kinds)
+    except ValueError as error:
+        raise CheckpointError(
+            f"{str(path)!r} cannot be read: {error}; restore it from a copy of the run, or leave this run out"
+        ) from None
 
 
 def _saved_config(path: Path) -> RunConfig | SavedConfig:
@@ -277,9 +297,11 @@ def client_timeline(run: RunData) -> dict[str, np.ndarray]:
     ends = {int(row["round"]): row[VIRTUAL_TIME] for row in run.rounds if row.get(VIRTUAL_TIME) is not None}
     parts = []
     for path in sorted((run.run_dir / "clients").glob("round_*.parquet")):
-        table = pq.read_table(path)
-        if "start_s" not in table.column_names:
+        if "start_s" not in _table(path, {}).column_names:
             return {}
+        table = _table(path, {"client_id": NUMBER, "round": NUMBER, "start_s": NUMBER, "finish_s": NUMBER})
+        if "status" not in table.column_names:
+            raise CheckpointError(f"{str(path)!r} has no column 'status'; restore it from a copy of the run")
         rows = table.filter(table["status"].is_valid())
         parts.append({name: rows[name].to_numpy(zero_copy_only=False) for name in ("client_id", "round", "status")})
         parts[-1]["start_s"] = rows["start_s"].to_numpy()
@@ -299,21 +321,28 @@ def _points(run: RunData, column: str, x_of: Callable[[dict[str, Any]], float | 
 
 
 def finished_run(run: RunData) -> FinishedRun:
-    """What a method's figures read: the server state, the clients' class counts and the problem
-    rebuilt without data (the one problem builder, on the ``meta`` device); a run whose method is held here."""
+    """What a method's figures read: the server state, the clients' class counts (``label_counts.parquet``) and
+    the problem rebuilt without data (the one problem builder, on the ``meta`` device); a run whose method is
+    held here.
+
+    A run without ``label_counts.parquet`` (written before rayfed recorded it) raises CheckpointError: its
+    figures would need the dataset its config names, and reading a run directory never loads, extracts or
+    downloads what it points to (README.md, "What a run directory may do")."""
     from rayfed.engine.problem_build import ShapeOnly, build_problem
 
     assert isinstance(run.config, RunConfig), "a method's figures need its method (RunData.method_held)"
-    path = run.run_dir / LABEL_COUNTS_FILE
-    if path.is_file():
-        counts, train_counts, shape = read_label_counts(path)
-    else:  # a run from before label_counts.parquet: rebuild the counts from the dataset
-        from rayfed.data import Partition, load_dataset
-
-        data = run.config.data
-        logger.info("%s has no %s; loading dataset %r for the labels", run.run_dir, LABEL_COUNTS_FILE, data.dataset)
-        dataset = load_dataset(data.dataset, data.root, download=False, seed=data.seed, options=data.options)
-        partition = Partition.load(run.run_dir / "partition.parquet", dataset.labels, dataset.num_classes)
-        counts, train_counts, shape = partition.label_counts, partition.train_label_counts, dataset.input_shape
+    if not run.has_label_counts:
+        raise CheckpointError(
+            f"{str(run.run_dir)!r} has no {LABEL_COUNTS_FILE} (a run from before rayfed recorded its clients' class "
+            "counts), which its method's figures read; reading a run never loads the dataset its config names, so "
+            "only its accuracy curve can be drawn (rerun it with this rayfed for its figures)"
+        )
+    try:
+        counts, train_counts, shape = read_label_counts(run.run_dir / LABEL_COUNTS_FILE)
+    except ValueError as error:
+        raise CheckpointError(
+            f"{str(run.run_dir / LABEL_COUNTS_FILE)!r} cannot be read: {error}; restore it from a copy of the run, "
+            "or delete it to draw the run's accuracy curve alone"
+        ) from None
     spec, _ = build_problem(run.config, ShapeOnly(tuple(shape), counts.shape[1]), device="meta")
     return FinishedRun(run.server, counts, train_counts, spec)

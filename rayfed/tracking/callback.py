@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from rayfed.engine.callbacks import Callback, RunView
 from rayfed.engine.metrics import RoundRecord, counted_round
+from rayfed.engine.run_dir import resume_command
 from rayfed.tracking.state import STATE_FILE, Logged, read_state, write_state
 from rayfed.tracking.study_link import StudyLink
 from rayfed.tracking.tools import FIGURES, check_folders, check_services, tracker_class
@@ -64,10 +65,7 @@ class Tracking(Callback):
             try:
                 tracker = tracker_class(name)(run, entry, self.study)
             except Exception as error:  # the tool's own error, at round 0: nothing of the run is lost
-                raise ConfigError(
-                    f"engine.loggers: {name} could not open the run's logged run ({type(error).__name__}: {error}); "
-                    f"fix what it names, or leave {name!r} out of engine.loggers, then start the run again"
-                ) from error
+                raise self._not_opened(name, run, entry, error) from error
             self._trackers[name], self._logged[name] = tracker, replace(entry, ids=tracker.ids())
         write_state(run.run_dir, self._logged)  # the logged runs' ids, before anything is sent to them
         plain = run.config.to_dict()
@@ -78,6 +76,24 @@ class Tracking(Callback):
         # the rounds recorded before this process (a resume) that a tracker does not hold: a tracker added on
         # resume, or rounds sent by a process that stopped before the tool confirmed them
         self._send(run, [(counted_round(row["round"]), _metrics(row), {}) for row in run.history])
+
+    def _not_opened(self, name: str, run: RunView, entry: Logged, error: Exception) -> ConfigError:
+        """Why tracker ``name`` could not open the run's logged run, and the fix: for a resume, the logged run that
+        ``tracking.json`` records, the tool's store, and how to continue without the tool."""
+        said = f"{type(error).__name__}: {' '.join(str(error).split())}"  # one line, whatever the tool wrote
+        folder = self.study.study_dir if self.study is not None else run.run_dir
+        if not entry.ids:
+            return ConfigError(
+                f"engine.loggers: {name} could not open the run's logged run ({said}); fix what it names, or leave "
+                f"{name!r} out of engine.loggers, then start the run again"
+            )
+        others = ",".join(other for other in self.loggers if other != name)
+        return ConfigError(
+            f"engine.loggers: {name} could not reopen the logged run {entry.ids} that "
+            f"{str(run.run_dir / STATE_FILE)!r} records, in its store {tracker_class(name).store(folder)} ({said}); "
+            f"fix or restore that store, or continue without {name}: {resume_command(run.run_dir)} "
+            f"engine.loggers=[{others}]"
+        )
 
     def _caught_up(self, name: str, run: RunView, entry: Logged) -> Logged:
         """``entry`` (``tracking.json``'s), advanced to the step and config the tool's own records hold of the same

@@ -160,6 +160,10 @@ class MlflowTracker(Tracker):
         check_store(folder)
 
     @classmethod
+    def store(cls, folder: Path) -> str:
+        return repr(tracking_uri(folder))
+
+    @classmethod
     def recorded(cls, run: RunView, study: StudyLink | None) -> Logged | None:
         """The newest MLflow run tagged with this run's directory and identity, its last step over every metric
         and whether it holds params. A default store that does not exist yet holds none (and is not made)."""

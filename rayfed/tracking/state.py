@@ -16,12 +16,12 @@ trackers' own records (:meth:`~rayfed.tracking.tracker.Tracker.recorded`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rayfed.util.bounded import read_json
 from rayfed.util.errors import ConfigError
 from rayfed.util.files import write_json
 
@@ -52,7 +52,7 @@ def read_state(run_dir: Path) -> dict[str, Logged] | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)
         if not isinstance(data, dict):
             raise ValueError(f"it holds a JSON {type(data).__name__}, not an object of trackers")
         return {str(name): _entry(name, entry) for name, entry in data.items()}

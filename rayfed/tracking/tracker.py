@@ -39,6 +39,11 @@ class Tracker(ABC):
         """Open the run's logged run: the one ``saved`` names (a resume), else a new one (filed under ``study``)."""
 
     @classmethod
+    def store(cls, folder: Path) -> str:
+        """Where the tool keeps a run directory's logged runs, as a refusal names it: its folder there."""
+        return repr(str(folder / cls.folder)) if cls.folder else "the tool's own store"
+
+    @classmethod
     def check(cls, folder: Path) -> None:
         """Before anything is written: ConfigError naming what of the tool's setting (its environment variables,
         its store under ``folder``) cannot take a run, and the fix. Nothing to check by default."""

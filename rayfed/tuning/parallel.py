@@ -38,7 +38,14 @@ from rayfed.util.errors import ResourceError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["trial_workers", "check_cluster_fits", "TrialStop", "stopping_parallel_trials", "OneClaimAtATime"]
+__all__ = [
+    "trial_workers",
+    "check_cluster_fits",
+    "TrialStop",
+    "stops_recorded",
+    "stopping_parallel_trials",
+    "OneClaimAtATime",
+]
 
 
 def trial_workers(engine: EngineConfig, parallel_trials: int) -> dict[str, int]:
@@ -82,8 +89,9 @@ def check_cluster_fits(engine: EngineConfig, parallel_trials: int) -> None:
 
 
 class TrialStop:
-    """A request that every running trial stop after its current round: Ctrl-C or SIGTERM while trials run in
-    threads (:func:`stopping_parallel_trials`)."""
+    """A request that the study stop: Ctrl-C or SIGTERM, recorded from before its first trial
+    (:func:`stops_recorded`); with trials in threads, the signal's only effect (:func:`stopping_parallel_trials`),
+    and every running trial stops after its current round."""
 
     def __init__(self) -> None:
         self._requested = threading.Event()
@@ -101,6 +109,32 @@ class TrialStop:
         """What a stopped trial raises: :class:`~rayfed.engine.interrupts.Terminated` after SIGTERM, else a
         KeyboardInterrupt, as the signal would have in the main thread."""
         return Terminated() if self.terminated else KeyboardInterrupt()
+
+
+@contextmanager
+def stops_recorded() -> Iterator[TrialStop]:
+    """For a whole study, from before its first trial: Ctrl-C and SIGTERM request the stop it yields, then act as
+    they did (Python's KeyboardInterrupt, :func:`~rayfed.engine.interrupts.terminate_as_interrupt`'s Terminated). An
+    interruption that lands where Python drops it (in a ``__del__`` or a weakref callback run while the study
+    starts) is then not lost: the request ends the study when its next trial starts or its running trial's round
+    ends. A signal that is ignored, or left to the system, stays so; off the main thread nothing changes."""
+    stop = TrialStop()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    taken = {sig: handler for sig, handler in previous.items() if callable(handler)}
+    if threading.current_thread() is not threading.main_thread():
+        taken = {}
+
+    def record(signum: int, frame: FrameType | None) -> None:
+        stop.request(terminated=signum == signal.SIGTERM)
+        taken[signal.Signals(signum)](signum, frame)
+
+    for sig in taken:
+        signal.signal(sig, record)
+    try:
+        yield stop
+    finally:
+        for sig, handler in taken.items():
+            signal.signal(sig, handler)
 
 
 @contextmanager

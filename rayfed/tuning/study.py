@@ -39,7 +39,13 @@ from rayfed.engine import RunResult
 from rayfed.engine.callbacks import Callback
 from rayfed.engine.interrupts import StudyInterrupted, was_terminated
 from rayfed.tracking import check_services
-from rayfed.tuning.parallel import OneClaimAtATime, check_cluster_fits, stopping_parallel_trials, trial_workers
+from rayfed.tuning.parallel import (
+    OneClaimAtATime,
+    check_cluster_fits,
+    stopping_parallel_trials,
+    stops_recorded,
+    trial_workers,
+)
 from rayfed.tuning.pruning import make_pruner
 from rayfed.tuning.resume import finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
@@ -127,24 +133,25 @@ def tune(
         checkpoints its run and is retried when the study resumes (:mod:`rayfed.tuning.trials`).
     """
     _check_arguments(n_trials, parallel_trials, study_name, direction, objective, sampler)
-    study_dir = Path(study_dir if study_dir is not None else Path("runs") / "tune" / study_name)
-    space, resolved_pruner = _checked_setup(base_config, space, pruner, direction, study_dir)
-    study = _opened_study(base_config, space, study_name, study_dir, storage, direction, resolved_pruner)
-    study.sampler = _sampler(study, sampler, base_config.seed if seed is None else seed)
-    remaining = n_trials - len(finished_trials(study))
-    if remaining <= 0:
-        logger.info("study %r already holds %d finished trials; nothing to run", study_name, n_trials - remaining)
+    with stops_recorded() as stop:  # from before anything starts, a Ctrl-C is not lost (rayfed.tuning.parallel)
+        study_dir = Path(study_dir if study_dir is not None else Path("runs") / "tune" / study_name)
+        space, resolved_pruner = _checked_setup(base_config, space, pruner, direction, study_dir)
+        study = _opened_study(base_config, space, study_name, study_dir, storage, direction, resolved_pruner)
+        study.sampler = _sampler(study, sampler, base_config.seed if seed is None else seed)
+        remaining = n_trials - len(finished_trials(study))
+        if remaining <= 0:
+            logger.info("study %r already holds %d finished trials; nothing to run", study_name, n_trials - remaining)
+            return study
+        score = OBJECTIVES[objective] if isinstance(objective, str) else objective
+        parent = _mlflow_parent(base_config, space, study_name, study_dir)
+        runner = TrialRunner(base_config, space, study_name, study_dir, score, trial_callbacks, parent, stop=stop)
+        options = {"n_trials": remaining, "timeout": timeout_s, "catch": catch, "callbacks": list(callbacks)}
+        try:
+            _run_trials(study, runner, parallel_trials, options)
+        except KeyboardInterrupt as error:  # each interrupted trial checkpointed its run and is retried on resume
+            finished = len(finished_trials(study))
+            raise StudyInterrupted(study_name, finished, n_trials, terminated=was_terminated(error)) from None
         return study
-    objective_fn = OBJECTIVES[objective] if isinstance(objective, str) else objective
-    parent = _mlflow_parent(base_config, space, study_name, study_dir)
-    runner = TrialRunner(base_config, space, study_name, study_dir, objective_fn, trial_callbacks, parent)
-    options = {"n_trials": remaining, "timeout": timeout_s, "catch": catch, "callbacks": list(callbacks)}
-    try:
-        _run_trials(study, runner, parallel_trials, options)
-    except KeyboardInterrupt as stop:  # each interrupted trial checkpointed its run and is retried on resume
-        finished = len(finished_trials(study))
-        raise StudyInterrupted(study_name, finished, n_trials, terminated=was_terminated(stop)) from None
-    return study
 
 
 def _checked_setup(

@@ -49,7 +49,9 @@ class TrialRunner:
     """The study's own MLflow run, in which each trial's is nested (with MLflow among engine.loggers)."""
     driver: str = field(default_factory=driver_id)
     stop: TrialStop = field(default_factory=TrialStop)
-    """Requested by Ctrl-C or SIGTERM while trials run in threads: each stops after its current round."""
+    """Requested by Ctrl-C or SIGTERM from before the study's first trial (:func:`~rayfed.tuning.parallel.
+    stops_recorded`): a trial asked before it starts does not start; with trials in threads, each running one stops
+    after its current round."""
     interrupted: set[int] = field(default_factory=set)
     """Numbers of the trials stopped by Ctrl-C or SIGTERM (retried when the study resumes)."""
 

@@ -7,6 +7,8 @@ re-raised ``from`` the original exception, naming the config field to blame.
 
 from __future__ import annotations
 
+import traceback
+
 __all__ = [
     "RayfedError",
     "ConfigError",
@@ -20,6 +22,7 @@ __all__ = [
     "ServerError",
     "MethodError",
     "PluginError",
+    "raised_at",
 ]
 
 
@@ -72,3 +75,14 @@ class MethodError(RayfedError):
 class PluginError(RayfedError):
     """A method, model, dataset or partitioner registered outside rayfed cannot reach a process of the run (it
     cannot be sent, or the module that registers it cannot be imported there)."""
+
+
+def raised_at(error: BaseException, file: str | None = None) -> str:
+    """Where ``error`` was raised, as ``FILE:LINE``: in ``file`` if the traceback passes through it (the plugin that
+    failed, rather than the library it called), else the innermost frame outside Python's import machinery; a
+    SyntaxError's own place; ``"an unknown line"`` without a traceback."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{error.filename}:{error.lineno}"
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<frozen")]
+    chosen = [f for f in frames if f.filename == file] or frames
+    return f"{chosen[-1].filename}:{chosen[-1].lineno}" if chosen else "an unknown line"

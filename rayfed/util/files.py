@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rayfed.util.bounded import npz_members
 from rayfed.util.errors import CheckpointError, DiskFullError
 
 __all__ = [
@@ -148,12 +149,16 @@ def load_arrays(
     """Read an ``.npz`` written by :func:`save_arrays` (``allow_pickle=False``): every
     array, or only those in ``names`` (the others are not read).
 
-    A missing, truncated or corrupted file raises :class:`CheckpointError` naming it and ``fix`` (if any).
+    A missing, truncated or corrupted file, or one whose arrays claim more than it holds
+    (:func:`rayfed.util.bounded.npz_members`, checked before any array is read), raises :class:`CheckpointError`
+    naming it and ``fix`` (if any).
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint file {str(path)!r} does not exist")
     try:
+        names = None if names is None else list(names)
+        npz_members(path, names)
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in (data.files if names is None else names)}
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-from rayfed.util.errors import PluginError
+from rayfed.util.errors import PluginError, raised_at
 
 __all__ = [
     "FILE_MODULE",
@@ -191,7 +191,9 @@ def load_source(source: PluginSource, where: str = "") -> ModuleType:
         except PluginError:
             raise
         except Exception as error:  # noqa: BLE001 (the user's code raised: named with its error)
-            raise PluginError(f"{where} ({file}) failed to import: {type(error).__name__}: {error}") from error
+            raise PluginError(
+                f"{where} ({file}) failed to import at {raised_at(error, str(file))}: {type(error).__name__}: {error}"
+            ) from error
     _loaded.setdefault(source.file, source)
     return module
 

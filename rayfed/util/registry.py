@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Generic, TypeVar
 
-from rayfed.util.entry_points import load_installed_plugins
+from rayfed.util.entry_points import broken_plugins, load_installed_plugins
 from rayfed.util.errors import ConfigError
 
 T = TypeVar("T")
@@ -123,6 +123,7 @@ class Registry(Generic[T]):
                 f"unknown {self.kind} {self.field}={name!r}{closest(name, self.names())}; "
                 f"known {self.kind}s: {', '.join(self.names())}. A {self.kind} registered in your own module "
                 "is known to a run whose config lists that module in plugins (rayfed docs/architecture.md)"
+                + "".join(f"; it may be registered by {said}" for said in broken_plugins())
             ) from None
 
     def names(self) -> list[str]:

@@ -16,6 +16,7 @@ import pytest
 
 from rayfed.actors.cluster import UNWATCHED_CLUSTER_ENV, ray_session
 from rayfed.config import EngineConfig
+from rayfed.util.errors import ResourceError
 
 AUTH_WARNING = "Token authentication is enabled"
 
@@ -113,3 +114,28 @@ def test_reproduce_starts_its_private_ray_the_same_way(monkeypatch: pytest.Monke
     assert runner._execute_on_ray([], 2, lambda cell, outcome: None) == {}
     assert seen == [("disabled", {"address": "local", "logging_level": 30, "num_cpus": 2, "include_dashboard": False})]
     assert "RAY_AUTH_MODE" not in os.environ
+
+
+def test_a_private_ray_that_times_out_starting_is_one_line_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's own words when its node does not come up in time (an overloaded machine), then what to do; any other
+    failure of ray.init is left as Ray raised it (ray.init is replaced: this checks what a run is told)."""
+    timed_out = Exception(
+        "The current node timed out during startup. This could happen because some of the raylet failed to startup "
+        "or the GCS has become overloaded."
+    )
+
+    def fail(**_: object) -> None:
+        raise timed_out
+
+    monkeypatch.setattr("ray.is_initialized", lambda: False)
+    monkeypatch.setattr("ray.init", fail)
+    monkeypatch.setattr("ray.shutdown", lambda: None)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ResourceError) as raised, ray_session(EngineConfig()):
+        pass
+    message = str(raised.value)
+    assert "\n" not in message and "(Ray: The current node timed out during startup." in message
+    assert "run the command again when it is less busy, with fewer workers (engine.num_workers=1)" in message
+    timed_out = Exception("something else")
+    with pytest.raises(Exception, match="something else"), ray_session(EngineConfig()):
+        pass

@@ -65,7 +65,7 @@ def test_a_damaged_run_is_named_and_the_rest_of_the_table_planned_or_reported(
     else:
         assert "| FedAvg (global) | not run |" in (out / "tiny-test.md").read_text()
     (line,) = [line for line in printed.err.splitlines() if line.startswith("rayfed: error:")]
-    assert f"run directory {str(damaged)!r} is damaged: its rounds.parquet cannot be read (" in line
+    assert f"run directory {str(damaged)!r} is damaged: its rounds.parquet cannot be read: it is not a " in line
     assert "Couldn't deserialize thrift" in line and "without --plan and --report-only, which moves it aside" in line
     assert damaged.is_dir() and (damaged / "notes.txt").read_text() == "mine"  # neither moves anything
 
@@ -89,7 +89,8 @@ def test_reproduce_moves_a_damaged_run_aside_says_where_and_runs_it_again(
     printed = capsys.readouterr().out
     (aside,) = damaged.parent.glob(f"{damaged.name}.damaged-*")
     assert code == 0 and "fedavg path seed 0: ran" in printed
-    assert f"moved the damaged run aside to {aside} (its rounds.parquet cannot be read (Couldn't deserialize" in printed
+    assert f"moved the damaged run aside to {aside} (its rounds.parquet cannot be read: it is not a readable" in printed
+    assert "(Couldn't deserialize thrift" in printed
     assert "and ran the cell again from round 0; 2 rounds, best" in printed
     assert (aside / "notes.txt").read_text() == "mine" and (aside / "rounds.parquet").is_file()  # nothing lost
     assert len(pq.read_table(damaged / "rounds.parquet").to_pylist()) == 3  # the initial model and 2 rounds

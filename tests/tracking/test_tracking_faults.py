@@ -222,3 +222,26 @@ def test_a_disabled_wandb_holds_nothing_so_nothing_counts_as_sent(tmp_path, monk
     run(tiny_overrides(tmp_path / "run", **{"engine.loggers": ["wandb"]}))
     entry = json.loads((tmp_path / "run" / "tracking.json").read_text())["wandb"]
     assert (entry["step"], entry["config"]) == (-1, False)  # a resume with W&B enabled sends every round
+
+
+@pytest.mark.parametrize("damage", ["an unknown run id", "an unreadable mlflow.db"])
+def test_a_resume_whose_logged_run_mlflow_cannot_reopen_names_tracking_json_the_store_and_the_way_on(
+    tmp_path, capsys, damage
+) -> None:
+    run_dir = tmp_path / "run"
+    run(tiny_overrides(run_dir, **{"engine.loggers": ["mlflow"], "engine.checkpoint_every": 1, "train.rounds": 1}))
+    state = json.loads((run_dir / "tracking.json").read_text())
+    if damage == "an unknown run id":
+        state["mlflow"]["ids"]["run_id"] = "0" * 32  # a run id the store does not hold
+        (run_dir / "tracking.json").write_text(json.dumps(state))
+    else:
+        (run_dir / "mlflow.db").write_bytes(b"not a database" * 100)
+
+    code = main(["run", "--resume", str(run_dir), "train.rounds=2"])
+
+    printed = capsys.readouterr().err  # MLflow logs its own INFO lines there too
+    (error,) = [line for line in printed.splitlines() if line.startswith("rayfed: error: ")]
+    assert code == 2 and "Traceback" not in printed and "then start the run again" not in error
+    assert f"could not reopen the logged run {{'run_id': '{state['mlflow']['ids']['run_id']}'" in error
+    assert f"that {str(run_dir / 'tracking.json')!r} records, in its store 'sqlite:///{run_dir / 'mlflow.db'}'" in error
+    assert f"continue without mlflow: rayfed run --resume {run_dir} engine.loggers=[]" in error

@@ -482,6 +482,24 @@ def test_ctrl_c_between_two_trials_says_nothing_but_the_stop_and_retries_the_tri
     assert len(finished_trials(resumed)) == 3
 
 
+def test_a_ctrl_c_that_python_drops_while_the_study_starts_still_stops_it(tmp_path, monkeypatch) -> None:
+    # Prepare: Ctrl-C arrives while a __del__ runs as the study starts (Python prints "Exception ignored" and drops
+    # the KeyboardInterrupt), before the first trial.
+    class Dropping:
+        def __del__(self) -> None:
+            signal.raise_signal(signal.SIGINT)
+
+    def starting(*args: object) -> None:
+        Dropping()  # dropped at once: its __del__ runs here
+
+    monkeypatch.setattr("rayfed.tuning.study._mlflow_parent", starting)
+    # Execute
+    with pytest.raises(StudyInterrupted, match="0 of 2 trials finished"):
+        tune(base_config(tmp_path), LR_SPACE, n_trials=2, study_name="d", study_dir=tmp_path / "study", pruner="none")
+    # Assert: no trial ran a round
+    assert not list((tmp_path / "study").glob("trial_*/rounds.parquet"))
+
+
 # --- Ctrl-C with parallel trials ---------------------------------------------------------------
 
 

@@ -23,9 +23,10 @@ import pytest
 import rayfed
 from rayfed import RunConfig
 from rayfed.algorithms import ALGORITHMS
+from rayfed.cli import main
 from rayfed.config.catalogue import catalogue
 from rayfed.util import entry_points, plugins
-from rayfed.util.errors import PluginError
+from rayfed.util.errors import ConfigError, PluginError
 from rayfed.util.plugin_sources import import_plugins
 from rayfed.util.registry import Registry
 from tests.conftest import tiny_overrides
@@ -215,6 +216,44 @@ def test_an_installed_plugin_is_found_by_name_through_its_entry_point(
     assert ALGORITHMS.get("installed_method").summary == "a user's own"
     assert "installed_method" in entry_points._installed  # installed: every process imports it itself, nothing is sent
     assert all(name != "installed_method" for _, name, _, _ in plugins.plugin_registrations())
+
+
+def test_a_broken_installed_plugin_is_a_warning_and_what_does_not_need_it_goes_on(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Prepare: an installed package whose module raises at its third line.
+    site = tmp_path / "site"
+    info = site / "broken_method-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-method\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[{entry_points.ENTRY_POINTS}]\nmine = broken_method\n")
+    (site / "broken_method.py").write_text("import os\n\nraise RuntimeError('half installed')\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(entry_points, "_loaded", False)
+    monkeypatch.setattr(entry_points, "_broken", [])
+    monkeypatch.setattr(ALGORITHMS, "_complete", False)
+    # Execute: rayfed list, a name rayfed holds, the name the package would have registered
+    code = main(["list"])
+    listed = capsys.readouterr().out
+    held = ALGORITHMS.get("fedavg")
+    with pytest.raises(ConfigError) as missing:
+        ALGORITHMS.get("broken_method")
+    # Check: a warning names the package, its file and line; list and fedavg go on; the missing name points at it.
+    said = "the installed plugin 'mine' (module broken_method, package 'broken-method', entry point group"
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and said in r.getMessage()]
+    assert warned and f"failed to import at {site / 'broken_method.py'}:3: RuntimeError: half installed" in warned[0]
+    assert code == 0 and "fedavg" in listed and held is not None
+    assert f"it may be registered by {said}" in str(missing.value)
+
+
+def test_a_plugin_that_fails_at_import_is_named_with_its_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "fails_at_import.py"
+    path.write_text("import os\n\nvalue = 1 / 0\n")
+    with pytest.raises(PluginError, match=f"failed to import at {path}:3: ZeroDivisionError"):
+        import_plugins([str(path)])
 
 
 def test_a_registry_finds_installed_plugins_by_itself(tmp_path: Path) -> None:
