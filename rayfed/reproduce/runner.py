@@ -79,9 +79,9 @@ def run_dir_name(config: RunConfig) -> str:
 
     Left out of the digest: what does not change a run's numbers (``engine.*`` but ``engine.eval_local``, which
     adds columns, ``run_dir``, ``plugins``, where the data live), ``train.rounds``, so a run asked for more rounds
-    is the same run, extended, the ``system`` section while it is off, and the fields of :data:`_LATER_FIELDS` at
-    their defaults; values renamed since runs were
-    first named enter it under :data:`_RENAMED_VALUES`.
+    is the same run, extended, the ``system`` and ``privacy`` sections while they are off, and the fields of
+    :data:`_LATER_FIELDS` at their defaults; values renamed since runs were first named enter it under
+    :data:`_RENAMED_VALUES`.
     """
     plain = {k: v for k, v in config.to_dict().items() if k not in ("engine", "run_dir", "plugins")}
     plain["train"] = {k: v for k, v in plain["train"].items() if k != "rounds"}
@@ -90,6 +90,8 @@ def run_dir_name(config: RunConfig) -> str:
         plain["eval_local"] = True
     if not config.system.enabled:  # off, the system section changes no number (docs/system.md)
         plain.pop("system", None)
+    if not config.privacy.enabled:  # off, the privacy section changes no number (docs/privacy.md)
+        plain.pop("privacy", None)
     algorithm = config.algorithm.name
     for owner, path, default in _LATER_FIELDS:
         parent = _parent(plain, path)

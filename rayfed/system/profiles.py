@@ -5,8 +5,7 @@ diurnal window each take a few megabytes (:attr:`DeviceProfiles.nbytes`) and are
 a second. :func:`load_profiles` makes them from the ``system`` section: drawn from ``system.seed`` (the same
 devices for every training seed, as ``data.seed`` keeps the same partition) or read from trace files.
 
->>> from rayfed.system.models import AVAILABILITY, DEVICES, model_availability, model_devices
-from rayfed.system.settings import SystemConfig
+>>> from rayfed.system.settings import SystemConfig
 >>> devices = load_profiles(SystemConfig(devices="lognormal", availability="diurnal"), 1000)
 >>> devices.num_clients, bool(np.median(devices.slowdown) < 1.1), devices.nbytes < 100_000
 (1000, True, True)

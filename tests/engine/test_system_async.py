@@ -69,7 +69,9 @@ def test_fedbuff_with_every_client_in_the_buffer_on_equal_devices_is_synchronous
     # is FedAvg's to float rounding (x − Σ (x − x_k) / K against the size-weighted mean of equal sizes)
     steps, rounds = _rows(tmp_path / "fedbuff"), _rows(tmp_path / "fedavg")
     assert [r["staleness_max"] for r in steps] == [0.0] * 4 and [r["clients_launched"] for r in steps] == [4.0] * 4
-    assert [r["virtual_time_s"] for r in steps] == [r["virtual_time_s"] for r in rounds]
+    # the same schedule: the clock charges each method's own upload (docs/system.md, Eq. 1), and FedBuff's upload
+    # records a few bytes more than FedAvg's (bytes_up), microseconds of virtual time a round
+    np.testing.assert_allclose([r["virtual_time_s"] for r in steps], [r["virtual_time_s"] for r in rounds], rtol=1e-5)
     for column in ("train_loss", "accuracy"):
         np.testing.assert_allclose([r[column] for r in steps], [r[column] for r in rounds], rtol=1e-4)
     last = [load_arrays(sorted((tmp_path / kind / "checkpoints").glob("*.npz"))[-1]) for kind in ("fedbuff", "fedavg")]
