@@ -79,7 +79,9 @@ class AsyncRounds(Rounds):
     def settle(self, round_index: int, record: RoundRecord, clients: pa.Table) -> pa.Table:
         """The step's virtual time, its arrivals and their staleness, its lost clients; in the per-client table the
         status of each client whose update arrived (``finished``, with its ``staleness``) or was lost, a row per event
-        (a client that arrived twice in one step has two rows, and participation counts both)."""
+        (a client that arrived twice in one step has two rows, and participation counts both), each with its launch's
+        virtual time (``start_s``) and its update's arrival (``finish_s``; null for a lost one, as in a synchronous
+        round), from the schedule the server applied."""
         if round_index < 0:
             record.system = {VIRTUAL_TIME: 0.0}
             return clients
@@ -89,6 +91,8 @@ class AsyncRounds(Rounds):
         ids = np.concatenate([step.arrived, step.lost])
         status = np.concatenate([np.full(len(step.arrived), ClientStatus.FINISHED, np.int8), step.lost_status])
         staleness = np.concatenate([step.staleness, np.full(len(step.lost), -1)])
+        start = np.concatenate([step.arrived_s[:, 0], step.lost_start_s])
+        finish = np.concatenate([step.arrived_s[:, 1], np.full(len(step.lost), np.nan)])
         order = np.argsort(ids, kind="stable")  # a client with two events in a step: a row each, in event order
         record.system = {
             VIRTUAL_TIME: step.time_s,
@@ -97,8 +101,12 @@ class AsyncRounds(Rounds):
             "staleness_mean": float(step.staleness.mean()) if len(step.staleness) else float("nan"),
             "staleness_max": float(step.staleness.max(initial=0)),
         }
-        lag = pa.array(staleness[order], mask=staleness[order] < 0)
-        return with_status(clients, round_index, ids[order], status[order], {"staleness": lag})
+        columns = {
+            "staleness": pa.array(staleness[order], mask=staleness[order] < 0),
+            "start_s": pa.array(start[order], mask=np.isnan(start[order])),
+            "finish_s": pa.array(finish[order], mask=np.isnan(finish[order])),
+        }
+        return with_status(clients, round_index, ids[order], status[order], columns)
 
     def state(self) -> dict[str, np.ndarray]:
         return {} if self._after is None else self._after.to_arrays()

@@ -10,7 +10,8 @@ With ``system.devices`` on (docs/system.md), every row of ``rounds.parquet`` gai
 
 and every per-client file a ``status`` column (that status, by name, for each client the round sampled or
 launched; null for a client only evaluated), beside the columns the round's kind adds (a synchronous round's
-``finish_s``, an asynchronous one's ``staleness``). When the run finishes, ``participation.parquet`` counts for
+``start_s`` and ``finish_s``; an asynchronous one's ``staleness``, and each launch's ``start_s`` and its update's
+arrival ``finish_s``). When the run finishes, ``participation.parquet`` counts for
 every client how often each status befell it (who the deadline leaves out), and ``summary.json`` records the run's
 virtual time and, with ``system.target_accuracy``, the virtual time and round of the first evaluation that reached
 it. When the run starts, ``devices.parquet`` and ``availability.parquet`` keep the devices it drew

@@ -183,9 +183,10 @@ _STATUS_COLOURS = {
 
 
 def plot_timeline(run: RunData, path: str | Path) -> Path | None:
-    """Who trained when in a synchronous run with a system model (:func:`client_timeline`): one line per sampled
-    client and round, from the round's start to the end of its work, coloured by its status; the rounds' ends as
-    grey verticals. None for a run without one (or an asynchronous one: its per-client rows hold no launch time)."""
+    """Who trained when in a run with a system model (:func:`client_timeline`): one line per sampled client and
+    round (an asynchronous run: per launch that arrived or was lost, from its launch), from the start of its work
+    to its end, coloured by its status; the rounds' (server steps') ends as grey verticals. None for a run without
+    one."""
     lines = client_timeline(run)
     if not lines:
         return None
@@ -201,7 +202,7 @@ def plot_timeline(run: RunData, path: str | Path) -> Path | None:
             ax.hlines(ids, start / unit_s, end / unit_s, colors=colour, linewidth=2.0, label=f"{status} ({mine.sum()})")
     ax.set_xlabel(f"virtual time ({unit}; grey: the rounds' ends)")
     ax.set_ylabel("client")
-    ax.set_title(f"{run.name}: who trained when (one line per sampled client and round)", fontsize="medium")
+    ax.set_title(f"{run.name}: who trained when (one line per client's work in a round)", fontsize="medium")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return _save(fig, Path(path))
 

@@ -290,10 +290,11 @@ def longest_virtual_time(runs: Sequence[RunData]) -> float:
 
 
 def client_timeline(run: RunData) -> dict[str, np.ndarray]:
-    """Who trained when in a synchronous run with a system model, from its per-client files: one entry per client a
-    round sampled, its ``client_id``, ``round``, ``status``, when the round began (``start_s``) and when its work
-    ended (``end_s``: its upload's arrival, else the round's end: a late client trains until the round leaves it
-    out); empty for a run without a system model or an asynchronous one."""
+    """Who trained when in a run with a system model, from its per-client files: one entry per client a round
+    sampled (an asynchronous run: per arrival or loss an asynchronous step records), its ``client_id``, ``round``,
+    ``status``, when its work began (``start_s``: the round's start; an asynchronous client's launch) and when it
+    ended (``end_s``: its upload's arrival, else the round's or step's end: a late client trains until the round
+    leaves it out); empty for a run without a system model or one recorded before its rows held these times."""
     ends = {int(row["round"]): row[VIRTUAL_TIME] for row in run.rounds if row.get(VIRTUAL_TIME) is not None}
     parts = []
     for path in sorted((run.run_dir / "clients").glob("round_*.parquet")):

@@ -48,7 +48,7 @@ _TRIES = 8
 class AsyncState:
     """The event queue between two server steps: the virtual time, the model version, the buffer's fill, the
     slots still to fill, the launch counter, and every client in flight (or slot waiting for one) with the
-    version it started from and when it frees its slot, reporting or not."""
+    version it started from, when it frees its slot, reporting or not, and when it started (``start_s``)."""
 
     now_s: float
     version: int
@@ -60,12 +60,13 @@ class AsyncState:
     launch_version: np.ndarray
     end_s: np.ndarray
     status: np.ndarray
+    start_s: np.ndarray
 
     @classmethod
     def start(cls, concurrency: int) -> AsyncState:
         """Before anything: version 0 at time 0, ``concurrency`` slots to fill."""
         none = np.zeros(0, dtype=np.int64)
-        return cls(0.0, 0, 0, concurrency, 0, none, none, none, np.zeros(0), np.zeros(0, dtype=np.int8))
+        return cls(0.0, 0, 0, concurrency, 0, none, none, none, np.zeros(0), np.zeros(0, dtype=np.int8), np.zeros(0))
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """The state as arrays for a checkpoint's ``.npz`` (no pickle)."""
@@ -78,19 +79,17 @@ class AsyncState:
             "launch_version": self.launch_version,
             "end_s": self.end_s,
             "status": self.status,
+            "start_s": self.start_s,
         }
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> AsyncState:
+        """The state :meth:`to_arrays` saved; a checkpoint from before the launch times were kept gives its clients
+        in flight an unknown (NaN) ``start_s``: the same schedule, those clients' rows' ``start_s`` unknown."""
         version, buffered, free, launches = (int(v) for v in arrays["counters"])
-        return cls(
-            float(arrays["now_s"][0]),
-            version,
-            buffered,
-            free,
-            launches,
-            *(np.asarray(arrays[k]) for k in ("client_id", "launch_index", "launch_version", "end_s", "status")),
-        )
+        queue = {k: np.asarray(arrays[k]) for k in ("client_id", "launch_index", "launch_version", "end_s", "status")}
+        start_s = np.asarray(arrays.get("start_s", np.full(len(queue["end_s"]), np.nan)))
+        return cls(float(arrays["now_s"][0]), version, buffered, free, launches, **queue, start_s=start_s)
 
 
 @dataclass(frozen=True)
@@ -106,12 +105,16 @@ class ServerStep:
     """int64 launch index of each arrival (a client may train again later under another index)."""
     staleness: np.ndarray
     """int64 ``(version − 1) − τ`` of each arrival, τ the version it started from."""
+    arrived_s: np.ndarray
+    """float64 ``(n, 2)``: each arrival's launch and arrival virtual times (the last arrival's is ``time_s``)."""
     lost: np.ndarray
     """int64 client ids that dropped out or went offline since the previous step: their work never arrives."""
     lost_launch: np.ndarray
     """int64 launch index of each lost client."""
     lost_status: np.ndarray
     """int8 :class:`~rayfed.system.status.ClientStatus` of each lost client (OFFLINE or DROPPED)."""
+    lost_start_s: np.ndarray
+    """float64 launch virtual time of each lost client."""
     launched: np.ndarray
     """int64 client ids launched from version ``version − 1``, in launch order."""
     launched_index: np.ndarray
@@ -228,6 +231,7 @@ class _Segment:
                 state.client_id.tolist(),
                 state.launch_version.tolist(),
                 state.status.tolist(),
+                state.start_s.tolist(),
                 strict=True,
             )
         )
@@ -237,6 +241,8 @@ class _Segment:
         self.rng = np.random.default_rng(np.random.SeedSequence([schedule.seed, _ASYNC, state.version]))
         self.arrived: list[tuple[int, int, int]] = []
         self.lost: list[tuple[int, int, int]] = []
+        self.arrived_s: list[tuple[float, float]] = []
+        self.lost_start_s: list[float] = []
         self.launched: list[tuple[int, int]] = []
 
     def run(self) -> ServerStep:
@@ -248,16 +254,18 @@ class _Segment:
                 for _ in range(self.free):
                     self._launch()
                 self.free = 0
-            end, index, client, launched_from, status = heapq.heappop(self.queue)
+            end, index, client, launched_from, status, start = heapq.heappop(self.queue)
             self.now, self.free = end, self.free + 1
             if client == _WAITING:
                 continue
             self.busy[client] = False
             if status != ClientStatus.FINISHED:
                 self.lost.append((client, index, status))
+                self.lost_start_s.append(start)
                 self._check_stalled()
                 continue
             self.arrived.append((client, index, self.version - launched_from))
+            self.arrived_s.append((start, end))
             self.buffered += 1
             if self.buffered == self.schedule.buffer_size:
                 return self._server_step()
@@ -281,7 +289,7 @@ class _Segment:
         client = self._pick()
         if client is None:  # wait for the first idle client to come online (one always does: __init__)
             wake = float(self.availability.next_online(np.flatnonzero(~self.busy), self.now).min())
-            heapq.heappush(self.queue, (wake, index, _WAITING, self.version, ClientStatus.FINISHED))
+            heapq.heappush(self.queue, (wake, index, _WAITING, self.version, ClientStatus.FINISHED, self.now))
             return
         duration = float(self.schedule.round_s[client])
         end, status = self.now + duration, ClientStatus.FINISHED
@@ -293,7 +301,7 @@ class _Segment:
         if until < end:
             end, status = until, ClientStatus.OFFLINE
         self.busy[client] = True
-        heapq.heappush(self.queue, (end, index, client, self.version, int(status)))
+        heapq.heappush(self.queue, (end, index, client, self.version, int(status), self.now))
         self.launched.append((client, index))
 
     def _pick(self) -> int | None:
@@ -311,8 +319,8 @@ class _Segment:
     def _server_step(self) -> ServerStep:
         self.version += 1
         pending = sorted(self.queue, key=lambda event: event[1])
-        columns = list(zip(*pending, strict=True)) or [(), (), (), (), ()]
-        end_s, index, client, launched_from, status = columns
+        columns = list(zip(*pending, strict=True)) or [()] * 6
+        end_s, index, client, launched_from, status, start_s = columns
         state = AsyncState(
             self.now,
             self.version,
@@ -324,6 +332,7 @@ class _Segment:
             np.array(launched_from, dtype=np.int64),
             np.array(end_s, dtype=np.float64),
             np.array(status, dtype=np.int8),
+            np.array(start_s, dtype=np.float64),
         )
         arrived, lost, launched = (
             np.array(rows, dtype=np.int64).reshape(-1, width)
@@ -335,9 +344,11 @@ class _Segment:
             arrived[:, 0],
             arrived[:, 1],
             arrived[:, 2],
+            np.array(self.arrived_s, dtype=np.float64).reshape(-1, 2),
             lost[:, 0],
             lost[:, 1],
             lost[:, 2].astype(np.int8),
+            np.array(self.lost_start_s, dtype=np.float64),
             launched[:, 0],
             launched[:, 1],
             state,

@@ -1,6 +1,7 @@
 """Asynchronous runs end to end: what rounds.parquet and the per-client files record is what the server applied
-(a client launched twice from one version has each update applied at its own arrival, and counted each time), and
-FedBuff with every client in the buffer on equal devices is synchronous FedAvg (Nguyen et al. 2022)."""
+(a client launched twice from one version has each update applied at its own arrival, and counted each time, each
+row with its own launch and arrival times), the timeline of who trained when is drawn, and FedBuff with every
+client in the buffer on equal devices is synchronous FedAvg (Nguyen et al. 2022)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+import rayfed
 from rayfed import run
+from rayfed.results.plots import write_figures
+from rayfed.results.run_data import client_timeline
 from rayfed.util.files import load_arrays
 from tests.conftest import tiny_overrides
 
@@ -20,6 +24,25 @@ THREE = {"data.num_clients": 3, "data.partition": "iid", "train.rounds": 8}
 
 def _rows(run_dir: Path) -> list[dict]:
     return pq.read_table(run_dir / "rounds.parquet").to_pylist()
+
+
+def _events(run_dir: Path, round_index: int) -> list[dict]:
+    """The per-client rows of step ``round_index``'s arrivals and losses."""
+    table = pq.read_table(run_dir / "clients" / f"round_{round_index:06d}.parquet").to_pylist()
+    return [row for row in table if row["status"] is not None]
+
+
+def _check_times(run_dir: Path) -> None:
+    """Every arrival's row: launched no later than it arrived, arriving after the step before its own and by its
+    own (the step's time is its last arrival's); a lost client's row: its launch, and no arrival."""
+    times = [0.0] + [row["virtual_time_s"] for row in _rows(run_dir)]
+    for t in range(len(times) - 1):
+        events = _events(run_dir, t)
+        arrived = [row for row in events if row["status"] == "finished"]
+        assert all(row["start_s"] <= row["finish_s"] and times[t] <= row["finish_s"] <= times[t + 1] for row in arrived)
+        assert max(row["finish_s"] for row in arrived) == times[t + 1]
+        lost = [row for row in events if row["status"] != "finished"]
+        assert all(row["start_s"] <= times[t + 1] and row["finish_s"] is None for row in lost)
 
 
 @pytest.mark.parametrize("buffer_size", [2, 3])
@@ -56,6 +79,40 @@ def test_a_client_launched_twice_from_one_version_is_applied_and_counted_at_each
         assert steps[0]["clients_launched"] == 4.0 and arrived == [(0, 0.0), (1, 0.0)]
     else:
         assert arrived == [(0, 0.0), (0, 0.0), (1, 0.0)]
+    # each row's launch and arrival times: its own launch's (client 0's two from version 0 at 0 and 1.82 s)
+    _check_times(tmp_path / "run")
+    times = [(c["client_id"], c["start_s"], c["finish_s"]) for c in first if c["status"] == "finished"]
+    one, two, three = (pytest.approx(s) for s in (1.82, 3.64, 2.63))
+    assert times == (
+        [(0, 0.0, one), (1, 0.0, three)] if buffer_size == 2 else [(0, 0.0, one), (0, one, two), (1, 0.0, three)]
+    )
+
+
+def test_a_fedasync_run_records_each_launch_and_arrival_and_draws_its_timeline(tmp_path) -> None:
+    # Prepare: FedAsync (K = 1) on drawn devices, some clients dropping out
+    overrides = {
+        **THREE,
+        "data.num_clients": 6,
+        "system.devices": "lognormal",
+        "system.dropout": 0.3,
+        "algorithm.name": "fedasync",
+        "algorithm.params": {"concurrency": 3},
+    }
+    # Execute
+    run(tiny_overrides(tmp_path / "run", **overrides))
+    timeline = client_timeline(rayfed.load_run(tmp_path / "run"))
+    paths, _ = write_figures([tmp_path / "run"], tmp_path / "figures")
+    # Assert: each step applies one update, arrived at the step's virtual time, launched before it
+    _check_times(tmp_path / "run")
+    steps = _rows(tmp_path / "run")
+    for t, step in enumerate(steps):
+        arrived = [row for row in _events(tmp_path / "run", t) if row["status"] == "finished"]
+        assert [row["finish_s"] for row in arrived] == [step["virtual_time_s"]]
+    assert sum(step["clients_dropped"] + step["clients_offline"] for step in steps) > 0  # lost rows were checked
+    # the timeline: a line per arrival or loss, from its launch to its arrival (a lost one's: to its step's end)
+    assert len(timeline["client_id"]) == sum(len(_events(tmp_path / "run", t)) for t in range(len(steps)))
+    assert (timeline["start_s"] <= timeline["end_s"]).all() and set(timeline["status"]) >= {"finished", "dropped"}
+    assert tmp_path / "figures" / "run-timeline.png" in paths
 
 
 def test_fedbuff_with_every_client_in_the_buffer_on_equal_devices_is_synchronous_fedavg(tmp_path) -> None:
