@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from rayfed.system.availability import Availability
-from rayfed.system.checks import first_not_positive
+from rayfed.system.checks import refuse_not_positive
 from rayfed.util.errors import ConfigError
 from rayfed.util.registry import Registry, caller_module
 from rayfed.util.validation import check_choice
@@ -107,12 +107,7 @@ def model_devices(name: str, seed: int, num_clients: int) -> tuple[np.ndarray, n
             raise ConfigError(
                 f"{field}: its {column} has shape {array.shape}; return one number per client, shape ({num_clients},)"
             )
-        client = first_not_positive(array)
-        if client is not None:
-            raise ConfigError(
-                f"{field}: client {client}'s {column} is {float(array[client])!r}; it must be a finite number > 0 "
-                "(speeds and bandwidths are positive)"
-            )
+        refuse_not_positive(array, field, column)
         columns.append(array)
     slowdown, down, up = columns
     return slowdown, down, up

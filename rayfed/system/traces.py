@@ -28,7 +28,7 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from rayfed.system.availability import Availability
-from rayfed.system.checks import first_not_positive
+from rayfed.system.checks import refuse_not_positive
 from rayfed.util.errors import ConfigError
 
 __all__ = [
@@ -268,12 +268,7 @@ def table_devices(path: str, num_clients: int) -> DeviceColumns:
     columns = []
     for name in ("slowdown", "download_mbps", "upload_mbps"):
         values = _numbers_of(table, name, order, field, path)
-        client = first_not_positive(values)
-        if client is not None:
-            raise ConfigError(
-                f"{field}={path!r}: client {client}'s {name} is {float(values[client])!r}; it must be a finite number "
-                "> 0 (speeds and bandwidths are positive)"
-            )
+        refuse_not_positive(values, f"{field}={path!r}", name)
         columns.append(values)
     slowdown, down, up = columns
     return slowdown, down * 1e6 / 8, up * 1e6 / 8
