@@ -37,11 +37,11 @@ from rayfed.actors.pool_calls import CallResult
 from rayfed.actors.ray_calls import ACTOR_FAILURES, kill_actor
 from rayfed.actors.server_actor import ServerActor
 from rayfed.actors.worker_pool import WorkerPool
-from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
 from rayfed.execution.executor import Chunk, Executor, no_progress, states_of
 from rayfed.execution.reports import ClientReport, EvalReport
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.train.job import ClientState
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.errors import ServerError, WorkerError
@@ -82,7 +82,7 @@ class RayExecutor(Executor):
         self.server_restarts = 0
         self.contributions_rerun = 0
         """Batches of clients trained again because the node holding their contribution left."""
-        self._round_inputs: tuple[Any, RoundContext, Any, list[Chunk], Mapping[int, ClientState]] | None = None
+        self._round_inputs: tuple[Any, RoundFacts, Any, list[Chunk], Mapping[int, ClientState]] | None = None
         """The round's broadcast, context (and its object-store copy, which the calls carry), chunks and states."""
         self._ran_on: list[str] = []
         """The node each chunk of the round trained on, whose object store holds its contribution."""
@@ -155,7 +155,7 @@ class RayExecutor(Executor):
     def train(
         self,
         broadcast: Any,
-        ctx: RoundContext,
+        ctx: RoundFacts,
         chunks: list[Chunk],
         states: Mapping[int, ClientState],
         on_chunk_done: Callable[[], object] = no_progress,
@@ -184,7 +184,7 @@ class RayExecutor(Executor):
             summed=(len(chunks), indices),
         )
 
-    def aggregate(self, ctx: RoundContext, contributions: list[Any]) -> dict[str, float]:
+    def aggregate(self, ctx: RoundFacts, contributions: list[Any]) -> dict[str, float]:
         contributions = list(contributions)
         for attempt in itertools.count():
             self._retrain_lost(contributions, wait_s=_NODE_DEATH_WAIT_S if attempt else 0.0)
@@ -239,7 +239,7 @@ class RayExecutor(Executor):
     def evaluate(
         self,
         broadcast: Any,
-        ctx: RoundContext,
+        ctx: RoundFacts,
         chunks: list[Chunk],
         states: Mapping[int, ClientState],
         on_chunk_done: Callable[[], object] = no_progress,

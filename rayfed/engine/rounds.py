@@ -19,10 +19,10 @@ from collections.abc import Mapping
 import numpy as np
 import pyarrow as pa
 
-from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.engine.metrics import RoundRecord
 from rayfed.engine.system_records import ONLINE, VIRTUAL_TIME, status_counts, with_status
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.system.profiles import DeviceProfiles
 from rayfed.system.rounds import RoundOutcome, SyncRounds
 from rayfed.system.status import ClientStatus
@@ -37,12 +37,12 @@ class Rounds:
     def __init__(self, config: RunConfig) -> None:
         self.config = config
 
-    def context(self, round_index: int) -> RoundContext:
+    def context(self, round_index: int) -> RoundFacts:
         """The round's facts, decided here once: its clients and learning rate. The initial model's evaluation
         (round -1) samples as round 0 and has round 0's learning rate."""
         config, t = self.config, max(round_index, 0)
         sampled = sample_clients(config.seed, t, config.data.num_clients, config.engine.join_ratio)
-        return RoundContext(round=round_index, seed=config.seed, lr=config.train.lr_at(t), sampled=sampled)
+        return RoundFacts(round=round_index, seed=config.seed, lr=config.train.lr_at(t), sampled=sampled)
 
     def settle(self, round_index: int, record: RoundRecord, clients: pa.Table) -> pa.Table:
         """Add what the system model knows of the round to its record (``record.system``) and its per-client
@@ -76,7 +76,7 @@ class VirtualRounds(Rounds):
             self._outcome = self.rounds.round(round_index, self.now_s)
         return self._outcome
 
-    def context(self, round_index: int) -> RoundContext:
+    def context(self, round_index: int) -> RoundFacts:
         """The clients whose work the round counts; a partial one's step budget is the steps it did by the deadline
         of the phases a budget covers."""
         config, t = self.config, max(round_index, 0)
@@ -85,7 +85,7 @@ class VirtualRounds(Rounds):
         budget = None
         if (outcome.status == ClientStatus.PARTIAL).any():
             budget = outcome.budget[counted]
-        return RoundContext(
+        return RoundFacts(
             round=round_index,
             seed=config.seed,
             lr=config.train.lr_at(t),

@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.engine.callbacks import Callback, Checkpointer, MetricsWriter, ProgressBar, RunView
 from rayfed.engine.checkpoint import Checkpoint, checkpoint_round, checkpoints_of, newest_checkpoint
@@ -49,6 +48,7 @@ from rayfed.engine.run_dir import open_run_dir, resume_command
 from rayfed.engine.state_store import ClientStateStore
 from rayfed.execution.executor import Executor, LocalExecutor, make_chunks, num_calls
 from rayfed.execution.reports import ClientReport
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.execution.settlement import NON_FINITE
 from rayfed.train.job import ClientState
 from rayfed.util import plugins
@@ -183,7 +183,7 @@ class Simulation:
             return []
         return make_chunks(client_ids, self.num_train, num_calls(len(client_ids), self.config.engine.clients_per_call))
 
-    def _context(self, round_index: int) -> RoundContext:
+    def _context(self, round_index: int) -> RoundFacts:
         """The round's facts, decided once (:meth:`rayfed.engine.rounds.Rounds.context`)."""
         return self.privacy.context(self.rounds.context(round_index))
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from rayfed.algorithms import ResolvedAlgorithm, RoundContext
+from rayfed.algorithms import ResolvedAlgorithm
 from rayfed.config import RunConfig
 from rayfed.engine.inputs import RunInputs
 from rayfed.execution.client_runner import ClientRunner
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.system import Workload
 
 __all__ = ["method_workload"]
@@ -43,9 +44,9 @@ def method_workload(config: RunConfig, algorithm: ResolvedAlgorithm, inputs: Run
     for architecture in dict.fromkeys(architectures.tolist()):
         members = np.flatnonzero(architectures == architecture)
         probe = int(members[np.argmax(sizes[members])])
-        ctx = RoundContext(round=0, seed=config.seed, lr=config.train.lr_at(0), sampled=np.array([probe]))
+        ctx = RoundFacts(round=0, seed=config.seed, lr=config.train.lr_at(0), sampled=np.array([probe]))
         steps[members], budgeted[members] = runner.work_steps(message, ctx, probe, sizes[members])
-        untrained = RoundContext(ctx.round, ctx.seed, ctx.lr, ctx.sampled, step_budget=np.zeros(1, np.int64))
+        untrained = RoundFacts(ctx.round, ctx.seed, ctx.lr, ctx.sampled, step_budget=np.zeros(1, np.int64))
         (report,) = runner.train(message, untrained, [probe]).reports
         down[members], up[members] = report.bytes_down, report.bytes_up
     return Workload(steps, down, up, budgeted)

@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.devices import check_local_gpu
 from rayfed.execution.reports import ClientReport, EvalReport
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.execution.server import Server
 from rayfed.train.job import ClientState
 from rayfed.train.problem import ProblemSpec
@@ -97,7 +97,7 @@ class Executor(abc.ABC):
     def train(
         self,
         broadcast: Any,
-        ctx: RoundContext,
+        ctx: RoundFacts,
         chunks: list[Chunk],
         states: Mapping[int, ClientState],
         on_chunk_done: Callable[[], object] = no_progress,
@@ -106,13 +106,13 @@ class Executor(abc.ABC):
         ``on_chunk_done`` is called as each chunk finishes (the round's progress bar)."""
 
     @abc.abstractmethod
-    def aggregate(self, ctx: RoundContext, contributions: list[Any]) -> dict[str, float]: ...
+    def aggregate(self, ctx: RoundFacts, contributions: list[Any]) -> dict[str, float]: ...
 
     @abc.abstractmethod
     def evaluate(
         self,
         broadcast: Any,
-        ctx: RoundContext,
+        ctx: RoundFacts,
         chunks: list[Chunk],
         states: Mapping[int, ClientState],
         on_chunk_done: Callable[[], object] = no_progress,
@@ -156,7 +156,7 @@ class LocalExecutor(Executor):
     def train(
         self,
         broadcast: Any,
-        ctx: RoundContext,
+        ctx: RoundFacts,
         chunks: list[Chunk],
         states: Mapping[int, ClientState],
         on_chunk_done: Callable[[], object] = no_progress,
@@ -170,13 +170,13 @@ class LocalExecutor(Executor):
             on_chunk_done()
         return contributions, reports, new_states
 
-    def aggregate(self, ctx: RoundContext, contributions: list[Any]) -> dict[str, float]:
+    def aggregate(self, ctx: RoundFacts, contributions: list[Any]) -> dict[str, float]:
         return self.server.aggregate(ctx, *contributions)
 
     def evaluate(
         self,
         broadcast: Any,
-        ctx: RoundContext,
+        ctx: RoundFacts,
         chunks: list[Chunk],
         states: Mapping[int, ClientState],
         on_chunk_done: Callable[[], object] = no_progress,

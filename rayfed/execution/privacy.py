@@ -34,10 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from rayfed.algorithms import Contribution, RoundContext
+from rayfed.algorithms import Contribution
 from rayfed.algorithms.contributions import WeightedState, WeightedSum
 from rayfed.algorithms.private_uploads import ModelUpload
 from rayfed.config import RunConfig
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.privacy.adaptive import default_count_noise, update_noise_multiplier
 from rayfed.privacy.noise import COUNT_STREAM, SERVER_STREAM, gaussian_noise
 from rayfed.util.errors import ConfigError
@@ -74,11 +75,11 @@ class ClientPrivacy:
         """w_i of clients of ``sizes`` training samples: n_i (``weighting="samples"``) or 1."""
         return list(sizes) if self.privacy.weighting == "samples" else [1] * len(sizes)
 
-    def clip_norm(self, ctx: RoundContext) -> float:
+    def clip_norm(self, ctx: RoundFacts) -> float:
         """The round's clip norm: C_t with adaptive clipping, else ``privacy.clip_norm``."""
         return self.privacy.clip_norm if ctx.clip_norm is None else ctx.clip_norm
 
-    def clipped(self, uploads: Sequence[Any], trained: Any, starts: Any, ids: Sequence[int], ctx: RoundContext) -> Any:
+    def clipped(self, uploads: Sequence[Any], trained: Any, starts: Any, ids: Sequence[int], ctx: RoundFacts) -> Any:
         """The clipped (and locally noised) models of clients ``ids`` (L, S) from their trained states and starts
         (L, S), on their device; each of ``uploads`` must be the whole-model :class:`WeightedState`."""
         from rayfed.privacy.clipping import clipped_model
@@ -98,7 +99,7 @@ class ClientPrivacy:
         noise = np.stack([gaussian_noise(self.seed, ctx.round, 1 + cid, size, std) for cid in ids])
         return models + to_device([noise], models.device)[0]
 
-    def _summed(self, models: Any, weights: list[int], trained: Any, starts: Any, ctx: RoundContext) -> WeightedSum:
+    def _summed(self, models: Any, weights: list[int], trained: Any, starts: Any, ctx: RoundFacts) -> WeightedSum:
         """Σ w_i θ̃_i in one product, with the unclipped count where the clip norm adapts."""
         summed = WeightedState().of_stack(models, weights)
         if not self.privacy.adaptive:
@@ -108,7 +109,7 @@ class ClientPrivacy:
         bits = unclipped(trained, starts, self.clip_norm(ctx)).sum()
         return ClippedSum(summed.total, summed.weight, summed.count, bits)
 
-    def one(self, uploads: Sequence[Any], job: Any, start: Any, ctx: RoundContext) -> WeightedSum:
+    def one(self, uploads: Sequence[Any], job: Any, start: Any, ctx: RoundFacts) -> WeightedSum:
         """One client's upload (``uploads``: what its client half declared): its clipped model weighted by w_i."""
         trained, starts = job.trained[None, :], start[None, :]
         models = self.clipped(uploads, trained, starts, [job.client_id], ctx)
@@ -117,7 +118,7 @@ class ClientPrivacy:
         return WeightedSum.of(models[0], self.weights([job.num_train])[0])
 
     def stack(
-        self, uploads: Sequence[Any], jobs: Sequence[Any], states: Any, starts: Any, ctx: RoundContext
+        self, uploads: Sequence[Any], jobs: Sequence[Any], states: Any, starts: Any, ctx: RoundFacts
     ) -> tuple[WeightedSum, Callable[[], list[Contribution]]]:
         """A stack's summed upload (one product), and each client's, made only when asked (a call with a rejected
         update), from the stack's trained states and starts."""
@@ -149,11 +150,11 @@ class ServerPrivacy:
         self.update_multiplier = update_noise_multiplier(z, self.count_noise) if self.privacy.adaptive else z
         """The update's noise multiplier: z, or z_Δ beside the count's noise (:mod:`rayfed.privacy.adaptive`)."""
 
-    def planned_weight(self, ctx: RoundContext) -> float:
+    def planned_weight(self, ctx: RoundFacts) -> float:
         """W_P: the weights of the clients the round planned."""
         return float(len(ctx.sampled)) if self.sizes is None else float(np.sum(self.sizes[ctx.sampled]))
 
-    def privatized(self, ctx: RoundContext, total: Contribution, half: Any) -> tuple[WeightedSum, dict[str, float]]:
+    def privatized(self, ctx: RoundFacts, total: Contribution, half: Any) -> tuple[WeightedSum, dict[str, float]]:
         """The round's sum as the server half folds it, completed to the planned weight with θ_g and noised, and
         with adaptive clipping the noised unclipped fraction b̃_t (module docstring)."""
         assert isinstance(total, WeightedSum) and isinstance(half, ModelUpload)  # the plan refused the rest
@@ -167,7 +168,7 @@ class ServerPrivacy:
             summed = summed + gaussian_noise(self.seed, ctx.round, SERVER_STREAM, summed.shape[0], std)
         return WeightedSum(summed, planned, total.count), self.unclipped_fraction(ctx, total)
 
-    def unclipped_fraction(self, ctx: RoundContext, total: Contribution | None) -> dict[str, float]:
+    def unclipped_fraction(self, ctx: RoundFacts, total: Contribution | None) -> dict[str, float]:
         """``{UNCLIPPED: b̃_t}`` with adaptive clipping (NaN in a round without uploads), else nothing."""
         if not self.privacy.adaptive:
             return {}
