@@ -39,7 +39,7 @@ from rayfed.actors.server_actor import ServerActor
 from rayfed.actors.worker_pool import WorkerPool
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
-from rayfed.execution.executor import Chunk, Executor, no_progress, states_of
+from rayfed.execution.executor import Executor, RoundCalls, no_progress
 from rayfed.execution.reports import ClientReport, EvalReport
 from rayfed.execution.round_facts import RoundFacts
 from rayfed.train.job import ClientState
@@ -82,8 +82,8 @@ class RayExecutor(Executor):
         self.server_restarts = 0
         self.contributions_rerun = 0
         """Batches of clients trained again because the node holding their contribution left."""
-        self._round_inputs: tuple[Any, RoundFacts, Any, list[Chunk], Mapping[int, ClientState]] | None = None
-        """The round's broadcast, context (and its object-store copy, which the calls carry), chunks and states."""
+        self._round_inputs: tuple[RoundCalls, Any] | None = None
+        """The round's calls and the object-store copy of its facts, which the calls carry."""
         self._ran_on: list[str] = []
         """The node each chunk of the round trained on, whose object store holds its contribution."""
         self.server = self._spawn_server()
@@ -153,15 +153,10 @@ class RayExecutor(Executor):
         return self._broadcast
 
     def train(
-        self,
-        broadcast: Any,
-        ctx: RoundFacts,
-        chunks: list[Chunk],
-        states: Mapping[int, ClientState],
-        on_chunk_done: Callable[[], object] = no_progress,
+        self, calls: RoundCalls, on_chunk_done: Callable[[], object] = no_progress
     ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:
-        self._round_inputs = (broadcast, ctx, ray.put(ctx), chunks, states)
-        results = self._train_chunks(list(range(len(chunks))), on_chunk_done)
+        self._round_inputs = (calls, ray.put(calls.facts))
+        results = self._train_chunks(list(range(len(calls.chunks))), on_chunk_done)
         self._ran_on = [result.node for result in results]
         contributions, reports, new_states = [], [], {}
         for result in results:
@@ -174,14 +169,14 @@ class RayExecutor(Executor):
     def _train_chunks(self, indices: list[int], on_chunk_done: Callable[[], object] = no_progress) -> list[CallResult]:
         """Train the round's chunks ``indices`` (:meth:`train`'s inputs) on the pool."""
         assert self._round_inputs is not None
-        broadcast, ctx, ctx_ref, chunks, states = self._round_inputs  # the context travels once, not once a call
+        calls, facts = self._round_inputs  # the round's facts travel once, not once a call
         return self.pool.map(
             "train",
-            [chunks[i] for i in indices],
-            lambda k: (broadcast, ctx_ref, chunks[indices[k]], states_of(states, chunks[indices[k]])),
-            round_index=ctx.round,
+            [calls.chunks[i] for i in indices],
+            lambda k: calls.arguments(indices[k], facts),
+            round_index=calls.facts.round,
             on_chunk_done=on_chunk_done,
-            summed=(len(chunks), indices),
+            summed=(len(calls.chunks), indices),
         )
 
     def aggregate(self, ctx: RoundFacts, contributions: list[Any]) -> dict[str, float]:
@@ -236,20 +231,13 @@ class RayExecutor(Executor):
         alive = alive_node_ids() if elsewhere else set()
         return [i for i, node in enumerate(self._ran_on) if node in elsewhere and node not in alive]
 
-    def evaluate(
-        self,
-        broadcast: Any,
-        ctx: RoundFacts,
-        chunks: list[Chunk],
-        states: Mapping[int, ClientState],
-        on_chunk_done: Callable[[], object] = no_progress,
-    ) -> list[EvalReport]:
-        ctx_ref = ray.put(ctx)
+    def evaluate(self, calls: RoundCalls, on_chunk_done: Callable[[], object] = no_progress) -> list[EvalReport]:
+        facts = ray.put(calls.facts)
         results = self.pool.map(
             "evaluate",
-            chunks,
-            lambda i: (broadcast, ctx_ref, chunks[i], states_of(states, chunks[i])),
-            round_index=ctx.round,
+            calls.chunks,
+            lambda i: calls.arguments(i, facts),
+            round_index=calls.facts.round,
             on_chunk_done=on_chunk_done,
         )
         return [report for result in results for report in result.value]
