@@ -14,7 +14,6 @@ data until then.
 
 from __future__ import annotations
 
-import argparse
 import string
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -31,7 +30,6 @@ __all__ = [
     "accept_hint",
     "accepted_digests",
     "is_accepted",
-    "add_accept_option",
     "recorded_sources",
     "check_sources",
     "check_named",
@@ -60,19 +58,6 @@ def accept_plugins(*digests: str) -> Iterator[None]:
         yield
     finally:
         _ACCEPTED.reset(token)
-
-
-def add_accept_option(parser: argparse.ArgumentParser) -> None:
-    """The ``--accept-plugin DIGEST`` option of the commands that continue runs (their handlers wrap the work in
-    :func:`accept_plugins`)."""
-    parser.add_argument(
-        "--accept-plugin",
-        action="append",
-        default=[],
-        metavar="DIGEST",
-        help="continue a run whose plugin or trace file changed: accept the file of this sha256 (the digits its "
-        "refusal names); recorded in the run's marker",
-    )
 
 
 def accepted_digests() -> tuple[str, ...]:
@@ -125,11 +110,7 @@ def check_sources(
             (c for c in current if sealed.entry in (c.entry, c.module) or c.module == sealed.module), None
         )
         if other is None:
-            raise PluginError(
-                f"{where} was sealed with plugin {sealed.entry!r} ({sealed.file}, sha256 {sealed.short}), which is "
-                f"missing here; restore it, or name where it is now with plugins=[...] (a file of other bytes is then "
-                "refused naming its digest, which --accept-plugin accepts)"
-            )
+            raise PluginError(_not_run_here(where, sealed))
         if not _accepted(other):
             now_at = "now holds" if other.file == sealed.file else f"resolves here to {other.file}, which holds"
             raise PluginError(
@@ -150,6 +131,23 @@ def check_sources(
             )
         changes.append({"file": source.file, "sealed": None, "now": source.sha256, "at": now()})
     return changes
+
+
+def _not_run_here(where: str, sealed: PluginSource) -> str:
+    """The refusal of a sealed file that the continuation does not run: missing, or there but neither named nor
+    imported (then what it holds: the bytes sealed, or others)."""
+    head = f"{where} was sealed with plugin {sealed.entry!r} ({sealed.file}, sha256 {sealed.short}), which"
+    if not Path(sealed.file).is_file():
+        return (
+            f"{head} is missing here; restore it, or name where it is now with plugins=[...] (a file of other bytes "
+            "is then refused naming its digest, which --accept-plugin accepts)"
+        )
+    there = file_digest(sealed.file)
+    holds = "the bytes sealed" if there == sealed.sha256 else f"sha256 {there[:_SHORTEST]}, not the bytes sealed"
+    return (
+        f"{head} this continuation neither names nor imports, though the file is there and holds {holds}: name it "
+        f"with plugins=[{sealed.entry!r}], or leave plugins out so that the run's own files are imported"
+    )
 
 
 def check_named(where: str, sealed_with: Sequence[PluginSource], named: Sequence[PluginSource]) -> None:
