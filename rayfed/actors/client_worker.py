@@ -14,6 +14,7 @@ from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.reports import EvalReport
 from rayfed.execution.round_facts import RoundFacts
 from rayfed.util.allocator import keep_freed_memory
+from rayfed.util.plugins import WithCode
 
 __all__ = ["ClientWorker"]
 
@@ -22,9 +23,11 @@ __all__ = ["ClientWorker"]
 class ClientWorker:
     """Ray actor running a :class:`~rayfed.execution.client_runner.ClientRunner`."""
 
-    def __init__(self, *args: Any) -> None:
+    def __init__(self, shipped: WithCode, *args: Any) -> None:
+        """``shipped``: the run's config with its code beside it (:class:`~rayfed.util.plugins.WithCode`), then the
+        runner's other arguments."""
         keep_freed_memory()
-        self.runner = ClientRunner(*args)
+        self.runner = ClientRunner(shipped.config, *args)
 
     @ray.method(num_returns=2)
     def train(self, broadcast: Any, ctx: RoundFacts, client_ids: list[int], states: dict) -> tuple[Any, Any]:

@@ -45,6 +45,7 @@ from rayfed.execution.round_facts import RoundFacts
 from rayfed.train.job import ClientState
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.errors import ServerError, WorkerError
+from rayfed.util.plugins import WithCode
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class RayExecutor(Executor):
         self._dataset_ref = ray.put(dataset)
         self.dataset = ray.get(self._dataset_ref)
         self._partition_ref = ray.put(partition)
-        config_ref = ray.put(config)  # pickled once (with its code: rayfed.util.plugins), read by every actor
+        config_ref = ray.put(WithCode(config))  # pickled once with its code beside it (rayfed.util.plugins)
         self._server_args = (config_ref, spec, dict(initial))
         self._max_retries = engine.max_retries
         self._server_node: str = ray.get_runtime_context().get_node_id()
