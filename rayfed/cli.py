@@ -214,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(ns: argparse.Namespace) -> int:
-    from rayfed.engine.plugin_seal import accept_plugins
+    from rayfed.util.plugin_check import accept_plugins
 
     with accept_plugins(*ns.accept_plugin):
         if ns.resume is None:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayfed.config import parse_override
-from rayfed.engine.plugin_seal import accept_plugins
 from rayfed.util.errors import ConfigError
+from rayfed.util.plugin_check import accept_plugins
 
 if TYPE_CHECKING:
     from rayfed.reproduce.runner import Cell

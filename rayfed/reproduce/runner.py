@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from rayfed.config import RunConfig
-from rayfed.engine.plugin_seal import accept_plugins, accepted_digests
 from rayfed.reproduce.run_files import damage, move_aside, rounds_done
 from rayfed.reproduce.spec import Column, Row, Table, cell_overrides, unavailable
 from rayfed.util.errors import CheckpointError, CheckpointFormatError, ConfigError, DatasetError, RayfedError
+from rayfed.util.plugin_check import accept_plugins, accepted_digests
 from rayfed.util.plugins import WithCode
 
 __all__ = ["Cell", "Outcome", "plan", "run_cell", "execute", "fetch_command"]
@@ -173,7 +173,7 @@ def _run_shipped(shipped: WithCode, accepted: Sequence[str]) -> Outcome:
 def run_cell(config: RunConfig, accepted: Sequence[str]) -> Outcome:
     """Bring one run to its ``train.rounds``: skip, run, resume or extend it (a plain function, which a Ray task
     runs through :func:`_run_shipped`), accepting changed plugin files of
-    these digests (:func:`rayfed.engine.plugin_seal.accept_plugins`; ``rayfed reproduce --accept-plugin``).
+    these digests (:func:`rayfed.util.plugin_check.accept_plugins`; ``rayfed reproduce --accept-plugin``).
 
     A missing dataset is an outcome ("data missing", the loader's message), not an exception,
     so one missing column does not stop the others; so is any other refusal ("failed"). A damaged run

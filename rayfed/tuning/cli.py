@@ -21,7 +21,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from rayfed.engine.plugin_seal import accept_plugins
+from rayfed.util.plugin_check import accept_plugins
 
 __all__ = ["add_tune_parser"]
 
