@@ -57,6 +57,15 @@ class Accounting:
             return self.poisson_rate < 1
         return self.per_round < self.num_clients
 
+    @property
+    def described(self) -> str:
+        """The sampling the analysis counts, in words (``rayfed privacy`` prints it)."""
+        if self.poisson_rate is not None:
+            return f"each of {self.num_clients} clients with probability {self.poisson_rate:g} a round (Poisson)"
+        if self.sampled:
+            return f"{self.per_round} of {self.num_clients} clients a round (sampled without replacement)"
+        return f"{self.num_clients} clients, every one counted every round (no amplification by sampling)"
+
     def event(self, noise_multiplier: float | None = None) -> Any:
         """One round's ``dp_event``: the (subsampled) Gaussian mechanism."""
         import dp_accounting
