@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rayfed.algorithms import ResolvedAlgorithm, RoundContext
-from rayfed.algorithms.common.asynchronous import AsynchronousParams
 from rayfed.algorithms.private_uploads import privacy_refusal
 from rayfed.config import RunConfig
+from rayfed.engine.system_setup import is_asynchronous
 from rayfed.execution.privacy import UNCLIPPED
 from rayfed.privacy.accountant import Accounting, accounting_of
 from rayfed.privacy.adaptive import default_count_noise, next_clip_norm, update_noise_multiplier
@@ -61,7 +61,7 @@ def check_privacy(config: RunConfig, algorithm: ResolvedAlgorithm) -> None:
     privacy = config.privacy
     if not privacy.enabled:
         return
-    if isinstance(algorithm.server_params, AsynchronousParams):
+    if is_asynchronous(algorithm):
         raise ConfigError(
             f"privacy.mechanism={privacy.mechanism!r} does not cover asynchronous aggregation "
             f"(algorithm.name={algorithm.name!r}): a server step applies K staleness-weighted updates trained from "
