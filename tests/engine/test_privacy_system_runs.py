@@ -11,7 +11,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from rayfed import RunConfig, run
+from rayfed import ConfigError, RunConfig, run
+from rayfed.cli import main
 from rayfed.privacy.secure_aggregation import overhead_bytes
 from tests.conftest import tiny_overrides
 
@@ -97,3 +98,32 @@ def test_poisson_sampling_with_privacy_gives_the_same_bits_on_ray_with_two_worke
         for p in sorted((tmp_path / "local" / "clients").glob("*.parquet"))
     ]
     assert len(set(sampled)) > 1  # the rounds took different numbers of clients
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        ({"privacy.target_epsilon": 0.5, "train.rounds": 20}, "privacy.target_epsilon=0.5 cannot be met"),
+        ({"algorithm.name": "fedbuff", "system.devices": "equal"}, "does not cover asynchronous aggregation"),
+        ({"privacy.secure_aggregation": "secagg"}, "privacy.secure_aggregation='secagg' charges its messages"),
+        ({"algorithm.name": "cwfedavg"}, "cannot protect algorithm.name='cwfedavg'"),
+    ],
+)
+def test_a_private_run_that_cannot_hold_is_refused_before_anything_is_written(
+    tmp_path, overrides: dict, says: str
+) -> None:
+    config = RunConfig().override(tiny_overrides(tmp_path / "run", **CENTRAL, **overrides))
+    with pytest.raises(ConfigError) as refused:
+        run(config)
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_rayfed_privacy_names_poisson_sampling_and_its_epsilon(capsys) -> None:
+    args = ["engine.participation=poisson", "engine.join_ratio=0.1", "data.num_clients=100", "train.rounds=10"]
+    assert main(["privacy", *args, "privacy.accountant=pld"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "each of 100 clients with probability 0.1 a round (Poisson)" in lines[0]
+    accountant = dp_accounting.pld.PLDAccountant(ADD_OR_REMOVE)
+    accountant.compose(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.0)), 10)
+    assert lines[1] == f"epsilon {accountant.get_epsilon(1e-5):.6g} with privacy.noise_multiplier=1"
