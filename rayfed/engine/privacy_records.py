@@ -49,8 +49,11 @@ def run_accounting(config: RunConfig) -> Accounting | None:
         return accounting_of(config.privacy, clients, participants(clients, ratio), ratio)
     if not system.enabled:
         return accounting_of(config.privacy, clients, participants(clients, ratio))
-    drawn = round_sizes(clients, ratio, system.over_commit)[1]
-    return accounting_of(config.privacy, clients, drawn, uniform=system.availability == "always")
+    wanted, drawn = round_sizes(clients, ratio, system.over_commit)
+    # An over-committed round that draws every client keeps n of them by finish time: one client added could take
+    # another's place, so only the replace-one analysis without amplification holds, as among clients online.
+    uniform = system.availability == "always" and (drawn < clients or drawn == wanted)
+    return accounting_of(config.privacy, clients, drawn, uniform=uniform)
 
 
 def check_privacy(config: RunConfig, algorithm: ResolvedAlgorithm) -> None:

@@ -41,7 +41,8 @@ class Accounting:
     """The Gaussian's multiplier relative to the sensitivity of what it noises (z, or z/2: module docstring)."""
     num_clients: int
     per_round: int
-    """Clients a round samples: N for every client, or the fixed sample size m."""
+    """Clients a round samples: N for every client (or no amplification), the fixed sample size m, or with Poisson
+    sampling ⌊qN⌋ (the count the adaptive clipping's noise is set by; the event uses q)."""
     replace_one: bool
     """Whether neighbouring runs differ by one client replaced (sampling without replacement, local DP), not one
     added or removed."""

@@ -55,8 +55,9 @@ class PrivacyConfig:
     delta: float = documented(1e-5, "δ of the (ε, δ) guarantee the accountant reports ε at; in (0, 1).")
     accountant: str = documented(
         "rdp",
-        "rdp (Rényi DP, Mironov 2017; sampling without replacement as rayfed samples) or pld (privacy loss "
-        "distributions; only where every round takes every client, engine.join_ratio=1).",
+        "rdp (Rényi DP, Mironov 2017; the run's sampling: without replacement, or Poisson) or pld (privacy loss "
+        "distributions; not for a fixed number drawn without replacement: engine.join_ratio=1, or "
+        "engine.participation='poisson').",
     )
     target_epsilon: float | None = documented(
         None, "Refuse the run before it starts when ε after train.rounds rounds would exceed it; None: no budget."

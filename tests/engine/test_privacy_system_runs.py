@@ -13,6 +13,7 @@ import pytest
 
 from rayfed import ConfigError, RunConfig, run
 from rayfed.cli import main
+from rayfed.engine.privacy_records import run_accounting
 from rayfed.privacy.secure_aggregation import overhead_bytes
 from tests.conftest import tiny_overrides
 
@@ -127,3 +128,13 @@ def test_rayfed_privacy_names_poisson_sampling_and_its_epsilon(capsys) -> None:
     accountant = dp_accounting.pld.PLDAccountant(ADD_OR_REMOVE)
     accountant.compose(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.0)), 10)
     assert lines[1] == f"epsilon {accountant.get_epsilon(1e-5):.6g} with privacy.noise_multiplier=1"
+
+
+def test_an_over_committed_round_that_draws_every_client_claims_no_amplification() -> None:
+    # 5 of 10 kept, ⌊5 · 2⌋ = 10 drawn: one client added could take another's place, so replace-one, unamplified
+    system = {"system.devices": "equal", "engine.join_ratio": 0.5, "data.num_clients": 10}
+    every = run_accounting(RunConfig().override({**CENTRAL, **system, "system.over_commit": 2.0}))
+    assert every is not None and every.epsilon(3) == _rdp(dp_accounting.GaussianDpEvent(0.8 / 2), 3, REPLACE)
+    some = run_accounting(RunConfig().override({**CENTRAL, **system, "system.over_commit": 1.6}))
+    drawn = dp_accounting.SampledWithoutReplacementDpEvent(10, 8, dp_accounting.GaussianDpEvent(0.8 / 2))
+    assert some is not None and some.epsilon(3) == _rdp(drawn, 3, REPLACE)
