@@ -1,7 +1,7 @@
 """Secure aggregation's extra bytes per client, to charge on the virtual clock (``privacy.secure_aggregation``).
 
 SecAgg (Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine Learning", CCS 2017,
-Section 7.1, the client's communication) costs each of the n clients of one protocol instance
+its analysis of the client's communication) costs each of the n clients of one protocol instance
 
     B = 2n·a_K + (5n − 4)·a_S + m·R                                                  (SecAgg, client)
 
