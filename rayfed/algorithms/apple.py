@@ -46,6 +46,7 @@ import torch
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.contributions import ClientVectors
+from rayfed.algorithms.declarations import VaryingWork
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.algorithms.sizing import StateSizes
@@ -207,7 +208,7 @@ def personal_model(cores: np.ndarray, p: np.ndarray, own: int, num_params: int) 
     return out
 
 
-class AppleClient(ClientHalf[AppleParams, CoreModels]):
+class AppleClient(VaryingWork, ClientHalf[AppleParams, CoreModels]):
     """Plain SGD steps on θ_i and p_i through φ_i = Σ_j p_ij θ_j (``train.momentum`` and ``train.weight_decay``
     are not used).
 

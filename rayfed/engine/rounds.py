@@ -15,6 +15,7 @@ the round is summarised, adds what the system model knows of it to its records (
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -24,9 +25,13 @@ from rayfed.config import RunConfig
 from rayfed.engine.metrics import RoundRecord
 from rayfed.engine.system_records import ONLINE, VIRTUAL_TIME, status_counts, with_status
 from rayfed.system.profiles import DeviceProfiles
+from rayfed.system.clock import Workload
 from rayfed.system.rounds import RoundOutcome, SyncRounds
 from rayfed.system.status import ClientStatus
 from rayfed.util.seeding import sample_clients
+
+if TYPE_CHECKING:
+    from rayfed.engine.workload import ClientStates, RoundWork
 
 __all__ = ["Rounds", "VirtualRounds"]
 
@@ -37,9 +42,10 @@ class Rounds:
     def __init__(self, config: RunConfig) -> None:
         self.config = config
 
-    def context(self, round_index: int) -> RoundContext:
+    def context(self, round_index: int, message: Any = None, states: ClientStates | None = None) -> RoundContext:
         """The round's facts, decided here once: its clients and learning rate. The initial model's evaluation
-        (round -1) samples as round 0 and has round 0's learning rate."""
+        (round -1) samples as round 0 and has round 0's learning rate. ``message`` (the round's broadcast) and
+        ``states`` (the store's client states) time the round of a method whose work changes by round."""
         config, t = self.config, max(round_index, 0)
         sampled = sample_clients(config.seed, t, config.data.num_clients, config.engine.join_ratio)
         return RoundContext(round=round_index, seed=config.seed, lr=config.train.lr_at(t), sampled=sampled)
@@ -64,23 +70,33 @@ class Rounds:
 class VirtualRounds(Rounds):
     """Synchronous rounds in virtual time (module docstring): each one begins when the previous one ended."""
 
-    def __init__(self, config: RunConfig, rounds: SyncRounds) -> None:
+    def __init__(self, config: RunConfig, rounds: SyncRounds, work: RoundWork | None = None) -> None:
         super().__init__(config)
         self.rounds = rounds
+        self.work = work
+        """Each round's own workload, for a method whose work changes by round (None: the run's, ``rounds.work``)."""
         self.now_s = 0.0
         """The run's virtual time: the end of the last round settled."""
         self._outcome: RoundOutcome | None = None
 
-    def _outcome_of(self, round_index: int) -> RoundOutcome:
+    def _outcome_of(self, round_index: int, message: Any = None, states: ClientStates | None = None) -> RoundOutcome:
         if self._outcome is None or self._outcome.round != round_index:
-            self._outcome = self.rounds.round(round_index, self.now_s)
+            work_of = None
+            if self.work is not None:
+                work, store = self.work, states or (lambda ids: {})
+
+                def work_of(ids: np.ndarray) -> Workload:
+                    return work.of(round_index, ids, message, store)
+
+            self._outcome = self.rounds.round(round_index, self.now_s, work_of)
         return self._outcome
 
-    def context(self, round_index: int) -> RoundContext:
-        """The clients whose work the round counts; a partial one's step budget is the steps it did by the deadline
-        of the phases a budget covers."""
+    def context(self, round_index: int, message: Any = None, states: ClientStates | None = None) -> RoundContext:
+        """The clients whose work the round counts, timed with the round's own work where it changes by round
+        (from ``message`` and ``states``); a partial one's step budget is the steps it did by the deadline of the
+        phases a budget covers."""
         config, t = self.config, max(round_index, 0)
-        outcome = self._outcome_of(t)
+        outcome = self._outcome_of(t, message, states)
         counted = outcome.status <= ClientStatus.PARTIAL
         budget = None
         if (outcome.status == ClientStatus.PARTIAL).any():
@@ -114,7 +130,7 @@ class VirtualRounds(Rounds):
     def charged(self, outcome: RoundOutcome) -> dict[str, np.ndarray]:
         """What the clock charged each sampled client in Eq. 1 (docs/system.md): ``charged_steps`` (all its phases'
         steps; a partial one's, those it took by the deadline), ``charged_bytes_down`` and ``charged_bytes_up``."""
-        steps, down, up = self.rounds.work.of(outcome.client_ids)
+        steps, down, up = (outcome.work or self.rounds.work).of(outcome.client_ids)
         partial = outcome.status == ClientStatus.PARTIAL
         return {
             "charged_steps": np.where(partial, outcome.steps, steps).astype(np.int64),

@@ -39,10 +39,17 @@ def plan_rounds(config: RunConfig, algorithm: ResolvedAlgorithm, inputs: RunInpu
         return Rounds(config)
     devices = load_profiles(system, config.data.num_clients)
     assert devices is not None  # system.devices is on
-    work = method_workload(config, algorithm, inputs)
+    work, by_round = method_workload(config, algorithm, inputs)
     check_clock(system, devices, work, config.train.rounds)
     if not asynchronous:
-        return VirtualRounds(config, SyncRounds(system, devices, work, config.seed, config.engine.join_ratio))
+        sync = SyncRounds(system, devices, work, config.seed, config.engine.join_ratio)
+        return VirtualRounds(config, sync, by_round)
+    if by_round is not None:
+        raise ConfigError(
+            f"algorithm.client={config.algorithm.client or algorithm.name!r} trains a work that changes from round "
+            f"to round, which algorithm.name={algorithm.name!r}'s asynchronous schedule, simulated ahead of the "
+            "training, cannot time: lend it the phases of a method whose rounds are alike (fedavg, fedprox, ...)"
+        )
     params: AsynchronousParams = algorithm.server_params
     return AsyncRounds(config, lambda state: _schedule(config, params, devices, work, state))
 
