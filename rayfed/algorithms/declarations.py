@@ -12,7 +12,7 @@ evaluate faster or to carve data out before the run, and most methods have none 
 * :class:`FastPathLimits`: its mathematics keeps its clients off part of the fast path (no method in rayfed:
   every one stacks and replays);
 * :class:`VaryingWork`: its clients' work changes from round to round (KT-pFL's, FedClassAvg's, FedFomo's,
-  APPLE's), so that a system model times each round's own.
+  APPLE's, FedProto's), so that a system model times each round's own.
 
 A server half:
 
@@ -103,12 +103,13 @@ class FastPathLimits:
 
 
 class VaryingWork:
-    """A client half whose clients' work changes from round to round: the steps of its phases (KT-pFL's
-    distillation from the second round and its ramp of local epochs, FedClassAvg's warm-up in a client's first
-    round) or the bytes of its download (FedFomo's, APPLE's and KT-pFL's, whose first message carries no other
-    client's model). A system model then finds each round's work from that round's message and each sampled
-    client's state, building their starts and phases without training them (:mod:`rayfed.engine.workload`); the
-    work of a half that does not declare this is found once, from the first round."""
+    """A client half whose clients' work changes from round to round: the steps of its phases (KT-pFL's distillation
+    from the second round and its ramp of local epochs, FedClassAvg's warm-up in a client's first round) or the
+    bytes of its download (FedFomo's, APPLE's and KT-pFL's, whose first message carries no other client's model, and
+    FedProto's, which carries no prototype). A system model then finds each round's work from that round's message
+    and each sampled client's state, building their starts and phases without training them
+    (:mod:`rayfed.engine.workload`); the work of a half that does not declare this is found once, from the first
+    round."""
 
     def work_start(self, message: Any, job: ClientJob) -> Start:
         """The start a round's work is found from: the client's own (``start``), or a cheaper one of the same

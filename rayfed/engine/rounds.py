@@ -14,24 +14,28 @@ the round is summarised, adds what the system model knows of it to its records (
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.engine.metrics import RoundRecord
 from rayfed.engine.system_records import ONLINE, VIRTUAL_TIME, status_counts, with_status
-from rayfed.system.profiles import DeviceProfiles
 from rayfed.system.clock import Workload
+from rayfed.system.profiles import DeviceProfiles
 from rayfed.system.rounds import RoundOutcome, SyncRounds
 from rayfed.system.status import ClientStatus
 from rayfed.util.seeding import sample_clients
 
 if TYPE_CHECKING:
     from rayfed.engine.workload import ClientStates, RoundWork
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Rounds", "VirtualRounds"]
 
@@ -78,6 +82,8 @@ class VirtualRounds(Rounds):
         self.now_s = 0.0
         """The run's virtual time: the end of the last round settled."""
         self._outcome: RoundOutcome | None = None
+        self._warned = False
+        """Whether the run warned of a client charged other than its work (:meth:`_check_charged`)."""
 
     def _outcome_of(self, round_index: int, message: Any = None, states: ClientStates | None = None) -> RoundOutcome:
         if self._outcome is None or self._outcome.round != round_index:
@@ -122,7 +128,9 @@ class VirtualRounds(Rounds):
         finish = pa.array(outcome.finish_s, mask=~np.isfinite(outcome.finish_s))
         began = np.full(len(outcome.client_ids), outcome.start_s)
         columns = {"start_s": began, "finish_s": finish, **self.charged(outcome)}
-        return with_status(clients, round_index, outcome.client_ids, outcome.status, columns)
+        table = with_status(clients, round_index, outcome.client_ids, outcome.status, columns)
+        self._check_charged(round_index, table)
+        return table
 
     def devices(self) -> DeviceProfiles | None:
         return self.rounds.devices
@@ -137,6 +145,28 @@ class VirtualRounds(Rounds):
             "charged_bytes_down": down.astype(np.int64),
             "charged_bytes_up": up.astype(np.int64),
         }
+
+    def _check_charged(self, round_index: int, table: pa.Table) -> None:
+        """Warn, once a run, where a counted client trained or moved other than the clock charged it: a method
+        whose work changes by round without declaring it (``VaryingWork``), whose virtual times are then off."""
+        if self._warned or "trained_steps" not in table.column_names:
+            return
+        rows = table.filter(pc.is_in(table["status"], pa.array(["finished", "partial"])))
+        for charged, done in (("steps", "trained_steps"), ("bytes_down", "bytes_down"), ("bytes_up", "bytes_up")):
+            if pc.any(pc.not_equal(rows[f"charged_{charged}"], rows[done])).as_py():
+                self._warned = True
+                logger.warning(
+                    "round %d: the virtual clock charged some clients other %s than they took (%s against %s): "
+                    "algorithm.name=%r's work changes from round to round without declaring it, so its virtual "
+                    "times are off; its client half should subclass rayfed.algorithms.declarations.VaryingWork "
+                    "(docs/system.md, 'The virtual clock')",
+                    round_index,
+                    charged.replace("_", " "),
+                    f"charged_{charged}",
+                    done,
+                    self.config.algorithm.name,
+                )
+                return
 
     def state(self) -> dict[str, np.ndarray]:
         return {"now_s": np.array([self.now_s])}

@@ -14,21 +14,22 @@ A method whose work changes from round to round declares it (:class:`~rayfed.alg
 KT-pFL's distillation on the public set, which begins in its second round, and its ramp of local epochs
 ``max_local_epochs``; FedClassAvg's warm-up epoch, which a client trains in its first round only; the downloads of
 FedFomo, APPLE and KT-pFL, whose first message carries no other client's model and whose later ones depend on what
-the client holds). Its :class:`RoundWork` then finds each round's work from that round's own message and each
-sampled client's state, before the round is timed: every sampled client is started (by the method's cheapest start
-of the same phases and download, ``VaryingWork.work_start``) and its phases built, without training; its upload
-keeps the first round's size. Nothing is trained on this process, and the work of the other methods, whose rounds
-are alike, is found once. The per-client files show what each client was charged beside what it trained and moved
-(``charged_steps``, ``trained_steps``; ``charged_bytes_down``, ``bytes_down``): equal, round by round.
+the client holds, and of FedProto, whose first message carries no prototype). Its :class:`RoundWork` then finds each
+round's work from that round's own message and each sampled client's state, before the round is timed: every sampled
+client is started (by the method's cheapest start of the same phases and download, ``VaryingWork.work_start``) and
+its phases built, without training; its upload keeps the first round's size. Nothing is trained on this process, and
+the work of the other methods, whose rounds are alike, is found once. The per-client files show what each client was
+charged beside what it trained and moved (``charged_steps``, ``trained_steps``; ``charged_bytes_down``,
+``bytes_down``): equal, round by round.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
+
+import numpy as np
 
 from rayfed.algorithms import ResolvedAlgorithm, RoundContext
 from rayfed.algorithms.declarations import varies_work

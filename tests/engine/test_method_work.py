@@ -141,10 +141,12 @@ VARYING = {
     },
     "fedfomo": {"algorithm.params": {"num_models": 2}},
     "apple": {},
+    "fedproto": {},
 }
 """Methods whose work changes by round: KT-pFL's distillation (from round 1) and its ramp of local epochs, and its
 download of targets; FedClassAvg's warm-up in each client's first round; FedFomo's download of the models it
-chooses among those uploaded so far; APPLE's download of the cores newer than the client's copies."""
+chooses among those uploaded so far; APPLE's download of the cores newer than the client's copies; FedProto's
+download of the prototypes uploaded so far (none in the first round)."""
 
 
 @pytest.mark.slow
@@ -166,3 +168,17 @@ def test_a_method_whose_work_changes_by_round_is_charged_each_rounds_own(tmp_pat
     steps, down, _ = sim.rounds.rounds.work.of(ids)
     done = np.array([(c["trained_steps"], c["bytes_down"]) for c in clients])
     assert ((done[:, 0] != steps) | (done[:, 1] != down)).any()
+
+
+@pytest.mark.slow
+def test_a_method_whose_work_changes_undeclared_is_warned_of_once(tmp_path, monkeypatch, caplog) -> None:
+    # Prepare: FedProto as if it did not declare that its download changes by round (none in its first round)
+    monkeypatch.setattr("rayfed.engine.workload.varies_work", lambda client: False)
+    overrides = tiny_overrides(tmp_path, **EQUAL, **{"algorithm.name": "fedproto", "train.rounds": 3})
+    # Execute
+    with caplog.at_level(logging.WARNING, logger="rayfed.engine.rounds"):
+        Simulation(RunConfig().override(overrides)).run()
+    # Assert: the first round is charged right, the second not, and the run says so once, naming the fix
+    warned = [r.getMessage() for r in caplog.records if "virtual clock charged" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("round 1:") and "VaryingWork" in warned[0]
+    assert "bytes down" in warned[0]
