@@ -225,14 +225,25 @@ class AppleClient(VaryingWork, ClientHalf[AppleParams, CoreModels]):
 
     def start(self, message: CoreModels, job: ClientJob) -> AppleStart:
         """Refresh the copies that changed (a download each), then φ_i = Σ_j p_ij θ_j."""
+        refreshed = self._refreshed(message, job)
+        refreshed.model = personal_model(refreshed.cores, refreshed.p, job.client_id, message.num_params)
+        return refreshed
+
+    def work_start(self, message: CoreModels, job: ClientJob) -> AppleStart:
+        """The start of the same download and phases without mixing φ_i: its own core stands in for it."""
+        refreshed = self._refreshed(message, job)
+        refreshed.model = refreshed.cores[job.client_id]
+        return refreshed
+
+    def _refreshed(self, message: CoreModels, job: ClientJob) -> AppleStart:
+        """The client's copies with those that changed refreshed (a download each), p_i and the copies' versions;
+        no model yet."""
         copies, p, versions = local_state(message, job)
         stale = message.versions > versions
         stale[job.client_id] = False  # its own core model is local
         copies[stale] = message.cores[stale]
-        p = np.array(p, dtype=np.float64)
         fresh = np.where(stale, message.versions, versions)
-        phi = personal_model(copies, p, job.client_id, message.num_params)
-        return AppleStart(phi, copies, p, fresh, int(stale.sum()))
+        return AppleStart(None, copies, np.array(p, dtype=np.float64), fresh, int(stale.sum()))
 
     def phases(self, message: CoreModels, job: ClientJob) -> list[Phase]:
         params, own, size = self.params, job.client_id, self.layout.size
