@@ -65,7 +65,9 @@ class AsyncRounds(Rounds):
             self._plan = self.schedule.plan(version)
         return self._plan
 
-    def context(self, round_index: int, message: Any = None, states: ClientStates | None = None) -> RoundContext:
+    def context(
+        self, round_index: int, message: Callable[[], Any] | None = None, states: ClientStates | None = None
+    ) -> RoundContext:
         """The clients launched from version ``round_index`` whose updates arrive, sorted, with their arrival
         versions; the initial model's evaluation (round -1) has round 0's. An asynchronous method's work is alike
         in every round (:func:`~rayfed.engine.system_setup.plan_rounds`): ``message`` and ``states`` are unread."""

@@ -15,7 +15,7 @@ the round is summarised, adds what the system model knows of it to its records (
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,10 +46,13 @@ class Rounds:
     def __init__(self, config: RunConfig) -> None:
         self.config = config
 
-    def context(self, round_index: int, message: Any = None, states: ClientStates | None = None) -> RoundContext:
+    def context(
+        self, round_index: int, message: Callable[[], Any] | None = None, states: ClientStates | None = None
+    ) -> RoundContext:
         """The round's facts, decided here once: its clients and learning rate. The initial model's evaluation
-        (round -1) samples as round 0 and has round 0's learning rate. ``message`` (the round's broadcast) and
-        ``states`` (the store's client states) time the round of a method whose work changes by round."""
+        (round -1) samples as round 0 and has round 0's learning rate. ``message`` (the round's message, fetched
+        when called) and ``states`` (the store's client states) time the round of a method whose work changes by
+        round."""
         config, t = self.config, max(round_index, 0)
         sampled = sample_clients(config.seed, t, config.data.num_clients, config.engine.join_ratio)
         return RoundContext(round=round_index, seed=config.seed, lr=config.train.lr_at(t), sampled=sampled)
@@ -85,19 +88,24 @@ class VirtualRounds(Rounds):
         self._warned = False
         """Whether the run warned of a client charged other than its work (:meth:`_check_charged`)."""
 
-    def _outcome_of(self, round_index: int, message: Any = None, states: ClientStates | None = None) -> RoundOutcome:
+    def _outcome_of(
+        self, round_index: int, message: Callable[[], Any] | None = None, states: ClientStates | None = None
+    ) -> RoundOutcome:
         if self._outcome is None or self._outcome.round != round_index:
             work_of = None
             if self.work is not None:
-                work, store = self.work, states or (lambda ids: {})
+                assert message is not None, "a method whose work changes by round is timed from its message"
+                work, read, store = self.work, message, states or (lambda ids: {})
 
                 def work_of(ids: np.ndarray) -> Workload:
-                    return work.of(round_index, ids, message, store)
+                    return work.of(round_index, ids, read(), store)
 
             self._outcome = self.rounds.round(round_index, self.now_s, work_of)
         return self._outcome
 
-    def context(self, round_index: int, message: Any = None, states: ClientStates | None = None) -> RoundContext:
+    def context(
+        self, round_index: int, message: Callable[[], Any] | None = None, states: ClientStates | None = None
+    ) -> RoundContext:
         """The clients whose work the round counts, timed with the round's own work where it changes by round
         (from ``message`` and ``states``); a partial one's step budget is the steps it did by the deadline of the
         phases a budget covers."""

@@ -183,8 +183,14 @@ class Simulation:
             return []
         return make_chunks(client_ids, self.num_train, num_calls(len(client_ids), self.config.engine.clients_per_call))
 
-    def _context(self, round_index: int, message: Any) -> RoundContext:
-        """The round's facts, decided once (:meth:`rayfed.engine.rounds.Rounds.context`), from its ``message``."""
+    def _context(self, round_index: int, broadcast: Any) -> RoundContext:
+        """The round's facts, decided once (:meth:`rayfed.engine.rounds.Rounds.context`), from its ``broadcast``."""
+        executor = self.executor
+        assert executor is not None
+
+        def message() -> Any:  # fetched only where the rounds read it
+            return executor.message(broadcast)
+
         return self.privacy.context(self.rounds.context(round_index, message, self.states.get_many))
 
     def run(self) -> RunResult:
