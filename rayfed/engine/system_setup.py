@@ -46,9 +46,10 @@ def plan_rounds(config: RunConfig, algorithm: ResolvedAlgorithm, inputs: RunInpu
         return VirtualRounds(config, sync, by_round)
     if by_round is not None:
         raise ConfigError(
-            f"algorithm.client={config.algorithm.client or algorithm.name!r} trains a work that changes from round "
-            f"to round, which algorithm.name={algorithm.name!r}'s asynchronous schedule, simulated ahead of the "
-            "training, cannot time: lend it the phases of a method whose rounds are alike (fedavg, fedprox, ...)"
+            f"algorithm.client={config.algorithm.client or algorithm.name!r} gives each client a work that changes "
+            f"from round to round, which the asynchronous schedule of algorithm.name={algorithm.name!r}, simulated "
+            "ahead of the training, cannot time: lend it the phases of a method whose rounds are alike (fedavg, "
+            "fedprox, ...)"
         )
     params: AsynchronousParams = algorithm.server_params
     return AsyncRounds(config, lambda state: _schedule(config, params, devices, work, state))
