@@ -152,6 +152,9 @@ class RayExecutor(Executor):
     def broadcast(self) -> Any:
         return self._broadcast
 
+    def message(self, broadcast: Any) -> Any:
+        return ray.get(broadcast)
+
     def train(
         self,
         broadcast: Any,

@@ -42,6 +42,7 @@ import torch
 
 from rayfed.algorithms.common.class_counts import class_counts
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
+from rayfed.algorithms.declarations import VaryingWork
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.private_uploads import UploadBeyondModel
 from rayfed.algorithms.registry import Reporting, register_algorithm
@@ -181,7 +182,7 @@ class FedProtoMessage:
     init: ClientInit
 
 
-class FedProtoClient(ClientHalf[FedProtoParams, FedProtoMessage]):
+class FedProtoClient(VaryingWork, ClientHalf[FedProtoParams, FedProtoMessage]):
     """Its own model; SGD on CE + λ·MSE(embedding, global prototype); keeps the model and sends its class sums of
     embeddings over the training split (eval mode)."""
 
@@ -227,6 +228,8 @@ class FedProtoClient(ClientHalf[FedProtoParams, FedProtoMessage]):
         return state
 
     def bytes_down(self, message: FedProtoMessage, job: ClientJob) -> int:
+        """The global prototypes of the classes some client has uploaded so far (none in the first round), and
+        which those are."""
         return int(message.present.sum()) * message.prototypes.shape[1] * 4 + message.present.shape[0]
 
 

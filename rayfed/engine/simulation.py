@@ -183,9 +183,15 @@ class Simulation:
             return []
         return make_chunks(client_ids, self.num_train, num_calls(len(client_ids), self.config.engine.clients_per_call))
 
-    def _context(self, round_index: int) -> RoundContext:
-        """The round's facts, decided once (:meth:`rayfed.engine.rounds.Rounds.context`)."""
-        return self.privacy.context(self.rounds.context(round_index))
+    def _context(self, round_index: int, broadcast: Any) -> RoundContext:
+        """The round's facts, decided once (:meth:`rayfed.engine.rounds.Rounds.context`), from its ``broadcast``."""
+        executor = self.executor
+        assert executor is not None
+
+        def message() -> Any:  # fetched only where the rounds read it
+            return executor.message(broadcast)
+
+        return self.privacy.context(self.rounds.context(round_index, message, self.states.get_many))
 
     def run(self) -> RunResult:
         """Take the run directory's lock, record the run there (:func:`~rayfed.engine.run_dir.open_run_dir`) and
@@ -254,7 +260,7 @@ class Simulation:
         round, recorded as round -1 (rounds.parquet, clients/initial.parquet); it is neither checkpointed
         nor counted as a round."""
         assert self.executor is not None
-        started, ctx = time.perf_counter(), self._context(-1)
+        started, ctx = time.perf_counter(), self._context(-1, broadcast)
         targets = all_clients if self.config.engine.eval_clients == "all" else np.unique(ctx.sampled)
         chunks = self._chunks(targets)
         keeps_state = self.algorithm.keeps_client_state
@@ -274,7 +280,7 @@ class Simulation:
     def _round(self, t: int, broadcast: Any, all_clients: np.ndarray) -> tuple[Any, bool]:
         assert self.executor is not None
         config, executor = self.config, self.executor
-        started, ctx = time.perf_counter(), self._context(t)
+        started, ctx = time.perf_counter(), self._context(t, broadcast)
         sampled = ctx.sampled
         keeps_state = self.algorithm.keeps_client_state
         chunks = self._chunks(sampled)

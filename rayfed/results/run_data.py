@@ -293,20 +293,26 @@ def client_timeline(run: RunData) -> dict[str, np.ndarray]:
     """Who trained when in a run with a system model, from its per-client files: one entry per client a round
     sampled (an asynchronous run: per arrival or loss an asynchronous step records), its ``client_id``, ``round``,
     ``status``, when its work began (``start_s``: the round's start; an asynchronous client's launch) and when it
-    ended (``end_s``: its upload's arrival, else the round's or step's end: a late client trains until the round
-    leaves it out); empty for a run without a system model or one recorded before its rows held these times."""
+    ended (``end_s``: its upload's arrival, or an asynchronous lost client's loss, ``lost_s``, else the round's or
+    step's end: a late client trains until the round leaves it out); empty for a run without a system model or one
+    recorded before its rows held these times."""
     ends = {int(row["round"]): row[VIRTUAL_TIME] for row in run.rounds if row.get(VIRTUAL_TIME) is not None}
     parts = []
     for path in sorted((run.run_dir / "clients").glob("round_*.parquet")):
-        if "start_s" not in _table(path, {}).column_names:
+        names = _table(path, {}).column_names
+        if "start_s" not in names:
             return {}
-        table = _table(path, {"client_id": NUMBER, "round": NUMBER, "start_s": NUMBER, "finish_s": NUMBER})
+        kinds = {"client_id": NUMBER, "round": NUMBER, "start_s": NUMBER, "finish_s": NUMBER}
+        table = _table(path, {**kinds, **({"lost_s": NUMBER} if "lost_s" in names else {})})
         if "status" not in table.column_names:
             raise CheckpointError(f"{str(path)!r} has no column 'status'; restore it from a copy of the run")
         rows = table.filter(table["status"].is_valid())
         parts.append({name: rows[name].to_numpy(zero_copy_only=False) for name in ("client_id", "round", "status")})
         parts[-1]["start_s"] = rows["start_s"].to_numpy()
         finish = rows["finish_s"].to_numpy(zero_copy_only=False).astype(np.float64)
+        if "lost_s" in rows.column_names:  # an asynchronous lost client's line ends at its loss
+            lost = rows["lost_s"].to_numpy(zero_copy_only=False).astype(np.float64)
+            finish = np.where(np.isnan(finish), lost, finish)
         end = ends.get(int(path.stem.split("_")[1]), np.nan)
         parts[-1]["end_s"] = np.fmin(np.where(np.isnan(finish), end, finish), end)
     if not parts:

@@ -24,6 +24,7 @@ function of arrays.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -63,6 +64,8 @@ class RoundOutcome:
     -1 for the others."""
     online: int = 0
     """How many clients were online when the round sampled (all of them without an availability model)."""
+    work: Workload | None = None
+    """The workload the round was timed with (what the clock charged each client: Eq. 1's steps and bytes)."""
 
     @property
     def counted_ids(self) -> np.ndarray:
@@ -191,12 +194,16 @@ class SyncRounds:
             online = availability.online(self._all, now_s)
         return float(now_s), self._all[online]
 
-    def round(self, round_index: int, now_s: float) -> RoundOutcome:
+    def round(
+        self, round_index: int, now_s: float, work_of: Callable[[np.ndarray], Workload] | None = None
+    ) -> RoundOutcome:
         """Round ``round_index``, asked to begin at virtual time ``now_s``: whom it samples, when each one
-        finishes, whose work counts and when it ends."""
+        finishes, whose work counts and when it ends; ``work_of``: the round's own workload of the clients it
+        samples, for a method whose work changes by round (None: the run's, ``work``)."""
         start, online = self._online(now_s)
         ids = sample_among(self.seed, round_index, online, self.drawn)
-        times = client_times(self.devices, self.work, ids, step_s=self.config.step_s)
+        work = self.work if work_of is None else work_of(ids)
+        times = client_times(self.devices, work, ids, step_s=self.config.step_s)
         lost = np.zeros(len(ids), dtype=bool)
         if self.config.dropout > 0:
             rng = np.random.default_rng(np.random.SeedSequence([self.seed, _DROPOUT, round_index]))
@@ -207,12 +214,12 @@ class SyncRounds:
             start,
             ids,
             times,
-            self.work.steps[ids],
+            work.steps[ids],
             self._seconds_per_step(ids),
             lost,
             until,
             self.wanted,
             self.config,
-            None if self.work.budgeted is None else self.work.budgeted[ids],
+            None if work.budgeted is None else work.budgeted[ids],
         )
-        return replace(outcome, online=len(online))
+        return replace(outcome, online=len(online), work=work)
