@@ -138,4 +138,5 @@ def test_fedbuff_with_every_client_in_the_buffer_on_equal_devices_is_synchronous
     for column in ("train_loss", "accuracy"):
         np.testing.assert_allclose([r[column] for r in steps], [r[column] for r in rounds], rtol=1e-4)
     last = [load_arrays(sorted((tmp_path / kind / "checkpoints").glob("*.npz"))[-1]) for kind in ("fedbuff", "fedavg")]
-    np.testing.assert_allclose(last[0]["server/global"], last[1]["server/global"], atol=1e-5)
+    # float rounding of the two sums over four steps: up to 1.6e-5 on an AMD EPYC, under 1e-5 on an Intel Xeon
+    np.testing.assert_allclose(last[0]["server/global"], last[1]["server/global"], atol=5e-5)
