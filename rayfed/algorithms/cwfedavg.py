@@ -54,9 +54,10 @@ from rayfed.algorithms.cwfedavg_equations import (
 )
 from rayfed.algorithms.cwfedavg_figures import cwfedavg_figures
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, ModelParts, model_parts
+from rayfed.algorithms.cwfedavg_private import CWFEDAVG_PARTS, client_parts, private_step
 from rayfed.algorithms.declarations import SharedBody, SharedBodyEvaluation
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
-from rayfed.algorithms.private_uploads import UploadBeyondModel
+from rayfed.algorithms.private_uploads import PartwiseClient, PartwiseUpload, PrivateParts
 from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.algorithms.sizing import StateSizes, buffer_bytes
 from rayfed.train.host import to_device
@@ -156,7 +157,7 @@ class ClasswiseModels:
     parts: ModelParts
 
 
-class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEvaluation):
+class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEvaluation, PartwiseClient):
     """Starts from Σ_j p̃_ij G_j (Eq. 7); plain SGD on CE + c·‖p_i − p̃_i(W)‖₂ (Eq. 8), recomputed from the live
     output weight each mini-batch (the per-client constant is p_i); sends p̃_i (Eq. 4) and its share of Eq. 6
     and FedAvg."""
@@ -171,10 +172,14 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEval
                 f"but model.client_models={sorted(spec.layouts)} place it differently"
             )
         self.output_index = indices.pop()
+        self._broadcast: tuple[Any, Any, Any] | None = None
+        """(the message, its G and G_avg on the device) of the last private upload: moved once per call."""
 
     def _row(self, message: ClasswiseModels, job: ClientJob) -> np.ndarray:
         if self.params.variant == "dist":  # "w/ Dist.": the true p_i, which the client knows itself
             return _client_distribution(job, self.params.p_source)
+        if job.state and "row" in job.state:  # with privacy the row stays with its client (cwfedavg_private)
+            return np.asarray(job.state["row"])
         return message.p_tilde[job.client_id]
 
     def _state(self, message: ClasswiseModels, job: ClientJob, row: np.ndarray, buffers: np.ndarray) -> np.ndarray:
@@ -211,14 +216,7 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEval
         parts, size = message.parts, job.worker_model.size
         trained = job.trained
         theta = trained[:size]
-        norms = torch.linalg.vector_norm(theta[parts.output_weight].view(parts.output_shape).double(), dim=-1)
-        counts = None
-        if self.params.variant == "dist":  # the client reveals n_ij; q_ij then uses p_i (P-arXiv Tab. 1)
-            counts = _client_counts(job, self.params.p_source)
-            row = to_device([empirical_distribution(counts)], job.device)[0]
-        else:
-            total = norms.sum()
-            row = torch.where(total > 0, norms / total, torch.full_like(norms, 1.0 / len(norms)))
+        row, norms, counts = self._trained_row(message, job)
         if job.worker_model.buffer_layout.size:  # BatchNorm statistics are never averaged, as in the authors' code
             job.state = {"buffers": trained[size:].clone()}
         shared = torch.cat([theta[s] for s in parts.shared]) if parts.shared else None
@@ -231,6 +229,31 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEval
             label_counts=None if counts is None else np.asarray(counts, dtype=np.int64)[None],
             model=theta[parts.classwise].clone(),
         )
+
+    def _trained_row(self, message: ClasswiseModels, job: ClientJob) -> tuple[Any, Any, np.ndarray | None]:
+        """(p̃_i from the trained output weight (Eq. 4), its row norms, n_ij where ``variant="dist"`` reveals them:
+        then the row is p_i)."""
+        parts = message.parts
+        theta = job.trained[: job.worker_model.size]
+        norms = torch.linalg.vector_norm(theta[parts.output_weight].view(parts.output_shape).double(), dim=-1)
+        if self.params.variant == "dist":  # the client reveals n_ij; q_ij then uses p_i (P-arXiv Tab. 1)
+            counts = _client_counts(job, self.params.p_source)
+            return to_device([empirical_distribution(counts)], job.device)[0], norms, counts
+        total = norms.sum()
+        return torch.where(total > 0, norms / total, torch.full_like(norms, 1.0 / len(norms))), norms, None
+
+    def private_parts(self, message: ClasswiseModels, job: ClientJob) -> tuple[Any, ...]:
+        """(u_i, p̃_i) with privacy on (:mod:`rayfed.algorithms.cwfedavg_private`); the row kept in the client's
+        state for its next start instead of uploaded."""
+        parts = message.parts
+        if self._broadcast is None or self._broadcast[0] is not message:
+            self._broadcast = (message, *to_device([message.heads, message.shared], job.device))
+        _, heads, shared_global = self._broadcast
+        theta = job.trained[: job.worker_model.size]
+        row = self._trained_row(message, job)[0].float()
+        job.state = {**(job.state or {}), "row": row}
+        shared = torch.cat([theta[s] for s in parts.shared]) if parts.shared else theta[:0]
+        return client_parts(row, theta[parts.classwise], shared, heads, shared_global)
 
     def bytes_down(self, message: ClasswiseModels, job: ClientJob) -> int:
         """One model's parameters (4·P bytes): the model it starts from (Eq. 7), which the server can form from
@@ -262,10 +285,11 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEval
         return SharedBody(state, heads[:, : k * h].reshape(len(jobs), k, h), heads[:, k * h :])
 
 
-class CwFedAvgServer(StateSizes, UploadBeyondModel, ServerHalf[CwFedAvgParams, ClasswiseSum]):
-    """Keeps G_1..G_K (K × P_cw), G_avg, the M × K rows p̃ and the M × K row norms; no client models."""
+class CwFedAvgServer(StateSizes, PartwiseUpload, ServerHalf[CwFedAvgParams, ClasswiseSum]):
+    """Keeps G_1..G_K (K × P_cw), G_avg, the M × K rows p̃ and the M × K row norms; no client models. With privacy
+    its clients upload :data:`~rayfed.algorithms.cwfedavg_private.CWFEDAVG_PARTS`."""
 
-    beyond_model = "their class distributions (the rows p̃_i weighting their class-wise heads, Eq. 6)"
+    upload_parts = CWFEDAVG_PARTS
 
     @classmethod
     def validate(cls, params: CwFedAvgParams, spec: ProblemSpec) -> None:
@@ -304,7 +328,10 @@ class CwFedAvgServer(StateSizes, UploadBeyondModel, ServerHalf[CwFedAvgParams, C
     def broadcast(self) -> ClasswiseModels:
         return ClasswiseModels(self.heads, self.shared, self.initial_buffers, self.p_tilde, self.parts)
 
-    def aggregate(self, ctx: RoundContext, contribution: ClasswiseSum) -> dict[str, float]:
+    def aggregate(self, ctx: RoundContext, contribution: ClasswiseSum | PrivateParts) -> dict[str, float]:
+        if isinstance(contribution, PrivateParts):  # privacy on: the noised sums of the parts
+            self.heads, self.shared, metrics = private_step(self.heads, self.shared, contribution)
+            return metrics
         absent = int((contribution.masses <= 0).sum())
         if absent:
             logger.warning("round %d: %d classes have no uploaded mass; their models are kept", ctx.round, absent)

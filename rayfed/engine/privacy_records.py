@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rayfed.algorithms import ResolvedAlgorithm, RoundContext
-from rayfed.algorithms.private_uploads import privacy_refusal
+from rayfed.algorithms.private_uploads import PartwiseUpload, privacy_refusal
 from rayfed.config import RunConfig
 from rayfed.execution.privacy import UNCLIPPED
 from rayfed.privacy.accountant import Accounting, accounting_of
@@ -54,6 +54,12 @@ def check_privacy(config: RunConfig, algorithm: ResolvedAlgorithm) -> None:
     refusal = privacy_refusal(algorithm.name, algorithm.algorithm.server_half, privacy.mechanism)
     if refusal:
         raise ConfigError(refusal)
+    if privacy.adaptive and issubclass(algorithm.algorithm.server_half, PartwiseUpload):
+        raise ConfigError(
+            f"privacy.adaptive_quantile={privacy.adaptive_quantile:g} adapts the clip norm of a model update, but "
+            f"algorithm.name={algorithm.name!r} uploads parts with bounds of their own: leave "
+            "privacy.adaptive_quantile out"
+        )
     if config.system.enabled:
         raise ConfigError(
             f"privacy.mechanism={privacy.mechanism!r} does not yet account for a system model's sampling among "

@@ -1,0 +1,119 @@
+"""Uploads protected part by part (rayfed.algorithms.private_uploads.PartwiseUpload, cwFedAvg): every part of every
+client clipped to its own bound, stacked and one by one alike; each part's sum noised with its own spread; and
+cwFedAvg's step from the parts' sums equal to Eq. 6 where nothing is clipped or noised."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from rayfed.algorithms import RoundContext
+from rayfed.algorithms.cwfedavg_equations import classwise_average
+from rayfed.algorithms.cwfedavg_private import CWFEDAVG_PARTS, client_parts, private_step
+from rayfed.algorithms.private_uploads import PartwiseClient, PartwiseUpload, PrivateParts, UploadPart
+from rayfed.config import RunConfig
+from rayfed.execution.privacy import ClientPrivacy, ServerPrivacy
+
+PARTS = (UploadPart("update"), UploadPart("row", bound=1.0))
+
+
+class _Client(PartwiseClient):
+    """Each client's parts: its trained vector (an update) and a row 3·x (norm up to 3, beyond its bound 1)."""
+
+    def private_parts(self, message: Any, job: Any) -> tuple[Any, ...]:
+        return job.trained, 3 * job.row
+
+
+class _Server(PartwiseUpload):
+    upload_parts = PARTS
+
+
+def _config(**privacy: object) -> RunConfig:
+    return RunConfig().override({f"privacy.{key}": value for key, value in privacy.items()})
+
+
+def _ctx(round_index: int, sampled: int) -> RoundContext:
+    return RoundContext(round=round_index, seed=0, lr=0.1, sampled=np.arange(sampled))
+
+
+def _jobs(count: int) -> list[SimpleNamespace]:
+    generator = torch.Generator().manual_seed(3)
+    return [
+        SimpleNamespace(
+            client_id=cid,
+            num_train=5 + cid,
+            trained=torch.randn(40, generator=generator) * (cid + 1),
+            row=torch.softmax(torch.randn(4, generator=generator), 0),
+        )
+        for cid in range(count)
+    ]
+
+
+def test_each_part_of_each_client_is_clipped_to_its_own_bound_stacked_and_alone() -> None:
+    for mechanism in ("central", "local"):
+        config = _config(mechanism=mechanism, clip_norm=0.7, noise_multiplier=0.0)
+        privacy = ClientPrivacy(config, "m", _Client(), PARTS)
+        jobs = _jobs(5)
+        summed, made = privacy.stack([], jobs, None, None, _ctx(1, 5))
+        each = made()
+        for job, part in zip(jobs, each):
+            alone = privacy.one([], job, None, _ctx(1, 5))
+            assert isinstance(alone, PrivateParts) and alone.sizes == (40, 4)
+            torch.testing.assert_close(alone.total, part.total)
+            update, row = alone.total[:40], alone.total[40:]
+            assert float(torch.linalg.vector_norm(update)) <= 0.7 * (1 + 1e-6)
+            assert float(torch.linalg.vector_norm(row)) <= 1 + 1e-6  # 3·p̃ held to the row's bound
+        assert summed.weight == 5.0 and summed.count == 5
+        torch.testing.assert_close(summed.total, sum(part.total for part in each))
+
+
+def test_local_noise_is_each_parts_own_and_seeded_by_the_client() -> None:
+    privacy = ClientPrivacy(_config(mechanism="local", clip_norm=0.5, noise_multiplier=2.0), "m", _Client(), PARTS)
+    zero = SimpleNamespace(client_id=7, num_train=1, trained=torch.zeros(4000), row=torch.zeros(1000))
+    noised = privacy.one([], zero, None, _ctx(0, 1)).total.numpy()
+    again = privacy.one([], zero, None, _ctx(0, 1)).total.numpy()
+    z = 2.0 * math.sqrt(2)  # two parts: z·√2 each
+    assert np.array_equal(noised, again)
+    assert abs(noised[:4000].std() / (z * 0.5) - 1) < 0.05 and abs(noised[4000:].std() / (z * 1.0) - 1) < 0.1
+
+
+def test_the_server_noises_each_parts_sum_with_its_own_spread() -> None:
+    # Many rounds of zero sums: each part's noise is N(0, (z·√P·B_k)²) per coordinate, the sum over W_P.
+    clip, z, rounds = 0.4, 1.5, 50
+    server = ServerPrivacy(_config(mechanism="central", clip_norm=clip, noise_multiplier=z), None)
+    zero = PrivateParts(np.zeros(300, np.float32), 6.0, 6, (200, 100))
+    noised = [server.privatized(_ctx(t, 8), zero, _Server())[0] for t in range(rounds)]
+    assert all(isinstance(n, PrivateParts) and n.weight == 8.0 and n.unit == 1.0 for n in noised)
+    update = np.stack([n.split()[0] for n in noised])
+    row = np.stack([n.split()[1] for n in noised])
+    for values, bound in ((update, clip), (row, 1.0)):
+        expected = z * math.sqrt(2) * bound
+        error = 3 * math.sqrt(2 / values.size)  # three standard errors of a sample deviation
+        assert abs(values.std() / expected - 1) < error
+
+
+def test_cwfedavgs_step_from_unclipped_parts_is_eq6() -> None:
+    # Eq. 6 with n_i = 1: G_j ← Σ_i p̃_ij θ_i / Σ_i p̃_ij, from the parts' sums written around G_j.
+    rng = np.random.default_rng(0)
+    k, width, shared_width, clients = 3, 5, 4, 12
+    heads = rng.normal(size=(k, width)).astype(np.float32)
+    shared = rng.normal(size=shared_width).astype(np.float32)
+    rows = rng.dirichlet(np.ones(k), size=clients).astype(np.float32)
+    models = rng.normal(size=(clients, width)).astype(np.float32)
+    others = rng.normal(size=(clients, shared_width)).astype(np.float32)
+    parts = [
+        client_parts(*map(torch.from_numpy, (rows[i], models[i], others[i], heads, shared))) for i in range(clients)
+    ]
+    update = sum(p[0] for p in parts).numpy()
+    masses = sum(p[1] for p in parts).numpy()
+    assert masses.min() >= 1  # every class holds more than one client's weight: no denominator held
+    sums = PrivateParts(np.concatenate([update, masses]), float(clients), clients, (update.size, k))
+    new_heads, new_shared, metrics = private_step(heads, shared, sums)
+    np.testing.assert_allclose(new_heads, classwise_average(rows.T @ models, masses, heads), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(new_shared, others.mean(axis=0), rtol=1e-4, atol=1e-5)
+    assert metrics["classes_held_to_one_client"] == 0
+    assert [p.bound for p in CWFEDAVG_PARTS] == [None, 1.0]
