@@ -47,7 +47,7 @@ __all__ = [
     "PROTECTED",
 ]
 
-PROTECTED = "fedavg, fedprox, fedadam, feduv, sgdm, ditto, cwfedavg"
+PROTECTED = "fedavg, fedprox, fedadam, feduv, sgdm, ditto, fedper, fedrep, lgfedavg, fedbabu, cwfedavg"
 """The methods a refusal names as protected (docs/privacy.md, "Which methods it protects")."""
 
 

@@ -85,11 +85,10 @@ def test_a_resumed_private_run_draws_the_same_noise(tmp_path, privacy: dict, col
 @pytest.mark.parametrize(
     ("method", "names"),
     [
-        ("cwfedavg", "class distributions"),
         ("fedawa", "client vectors"),
         ("fedproto", "prototypes"),
         ("ktpfl", "soft labels"),
-        ("fedper", "is not declared a model"),
+        ("feddyn", "is not declared a model"),
     ],
 )
 def test_a_method_whose_upload_cannot_be_protected_is_refused(method: str, names: str) -> None:
@@ -134,3 +133,32 @@ def test_a_private_run_sigkilled_and_resumed_gives_the_same_bits(tmp_path) -> No
 def _plain(values: list) -> list:
     """``values`` with NaN as None, so that equal records compare equal."""
     return [None if isinstance(v, float) and math.isnan(v) else v for v in values]
+
+
+def test_a_shared_part_without_noise_or_clipping_is_the_method_bit_for_bit(tmp_path) -> None:
+    # FedRep uploads its body alone (its heads never leave the clients): protected whole as a ModelUpload.
+    common = {"algorithm.name": "fedrep", "engine.join_ratio": 0.6}
+    plain = run(RunConfig().override(tiny_overrides(tmp_path / "plain", **common)))
+    private = {
+        "privacy.mechanism": "central",
+        "privacy.clip_norm": math.inf,
+        "privacy.noise_multiplier": 0.0,
+        "privacy.weighting": "samples",
+    }
+    same = run(RunConfig().override(tiny_overrides(tmp_path / "dp", **common, **private)))
+    for key in COMPARED:
+        assert [r[key] for r in same.history] == [r[key] for r in plain.history], key
+
+
+def test_cwfedavg_runs_private_part_by_part_with_the_runs_epsilon(tmp_path) -> None:
+    # cwFedAvg's two parts share the run's noise multiplier: its ε is FedAvg's at the same z (docs/privacy.md).
+    common = {**CENTRAL, "engine.join_ratio": 0.5}
+    cw = run(RunConfig().override(tiny_overrides(tmp_path / "cw", **common, **{"algorithm.name": "cwfedavg"})))
+    again = run(RunConfig().override(tiny_overrides(tmp_path / "again", **common, **{"algorithm.name": "cwfedavg"})))
+    fedavg = run(RunConfig().override(tiny_overrides(tmp_path / "fedavg", **common)))
+    assert [r["epsilon"] for r in cw.history] == [r["epsilon"] for r in fedavg.history]
+    for key in COMPARED:
+        assert [r[key] for r in again.history] == [r[key] for r in cw.history], key
+    adaptive = RunConfig().override({"algorithm.name": "cwfedavg", **CENTRAL, "privacy.adaptive_quantile": 0.5})
+    with pytest.raises(ConfigError, match="uploads parts with bounds of their own"):
+        check_privacy(adaptive, resolve(adaptive.algorithm))
