@@ -242,7 +242,7 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEval
         total = norms.sum()
         return torch.where(total > 0, norms / total, torch.full_like(norms, 1.0 / len(norms))), norms, None
 
-    def private_parts(self, message: ClasswiseModels, job: ClientJob) -> tuple[Any, ...]:
+    def private_parts(self, message: ClasswiseModels, job: ClientJob, upload: Any) -> tuple[Any, ...]:
         """(u_i, p̃_i) with privacy on (:mod:`rayfed.algorithms.cwfedavg_private`); the row kept in the client's
         state for its next start instead of uploaded."""
         parts = message.parts

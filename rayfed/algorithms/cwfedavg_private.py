@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from rayfed.algorithms.private_uploads import PrivateParts, UploadPart
+from rayfed.algorithms.private_uploads import PrivateParts, UploadPart, mass_weighted_step
 
 __all__ = ["CWFEDAVG_PARTS", "client_parts", "private_step"]
 
@@ -51,12 +51,9 @@ def private_step(
 ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
     """(G', G_avg', metrics) from the noised sums of the parts (module docstring); new arrays."""
     update, masses = sums.split()
-    k = heads.shape[0]
     width = shared.shape[0]
     new_shared = (shared + update[:width] / np.float32(sums.weight)).astype(np.float32)
-    denominators = np.maximum(masses, np.float32(sums.unit)).astype(np.float32)
-    numerators = update[width:].reshape(k, -1)
-    new_heads = (heads + numerators / denominators[:, None]).astype(np.float32)
+    new_heads = mass_weighted_step(heads, update[width:], masses, sums.unit)  # Eq. 6 around G_j
     metrics = {
         "clients_aggregated": float(sums.count),
         "classes_held_to_one_client": float(np.sum(masses < sums.unit)),

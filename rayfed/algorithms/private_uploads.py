@@ -44,10 +44,11 @@ __all__ = [
     "UploadBeyondModel",
     "privacy_refusal",
     "part_multiplier",
+    "mass_weighted_step",
     "PROTECTED",
 ]
 
-PROTECTED = "fedavg, fedprox, fedadam, feduv, sgdm, ditto, fedper, fedrep, lgfedavg, fedbabu, cwfedavg"
+PROTECTED = "fedavg, fedprox, fedadam, feduv, sgdm, ditto, fedper, fedrep, lgfedavg, fedbabu, cwfedavg, fedproto"
 """The methods a refusal names as protected (docs/privacy.md, "Which methods it protects")."""
 
 
@@ -88,9 +89,10 @@ class PartwiseClient(abc.ABC):
     """The client half of a :class:`PartwiseUpload` method: what each client's parts are."""
 
     @abc.abstractmethod
-    def private_parts(self, message: Any, job: ClientJob) -> tuple[Any, ...]:
+    def private_parts(self, message: Any, job: ClientJob, upload: Any) -> tuple[Any, ...]:
         """The client's parts, unclipped and unweighted, one 1-D tensor on its device per declared part (in
-        :attr:`PartwiseUpload.upload_parts`'s order), from its trained model (``job.trained``)."""
+        :attr:`PartwiseUpload.upload_parts`'s order), from its trained model (``job.trained``) or from ``upload``,
+        what its ``upload`` hook returned (which is not sent)."""
 
 
 @dataclass
@@ -113,6 +115,15 @@ class PrivateParts(WeightedSum):
         """The parts' sums, in declared order."""
         ends = np.cumsum(self.sizes)
         return [self.total[end - size : end] for end, size in zip(ends, self.sizes)]
+
+
+def mass_weighted_step(previous: np.ndarray, update: np.ndarray, masses: np.ndarray, floor: float) -> np.ndarray:
+    """x_j + Σ̃_i r_ij (x_ij − x_j) / max(M̃_j, floor) per row j of ``previous`` (K, d): a weighted mean per class
+    written around the broadcast x_j, from the noised sums of the weighted updates (``update``, K·d) and of the
+    weights (``masses``, K), the denominator held to ``floor`` (the most one client can weigh a class) so that the
+    noise on a class no client holds is not magnified. Post-processing of the noised sums: it costs no privacy."""
+    denominators = np.maximum(masses, np.float32(floor)).astype(np.float32)
+    return (previous + update.reshape(previous.shape[0], -1) / denominators[:, None]).astype(np.float32)
 
 
 def part_multiplier(noise_multiplier: float, parts: Sequence[UploadPart]) -> float:

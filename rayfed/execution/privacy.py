@@ -131,7 +131,9 @@ class ClientPrivacy:
         bits = unclipped(trained, starts, self.clip_norm(ctx)).sum()
         return ClippedSum(summed.total, summed.weight, summed.count, bits)
 
-    def _private_parts(self, message: Any, jobs: Sequence[Any], ctx: RoundContext) -> PrivateParts:
+    def _private_parts(
+        self, message: Any, jobs: Sequence[Any], uploads: Sequence[Any], ctx: RoundContext
+    ) -> PrivateParts:
         """Σ_i w_i x̃_i of the clients ``jobs``: each part of each client clipped to its bound over a (L, S_k) stack
         of their parts (one call, no read-back), with local DP noised per client, then summed in one product."""
         import torch
@@ -141,7 +143,7 @@ class ClientPrivacy:
 
         assert self.partwise is not None
         clip = self.clip_norm(ctx)
-        made = [self.partwise.private_parts(message, job) for job in jobs]
+        made = [self.partwise.private_parts(message, job, upload) for job, upload in zip(jobs, uploads)]
         pieces = [clipped_delta(torch.stack([row[k] for row in made]), p.norm(clip)) for k, p in enumerate(self.parts)]
         sizes = tuple(int(piece.shape[-1]) for piece in pieces)
         clipped = torch.cat(pieces, dim=-1)
@@ -157,7 +159,7 @@ class ClientPrivacy:
         """One client's upload (``uploads``: what its client half declared): its clipped model weighted by w_i, or
         its clipped parts (``message``: the round's broadcast, which they are measured from)."""
         if self.partwise is not None:
-            return self._private_parts(message, [job], ctx)
+            return self._private_parts(message, [job], uploads, ctx)
         trained, starts = self.declared(uploads, job.trained[None, :], start[None, :])
         models = self.clipped(trained, starts, [job.client_id], ctx)
         if self.privacy.adaptive:
@@ -176,8 +178,8 @@ class ClientPrivacy:
         """A stack's summed upload (one product), and each client's, made only when asked (a call with a rejected
         update), from the stack's trained states and starts (or its clients' parts, measured from ``message``)."""
         if self.partwise is not None:
-            return self._private_parts(message, jobs, ctx), lambda: [
-                self._private_parts(message, [job], ctx) for job in jobs
+            return self._private_parts(message, jobs, uploads, ctx), lambda: [
+                self._private_parts(message, [job], [upload], ctx) for job, upload in zip(jobs, uploads)
             ]
         states, starts = self.declared(uploads, states, starts)
         models = self.clipped(states, starts, [job.client_id for job in jobs], ctx)

@@ -86,7 +86,6 @@ def test_a_resumed_private_run_draws_the_same_noise(tmp_path, privacy: dict, col
     ("method", "names"),
     [
         ("fedawa", "client vectors"),
-        ("fedproto", "prototypes"),
         ("ktpfl", "soft labels"),
         ("feddyn", "is not declared a model"),
     ],
@@ -150,15 +149,16 @@ def test_a_shared_part_without_noise_or_clipping_is_the_method_bit_for_bit(tmp_p
         assert [r[key] for r in same.history] == [r[key] for r in plain.history], key
 
 
-def test_cwfedavg_runs_private_part_by_part_with_the_runs_epsilon(tmp_path) -> None:
-    # cwFedAvg's two parts share the run's noise multiplier: its ε is FedAvg's at the same z (docs/privacy.md).
+@pytest.mark.parametrize("method", ["cwfedavg", "fedproto"])
+def test_a_method_with_parts_runs_private_part_by_part_with_the_runs_epsilon(tmp_path, method: str) -> None:
+    # The parts share the run's noise multiplier: the method's ε is FedAvg's at the same z (docs/privacy.md).
     common = {**CENTRAL, "engine.join_ratio": 0.5}
-    cw = run(RunConfig().override(tiny_overrides(tmp_path / "cw", **common, **{"algorithm.name": "cwfedavg"})))
-    again = run(RunConfig().override(tiny_overrides(tmp_path / "again", **common, **{"algorithm.name": "cwfedavg"})))
+    parts = run(RunConfig().override(tiny_overrides(tmp_path / "parts", **common, **{"algorithm.name": method})))
+    again = run(RunConfig().override(tiny_overrides(tmp_path / "again", **common, **{"algorithm.name": method})))
     fedavg = run(RunConfig().override(tiny_overrides(tmp_path / "fedavg", **common)))
-    assert [r["epsilon"] for r in cw.history] == [r["epsilon"] for r in fedavg.history]
+    assert [r["epsilon"] for r in parts.history] == [r["epsilon"] for r in fedavg.history]
     for key in COMPARED:
-        assert [r[key] for r in again.history] == [r[key] for r in cw.history], key
-    adaptive = RunConfig().override({"algorithm.name": "cwfedavg", **CENTRAL, "privacy.adaptive_quantile": 0.5})
+        assert [r[key] for r in again.history] == [r[key] for r in parts.history], key
+    adaptive = RunConfig().override({"algorithm.name": method, **CENTRAL, "privacy.adaptive_quantile": 0.5})
     with pytest.raises(ConfigError, match="uploads parts with bounds of their own"):
         check_privacy(adaptive, resolve(adaptive.algorithm))

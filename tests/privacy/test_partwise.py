@@ -14,6 +14,8 @@ import torch
 from rayfed.algorithms import RoundContext
 from rayfed.algorithms.cwfedavg_equations import classwise_average
 from rayfed.algorithms.cwfedavg_private import CWFEDAVG_PARTS, client_parts, private_step
+from rayfed.algorithms.fedproto import ClassSums
+from rayfed.algorithms.fedproto_private import private_prototypes, prototype_parts
 from rayfed.algorithms.private_uploads import PartwiseClient, PartwiseUpload, PrivateParts, UploadPart
 from rayfed.config import RunConfig
 from rayfed.execution.privacy import ClientPrivacy, ServerPrivacy
@@ -24,7 +26,7 @@ PARTS = (UploadPart("update"), UploadPart("row", bound=1.0))
 class _Client(PartwiseClient):
     """Each client's parts: its trained vector (an update) and a row 3·x (norm up to 3, beyond its bound 1)."""
 
-    def private_parts(self, message: Any, job: Any) -> tuple[Any, ...]:
+    def private_parts(self, message: Any, job: Any, upload: Any) -> tuple[Any, ...]:
         return job.trained, 3 * job.row
 
 
@@ -58,10 +60,10 @@ def test_each_part_of_each_client_is_clipped_to_its_own_bound_stacked_and_alone(
         config = _config(mechanism=mechanism, clip_norm=0.7, noise_multiplier=0.0)
         privacy = ClientPrivacy(config, "m", _Client(), PARTS)
         jobs = _jobs(5)
-        summed, made = privacy.stack([], jobs, None, None, _ctx(1, 5))
+        summed, made = privacy.stack([None] * 5, jobs, None, None, _ctx(1, 5))
         each = made()
         for job, part in zip(jobs, each):
-            alone = privacy.one([], job, None, _ctx(1, 5))
+            alone = privacy.one([None], job, None, _ctx(1, 5))
             assert isinstance(alone, PrivateParts) and alone.sizes == (40, 4)
             torch.testing.assert_close(alone.total, part.total)
             update, row = alone.total[:40], alone.total[40:]
@@ -74,8 +76,8 @@ def test_each_part_of_each_client_is_clipped_to_its_own_bound_stacked_and_alone(
 def test_local_noise_is_each_parts_own_and_seeded_by_the_client() -> None:
     privacy = ClientPrivacy(_config(mechanism="local", clip_norm=0.5, noise_multiplier=2.0), "m", _Client(), PARTS)
     zero = SimpleNamespace(client_id=7, num_train=1, trained=torch.zeros(4000), row=torch.zeros(1000))
-    noised = privacy.one([], zero, None, _ctx(0, 1)).total.numpy()
-    again = privacy.one([], zero, None, _ctx(0, 1)).total.numpy()
+    noised = privacy.one([None], zero, None, _ctx(0, 1)).total.numpy()
+    again = privacy.one([None], zero, None, _ctx(0, 1)).total.numpy()
     z = 2.0 * math.sqrt(2)  # two parts: z·√2 each
     assert np.array_equal(noised, again)
     assert abs(noised[:4000].std() / (z * 0.5) - 1) < 0.05 and abs(noised[4000:].std() / (z * 1.0) - 1) < 0.1
@@ -117,3 +119,35 @@ def test_cwfedavgs_step_from_unclipped_parts_is_eq6() -> None:
     np.testing.assert_allclose(new_shared, others.mean(axis=0), rtol=1e-4, atol=1e-5)
     assert metrics["classes_held_to_one_client"] == 0
     assert [p.bound for p in CWFEDAVG_PARTS] == [None, 1.0]
+
+
+def test_fedprotos_prototypes_from_unclipped_parts_are_its_aggregation() -> None:
+    # Without clipping or noise, C̄_j ← C̄_j + Σ_i r_ij (C_ij − C̄_j) / Σ_i r_ij is the aggregation's mean of the
+    # holders' prototypes (client_mean: each once; count: by |D_ij|/|D_i|); a class nobody holds keeps its own.
+    rng = np.random.default_rng(1)
+    k, d, clients = 4, 6, 5
+    previous = rng.normal(size=(k, d)).astype(np.float32)
+    counts = rng.integers(0, 9, size=(clients, k)).astype(np.float64)
+    counts[:, 3] = 0  # nobody holds class 3
+    means = np.where(counts[..., None] > 0, rng.normal(size=(clients, k, d)), 0).astype(np.float32)
+    upload = ClassSums(
+        torch.from_numpy(means.sum(0)), torch.from_numpy(counts.sum(0)), torch.from_numpy(means.sum(0)), None
+    )
+    assert upload.counts.shape == (k,)
+    for aggregation in ("client_mean", "count"):
+        parts = [
+            prototype_parts(
+                torch.from_numpy(means[i]), torch.from_numpy(counts[i]), torch.from_numpy(previous), aggregation
+            )
+            for i in range(clients)
+        ]
+        update, masses = (sum(p[n] for p in parts).numpy() for n in (0, 1))
+        unit = 1e-3  # no class held to a floor here
+        sums = PrivateParts(np.concatenate([update, masses]), float(clients), clients, (update.size, k), unit)
+        new, present, seen = private_prototypes(previous, np.zeros(k, bool), sums, aggregation)
+        held = (counts > 0).astype(np.float64)  # count, weight 1: |D_ij|/|D_i| (privacy.weighting=samples: |D_ij|)
+        weights = counts / counts.sum(1, keepdims=True) if aggregation == "count" else held
+        expected = (weights[..., None] * means).sum(0)[:3] / weights.sum(0)[:3, None]
+        np.testing.assert_allclose(new[:3], expected, rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(new[3], previous[3])
+        assert seen.tolist() == [True, True, True, False] and present.tolist() == seen.tolist()
