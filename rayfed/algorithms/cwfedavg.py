@@ -216,7 +216,14 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEval
         parts, size = message.parts, job.worker_model.size
         trained = job.trained
         theta = trained[:size]
-        row, norms, counts = self._trained_row(message, job)
+        norms = torch.linalg.vector_norm(theta[parts.output_weight].view(parts.output_shape).double(), dim=-1)
+        counts = None
+        if self.params.variant == "dist":  # the client reveals n_ij; q_ij then uses p_i (P-arXiv Tab. 1)
+            counts = _client_counts(job, self.params.p_source)
+            row = to_device([empirical_distribution(counts)], job.device)[0]
+        else:
+            total = norms.sum()
+            row = torch.where(total > 0, norms / total, torch.full_like(norms, 1.0 / len(norms)))
         if job.worker_model.buffer_layout.size:  # BatchNorm statistics are never averaged, as in the authors' code
             job.state = {"buffers": trained[size:].clone()}
         shared = torch.cat([theta[s] for s in parts.shared]) if parts.shared else None
@@ -230,27 +237,17 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEval
             model=theta[parts.classwise].clone(),
         )
 
-    def _trained_row(self, message: ClasswiseModels, job: ClientJob) -> tuple[Any, Any, np.ndarray | None]:
-        """(p̃_i from the trained output weight (Eq. 4), its row norms, n_ij where ``variant="dist"`` reveals them:
-        then the row is p_i)."""
-        parts = message.parts
-        theta = job.trained[: job.worker_model.size]
-        norms = torch.linalg.vector_norm(theta[parts.output_weight].view(parts.output_shape).double(), dim=-1)
-        if self.params.variant == "dist":  # the client reveals n_ij; q_ij then uses p_i (P-arXiv Tab. 1)
-            counts = _client_counts(job, self.params.p_source)
-            return to_device([empirical_distribution(counts)], job.device)[0], norms, counts
-        total = norms.sum()
-        return torch.where(total > 0, norms / total, torch.full_like(norms, 1.0 / len(norms))), norms, None
-
     def private_parts(self, message: ClasswiseModels, job: ClientJob, upload: Any) -> tuple[Any, ...]:
-        """(u_i, p̃_i) with privacy on (:mod:`rayfed.algorithms.cwfedavg_private`); the row kept in the client's
-        state for its next start instead of uploaded."""
+        """(u_i, p̃_i) with privacy on (:mod:`rayfed.algorithms.cwfedavg_private`), from its upload's row; the row
+        kept in the client's state for its next start instead of uploaded."""
+        assert isinstance(upload, ClasswiseSum)
         parts = message.parts
         if self._broadcast is None or self._broadcast[0] is not message:
-            self._broadcast = (message, *to_device([message.heads, message.shared], job.device))
+            heads, shared_global = to_device([message.heads, message.shared], job.device)
+            self._broadcast = (message, heads, shared_global)
         _, heads, shared_global = self._broadcast
         theta = job.trained[: job.worker_model.size]
-        row = self._trained_row(message, job)[0].float()
+        row = upload.rows[0]  # p̃_i of its upload (Eq. 4), which is not sent
         job.state = {**(job.state or {}), "row": row}
         shared = torch.cat([theta[s] for s in parts.shared]) if parts.shared else theta[:0]
         return client_parts(row, theta[parts.classwise], shared, heads, shared_global)
