@@ -29,6 +29,7 @@ from pathlib import Path
 
 from rayfed import RunConfig, run
 from rayfed.config import parse_override
+from rayfed.results.epsilon_figure import plot_accuracy_vs_epsilon
 from rayfed.util.errors import RayfedError
 
 METHODS = {
@@ -90,31 +91,6 @@ def configs(args: argparse.Namespace) -> dict[tuple[str, float | None], RunConfi
     return runs
 
 
-def draw(results: dict[tuple[str, float | None], tuple[float, float]], path: Path) -> Path:
-    """Each method's final accuracy against ε (the run without privacy at the right, as ε = ∞)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    finite = [eps for _, eps in results.values() if math.isfinite(eps)]
-    right = 2 * max(finite) if finite else 1.0
-    figure, axes = plt.subplots(figsize=(6, 4))
-    for method in dict.fromkeys(m for m, _ in results):
-        points = sorted(
-            (eps if math.isfinite(eps) else right, acc) for (m, _), (acc, eps) in results.items() if m == method
-        )
-        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
-    axes.set_xscale("log")
-    axes.set_xlabel(f"epsilon at delta=1e-5 (no privacy drawn at {right:.3g})")
-    axes.set_ylabel("final pooled test accuracy")
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
-
-
 def table(results: dict[tuple[str, float | None], tuple[float, float]], methods: list[str]) -> list[str]:
     """One line per noise level: its ε and each method's final pooled accuracy."""
     levels = list(dict.fromkeys(noise for _, noise in results))
@@ -145,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - started
         print(f"{Path(result.run_dir).name:<16} acc {result.final_accuracy:.4f} eps {epsilon:.4g} ({seconds:.0f} s)")
     print("\n".join(table(results, args.methods)))
-    print(f"figure: {draw(results, Path(args.out) / 'accuracy_vs_epsilon.png')}")
+    by_method: dict[str, list[tuple[float, float]]] = {}
+    for (method, _), (accuracy, epsilon) in results.items():
+        by_method.setdefault(method, []).append((epsilon, accuracy))
+    figure = plot_accuracy_vs_epsilon(by_method, Path(args.out) / "accuracy_vs_epsilon.png", delta=1e-5)
+    print(f"figure: {figure}")
     return 0
 
 
