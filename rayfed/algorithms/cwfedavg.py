@@ -322,6 +322,10 @@ class CwFedAvgServer(StateSizes, PartwiseUpload, ServerHalf[CwFedAvgParams, Clas
         self.p_tilde = np.full((m, k), 1.0 / k, dtype=np.float32)
         self.norms = np.zeros((m, k), dtype=np.float32)
 
+    def part_sizes(self) -> tuple[int, ...]:
+        """The model update (G_avg's and the K heads' numbers) and the K class masses (:data:`CWFEDAVG_PARTS`)."""
+        return self.shared.size + self.heads.size, self.heads.shape[0]
+
     def broadcast(self) -> ClasswiseModels:
         return ClasswiseModels(self.heads, self.shared, self.initial_buffers, self.p_tilde, self.parts)
 

@@ -275,6 +275,10 @@ class FedProtoServer(PartwiseUpload, ServerHalf[FedProtoParams, ClassSums]):
         self.present = np.zeros(spec.num_classes, bool)
         self.init = ClientInit.of(spec)
 
+    def part_sizes(self) -> tuple[int, ...]:
+        """The K prototypes' updates and the K class weights (:data:`FEDPROTO_PARTS`)."""
+        return self.prototypes.size, self.prototypes.shape[0]
+
     def broadcast(self) -> FedProtoMessage:
         return FedProtoMessage(self.prototypes, self.present, self.init)
 

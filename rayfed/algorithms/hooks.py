@@ -85,6 +85,10 @@ class RoundContext:
     arrives_at: np.ndarray | None = None
     """Asynchronous aggregation (:mod:`rayfed.system.schedule`): int64, one per sampled client, the model version
     its update is applied to make (the round is the version it trains from); None in synchronous rounds."""
+    planned: np.ndarray | None = None
+    """With a system model (:mod:`rayfed.system.rounds`): int64, sorted, every client the round sampled, those whose
+    work does not count (dropped, offline, late, surplus) too, which DP-FedAvg's fixed denominator counts
+    (:mod:`rayfed.execution.privacy`); None: :attr:`sampled`."""
     clip_norm: float | None = None
     """With adaptive clipping (``privacy.adaptive_quantile``, :mod:`rayfed.privacy.adaptive`): the round's clip norm
     C_t; None: ``privacy.clip_norm``."""

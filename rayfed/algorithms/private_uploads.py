@@ -84,6 +84,11 @@ class PartwiseUpload(abc.ABC):
 
     upload_parts: ClassVar[tuple[UploadPart, ...]] = ()
 
+    @abc.abstractmethod
+    def part_sizes(self) -> tuple[int, ...]:
+        """How many numbers each part has (in :attr:`upload_parts`'s order): the zero sums of a round in which no
+        upload arrived, which the server noises all the same (every round releases what the accountant counts)."""
+
 
 class PartwiseClient(abc.ABC):
     """The client half of a :class:`PartwiseUpload` method: what each client's parts are."""

@@ -5,7 +5,8 @@ round's context (:meth:`Rounds.context`: the clients that train, their learning 
 the round is summarised, adds what the system model knows of it to its records (:meth:`Rounds.settle`). Its
 :meth:`~Rounds.state` is what a checkpoint saves of it, so a resumed run asks the same.
 
-* :class:`Rounds`: no system model (``system.devices="off"``): ``engine.join_ratio``'s sample, nothing more;
+* :class:`Rounds`: no system model (``system.devices="off"``): ``engine.join_ratio``'s sample (a fixed number, or
+  each client with that probability: ``engine.participation``), nothing more;
 * :class:`VirtualRounds`: synchronous rounds in virtual time (:class:`~rayfed.system.rounds.SyncRounds`): the
   clients whose work counts train (partial ones up to their steps by the deadline), and each round records its
   virtual time and each sampled client's fate;
@@ -26,7 +27,7 @@ from rayfed.engine.system_records import ONLINE, VIRTUAL_TIME, status_counts, wi
 from rayfed.system.profiles import DeviceProfiles
 from rayfed.system.rounds import RoundOutcome, SyncRounds
 from rayfed.system.status import ClientStatus
-from rayfed.util.seeding import sample_clients
+from rayfed.util.seeding import poisson_sample, sample_clients
 
 __all__ = ["Rounds", "VirtualRounds"]
 
@@ -41,7 +42,11 @@ class Rounds:
         """The round's facts, decided here once: its clients and learning rate. The initial model's evaluation
         (round -1) samples as round 0 and has round 0's learning rate."""
         config, t = self.config, max(round_index, 0)
-        sampled = sample_clients(config.seed, t, config.data.num_clients, config.engine.join_ratio)
+        clients, ratio = config.data.num_clients, config.engine.join_ratio
+        if config.engine.participation == "poisson":
+            sampled = poisson_sample(config.seed, t, np.arange(clients, dtype=np.int64), ratio)
+        else:
+            sampled = sample_clients(config.seed, t, clients, ratio)
         return RoundContext(round=round_index, seed=config.seed, lr=config.train.lr_at(t), sampled=sampled)
 
     def settle(self, round_index: int, record: RoundRecord, clients: pa.Table) -> pa.Table:
@@ -91,6 +96,7 @@ class VirtualRounds(Rounds):
             lr=config.train.lr_at(t),
             sampled=outcome.client_ids[counted],
             step_budget=budget,
+            planned=outcome.client_ids,
         )
 
     def settle(self, round_index: int, record: RoundRecord, clients: pa.Table) -> pa.Table:

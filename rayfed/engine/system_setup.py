@@ -3,12 +3,15 @@
 From the ``system`` section (docs/system.md) it loads every client's device (:func:`~rayfed.system.load_profiles`:
 presets or trace files, a bad one refused in one line), works out each client's round from its method's own work
 (:func:`~rayfed.engine.workload.method_workload`) and builds what the round loop asks each round
-(:mod:`rayfed.engine.rounds`): synchronous rounds in virtual time, whose deadline must be one some device meets, or,
+(:mod:`rayfed.engine.rounds`): synchronous rounds in virtual time, whose deadline must be one some device meets
+(each upload charged secure aggregation's bytes where ``privacy.secure_aggregation`` asks), or,
 for an asynchronous method, its schedule, whose buffer must fit its concurrency and whose concurrency the clients
 online.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from rayfed.algorithms import ResolvedAlgorithm
 from rayfed.algorithms.common.asynchronous import AsynchronousParams
@@ -17,8 +20,10 @@ from rayfed.engine.asynchronous import UNBOUNDED, AsyncRounds
 from rayfed.engine.inputs import RunInputs
 from rayfed.engine.rounds import Rounds, VirtualRounds
 from rayfed.engine.workload import method_workload
+from rayfed.privacy.secure_aggregation import overhead_bytes
 from rayfed.system import AsyncSchedule, AsyncState, DeviceProfiles, SyncRounds, Workload, load_profiles
 from rayfed.system.limits import check_clock
+from rayfed.system.rounds import round_sizes
 from rayfed.util.errors import ConfigError
 
 __all__ = ["plan_rounds", "is_asynchronous"]
@@ -39,12 +44,24 @@ def plan_rounds(config: RunConfig, algorithm: ResolvedAlgorithm, inputs: RunInpu
         return Rounds(config)
     devices = load_profiles(system, config.data.num_clients)
     assert devices is not None  # system.devices is on
-    work = method_workload(config, algorithm, inputs)
+    work = _with_secure_aggregation(config, method_workload(config, algorithm, inputs))
     check_clock(system, devices, work, config.train.rounds)
     if not asynchronous:
         return VirtualRounds(config, SyncRounds(system, devices, work, config.seed, config.engine.join_ratio))
     params: AsynchronousParams = algorithm.server_params
     return AsyncRounds(config, lambda state: _schedule(config, params, devices, work, state))
+
+
+def _with_secure_aggregation(config: RunConfig, work: Workload) -> Workload:
+    """``work`` with ``privacy.secure_aggregation``'s bytes added to every upload
+    (:func:`rayfed.privacy.secure_aggregation.overhead_bytes`, docs/privacy.md), for an instance of the
+    ⌊n · over_commit⌋ clients a round samples."""
+    protocol = config.privacy.secure_aggregation
+    if protocol == "off":
+        return work
+    drawn = round_sizes(config.data.num_clients, config.engine.join_ratio, config.system.over_commit)[1]
+    extra = overhead_bytes(protocol, drawn, work.bytes_up, config.privacy.secagg_neighbours)
+    return replace(work, bytes_up=work.bytes_up + extra)
 
 
 def _schedule(

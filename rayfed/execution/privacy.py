@@ -16,9 +16,12 @@ Server, the round planned the set P and received U ⊆ P (Σ_U w_i θ̃_i, Σ_U 
 
     θ_g' = (Σ_U w_i θ̃_i + (W_P − W_U) θ_g + N(0, (σ w_max)² I)) / W_P      (central; no noise with local DP)
 
-W_P = Σ_P w_i is fixed by the plan, not by who reported (McMahan et al. 2018's fixed denominator); a planned
-client that sent nothing counts as a zero update. w_max is the largest weight any client can have (1, or the
-largest training split), the sum's sensitivity in units of the clip.
+W_P is fixed by the plan, not by who reported (McMahan et al. 2018's fixed denominator): Σ_P w_i, times n/|P| where
+a system model's over-commitment draws |P| > n clients to keep n of them, or q·Σ_all w_i with Poisson sampling (the
+expected weight, q·N with uniform weights). A planned client that sent nothing (rejected, or with a system model
+dropped, offline, late or surplus) counts as a zero update, and a round in which none did still releases θ_g
+plus the noise. w_max is the largest weight any client can have (1, or the largest training split), the sum's
+sensitivity in units of the clip.
 
 With adaptive clipping (``privacy.adaptive_quantile``, :mod:`rayfed.privacy.adaptive`) the round's clip norm C_t
 comes with its context, each client also sends the bit 1[‖Δ_i‖ ≤ C_t] (a :class:`ClippedSum`), and the server
@@ -203,6 +206,13 @@ class ServerPrivacy:
         self.sizes = train_sizes if samples else None
         self.max_weight = float(np.max(train_sizes)) if samples and train_sizes is not None else 1.0
         per_round = participants(config.data.num_clients, config.engine.join_ratio)
+        self.wanted = per_round
+        """n, the clients a round keeps: the share of an over-committed plan the denominator counts."""
+        poisson = config.engine.participation == "poisson"
+        self.poisson_rate = config.engine.join_ratio if poisson else None
+        """q of Poisson sampling; None: a fixed number a round."""
+        self.num_clients = config.data.num_clients
+        self.all_weight = float(config.data.num_clients if self.sizes is None else np.sum(self.sizes))
         count_noise = self.privacy.count_noise
         self.count_noise = default_count_noise(per_round) if count_noise is None else count_noise
         """σ_b, the noise on the count of unclipped updates (adaptive clipping)."""
@@ -211,8 +221,30 @@ class ServerPrivacy:
         """The update's noise multiplier: z, or z_Δ beside the count's noise (:mod:`rayfed.privacy.adaptive`)."""
 
     def planned_weight(self, ctx: RoundContext) -> float:
-        """W_P: the weights of the clients the round planned."""
-        return float(len(ctx.sampled)) if self.sizes is None else float(np.sum(self.sizes[ctx.sampled]))
+        """W_P, the weight of the clients the round planned (module docstring): fixed by the plan, whoever
+        reported."""
+        if self.poisson_rate is not None:
+            return self.poisson_rate * self.all_weight
+        planned = ctx.sampled if ctx.planned is None else ctx.planned
+        weight = float(len(planned)) if self.sizes is None else float(np.sum(self.sizes[planned]))
+        return weight * (self.wanted / len(planned)) if len(planned) > self.wanted else weight
+
+    def planned_count(self, ctx: RoundContext) -> float:
+        """m, the clients the round planned, as :meth:`planned_weight` counts them with unit weights."""
+        if self.poisson_rate is not None:
+            return self.poisson_rate * self.num_clients
+        planned = ctx.sampled if ctx.planned is None else ctx.planned
+        return float(min(len(planned), self.wanted))
+
+    def empty(self, half: Any) -> WeightedSum:
+        """The sum of a round in which no planned client's upload arrived: nothing, which :meth:`privatized`
+        completes with zero updates and noises, so every round releases the mechanism the accountant counts."""
+        if isinstance(half, PartwiseUpload):  # zero sums of its parts, each noised as a round's would be
+            sizes = half.part_sizes()
+            return PrivateParts(np.zeros(sum(sizes), np.float32), 0.0, 0, sizes)
+        assert isinstance(half, ModelUpload)
+        zeros = np.zeros_like(half.privacy_reference())
+        return ClippedSum(zeros, 0.0, 0) if self.privacy.adaptive else WeightedSum(zeros, 0.0, 0)
 
     def privatized(self, ctx: RoundContext, total: Contribution, half: Any) -> tuple[WeightedSum, dict[str, float]]:
         """The round's sum as the server half folds it, completed to the planned weight with θ_g and noised, and
@@ -242,14 +274,13 @@ class ServerPrivacy:
             summed = summed + noise * np.float32(self.max_weight)
         return PrivateParts(summed, planned, total.count, total.sizes, self.max_weight)
 
-    def unclipped_fraction(self, ctx: RoundContext, total: Contribution | None) -> dict[str, float]:
-        """``{UNCLIPPED: b̃_t}`` with adaptive clipping (NaN in a round without uploads), else nothing."""
+    def unclipped_fraction(self, ctx: RoundContext, total: Contribution) -> dict[str, float]:
+        """``{UNCLIPPED: b̃_t}`` with adaptive clipping (the noised count over the planned m), else nothing."""
         if not self.privacy.adaptive:
             return {}
-        if not isinstance(total, ClippedSum):
-            return {UNCLIPPED: float("nan")}
+        assert isinstance(total, ClippedSum)  # every adaptive upload, and the empty sum, carries its bits
         noise = gaussian_noise(self.seed, ctx.round, COUNT_STREAM, 1, self.count_noise)[0] if self.count_noise else 0
-        return {UNCLIPPED: (float(total.unclipped) + float(noise)) / len(ctx.sampled)}
+        return {UNCLIPPED: (float(total.unclipped) + float(noise)) / self.planned_count(ctx)}
 
 
 def part_scales(parts: Sequence[UploadPart], sizes: Sequence[int], noise_multiplier: float, clip: float) -> np.ndarray:

@@ -35,7 +35,7 @@ from rayfed.system.status import ClientStatus, counted
 from rayfed.util.errors import ConfigError
 from rayfed.util.seeding import participants, sample_among
 
-__all__ = ["RoundOutcome", "SyncRounds", "settle_round"]
+__all__ = ["RoundOutcome", "SyncRounds", "settle_round", "round_sizes"]
 
 _DROPOUT = 21
 """The run seed's stream of the clients that drop out of a round (apart from sampling and batches)."""
@@ -125,6 +125,20 @@ def settle_round(
     return RoundOutcome(round_index, float(start_s), end, client_ids, finish, status, done, budget)
 
 
+def round_sizes(num_clients: int, join_ratio: float, over_commit: float) -> tuple[int, int]:
+    """(n, drawn): the clients a round keeps, ⌊join_ratio·M⌋, and those it samples, ⌊n · over_commit⌋ (step 1 of
+    the module docstring); ConfigError for more than the run has."""
+    wanted = participants(num_clients, join_ratio)
+    drawn = wanted * over_commit + 1e-9
+    if drawn >= num_clients + 1:
+        raise ConfigError(
+            f"system.over_commit={over_commit:g} would sample {wanted} × {over_commit:g} clients a round, "
+            f"more than the run's {num_clients}: set system.over_commit to at most "
+            f"{num_clients / wanted:g} (every client), or lower engine.join_ratio"
+        )
+    return wanted, max(wanted, int(drawn))
+
+
 def _rows(times: ClientTimes, rows: np.ndarray) -> ClientTimes:
     return ClientTimes(times.download_s[rows], times.train_s[rows], times.upload_s[rows])
 
@@ -139,21 +153,9 @@ class SyncRounds:
     ) -> None:
         self.config, self.devices, self.work, self.seed = config, devices, work, seed
         self.num_clients = devices.num_clients
-        self.wanted = participants(self.num_clients, join_ratio)
-        self.drawn = self._drawn(config.over_commit)
+        self.wanted, self.drawn = round_sizes(self.num_clients, join_ratio, config.over_commit)
         self._all = np.arange(self.num_clients, dtype=np.int64)
         self._check_deadline()
-
-    def _drawn(self, over_commit: float) -> int:
-        """⌊n · over_commit⌋, the clients a round samples; ConfigError for more than the run has."""
-        drawn = self.wanted * over_commit + 1e-9
-        if drawn >= self.num_clients + 1:
-            raise ConfigError(
-                f"system.over_commit={over_commit:g} would sample {self.wanted} × {over_commit:g} clients a round, "
-                f"more than the run's {self.num_clients}: set system.over_commit to at most "
-                f"{self.num_clients / self.wanted:g} (every client), or lower engine.join_ratio"
-            )
-        return max(self.wanted, int(drawn))
 
     def _check_deadline(self) -> None:
         """Refuse a deadline that no device meets: no round could ever count a client."""

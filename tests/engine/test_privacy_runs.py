@@ -106,9 +106,18 @@ def test_a_target_epsilon_the_run_cannot_meet_is_refused() -> None:
     check_privacy(met, resolve(met.algorithm))
 
 
-def test_a_system_model_is_refused_until_its_sampling_is_accounted() -> None:
-    config = RunConfig().override({**CENTRAL, "system.devices": "equal"})
-    with pytest.raises(ConfigError, match="system.devices='equal'"):
+@pytest.mark.parametrize("method", ["fedbuff", "fedasync"])
+def test_asynchronous_aggregation_is_refused_with_its_reason(method: str) -> None:
+    config = RunConfig().override({**CENTRAL, "system.devices": "equal", "algorithm.name": method})
+    with pytest.raises(ConfigError) as refused:
+        check_privacy(config, resolve(config.algorithm))
+    line = str(refused.value)
+    assert f"does not cover asynchronous aggregation (algorithm.name={method!r})" in line and "\n" not in line
+
+
+def test_secure_aggregation_without_a_clock_is_refused() -> None:
+    config = RunConfig().override({**CENTRAL, "privacy.secure_aggregation": "secagg"})
+    with pytest.raises(ConfigError, match="privacy.secure_aggregation='secagg' charges its messages on the virtual"):
         check_privacy(config, resolve(config.algorithm))
 
 

@@ -33,6 +33,9 @@ class _Client(PartwiseClient):
 class _Server(PartwiseUpload):
     upload_parts = PARTS
 
+    def part_sizes(self) -> tuple[int, ...]:
+        return 200, 100
+
 
 def _config(**privacy: object) -> RunConfig:
     return RunConfig().override({f"privacy.{key}": value for key, value in privacy.items()})
@@ -90,6 +93,8 @@ def test_the_server_noises_each_parts_sum_with_its_own_spread() -> None:
     zero = PrivateParts(np.zeros(300, np.float32), 6.0, 6, (200, 100))
     noised = [server.privatized(_ctx(t, 8), zero, _Server())[0] for t in range(rounds)]
     assert all(isinstance(n, PrivateParts) and n.weight == 8.0 and n.unit == 1.0 for n in noised)
+    empty = server.empty(_Server())  # a round without uploads: the parts' zero sums, noised alike
+    assert isinstance(empty, PrivateParts) and empty.sizes == (200, 100) and not empty.total.any()
     update = np.stack([n.split()[0] for n in noised])
     row = np.stack([n.split()[1] for n in noised])
     for values, bound in ((update, clip), (row, 1.0)):
