@@ -159,12 +159,16 @@ def test_a_shared_part_without_noise_or_clipping_is_the_method_bit_for_bit(tmp_p
 
 
 @pytest.mark.parametrize("method", ["cwfedavg", "fedproto"])
-def test_a_method_with_parts_runs_private_part_by_part_with_the_runs_epsilon(tmp_path, method: str) -> None:
-    # The parts share the run's noise multiplier: the method's ε is FedAvg's at the same z (docs/privacy.md).
-    common = {**CENTRAL, "engine.join_ratio": 0.5}
-    parts = run(RunConfig().override(tiny_overrides(tmp_path / "parts", **common, **{"algorithm.name": method})))
-    again = run(RunConfig().override(tiny_overrides(tmp_path / "again", **common, **{"algorithm.name": method})))
-    fedavg = run(RunConfig().override(tiny_overrides(tmp_path / "fedavg", **common)))
+def test_a_method_with_parts_runs_private_part_by_part_with_the_runs_epsilon(
+    tmp_path, ray_cluster, method: str
+) -> None:
+    # The parts share the run's noise multiplier: the method's ε is FedAvg's at the same z (docs/privacy.md); the
+    # same bits on Ray with two workers (cwFedAvg's rows kept in its clients' states there).
+    common = {**CENTRAL, "engine.join_ratio": 0.5, "algorithm.name": method}
+    parts = run(RunConfig().override(tiny_overrides(tmp_path / "parts", **common)))
+    ray_engine = {"engine.backend": "ray", "engine.num_workers": 2}
+    again = run(RunConfig().override(tiny_overrides(tmp_path / "ray", **common, **ray_engine)))
+    fedavg = run(RunConfig().override(tiny_overrides(tmp_path / "fedavg", **CENTRAL, **{"engine.join_ratio": 0.5})))
     assert [r["epsilon"] for r in parts.history] == [r["epsilon"] for r in fedavg.history]
     for key in COMPARED:
         assert [r[key] for r in again.history] == [r[key] for r in parts.history], key
