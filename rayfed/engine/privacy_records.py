@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rayfed.algorithms import ResolvedAlgorithm, RoundContext
-from rayfed.algorithms.private_uploads import privacy_refusal
+from rayfed.algorithms.private_uploads import PartwiseUpload, privacy_refusal
 from rayfed.config import RunConfig
 from rayfed.engine.system_setup import is_asynchronous
 from rayfed.execution.privacy import UNCLIPPED
@@ -75,6 +75,12 @@ def check_privacy(config: RunConfig, algorithm: ResolvedAlgorithm) -> None:
     refusal = privacy_refusal(algorithm.name, algorithm.algorithm.server_half, privacy.mechanism)
     if refusal:
         raise ConfigError(refusal)
+    if privacy.adaptive and issubclass(algorithm.algorithm.server_half, PartwiseUpload):
+        raise ConfigError(
+            f"privacy.adaptive_quantile={privacy.adaptive_quantile:g} adapts the clip norm of a model update, but "
+            f"algorithm.name={algorithm.name!r} uploads parts with bounds of their own: leave "
+            "privacy.adaptive_quantile out"
+        )
     if privacy.secure_aggregation != "off" and not config.system.enabled:
         raise ConfigError(
             f"privacy.secure_aggregation={privacy.secure_aggregation!r} charges its messages on the virtual clock, "

@@ -73,7 +73,8 @@ class ClientRunner(ClientData):
         self.capabilities = algorithm.capabilities
         self.graphs = StepGraphs(self.device, enabled=config.engine.cuda_graphs and self.capabilities.replays)
         self.loop = LocalLoop(self.graphs, dataset.mean, dataset.std, self.spec.output_layer, self.method)
-        self.privacy = ClientPrivacy(config, self.method) if config.privacy.enabled else None
+        parts = getattr(algorithm.algorithm.server_half, "upload_parts", ())
+        self.privacy = ClientPrivacy(config, self.method, self.client_half, parts) if config.privacy.enabled else None
         """Clips (and with local DP noises) the clients' uploads (:mod:`rayfed.execution.privacy`); None: off."""
 
     def model_for(self, architecture: str) -> FlatModel:
@@ -181,7 +182,8 @@ class ClientRunner(ClientData):
         measures = self._measures(job, start_loss)
         norm = torch.linalg.vector_norm(job.flat.vector.detach() - start[: job.flat.size])  # the start, as a stack's
         made = self.client_half.upload(message, job)
-        upload = _made(made, job) if self.privacy is None else self.privacy.one([made], job, start, settlement.ctx)
+        private = self.privacy
+        upload = _made(made, job) if private is None else private.one([made], job, start, settlement.ctx, message)
         down = self.client_half.bytes_down(message, job)
         settlement.add(Uploads.of_one(job, upload, loss, norm, steps, down, time.perf_counter() - started, measures))
 
@@ -236,7 +238,7 @@ class ClientRunner(ClientData):
 
         contribution: Contribution
         if self.privacy is not None:
-            contribution, parts = self.privacy.stack(made, jobs, trained.states, starts, settlement.ctx)
+            contribution, parts = self.privacy.stack(made, jobs, trained.states, starts, settlement.ctx, message)
             bytes_up = [contribution.nbytes] * len(jobs)
         elif isinstance(declared, WeightedState):
             contribution = declared.of_stack(trained.states, sizes)

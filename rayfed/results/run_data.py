@@ -28,6 +28,7 @@ from rayfed.config.retired import without_retired
 from rayfed.data import LABEL_COUNTS_FILE, read_label_counts
 from rayfed.engine.checkpoint import load_checkpoint, newest_checkpoint
 from rayfed.engine.metrics import counted_round, read_rounds_file
+from rayfed.engine.privacy_records import EPSILON
 from rayfed.engine.system_records import AVAILABILITY_FILE, DEVICES_FILE, VIRTUAL_TIME
 from rayfed.util.bounded import NUMBER, read_parquet
 from rayfed.util.config_tree import get_path, tree_differences
@@ -43,6 +44,7 @@ __all__ = [
     "curve_groups",
     "accuracy_points",
     "virtual_time_points",
+    "epsilon_points",
     "TIME_UNITS",
     "time_unit",
     "longest_virtual_time",
@@ -268,6 +270,13 @@ def virtual_time_points(
     rounds: the end of each round on the system model's clock (``virtual_time_s``, docs/system.md), 0 for the
     initial model; none for a run without a system model."""
     return _points(run, column, lambda row: None if row.get(VIRTUAL_TIME) is None else row[VIRTUAL_TIME] / unit_s)
+
+
+def epsilon_points(run: RunData, column: str = "accuracy") -> tuple[list[float], list[float]]:
+    """(ε spent so far, pooled accuracy in %) of the run's evaluated rounds with privacy on (``rounds.parquet``'s
+    ``epsilon``, docs/privacy.md); none for a run without privacy, and no point where ε is 0 or infinite (the
+    initial model; no noise), which a logarithmic axis cannot place."""
+    return _points(run, column, lambda row: row[EPSILON] if 0 < (row.get(EPSILON) or 0) < math.inf else None)
 
 
 TIME_UNITS = (("seconds", 1.0), ("minutes", 60.0), ("hours", 3600.0), ("days", 86400.0))

@@ -107,7 +107,7 @@ def test_poisson_sampling_with_privacy_gives_the_same_bits_on_ray_with_two_worke
         ({"privacy.target_epsilon": 0.5, "train.rounds": 20}, "privacy.target_epsilon=0.5 cannot be met"),
         ({"algorithm.name": "fedbuff", "system.devices": "equal"}, "does not cover asynchronous aggregation"),
         ({"privacy.secure_aggregation": "secagg"}, "privacy.secure_aggregation='secagg' charges its messages"),
-        ({"algorithm.name": "cwfedavg"}, "cannot protect algorithm.name='cwfedavg'"),
+        ({"algorithm.name": "ktpfl"}, "cannot protect algorithm.name='ktpfl'"),
     ],
 )
 def test_a_private_run_that_cannot_hold_is_refused_before_anything_is_written(
