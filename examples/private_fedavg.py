@@ -4,8 +4,8 @@ The same clients, data and rounds train each method of ``--methods`` (FedAvg and
 FedAdam, FedUV or SGDM besides: Ditto's personal models never leave their clients, only its global track is
 uploaded and noised) without privacy
 and then with central DP-FedAvg at each noise multiplier of ``--noise`` (``privacy.clip_norm=--clip``), and the
-accountant gives the ε each run spends at δ = 1e-5. cwFedAvg is not among them: its clients upload their class
-distributions beside their models, which DP-FedAvg does not bound, and a private run of it is refused.
+accountant gives the ε each run spends at δ = 1e-5. cwFedAvg, which uploads its class-wise aggregation weights
+beside its model and is protected part by part, is compared on MNIST in ``examples/private_cwfedavg.py``.
 
 It prints one line per run (final pooled accuracy, ε) and writes ``accuracy_vs_epsilon.png`` into ``--out``: each
 method's final accuracy against the ε it spent, the run without privacy drawn at the right as ε = ∞.
@@ -23,6 +23,7 @@ from pathlib import Path
 
 from rayfed import RunConfig, run
 from rayfed.config import parse_override
+from rayfed.results.epsilon_figure import plot_accuracy_vs_epsilon
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -67,31 +68,6 @@ def configs(args: argparse.Namespace) -> dict[tuple[str, float | None], RunConfi
     return runs
 
 
-def draw(results: dict[tuple[str, float | None], tuple[float, float]], path: Path) -> Path:
-    """Each method's final accuracy against ε (the run without privacy at the right, as ε = ∞)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    finite = [eps for _, eps in results.values() if math.isfinite(eps)]
-    right = 2 * max(finite) if finite else 1.0
-    figure, axes = plt.subplots(figsize=(6, 4))
-    for method in dict.fromkeys(m for m, _ in results):
-        points = sorted(
-            (eps if math.isfinite(eps) else right, acc) for (m, _), (acc, eps) in results.items() if m == method
-        )
-        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
-    axes.set_xscale("log")
-    axes.set_xlabel(f"epsilon at delta=1e-5 (no privacy drawn at {right:.3g})")
-    axes.set_ylabel("final pooled test accuracy")
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
-
-
 def main(argv: list[str] | None = None) -> int:
     args = arguments().parse_args(argv)
     results: dict[tuple[str, float | None], tuple[float, float]] = {}
@@ -102,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         epsilon = math.inf if summary.get("epsilon") is None else float(summary["epsilon"])
         results[method, noise] = (result.final_accuracy, epsilon)
         print(f"{Path(result.run_dir).name:<16} {result.final_accuracy:>9.4f} {epsilon:>9.3g}", flush=True)
-    print(f"figure: {draw(results, Path(args.out) / 'accuracy_vs_epsilon.png')}")
+    by_method: dict[str, list[tuple[float, float]]] = {}
+    for (method, _), (accuracy, epsilon) in results.items():
+        by_method.setdefault(method, []).append((epsilon, accuracy))
+    figure = plot_accuracy_vs_epsilon(by_method, Path(args.out) / "accuracy_vs_epsilon.png", delta=1e-5)
+    print(f"figure: {figure}")
     return 0
 
 

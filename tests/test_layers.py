@@ -44,7 +44,7 @@ EXTENDS = {
 optimiser), the persistent-momentum client of FedAWA and FedDyn, FedAWA's registry of initial weights that FedDisco
 registers into."""
 
-FAMILY_SUFFIXES = ("_equations", "_params", "_objective", "_solvers", "_figures", "_weights")
+FAMILY_SUFFIXES = ("_equations", "_params", "_objective", "_solvers", "_figures", "_weights", "_private")
 """A method's own modules beside its main one (``cwfedavg_equations`` belongs to ``cwfedavg``)."""
 SHARED = {"hooks", "declarations", "registry", "sizing", "contributions", "figures", "common", "private_uploads"}
 """Modules of rayfed.algorithms that are not an algorithm: the contract and what algorithms share."""

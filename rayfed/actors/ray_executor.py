@@ -153,6 +153,9 @@ class RayExecutor(Executor):
     def broadcast(self) -> Any:
         return self._broadcast
 
+    def message(self, broadcast: Any) -> Any:
+        return ray.get(broadcast)
+
     def train(
         self, calls: RoundCalls, on_chunk_done: Callable[[], object] = no_progress
     ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:

@@ -46,6 +46,7 @@ import torch
 
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.contributions import ClientVectors
+from rayfed.algorithms.declarations import VaryingWork
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.algorithms.sizing import StateSizes
@@ -207,7 +208,7 @@ def personal_model(cores: np.ndarray, p: np.ndarray, own: int, num_params: int) 
     return out
 
 
-class AppleClient(ClientHalf[AppleParams, CoreModels]):
+class AppleClient(VaryingWork, ClientHalf[AppleParams, CoreModels]):
     """Plain SGD steps on θ_i and p_i through φ_i = Σ_j p_ij θ_j (``train.momentum`` and ``train.weight_decay``
     are not used).
 
@@ -224,14 +225,25 @@ class AppleClient(ClientHalf[AppleParams, CoreModels]):
 
     def start(self, message: CoreModels, job: ClientJob) -> AppleStart:
         """Refresh the copies that changed (a download each), then φ_i = Σ_j p_ij θ_j."""
+        refreshed = self._refreshed(message, job)
+        refreshed.model = personal_model(refreshed.cores, refreshed.p, job.client_id, message.num_params)
+        return refreshed
+
+    def work_start(self, message: CoreModels, job: ClientJob) -> AppleStart:
+        """The start of the same download and phases without mixing φ_i: its own core stands in for it."""
+        refreshed = self._refreshed(message, job)
+        refreshed.model = refreshed.cores[job.client_id]
+        return refreshed
+
+    def _refreshed(self, message: CoreModels, job: ClientJob) -> AppleStart:
+        """The client's copies with those that changed refreshed (a download each), p_i and the copies' versions;
+        no model yet."""
         copies, p, versions = local_state(message, job)
         stale = message.versions > versions
         stale[job.client_id] = False  # its own core model is local
         copies[stale] = message.cores[stale]
-        p = np.array(p, dtype=np.float64)
         fresh = np.where(stale, message.versions, versions)
-        phi = personal_model(copies, p, job.client_id, message.num_params)
-        return AppleStart(phi, copies, p, fresh, int(stale.sum()))
+        return AppleStart(None, copies, np.array(p, dtype=np.float64), fresh, int(stale.sum()))
 
     def phases(self, message: CoreModels, job: ClientJob) -> list[Phase]:
         params, own, size = self.params, job.client_id, self.layout.size

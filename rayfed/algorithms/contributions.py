@@ -186,16 +186,17 @@ class WeightedState:
 
     def of_one(self, state: Any, size: int) -> WeightedSum:
         """One client's upload from its trained ``state``."""
-        return WeightedSum.of(self._selected(state), size)
+        return WeightedSum.of(self.selected(state), size)
 
     def of_stack(self, states: Any, sizes: Sequence[int]) -> WeightedSum:
         """The sum of a stack's uploads from its clients' trained ``states`` (C, S): Σ_i n_i θ_i as one product."""
         from rayfed.train.host import to_device  # a worker's: the server never builds uploads
 
         weights = to_device([np.asarray(sizes, dtype=np.float32)], states.device)[0]
-        return WeightedSum(weights @ self._selected(states), float(sum(sizes)), len(sizes))
+        return WeightedSum(weights @ self.selected(states), float(sum(sizes)), len(sizes))
 
-    def _selected(self, state: Any) -> Any:
+    def selected(self, state: Any) -> Any:
+        """The uploaded columns of ``state`` (one client's (S,) or a stack's (C, S)): the parts, concatenated."""
         if not self.parts:
             return state
         import torch

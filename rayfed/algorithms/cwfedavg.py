@@ -54,9 +54,10 @@ from rayfed.algorithms.cwfedavg_equations import (
 )
 from rayfed.algorithms.cwfedavg_figures import cwfedavg_figures
 from rayfed.algorithms.cwfedavg_params import CwFedAvgParams, ModelParts, model_parts
+from rayfed.algorithms.cwfedavg_private import CWFEDAVG_PARTS, client_parts, private_step
 from rayfed.algorithms.declarations import SharedBody, SharedBodyEvaluation
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
-from rayfed.algorithms.private_uploads import UploadBeyondModel
+from rayfed.algorithms.private_uploads import PartwiseClient, PartwiseUpload, PrivateParts
 from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.algorithms.sizing import StateSizes, buffer_bytes
 from rayfed.train.host import to_device
@@ -156,7 +157,7 @@ class ClasswiseModels:
     parts: ModelParts
 
 
-class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEvaluation):
+class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEvaluation, PartwiseClient):
     """Starts from Σ_j p̃_ij G_j (Eq. 7); plain SGD on CE + c·‖p_i − p̃_i(W)‖₂ (Eq. 8), recomputed from the live
     output weight each mini-batch (the per-client constant is p_i); sends p̃_i (Eq. 4) and its share of Eq. 6
     and FedAvg."""
@@ -171,10 +172,14 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEval
                 f"but model.client_models={sorted(spec.layouts)} place it differently"
             )
         self.output_index = indices.pop()
+        self._broadcast: tuple[Any, Any, Any] | None = None
+        """(the message, its G and G_avg on the device) of the last private upload: moved once per call."""
 
     def _row(self, message: ClasswiseModels, job: ClientJob) -> np.ndarray:
         if self.params.variant == "dist":  # "w/ Dist.": the true p_i, which the client knows itself
             return _client_distribution(job, self.params.p_source)
+        if job.state and "row" in job.state:  # with privacy the row stays with its client (cwfedavg_private)
+            return np.asarray(job.state["row"])
         return message.p_tilde[job.client_id]
 
     def _state(self, message: ClasswiseModels, job: ClientJob, row: np.ndarray, buffers: np.ndarray) -> np.ndarray:
@@ -232,6 +237,21 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEval
             model=theta[parts.classwise].clone(),
         )
 
+    def private_parts(self, message: ClasswiseModels, job: ClientJob, upload: Any) -> tuple[Any, ...]:
+        """(u_i, p̃_i) with privacy on (:mod:`rayfed.algorithms.cwfedavg_private`), from its upload's row; the row
+        kept in the client's state for its next start instead of uploaded."""
+        assert isinstance(upload, ClasswiseSum)
+        parts = message.parts
+        if self._broadcast is None or self._broadcast[0] is not message:
+            heads, shared_global = to_device([message.heads, message.shared], job.device)
+            self._broadcast = (message, heads, shared_global)
+        _, heads, shared_global = self._broadcast
+        theta = job.trained[: job.worker_model.size]
+        row = upload.rows[0]  # p̃_i of its upload (Eq. 4), which is not sent
+        job.state = {**(job.state or {}), "row": row}
+        shared = torch.cat([theta[s] for s in parts.shared]) if parts.shared else theta[:0]
+        return client_parts(row, theta[parts.classwise], shared, heads, shared_global)
+
     def bytes_down(self, message: ClasswiseModels, job: ClientJob) -> int:
         """One model's parameters (4·P bytes): the model it starts from (Eq. 7), which the server can form from
         its row p̃_i; the K heads it is mixed from are not counted."""
@@ -262,10 +282,11 @@ class CwFedAvgClient(ClientHalf[CwFedAvgParams, ClasswiseModels], SharedBodyEval
         return SharedBody(state, heads[:, : k * h].reshape(len(jobs), k, h), heads[:, k * h :])
 
 
-class CwFedAvgServer(StateSizes, UploadBeyondModel, ServerHalf[CwFedAvgParams, ClasswiseSum]):
-    """Keeps G_1..G_K (K × P_cw), G_avg, the M × K rows p̃ and the M × K row norms; no client models."""
+class CwFedAvgServer(StateSizes, PartwiseUpload, ServerHalf[CwFedAvgParams, ClasswiseSum]):
+    """Keeps G_1..G_K (K × P_cw), G_avg, the M × K rows p̃ and the M × K row norms; no client models. With privacy
+    its clients upload :data:`~rayfed.algorithms.cwfedavg_private.CWFEDAVG_PARTS`."""
 
-    beyond_model = "their class distributions (the rows p̃_i weighting their class-wise heads, Eq. 6)"
+    upload_parts = CWFEDAVG_PARTS
 
     @classmethod
     def validate(cls, params: CwFedAvgParams, spec: ProblemSpec) -> None:
@@ -301,10 +322,17 @@ class CwFedAvgServer(StateSizes, UploadBeyondModel, ServerHalf[CwFedAvgParams, C
         self.p_tilde = np.full((m, k), 1.0 / k, dtype=np.float32)
         self.norms = np.zeros((m, k), dtype=np.float32)
 
+    def part_sizes(self) -> tuple[int, ...]:
+        """The model update (G_avg's and the K heads' numbers) and the K class masses (:data:`CWFEDAVG_PARTS`)."""
+        return self.shared.size + self.heads.size, self.heads.shape[0]
+
     def broadcast(self) -> ClasswiseModels:
         return ClasswiseModels(self.heads, self.shared, self.initial_buffers, self.p_tilde, self.parts)
 
-    def aggregate(self, ctx: RoundContext, contribution: ClasswiseSum) -> dict[str, float]:
+    def aggregate(self, ctx: RoundContext, contribution: ClasswiseSum | PrivateParts) -> dict[str, float]:
+        if isinstance(contribution, PrivateParts):  # privacy on: the noised sums of the parts
+            self.heads, self.shared, metrics = private_step(self.heads, self.shared, contribution)
+            return metrics
         absent = int((contribution.masses <= 0).sum())
         if absent:
             logger.warning("round %d: %d classes have no uploaded mass; their models are kept", ctx.round, absent)

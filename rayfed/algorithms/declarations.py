@@ -10,7 +10,9 @@ evaluate faster or to carve data out before the run, and most methods have none 
 * :class:`EvaluationReadsTrain`: its ``evaluation`` or ``fine_tuning`` reads the client's training split
   (FedBABU fine-tunes on it, IFCA picks its cluster by training loss), so evaluation jobs carry it;
 * :class:`FastPathLimits`: its mathematics keeps its clients off part of the fast path (no method in rayfed:
-  every one stacks and replays).
+  every one stacks and replays);
+* :class:`VaryingWork`: its clients' work changes from round to round (KT-pFL's, FedClassAvg's, FedFomo's,
+  APPLE's, FedProto's), so that a system model times each round's own.
 
 A server half:
 
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from rayfed.algorithms.borrowed import BorrowedTraining
-from rayfed.algorithms.hooks import ClientHalf, RoundContext
+from rayfed.algorithms.hooks import ClientHalf, RoundContext, Start
 from rayfed.train.problem import ProblemSpec
 
 if TYPE_CHECKING:
@@ -48,12 +50,15 @@ __all__ = [
     "NormalizedFeatures",
     "EvaluationReadsTrain",
     "FastPathLimits",
+    "VaryingWork",
     "HeldOutData",
     "AsynchronousAggregation",
     "shared_body",
     "normalizes_features",
     "evaluation_reads_train",
     "held_out_request",
+    "varies_work",
+    "work_start",
 ]
 
 
@@ -96,6 +101,22 @@ class FastPathLimits:
     """Why its clients cannot train as one stack ("" = they can)."""
     cannot_replay: ClassVar[str] = ""
     """Why its steps cannot be replayed from CUDA graphs ("" = they can)."""
+
+
+class VaryingWork:
+    """A client half whose clients' work changes from round to round: the steps of its phases (KT-pFL's distillation
+    from the second round and its ramp of local epochs, FedClassAvg's warm-up in a client's first round) or the
+    bytes of its download (FedFomo's, APPLE's and KT-pFL's, whose first message carries no other client's model, and
+    FedProto's, which carries no prototype). A system model then finds each round's work from that round's message
+    and each sampled client's state, building their starts and phases without training them
+    (:mod:`rayfed.engine.workload`); the work of a half that does not declare this is found once, from the first
+    round."""
+
+    def work_start(self, message: Any, job: ClientJob) -> Start:
+        """The start a round's work is found from: the client's own (``start``), or a cheaper one of the same
+        phases and download where the start computes what neither reads (FedFomo's weighing of the models)."""
+        assert isinstance(self, ClientHalf)
+        return self.start(message, job)
 
 
 class HeldOutData(abc.ABC):
@@ -155,6 +176,19 @@ def normalizes_features(client: ClientHalf[Any, Any]) -> bool:
 def evaluation_reads_train(client: ClientHalf[Any, Any]) -> bool:
     """Whether ``client``'s evaluation jobs carry the training split (:class:`EvaluationReadsTrain`)."""
     return isinstance(_evaluated(client), EvaluationReadsTrain)
+
+
+def varies_work(client: ClientHalf[Any, Any]) -> bool:
+    """Whether ``client``'s work changes from round to round (:class:`VaryingWork`): a borrowing half's does if its
+    own half's start and download do or the lent half's phases do."""
+    halves = (client.own, client.training) if isinstance(client, BorrowedTraining) else (client,)
+    return any(isinstance(half, VaryingWork) for half in halves)
+
+
+def work_start(client: ClientHalf[Any, Any], message: Any, job: ClientJob) -> Start:
+    """The start ``client``'s round's work is found from (:meth:`VaryingWork.work_start`; else its start)."""
+    starting = client.own if isinstance(client, BorrowedTraining) else client
+    return starting.work_start(message, job) if isinstance(starting, VaryingWork) else client.start(message, job)
 
 
 def held_out_request(server_half: type, params: Any, spec: ProblemSpec) -> HeldOutRequest | None:

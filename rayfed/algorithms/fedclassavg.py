@@ -58,6 +58,7 @@ from rayfed.algorithms.common.own_models import (
     save_model_state,
 )
 from rayfed.algorithms.contributions import WeightedState, WeightedSum
+from rayfed.algorithms.declarations import VaryingWork
 from rayfed.algorithms.fedclassavg_equations import classifier_prox, supcon_loss
 from rayfed.algorithms.hooks import ClientHalf, RoundContext, ServerHalf, Start
 from rayfed.algorithms.registry import Reporting, register_algorithm
@@ -172,7 +173,7 @@ class ClassifierStart(Start):
     own_classifier: np.ndarray | None = None
 
 
-class FedClassAvgClient(ClientHalf[FedClassAvgParams, FedClassAvgMessage]):
+class FedClassAvgClient(VaryingWork, ClientHalf[FedClassAvgParams, FedClassAvgMessage]):
     """Its own model with the global classifier (or the global model, ``"weight"``); SupCon on two views + CE on
     the first + ρ·L_R on the classifier, with a fresh Adam (Eq. 4): a warm-up phase with the client's own
     classifier before its first round (the code's), then the round's phase. Keeps its model and sends n_k·w_Ck

@@ -42,6 +42,7 @@ import torch
 from rayfed.algorithms.common.architecture import require_homogeneous, sole_architecture
 from rayfed.algorithms.common.own_models import save_model_state, saved_model
 from rayfed.algorithms.contributions import ClientVectors
+from rayfed.algorithms.declarations import VaryingWork
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.algorithms.sizing import StateSizes
@@ -199,7 +200,7 @@ class FomoStart(Start):
     raw: Any = None
 
 
-class FedFomoClient(ClientHalf[FedFomoParams, FomoModels]):
+class FedFomoClient(VaryingWork, ClientHalf[FedFomoParams, FomoModels]):
     """Weights the downloaded models on its validation split (Eq. 6) on the device, starts from Eq. 5 and trains
     on the rest of its data; keeps θ_i and its affinities, and uploads θ_i whole."""
 
@@ -241,9 +242,15 @@ class FedFomoClient(ClientHalf[FedFomoParams, FomoModels]):
             raw, weights = fomo_weights(losses[-1], losses[:-1], to_device([distances + offset], device)[0])
             delta = weights @ (rows.double() - base.double())
             start = torch.where(weights.sum() > 0, (base.double() + delta).float(), own)
-        keep = to_device([plan.train], device)[0]
-        job.x_train, job.y_train = job.x_train[keep], job.y_train[keep]
+        _keep_train(job, plan)
         return FomoStart(start, plan.chosen, raw)
+
+    def work_start(self, message: FomoModels, job: ClientJob) -> FomoStart:
+        """The start of the same download and phases, without weighing the models: the ones it chooses, its
+        own model, and its data cut to the training part."""
+        plan = self._plan(message, job, self.params.fidelity == "pfllib")
+        _keep_train(job, plan)
+        return FomoStart(plan.own, plan.chosen)
 
     def upload(self, message: FomoModels, job: ClientJob) -> Contribution:
         """Keep θ_i and the affinities (P_in += w_n), and with ``pfllib`` the start as the next base; upload θ_i."""
@@ -264,6 +271,12 @@ class FedFomoClient(ClientHalf[FedFomoParams, FomoModels]):
     def bytes_down(self, message: FomoModels, job: ClientJob) -> int:
         """The models it downloaded (its own last upload among them only with ``fidelity="pfllib"``)."""
         return len(job.start.chosen) * int(message.models.shape[1]) * 4
+
+
+def _keep_train(job: ClientJob, plan: _Plan) -> None:
+    """Leave only the training part of the client's data in its job (the validation part weighs the models)."""
+    keep = to_device([plan.train], job.device)[0]
+    job.x_train, job.y_train = job.x_train[keep], job.y_train[keep]
 
 
 def _affinity(job: ClientJob, num_clients: int) -> np.ndarray:

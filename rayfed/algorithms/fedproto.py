@@ -42,8 +42,10 @@ import torch
 
 from rayfed.algorithms.common.class_counts import class_counts
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
+from rayfed.algorithms.declarations import VaryingWork
+from rayfed.algorithms.fedproto_private import FEDPROTO_PARTS, private_prototypes, prototype_parts
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
-from rayfed.algorithms.private_uploads import UploadBeyondModel
+from rayfed.algorithms.private_uploads import PartwiseClient, PartwiseUpload, PrivateParts
 from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.train.evaluate import features_before_output
 from rayfed.train.host import to_device
@@ -181,7 +183,7 @@ class FedProtoMessage:
     init: ClientInit
 
 
-class FedProtoClient(ClientHalf[FedProtoParams, FedProtoMessage]):
+class FedProtoClient(VaryingWork, ClientHalf[FedProtoParams, FedProtoMessage], PartwiseClient):
     """Its own model; SGD on CE + λ·MSE(embedding, global prototype); keeps the model and sends its class sums of
     embeddings over the training split (eval mode)."""
 
@@ -211,6 +213,12 @@ class FedProtoClient(ClientHalf[FedProtoParams, FedProtoMessage]):
         sums, counts = class_sums(features, job.y_train, message.prototypes.shape[0])
         return ClassSums.of_client(sums, counts, np.asarray(job.train_label_counts) > 0)
 
+    def private_parts(self, message: FedProtoMessage, job: ClientJob, upload: Any) -> tuple[Any, ...]:
+        """(u_i, r_i) from its upload's class means and counts, with privacy on (:mod:`~.fedproto_private`)."""
+        assert isinstance(upload, ClassSums)
+        (prototypes,) = to_device([np.asarray(message.prototypes, np.float32)], job.device)
+        return prototype_parts(upload.mean_sums, upload.counts, prototypes, self.params.aggregation)
+
     def evaluation(self, message: FedProtoMessage, job: ClientJob) -> np.ndarray:
         """Its own model; with ``inference="prototype"``, its output layer scores the distance to each global
         prototype of a class it holds (the authors' ``classes_list``)."""
@@ -227,6 +235,8 @@ class FedProtoClient(ClientHalf[FedProtoParams, FedProtoMessage]):
         return state
 
     def bytes_down(self, message: FedProtoMessage, job: ClientJob) -> int:
+        """The global prototypes of the classes some client has uploaded so far (none in the first round), and
+        which those are."""
         return int(message.present.sum()) * message.prototypes.shape[1] * 4 + message.present.shape[0]
 
 
@@ -252,10 +262,11 @@ def feature_dim(spec: ProblemSpec) -> int:
     return next(iter(dims.values()))
 
 
-class FedProtoServer(UploadBeyondModel, ServerHalf[FedProtoParams, ClassSums]):
-    """Keeps the global prototypes C̄ (K, d) and which classes have one."""
+class FedProtoServer(PartwiseUpload, ServerHalf[FedProtoParams, ClassSums]):
+    """Keeps the global prototypes C̄ (K, d) and which classes have one. With privacy its clients upload
+    :data:`~rayfed.algorithms.fedproto_private.FEDPROTO_PARTS`."""
 
-    beyond_model = "their class prototypes and per-class sample counts, not a model"
+    upload_parts = FEDPROTO_PARTS
 
     @classmethod
     def validate(cls, params: FedProtoParams, spec: ProblemSpec) -> None:
@@ -267,10 +278,20 @@ class FedProtoServer(UploadBeyondModel, ServerHalf[FedProtoParams, ClassSums]):
         self.present = np.zeros(spec.num_classes, bool)
         self.init = ClientInit.of(spec)
 
+    def part_sizes(self) -> tuple[int, ...]:
+        """The K prototypes' updates and the K class weights (:data:`FEDPROTO_PARTS`)."""
+        return self.prototypes.size, self.prototypes.shape[0]
+
     def broadcast(self) -> FedProtoMessage:
         return FedProtoMessage(self.prototypes, self.present, self.init)
 
-    def aggregate(self, ctx: RoundContext, contribution: ClassSums) -> dict[str, float]:
+    def aggregate(self, ctx: RoundContext, contribution: ClassSums | PrivateParts) -> dict[str, float]:
+        if isinstance(contribution, PrivateParts):  # privacy on: the noised sums of the parts
+            aggregation = self.params.aggregation
+            self.prototypes, self.present, seen = private_prototypes(
+                self.prototypes, self.present, contribution, aggregation
+            )
+            return {"classes_with_prototype": float(self.present.sum()), "classes_uploaded": float(seen.sum())}
         new, seen = contribution.prototypes(self.params.aggregation)
         self.prototypes = np.where(seen[:, None], new, self.prototypes).astype(np.float32)
         self.present = self.present | seen

@@ -47,7 +47,7 @@ import torch
 from rayfed.algorithms.common.architecture import require_homogeneous
 from rayfed.algorithms.common.own_models import ClientInit, own_model_state, save_model_state
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.declarations import HeldOutData
+from rayfed.algorithms.declarations import HeldOutData, VaryingWork
 from rayfed.algorithms.hooks import ClientHalf, Contribution, RoundContext, ServerHalf, Start
 from rayfed.algorithms.ktpfl_equations import (
     code_distillation_loss,
@@ -175,7 +175,7 @@ def code_pairing(num_public: int, seed: int, round_index: int) -> np.ndarray:
     return np.random.default_rng(init_seed(seed, PAIRING_STREAM + round_index)).permutation(num_public)
 
 
-class KTpFLClient(ClientHalf[KTpFLParams, KTpFLMessage]):
+class KTpFLClient(VaryingWork, ClientHalf[KTpFLParams, KTpFLMessage]):
     """Its own model (or, +weight, Σ_m c̃_nm w_m); distils towards its target on the public set, trains on local
     data, keeps its model and uploads its predictions on the public set (and, +weight, the model)."""
 

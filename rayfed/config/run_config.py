@@ -47,23 +47,11 @@ from rayfed.util.config_tree import (
 from rayfed.util.documented import documented, reference, section
 from rayfed.util.errors import ConfigError
 from rayfed.util.plugin_sources import import_plugins
+from rayfed.util.seeding import PARTICIPATION
 from rayfed.util.validation import check, check_choice
 
-__all__ = [
-    "DataConfig",
-    "ModelConfig",
-    "TrainConfig",
-    "AlgorithmConfig",
-    "EngineConfig",
-    "SystemConfig",
-    "RunConfig",
-    "load_config",
-    "read_table_file",
-    "parse_override",
-    "field_reference",
-    "is_field_path",
-    "TRACKERS",
-]
+__all__ = ["DataConfig", "ModelConfig", "TrainConfig", "AlgorithmConfig", "EngineConfig", "SystemConfig", "RunConfig"]
+__all__ += ["load_config", "read_table_file", "parse_override", "field_reference", "is_field_path", "TRACKERS"]
 
 
 @section("model")
@@ -127,6 +115,11 @@ class EngineConfig:
         True, "On a GPU, capture each training step once per shape as a CUDA graph and replay it (off: run eagerly)."
     )
     join_ratio: float = documented(1.0, "Fraction of clients sampled each round (partial participation when < 1).")
+    participation: str = documented(
+        "fixed",
+        "How a round samples: fixed (⌊join_ratio·M⌋ clients drawn without replacement) or poisson (each client "
+        "joins independently with probability join_ratio, the DP-FedAvg paper's sampling; a round may take none).",
+    )
     eval_every: int = documented(1, "Evaluate every this many rounds (and always after the last).")
     eval_clients: str = documented("all", "Evaluate all clients (as the papers do) or only the sampled ones.")
     eval_initial: bool = documented(
@@ -197,6 +190,7 @@ class EngineConfig:
         check_choice("engine.vectorize", self.vectorize, ("auto", "on", "off"))
         check(self.stack_size >= 1, "engine.stack_size", self.stack_size, ">= 1")
         check(0 < self.join_ratio <= 1, "engine.join_ratio", self.join_ratio, "in (0, 1]")
+        check_choice("engine.participation", self.participation, PARTICIPATION)
         check(self.eval_every >= 1, "engine.eval_every", self.eval_every, ">= 1")
         check_choice("engine.eval_clients", self.eval_clients, ("all", "sampled"))
         for flag in ("pack_lanes", "eval_initial", "eval_train_loss", "eval_local"):
@@ -247,6 +241,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         check_choice("data.partition", self.data.partition, PARTITIONERS.names())
         check(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
+        poisson, devices = self.engine.participation == "poisson", self.system.devices
+        why = f"'fixed' with system.devices={devices!r} (a round samples a fixed number among the clients online)"
+        check(not (poisson and self.system.enabled), "engine.participation", self.engine.participation, why)
         object.__setattr__(self, "plugins", tuple(self.plugins))
 
     # --- conversions -------------------------------------------------------------------

@@ -22,6 +22,7 @@ from it the same events.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,6 +35,9 @@ from rayfed.execution.round_facts import RoundFacts
 from rayfed.system.profiles import DeviceProfiles
 from rayfed.system.schedule import AsyncSchedule, AsyncState, VersionPlan
 from rayfed.system.status import ClientStatus
+
+if TYPE_CHECKING:
+    from rayfed.engine.workload import ClientStates
 
 __all__ = ["AsyncRounds", "UNBOUNDED"]
 
@@ -61,9 +65,12 @@ class AsyncRounds(Rounds):
             self._plan = self.schedule.plan(version)
         return self._plan
 
-    def context(self, round_index: int) -> RoundFacts:
+    def context(
+        self, round_index: int, message: Callable[[], Any] | None = None, states: ClientStates | None = None
+    ) -> RoundFacts:
         """The clients launched from version ``round_index`` whose updates arrive, sorted, with their arrival
-        versions; the initial model's evaluation (round -1) has round 0's."""
+        versions; the initial model's evaluation (round -1) has round 0's. An asynchronous method's work is alike
+        in every round (:func:`~rayfed.engine.system_setup.plan_rounds`): ``message`` and ``states`` are unread."""
         config, version = self.config, max(round_index, 0)
         plan = self._plan_of(version)
         arrives = plan.arrives_at >= 0
@@ -80,8 +87,9 @@ class AsyncRounds(Rounds):
         """The step's virtual time, its arrivals and their staleness, its lost clients; in the per-client table the
         status of each client whose update arrived (``finished``, with its ``staleness``) or was lost, a row per event
         (a client that arrived twice in one step has two rows, and participation counts both), each with its launch's
-        virtual time (``start_s``) and its update's arrival (``finish_s``; null for a lost one, as in a synchronous
-        round), from the schedule the server applied."""
+        virtual time (``start_s``), its update's arrival (``finish_s``; null for a lost one, as in a synchronous
+        round) and a lost one's loss (``lost_s``: when it dropped out or went offline, freeing its slot), from the
+        schedule the server applied."""
         if round_index < 0:
             record.system = {VIRTUAL_TIME: 0.0}
             return clients
@@ -93,6 +101,7 @@ class AsyncRounds(Rounds):
         staleness = np.concatenate([step.staleness, np.full(len(step.lost), -1)])
         start = np.concatenate([step.arrived_s[:, 0], step.lost_start_s])
         finish = np.concatenate([step.arrived_s[:, 1], np.full(len(step.lost), np.nan)])
+        lost = np.concatenate([np.full(len(step.arrived), np.nan), step.lost_s])
         order = np.argsort(ids, kind="stable")  # a client with two events in a step: a row each, in event order
         record.system = {
             VIRTUAL_TIME: step.time_s,
@@ -105,6 +114,7 @@ class AsyncRounds(Rounds):
             "staleness": pa.array(staleness[order], mask=staleness[order] < 0),
             "start_s": pa.array(start[order], mask=np.isnan(start[order])),
             "finish_s": pa.array(finish[order], mask=np.isnan(finish[order])),
+            "lost_s": pa.array(lost[order], mask=np.isnan(lost[order])),
         }
         return with_status(clients, round_index, ids[order], status[order], columns)
 

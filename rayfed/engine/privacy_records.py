@@ -19,12 +19,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rayfed.algorithms import ResolvedAlgorithm
-from rayfed.algorithms.private_uploads import privacy_refusal
+from rayfed.algorithms.private_uploads import PartwiseUpload, privacy_refusal
 from rayfed.config import RunConfig
+from rayfed.engine.system_setup import is_asynchronous
 from rayfed.execution.privacy import UNCLIPPED
 from rayfed.execution.round_facts import RoundFacts
 from rayfed.privacy.accountant import Accounting, accounting_of
 from rayfed.privacy.adaptive import default_count_noise, next_clip_norm, update_noise_multiplier
+from rayfed.system.rounds import round_sizes
 from rayfed.util.errors import ConfigError
 from rayfed.util.seeding import participants
 
@@ -38,28 +40,53 @@ CLIP_NORM = "clip_norm"
 
 def run_accounting(config: RunConfig) -> Accounting | None:
     """The accountant's analysis of ``config``'s run (:func:`rayfed.privacy.accountant.accounting_of`); None
-    without privacy."""
+    without privacy. The sampling is the one the round planned, not who reported (docs/privacy.md, "With a
+    system model"): Poisson with probability join_ratio; else ⌊join_ratio·N⌋ drawn, or with a system model the
+    ⌊n · over_commit⌋ a round samples, uniform among all N only while every client is always online."""
     if not config.privacy.enabled:
         return None
-    clients = config.data.num_clients
-    return accounting_of(config.privacy, clients, participants(clients, config.engine.join_ratio))
+    clients, ratio, system = config.data.num_clients, config.engine.join_ratio, config.system
+    if config.engine.participation == "poisson":
+        return accounting_of(config.privacy, clients, participants(clients, ratio), ratio)
+    if not system.enabled:
+        return accounting_of(config.privacy, clients, participants(clients, ratio))
+    wanted, drawn = round_sizes(clients, ratio, system.over_commit)
+    # An over-committed round that draws every client keeps n of them by finish time: one client added could take
+    # another's place, so only the replace-one analysis without amplification holds, as among clients online.
+    uniform = system.availability == "always" and (drawn < clients or drawn == wanted)
+    return accounting_of(config.privacy, clients, drawn, uniform=uniform)
 
 
 def check_privacy(config: RunConfig, algorithm: ResolvedAlgorithm) -> None:
-    """Refuse, in one line naming the field and the fix, a run whose privacy cannot hold: a method whose upload
-    the mechanism cannot protect, a system model (not covered yet), an accountant without an analysis of the
-    run's sampling, or ε over ``train.rounds`` above ``privacy.target_epsilon``."""
+    """Refuse, in one line naming the field and the fix, a run whose privacy cannot hold: asynchronous aggregation,
+    a method whose upload the mechanism cannot protect, secure aggregation without a clock to charge, an
+    accountant without an analysis of the run's sampling, or ε over ``train.rounds`` above
+    ``privacy.target_epsilon``."""
     privacy = config.privacy
     if not privacy.enabled:
         return
+    if is_asynchronous(algorithm):
+        raise ConfigError(
+            f"privacy.mechanism={privacy.mechanism!r} does not cover asynchronous aggregation "
+            f"(algorithm.name={algorithm.name!r}): a server step applies K staleness-weighted updates trained from "
+            "older models, one client may bring several to one step, and clients start as slots free up, not by "
+            "a uniform draw, so neither a step's sensitivity nor its sampling is DP-FedAvg's round; use a "
+            "synchronous method (fedavg, fedprox, fedadam) or privacy.mechanism='off'"
+        )
     refusal = privacy_refusal(algorithm.name, algorithm.algorithm.server_half, privacy.mechanism)
     if refusal:
         raise ConfigError(refusal)
-    if config.system.enabled:
+    if privacy.adaptive and issubclass(algorithm.algorithm.server_half, PartwiseUpload):
         raise ConfigError(
-            f"privacy.mechanism={privacy.mechanism!r} does not yet account for a system model's sampling among "
-            f"the clients online (system.devices={config.system.devices!r}): set system.devices='off' or "
-            "privacy.mechanism='off'"
+            f"privacy.adaptive_quantile={privacy.adaptive_quantile:g} adapts the clip norm of a model update, but "
+            f"algorithm.name={algorithm.name!r} uploads parts with bounds of their own: leave "
+            "privacy.adaptive_quantile out"
+        )
+    if privacy.secure_aggregation != "off" and not config.system.enabled:
+        raise ConfigError(
+            f"privacy.secure_aggregation={privacy.secure_aggregation!r} charges its messages on the virtual clock, "
+            "which needs a system model, but system.devices='off': set system.devices (docs/system.md), or "
+            "privacy.secure_aggregation='off'"
         )
     accounting = run_accounting(config)
     assert accounting is not None

@@ -187,9 +187,15 @@ class Simulation:
         states = self.states.get_many(client_ids) if self.algorithm.keeps_client_state else {}
         return RoundCalls(broadcast, ctx, chunks, states)
 
-    def _context(self, round_index: int) -> RoundFacts:
-        """The round's facts, decided once (:meth:`rayfed.engine.rounds.Rounds.context`)."""
-        return self.privacy.context(self.rounds.context(round_index))
+    def _context(self, round_index: int, broadcast: Any) -> RoundFacts:
+        """The round's facts, decided once (:meth:`rayfed.engine.rounds.Rounds.context`), from its ``broadcast``."""
+        executor = self.executor
+        assert executor is not None
+
+        def message() -> Any:  # fetched only where the rounds read it
+            return executor.message(broadcast)
+
+        return self.privacy.context(self.rounds.context(round_index, message, self.states.get_many))
 
     def run(self) -> RunResult:
         """Take the run directory's lock, record the run there (:func:`~rayfed.engine.run_dir.open_run_dir`) and
@@ -258,7 +264,7 @@ class Simulation:
         round, recorded as round -1 (rounds.parquet, clients/initial.parquet); it is neither checkpointed
         nor counted as a round."""
         assert self.executor is not None
-        started, ctx = time.perf_counter(), self._context(-1)
+        started, ctx = time.perf_counter(), self._context(-1, broadcast)
         targets = all_clients if self.config.engine.eval_clients == "all" else np.unique(ctx.sampled)
         calls = self._calls(broadcast, ctx, targets)
         with self._round_progress(len(calls.chunks), "initial evaluation") as bar:
@@ -275,7 +281,7 @@ class Simulation:
     def _round(self, t: int, broadcast: Any, all_clients: np.ndarray) -> tuple[Any, bool]:
         assert self.executor is not None
         config, executor = self.config, self.executor
-        started, ctx = time.perf_counter(), self._context(t)
+        started, ctx = time.perf_counter(), self._context(t, broadcast)
         sampled = ctx.sampled
         calls = self._calls(broadcast, ctx, sampled)
         with self._round_progress(len(calls.chunks), f"round {t} training") as bar:

@@ -2,7 +2,8 @@
 
 From the ``system`` section (docs/system.md) it loads every client's device (:func:`~rayfed.system.load_profiles`:
 presets or trace files, a bad one refused in one line), works out each client's round from its method's own work
-(:func:`~rayfed.engine.workload.method_workload`) and builds what the round loop asks each round
+(:func:`~rayfed.engine.workload.method_workload`, each upload charged secure aggregation's bytes where
+``privacy.secure_aggregation`` asks) and builds what the round loop asks each round
 (:mod:`rayfed.engine.rounds`): synchronous rounds in virtual time, whose deadline must be one some device meets, or,
 for an asynchronous method (its server half declares
 :class:`~rayfed.algorithms.declarations.AsynchronousAggregation`), its schedule, whose buffer must fit its
@@ -41,10 +42,18 @@ def plan_rounds(config: RunConfig, algorithm: ResolvedAlgorithm, inputs: RunInpu
         return Rounds(config)
     devices = load_profiles(system, config.data.num_clients)
     assert devices is not None  # system.devices is on
-    work = method_workload(config, algorithm, inputs)
+    work, by_round = method_workload(config, algorithm, inputs)
     check_clock(system, devices, work, config.train.rounds)
     if not asynchronous:
-        return VirtualRounds(config, SyncRounds(system, devices, work, config.seed, config.engine.join_ratio))
+        sync = SyncRounds(system, devices, work, config.seed, config.engine.join_ratio)
+        return VirtualRounds(config, sync, by_round)
+    if by_round is not None:
+        raise ConfigError(
+            f"algorithm.client={config.algorithm.client or algorithm.name!r} gives each client a work that changes "
+            f"from round to round, which the asynchronous schedule of algorithm.name={algorithm.name!r}, simulated "
+            "ahead of the training, cannot time: lend it the phases of a method whose rounds are alike (fedavg, "
+            "fedprox, ...)"
+        )
     server_half = algorithm.algorithm.server_half
     assert issubclass(server_half, AsynchronousAggregation)  # is_asynchronous
     shape = server_half.schedule(algorithm.server_params)

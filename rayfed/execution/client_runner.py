@@ -24,7 +24,7 @@ import torch
 
 from rayfed.algorithms import ClientHalf, Contribution, RoundContext, resolve
 from rayfed.algorithms.contributions import WeightedState
-from rayfed.algorithms.declarations import normalizes_features
+from rayfed.algorithms.declarations import normalizes_features, work_start
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
 from rayfed.execution.client_data import ClientData
@@ -74,7 +74,8 @@ class ClientRunner(ClientData):
         self.capabilities = algorithm.capabilities
         self.graphs = StepGraphs(self.device, enabled=config.engine.cuda_graphs and self.capabilities.replays)
         self.loop = LocalLoop(self.graphs, dataset.mean, dataset.std, self.spec.output_layer, self.method)
-        self.privacy = ClientPrivacy(config, self.method) if config.privacy.enabled else None
+        parts = getattr(algorithm.algorithm.server_half, "upload_parts", ())
+        self.privacy = ClientPrivacy(config, self.method, self.client_half, parts) if config.privacy.enabled else None
         """Clips (and with local DP noises) the clients' uploads (:mod:`rayfed.execution.privacy`); None: off."""
 
     def model_for(self, architecture: str) -> FlatModel:
@@ -141,12 +142,32 @@ class ClientRunner(ClientData):
         """The steps that client ``client_id``'s phases of round ``ctx`` draw, found without training them, for a
         client of its architecture with each of ``num_train`` training samples: over all its phases, and over
         those a deadline's step budget covers (a system model's workload, :mod:`rayfed.engine.workload`)."""
+        _, phases = self._untrained(message, ctx, client_id, None)
+        return _phases_steps(phases, num_train, self.config)
+
+    def round_work(
+        self, message: Any, ctx: RoundContext, states: dict[int, ClientState]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each client of round ``ctx`` (``ctx.sampled``), started from its state in ``states`` and its phases built
+        without training them: its steps over all its phases and over those a step budget covers, and the bytes it
+        downloads (the round's workload of a method whose work changes by round, :mod:`rayfed.engine.workload`)."""
+        work = np.zeros((3, len(ctx.sampled)), dtype=np.int64)
+        for row, cid in enumerate(ctx.sampled.tolist()):
+            job, phases = self._untrained(message, ctx, cid, states.get(cid))
+            every, budgeted = _phases_steps(phases, np.array([job.num_train]), self.config)
+            work[:, row] = every[0], budgeted[0], self.client_half.bytes_down(message, job)
+        return work[0], work[1], work[2]
+
+    def _untrained(
+        self, message: Any, ctx: RoundContext, client_id: int, state: ClientState | None
+    ) -> tuple[ClientJob, list[Phase]]:
+        """Client ``client_id``'s job in round ``ctx``, started from ``state`` (:func:`work_start`) and its phases
+        built, nothing trained."""
         (data,) = self.train_samples([client_id])
-        job = self.job(client_id, ctx, None, train=data)
-        job.flat.load_state(_state_on(self._start(message, job), job.device))
-        steps = [(phase_steps(p, num_train, self.config.train), p.budgeted) for p in self._phases(message, job)]
-        every = sum((n for n, _ in steps), np.zeros(len(num_train), np.int64))
-        return every, sum((n for n, budgeted in steps if budgeted), np.zeros(len(num_train), np.int64))
+        job = self.job(client_id, ctx, state, train=data)
+        job.start = work_start(self.client_half, message, job)
+        job.flat.load_state(_state_on(job.start.model, job.device))
+        return job, self._phases(message, job)
 
     def _checked(self, phases: Any, job: ClientJob, hook: str, *, may_be_empty: bool = False) -> list[Phase]:
         where = PhaseContext(self.method, hook, job.client_id, job.flat, self.keeps_state, may_be_empty)
@@ -163,7 +184,8 @@ class ClientRunner(ClientData):
         measures = self._measures(job, start_loss)
         norm = torch.linalg.vector_norm(job.flat.vector.detach() - start[: job.flat.size])  # the start, as a stack's
         made = self.client_half.upload(message, job)
-        upload = _made(made, job) if self.privacy is None else self.privacy.one([made], job, start, settlement.ctx)
+        private = self.privacy
+        upload = _made(made, job) if private is None else private.one([made], job, start, settlement.ctx, message)
         down = self.client_half.bytes_down(message, job)
         settlement.add(Uploads.of_one(job, upload, loss, norm, steps, down, time.perf_counter() - started, measures))
 
@@ -218,7 +240,7 @@ class ClientRunner(ClientData):
 
         contribution: Contribution
         if self.privacy is not None:
-            contribution, parts = self.privacy.stack(made, jobs, trained.states, starts, settlement.ctx)
+            contribution, parts = self.privacy.stack(made, jobs, trained.states, starts, settlement.ctx, message)
             bytes_up = [contribution.nbytes] * len(jobs)
         elif isinstance(declared, WeightedState):
             contribution = declared.of_stack(trained.states, sizes)
@@ -287,6 +309,14 @@ class ClientRunner(ClientData):
                 continue
             out.extend(arch_jobs[i : i + engine.stack_size] for i in range(0, len(arch_jobs), engine.stack_size))
         return out
+
+
+def _phases_steps(phases: list[Phase], num_train: np.ndarray, config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The steps ``phases`` draw for clients with ``num_train`` training samples: over all of them, and over those a
+    step budget covers."""
+    none = np.zeros(len(num_train), np.int64)
+    every = sum((phase_steps(p, num_train, config.train) for p in phases), none)
+    return every, sum((phase_steps(p, num_train, config.train) for p in phases if p.budgeted), none)
 
 
 def _made(upload: Contribution | WeightedState, job: ClientJob) -> Contribution:

@@ -117,6 +117,11 @@ class Executor(abc.ABC):
     def broadcast(self) -> Any:
         """A handle on the server's current broadcast (an object, or a Ray ObjectRef)."""
 
+    def message(self, broadcast: Any) -> Any:
+        """The server's message behind ``broadcast`` (:meth:`broadcast`'s handle), on this process: what the driver
+        reads of it (a system model's round of a method whose work changes by round)."""
+        return broadcast
+
     @abc.abstractmethod
     def train(
         self, calls: RoundCalls, on_chunk_done: Callable[[], object] = no_progress

@@ -16,14 +16,23 @@ Server, the round planned the set P and received U ⊆ P (Σ_U w_i θ̃_i, Σ_U 
 
     θ_g' = (Σ_U w_i θ̃_i + (W_P − W_U) θ_g + N(0, (σ w_max)² I)) / W_P      (central; no noise with local DP)
 
-W_P = Σ_P w_i is fixed by the plan, not by who reported (McMahan et al. 2018's fixed denominator); a planned
-client that sent nothing counts as a zero update. w_max is the largest weight any client can have (1, or the
-largest training split), the sum's sensitivity in units of the clip.
+W_P is fixed by the plan, not by who reported (McMahan et al. 2018's fixed denominator): Σ_P w_i, times n/|P| where
+a system model's over-commitment draws |P| > n clients to keep n of them, or q·Σ_all w_i with Poisson sampling (the
+expected weight, q·N with uniform weights). A planned client that sent nothing (rejected, or with a system model
+dropped, offline, late or surplus) counts as a zero update, and a round in which none did still releases θ_g
+plus the noise. w_max is the largest weight any client can have (1, or the largest training split), the sum's
+sensitivity in units of the clip.
 
 With adaptive clipping (``privacy.adaptive_quantile``, :mod:`rayfed.privacy.adaptive`) the round's clip norm C_t
 comes with its context, each client also sends the bit 1[‖Δ_i‖ ≤ C_t] (a :class:`ClippedSum`), and the server
 reports the noised fraction of unclipped updates, from which the engine makes C_{t+1}; the update's noise then
 uses the multiplier z_Δ left to it beside the count's noise.
+
+A method that uploads several parts (:class:`~rayfed.algorithms.private_uploads.PartwiseUpload`, cwFedAvg) has
+each client's parts x_ik clipped to their own bounds B_k (``privacy.clip_norm`` for an update), lane by lane, and
+summed weighted (:class:`PrivateParts`); the server adds N(0, (z_k B_k w_max)² I) to each part's sum, z_k = z·√P
+for P parts (with local DP each client adds N(0, (z_k B_k)² I) to its own), and hands the noised sums over W_P to
+the server half, which folds them its own way.
 """
 
 from __future__ import annotations
@@ -36,7 +45,14 @@ import numpy as np
 
 from rayfed.algorithms import Contribution
 from rayfed.algorithms.contributions import WeightedState, WeightedSum
-from rayfed.algorithms.private_uploads import ModelUpload
+from rayfed.algorithms.private_uploads import (
+    ModelUpload,
+    PartwiseClient,
+    PartwiseUpload,
+    PrivateParts,
+    UploadPart,
+    part_multiplier,
+)
 from rayfed.config import RunConfig
 from rayfed.execution.round_facts import RoundFacts
 from rayfed.privacy.adaptive import default_count_noise, update_noise_multiplier
@@ -44,7 +60,7 @@ from rayfed.privacy.noise import COUNT_STREAM, SERVER_STREAM, gaussian_noise
 from rayfed.util.errors import ConfigError
 from rayfed.util.seeding import participants
 
-__all__ = ["ClippedSum", "ClientPrivacy", "ServerPrivacy", "UNCLIPPED"]
+__all__ = ["ClippedSum", "ClientPrivacy", "ServerPrivacy", "UNCLIPPED", "part_scales"]
 
 UNCLIPPED = "unclipped_fraction"
 """The server metric of adaptive clipping: b̃_t, the noised fraction of the round's updates left unclipped."""
@@ -68,8 +84,13 @@ class ClippedSum(WeightedSum):
 class ClientPrivacy:
     """A worker's clipping (and local noise) of its clients' model uploads."""
 
-    def __init__(self, config: RunConfig, method: str) -> None:
+    def __init__(
+        self, config: RunConfig, method: str, client_half: Any = None, parts: tuple[UploadPart, ...] = ()
+    ) -> None:
         self.privacy, self.seed, self.method = config.privacy, config.seed, method
+        self.partwise = client_half if isinstance(client_half, PartwiseClient) and parts else None
+        """The client half whose clients' parts are clipped one by one (a PartwiseUpload method); None: a model."""
+        self.parts = parts
 
     def weights(self, sizes: Sequence[int]) -> list[int]:
         """w_i of clients of ``sizes`` training samples: n_i (``weighting="samples"``) or 1."""
@@ -79,19 +100,24 @@ class ClientPrivacy:
         """The round's clip norm: C_t with adaptive clipping, else ``privacy.clip_norm``."""
         return self.privacy.clip_norm if ctx.clip_norm is None else ctx.clip_norm
 
-    def clipped(self, uploads: Sequence[Any], trained: Any, starts: Any, ids: Sequence[int], ctx: RoundFacts) -> Any:
-        """The clipped (and locally noised) models of clients ``ids`` (L, S) from their trained states and starts
-        (L, S), on their device; each of ``uploads`` must be the whole-model :class:`WeightedState`."""
+    def declared(self, uploads: Sequence[Any], trained: Any, starts: Any) -> tuple[Any, Any]:
+        """The uploaded columns of the trained states and starts (L, S): the whole model, or the parts every one of
+        ``uploads`` declares (the same :class:`WeightedState` for all: a method's shared part)."""
+        for upload in uploads:
+            if not isinstance(upload, WeightedState) or upload != uploads[0]:
+                raise ConfigError(
+                    f"privacy.mechanism={self.privacy.mechanism!r}: algorithm {self.method!r} declares its upload "
+                    f"a model (ModelUpload) but its client uploaded {type(upload).__name__}"
+                    f"{' of other parts' if isinstance(upload, WeightedState) else ''}: set privacy.mechanism='off'"
+                )
+        return uploads[0].selected(trained), uploads[0].selected(starts)
+
+    def clipped(self, trained: Any, starts: Any, ids: Sequence[int], ctx: RoundFacts) -> Any:
+        """The clipped (and locally noised) models of clients ``ids`` (L, S') from their uploaded columns of the
+        trained states and starts (:meth:`declared`), on their device."""
         from rayfed.privacy.clipping import clipped_model
         from rayfed.train.host import to_device
 
-        for upload in uploads:
-            if not isinstance(upload, WeightedState) or upload.parts:
-                raise ConfigError(
-                    f"privacy.mechanism={self.privacy.mechanism!r}: algorithm {self.method!r} declares its upload "
-                    f"a whole model (ModelUpload) but its client uploaded {type(upload).__name__}"
-                    f"{' of parts' if isinstance(upload, WeightedState) else ''}: set privacy.mechanism='off'"
-                )
         models = clipped_model(trained, starts, self.clip_norm(ctx))
         if self.privacy.mechanism != "local" or self.privacy.noise_std == 0:
             return models
@@ -109,20 +135,58 @@ class ClientPrivacy:
         bits = unclipped(trained, starts, self.clip_norm(ctx)).sum()
         return ClippedSum(summed.total, summed.weight, summed.count, bits)
 
-    def one(self, uploads: Sequence[Any], job: Any, start: Any, ctx: RoundFacts) -> WeightedSum:
-        """One client's upload (``uploads``: what its client half declared): its clipped model weighted by w_i."""
-        trained, starts = job.trained[None, :], start[None, :]
-        models = self.clipped(uploads, trained, starts, [job.client_id], ctx)
+    def _private_parts(
+        self, message: Any, jobs: Sequence[Any], uploads: Sequence[Any], ctx: RoundFacts
+    ) -> PrivateParts:
+        """Σ_i w_i x̃_i of the clients ``jobs``: each part of each client clipped to its bound over a (L, S_k) stack
+        of their parts (one call, no read-back), with local DP noised per client, then summed in one product."""
+        import torch
+
+        from rayfed.privacy.clipping import clipped_delta
+        from rayfed.train.host import to_device
+
+        assert self.partwise is not None
+        clip = self.clip_norm(ctx)
+        made = [self.partwise.private_parts(message, job, upload) for job, upload in zip(jobs, uploads)]
+        pieces = [clipped_delta(torch.stack([row[k] for row in made]), p.norm(clip)) for k, p in enumerate(self.parts)]
+        sizes = tuple(int(piece.shape[-1]) for piece in pieces)
+        clipped = torch.cat(pieces, dim=-1)
+        if self.privacy.mechanism == "local" and self.privacy.noise_multiplier > 0:
+            scale = part_scales(self.parts, sizes, self.privacy.noise_multiplier, clip)
+            noise = np.stack([gaussian_noise(self.seed, ctx.round, 1 + job.client_id, sum(sizes), 1.0) for job in jobs])
+            clipped = clipped + to_device([noise * scale], clipped.device)[0]
+        weights = self.weights([job.num_train for job in jobs])
+        total = to_device([np.asarray(weights, dtype=np.float32)], clipped.device)[0] @ clipped
+        return PrivateParts(total, float(sum(weights)), len(jobs), sizes)
+
+    def one(self, uploads: Sequence[Any], job: Any, start: Any, ctx: RoundFacts, message: Any = None) -> WeightedSum:
+        """One client's upload (``uploads``: what its client half declared): its clipped model weighted by w_i, or
+        its clipped parts (``message``: the round's broadcast, which they are measured from)."""
+        if self.partwise is not None:
+            return self._private_parts(message, [job], uploads, ctx)
+        trained, starts = self.declared(uploads, job.trained[None, :], start[None, :])
+        models = self.clipped(trained, starts, [job.client_id], ctx)
         if self.privacy.adaptive:
             return self._summed(models, self.weights([job.num_train]), trained, starts, ctx)
         return WeightedSum.of(models[0], self.weights([job.num_train])[0])
 
     def stack(
-        self, uploads: Sequence[Any], jobs: Sequence[Any], states: Any, starts: Any, ctx: RoundFacts
+        self,
+        uploads: Sequence[Any],
+        jobs: Sequence[Any],
+        states: Any,
+        starts: Any,
+        ctx: RoundFacts,
+        message: Any = None,
     ) -> tuple[WeightedSum, Callable[[], list[Contribution]]]:
         """A stack's summed upload (one product), and each client's, made only when asked (a call with a rejected
-        update), from the stack's trained states and starts."""
-        models = self.clipped(uploads, states, starts, [job.client_id for job in jobs], ctx)
+        update), from the stack's trained states and starts (or its clients' parts, measured from ``message``)."""
+        if self.partwise is not None:
+            return self._private_parts(message, jobs, uploads, ctx), lambda: [
+                self._private_parts(message, [job], [upload], ctx) for job, upload in zip(jobs, uploads)
+            ]
+        states, starts = self.declared(uploads, states, starts)
+        models = self.clipped(states, starts, [job.client_id for job in jobs], ctx)
         weights = self.weights([job.num_train for job in jobs])
 
         def parts() -> list[Contribution]:
@@ -143,6 +207,13 @@ class ServerPrivacy:
         self.sizes = train_sizes if samples else None
         self.max_weight = float(np.max(train_sizes)) if samples and train_sizes is not None else 1.0
         per_round = participants(config.data.num_clients, config.engine.join_ratio)
+        self.wanted = per_round
+        """n, the clients a round keeps: the share of an over-committed plan the denominator counts."""
+        poisson = config.engine.participation == "poisson"
+        self.poisson_rate = config.engine.join_ratio if poisson else None
+        """q of Poisson sampling; None: a fixed number a round."""
+        self.num_clients = config.data.num_clients
+        self.all_weight = float(config.data.num_clients if self.sizes is None else np.sum(self.sizes))
         count_noise = self.privacy.count_noise
         self.count_noise = default_count_noise(per_round) if count_noise is None else count_noise
         """σ_b, the noise on the count of unclipped updates (adaptive clipping)."""
@@ -151,14 +222,39 @@ class ServerPrivacy:
         """The update's noise multiplier: z, or z_Δ beside the count's noise (:mod:`rayfed.privacy.adaptive`)."""
 
     def planned_weight(self, ctx: RoundFacts) -> float:
-        """W_P: the weights of the clients the round planned."""
-        return float(len(ctx.sampled)) if self.sizes is None else float(np.sum(self.sizes[ctx.sampled]))
+        """W_P, the weight of the clients the round planned (module docstring): fixed by the plan, whoever
+        reported."""
+        if self.poisson_rate is not None:
+            return self.poisson_rate * self.all_weight
+        planned = ctx.sampled if ctx.planned is None else ctx.planned
+        weight = float(len(planned)) if self.sizes is None else float(np.sum(self.sizes[planned]))
+        return weight * (self.wanted / len(planned)) if len(planned) > self.wanted else weight
+
+    def planned_count(self, ctx: RoundFacts) -> float:
+        """m, the clients the round planned, as :meth:`planned_weight` counts them with unit weights."""
+        if self.poisson_rate is not None:
+            return self.poisson_rate * self.num_clients
+        planned = ctx.sampled if ctx.planned is None else ctx.planned
+        return float(min(len(planned), self.wanted))
+
+    def empty(self, half: Any) -> WeightedSum:
+        """The sum of a round in which no planned client's upload arrived: nothing, which :meth:`privatized`
+        completes with zero updates and noises, so every round releases the mechanism the accountant counts."""
+        if isinstance(half, PartwiseUpload):  # zero sums of its parts, each noised as a round's would be
+            sizes = half.part_sizes()
+            return PrivateParts(np.zeros(sum(sizes), np.float32), 0.0, 0, sizes)
+        assert isinstance(half, ModelUpload)
+        zeros = np.zeros_like(half.privacy_reference())
+        return ClippedSum(zeros, 0.0, 0) if self.privacy.adaptive else WeightedSum(zeros, 0.0, 0)
 
     def privatized(self, ctx: RoundFacts, total: Contribution, half: Any) -> tuple[WeightedSum, dict[str, float]]:
         """The round's sum as the server half folds it, completed to the planned weight with θ_g and noised, and
         with adaptive clipping the noised unclipped fraction b̃_t (module docstring)."""
-        assert isinstance(total, WeightedSum) and isinstance(half, ModelUpload)  # the plan refused the rest
         planned = self.planned_weight(ctx)
+        if isinstance(half, PartwiseUpload):
+            assert isinstance(total, PrivateParts)
+            return self._noised_parts(ctx, total, half.upload_parts, planned), {}
+        assert isinstance(total, WeightedSum) and isinstance(half, ModelUpload)  # the plan refused the rest
         summed = total.total
         if planned != total.weight:  # a planned client sent nothing: a zero update, θ_g
             summed = summed + np.float32(planned - total.weight) * half.privacy_reference()
@@ -168,11 +264,28 @@ class ServerPrivacy:
             summed = summed + gaussian_noise(self.seed, ctx.round, SERVER_STREAM, summed.shape[0], std)
         return WeightedSum(summed, planned, total.count), self.unclipped_fraction(ctx, total)
 
-    def unclipped_fraction(self, ctx: RoundFacts, total: Contribution | None) -> dict[str, float]:
-        """``{UNCLIPPED: b̃_t}`` with adaptive clipping (NaN in a round without uploads), else nothing."""
+    def _noised_parts(
+        self, ctx: RoundFacts, total: PrivateParts, parts: Sequence[UploadPart], planned: float
+    ) -> PrivateParts:
+        """The parts' sums, each noised with N(0, (z_k B_k w_max)²) for central DP, over the planned weight."""
+        summed = total.total
+        if self.privacy.mechanism == "central" and self.privacy.noise_multiplier > 0:
+            scale = part_scales(parts, total.sizes, self.privacy.noise_multiplier, self.privacy.clip_norm)
+            noise = gaussian_noise(self.seed, ctx.round, SERVER_STREAM, summed.shape[0], 1.0) * scale
+            summed = summed + noise * np.float32(self.max_weight)
+        return PrivateParts(summed, planned, total.count, total.sizes, self.max_weight)
+
+    def unclipped_fraction(self, ctx: RoundFacts, total: Contribution) -> dict[str, float]:
+        """``{UNCLIPPED: b̃_t}`` with adaptive clipping (the noised count over the planned m), else nothing."""
         if not self.privacy.adaptive:
             return {}
-        if not isinstance(total, ClippedSum):
-            return {UNCLIPPED: float("nan")}
+        assert isinstance(total, ClippedSum)  # every adaptive upload, and the empty sum, carries its bits
         noise = gaussian_noise(self.seed, ctx.round, COUNT_STREAM, 1, self.count_noise)[0] if self.count_noise else 0
-        return {UNCLIPPED: (float(total.unclipped) + float(noise)) / len(ctx.sampled)}
+        return {UNCLIPPED: (float(total.unclipped) + float(noise)) / self.planned_count(ctx)}
+
+
+def part_scales(parts: Sequence[UploadPart], sizes: Sequence[int], noise_multiplier: float, clip: float) -> np.ndarray:
+    """z_k·B_k for every coordinate of the concatenated parts: each part's noise standard deviation for a client of
+    weight 1 (z_k = z·√P, :func:`~rayfed.algorithms.private_uploads.part_multiplier`)."""
+    z = part_multiplier(noise_multiplier, parts)
+    return np.concatenate([np.full(n, z * p.norm(clip), np.float32) for p, n in zip(parts, sizes)])

@@ -5,7 +5,8 @@ A method's halves read the round's number, seed, learning rate and sampled clien
 ``aggregate`` receives); what only the engine decides and the workers and the server apply travels here: a partial
 client's step budget (a deadline's partial work, docs/system.md), each update's arrival version (asynchronous
 aggregation, handed to the server half that declares
-:class:`~rayfed.algorithms.declarations.AsynchronousAggregation`) and adaptive clipping's clip norm (docs/privacy.md).
+:class:`~rayfed.algorithms.declarations.AsynchronousAggregation`), the clients a round planned (DP-FedAvg's fixed
+denominator) and adaptive clipping's clip norm (docs/privacy.md).
 A ``RoundFacts`` is a ``RoundContext``, so the engine hands the one value to its workers, its server and the halves.
 """
 
@@ -31,6 +32,10 @@ class RoundFacts(RoundContext):
     arrives_at: np.ndarray | None = None
     """Asynchronous aggregation (:mod:`rayfed.system.schedule`): int64, one per sampled client, the model version
     its update is applied to make (the round is the version it trains from); None in synchronous rounds."""
+    planned: np.ndarray | None = None
+    """With a system model (:mod:`rayfed.system.rounds`): int64, sorted, every client the round sampled, those whose
+    work does not count (dropped, offline, late, surplus) too, which DP-FedAvg's fixed denominator counts
+    (:mod:`rayfed.execution.privacy`); None: :attr:`sampled`."""
     clip_norm: float | None = None
     """With adaptive clipping (``privacy.adaptive_quantile``, :mod:`rayfed.privacy.adaptive`): the round's clip norm
     C_t; None: ``privacy.clip_norm``."""

@@ -60,10 +60,9 @@ class Server:
             logger.warning("round %d: aggregate is not finite; the global state is kept", ctx.round)
             total = None
         private: dict[str, float] = {}
-        if self.privacy is not None:
-            private = self.privacy.unclipped_fraction(ctx, None)
-            if total is not None:
-                total, private = self.privacy.privatized(ctx, total, self.half)
+        if self.privacy is not None:  # the fixed denominator and the noise, with or without uploads
+            empty = self.privacy.empty(self.half) if total is None else total
+            total, private = self.privacy.privatized(ctx, empty, self.half)
         metrics = self._without_uploads(ctx) if total is None else self._aggregated(ctx, total)
         metrics.update(private)
         metrics["server_bytes_received"] = float(bytes_received)

@@ -8,9 +8,15 @@ Which analysis applies is decided by how rayfed samples, once (docs/privacy.md, 
   sample size, not Poisson sampling, so the analysis is sampling without replacement under replacing one client
   (Wang, Balle, Kasiviswanathan, AISTATS 2019, Theorem 27), where the clipped sum's sensitivity is 2C: the
   Gaussian's multiplier relative to it is z/2. dp-accounting has it for RDP only; PLD is refused there;
+* Poisson sampling (``engine.participation="poisson"``: each client joins with probability q = join_ratio): the
+  Poisson-subsampled Gaussian mechanism under adding or removing one client (sensitivity C, multiplier z),
+  ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``, for RDP and PLD alike;
 * local DP: each client's own release is the Gaussian mechanism on an update of norm ≤ C (sensitivity 2C when its
   data are replaced: multiplier z/2), composed over every round without amplification (the server sees who
-  reported).
+  reported);
+* a sample that is not uniform over the N clients (a system model's availability: the rounds sample among the
+  clients online): no amplification is claimed; each round is the Gaussian mechanism on the clipped sum under
+  replacing one client (sensitivity 2C, multiplier z/2), an upper bound for every client, online or not.
 """
 
 from __future__ import annotations
@@ -35,16 +41,31 @@ class Accounting:
     """The Gaussian's multiplier relative to the sensitivity of what it noises (z, or z/2: module docstring)."""
     num_clients: int
     per_round: int
-    """Clients a round samples: N for every client, or the fixed sample size m."""
+    """Clients a round samples: N for every client (or no amplification), the fixed sample size m, or with Poisson
+    sampling ⌊qN⌋ (the count the adaptive clipping's noise is set by; the event uses q)."""
     replace_one: bool
     """Whether neighbouring runs differ by one client replaced (sampling without replacement, local DP), not one
     added or removed."""
     delta: float
+    poisson_rate: float | None = None
+    """q of Poisson sampling, where each client joins a round independently with that probability; None: a fixed
+    number, :attr:`per_round`, drawn without replacement."""
 
     @property
     def sampled(self) -> bool:
         """Whether the rounds sample a subset of the clients (amplification by sampling applies)."""
+        if self.poisson_rate is not None:
+            return self.poisson_rate < 1
         return self.per_round < self.num_clients
+
+    @property
+    def described(self) -> str:
+        """The sampling the analysis counts, in words (``rayfed privacy`` prints it)."""
+        if self.poisson_rate is not None:
+            return f"each of {self.num_clients} clients with probability {self.poisson_rate:g} a round (Poisson)"
+        if self.sampled:
+            return f"{self.per_round} of {self.num_clients} clients a round (sampled without replacement)"
+        return f"{self.num_clients} clients, every one counted every round (no amplification by sampling)"
 
     def event(self, noise_multiplier: float | None = None) -> Any:
         """One round's ``dp_event``: the (subsampled) Gaussian mechanism."""
@@ -54,6 +75,8 @@ class Accounting:
         gaussian = dp_accounting.GaussianDpEvent(z)
         if not self.sampled:
             return gaussian
+        if self.poisson_rate is not None:
+            return dp_accounting.PoissonSampledDpEvent(self.poisson_rate, gaussian)
         return dp_accounting.SampledWithoutReplacementDpEvent(self.num_clients, self.per_round, gaussian)
 
     def fresh(self) -> Any:
@@ -112,9 +135,18 @@ class Accounting:
         return 0.5 if self.replace_one else 1.0
 
 
-def accounting_of(privacy: PrivacyConfig, num_clients: int, per_round: int) -> Accounting:
-    """The analysis that applies to a run of ``num_clients`` clients sampling ``per_round`` each round (module
-    docstring); ConfigError naming the fix where the chosen accountant has none, or dp-accounting is missing."""
+def accounting_of(
+    privacy: PrivacyConfig,
+    num_clients: int,
+    per_round: int,
+    poisson_rate: float | None = None,
+    *,
+    uniform: bool = True,
+) -> Accounting:
+    """The analysis that applies to a run of ``num_clients`` clients sampling ``per_round`` each round, or each
+    client with probability ``poisson_rate``; ``uniform``: whether that sample is drawn among all the clients
+    (module docstring); ConfigError naming the fix where the chosen accountant has none, or dp-accounting is
+    missing."""
     try:
         import dp_accounting  # noqa: F401  (checked before anything is written)
     except ImportError:
@@ -122,16 +154,24 @@ def accounting_of(privacy: PrivacyConfig, num_clients: int, per_round: int) -> A
             f"privacy.mechanism={privacy.mechanism!r} needs Google's dp-accounting for its accountant: "
             "pip install 'rayfed[privacy]'"
         ) from None
-    local = privacy.mechanism == "local"
-    sampled = per_round < num_clients and not local
-    replace_one = sampled or local
+    unamplified = privacy.mechanism == "local" or not uniform
+    poisson = poisson_rate is not None and poisson_rate < 1 and not unamplified
+    sampled = per_round < num_clients and not unamplified and not poisson
+    replace_one = sampled or unamplified
     if sampled and privacy.accountant == "pld":
         raise ConfigError(
             f"privacy.accountant='pld' has no analysis of the fixed-size sampling engine.join_ratio does "
             f"({per_round} of {num_clients} clients drawn without replacement each round; dp-accounting's PLD "
-            "accountant covers Poisson sampling only): set privacy.accountant='rdp', or engine.join_ratio=1"
+            "accountant covers Poisson sampling only): set privacy.accountant='rdp', "
+            "engine.participation='poisson', or engine.join_ratio=1"
         )
     z = privacy.noise_multiplier * (0.5 if replace_one else 1.0)
     return Accounting(
-        privacy.accountant, z, num_clients, num_clients if local else per_round, replace_one, privacy.delta
+        privacy.accountant,
+        z,
+        num_clients,
+        num_clients if unamplified else per_round,
+        replace_one,
+        privacy.delta,
+        poisson_rate if poisson else None,
     )

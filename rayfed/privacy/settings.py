@@ -20,14 +20,16 @@ from dataclasses import dataclass
 
 from rayfed.util.documented import documented, section
 from rayfed.util.errors import ConfigError
-from rayfed.util.validation import check, check_choice, check_real, is_real
+from rayfed.util.validation import check, check_choice, check_real, is_int, is_real
 
-__all__ = ["PrivacyConfig", "MECHANISMS", "ACCOUNTANTS", "WEIGHTINGS"]
+__all__ = ["PrivacyConfig", "MECHANISMS", "ACCOUNTANTS", "WEIGHTINGS", "SECURE_AGGREGATIONS"]
 
 MECHANISMS = ("off", "central", "local")
 """No privacy; the server noises the clipped sum once (DP-FedAvg); each client noises its own clipped update."""
 ACCOUNTANTS = ("rdp", "pld")
 """dp-accounting's Rényi-DP accountant, or its privacy-loss-distribution accountant."""
+SECURE_AGGREGATIONS = ("off", "secagg", "secagg_plus")
+"""No secure aggregation's cost; SecAgg's (Bonawitz et al. 2017) or SecAgg+'s (Bell et al. 2020) on the clock."""
 WEIGHTINGS = ("uniform", "samples")
 """Each client's clipped update counts once (w_i = 1), or by its training samples (w_i = n_i / max_j n_j)."""
 
@@ -53,8 +55,9 @@ class PrivacyConfig:
     delta: float = documented(1e-5, "δ of the (ε, δ) guarantee the accountant reports ε at; in (0, 1).")
     accountant: str = documented(
         "rdp",
-        "rdp (Rényi DP, Mironov 2017; sampling without replacement as rayfed samples) or pld (privacy loss "
-        "distributions; only where every round takes every client, engine.join_ratio=1).",
+        "rdp (Rényi DP, Mironov 2017; the run's sampling: without replacement, or Poisson) or pld (privacy loss "
+        "distributions; not for a fixed number drawn without replacement: engine.join_ratio=1, or "
+        "engine.participation='poisson').",
     )
     target_epsilon: float | None = documented(
         None, "Refuse the run before it starts when ε after train.rounds rounds would exceed it; None: no budget."
@@ -76,8 +79,40 @@ class PrivacyConfig:
         "a round, the paper's choice. It must exceed noise_multiplier/2.",
     )
 
+    secure_aggregation: str = documented(
+        "off",
+        "off, secagg (Bonawitz et al. CCS 2017) or secagg_plus (Bell et al. CCS 2020): charge each client the "
+        "protocol's key agreement and secret shares, and its masked vector's wider elements, on the virtual clock "
+        "as upload bytes (needs a system model; docs/privacy.md, 'Secure aggregation's cost').",
+    )
+    secagg_neighbours: int | None = documented(
+        None,
+        "k, the clients each one shares keys with in SecAgg+'s graph (Bell et al.: O(log n)); None: ⌈log2 n⌉ for "
+        "the n clients a round samples. secure_aggregation='secagg_plus' only.",
+    )
+
     def __post_init__(self) -> None:
         check_choice("privacy.mechanism", self.mechanism, MECHANISMS)
+        check_choice("privacy.secure_aggregation", self.secure_aggregation, SECURE_AGGREGATIONS)
+        if self.secagg_neighbours is not None:
+            check(
+                is_int(self.secagg_neighbours) and self.secagg_neighbours >= 1,
+                "privacy.secagg_neighbours",
+                self.secagg_neighbours,
+                "an integer >= 1",
+            )
+            check(
+                self.secure_aggregation == "secagg_plus",
+                "privacy.secure_aggregation",
+                self.secure_aggregation,
+                "'secagg_plus' where privacy.secagg_neighbours is set (or leave privacy.secagg_neighbours out)",
+            )
+        check(
+            self.secure_aggregation == "off" or self.mechanism != "off",
+            "privacy.mechanism",
+            self.mechanism,
+            f"'central' or 'local' where privacy.secure_aggregation={self.secure_aggregation!r} (or set it 'off')",
+        )
         check_choice("privacy.accountant", self.accountant, ACCOUNTANTS)
         check_choice("privacy.weighting", self.weighting, WEIGHTINGS)
         check(

@@ -8,7 +8,9 @@ up accuracies): the score of a run is that column's best value over rounds 1..R 
 "best round"), or its value at the round of the lowest test loss for a row that selects so
 (FedClassAvg's code). The standard deviation is NumPy's (population) std over the seeds, as
 PFLlib prints it. The report's header lists, per row, the model it reports, the fidelity it
-runs and the settings that are choices rather than its reference's.
+runs and the settings that are choices rather than its reference's. Where a table ran with privacy
+(``privacy.mechanism``, docs/privacy.md), each cell and run also carries the ε its runs spent over rounds 1..R
+(``rounds.parquet``'s ``epsilon`` after round R, at ``privacy.delta``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from rayfed.engine.metrics import counted_round
+from rayfed.engine.privacy_records import EPSILON
 from rayfed.reproduce.run_files import read_rounds
 from rayfed.reproduce.runner import Cell, Outcome, fetch_command
 from rayfed.reproduce.spec import Row, RowMetric, Table, papers_cited, row_metric
@@ -42,6 +45,8 @@ class Score:
     """(round, value) with round 0 = the initial model, when it was evaluated."""
     seconds_per_round: float
     """Median wall time of rounds 1..R (``round_s``), NaN where the run did not record it."""
+    epsilon: float | None = None
+    """ε spent over rounds 1..R where the run had privacy on (inf: no noise); None without privacy."""
 
 
 def score_run(
@@ -75,7 +80,10 @@ def score_run(
     values = dict(curve)
     times = [float(r["round_s"]) for r in rows if 0 <= r["round"] < rounds and r.get("round_s") is not None]
     seconds = float(np.median(times)) if times else math.nan
-    return Score(best, best_round, trained[-1][1], {a: values.get(a, math.nan) for a in at_rounds}, curve, seconds)
+    spent = [r.get(EPSILON) for r in rows if r["round"] == rounds - 1]
+    epsilon = float(spent[0]) if spent and spent[0] is not None else None
+    at = {a: values.get(a, math.nan) for a in at_rounds}
+    return Score(best, best_round, trained[-1][1], at, curve, seconds, epsilon)
 
 
 def _finite(value: object) -> bool:
@@ -139,6 +147,8 @@ def write_report(
         for c in cells
     }
     lines = _preamble(table, rounds)
+    if any(s.epsilon is not None for s in scores.values()):
+        lines += [f"ε: the privacy the runs spent over rounds 1..{rounds} (docs/privacy.md), the most of any seed.", ""]
     lines += _row_choices(table, rows, by)
     table_lines, blocked = _main_table(table, rows, columns, by, scores, rounds, digits)
     lines += table_lines
@@ -198,7 +208,7 @@ def _main_table(
                 text = (
                     (
                         f"{_mean_std([s.best for s in found], digits)} [{len(found)}/{len(group)}; "
-                        f"r{int(np.median([s.best_round for s in found]))}]"
+                        f"r{int(np.median([s.best_round for s in found]))}{_spent(found)}]"
                     )
                     if found
                     else _progress(group, rounds)
@@ -208,6 +218,12 @@ def _main_table(
             f"| {table.row(row).label} ({row_metric(table, table.row(row)).model}) | " + " | ".join(cellsrow) + " |"
         )
     return lines, blocked
+
+
+def _spent(found: Sequence[Score]) -> str:
+    """ "; ε=<the most any seed spent>" where the runs had privacy on; "" without."""
+    spent = [s.epsilon for s in found if s.epsilon is not None]
+    return f"; ε={max(spent):.3g}" if spent else ""
 
 
 def _unfinished(table: Table, blocked: dict[str, str], outcomes: dict[Cell, Outcome]) -> list[str]:
@@ -231,19 +247,24 @@ def _unfinished(table: Table, blocked: dict[str, str], outcomes: dict[Cell, Outc
 
 
 def _per_run(scores: dict[Cell, Score], digits: int) -> list[str]:
-    """One line per scored run: its scored value and round, final value, time per round and run directory."""
+    """One line per scored run: its scored value and round, final value, time per round, the ε it spent where it
+    had privacy on, and its run directory."""
+    private = any(s.epsilon is not None for s in scores.values())
     lines = [
         "",
         "Per run (s/round: median wall time of a round):",
         "",
-        "| column | method | seed | scored | scored round | final | s/round | run directory |",
-        "|---|---|---|---|---|---|---|---|",
+        "| column | method | seed | scored | scored round | final | s/round |"
+        + (" ε |" if private else "")
+        + " run directory |",
+        "|---|---|---|---|---|---|---|" + ("---|" if private else "") + "---|",
     ]
     for cell, s in scores.items():
         name = cell.run_dir.name if cell.run_dir else ""
+        spent = f" {'–' if s.epsilon is None else f'{s.epsilon:.3g}'} |" if private else ""
         lines.append(
             f"| {cell.column.label} | {cell.row.label} | {cell.seed} | {s.best:.{digits}f} | {s.best_round} "
-            f"| {s.final:.{digits}f} | {s.seconds_per_round:.1f} | {name} |"
+            f"| {s.final:.{digits}f} | {s.seconds_per_round:.1f} |{spent} {name} |"
         )
     return lines
 
@@ -261,7 +282,8 @@ def _summary(table: Table, scores: dict[Cell, Score], rounds: int) -> dict[str, 
                 "seed": c.seed,
                 "run_dir": str(c.run_dir),
                 "scored": row_metric(table, c.row).column,
-                **{k: v for k, v in asdict(s).items() if k != "curve"},
+                **{k: v for k, v in asdict(s).items() if k not in ("curve", "epsilon")},
+                **({} if s.epsilon is None else {EPSILON: s.epsilon if math.isfinite(s.epsilon) else None}),
             }
             for c, s in scores.items()
         ],

@@ -7,7 +7,8 @@ writes, into ``DIR``:
 * ``accuracy.png``: pooled test accuracy against the round, counted as the progress bar counts
   it (1 = the first round; 0 = the initial model, evaluated with ``engine.eval_initial``), one
   line per run; beside it, where a run has a system model, against its virtual time in the unit that fits
-  (seconds, minutes, hours or days: ``virtual_time_s``, docs/system.md). Runs whose configs differ in the seed alone
+  (seconds, minutes, hours or days: ``virtual_time_s``, docs/system.md), and where a run ran with privacy, against
+  the ε it had spent (``epsilon``, docs/privacy.md). Runs whose configs differ in the seed alone
   (:meth:`~rayfed.config.RunConfig.diff`, ignoring ``seed`` and the fields that change no number,
   :data:`~rayfed.results.run_data.SAME_NUMBERS`) are seeds of one method and share a colour and a
   legend entry; the legend, below the axes, names the method (``Algorithm.label``) and, where
@@ -54,6 +55,7 @@ from rayfed.results.run_data import (
     accuracy_points,
     client_timeline,
     curve_groups,
+    epsilon_points,
     finished_run,
     load_run,
     longest_virtual_time,
@@ -74,6 +76,7 @@ __all__ = [
     "curve_groups",
     "accuracy_points",
     "virtual_time_points",
+    "epsilon_points",
     "finished_run",
     "plot_accuracy_curves",
     "plot_timeline",
@@ -111,9 +114,11 @@ def plot_accuracy_curves(runs: Sequence[RunData], path: str | Path) -> Path:
     from matplotlib.ticker import MaxNLocator
 
     timed = any(virtual_time_points(run)[0] for run in runs)
+    private = any(epsilon_points(run)[0] for run in runs)
     unit, unit_s = time_unit(longest_virtual_time(runs))
-    fig = _figure_class()(figsize=(13.0 if timed else 7.5, 4.5))
-    axes = fig.subplots(1, 2 if timed else 1, squeeze=False)[0]
+    panels = 1 + timed + private
+    fig = _figure_class()(figsize=(7.5 + 5.5 * (panels - 1), 4.5))
+    axes = fig.subplots(1, panels, squeeze=False)[0]
     ax = axes[0]
     _draw_curves(ax, runs, accuracy_points)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -121,6 +126,12 @@ def plot_accuracy_curves(runs: Sequence[RunData], path: str | Path) -> Path:
     if timed:
         _draw_curves(axes[1], runs, lambda run, column="accuracy": virtual_time_points(run, column, unit_s))
         axes[1].set_xlabel(f"virtual time ({unit}; runs without a system model: none)")
+    if private:  # accuracy against the privacy spent (docs/privacy.md)
+        _draw_curves(axes[-1], runs, epsilon_points)
+        axes[-1].set_xscale("log")
+        deltas = {run.config.privacy.delta for run in runs if epsilon_points(run)[0]}
+        at = f" at delta={deltas.pop():g}" if len(deltas) == 1 else ""
+        axes[-1].set_xlabel(f"epsilon spent{at} (runs without privacy: none)")
     for each in axes:
         each.set_ylabel("pooled test accuracy (%)")
         each.grid(alpha=0.3)
@@ -131,7 +142,7 @@ def plot_accuracy_curves(runs: Sequence[RunData], path: str | Path) -> Path:
         if any(accuracy_points(run, "global_accuracy")[0] for run in runs)
         else f"Accuracy of the clients' models (pooled over test samples){on}"
     )
-    (fig.suptitle if timed else ax.set_title)(title, fontsize="medium")
+    (fig.suptitle if panels > 1 else ax.set_title)(title, fontsize="medium")
     if ax.get_legend_handles_labels()[1]:  # below the axes, wrapped: long labels are never cut at the edge
         handles, labels = ax.get_legend_handles_labels()
         wrapped = [textwrap.fill(label, 70, subsequent_indent="  ") for label in labels]

@@ -28,6 +28,7 @@ from rayfed.config.retired import without_retired
 from rayfed.data import LABEL_COUNTS_FILE, read_label_counts
 from rayfed.engine.checkpoint import load_checkpoint, newest_checkpoint
 from rayfed.engine.metrics import counted_round, read_rounds_file
+from rayfed.engine.privacy_records import EPSILON
 from rayfed.engine.system_records import AVAILABILITY_FILE, DEVICES_FILE, VIRTUAL_TIME
 from rayfed.util.bounded import NUMBER, read_parquet
 from rayfed.util.config_tree import get_path, tree_differences
@@ -43,6 +44,7 @@ __all__ = [
     "curve_groups",
     "accuracy_points",
     "virtual_time_points",
+    "epsilon_points",
     "TIME_UNITS",
     "time_unit",
     "longest_virtual_time",
@@ -270,6 +272,13 @@ def virtual_time_points(
     return _points(run, column, lambda row: None if row.get(VIRTUAL_TIME) is None else row[VIRTUAL_TIME] / unit_s)
 
 
+def epsilon_points(run: RunData, column: str = "accuracy") -> tuple[list[float], list[float]]:
+    """(ε spent so far, pooled accuracy in %) of the run's evaluated rounds with privacy on (``rounds.parquet``'s
+    ``epsilon``, docs/privacy.md); none for a run without privacy, and no point where ε is 0 or infinite (the
+    initial model; no noise), which a logarithmic axis cannot place."""
+    return _points(run, column, lambda row: row[EPSILON] if 0 < (row.get(EPSILON) or 0) < math.inf else None)
+
+
 TIME_UNITS = (("seconds", 1.0), ("minutes", 60.0), ("hours", 3600.0), ("days", 86400.0))
 
 
@@ -293,20 +302,26 @@ def client_timeline(run: RunData) -> dict[str, np.ndarray]:
     """Who trained when in a run with a system model, from its per-client files: one entry per client a round
     sampled (an asynchronous run: per arrival or loss an asynchronous step records), its ``client_id``, ``round``,
     ``status``, when its work began (``start_s``: the round's start; an asynchronous client's launch) and when it
-    ended (``end_s``: its upload's arrival, else the round's or step's end: a late client trains until the round
-    leaves it out); empty for a run without a system model or one recorded before its rows held these times."""
+    ended (``end_s``: its upload's arrival, or an asynchronous lost client's loss, ``lost_s``, else the round's or
+    step's end: a late client trains until the round leaves it out); empty for a run without a system model or one
+    recorded before its rows held these times."""
     ends = {int(row["round"]): row[VIRTUAL_TIME] for row in run.rounds if row.get(VIRTUAL_TIME) is not None}
     parts = []
     for path in sorted((run.run_dir / "clients").glob("round_*.parquet")):
-        if "start_s" not in _table(path, {}).column_names:
+        names = _table(path, {}).column_names
+        if "start_s" not in names:
             return {}
-        table = _table(path, {"client_id": NUMBER, "round": NUMBER, "start_s": NUMBER, "finish_s": NUMBER})
+        kinds = {"client_id": NUMBER, "round": NUMBER, "start_s": NUMBER, "finish_s": NUMBER}
+        table = _table(path, {**kinds, **({"lost_s": NUMBER} if "lost_s" in names else {})})
         if "status" not in table.column_names:
             raise CheckpointError(f"{str(path)!r} has no column 'status'; restore it from a copy of the run")
         rows = table.filter(table["status"].is_valid())
         parts.append({name: rows[name].to_numpy(zero_copy_only=False) for name in ("client_id", "round", "status")})
         parts[-1]["start_s"] = rows["start_s"].to_numpy()
         finish = rows["finish_s"].to_numpy(zero_copy_only=False).astype(np.float64)
+        if "lost_s" in rows.column_names:  # an asynchronous lost client's line ends at its loss
+            lost = rows["lost_s"].to_numpy(zero_copy_only=False).astype(np.float64)
+            finish = np.where(np.isnan(finish), lost, finish)
         end = ends.get(int(path.stem.split("_")[1]), np.nan)
         parts[-1]["end_s"] = np.fmin(np.where(np.isnan(finish), end, finish), end)
     if not parts:

@@ -24,6 +24,7 @@ function of arrays.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -35,7 +36,7 @@ from rayfed.system.status import ClientStatus, counted
 from rayfed.util.errors import ConfigError
 from rayfed.util.seeding import participants, sample_among
 
-__all__ = ["RoundOutcome", "SyncRounds", "settle_round"]
+__all__ = ["RoundOutcome", "SyncRounds", "settle_round", "round_sizes"]
 
 _DROPOUT = 21
 """The run seed's stream of the clients that drop out of a round (apart from sampling and batches)."""
@@ -63,6 +64,8 @@ class RoundOutcome:
     -1 for the others."""
     online: int = 0
     """How many clients were online when the round sampled (all of them without an availability model)."""
+    work: Workload | None = None
+    """The workload the round was timed with (what the clock charged each client: Eq. 1's steps and bytes)."""
 
     @property
     def counted_ids(self) -> np.ndarray:
@@ -125,6 +128,20 @@ def settle_round(
     return RoundOutcome(round_index, float(start_s), end, client_ids, finish, status, done, budget)
 
 
+def round_sizes(num_clients: int, join_ratio: float, over_commit: float) -> tuple[int, int]:
+    """(n, drawn): the clients a round keeps, ⌊join_ratio·M⌋, and those it samples, ⌊n · over_commit⌋ (step 1 of
+    the module docstring); ConfigError for more than the run has."""
+    wanted = participants(num_clients, join_ratio)
+    drawn = wanted * over_commit + 1e-9
+    if drawn >= num_clients + 1:
+        raise ConfigError(
+            f"system.over_commit={over_commit:g} would sample {wanted} × {over_commit:g} clients a round, "
+            f"more than the run's {num_clients}: set system.over_commit to at most "
+            f"{num_clients / wanted:g} (every client), or lower engine.join_ratio"
+        )
+    return wanted, max(wanted, int(drawn))
+
+
 def _rows(times: ClientTimes, rows: np.ndarray) -> ClientTimes:
     return ClientTimes(times.download_s[rows], times.train_s[rows], times.upload_s[rows])
 
@@ -139,21 +156,9 @@ class SyncRounds:
     ) -> None:
         self.config, self.devices, self.work, self.seed = config, devices, work, seed
         self.num_clients = devices.num_clients
-        self.wanted = participants(self.num_clients, join_ratio)
-        self.drawn = self._drawn(config.over_commit)
+        self.wanted, self.drawn = round_sizes(self.num_clients, join_ratio, config.over_commit)
         self._all = np.arange(self.num_clients, dtype=np.int64)
         self._check_deadline()
-
-    def _drawn(self, over_commit: float) -> int:
-        """⌊n · over_commit⌋, the clients a round samples; ConfigError for more than the run has."""
-        drawn = self.wanted * over_commit + 1e-9
-        if drawn >= self.num_clients + 1:
-            raise ConfigError(
-                f"system.over_commit={over_commit:g} would sample {self.wanted} × {over_commit:g} clients a round, "
-                f"more than the run's {self.num_clients}: set system.over_commit to at most "
-                f"{self.num_clients / self.wanted:g} (every client), or lower engine.join_ratio"
-            )
-        return max(self.wanted, int(drawn))
 
     def _check_deadline(self) -> None:
         """Refuse a deadline that no device meets: no round could ever count a client."""
@@ -189,12 +194,16 @@ class SyncRounds:
             online = availability.online(self._all, now_s)
         return float(now_s), self._all[online]
 
-    def round(self, round_index: int, now_s: float) -> RoundOutcome:
+    def round(
+        self, round_index: int, now_s: float, work_of: Callable[[np.ndarray], Workload] | None = None
+    ) -> RoundOutcome:
         """Round ``round_index``, asked to begin at virtual time ``now_s``: whom it samples, when each one
-        finishes, whose work counts and when it ends."""
+        finishes, whose work counts and when it ends; ``work_of``: the round's own workload of the clients it
+        samples, for a method whose work changes by round (None: the run's, ``work``)."""
         start, online = self._online(now_s)
         ids = sample_among(self.seed, round_index, online, self.drawn)
-        times = client_times(self.devices, self.work, ids, step_s=self.config.step_s)
+        work = self.work if work_of is None else work_of(ids)
+        times = client_times(self.devices, work, ids, step_s=self.config.step_s)
         lost = np.zeros(len(ids), dtype=bool)
         if self.config.dropout > 0:
             rng = np.random.default_rng(np.random.SeedSequence([self.seed, _DROPOUT, round_index]))
@@ -205,12 +214,12 @@ class SyncRounds:
             start,
             ids,
             times,
-            self.work.steps[ids],
+            work.steps[ids],
             self._seconds_per_step(ids),
             lost,
             until,
             self.wanted,
             self.config,
-            None if self.work.budgeted is None else self.work.budgeted[ids],
+            None if work.budgeted is None else work.budgeted[ids],
         )
-        return replace(outcome, online=len(online))
+        return replace(outcome, online=len(online), work=work)

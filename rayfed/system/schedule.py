@@ -115,6 +115,9 @@ class ServerStep:
     """int8 :class:`~rayfed.system.status.ClientStatus` of each lost client (OFFLINE or DROPPED)."""
     lost_start_s: np.ndarray
     """float64 launch virtual time of each lost client."""
+    lost_s: np.ndarray
+    """float64 virtual time at which each lost client's loss reached the server: the instant it dropped out or went
+    offline, when its slot frees and another client is launched."""
     launched: np.ndarray
     """int64 client ids launched from version ``version − 1``, in launch order."""
     launched_index: np.ndarray
@@ -243,6 +246,7 @@ class _Segment:
         self.lost: list[tuple[int, int, int]] = []
         self.arrived_s: list[tuple[float, float]] = []
         self.lost_start_s: list[float] = []
+        self.lost_s: list[float] = []
         self.launched: list[tuple[int, int]] = []
 
     def run(self) -> ServerStep:
@@ -262,6 +266,7 @@ class _Segment:
             if status != ClientStatus.FINISHED:
                 self.lost.append((client, index, status))
                 self.lost_start_s.append(start)
+                self.lost_s.append(end)
                 self._check_stalled()
                 continue
             self.arrived.append((client, index, self.version - launched_from))
@@ -349,6 +354,7 @@ class _Segment:
             lost[:, 1],
             lost[:, 2].astype(np.int8),
             np.array(self.lost_start_s, dtype=np.float64),
+            np.array(self.lost_s, dtype=np.float64),
             launched[:, 0],
             launched[:, 1],
             state,

@@ -15,7 +15,19 @@ import math
 
 import numpy as np
 
-__all__ = ["client_seed", "sample_clients", "sample_among", "participants", "init_seed"]
+__all__ = [
+    "client_seed",
+    "sample_clients",
+    "sample_among",
+    "poisson_sample",
+    "participants",
+    "PARTICIPATION",
+    "init_seed",
+]
+
+PARTICIPATION = ("fixed", "poisson")
+"""How a round samples its clients (``engine.participation``): ⌊join_ratio·M⌋ drawn without replacement, or each
+client independently with probability join_ratio (Poisson sampling, the DP-FedAvg paper's)."""
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +74,19 @@ def sample_among(seed: int, round_index: int, candidates: np.ndarray, count: int
         return np.asarray(candidates, dtype=np.int64).copy()
     rng = np.random.default_rng(np.random.SeedSequence([seed, _SAMPLING, round_index]))
     return np.sort(np.asarray(candidates, dtype=np.int64)[rng.choice(len(candidates), size=count, replace=False)])
+
+
+def poisson_sample(seed: int, round_index: int, candidates: np.ndarray, rate: float) -> np.ndarray:
+    """Sorted ids of the ``candidates`` that join the round, each independently with probability ``rate``
+    (Poisson sampling; possibly none), from the round's sampling stream: one uniform number per candidate, in the
+    order of ``candidates``, so the draw is the same on any backend or pool.
+
+    >>> poisson_sample(0, 3, np.arange(10), 1.0).tolist() == list(range(10))
+    True
+    """
+    rng = np.random.default_rng(np.random.SeedSequence([seed, _SAMPLING, round_index]))
+    joins = rng.random(len(candidates)) < rate
+    return np.sort(np.asarray(candidates, dtype=np.int64)[joins])
 
 
 @functools.cache  # once per (join_ratio, M) in a process: every round samples the same count

@@ -128,3 +128,57 @@ def test_a_round_whose_clients_stepped_only_in_unreported_phases_does_not_warn_o
         summarise_round(0, reports, [], {}, {})
     # Assert
     assert "took a local step" not in caplog.text
+
+
+VARYING = {
+    "ktpfl": {"algorithm.params": {"public_size": 60, "max_local_epochs": 3}},
+    "fedclassavg": {
+        "model.client_models": ["fca_alexnet"],
+        "algorithm.params": {"warmup": True},
+        "data.options": {"num_samples": 200},
+        "data.num_clients": 4,
+        "train.batch_size": 16,
+    },
+    "fedfomo": {"algorithm.params": {"num_models": 2}},
+    "apple": {},
+    "fedproto": {},
+}
+"""Methods whose work changes by round: KT-pFL's distillation (from round 1) and its ramp of local epochs, and its
+download of targets; FedClassAvg's warm-up in each client's first round; FedFomo's download of the models it
+chooses among those uploaded so far; APPLE's download of the cores newer than the client's copies; FedProto's
+download of the prototypes uploaded so far (none in the first round)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(VARYING))
+def test_a_method_whose_work_changes_by_round_is_charged_each_rounds_own(tmp_path, method) -> None:
+    # Execute: three rounds, half the clients a round (some train for the first time in a later round)
+    overrides = {**EQUAL, "algorithm.name": method, "train.rounds": 3, **VARYING[method]}
+    sim = Simulation(RunConfig().override(tiny_overrides(tmp_path, **overrides)))
+    sim.run()
+    # Assert: in every round, every counted client was charged the steps it took and the bytes it moved
+    assert isinstance(sim.rounds, VirtualRounds)
+    clients = _trained(tmp_path, 3)
+    assert len(clients) == 3 * sim.rounds.rounds.wanted
+    for c in clients:
+        assert c["charged_steps"] == c["trained_steps"] > 0
+        assert (c["charged_bytes_down"], c["charged_bytes_up"]) == (c["bytes_down"], c["bytes_up"])
+    # ... where the first round's work, charged every round, would not have been
+    ids = np.array([c["client_id"] for c in clients])
+    steps, down, _ = sim.rounds.rounds.work.of(ids)
+    done = np.array([(c["trained_steps"], c["bytes_down"]) for c in clients])
+    assert ((done[:, 0] != steps) | (done[:, 1] != down)).any()
+
+
+@pytest.mark.slow
+def test_a_method_whose_work_changes_undeclared_is_warned_of_once(tmp_path, monkeypatch, caplog) -> None:
+    # Prepare: FedProto as if it did not declare that its download changes by round (none in its first round)
+    monkeypatch.setattr("rayfed.engine.workload.varies_work", lambda client: False)
+    overrides = tiny_overrides(tmp_path, **EQUAL, **{"algorithm.name": "fedproto", "train.rounds": 3})
+    # Execute
+    with caplog.at_level(logging.WARNING, logger="rayfed.engine.rounds"):
+        Simulation(RunConfig().override(overrides)).run()
+    # Assert: the first round is charged right, the second not, and the run says so once, naming the fix
+    warned = [r.getMessage() for r in caplog.records if "virtual clock charged" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("round 1:") and "VaryingWork" in warned[0]
+    assert "bytes down" in warned[0]

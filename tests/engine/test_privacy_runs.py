@@ -85,11 +85,9 @@ def test_a_resumed_private_run_draws_the_same_noise(tmp_path, privacy: dict, col
 @pytest.mark.parametrize(
     ("method", "names"),
     [
-        ("cwfedavg", "class distributions"),
         ("fedawa", "client vectors"),
-        ("fedproto", "prototypes"),
         ("ktpfl", "soft labels"),
-        ("fedper", "is not declared a model"),
+        ("feddyn", "is not declared a model"),
     ],
 )
 def test_a_method_whose_upload_cannot_be_protected_is_refused(method: str, names: str) -> None:
@@ -108,9 +106,18 @@ def test_a_target_epsilon_the_run_cannot_meet_is_refused() -> None:
     check_privacy(met, resolve(met.algorithm))
 
 
-def test_a_system_model_is_refused_until_its_sampling_is_accounted() -> None:
-    config = RunConfig().override({**CENTRAL, "system.devices": "equal"})
-    with pytest.raises(ConfigError, match="system.devices='equal'"):
+@pytest.mark.parametrize("method", ["fedbuff", "fedasync"])
+def test_asynchronous_aggregation_is_refused_with_its_reason(method: str) -> None:
+    config = RunConfig().override({**CENTRAL, "system.devices": "equal", "algorithm.name": method})
+    with pytest.raises(ConfigError) as refused:
+        check_privacy(config, resolve(config.algorithm))
+    line = str(refused.value)
+    assert f"does not cover asynchronous aggregation (algorithm.name={method!r})" in line and "\n" not in line
+
+
+def test_secure_aggregation_without_a_clock_is_refused() -> None:
+    config = RunConfig().override({**CENTRAL, "privacy.secure_aggregation": "secagg"})
+    with pytest.raises(ConfigError, match="privacy.secure_aggregation='secagg' charges its messages on the virtual"):
         check_privacy(config, resolve(config.algorithm))
 
 
@@ -134,3 +141,37 @@ def test_a_private_run_sigkilled_and_resumed_gives_the_same_bits(tmp_path) -> No
 def _plain(values: list) -> list:
     """``values`` with NaN as None, so that equal records compare equal."""
     return [None if isinstance(v, float) and math.isnan(v) else v for v in values]
+
+
+def test_a_shared_part_without_noise_or_clipping_is_the_method_bit_for_bit(tmp_path) -> None:
+    # FedRep uploads its body alone (its heads never leave the clients): protected whole as a ModelUpload.
+    common = {"algorithm.name": "fedrep", "engine.join_ratio": 0.6}
+    plain = run(RunConfig().override(tiny_overrides(tmp_path / "plain", **common)))
+    private = {
+        "privacy.mechanism": "central",
+        "privacy.clip_norm": math.inf,
+        "privacy.noise_multiplier": 0.0,
+        "privacy.weighting": "samples",
+    }
+    same = run(RunConfig().override(tiny_overrides(tmp_path / "dp", **common, **private)))
+    for key in COMPARED:
+        assert [r[key] for r in same.history] == [r[key] for r in plain.history], key
+
+
+@pytest.mark.parametrize("method", ["cwfedavg", "fedproto"])
+def test_a_method_with_parts_runs_private_part_by_part_with_the_runs_epsilon(
+    tmp_path, ray_cluster, method: str
+) -> None:
+    # The parts share the run's noise multiplier: the method's ε is FedAvg's at the same z (docs/privacy.md); the
+    # same bits on Ray with two workers (cwFedAvg's rows kept in its clients' states there).
+    common = {**CENTRAL, "engine.join_ratio": 0.5, "algorithm.name": method}
+    parts = run(RunConfig().override(tiny_overrides(tmp_path / "parts", **common)))
+    ray_engine = {"engine.backend": "ray", "engine.num_workers": 2}
+    again = run(RunConfig().override(tiny_overrides(tmp_path / "ray", **common, **ray_engine)))
+    fedavg = run(RunConfig().override(tiny_overrides(tmp_path / "fedavg", **CENTRAL, **{"engine.join_ratio": 0.5})))
+    assert [r["epsilon"] for r in parts.history] == [r["epsilon"] for r in fedavg.history]
+    for key in COMPARED:
+        assert [r[key] for r in again.history] == [r[key] for r in parts.history], key
+    adaptive = RunConfig().override({"algorithm.name": method, **CENTRAL, "privacy.adaptive_quantile": 0.5})
+    with pytest.raises(ConfigError, match="uploads parts with bounds of their own"):
+        check_privacy(adaptive, resolve(adaptive.algorithm))

@@ -34,7 +34,8 @@ def _events(run_dir: Path, round_index: int) -> list[dict]:
 
 def _check_times(run_dir: Path) -> None:
     """Every arrival's row: launched no later than it arrived, arriving after the step before its own and by its
-    own (the step's time is its last arrival's); a lost client's row: its launch, and no arrival."""
+    own (the step's time is its last arrival's); a lost client's row: its launch, no arrival, and its loss, after its
+    launch and the step before, by its step (an arrival's row has no loss)."""
     times = [0.0] + [row["virtual_time_s"] for row in _rows(run_dir)]
     for t in range(len(times) - 1):
         events = _events(run_dir, t)
@@ -43,6 +44,8 @@ def _check_times(run_dir: Path) -> None:
         assert max(row["finish_s"] for row in arrived) == times[t + 1]
         lost = [row for row in events if row["status"] != "finished"]
         assert all(row["start_s"] <= times[t + 1] and row["finish_s"] is None for row in lost)
+        assert all(max(row["start_s"], times[t]) <= row["lost_s"] <= times[t + 1] for row in lost)
+        assert all(row["lost_s"] is None for row in arrived)
 
 
 @pytest.mark.parametrize("buffer_size", [2, 3])
@@ -109,8 +112,11 @@ def test_a_fedasync_run_records_each_launch_and_arrival_and_draws_its_timeline(t
         arrived = [row for row in _events(tmp_path / "run", t) if row["status"] == "finished"]
         assert [row["finish_s"] for row in arrived] == [step["virtual_time_s"]]
     assert sum(step["clients_dropped"] + step["clients_offline"] for step in steps) > 0  # lost rows were checked
-    # the timeline: a line per arrival or loss, from its launch to its arrival (a lost one's: to its step's end)
-    assert len(timeline["client_id"]) == sum(len(_events(tmp_path / "run", t)) for t in range(len(steps)))
+    # the timeline: a line per arrival or loss, from its launch to its arrival (a lost one's: to its loss)
+    events = [row for t in range(len(steps)) for row in _events(tmp_path / "run", t)]
+    assert len(timeline["client_id"]) == len(events)
+    ends = [row["finish_s"] if row["status"] == "finished" else row["lost_s"] for row in events]
+    assert sorted(timeline["end_s"].tolist()) == sorted(ends)
     assert (timeline["start_s"] <= timeline["end_s"]).all() and set(timeline["status"]) >= {"finished", "dropped"}
     assert tmp_path / "figures" / "run-timeline.png" in paths
 
@@ -132,4 +138,5 @@ def test_fedbuff_with_every_client_in_the_buffer_on_equal_devices_is_synchronous
     for column in ("train_loss", "accuracy"):
         np.testing.assert_allclose([r[column] for r in steps], [r[column] for r in rounds], rtol=1e-4)
     last = [load_arrays(sorted((tmp_path / kind / "checkpoints").glob("*.npz"))[-1]) for kind in ("fedbuff", "fedavg")]
-    np.testing.assert_allclose(last[0]["server/global"], last[1]["server/global"], atol=1e-5)
+    # float rounding of the two sums over four steps: up to 1.6e-5 on an AMD EPYC, under 1e-5 on an Intel Xeon
+    np.testing.assert_allclose(last[0]["server/global"], last[1]["server/global"], atol=5e-5)

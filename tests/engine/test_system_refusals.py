@@ -71,6 +71,10 @@ CASES = {
         {**LOGNORMAL, **FEDBUFF, "system.availability": "trace", "system.availability_trace": BRIEF},
         ["could never make a step", "brief.csv", "online at most 0.01 s", "longer online windows"],
     ),
+    "an asynchronous run lent a work that changes by round": (
+        {**LOGNORMAL, **FEDBUFF, "algorithm.client": "fedfomo"},
+        ["algorithm.client='fedfomo'", "changes from round to round", "fedbuff", "whose rounds are alike"],
+    ),
 }
 
 

@@ -1,5 +1,6 @@
 """A run with a system model gives the same bits on Ray with two workers as in-process, and after its driver is
-SIGKILLed mid-run and the run resumed: synchronous rounds with a deadline, and FedBuff."""
+SIGKILLed mid-run and the run resumed: synchronous rounds with a deadline, FedBuff, and a method whose work
+changes by round (its rounds timed from their own messages and its clients' states)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,13 @@ CASES = {
         "system.step_s": 0.05,
         "algorithm.name": "fedbuff",
         "algorithm.params": {"concurrency": 6, "buffer_size": 3, "server_lr": 0.8},
+    },
+    "varying": {  # each round's own work, found from its message and the clients' states (FedFomo's downloads)
+        "system.devices": "lognormal",
+        "system.step_s": 0.05,
+        "engine.join_ratio": 0.5,
+        "algorithm.name": "fedfomo",
+        "algorithm.params": {"num_models": 2},
     },
 }
 

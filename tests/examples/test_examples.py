@@ -34,6 +34,7 @@ def test_every_example_is_covered_here() -> None:
         "optuna_lambda_search",
         "own_method",
         "private_fedavg",
+        "private_cwfedavg",
         "system_heterogeneity",
         "system_own_models",
     }
@@ -149,3 +150,27 @@ def test_private_fedavg_in_its_smallest_form(tmp_path, capsys) -> None:
     for method in ("fedavg", "ditto"):
         assert rows[f"{method}-off"][1] == float("inf") > rows[f"{method}-z0.5"][1] > rows[f"{method}-z2"][1]
     assert (tmp_path / "accuracy_vs_epsilon.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_private_cwfedavg_in_its_smallest_form(tmp_path, capsys, monkeypatch) -> None:
+    # Execute: FedAvg, cwFedAvg and FedRep without privacy and at two noise multipliers, 10 clients, 1 round
+    example = _example("private_cwfedavg")
+    code = example.main(
+        ["--offline", "--out", str(tmp_path), "--noise", "0.5", "2", "--clients", "10", "--per-round", "5",
+         "--rounds", "1"]
+    )  # fmt: skip
+    # Assert: a line per run, then the table: ε the same for every method at one z, falling as z grows, and the figure
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0 and len([line for line in lines if " acc " in line]) == 9
+    header = lines.index(next(line for line in lines if line.split()[:2] == ["noise", "epsilon"]))
+    assert lines[header].split()[2:] == ["fedavg", "cwfedavg", "fedrep"]
+    table = {row.split()[0]: [float(v) for v in row.split()[1:]] for row in lines[header + 1 : header + 4]}
+    assert table["off"][0] == float("inf") > table["0.5"][0] > table["2"][0]
+    assert (tmp_path / "accuracy_vs_epsilon.png").stat().st_size > 0
+    # Without MNIST it says what it needs in one line
+    monkeypatch.delenv("RAYFED_DATA", raising=False)
+    monkeypatch.delenv("RAYFED_TEST_DATA", raising=False)
+    with pytest.raises(SystemExit):
+        example.main(["--out", str(tmp_path / "none")])
+    assert "MNIST is needed" in capsys.readouterr().err

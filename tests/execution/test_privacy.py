@@ -50,15 +50,32 @@ def test_a_stacks_upload_is_its_clients_one_by_one() -> None:
         torch.testing.assert_close(summed.total, sum(part.total for part in parts))
 
 
-def test_an_upload_that_is_not_a_whole_model_is_refused() -> None:
+def test_an_upload_that_is_not_the_declared_model_is_refused() -> None:
     privacy = ClientPrivacy(_config(mechanism="central"), "mine")
     job = SimpleNamespace(client_id=0, round=0, num_train=5, trained=torch.zeros(6))
-    try:
-        privacy.one([WeightedState(parts=(slice(0, 3),))], job, torch.zeros(6), _ctx(0, 1))
-    except Exception as refused:
-        assert "algorithm 'mine' declares its upload a whole model" in str(refused)
-    else:
-        raise AssertionError("a partial upload was noised as if whole")
+    for made in ([WeightedSum.of(np.zeros(6, np.float32), 5.0)], [WeightedState(), WeightedState((slice(0, 3),))]):
+        try:
+            privacy.one(made, job, torch.zeros(6), _ctx(0, 1))
+        except Exception as refused:
+            assert "algorithm 'mine' declares its upload a model" in str(refused)
+        else:
+            raise AssertionError(f"{made} was noised as if it were the declared model")
+
+
+def test_a_shared_part_is_clipped_and_summed_alone() -> None:
+    # Arrange: a model of 6 numbers whose first 2 and last 2 are uploaded (a shared body), the middle kept
+    privacy = ClientPrivacy(_config(mechanism="central", clip_norm=1.0, noise_multiplier=0.0), "mine")
+    shared = WeightedState((slice(0, 2), slice(4, 6)))
+    start = torch.zeros(6)
+    jobs = [SimpleNamespace(client_id=i, round=0, num_train=5, trained=torch.full((6,), 3.0 * i)) for i in range(3)]
+    states = torch.stack([job.trained for job in jobs])
+    # Act
+    summed, _ = privacy.stack([shared] * 3, jobs, states, start.expand(3, -1), _ctx(0, 3))
+    alone = [privacy.one([shared], job, start, _ctx(0, 3)) for job in jobs]
+    # Assert: 4 columns, each client's within the clip (norm 2 in 4 equal columns: 0.5 each), the stack's the sum
+    assert summed.total.shape == (4,) and summed.weight == 3.0
+    np.testing.assert_allclose(summed.total.numpy(), np.full(4, 1.0), rtol=1e-6)
+    np.testing.assert_allclose(sum(a.total for a in alone).numpy(), summed.total.numpy(), rtol=1e-6)
 
 
 def test_a_planned_client_that_sent_nothing_counts_as_a_zero_update() -> None:

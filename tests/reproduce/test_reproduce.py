@@ -417,3 +417,27 @@ def test_every_cell_of_the_committed_mnist_baselines_report_has_its_run_committe
     names = {cell.run_dir.name for cell in cells if cell.run_dir is not None}
     assert len(names) == 2 * 2 * len(TABLES["pfl-baselines-mnist"].rows)
     assert names - committed == set()
+
+
+def test_a_table_run_with_privacy_carries_the_epsilon_it_spent(tmp_path: Path) -> None:
+    # Arrange: two seeds of a private FedAvg whose rounds.parquet records ε after each round (seed 1 spent more)
+    table = Table(
+        "private-test",
+        "a private table",
+        "a test table",
+        columns=TINY.columns,
+        rows=(Row("fedavg", "FedAvg", "fedavg"),),
+    )
+    cells = plan(table, tmp_path, rounds=3, seeds=[0, 1])
+    for cell in cells:
+        cell.run_dir.mkdir(parents=True, exist_ok=True)
+        spent = [1.0, 2.0, 3.0, 4.0] if cell.seed == 0 else [1.5, 2.5, 3.5, 4.5]  # a 4th round is past the table's
+        rows = [{"round": t, "round_s": 1.0, "accuracy": 0.5, "epsilon": spent[t]} for t in range(4)]
+        pq.write_table(pa.Table.from_pylist(rows), cell.run_dir / "rounds.parquet")
+    # Act
+    markdown = write_report(table, cells, tmp_path, rounds=3).read_text()
+    # Assert: ε after round 3 in the cell (the most of any seed), per run, and in the JSON
+    assert "[2/2; r1; ε=3.5]" in markdown
+    assert "| s/round | ε | run directory |" in markdown and "| 1.0 | 3 |" in markdown
+    runs = json.loads((tmp_path / "private-test.json").read_text())["runs"]
+    assert sorted(r["epsilon"] for r in runs) == [3.0, 3.5]

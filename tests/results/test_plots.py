@@ -233,3 +233,25 @@ def test_a_run_with_a_system_model_is_drawn_against_virtual_time_beside_the_roun
     assert points == ([0.0, 0.5, 2.5], [10.0, 20.0, 40.0])
     assert virtual_time_points(plain) == ([], [])
     assert wide > 1.5 * narrow
+
+
+def test_a_private_run_is_drawn_against_the_epsilon_it_spent(tmp_path):
+    from matplotlib.image import imread
+
+    from rayfed.results.plots import epsilon_points, plot_accuracy_curves
+
+    # Arrange: a private run (ε 0 for the initial model, growing, an unevaluated round left out) and one without
+    private = {"privacy.mechanism": "central", "privacy.delta": 1e-6}
+    spent = _run("private", [0.2, float("nan"), 0.4], **private)
+    for row, epsilon in zip(spent.rounds, [1.5, 2.0, 3.0]):
+        row["epsilon"] = epsilon
+    spent.rounds.insert(0, {"round": -1, "accuracy": 0.1, "epsilon": 0.0})
+    plain = _run("plain", [0.3])
+    # Act
+    points = epsilon_points(spent)
+    wide = imread(plot_accuracy_curves([spent, plain], tmp_path / "private.png")).shape[1]
+    narrow = imread(plot_accuracy_curves([plain], tmp_path / "plain.png")).shape[1]
+    # Assert: ε against %, without the initial model's ε = 0, and a second panel only where a run spent ε
+    assert points == ([1.5, 3.0], [20.0, 40.0])
+    assert epsilon_points(plain) == ([], [])
+    assert wide > 1.5 * narrow

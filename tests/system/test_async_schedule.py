@@ -101,6 +101,15 @@ def test_every_step_applies_k_updates_in_time_order_with_their_staleness() -> No
                 assert staleness == version - 1 - launch_version[index] >= 0
         assert set(step.lost_status.tolist()) <= {ClientStatus.DROPPED, ClientStatus.OFFLINE}
         lost += len(step.lost)
+        # a loss reaches the server within the lost client's round, after the step before and by this one: when it
+        # dropped out, or when its online window closed
+        began, ended, ids = step.lost_start_s, step.lost_s, step.lost
+        assert ((began <= ended) & (ended < began + schedule.round_s[ids]) & (ended <= step.time_s)).all()
+        if version > 1:
+            assert (ended >= steps[version - 1].time_s).all()
+        offline = step.lost_status == ClientStatus.OFFLINE
+        windows_end = [devices.availability.online_until(np.array([c]), s)[0] for c, s in zip(ids, began, strict=True)]
+        assert (ended[offline] == np.array(windows_end)[offline]).all()
     assert lost > 0
     for plan in plans:  # each launched client's update arrives in the step the plan says, or never
         for index, arrives in zip(plan.step.launched_index.tolist(), plan.arrives_at.tolist(), strict=True):

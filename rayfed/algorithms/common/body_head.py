@@ -32,6 +32,7 @@ from rayfed.algorithms.common.architecture import require_homogeneous, sole_arch
 from rayfed.algorithms.contributions import WeightedState, WeightedSum
 from rayfed.algorithms.declarations import SharedBody, SharedBodyEvaluation
 from rayfed.algorithms.hooks import HELD_BY_CLIENTS, ClientHalf, RoundContext, ServerHalf, Start
+from rayfed.algorithms.private_uploads import ModelUpload
 from rayfed.algorithms.sizing import StateSizes
 from rayfed.train.job import ClientJob
 from rayfed.train.layout import ParamLayout
@@ -238,8 +239,10 @@ class PartialClient(ClientHalf[Any, PartialModels], SharedBodyEvaluation):
         return SharedBody(state, heads[:, : k * h].reshape(len(jobs), k, h), heads[:, k * h :])
 
 
-class PartialServer(StateSizes, ServerHalf[Any, WeightedSum]):
-    """Keeps the averaged part of the one architecture; averages the uploads as FedAvg does.
+class PartialServer(StateSizes, ModelUpload, ServerHalf[Any, WeightedSum]):
+    """Keeps the averaged part of the one architecture; averages the uploads as FedAvg does. Its upload is that
+    part of the model, which every client starts from (:class:`ModelUpload`): with privacy on it is clipped and
+    noised whole; the part each client keeps never leaves it and needs no noise.
 
     Subclasses set :attr:`shared_part` and :attr:`keep_local`.
     """
@@ -267,6 +270,10 @@ class PartialServer(StateSizes, ServerHalf[Any, WeightedSum]):
         local_part = other_part(self.shared_part)
         self.shared = self.split.gather(state, self.split.part(self.shared_part))
         self.initial_local = self.split.gather(state, self.split.part(local_part))
+
+    def privacy_reference(self) -> np.ndarray:
+        """The averaged part the round's clients started from (:class:`ModelUpload`)."""
+        return self.shared
 
     def broadcast(self) -> PartialModels:
         return PartialModels(self.shared, self.initial_local, self.split, self.shared_part, self.keep_local)
