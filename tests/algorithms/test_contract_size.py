@@ -3,7 +3,8 @@ author meets"). The mandatory surface: the members of ``ClientHalf`` and ``Serve
 the attributes these set), the fields of ``Phase`` and the keywords of ``register_algorithm``; it holds 40 names at
 most. The whole surface adds every type an author may meet beside them (the opt-in declarations, ``Reporting``,
 ``Samples``, ``Contribution`` and the companion types), each counted as its name and its own public members; it
-holds 102 names at most, what it held before issue 66. The page's tables are the code's."""
+holds 116 names at most (102 before issue 66, which took 2 out, and 16 opt-in names that issues 65 and 67 added, as
+docs/methods.md says). The page's tables are the code's."""
 
 from __future__ import annotations
 
@@ -54,7 +55,12 @@ BESIDE: tuple[type, ...] = (
     declarations.FastPathLimits,
     declarations.HeldOutData,
     declarations.AsynchronousAggregation,
+    declarations.VaryingWork,
     private_uploads.ModelUpload,
+    private_uploads.PartwiseUpload,
+    private_uploads.PartwiseClient,
+    private_uploads.UploadPart,
+    private_uploads.PrivateParts,
     private_uploads.UploadBeyondModel,
     StateSizes,
     Reporting,
@@ -69,8 +75,10 @@ BESIDE: tuple[type, ...] = (
 )
 """Every type an author may meet beside the mandatory surface: the opt-in declarations, what only reports read, the
 samples a phase trains on, the upload's base, and the companion types."""
-WHOLE_BOUND = 102
-"""The whole surface before issue 66 (``DeferredUpdates`` with 1 member, ``RoundContext`` with 5 more)."""
+WHOLE_BOUND = 116
+"""The whole surface: 102 before issue 66 (``DeferredUpdates`` with 1 member, ``RoundContext`` with 5 more), 100
+after it, and 16 opt-in names beside (issue 65's ``VaryingWork``, issue 67's part-by-part privacy); docs/methods.md
+says which."""
 
 
 def _own(cls: type) -> set[str]:
