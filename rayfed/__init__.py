@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ i
         load_config,
     )
     from rayfed.engine.method_check import check  # noqa: F401
-    from rayfed.engine.plugin_seal import accept_plugins  # noqa: F401
     from rayfed.engine.result import RunResult  # noqa: F401
     from rayfed.engine.simulation import Simulation  # noqa: F401
     from rayfed.results.run_data import load_run  # noqa: F401
@@ -41,6 +40,7 @@ if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ i
         ResourceError,
         WorkerError,
     )
+    from rayfed.util.plugin_check import accept_plugins  # noqa: F401
 
 __version__ = VERSION
 
@@ -57,7 +57,7 @@ __all__, __getattr__, __dir__ = lazy_exports(
             "load_config",
         ),
         "rayfed.engine.method_check": ("check",),
-        "rayfed.engine.plugin_seal": ("accept_plugins",),
+        "rayfed.util.plugin_check": ("accept_plugins",),
         "rayfed.engine.result": ("RunResult",),
         "rayfed.engine.simulation": ("Simulation",),
         "rayfed.results.run_data": ("load_run",),

@@ -37,7 +37,6 @@ from rayfed.engine.interrupts import (
     how_stopped,
     terminate_as_interrupt,
 )
-from rayfed.engine.plugin_seal import add_accept_option
 from rayfed.util.errors import ConfigError, RayfedError
 
 if TYPE_CHECKING:  # the CLI imports the engine when it runs
@@ -93,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tune_parser(sub)
     from rayfed.reproduce.cli import add_reproduce_parser
 
-    add_reproduce_parser(sub)
+    add_accept_option(add_reproduce_parser(sub))
     return parser
 
 
@@ -102,7 +101,20 @@ def _add_tune_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         from rayfed.tuning.cli import add_tune_parser
     except ImportError:  # the tuning package is optional at import time
         return
-    add_tune_parser(sub)
+    add_accept_option(add_tune_parser(sub))
+
+
+def add_accept_option(parser: argparse.ArgumentParser) -> None:
+    """The ``--accept-plugin DIGEST`` option of the commands that continue runs (their handlers wrap the work in
+    :func:`accept_plugins`)."""
+    parser.add_argument(
+        "--accept-plugin",
+        action="append",
+        default=[],
+        metavar="DIGEST",
+        help="continue a run whose plugin or trace file changed: accept the file of this sha256 (the digits its "
+        "refusal names); recorded in the run's marker",
+    )
 
 
 def _list(algorithm: str | None) -> None:
@@ -198,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(ns: argparse.Namespace) -> int:
-    from rayfed.engine.plugin_seal import accept_plugins
+    from rayfed.util.plugin_check import accept_plugins
 
     with accept_plugins(*ns.accept_plugin):
         if ns.resume is None:

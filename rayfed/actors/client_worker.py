@@ -10,10 +10,11 @@ from typing import Any
 
 import ray
 
-from rayfed.algorithms import RoundContext
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.reports import EvalReport
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.util.allocator import keep_freed_memory
+from rayfed.util.plugins import WithCode
 
 __all__ = ["ClientWorker"]
 
@@ -22,19 +23,21 @@ __all__ = ["ClientWorker"]
 class ClientWorker:
     """Ray actor running a :class:`~rayfed.execution.client_runner.ClientRunner`."""
 
-    def __init__(self, *args: Any) -> None:
+    def __init__(self, shipped: WithCode, *args: Any) -> None:
+        """``shipped``: the run's config with its code beside it (:class:`~rayfed.util.plugins.WithCode`), then the
+        runner's other arguments."""
         keep_freed_memory()
-        self.runner = ClientRunner(*args)
+        self.runner = ClientRunner(shipped.config, *args)
 
     @ray.method(num_returns=2)
-    def train(self, broadcast: Any, ctx: RoundContext, client_ids: list[int], states: dict) -> tuple[Any, Any]:
+    def train(self, broadcast: Any, ctx: RoundFacts, client_ids: list[int], states: dict) -> tuple[Any, Any]:
         """Returns (summed contribution, (reports, new states)) as two objects: the first goes to the server (or to
         this node's agent, which adds up the node's calls: :mod:`rayfed.actors.node_agent`), the second to the
         driver."""
         result = self.runner.train(broadcast, ctx, client_ids, states)
         return result.contribution, (result.reports, result.states)
 
-    def evaluate(self, broadcast: Any, ctx: RoundContext, client_ids: list[int], states: dict) -> list[EvalReport]:
+    def evaluate(self, broadcast: Any, ctx: RoundFacts, client_ids: list[int], states: dict) -> list[EvalReport]:
         return self.runner.evaluate(broadcast, ctx, client_ids, states)
 
     def node_and_pid(self) -> tuple[str, int]:

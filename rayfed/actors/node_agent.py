@@ -123,8 +123,9 @@ class NodeAgent:
     """Ray actor placed on one worker node, running :func:`run_calls` there."""
 
     def __init__(self, config: Any = None) -> None:
-        """``config`` is the run's config, unpickled here (from the one copy in the object store) only so that the
-        run's code outside rayfed is imported in this process, as in its workers (:mod:`rayfed.util.plugins`):
+        """``config`` is the run's config with its code beside it (:class:`~rayfed.util.plugins.WithCode`), unpickled
+        here (from the one copy in the object store) only so that the run's code outside rayfed is imported in this
+        process, as in its workers (:mod:`rayfed.util.plugins`):
         the sums it reads back and adds up may be instances of that code's classes."""
 
     @ray.method(num_returns=2)

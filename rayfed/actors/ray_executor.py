@@ -37,14 +37,15 @@ from rayfed.actors.pool_calls import CallResult
 from rayfed.actors.ray_calls import ACTOR_FAILURES, kill_actor
 from rayfed.actors.server_actor import ServerActor
 from rayfed.actors.worker_pool import WorkerPool
-from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
-from rayfed.execution.executor import Chunk, Executor, no_progress, states_of
+from rayfed.execution.executor import Executor, RoundCalls, no_progress
 from rayfed.execution.reports import ClientReport, EvalReport
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.train.job import ClientState
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.errors import ServerError, WorkerError
+from rayfed.util.plugins import WithCode
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class RayExecutor(Executor):
         self._dataset_ref = ray.put(dataset)
         self.dataset = ray.get(self._dataset_ref)
         self._partition_ref = ray.put(partition)
-        config_ref = ray.put(config)  # pickled once (with its code: rayfed.util.plugins), read by every actor
+        config_ref = ray.put(WithCode(config))  # pickled once with its code beside it (rayfed.util.plugins)
         self._server_args = (config_ref, spec, dict(initial))
         self._max_retries = engine.max_retries
         self._server_node: str = ray.get_runtime_context().get_node_id()
@@ -82,8 +83,8 @@ class RayExecutor(Executor):
         self.server_restarts = 0
         self.contributions_rerun = 0
         """Batches of clients trained again because the node holding their contribution left."""
-        self._round_inputs: tuple[Any, RoundContext, Any, list[Chunk], Mapping[int, ClientState]] | None = None
-        """The round's broadcast, context (and its object-store copy, which the calls carry), chunks and states."""
+        self._round_inputs: tuple[RoundCalls, Any] | None = None
+        """The round's calls and the object-store copy of its facts, which the calls carry."""
         self._ran_on: list[str] = []
         """The node each chunk of the round trained on, whose object store holds its contribution."""
         self.server = self._spawn_server()
@@ -156,15 +157,10 @@ class RayExecutor(Executor):
         return ray.get(broadcast)
 
     def train(
-        self,
-        broadcast: Any,
-        ctx: RoundContext,
-        chunks: list[Chunk],
-        states: Mapping[int, ClientState],
-        on_chunk_done: Callable[[], object] = no_progress,
+        self, calls: RoundCalls, on_chunk_done: Callable[[], object] = no_progress
     ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:
-        self._round_inputs = (broadcast, ctx, ray.put(ctx), chunks, states)
-        results = self._train_chunks(list(range(len(chunks))), on_chunk_done)
+        self._round_inputs = (calls, ray.put(calls.facts))
+        results = self._train_chunks(list(range(len(calls.chunks))), on_chunk_done)
         self._ran_on = [result.node for result in results]
         contributions, reports, new_states = [], [], {}
         for result in results:
@@ -177,17 +173,17 @@ class RayExecutor(Executor):
     def _train_chunks(self, indices: list[int], on_chunk_done: Callable[[], object] = no_progress) -> list[CallResult]:
         """Train the round's chunks ``indices`` (:meth:`train`'s inputs) on the pool."""
         assert self._round_inputs is not None
-        broadcast, ctx, ctx_ref, chunks, states = self._round_inputs  # the context travels once, not once a call
+        calls, facts = self._round_inputs  # the round's facts travel once, not once a call
         return self.pool.map(
             "train",
-            [chunks[i] for i in indices],
-            lambda k: (broadcast, ctx_ref, chunks[indices[k]], states_of(states, chunks[indices[k]])),
-            round_index=ctx.round,
+            [calls.chunks[i] for i in indices],
+            lambda k: calls.arguments(indices[k], facts),
+            round_index=calls.facts.round,
             on_chunk_done=on_chunk_done,
-            summed=(len(chunks), indices),
+            summed=(len(calls.chunks), indices),
         )
 
-    def aggregate(self, ctx: RoundContext, contributions: list[Any]) -> dict[str, float]:
+    def aggregate(self, ctx: RoundFacts, contributions: list[Any]) -> dict[str, float]:
         contributions = list(contributions)
         for attempt in itertools.count():
             self._retrain_lost(contributions, wait_s=_NODE_DEATH_WAIT_S if attempt else 0.0)
@@ -239,20 +235,13 @@ class RayExecutor(Executor):
         alive = alive_node_ids() if elsewhere else set()
         return [i for i, node in enumerate(self._ran_on) if node in elsewhere and node not in alive]
 
-    def evaluate(
-        self,
-        broadcast: Any,
-        ctx: RoundContext,
-        chunks: list[Chunk],
-        states: Mapping[int, ClientState],
-        on_chunk_done: Callable[[], object] = no_progress,
-    ) -> list[EvalReport]:
-        ctx_ref = ray.put(ctx)
+    def evaluate(self, calls: RoundCalls, on_chunk_done: Callable[[], object] = no_progress) -> list[EvalReport]:
+        facts = ray.put(calls.facts)
         results = self.pool.map(
             "evaluate",
-            chunks,
-            lambda i: (broadcast, ctx_ref, chunks[i], states_of(states, chunks[i])),
-            round_index=ctx.round,
+            calls.chunks,
+            lambda i: calls.arguments(i, facts),
+            round_index=calls.facts.round,
             on_chunk_done=on_chunk_done,
         )
         return [report for result in results for report in result.value]

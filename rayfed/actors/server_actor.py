@@ -10,6 +10,7 @@ import ray
 
 from rayfed.execution.server import Server
 from rayfed.execution.summation import pieces_of
+from rayfed.util.plugins import WithCode
 
 __all__ = ["ServerActor"]
 
@@ -19,8 +20,10 @@ class ServerActor:
     """Holds the algorithm's server half. ``broadcast`` returns the round's message, which Ray
     stores once in the object store; every worker reads that same object by reference."""
 
-    def __init__(self, *args: Any) -> None:
-        self.server = Server(*args)
+    def __init__(self, shipped: WithCode, *args: Any) -> None:
+        """``shipped``: the run's config with its code beside it (:class:`~rayfed.util.plugins.WithCode`), then the
+        server's other arguments."""
+        self.server = Server(shipped.config, *args)
         torch = sys.modules.get("torch")  # imported only by server halves that compute with it
         if torch is not None:
             torch.set_num_threads(1)

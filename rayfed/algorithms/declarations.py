@@ -17,8 +17,9 @@ evaluate faster or to carve data out before the run, and most methods have none 
 A server half:
 
 * :class:`HeldOutData`: data no client may own (FedLAW's proxy set, KT-pFL's public set);
-* :class:`DeferredUpdates`: updates kept for later rounds, so a round without uploads may still change the state
-  (FedAsync's and FedBuff's updates arriving at a later server step);
+* :class:`AsynchronousAggregation`: it aggregates asynchronously (FedAsync, FedBuff), the one declaration the
+  engine reads for it: its schedule's concurrency and buffer, each round's uploads with the server steps they
+  arrive at, and the step a round without uploads still takes from the updates kept for it;
 * what its state weighs, where it differs from the default: :class:`~rayfed.algorithms.sizing.StateSizes`.
 
 A half that borrows another's phases (``algorithm.client``, :class:`~rayfed.algorithms.borrowed.BorrowedTraining`)
@@ -51,7 +52,7 @@ __all__ = [
     "FastPathLimits",
     "VaryingWork",
     "HeldOutData",
-    "DeferredUpdates",
+    "AsynchronousAggregation",
     "shared_body",
     "normalizes_features",
     "evaluation_reads_train",
@@ -128,10 +129,26 @@ class HeldOutData(abc.ABC):
         before the partition (:mod:`rayfed.data.held_out`) and handed to both halves as ``spec.held_out``."""
 
 
-class DeferredUpdates(abc.ABC):
-    """A server half that keeps uploads for a later round's step (the asynchronous methods: an update arrives at
-    the server step of a later model version). A round without an acceptable upload then still takes the step the
-    kept updates make: the server asks :meth:`step_without_uploads` where it would otherwise keep the state."""
+class AsynchronousAggregation(abc.ABC):
+    """A server half that aggregates asynchronously in virtual time (FedAsync, FedBuff; docs/system.md): the engine
+    runs it one round per server step of a schedule its params shape (:meth:`schedule`), and hands it each round's
+    uploads with the server step each one arrives at (:meth:`aggregate_arriving`, in place of ``aggregate``). An
+    update kept for a later step still makes it when that round has no acceptable upload: the server then asks
+    :meth:`step_without_uploads` where it would otherwise keep the state. This is the one thing that makes a method
+    asynchronous: the engine reads it, never the params' type."""
+
+    @classmethod
+    @abc.abstractmethod
+    def schedule(cls, params: Any) -> tuple[int, int]:
+        """(C, K): the clients training at once and the updates each server step applies."""
+
+    @abc.abstractmethod
+    def aggregate_arriving(
+        self, ctx: RoundContext, contribution: Any, arrives_at: np.ndarray | None
+    ) -> dict[str, float]:
+        """Aggregate the uploads of the clients launched from version ``ctx.round``; ``arrives_at`` (int64, one per
+        sampled client, as ``ctx.sampled``) the version each one's update arrives to make, None without a schedule
+        (a round driven by hand: every update makes the next version). Returns metrics."""
 
     @abc.abstractmethod
     def step_without_uploads(self, ctx: RoundContext) -> dict[str, float]:

@@ -68,7 +68,9 @@ class NoParams:
 
 @dataclass(frozen=True)
 class RoundContext:
-    """The facts of one round, decided once by the engine; the workers build every client's job from them."""
+    """The facts of one round an author reads, decided once by the engine; the workers build every client's job from
+    them. What the engine's system model and privacy decide beside them (a client's step budget, an update's arrival,
+    the round's clip norm) travels on the engine's own value, :class:`rayfed.execution.round_facts.RoundFacts`."""
 
     round: int
     """0-based; -1 for the evaluation of the initial model (``engine.eval_initial``)."""
@@ -78,27 +80,6 @@ class RoundContext:
     """The round's learning rate of local training (``train.lr_at(round)``)."""
     sampled: np.ndarray
     """Ids of the clients that train this round, sorted."""
-    step_budget: np.ndarray | None = None
-    """With a system model's partial work (``system.late_work="partial"``, :mod:`rayfed.system.rounds`): int64, one
-    per sampled client, the local steps it takes before it must upload, in the phases the budget covers
-    (``Phase.budgeted``; the others train whole) (-1: all its phases' steps); None: all."""
-    arrives_at: np.ndarray | None = None
-    """Asynchronous aggregation (:mod:`rayfed.system.schedule`): int64, one per sampled client, the model version
-    its update is applied to make (the round is the version it trains from); None in synchronous rounds."""
-    planned: np.ndarray | None = None
-    """With a system model (:mod:`rayfed.system.rounds`): int64, sorted, every client the round sampled, those whose
-    work does not count (dropped, offline, late, surplus) too, which DP-FedAvg's fixed denominator counts
-    (:mod:`rayfed.execution.privacy`); None: :attr:`sampled`."""
-    clip_norm: float | None = None
-    """With adaptive clipping (``privacy.adaptive_quantile``, :mod:`rayfed.privacy.adaptive`): the round's clip norm
-    C_t; None: ``privacy.clip_norm``."""
-
-    def budget_of(self, client_id: int) -> int | None:
-        """The local steps client ``client_id`` may take this round, or None for all (:attr:`step_budget`)."""
-        if self.step_budget is None:
-            return None
-        budget = int(self.step_budget[np.searchsorted(self.sampled, client_id)])
-        return None if budget < 0 else budget
 
 
 @dataclass

@@ -34,7 +34,6 @@ from rayfed.data.settings import DataConfig
 from rayfed.privacy.settings import PrivacyConfig
 from rayfed.system.settings import SystemConfig
 from rayfed.train.settings import TrainConfig
-from rayfed.util import plugins
 from rayfed.util.config_tree import (
     coerce,
     from_mapping,
@@ -247,12 +246,6 @@ class RunConfig:
         check(not (poisson and self.system.enabled), "engine.participation", self.engine.participation, why)
         object.__setattr__(self, "plugins", tuple(self.plugins))
 
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        """Pickled with its code outside rayfed (:func:`rayfed.util.plugins.pack`): its files as data, imported by
-        name in the process that unpickles it (a Ray worker, the ServerActor, a trial), and what a script's
-        ``__main__`` registered by value, so that process knows the methods, models and datasets it names."""
-        return (_unpickle, (plugins.pack(dict(vars(self))),))
-
     # --- conversions -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready nested dict; ``RunConfig.from_dict(cfg.to_dict()) == cfg``."""
@@ -347,13 +340,6 @@ def _plugin_entries(data: Mapping[str, Any]) -> tuple[str, ...]:
             'e.g. plugins = ["my_methods"], or plugins=my_methods.py on the command line'
         )
     return tuple(entries)
-
-
-def _unpickle(blob: bytes) -> RunConfig:
-    """A :class:`RunConfig` pickled by :meth:`RunConfig.__reduce__`, its plugin registrations installed first."""
-    config = object.__new__(RunConfig)
-    config.__dict__.update(plugins.unpack(blob))
-    return config
 
 
 def is_field_path(path: str) -> bool:

@@ -1,13 +1,13 @@
 """Asynchronous aggregation in the round loop: a round per server step, in virtual-time order.
 
-An asynchronous method (FedAsync, FedBuff: params that are
-:class:`~rayfed.algorithms.common.asynchronous.AsynchronousParams`) runs through the same round loop as every
+An asynchronous method (FedAsync, FedBuff: a server half that declares
+:class:`~rayfed.algorithms.declarations.AsynchronousAggregation`) runs through the same round loop as every
 other, one round per model version v (docs/system.md, "Asynchronous aggregation"). Its schedule
 (:class:`~rayfed.system.schedule.AsyncSchedule`), simulated ahead of the training, says which clients are launched
 from version v and the version each one's update arrives at; in round v:
 
 1. the launched clients whose updates will arrive train as one round (one set of calls, stacked where the method
-   stacks) from θ_v, each one's arrival version in ``RoundContext.arrives_at``;
+   stacks) from θ_v, each one's arrival version in ``RoundFacts.arrives_at``;
 2. the server keeps their uploads, and makes version v + 1 from the updates that arrive at it
    (:class:`~rayfed.algorithms.common.asynchronous.KeptUpdatesServer`);
 3. the round records the step's virtual time, its arrivals (``clients_finished``, their staleness) and the clients
@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.engine.metrics import RoundRecord
 from rayfed.engine.rounds import Rounds
 from rayfed.engine.system_records import VIRTUAL_TIME, status_counts, with_status
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.system.profiles import DeviceProfiles
 from rayfed.system.schedule import AsyncSchedule, AsyncState, VersionPlan
 from rayfed.system.status import ClientStatus
@@ -67,7 +67,7 @@ class AsyncRounds(Rounds):
 
     def context(
         self, round_index: int, message: Callable[[], Any] | None = None, states: ClientStates | None = None
-    ) -> RoundContext:
+    ) -> RoundFacts:
         """The clients launched from version ``round_index`` whose updates arrive, sorted, with their arrival
         versions; the initial model's evaluation (round -1) has round 0's. An asynchronous method's work is alike
         in every round (:func:`~rayfed.engine.system_setup.plan_rounds`): ``message`` and ``states`` are unread."""
@@ -75,7 +75,7 @@ class AsyncRounds(Rounds):
         plan = self._plan_of(version)
         arrives = plan.arrives_at >= 0
         order = np.argsort(plan.launched[arrives], kind="stable")
-        return RoundContext(
+        return RoundFacts(
             round=round_index,
             seed=config.seed,
             lr=config.train.lr_at(version),

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from rayfed.algorithms import ResolvedAlgorithm, RoundContext
+from rayfed.algorithms import ResolvedAlgorithm
 from rayfed.config import RunConfig, read_run_config
 from rayfed.engine.inputs import RunInputs
 from rayfed.execution.client_runner import ClientRunner
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.util.errors import ConfigError
 
 __all__ = ["with_recorded_step_s", "with_measured_step_s", "measure_step_s"]
@@ -60,7 +61,7 @@ def measure_step_s(config: RunConfig, algorithm: ResolvedAlgorithm, inputs: RunI
     client = int(np.argmax(inputs.partition.num_train()))
     runner = ClientRunner(config, inputs.spec, inputs.dataset, inputs.partition)
     message = algorithm.make_server(inputs.spec, inputs.initial).broadcast()
-    ctx = RoundContext(round=0, seed=config.seed, lr=config.train.lr_at(0), sampled=np.array([client]))
+    ctx = RoundFacts(round=0, seed=config.seed, lr=config.train.lr_at(0), sampled=np.array([client]))
     runner.train(message, ctx, [client])  # warm-up: the model built, its steps captured where they replay
     seconds, steps = [], 0
     for _ in range(_TIMED_ROUNDS):

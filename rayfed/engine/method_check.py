@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rayfed.algorithms import RoundContext, resolve
+from rayfed.algorithms import resolve
 from rayfed.algorithms.hooks import message_bytes
 from rayfed.config import RunConfig
 from rayfed.engine.inputs import RunInputs
@@ -32,6 +32,7 @@ from rayfed.engine.method_mistakes import explain
 from rayfed.engine.path_comparison import largest_loss_difference, path_differences
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.reports import TrainResult
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.execution.server import Server
 from rayfed.train.job import ClientJob
 from rayfed.train.loop import LocalLoop
@@ -119,7 +120,7 @@ class TwoPaths:
         """Round ``t`` of every client on both paths; ``train(runner, *args)`` trains a call (by default
         ``runner.train(*args)``: a test profiles it)."""
         clients = self.config.data.num_clients
-        ctx = RoundContext(round=t, seed=self.config.seed, lr=self.config.train.lr_at(t), sampled=np.arange(clients))
+        ctx = RoundFacts(round=t, seed=self.config.seed, lr=self.config.train.lr_at(t), sampled=np.arange(clients))
         message = self.server.broadcast()
         self.message_bytes = message_bytes(message)
         call = train or (lambda runner, *args: runner.train(*args))

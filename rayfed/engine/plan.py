@@ -33,7 +33,7 @@ from rayfed.config import RunConfig, check_installed
 from rayfed.engine.calibration import with_measured_step_s, with_recorded_step_s
 from rayfed.engine.fast_path import log_slow_paths
 from rayfed.engine.inputs import RunInputs
-from rayfed.engine.plugin_seal import check_sources, marker_note, marker_sources
+from rayfed.engine.plugin_seal import marker_note, marker_sources
 from rayfed.engine.privacy_records import check_privacy
 from rayfed.engine.resume_point import ResumePoint, read_resume_point
 from rayfed.engine.rounds import Rounds
@@ -44,6 +44,7 @@ from rayfed.engine.sizing import MemoryEstimate, check_fits
 from rayfed.engine.system_setup import plan_rounds
 from rayfed.engine.trace_seal import check_traces, trace_records
 from rayfed.engine.trainability import check_trainable
+from rayfed.util.plugin_check import check_sources
 from rayfed.util.plugins import plugin_sources, run_sources
 from rayfed.util.progress import progress_shown
 

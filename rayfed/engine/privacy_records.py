@@ -18,11 +18,12 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rayfed.algorithms import ResolvedAlgorithm, RoundContext
+from rayfed.algorithms import ResolvedAlgorithm
 from rayfed.algorithms.private_uploads import PartwiseUpload, privacy_refusal
 from rayfed.config import RunConfig
 from rayfed.engine.system_setup import is_asynchronous
 from rayfed.execution.privacy import UNCLIPPED
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.privacy.accountant import Accounting, accounting_of
 from rayfed.privacy.adaptive import default_count_noise, next_clip_norm, update_noise_multiplier
 from rayfed.system.rounds import round_sizes
@@ -128,11 +129,11 @@ class PrivacyLedger:
         assert quantile is not None
         self.clip_norm = next_clip_norm(clip_norm, unclipped_fraction, quantile, self.privacy.adaptive_lr)
 
-    def context(self, ctx: RoundContext) -> RoundContext:
+    def context(self, ctx: RoundFacts) -> RoundFacts:
         """``ctx`` with the round's clip norm where it adapts."""
         return dataclasses.replace(ctx, clip_norm=self.clip_norm) if self.privacy.adaptive else ctx
 
-    def columns(self, ctx: RoundContext, extra: Mapping[str, float]) -> dict[str, float]:
+    def columns(self, ctx: RoundFacts, extra: Mapping[str, float]) -> dict[str, float]:
         """The privacy columns of the row of round ``ctx.round`` (-1: the initial model, ε = 0), whose server
         metrics are ``extra``; the clip norm moves on to the next round's. None without privacy."""
         if self.accounting is None:

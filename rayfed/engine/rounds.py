@@ -23,10 +23,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.engine.metrics import RoundRecord
 from rayfed.engine.system_records import ONLINE, VIRTUAL_TIME, status_counts, with_status
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.system.clock import Workload
 from rayfed.system.profiles import DeviceProfiles
 from rayfed.system.rounds import RoundOutcome, SyncRounds
@@ -49,7 +49,7 @@ class Rounds:
 
     def context(
         self, round_index: int, message: Callable[[], Any] | None = None, states: ClientStates | None = None
-    ) -> RoundContext:
+    ) -> RoundFacts:
         """The round's facts, decided here once: its clients and learning rate. The initial model's evaluation
         (round -1) samples as round 0 and has round 0's learning rate. ``message`` (the round's message, fetched
         when called) and ``states`` (the store's client states) time the round of a method whose work changes by
@@ -60,7 +60,7 @@ class Rounds:
             sampled = poisson_sample(config.seed, t, np.arange(clients, dtype=np.int64), ratio)
         else:
             sampled = sample_clients(config.seed, t, clients, ratio)
-        return RoundContext(round=round_index, seed=config.seed, lr=config.train.lr_at(t), sampled=sampled)
+        return RoundFacts(round=round_index, seed=config.seed, lr=config.train.lr_at(t), sampled=sampled)
 
     def settle(self, round_index: int, record: RoundRecord, clients: pa.Table) -> pa.Table:
         """Add what the system model knows of the round to its record (``record.system``) and its per-client
@@ -110,7 +110,7 @@ class VirtualRounds(Rounds):
 
     def context(
         self, round_index: int, message: Callable[[], Any] | None = None, states: ClientStates | None = None
-    ) -> RoundContext:
+    ) -> RoundFacts:
         """The clients whose work the round counts, timed with the round's own work where it changes by round
         (from ``message`` and ``states``); a partial one's step budget is the steps it did by the deadline of the
         phases a budget covers."""
@@ -120,7 +120,7 @@ class VirtualRounds(Rounds):
         budget = None
         if (outcome.status == ClientStatus.PARTIAL).any():
             budget = outcome.budget[counted]
-        return RoundContext(
+        return RoundFacts(
             round=round_index,
             seed=config.seed,
             lr=config.train.lr_at(t),

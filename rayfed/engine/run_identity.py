@@ -35,7 +35,6 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +42,7 @@ from rayfed.engine.run_seal import check_seal, sealed
 from rayfed.util.bounded import read_json
 from rayfed.util.errors import CheckpointError
 from rayfed.util.files import write_json
+from rayfed.util.plugin_check import now
 from rayfed.util.version import VERSION
 
 if TYPE_CHECKING:
@@ -78,11 +78,6 @@ def _without(tree: Mapping[str, Any], prefixes: tuple[str, ...], path: str = "")
         elif not here.startswith(prefixes):
             kept[key] = value
     return kept
-
-
-def now() -> str:
-    """The time a marker records, to the second."""
-    return datetime.now().isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.engine.callbacks import Callback, Checkpointer, MetricsWriter, ProgressBar, RunView
 from rayfed.engine.checkpoint import Checkpoint, checkpoint_round, checkpoints_of, newest_checkpoint
@@ -47,8 +46,9 @@ from rayfed.engine.result import RunResult
 from rayfed.engine.resume_point import drop_client_tables_from, previous_checkpoint_fix
 from rayfed.engine.run_dir import open_run_dir, resume_command
 from rayfed.engine.state_store import ClientStateStore
-from rayfed.execution.executor import Executor, LocalExecutor, make_chunks, num_calls
+from rayfed.execution.executor import Executor, LocalExecutor, RoundCalls, make_chunks, num_calls
 from rayfed.execution.reports import ClientReport
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.execution.settlement import NON_FINITE
 from rayfed.train.job import ClientState
 from rayfed.util import plugins
@@ -176,14 +176,18 @@ class Simulation:
         self.dataset = self.executor.dataset
         self._opening = (replace(inputs, dataset=self.dataset), marker)
 
-    def _chunks(self, client_ids: np.ndarray) -> list[list[int]]:
-        """The clients' batches, one per worker call: the same on every backend and number of workers; none for no
-        client (a round of a system model in which no client's work counts)."""
-        if not len(client_ids):
-            return []
-        return make_chunks(client_ids, self.num_train, num_calls(len(client_ids), self.config.engine.clients_per_call))
+    def _calls(self, broadcast: Any, ctx: RoundFacts, client_ids: np.ndarray) -> RoundCalls:
+        """The worker calls of ``client_ids`` in round ``ctx``: their batches, one per call, the same on every
+        backend and number of workers (none for no client: a round of a system model in which no client's work
+        counts), with the states of those that keep one."""
+        chunks: list[list[int]] = []
+        if len(client_ids):
+            calls = num_calls(len(client_ids), self.config.engine.clients_per_call)
+            chunks = make_chunks(client_ids, self.num_train, calls)
+        states = self.states.get_many(client_ids) if self.algorithm.keeps_client_state else {}
+        return RoundCalls(broadcast, ctx, chunks, states)
 
-    def _context(self, round_index: int, broadcast: Any) -> RoundContext:
+    def _context(self, round_index: int, broadcast: Any) -> RoundFacts:
         """The round's facts, decided once (:meth:`rayfed.engine.rounds.Rounds.context`), from its ``broadcast``."""
         executor = self.executor
         assert executor is not None
@@ -262,12 +266,9 @@ class Simulation:
         assert self.executor is not None
         started, ctx = time.perf_counter(), self._context(-1, broadcast)
         targets = all_clients if self.config.engine.eval_clients == "all" else np.unique(ctx.sampled)
-        chunks = self._chunks(targets)
-        keeps_state = self.algorithm.keeps_client_state
-        with self._round_progress(len(chunks), "initial evaluation") as bar:
-            evals = self.executor.evaluate(
-                broadcast, ctx, chunks, self.states.get_many(targets) if keeps_state else {}, bar.update
-            )
+        calls = self._calls(broadcast, ctx, targets)
+        with self._round_progress(len(calls.chunks), "initial evaluation") as bar:
+            evals = self.executor.evaluate(calls, bar.update)
         seconds = time.perf_counter() - started
         record = summarise_round(-1, [], evals, {"evaluate": seconds, "round": seconds}, {})
         record.privacy = self.privacy.columns(ctx, {})
@@ -282,12 +283,9 @@ class Simulation:
         config, executor = self.config, self.executor
         started, ctx = time.perf_counter(), self._context(t, broadcast)
         sampled = ctx.sampled
-        keeps_state = self.algorithm.keeps_client_state
-        chunks = self._chunks(sampled)
-        with self._round_progress(len(chunks), f"round {t} training") as bar:
-            contributions, reports, new_states = executor.train(
-                broadcast, ctx, chunks, self.states.get_many(sampled) if keeps_state else {}, bar.update
-            )
+        calls = self._calls(broadcast, ctx, sampled)
+        with self._round_progress(len(calls.chunks), f"round {t} training") as bar:
+            contributions, reports, new_states = executor.train(calls, bar.update)
         with interrupts_deferred():  # from here until the round is recorded and written, states change together
             for cid, state in new_states.items():
                 self.states.put(cid, state)
@@ -298,11 +296,9 @@ class Simulation:
             evals = []
             if (t + 1) % config.engine.eval_every == 0 or t == config.train.rounds - 1:
                 targets = all_clients if config.engine.eval_clients == "all" else np.unique(sampled)  # each once
-                chunks = self._chunks(targets)
-                with self._round_progress(len(chunks), f"round {t} evaluation") as bar:
-                    evals = executor.evaluate(
-                        broadcast, ctx, chunks, self.states.get_many(targets) if keeps_state else {}, bar.update
-                    )
+                calls = self._calls(broadcast, ctx, targets)
+                with self._round_progress(len(calls.chunks), f"round {t} evaluation") as bar:
+                    evals = executor.evaluate(calls, bar.update)
             finished = time.perf_counter()
             timings = {
                 "train": trained - started,

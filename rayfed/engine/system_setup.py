@@ -5,14 +5,15 @@ presets or trace files, a bad one refused in one line), works out each client's 
 (:func:`~rayfed.engine.workload.method_workload`, each upload charged secure aggregation's bytes where
 ``privacy.secure_aggregation`` asks) and builds what the round loop asks each round
 (:mod:`rayfed.engine.rounds`): synchronous rounds in virtual time, whose deadline must be one some device meets, or,
-for an asynchronous method, its schedule, whose buffer must fit its concurrency and whose concurrency the clients
-online.
+for an asynchronous method (its server half declares
+:class:`~rayfed.algorithms.declarations.AsynchronousAggregation`), its schedule, whose buffer must fit its
+concurrency and whose concurrency the clients online.
 """
 
 from __future__ import annotations
 
 from rayfed.algorithms import ResolvedAlgorithm
-from rayfed.algorithms.common.asynchronous import AsynchronousParams
+from rayfed.algorithms.declarations import AsynchronousAggregation
 from rayfed.config import RunConfig
 from rayfed.engine.asynchronous import UNBOUNDED, AsyncRounds
 from rayfed.engine.inputs import RunInputs
@@ -26,8 +27,9 @@ __all__ = ["plan_rounds", "is_asynchronous"]
 
 
 def is_asynchronous(algorithm: ResolvedAlgorithm) -> bool:
-    """Whether the run's method aggregates asynchronously (its params are ``AsynchronousParams``)."""
-    return isinstance(algorithm.server_params, AsynchronousParams)
+    """Whether the run's method aggregates asynchronously: its server half declares so
+    (:class:`~rayfed.algorithms.declarations.AsynchronousAggregation`)."""
+    return issubclass(algorithm.algorithm.server_half, AsynchronousAggregation)
 
 
 def plan_rounds(config: RunConfig, algorithm: ResolvedAlgorithm, inputs: RunInputs) -> Rounds:
@@ -52,20 +54,24 @@ def plan_rounds(config: RunConfig, algorithm: ResolvedAlgorithm, inputs: RunInpu
             "ahead of the training, cannot time: lend it the phases of a method whose rounds are alike (fedavg, "
             "fedprox, ...)"
         )
-    params: AsynchronousParams = algorithm.server_params
-    return AsyncRounds(config, lambda state: _schedule(config, params, devices, work, state))
+    server_half = algorithm.algorithm.server_half
+    assert issubclass(server_half, AsynchronousAggregation)  # is_asynchronous
+    shape = server_half.schedule(algorithm.server_params)
+    return AsyncRounds(config, lambda state: _schedule(config, shape, devices, work, state))
 
 
 def _schedule(
-    config: RunConfig, params: AsynchronousParams, devices: DeviceProfiles, work: Workload, state: AsyncState | None
+    config: RunConfig, shape: tuple[int, int], devices: DeviceProfiles, work: Workload, state: AsyncState | None
 ) -> AsyncSchedule:
+    """The schedule of concurrency and buffer ``shape`` (the half's :meth:`AsynchronousAggregation.schedule`)."""
+    concurrency, buffer = shape
     return AsyncSchedule(
         config.system,
         devices,
         work,
         config.seed,
-        concurrency=params.concurrency,
-        buffer_size=params.buffer,
+        concurrency=concurrency,
+        buffer_size=buffer,
         last_version=UNBOUNDED,
         state=state,
     )

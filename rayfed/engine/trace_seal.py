@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from rayfed.config import RunConfig
-from rayfed.engine.plugin_seal import accept_hint, is_accepted
-from rayfed.engine.run_identity import now
 from rayfed.util.errors import PluginError
+from rayfed.util.plugin_check import accept_hint, is_accepted, now
 from rayfed.util.plugin_sources import file_digest
 
 __all__ = ["TRACE_FIELDS", "trace_records", "check_traces"]

@@ -31,11 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from rayfed.algorithms import ResolvedAlgorithm, RoundContext
+from rayfed.algorithms import ResolvedAlgorithm
 from rayfed.algorithms.declarations import varies_work
 from rayfed.config import RunConfig
 from rayfed.engine.inputs import RunInputs
 from rayfed.execution.client_runner import ClientRunner
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.privacy.secure_aggregation import overhead_bytes
 from rayfed.system import Workload
 from rayfed.system.rounds import round_sizes
@@ -63,9 +64,9 @@ def method_workload(
     for architecture in dict.fromkeys(architectures.tolist()):
         members = np.flatnonzero(architectures == architecture)
         probe = int(members[np.argmax(sizes[members])])
-        ctx = RoundContext(round=0, seed=config.seed, lr=config.train.lr_at(0), sampled=np.array([probe]))
+        ctx = RoundFacts(round=0, seed=config.seed, lr=config.train.lr_at(0), sampled=np.array([probe]))
         steps[members], budgeted[members] = runner.work_steps(message, ctx, probe, sizes[members])
-        untrained = RoundContext(ctx.round, ctx.seed, ctx.lr, ctx.sampled, step_budget=np.zeros(1, np.int64))
+        untrained = RoundFacts(ctx.round, ctx.seed, ctx.lr, ctx.sampled, step_budget=np.zeros(1, np.int64))
         (report,) = runner.train(message, untrained, [probe]).reports
         down[members], up[members] = report.bytes_down, report.bytes_up
     first = _with_secure_aggregation(config, Workload(steps, down, up, budgeted))
@@ -95,7 +96,7 @@ class RoundWork:
         """The workload of round ``round_index`` whose clients ``ids`` start from ``message`` and their states."""
         ids = np.asarray(ids, dtype=np.int64)
         config = self.config
-        ctx = RoundContext(round=round_index, seed=config.seed, lr=config.train.lr_at(round_index), sampled=ids)
+        ctx = RoundFacts(round=round_index, seed=config.seed, lr=config.train.lr_at(round_index), sampled=ids)
         steps, budgeted, down = self.runner.round_work(message, ctx, dict(states(ids)))
         work = self.first
         every, covered = work.steps.copy(), work.budgeted_of(np.arange(len(work.steps))).copy()

@@ -18,6 +18,7 @@ from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition, model_inputs
 from rayfed.execution.devices import pick_device
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.models import build_model
 from rayfed.train.flat import FlatModel
 from rayfed.train.host import read_only_tensor, to_device
@@ -107,7 +108,7 @@ class ClientData:
             train=self.config.train,
             lr=ctx.lr,
             generator=torch.Generator().manual_seed(client_seed(ctx.seed, round_index, cid)),
-            step_budget=None if evaluation else ctx.budget_of(cid),
+            step_budget=None if evaluation else RoundFacts.of(ctx).budget_of(cid),
             state=state,
         )
 

@@ -31,6 +31,7 @@ from rayfed.execution.client_data import ClientData
 from rayfed.execution.evaluation import evaluate_clients
 from rayfed.execution.privacy import ClientPrivacy
 from rayfed.execution.reports import EvalReport, TrainResult
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.execution.settlement import Measures, Settlement, Uploads, sum_in_order
 from rayfed.models.layers import normalize_inputs_of
 from rayfed.train.evaluate import correct_predictions, mean_cross_entropy
@@ -94,8 +95,9 @@ class ClientRunner(ClientData):
         states: dict[int, ClientState] | None = None,
     ) -> TrainResult:
         """Start, train and collect the upload of each client in ``client_ids``: clients of one architecture as
-        stacks when ``engine.vectorize`` allows it, else one after the other."""
-        states = states or {}
+        stacks when ``engine.vectorize`` allows it, else one after the other. ``ctx`` is the engine's
+        :class:`RoundFacts` (a bare ``RoundContext``: a round without step budgets or a clip norm of its own)."""
+        ctx, states = RoundFacts.of(ctx), states or {}
         samples = self.train_samples(client_ids)
         jobs = [self.job(cid, ctx, states.get(cid), train=data) for cid, data in zip(client_ids, samples)]
         settlement = Settlement(ctx, self.config.engine.max_update_norm)

@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from rayfed.algorithms import RoundContext
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.devices import check_local_gpu
 from rayfed.execution.reports import ClientReport, EvalReport
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.execution.server import Server
 from rayfed.train.job import ClientState
 from rayfed.train.problem import ProblemSpec
 
-__all__ = ["no_progress", "Executor", "LocalExecutor", "Chunk", "num_calls", "make_chunks", "states_of"]
+__all__ = ["no_progress", "Executor", "LocalExecutor", "Chunk", "RoundCalls", "num_calls", "make_chunks", "states_of"]
 
 Chunk = list[int]
 
@@ -78,6 +79,29 @@ def make_chunks(client_ids: Sequence[int] | np.ndarray, sizes: np.ndarray, num_c
     return sorted(chunks, key=lambda c: c[0])
 
 
+def states_of(states: Mapping[int, ClientState], chunk: Chunk) -> dict[int, ClientState]:
+    """The states of the chunk's clients that have one (what a worker call carries)."""
+    return {cid: states[cid] for cid in chunk if cid in states}
+
+
+@dataclass(frozen=True)
+class RoundCalls:
+    """One round's worker calls, as the round loop hands them to an executor to train or evaluate: the server's
+    message (or a handle on it), the round's facts, the clients split into calls, and the states of those that keep
+    one."""
+
+    message: Any
+    facts: RoundFacts
+    chunks: list[Chunk]
+    states: Mapping[int, ClientState]
+
+    def arguments(self, index: int, facts: Any = None) -> tuple[Any, Any, Chunk, dict[int, ClientState]]:
+        """What worker call ``index`` receives: the message, the round's facts (or ``facts``, a handle on them, as
+        Ray's object store holds them once for every call), its clients and their states."""
+        chunk = self.chunks[index]
+        return self.message, self.facts if facts is None else facts, chunk, states_of(self.states, chunk)
+
+
 def no_progress() -> None:
     """The default ``on_chunk_done``: report nothing."""
 
@@ -100,29 +124,18 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def train(
-        self,
-        broadcast: Any,
-        ctx: RoundContext,
-        chunks: list[Chunk],
-        states: Mapping[int, ClientState],
-        on_chunk_done: Callable[[], object] = no_progress,
+        self, calls: RoundCalls, on_chunk_done: Callable[[], object] = no_progress
     ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:
-        """Train every chunk; returns contribution handles (chunk order), reports and new client states.
-        ``on_chunk_done`` is called as each chunk finishes (the round's progress bar)."""
+        """Train every call's clients; returns contribution handles (call order), reports and new client states.
+        ``on_chunk_done`` is called as each call finishes (the round's progress bar)."""
 
     @abc.abstractmethod
-    def aggregate(self, ctx: RoundContext, contributions: list[Any]) -> dict[str, float]: ...
+    def aggregate(self, ctx: RoundFacts, contributions: list[Any]) -> dict[str, float]: ...
 
     @abc.abstractmethod
-    def evaluate(
-        self,
-        broadcast: Any,
-        ctx: RoundContext,
-        chunks: list[Chunk],
-        states: Mapping[int, ClientState],
-        on_chunk_done: Callable[[], object] = no_progress,
-    ) -> list[EvalReport]:
-        """Evaluate every chunk's clients on the broadcast of round ``ctx.round`` (their reports, chunk order)."""
+    def evaluate(self, calls: RoundCalls, on_chunk_done: Callable[[], object] = no_progress) -> list[EvalReport]:
+        """Evaluate every call's clients on the message of round ``calls.facts.round`` (their reports, call
+        order)."""
 
     @abc.abstractmethod
     def server_state(self) -> dict[str, np.ndarray]: ...
@@ -132,11 +145,6 @@ class Executor(abc.ABC):
 
     def close(self) -> None:
         """Release workers and the server."""
-
-
-def states_of(states: Mapping[int, ClientState], chunk: Chunk) -> dict[int, ClientState]:
-    """The states of the chunk's clients that have one (what a worker call carries)."""
-    return {cid: states[cid] for cid in chunk if cid in states}
 
 
 class LocalExecutor(Executor):
@@ -159,36 +167,24 @@ class LocalExecutor(Executor):
         return self.server.broadcast()
 
     def train(
-        self,
-        broadcast: Any,
-        ctx: RoundContext,
-        chunks: list[Chunk],
-        states: Mapping[int, ClientState],
-        on_chunk_done: Callable[[], object] = no_progress,
+        self, calls: RoundCalls, on_chunk_done: Callable[[], object] = no_progress
     ) -> tuple[list[Any], list[ClientReport], dict[int, ClientState]]:
         contributions, reports, new_states = [], [], {}
-        for chunk in chunks:
-            result = self.runner.train(broadcast, ctx, chunk, states_of(states, chunk))
+        for index in range(len(calls.chunks)):
+            result = self.runner.train(*calls.arguments(index))
             contributions.append(result.contribution)
             reports.extend(result.reports)
             new_states.update(result.states)
             on_chunk_done()
         return contributions, reports, new_states
 
-    def aggregate(self, ctx: RoundContext, contributions: list[Any]) -> dict[str, float]:
+    def aggregate(self, ctx: RoundFacts, contributions: list[Any]) -> dict[str, float]:
         return self.server.aggregate(ctx, *contributions)
 
-    def evaluate(
-        self,
-        broadcast: Any,
-        ctx: RoundContext,
-        chunks: list[Chunk],
-        states: Mapping[int, ClientState],
-        on_chunk_done: Callable[[], object] = no_progress,
-    ) -> list[EvalReport]:
+    def evaluate(self, calls: RoundCalls, on_chunk_done: Callable[[], object] = no_progress) -> list[EvalReport]:
         reports = []
-        for chunk in chunks:
-            reports.extend(self.runner.evaluate(broadcast, ctx, chunk, states_of(states, chunk)))
+        for index in range(len(calls.chunks)):
+            reports.extend(self.runner.evaluate(*calls.arguments(index)))
             on_chunk_done()
         return reports
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from rayfed.algorithms import Contribution, RoundContext
+from rayfed.algorithms import Contribution
 from rayfed.algorithms.contributions import WeightedState, WeightedSum
 from rayfed.algorithms.private_uploads import (
     ModelUpload,
@@ -54,6 +54,7 @@ from rayfed.algorithms.private_uploads import (
     part_multiplier,
 )
 from rayfed.config import RunConfig
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.privacy.adaptive import default_count_noise, update_noise_multiplier
 from rayfed.privacy.noise import COUNT_STREAM, SERVER_STREAM, gaussian_noise
 from rayfed.util.errors import ConfigError
@@ -95,7 +96,7 @@ class ClientPrivacy:
         """w_i of clients of ``sizes`` training samples: n_i (``weighting="samples"``) or 1."""
         return list(sizes) if self.privacy.weighting == "samples" else [1] * len(sizes)
 
-    def clip_norm(self, ctx: RoundContext) -> float:
+    def clip_norm(self, ctx: RoundFacts) -> float:
         """The round's clip norm: C_t with adaptive clipping, else ``privacy.clip_norm``."""
         return self.privacy.clip_norm if ctx.clip_norm is None else ctx.clip_norm
 
@@ -111,7 +112,7 @@ class ClientPrivacy:
                 )
         return uploads[0].selected(trained), uploads[0].selected(starts)
 
-    def clipped(self, trained: Any, starts: Any, ids: Sequence[int], ctx: RoundContext) -> Any:
+    def clipped(self, trained: Any, starts: Any, ids: Sequence[int], ctx: RoundFacts) -> Any:
         """The clipped (and locally noised) models of clients ``ids`` (L, S') from their uploaded columns of the
         trained states and starts (:meth:`declared`), on their device."""
         from rayfed.privacy.clipping import clipped_model
@@ -124,7 +125,7 @@ class ClientPrivacy:
         noise = np.stack([gaussian_noise(self.seed, ctx.round, 1 + cid, size, std) for cid in ids])
         return models + to_device([noise], models.device)[0]
 
-    def _summed(self, models: Any, weights: list[int], trained: Any, starts: Any, ctx: RoundContext) -> WeightedSum:
+    def _summed(self, models: Any, weights: list[int], trained: Any, starts: Any, ctx: RoundFacts) -> WeightedSum:
         """Σ w_i θ̃_i in one product, with the unclipped count where the clip norm adapts."""
         summed = WeightedState().of_stack(models, weights)
         if not self.privacy.adaptive:
@@ -135,7 +136,7 @@ class ClientPrivacy:
         return ClippedSum(summed.total, summed.weight, summed.count, bits)
 
     def _private_parts(
-        self, message: Any, jobs: Sequence[Any], uploads: Sequence[Any], ctx: RoundContext
+        self, message: Any, jobs: Sequence[Any], uploads: Sequence[Any], ctx: RoundFacts
     ) -> PrivateParts:
         """Σ_i w_i x̃_i of the clients ``jobs``: each part of each client clipped to its bound over a (L, S_k) stack
         of their parts (one call, no read-back), with local DP noised per client, then summed in one product."""
@@ -158,7 +159,7 @@ class ClientPrivacy:
         total = to_device([np.asarray(weights, dtype=np.float32)], clipped.device)[0] @ clipped
         return PrivateParts(total, float(sum(weights)), len(jobs), sizes)
 
-    def one(self, uploads: Sequence[Any], job: Any, start: Any, ctx: RoundContext, message: Any = None) -> WeightedSum:
+    def one(self, uploads: Sequence[Any], job: Any, start: Any, ctx: RoundFacts, message: Any = None) -> WeightedSum:
         """One client's upload (``uploads``: what its client half declared): its clipped model weighted by w_i, or
         its clipped parts (``message``: the round's broadcast, which they are measured from)."""
         if self.partwise is not None:
@@ -175,7 +176,7 @@ class ClientPrivacy:
         jobs: Sequence[Any],
         states: Any,
         starts: Any,
-        ctx: RoundContext,
+        ctx: RoundFacts,
         message: Any = None,
     ) -> tuple[WeightedSum, Callable[[], list[Contribution]]]:
         """A stack's summed upload (one product), and each client's, made only when asked (a call with a rejected
@@ -220,7 +221,7 @@ class ServerPrivacy:
         self.update_multiplier = update_noise_multiplier(z, self.count_noise) if self.privacy.adaptive else z
         """The update's noise multiplier: z, or z_Δ beside the count's noise (:mod:`rayfed.privacy.adaptive`)."""
 
-    def planned_weight(self, ctx: RoundContext) -> float:
+    def planned_weight(self, ctx: RoundFacts) -> float:
         """W_P, the weight of the clients the round planned (module docstring): fixed by the plan, whoever
         reported."""
         if self.poisson_rate is not None:
@@ -229,7 +230,7 @@ class ServerPrivacy:
         weight = float(len(planned)) if self.sizes is None else float(np.sum(self.sizes[planned]))
         return weight * (self.wanted / len(planned)) if len(planned) > self.wanted else weight
 
-    def planned_count(self, ctx: RoundContext) -> float:
+    def planned_count(self, ctx: RoundFacts) -> float:
         """m, the clients the round planned, as :meth:`planned_weight` counts them with unit weights."""
         if self.poisson_rate is not None:
             return self.poisson_rate * self.num_clients
@@ -246,7 +247,7 @@ class ServerPrivacy:
         zeros = np.zeros_like(half.privacy_reference())
         return ClippedSum(zeros, 0.0, 0) if self.privacy.adaptive else WeightedSum(zeros, 0.0, 0)
 
-    def privatized(self, ctx: RoundContext, total: Contribution, half: Any) -> tuple[WeightedSum, dict[str, float]]:
+    def privatized(self, ctx: RoundFacts, total: Contribution, half: Any) -> tuple[WeightedSum, dict[str, float]]:
         """The round's sum as the server half folds it, completed to the planned weight with θ_g and noised, and
         with adaptive clipping the noised unclipped fraction b̃_t (module docstring)."""
         planned = self.planned_weight(ctx)
@@ -264,7 +265,7 @@ class ServerPrivacy:
         return WeightedSum(summed, planned, total.count), self.unclipped_fraction(ctx, total)
 
     def _noised_parts(
-        self, ctx: RoundContext, total: PrivateParts, parts: Sequence[UploadPart], planned: float
+        self, ctx: RoundFacts, total: PrivateParts, parts: Sequence[UploadPart], planned: float
     ) -> PrivateParts:
         """The parts' sums, each noised with N(0, (z_k B_k w_max)²) for central DP, over the planned weight."""
         summed = total.total
@@ -274,7 +275,7 @@ class ServerPrivacy:
             summed = summed + noise * np.float32(self.max_weight)
         return PrivateParts(summed, planned, total.count, total.sizes, self.max_weight)
 
-    def unclipped_fraction(self, ctx: RoundContext, total: Contribution) -> dict[str, float]:
+    def unclipped_fraction(self, ctx: RoundFacts, total: Contribution) -> dict[str, float]:
         """``{UNCLIPPED: b̃_t}`` with adaptive clipping (the noised count over the planned m), else nothing."""
         if not self.privacy.adaptive:
             return {}

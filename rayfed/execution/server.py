@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 
 from rayfed.algorithms import Contribution, RoundContext, ServerHalf, resolve
-from rayfed.algorithms.declarations import DeferredUpdates
+from rayfed.algorithms.declarations import AsynchronousAggregation
 from rayfed.config import RunConfig
 from rayfed.execution.privacy import ServerPrivacy
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.execution.summation import CallTree
 from rayfed.train.problem import ProblemSpec
 
@@ -48,7 +49,9 @@ class Server:
         self, ctx: RoundContext, calls: int, pieces: Mapping[range, Contribution | None]
     ) -> dict[str, float]:
         """Complete the round's summation tree over ``calls`` calls from ``pieces``, the sums of subtrees that
-        cover every call (single calls, or what a node added up), and fold the total into the state."""
+        cover every call (single calls, or what a node added up), and fold the total into the state. ``ctx`` is the
+        engine's :class:`RoundFacts` (a bare ``RoundContext``: a round without arrivals or a clip norm of its own)."""
+        ctx = RoundFacts.of(ctx)
         total = CallTree(calls).total(pieces) if calls else None
         bytes_received = sum(p.nbytes for p in pieces.values() if p is not None)
         # A sum may overflow where its parts did not; the rows of a concatenation were each found finite on their
@@ -60,15 +63,22 @@ class Server:
         if self.privacy is not None:  # the fixed denominator and the noise, with or without uploads
             empty = self.privacy.empty(self.half) if total is None else total
             total, private = self.privacy.privatized(ctx, empty, self.half)
-        metrics = dict(self.half.aggregate(ctx, total)) if total is not None else self._without_uploads(ctx)
+        metrics = self._without_uploads(ctx) if total is None else self._aggregated(ctx, total)
         metrics.update(private)
         metrics["server_bytes_received"] = float(bytes_received)
         return metrics
 
-    def _without_uploads(self, ctx: RoundContext) -> dict[str, float]:
+    def _aggregated(self, ctx: RoundFacts, total: Contribution) -> dict[str, float]:
+        """The half's aggregation of the round's total; an asynchronous half's with each update's arrival
+        (:class:`AsynchronousAggregation`)."""
+        if isinstance(self.half, AsynchronousAggregation):
+            return dict(self.half.aggregate_arriving(ctx, total, ctx.arrives_at))
+        return dict(self.half.aggregate(ctx, total))
+
+    def _without_uploads(self, ctx: RoundFacts) -> dict[str, float]:
         """A round without an acceptable update leaves the state as it is: answered here, for every method, but
-        one that kept earlier uploads for this round's step (:class:`DeferredUpdates`)."""
-        if isinstance(self.half, DeferredUpdates):
+        one that kept earlier uploads for this round's step (:class:`AsynchronousAggregation`)."""
+        if isinstance(self.half, AsynchronousAggregation):
             return dict(self.half.step_without_uploads(ctx))
         return {"clients_aggregated": 0.0}
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
-from rayfed.algorithms import Contribution, RoundContext
+from rayfed.algorithms import Contribution
 from rayfed.execution.reports import ClientReport, TrainResult
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.train.host import to_host
 from rayfed.train.job import ClientJob, ClientState
 
@@ -98,7 +99,7 @@ class Uploads:
 class Settlement:
     """Collects a call's uploads (:meth:`add`) and settles them (:meth:`result`): checks, sums, reads back."""
 
-    def __init__(self, ctx: RoundContext, max_update_norm: float | None) -> None:
+    def __init__(self, ctx: RoundFacts, max_update_norm: float | None) -> None:
         self.ctx = ctx
         self.bound = max_update_norm
         self.entries: list[Uploads] = []

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayfed.config import parse_override
-from rayfed.engine.plugin_seal import accept_plugins, add_accept_option
 from rayfed.util.errors import ConfigError
+from rayfed.util.plugin_check import accept_plugins
 
 if TYPE_CHECKING:
     from rayfed.reproduce.runner import Cell
@@ -95,7 +95,6 @@ def add_reproduce_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
         "by 2 rounds of each row x column no run under --out has timed yet)",
     )
     p.add_argument("--no-figures", action="store_true", help="do not draw the figures")
-    add_accept_option(p)
     p.set_defaults(handler=_handler)
     return p
 

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from rayfed.engine.metrics import read_rounds_file
-from rayfed.engine.plugin_seal import check_named, marker_sources
+from rayfed.engine.plugin_seal import marker_sources
 from rayfed.engine.run_identity import MARKER_FILE, RunMarker
 from rayfed.util.bounded import read_json
 from rayfed.util.errors import CheckpointError
+from rayfed.util.plugin_check import check_named
 from rayfed.util.plugin_sources import locate
 
 __all__ = [
@@ -41,7 +42,7 @@ ROUNDS_FILE, SUMMARY_FILE = "rounds.parquet", "summary.json"
 def check_named_code(out: Path, entries: Sequence[str]) -> None:
     """Before ``rayfed reproduce`` imports the ``plugins`` its ``--set`` names (``entries``): refuse a file that a
     cell's run under ``out/runs`` was sealed with and that now holds other bytes, unless its digest is accepted
-    (:func:`rayfed.engine.plugin_seal.check_named`), so that its top level never runs. A marker this machine's key
+    (:func:`rayfed.util.plugin_check.check_named`), so that its top level never runs. A marker this machine's key
     cannot open is left to its cell, which treats it as a resume does."""
     if not entries:
         return

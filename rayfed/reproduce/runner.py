@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from rayfed.config import RunConfig
-from rayfed.engine.plugin_seal import accept_plugins, accepted_digests
 from rayfed.reproduce.run_files import damage, move_aside, rounds_done
 from rayfed.reproduce.spec import Column, Row, Table, cell_overrides, unavailable
 from rayfed.util.errors import CheckpointError, CheckpointFormatError, ConfigError, DatasetError, RayfedError
+from rayfed.util.plugin_check import accept_plugins, accepted_digests
+from rayfed.util.plugins import WithCode
 
 __all__ = ["Cell", "Outcome", "plan", "run_cell", "execute", "fetch_command"]
 
@@ -163,10 +164,16 @@ def plan(
     return cells
 
 
+def _run_shipped(shipped: WithCode, accepted: Sequence[str]) -> Outcome:
+    """:func:`run_cell` as a Ray task runs it: its config received with its code beside it
+    (:mod:`rayfed.util.plugins`)."""
+    return run_cell(shipped.config, accepted)
+
+
 def run_cell(config: RunConfig, accepted: Sequence[str]) -> Outcome:
-    """Bring one run to its ``train.rounds``: skip, run, resume or extend it (a plain function, for Ray tasks:
-    the config they receive carries its code, :mod:`rayfed.util.plugins`), accepting changed plugin files of
-    these digests (:func:`rayfed.engine.plugin_seal.accept_plugins`; ``rayfed reproduce --accept-plugin``).
+    """Bring one run to its ``train.rounds``: skip, run, resume or extend it (a plain function, which a Ray task
+    runs through :func:`_run_shipped`), accepting changed plugin files of
+    these digests (:func:`rayfed.util.plugin_check.accept_plugins`; ``rayfed reproduce --accept-plugin``).
 
     A missing dataset is an outcome ("data missing", the loader's message), not an exception,
     so one missing column does not stop the others; so is any other refusal ("failed"). A damaged run
@@ -248,7 +255,7 @@ def _execute_on_ray(cells: list[Cell], parallel: int, on_done: Callable[[Cell, O
     from rayfed.actors.cluster import ray_started
 
     address = os.environ.get("RAY_ADDRESS")
-    task = ray.remote(num_cpus=1, max_retries=0)(run_cell)
+    task = ray.remote(num_cpus=1, max_retries=0)(_run_shipped)
     outcomes: dict[Cell, Outcome] = {}
     pending: dict[Any, Cell] = {}
     queue = list(cells)
@@ -259,7 +266,7 @@ def _execute_on_ray(cells: list[Cell], parallel: int, on_done: Callable[[Cell, O
                 cell = queue.pop(0)
                 assert cell.config is not None
                 share = cell.config.engine.num_gpus_per_worker
-                pending[task.options(num_gpus=share).remote(cell.config, accepted_digests())] = cell
+                pending[task.options(num_gpus=share).remote(WithCode(cell.config), accepted_digests())] = cell
             ready, _ = ray.wait(list(pending), num_returns=1)
             cell = pending.pop(ready[0])
             try:

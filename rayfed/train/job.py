@@ -56,7 +56,7 @@ class ClientJob:
     Evaluation jobs draw from round :data:`EVALUATION_ROUND`, so they never replay a training round's."""
     step_budget: int | None = None
     """The local steps the client may still take this round, over the phases the budget covers (``Phase.budgeted``)
-    in order (its partial work before a deadline, ``RoundContext.step_budget``); None: every step its phases draw.
+    in order (its partial work before a deadline, ``RoundFacts.step_budget``); None: every step its phases draw.
     The batches drawn beyond it are not trained (:func:`rayfed.train.step.phase_batches`)."""
     trained_steps: int = 0
     """The local steps the client took this round over all its phases, reported or not (what a system model's clock

@@ -216,7 +216,7 @@ class Phase:
     reports: bool = True
     """Whether the phase's steps and cross-entropy count in the client's reported loss and step count."""
     budgeted: bool | None = None
-    """Whether a deadline's step budget covers the phase (a partial client's steps, ``RoundContext.step_budget``:
+    """Whether a deadline's step budget covers the phase (a partial client's steps, ``RoundFacts.step_budget``:
     the budgeted phases share it in order, the others train whole); None = the default, the phase whose result is
     uploaded: the last one that trains the round's model (:func:`with_budget_cover`)."""
     on_train_batch_start: EditHook | None = None

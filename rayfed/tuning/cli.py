@@ -21,7 +21,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from rayfed.engine.plugin_seal import accept_plugins, add_accept_option
+from rayfed.util.plugin_check import accept_plugins
 
 __all__ = ["add_tune_parser"]
 
@@ -58,7 +58,6 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     tune.add_argument(
         "--progress", action="store_true", help="show each trial's progress bars (in place of a line per round)"
     )
-    add_accept_option(tune)
     tune.set_defaults(handler=_tune)
     return tune
 

@@ -4,7 +4,7 @@ A study's trials run the code its command line names (its ``plugins``, the modul
 the base config in its storage is compared as data and never imported. What the study records is each file's
 digest (``rayfed.plugins``, :mod:`rayfed.tuning.attrs`), so that a resumed study whose method's file changed does
 not mix two methods' trials: it is refused, naming the file and both digests, unless the change is accepted by its
-digest (:func:`rayfed.engine.plugin_seal.accept_plugins`, ``rayfed tune --accept-plugin``), which it records.
+digest (:func:`rayfed.util.plugin_check.accept_plugins`, ``rayfed tune --accept-plugin``), which it records.
 ``rayfed tune`` makes the same comparison for the files its ``plugins`` name before it imports them
 (:func:`check_named_code`).
 """
@@ -18,8 +18,8 @@ import optuna
 
 import rayfed.tuning.attrs as attrs
 from rayfed.config import RunConfig
-from rayfed.engine.plugin_seal import check_named, check_sources, recorded_sources
 from rayfed.tuning.storage import default_storage_url, open_storage
+from rayfed.util.plugin_check import check_named, check_sources, recorded_sources
 from rayfed.util.plugin_sources import PluginSource, locate
 from rayfed.util.plugins import run_sources
 

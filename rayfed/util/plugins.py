@@ -3,8 +3,8 @@
 A researcher adds a method by registering it in their own module or script (``register_algorithm(...)`` at its
 bottom), a model, dataset or partitioner likewise, and runs it: rayfed need not be forked. The run's other
 processes (Ray's ClientWorkers, NodeAgents and ServerActor, a ``ray job submit`` cluster's nodes, ``rayfed
-reproduce``'s tasks) receive the run's :class:`~rayfed.config.RunConfig` pickled, and rayfed brings its code to
-them as Ray brings code:
+reproduce``'s tasks) receive the run's :class:`~rayfed.config.RunConfig`, which is plain data, in a
+:class:`WithCode` that what ships it wraps it in, and rayfed brings its code beside it as Ray brings code:
 
 * **By name.** A module that registered a name the config uses, and each ``plugins`` entry this process imported,
   is one of the run's *sources* (:func:`run_sources`, :mod:`rayfed.util.plugin_sources`): the pickled config
@@ -56,6 +56,7 @@ __all__ = [
     "plugin_sources",
     "pack",
     "unpack",
+    "WithCode",
     "check_shippable",
     "largest_global",
 ]
@@ -149,7 +150,7 @@ def _dumps(payload: Any) -> bytes:
 
 
 def pack(fields: Any) -> bytes:
-    """A config's fields pickled with its code: its sources as data, what has no importable home by value
+    """A config (or its fields) pickled with its code: its sources as data, what has no importable home by value
     (module docstring); :func:`unpack` reverses it."""
     carried = [registration for registration in plugin_registrations(fields) if _by_value(registration[3])]
     body = _dumps((carried, fields))
@@ -171,6 +172,26 @@ def unpack(blob: bytes) -> Any:
         importlib.import_module(home)  # the registry's module, which this process may not have imported yet
         Registry.every[kind].adopt(name, obj, origin)
     return payload
+
+
+class WithCode:
+    """A run's config as another process receives it: pickled with the code it names beside it (:func:`pack`), and
+    unpickled with that code imported and installed first (:func:`unpack`). The config is plain data, which pickles
+    as one; what ships it to another process (the Ray executor to its actors and node agents, ``rayfed reproduce``
+    to its tasks) wraps it in this, and the receiver reads :attr:`config`."""
+
+    __slots__ = ("config",)
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        return (_with_code, (pack(self.config),))
+
+
+def _with_code(blob: bytes) -> WithCode:
+    """A :class:`WithCode` unpickled: its code installed in this process, then its config."""
+    return WithCode(unpack(blob))
 
 
 def check_shippable(config: Any) -> None:

@@ -59,7 +59,7 @@ def test_a_method_in_a_module_with_a_40_mb_global_runs_on_ray_with_two_workers_w
         for config in runs.values():
             rayfed.run(config)
         pickled = len(packed)
-        size = len(pickle.dumps(runs["ray"]))
+        size = len(pickle.dumps(plugins.WithCode(runs["ray"])))
     finally:
         ALGORITHMS._items.pop("big_global_method", None)
     # Check: the config pickles small, once for the run's 2 workers and server (the local run never); Ray

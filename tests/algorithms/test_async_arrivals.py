@@ -42,8 +42,11 @@ def _walk(schedule: AsyncSchedule, server: FedBuffServer, steps: int) -> tuple[l
             ClientVectors.of(models[version] - np.eye(num_clients, dtype=np.float32)[c] * (version + 1), int(c), 1.0)
             for c in sampled
         ]
-        ctx = RoundContext(round=version, seed=0, lr=0.1, sampled=sampled, arrives_at=arrives)
-        metrics = server.aggregate(ctx, sum_contributions(uploads) if uploads else None)
+        ctx = RoundContext(round=version, seed=0, lr=0.1, sampled=sampled)
+        total = sum_contributions(uploads) if uploads else None
+        metrics = (
+            server.aggregate_arriving(ctx, total, arrives) if total is not None else server.step_without_uploads(ctx)
+        )
         counts.append(metrics["clients_aggregated"])
         expected = models[version].astype(np.float64)
         weights = staleness_weight(plan.step.staleness, "polynomial", 0.5, 0)

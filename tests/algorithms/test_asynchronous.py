@@ -7,10 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rayfed.algorithms import ClientVectors, RoundContext, sum_contributions
-from rayfed.algorithms.common.asynchronous import staleness_weight
+from rayfed.algorithms import ClientVectors, sum_contributions
+from rayfed.algorithms.common.asynchronous import KeptUpdatesServer, staleness_weight
 from rayfed.algorithms.fedasync import FedAsyncParams, FedAsyncServer
 from rayfed.algorithms.fedbuff import FedBuffParams, FedBuffServer
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.execution.server import Server
 from rayfed.train.layout import ParamLayout
 from rayfed.train.problem import ProblemSpec
@@ -25,11 +26,17 @@ def _uploads(models: dict[int, list[float]]) -> ClientVectors:
     return sum_contributions(ClientVectors.of(np.array(m, np.float32), cid, 1.0) for cid, m in models.items())
 
 
-def _ctx(version: int, arrives: dict[int, int]) -> RoundContext:
+def _ctx(version: int, arrives: dict[int, int]) -> RoundFacts:
     ids = np.array(sorted(arrives), np.int64)
-    return RoundContext(
+    return RoundFacts(
         round=version, seed=0, lr=0.1, sampled=ids, arrives_at=np.array([arrives[i] for i in ids], np.int64)
     )
+
+
+def _arrive(half: KeptUpdatesServer, version: int, arrives: dict[int, int], uploads: ClientVectors) -> dict:
+    """The half's aggregation of round ``version`` as the server asks it: each upload with its arrival."""
+    ctx = _ctx(version, arrives)
+    return half.aggregate_arriving(ctx, uploads, ctx.arrives_at)
 
 
 def _fedbuff(**params: object) -> FedBuffServer:
@@ -48,10 +55,10 @@ def test_fedbuff_steps_with_the_buffers_staleness_weighted_mean_delta() -> None:
     # Prepare: from θ_0 = 0, client 1 arrives at version 1, clients 2 and 3 at version 2 (staleness 1)
     server = _fedbuff()
     # Execute: round 0 keeps the three updates and makes version 1 from client 1's alone
-    first = server.aggregate(_ctx(0, {1: 1, 2: 2, 3: 2}), _uploads({1: [2.0, 0.0], 2: [0.0, 4.0], 3: [4.0, 4.0]}))
+    first = _arrive(server, 0, {1: 1, 2: 2, 3: 2}, _uploads({1: [2.0, 0.0], 2: [0.0, 4.0], 3: [4.0, 4.0]}))
     after_one = server.global_vector.copy()
     # then round 1's launches all arrive later; version 2 is the kept mean of Δ_2, Δ_3 weighted 1/√2
-    second = server.aggregate(_ctx(1, {4: 3}), _uploads({4: [0.0, 0.0]}))
+    second = _arrive(server, 1, {4: 3}, _uploads({4: [0.0, 0.0]}))
     # Assert: θ_1 = 0 − (0 − [2, 0]) / 1; θ_2 = θ_1 − (s(1) (0 − [0, 4]) + s(1) (0 − [4, 4])) / 2
     np.testing.assert_allclose(after_one, [2.0, 0.0])
     np.testing.assert_allclose(server.global_vector, [2.0 + 2.0 * 2**-0.5, 4.0 * 2**-0.5], rtol=1e-6)
@@ -63,9 +70,9 @@ def test_fedbuff_steps_with_the_buffers_staleness_weighted_mean_delta() -> None:
 def test_fedasync_mixes_each_update_with_alpha_times_its_staleness_weight() -> None:
     params = FedAsyncParams(concurrency=2, alpha=0.5, staleness="polynomial", staleness_a=1.0)
     server = FedAsyncServer(params, _spec(1), {"m": np.array([1.0], np.float32)})
-    server.aggregate(_ctx(0, {1: 1, 2: 2}), _uploads({1: [3.0], 2: [5.0]}))
+    _arrive(server, 0, {1: 1, 2: 2}, _uploads({1: [3.0], 2: [5.0]}))
     np.testing.assert_allclose(server.global_vector, [2.0])  # (1 − ½) 1 + ½ 3
-    server.aggregate(_ctx(1, {3: 3}), _uploads({3: [0.0]}))
+    _arrive(server, 1, {3: 3}, _uploads({3: [0.0]}))
     np.testing.assert_allclose(server.global_vector, [0.75 * 2.0 + 0.25 * 5.0])  # α s(1) = ½ · ½
 
 
@@ -85,7 +92,7 @@ def test_a_round_without_an_acceptable_upload_still_takes_the_step_its_kept_upda
 
 def test_kept_updates_are_saved_and_restored_with_the_state() -> None:
     server = _fedbuff()
-    server.aggregate(_ctx(0, {1: 2, 2: 3, 3: 3}), _uploads({1: [1.0, 0.0], 2: [0.0, 1.0], 3: [1.0, 1.0]}))
+    _arrive(server, 0, {1: 2, 2: 3, 3: 3}, _uploads({1: [1.0, 0.0], 2: [0.0, 1.0], 3: [1.0, 1.0]}))
     restored = _fedbuff()
     restored.load_state_dict(server.state_dict())
     assert sorted(restored.kept) == [2, 3] and restored.kept[3][1:] == server.kept[3][1:] == (

@@ -1,5 +1,5 @@
 """A continued run runs the code it was sealed with, byte for byte, or a change the user accepted by digest
-(rayfed.engine.plugin_seal), found from wherever the resume starts.
+(rayfed.engine.plugin_seal, rayfed.util.plugin_check), found from wherever the resume starts.
 
 The command line is run as a user runs it (the ``rayfed`` script, whose path holds neither the working directory
 nor the method's folder).
@@ -22,6 +22,9 @@ from rayfed import RunConfig
 from rayfed.algorithms import ALGORITHMS
 from rayfed.cli import main
 from rayfed.engine.run_identity import MARKER_FILE
+from rayfed.util.errors import PluginError
+from rayfed.util.plugin_check import check_sources
+from rayfed.util.plugin_sources import locate
 from tests.conftest import tiny_overrides
 from tests.util.test_plugins import _user_file
 
@@ -135,3 +138,19 @@ def test_a_resume_whose_plugin_file_is_gone_is_refused_naming_it_and_its_digest(
     error = capsys.readouterr().err.strip()
     assert f"was sealed with plugin {str(method)!r} ({method}, sha256 {sealed}), which is missing here" in error
     assert "plugins=[...]" in error and "\n" not in error and _snapshot(run_dir) == before
+
+
+def test_a_sealed_file_that_is_there_but_not_named_is_refused_saying_what_it_holds(tmp_path: Path) -> None:
+    # Prepare: a run sealed with a method file that is still there, unchanged, then edited
+    method = _user_file(tmp_path / "code", "unnamed_method")
+    sealed = locate(str(method))
+    # Execute: a continuation that names no file
+    with pytest.raises(PluginError) as unchanged:
+        check_sources("run_dir='r'", [sealed], [])
+    method.write_text(method.read_text() + "\n# edited\n")
+    with pytest.raises(PluginError) as edited:
+        check_sources("run_dir='r'", [sealed], [])
+    # Assert: not "missing here", but what the file holds and how to name it
+    assert "missing here" not in str(unchanged.value) and "holds the bytes sealed" in str(unchanged.value)
+    assert f"plugins=[{str(method)!r}]" in str(unchanged.value)
+    assert f"holds sha256 {_short(method)}, not the bytes sealed" in str(edited.value)

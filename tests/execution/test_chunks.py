@@ -52,7 +52,7 @@ def test_which_clients_share_a_call_and_a_stack_never_depends_on_the_pool(tmp_pa
                 **{"engine.num_workers": workers, "engine.vectorize": "on", "engine.stack_size": 3},
             )
         )
-        round_calls = Simulation(config)._chunks(np.arange(config.data.num_clients))
+        round_calls = Simulation(config)._calls(None, _context(), np.arange(config.data.num_clients)).chunks
         runner, _ = runner_and_server(config, tmp_path / f"r{workers}")
         for call in round_calls:
             jobs = [runner.job(cid, _context(), None) for cid in call]

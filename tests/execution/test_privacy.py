@@ -8,11 +8,11 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from rayfed.algorithms import RoundContext
 from rayfed.algorithms.contributions import WeightedState, WeightedSum
 from rayfed.algorithms.private_uploads import ModelUpload
 from rayfed.config import RunConfig
 from rayfed.execution.privacy import ClientPrivacy, ClippedSum, ServerPrivacy
+from rayfed.execution.round_facts import RoundFacts
 
 
 class _Reference(ModelUpload):
@@ -27,8 +27,8 @@ def _config(**privacy: object) -> RunConfig:
     return RunConfig().override({f"privacy.{key}": value for key, value in privacy.items()})
 
 
-def _ctx(round_index: int, sampled: int) -> RoundContext:
-    return RoundContext(round=round_index, seed=0, lr=0.1, sampled=np.arange(sampled))
+def _ctx(round_index: int, sampled: int) -> RoundFacts:
+    return RoundFacts(round=round_index, seed=0, lr=0.1, sampled=np.arange(sampled))
 
 
 def test_a_stacks_upload_is_its_clients_one_by_one() -> None:
@@ -113,7 +113,7 @@ def test_local_dp_adds_no_server_noise() -> None:
 
 def test_adaptive_clippings_bits_are_counted_alike_stacked_and_one_by_one() -> None:
     privacy = ClientPrivacy(_config(mechanism="central", clip_norm=1.0, adaptive_quantile=0.5), "fedavg")
-    ctx = RoundContext(round=0, seed=0, lr=0.1, sampled=np.arange(4), clip_norm=2.0)
+    ctx = RoundFacts(round=0, seed=0, lr=0.1, sampled=np.arange(4), clip_norm=2.0)
     start = torch.zeros(8)
     states = torch.stack([torch.full((8,), value) for value in (0.1, 0.5, 1.0, 3.0)])  # norms 0.28, 1.4, 2.8, 8.5
     jobs = [SimpleNamespace(client_id=i, round=0, num_train=5, trained=states[i]) for i in range(4)]

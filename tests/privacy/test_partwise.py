@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from rayfed.algorithms import RoundContext
 from rayfed.algorithms.cwfedavg_equations import classwise_average
 from rayfed.algorithms.cwfedavg_private import CWFEDAVG_PARTS, client_parts, private_step
 from rayfed.algorithms.fedproto import ClassSums
@@ -19,6 +18,7 @@ from rayfed.algorithms.fedproto_private import private_prototypes, prototype_par
 from rayfed.algorithms.private_uploads import PartwiseClient, PartwiseUpload, PrivateParts, UploadPart
 from rayfed.config import RunConfig
 from rayfed.execution.privacy import ClientPrivacy, ServerPrivacy
+from rayfed.execution.round_facts import RoundFacts
 
 PARTS = (UploadPart("update"), UploadPart("row", bound=1.0))
 
@@ -41,8 +41,8 @@ def _config(**privacy: object) -> RunConfig:
     return RunConfig().override({f"privacy.{key}": value for key, value in privacy.items()})
 
 
-def _ctx(round_index: int, sampled: int) -> RoundContext:
-    return RoundContext(round=round_index, seed=0, lr=0.1, sampled=np.arange(sampled))
+def _ctx(round_index: int, sampled: int) -> RoundFacts:
+    return RoundFacts(round=round_index, seed=0, lr=0.1, sampled=np.arange(sampled))
 
 
 def _jobs(count: int) -> list[SimpleNamespace]:

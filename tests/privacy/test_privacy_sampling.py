@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from rayfed import ConfigError, RunConfig
-from rayfed.algorithms import RoundContext
 from rayfed.algorithms.contributions import WeightedSum
 from rayfed.algorithms.private_uploads import ModelUpload
 from rayfed.execution.privacy import ServerPrivacy
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.privacy.accountant import accounting_of
 from rayfed.privacy.secure_aggregation import overhead_bytes
 from rayfed.privacy.settings import PrivacyConfig
@@ -75,7 +75,7 @@ def _server(**overrides: object) -> ServerPrivacy:
 
 def test_the_denominator_is_the_plan_whoever_reported() -> None:
     received = WeightedSum(np.full(4, 3.0, np.float32), 1.0, 1)  # one client sent θ = 3, θ_g = 2
-    planned = RoundContext(round=0, seed=0, lr=0.1, sampled=np.array([3]), planned=np.array([1, 3, 8, 9]))
+    planned = RoundFacts(round=0, seed=0, lr=0.1, sampled=np.array([3]), planned=np.array([1, 3, 8, 9]))
     no_noise = {"privacy.noise_multiplier": 0.0, "engine.join_ratio": 0.2}
     folded, _ = _server(**no_noise).privatized(planned, received, _Reference())
     assert folded.weight == 4.0 and np.allclose(folded.average(), 2.25)  # 3 dropped: zero updates
@@ -87,7 +87,7 @@ def test_the_denominator_is_the_plan_whoever_reported() -> None:
 
 def test_a_round_without_uploads_still_releases_the_noised_sum() -> None:
     server = _server(**{"privacy.noise_multiplier": 1.0, "privacy.clip_norm": 0.5})
-    ctx = RoundContext(round=3, seed=0, lr=0.1, sampled=np.array([], dtype=np.int64), planned=np.array([2, 5]))
+    ctx = RoundFacts(round=3, seed=0, lr=0.1, sampled=np.array([], dtype=np.int64), planned=np.array([2, 5]))
     folded, _ = server.privatized(ctx, server.empty(_Reference()), _Reference())
     noise = folded.average() - 2.0
     assert folded.weight == 2.0 and folded.count == 0 and np.all(noise != 0)

@@ -12,10 +12,10 @@ import pytest
 
 from rayfed import RunConfig
 from rayfed.algorithms import ALGORITHMS
-from rayfed.engine.plugin_seal import accept_plugins
 from rayfed.tuning import attrs, tune
 from rayfed.util import plugin_sources
 from rayfed.util.errors import PluginError
+from rayfed.util.plugin_check import accept_plugins
 from tests.conftest import tiny_overrides
 from tests.util.test_plugins import _user_file
 

@@ -91,7 +91,8 @@ def test_plugins_are_given_on_the_command_line_as_any_list_field(
 
 
 def test_a_method_in_a_module_travels_by_name_and_leaves_its_globals_behind(tmp_path: Path) -> None:
-    """A module holding a 40 MB array: the pickled config carries the module's name and digest, not the array."""
+    """A module holding a 40 MB array: the config shipped with its code carries the module's name and digest, not
+    the array."""
     body = USER_METHOD.replace(
         "class Client(GlobalModelClient):",
         "import numpy as np\nTABLE = np.ones(10_000_000, dtype=np.float32)  # 40 MB\n\n\n"
@@ -101,11 +102,11 @@ def test_a_method_in_a_module_travels_by_name_and_leaves_its_globals_behind(tmp_
     import_plugins([str(path)])
     try:
         config = RunConfig().override(tiny_overrides(tmp_path / "run", **{"algorithm.name": "heavy_module_method"}))
-        blob = pickle.dumps(config)
+        blob = pickle.dumps(plugins.WithCode(config))
         assert len(blob) < 2**20, f"{len(blob)} bytes"
         carried = plugins.run_sources(config)
         assert [(s.file, s.kind) for s in carried] == [(str(path), "file")]
-        assert pickle.loads(blob).algorithm.name == "heavy_module_method"
+        assert pickle.loads(blob).config.algorithm.name == "heavy_module_method"
     finally:
         ALGORITHMS._items.pop("heavy_module_method", None)
 
@@ -132,7 +133,8 @@ LOOKUP = np.ones(10_000_000, dtype=np.float32)  # 40 MB, used by the client's co
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
 import rayfed
 config = rayfed.RunConfig().override({{"algorithm.name": "main_heavy"}})
-print("BYTES", len(pickle.dumps(config)))
+from rayfed.util.plugins import WithCode
+print("BYTES", len(pickle.dumps(WithCode(config))))
 """
 
 
@@ -155,3 +157,11 @@ def test_a_source_record_is_data_that_round_trips(tmp_path: Path) -> None:
     assert not any(
         os.path.basename(str(getattr(m, "__file__", ""))) == "recorded_only.py" for m in list(sys.modules.values())
     )
+
+
+def test_a_config_pickles_as_plain_data_and_its_code_travels_beside_it_in_with_code() -> None:
+    config = RunConfig()
+    blob = pickle.dumps(config)
+    assert b"rayfed.util.plugins" not in blob and pickle.loads(blob) == config
+    shipped = pickle.dumps(plugins.WithCode(config))
+    assert b"rayfed.util.plugins" in shipped and pickle.loads(shipped).config == config

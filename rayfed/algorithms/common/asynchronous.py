@@ -4,10 +4,11 @@ keeps each client's update until the server step it arrives in.
 The engine simulates asynchronous aggregation in virtual time (:mod:`rayfed.system.schedule`, docs/system.md): a
 round is a model version v. The clients launched from version v train as one call from θ_v, and the server receives
 their uploads right after, in that round's aggregation; but each update belongs to the server step that makes the
-version it arrives at (``RoundContext.arrives_at``), after the updates that reach the server before it. So the
-server keeps them: per version still to make, the sum of the updates that make it, each weighted by
-s(t − τ) of its staleness t − τ (τ = v the version it trained from, t + 1 the version it makes), as FedAsync
-(Xie, Koyejo and Gupta, "Asynchronous Federated Optimization", 2019, arXiv:1903.03934, Sec. 5.2) defines s:
+version it arrives at (the arrival versions the server hands it: :class:`AsynchronousAggregation`), after the
+updates that reach the server before it. So the server keeps them: per version still to make, the sum of the
+updates that make it, each weighted by s(t − τ) of its staleness t − τ (τ = v the version it trained from, t + 1 the
+version it makes), as FedAsync (Xie, Koyejo and Gupta, "Asynchronous Federated Optimization", 2019,
+arXiv:1903.03934, Sec. 5.2) defines s:
 
     constant:    s(t − τ) = 1
     polynomial:  s(t − τ) = (t − τ + 1)^(−a)                            (FedBuff's experiments: a = 1/2)
@@ -29,7 +30,7 @@ import numpy as np
 
 from rayfed.algorithms.common.global_model import GlobalModelServer
 from rayfed.algorithms.contributions import ClientVectors
-from rayfed.algorithms.declarations import DeferredUpdates
+from rayfed.algorithms.declarations import AsynchronousAggregation
 from rayfed.algorithms.hooks import RoundContext
 from rayfed.algorithms.sizing import model_state_bytes
 from rayfed.train.problem import ProblemSpec
@@ -63,8 +64,8 @@ def staleness_weight(staleness: np.ndarray, kind: str, a: float, b: int) -> np.n
 
 @dataclass(frozen=True)
 class AsynchronousParams:
-    """The asynchronous schedule's and the staleness weights' params every asynchronous method has: a method whose
-    params are these is simulated asynchronously (:mod:`rayfed.engine.asynchronous`)."""
+    """The asynchronous schedule's and the staleness weights' params every asynchronous method has (its server half,
+    a :class:`KeptUpdatesServer`, declares the schedule they shape: :class:`AsynchronousAggregation`)."""
 
     concurrency: int = documented(
         10,
@@ -98,7 +99,7 @@ class AsynchronousParams:
 P = TypeVar("P", bound=AsynchronousParams)
 
 
-class KeptUpdatesServer(GlobalModelServer[P, ClientVectors], DeferredUpdates):
+class KeptUpdatesServer(GlobalModelServer[P, ClientVectors], AsynchronousAggregation):
     """θ_g, and per version still to make the sum of the weighted updates that make it (module docstring). Its
     clients upload their trained models whole (``WholeModelsClient``)."""
 
@@ -124,11 +125,22 @@ class KeptUpdatesServer(GlobalModelServer[P, ClientVectors], DeferredUpdates):
         """Each kept update's weight: s(t − τ) by default."""
         return self.params.weight(staleness)
 
+    @classmethod
+    def schedule(cls, params: Any) -> tuple[int, int]:
+        """C and K of ``params`` (:class:`AsynchronousParams`)."""
+        return params.concurrency, params.buffer
+
     def aggregate(self, ctx: RoundContext, contribution: ClientVectors) -> dict[str, float]:
-        """Keep the uploads of the clients launched from version ``ctx.round``, then make version ``ctx.round + 1``
-        from the updates kept for it. A round without arrival versions (``ctx.arrives_at`` None: no schedule) is
-        one synchronous step: its updates make the next version, with staleness 0."""
-        self._keep(ctx, contribution)
+        """A round driven by hand, without a schedule: its updates make the next version, with staleness 0."""
+        return self.aggregate_arriving(ctx, contribution, None)
+
+    def aggregate_arriving(
+        self, ctx: RoundContext, contribution: ClientVectors, arrives_at: np.ndarray | None
+    ) -> dict[str, float]:
+        """Keep the uploads of the clients launched from version ``ctx.round``, each for the version it arrives at
+        (``arrives_at``, one per sampled client; None: the next one), then make version ``ctx.round + 1`` from the
+        updates kept for it."""
+        self._keep(ctx, contribution, arrives_at)
         return self.step_without_uploads(ctx)
 
     def step_without_uploads(self, ctx: RoundContext) -> dict[str, float]:
@@ -140,11 +152,11 @@ class KeptUpdatesServer(GlobalModelServer[P, ClientVectors], DeferredUpdates):
         total, weight, count = made
         return {"clients_aggregated": float(count), **self.apply(total, weight, count)}
 
-    def _keep(self, ctx: RoundContext, contribution: ClientVectors) -> None:
-        if ctx.arrives_at is None:  # no schedule (a round driven by hand): every update makes the next version
+    def _keep(self, ctx: RoundContext, contribution: ClientVectors, arrives_at: np.ndarray | None) -> None:
+        if arrives_at is None:  # no schedule (a round driven by hand): every update makes the next version
             arrives = np.full(contribution.count, ctx.round + 1, dtype=np.int64)
         else:
-            arrives = ctx.arrives_at[_launch_rows(ctx.sampled, contribution.client_ids)]
+            arrives = arrives_at[_launch_rows(ctx.sampled, contribution.client_ids)]
         weights = self.weights(arrives - 1 - ctx.round)
         updates = self.update_of(contribution.matrix())
         for version in np.unique(arrives).tolist():
