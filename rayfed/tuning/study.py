@@ -46,7 +46,7 @@ from rayfed.tuning.parallel import (
     stops_recorded,
     trial_workers,
 )
-from rayfed.tuning.pruning import make_pruner
+from rayfed.tuning.pruning import check_warmup, default_warmup, make_pruner
 from rayfed.tuning.resume import finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
 from rayfed.tuning.storage import open_storage, storage_errors
@@ -59,11 +59,14 @@ __all__ = ["tune", "OBJECTIVES", "SAMPLERS", "session_seed"]
 
 logger = logging.getLogger(__name__)
 
-SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
-    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed),
-    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
+SAMPLERS: dict[str, Callable[[int, int], optuna.samplers.BaseSampler]] = {
+    "tpe": lambda seed, parallel: optuna.samplers.TPESampler(seed=seed, constant_liar=parallel > 1),
+    "random": lambda seed, parallel: optuna.samplers.RandomSampler(seed=seed),
 }
-"""Samplers by name, each made from its seed for one session of a study (:func:`session_seed`)."""
+"""Samplers by name, each made from its seed for one session of a study (:func:`session_seed`) and the trials it
+runs at once: with more than one, TPE asks for its batch with Optuna's constant liar (each running trial counts as
+a bad result while the next is sampled, so a batch spreads over the space rather than asking K times for one
+point)."""
 
 OBJECTIVES: dict[str, Callable[[RunResult], float]] = {
     "best": lambda result: result.best_accuracy,
@@ -83,6 +86,7 @@ def tune(
     direction: Literal["maximize", "minimize"] = "maximize",
     objective: str | Callable[[RunResult], float] = "best",
     pruner: str | optuna.pruners.BasePruner = "median",
+    pruner_warmup: int | None = None,
     sampler: str | optuna.samplers.BaseSampler = "tpe",
     seed: int | None = None,
     parallel_trials: int = 1,
@@ -112,11 +116,15 @@ def tune(
         round), or a function of the :class:`RunResult`. Accuracies are maximised; ``direction="minimize"``
         needs a callable objective and ``pruner="none"``. ``pruner``: ``"median"``, ``"successive_halving"``,
         ``"hyperband"``, ``"none"``, or an Optuna pruner.
+    pruner_warmup
+        Rounds each trial trains before the pruner may stop it (rounds 0 .. pruner_warmup - 1 are reported, not
+        judged); default a quarter of ``base_config.train.rounds`` (:func:`~rayfed.tuning.pruning.default_warmup`).
     sampler, seed
         A name in :data:`SAMPLERS`, seeded with :func:`session_seed` of ``seed`` (default ``base_config.seed``)
-        and the trials the study holds, so that a resumed study samples new points; or an Optuna sampler, used
-        as it is. With ``parallel_trials > 1`` Optuna reseeds it per thread: which parameters are tried is then
-        not reproducible (each trial's result still is).
+        and the trials the study holds, so that a resumed study samples new points (TPE with ``constant_liar``
+        when ``parallel_trials > 1``: :data:`SAMPLERS`); or an Optuna sampler, used as it is. With
+        ``parallel_trials > 1`` Optuna reseeds it per thread: which parameters are tried is then not reproducible
+        (each trial's result still is).
     parallel_trials, timeout_s, catch, callbacks
         Passed to ``study.optimize`` (``callbacks``: Optuna's, after each trial). On Ray each parallel trial
         needs ``engine.num_workers`` workers, or with 0 takes an even share (:mod:`rayfed.tuning.parallel`).
@@ -133,18 +141,22 @@ def tune(
         checkpoints its run and is retried when the study resumes (:mod:`rayfed.tuning.trials`).
     """
     _check_arguments(n_trials, parallel_trials, study_name, direction, objective, sampler)
+    warmup = check_warmup(pruner_warmup, "pruner_warmup") if pruner_warmup is not None else None
+    warmup = default_warmup(base_config.train.rounds) if warmup is None else warmup
     with stops_recorded() as stop:  # from before anything starts, a Ctrl-C is not lost (rayfed.tuning.parallel)
         study_dir = Path(study_dir if study_dir is not None else Path("runs") / "tune" / study_name)
         space, resolved_pruner = _checked_setup(base_config, space, pruner, direction, study_dir)
         study = _opened_study(base_config, space, study_name, study_dir, storage, direction, resolved_pruner)
-        study.sampler = _sampler(study, sampler, base_config.seed if seed is None else seed)
+        study.sampler = _sampler(study, sampler, base_config.seed if seed is None else seed, parallel_trials)
         remaining = n_trials - len(finished_trials(study))
         if remaining <= 0:
             logger.info("study %r already holds %d finished trials; nothing to run", study_name, n_trials - remaining)
             return study
         score = OBJECTIVES[objective] if isinstance(objective, str) else objective
         parent = _mlflow_parent(base_config, space, study_name, study_dir)
-        runner = TrialRunner(base_config, space, study_name, study_dir, score, trial_callbacks, parent, stop=stop)
+        runner = TrialRunner(
+            base_config, space, study_name, study_dir, score, trial_callbacks, parent, stop=stop, warmup_rounds=warmup
+        )
         options = {"n_trials": remaining, "timeout": timeout_s, "catch": catch, "callbacks": list(callbacks)}
         try:
             _run_trials(study, runner, parallel_trials, options)
@@ -217,12 +229,15 @@ def _opened_study(
     return study
 
 
-def _sampler(study: optuna.Study, sampler: str | optuna.samplers.BaseSampler, seed: int) -> optuna.samplers.BaseSampler:
-    """An Optuna sampler as given; a sampler's name, made with this session's seed (:func:`session_seed`)."""
+def _sampler(
+    study: optuna.Study, sampler: str | optuna.samplers.BaseSampler, seed: int, parallel: int
+) -> optuna.samplers.BaseSampler:
+    """An Optuna sampler as given; a sampler's name, made with this session's seed (:func:`session_seed`) for
+    ``parallel`` trials at once (:data:`SAMPLERS`)."""
     if not isinstance(sampler, str):
         return sampler
     told = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
-    return SAMPLERS[sampler](session_seed(seed, told))
+    return SAMPLERS[sampler](session_seed(seed, told), parallel)
 
 
 def _mlflow_parent(base: RunConfig, space: SearchSpace, study_name: str, study_dir: Path) -> str | None:
