@@ -24,7 +24,7 @@ from rayfed.engine.metrics import RoundRecord
 from rayfed.util.errors import ConfigError
 from rayfed.util.registry import Registry
 
-__all__ = ["PruningCallback", "make_pruner", "PRUNERS", "default_warmup", "check_warmup"]
+__all__ = ["PruningCallback", "make_pruner", "PRUNERS", "default_warmup", "check_warmup", "warmup_rounds"]
 
 PRUNERS: Registry[Callable[[int], optuna.pruners.BasePruner]] = Registry("pruner", field="pruner")
 """Pruner name -> ``rounds -> pruner`` (``rounds``: the run's ``train.rounds``)."""
@@ -67,6 +67,12 @@ def check_warmup(warmup_rounds: object, field: str = "warmup_rounds") -> int:
             f"first round), but got {field}={warmup_rounds!r}"
         )
     return warmup_rounds
+
+
+def warmup_rounds(told: int | None, rounds: int) -> int:
+    """The warm-up rounds of ``tune(pruner_warmup=told)`` for runs of ``rounds``: ``told`` when it is an integer
+    >= 0 (else a ConfigError naming ``pruner_warmup``), :func:`default_warmup` when None."""
+    return default_warmup(rounds) if told is None else check_warmup(told, "pruner_warmup")
 
 
 class PruningCallback(Callback):

@@ -41,12 +41,13 @@ from rayfed.engine.interrupts import StudyInterrupted, was_terminated
 from rayfed.tracking import check_services
 from rayfed.tuning.parallel import (
     OneClaimAtATime,
+    TrialStop,
     check_cluster_fits,
     stopping_parallel_trials,
     stops_recorded,
     trial_workers,
 )
-from rayfed.tuning.pruning import check_warmup, default_warmup, make_pruner
+from rayfed.tuning.pruning import check_warmup, make_pruner, warmup_rounds
 from rayfed.tuning.resume import finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
 from rayfed.tuning.storage import open_storage, storage_errors
@@ -111,20 +112,16 @@ def tune(
         The study's name in the storage; the folder of its trials' run directories (default
         ``runs/tune/<study_name>``); ``None`` (``sqlite:///<study_dir>/study.db``), an Optuna storage URL,
         ``journal:///path/study.log``, or an ``optuna.storages.BaseStorage``.
-    direction, objective, pruner
+    direction, objective, pruner, pruner_warmup
         ``objective`` is ``"best"`` (best round accuracy, as the papers report), ``"final"`` (last evaluated
         round), or a function of the :class:`RunResult`. Accuracies are maximised; ``direction="minimize"``
         needs a callable objective and ``pruner="none"``. ``pruner``: ``"median"``, ``"successive_halving"``,
-        ``"hyperband"``, ``"none"``, or an Optuna pruner.
-    pruner_warmup
-        Rounds each trial trains before the pruner may stop it (rounds 0 .. pruner_warmup - 1 are reported, not
-        judged); default a quarter of ``base_config.train.rounds`` (:func:`~rayfed.tuning.pruning.default_warmup`).
+        ``"hyperband"``, ``"none"``, or an Optuna pruner; ``pruner_warmup``: rounds before it may judge a trial.
     sampler, seed
         A name in :data:`SAMPLERS`, seeded with :func:`session_seed` of ``seed`` (default ``base_config.seed``)
-        and the trials the study holds, so that a resumed study samples new points (TPE with ``constant_liar``
-        when ``parallel_trials > 1``: :data:`SAMPLERS`); or an Optuna sampler, used as it is. With
-        ``parallel_trials > 1`` Optuna reseeds it per thread: which parameters are tried is then not reproducible
-        (each trial's result still is).
+        and the trials the study holds, so that a resumed study samples new points (:data:`SAMPLERS`); or an
+        Optuna sampler, used as it is. With ``parallel_trials > 1`` Optuna reseeds it per thread: which parameters
+        are tried is then not reproducible (each trial's result still is).
     parallel_trials, timeout_s, catch, callbacks
         Passed to ``study.optimize`` (``callbacks``: Optuna's, after each trial). On Ray each parallel trial
         needs ``engine.num_workers`` workers, or with 0 takes an even share (:mod:`rayfed.tuning.parallel`).
@@ -140,9 +137,7 @@ def tune(
         On Ctrl-C or SIGTERM: each running trial stops (with parallel trials, after its current round),
         checkpoints its run and is retried when the study resumes (:mod:`rayfed.tuning.trials`).
     """
-    _check_arguments(n_trials, parallel_trials, study_name, direction, objective, sampler)
-    warmup = check_warmup(pruner_warmup, "pruner_warmup") if pruner_warmup is not None else None
-    warmup = default_warmup(base_config.train.rounds) if warmup is None else warmup
+    _check_arguments(n_trials, parallel_trials, study_name, direction, objective, sampler, pruner_warmup)
     with stops_recorded() as stop:  # from before anything starts, a Ctrl-C is not lost (rayfed.tuning.parallel)
         study_dir = Path(study_dir if study_dir is not None else Path("runs") / "tune" / study_name)
         space, resolved_pruner = _checked_setup(base_config, space, pruner, direction, study_dir)
@@ -152,11 +147,7 @@ def tune(
         if remaining <= 0:
             logger.info("study %r already holds %d finished trials; nothing to run", study_name, n_trials - remaining)
             return study
-        score = OBJECTIVES[objective] if isinstance(objective, str) else objective
-        parent = _mlflow_parent(base_config, space, study_name, study_dir)
-        runner = TrialRunner(
-            base_config, space, study_name, study_dir, score, trial_callbacks, parent, stop=stop, warmup_rounds=warmup
-        )
+        runner = _runner(base_config, space, study_name, study_dir, objective, trial_callbacks, stop, pruner_warmup)
         options = {"n_trials": remaining, "timeout": timeout_s, "catch": catch, "callbacks": list(callbacks)}
         try:
             _run_trials(study, runner, parallel_trials, options)
@@ -240,6 +231,26 @@ def _sampler(
     return SAMPLERS[sampler](session_seed(seed, told), parallel)
 
 
+def _runner(
+    base: RunConfig,
+    space: SearchSpace,
+    study_name: str,
+    study_dir: Path,
+    objective: str | Callable[[RunResult], float],
+    trial_callbacks: Callable[[optuna.Trial], Sequence[Callback]] | None,
+    stop: TrialStop,
+    pruner_warmup: int | None,
+) -> TrialRunner:
+    """The study's objective: each trial a run scored by ``objective``, its pruner judging it after its warm-up
+    (``pruner_warmup``, else a quarter of the rounds: :func:`~rayfed.tuning.pruning.warmup_rounds`)."""
+    score = OBJECTIVES[objective] if isinstance(objective, str) else objective
+    parent = _mlflow_parent(base, space, study_name, study_dir)
+    warmup = warmup_rounds(pruner_warmup, base.train.rounds)
+    return TrialRunner(
+        base, space, study_name, study_dir, score, trial_callbacks, parent, stop=stop, warmup_rounds=warmup
+    )
+
+
 def _mlflow_parent(base: RunConfig, space: SearchSpace, study_name: str, study_dir: Path) -> str | None:
     """The study's own MLflow run, in which each trial's is nested, with MLflow among ``engine.loggers``."""
     if "mlflow" not in base.engine.loggers:
@@ -289,7 +300,10 @@ def _check_arguments(
     direction: str,
     objective: str | Callable[..., float],
     sampler: str | optuna.samplers.BaseSampler,
+    pruner_warmup: int | None,
 ) -> None:
+    if pruner_warmup is not None:
+        check_warmup(pruner_warmup, "pruner_warmup")
     if isinstance(sampler, str) and sampler not in SAMPLERS:
         raise ConfigError(
             f"sampler must be one of {', '.join(map(repr, SAMPLERS))} or an Optuna sampler, but got sampler={sampler!r}"
