@@ -72,7 +72,7 @@ def pack_key(config: RunConfig) -> tuple[tuple[str, str], ...]:
     tree = config.to_dict()
     key: list[tuple[str, str]] = []
     for section in _SECTIONS:
-        value = tree.get(section)
+        value = tree[section]
         if section == "algorithm":
             value = _method_structure(value)
         if isinstance(value, Mapping):
