@@ -11,7 +11,7 @@ from rayfed.algorithms.registry import Capabilities
 from rayfed.execution import run_packs
 from rayfed.execution.run_packs import alone_reason, pack_key, pack_runs
 
-STACKED = {"engine.vectorize": "on", "algorithm.name": "cwfedavg"}
+STACKED = {"engine.backend": "local", "engine.vectorize": "on", "algorithm.name": "cwfedavg"}
 
 
 def config(**overrides: object) -> RunConfig:
@@ -51,9 +51,11 @@ def test_a_run_of_another_structure_trains_alone_naming_the_first_difference(ove
 
 
 def test_runs_that_do_not_stack_here_train_alone_whatever_the_others() -> None:
-    cpu = RunConfig().override({"algorithm.name": "cwfedavg"})  # the default: auto, no GPU share
+    cpu = config(**{"engine.vectorize": "auto"})  # the default: auto, no GPU share
     off = config(**{"engine.vectorize": "off"})
-    gpu = RunConfig().override({"algorithm.name": "cwfedavg", "engine.num_gpus_per_worker": 0.5})
+    gpu = config(**{"engine.vectorize": "auto", "engine.num_gpus_per_worker": 0.5})
+    on_ray = RunConfig().override({"algorithm.name": "cwfedavg", "engine.vectorize": "on"})
+    assert alone_reason(on_ray) == "engine.backend='ray': runs share a stack on the local backend only"
     assert "on the CPU, where stacking does not pay" in alone_reason(cpu)
     assert alone_reason(off) == "engine.vectorize='off' trains its clients one at a time"
     assert alone_reason(gpu) == ""
