@@ -87,6 +87,12 @@ GPU_RECORD = GpuRecord(
 """The GPU round recorded in benchmarks/README.md ("The GPU path (NVIDIA H200)")."""
 
 
+_LANES_MODEL = (
+    f"a step of up to {FLAT_LANES} lanes costing the same (launch-bound, whatever the input size) and more in "
+    "proportion to its width beyond, and the runs' clients laid into lanes as rayfed.train.lanes packs them"
+)
+
+
 def step_factor(lanes: int) -> float:
     """A stacked step's cost of ``lanes`` lanes over one of at most :data:`FLAT_LANES` (module docstring)."""
     return max(1.0, lanes / FLAT_LANES)
@@ -197,10 +203,10 @@ def packing_lines(
     packed = sum(hours * ratios[shape] for shape, hours in hours_here.items()) * paper_seeds
     fields = {"paper_packed_hours": packed}
     if here.packs or not here.alone:
-        lines.append(
-            f"the papers' horizon packed here (an estimate, module rayfed.reproduce.packed_cost): {packed:,.1f} "
-            f"device-hours of runs against {alone:,.1f} alone"
-        )
+        lines += [
+            f"the papers' horizon packed here: {packed:,.1f} device-hours of runs against {alone:,.1f} alone",
+            f"  an estimate: it assumes the round timed here is its stacked steps, {_LANES_MODEL}",
+        ]
         return lines, fields
     gpu = pack_runs([on_gpu(cell.config) for cell in runnable if cell.config is not None])
     lines += [
@@ -214,10 +220,8 @@ def packing_lines(
         f"GPU estimate from {GPU_RECORD.describe()}: {estimate[1]:,.1f} GPU-hours packed, {estimate[0]:,.1f} alone, "
         f"for {len(known)} of the {len(configs)} costed shapes"
         + (f" (not estimated, another model or its steps unknown: {unknown})" if unknown else ""),
-        f"  an estimate: it assumes a round is its stacked steps, {GPU_RECORD.step_s * 1e3:.2f} ms each up to "
-        f"{FLAT_LANES} lanes (launch-bound, whatever the input size; growing with the width beyond), plus "
-        f"{GPU_RECORD.other_s:.3f} s a run-round beside them, and the runs' clients laid into lanes as "
-        "rayfed.train.lanes packs them",
+        f"  an estimate: it assumes a round is its stacked steps, {GPU_RECORD.step_s * 1e3:.2f} ms each, plus "
+        f"{GPU_RECORD.other_s:.3f} s a run-round beside them (evaluation, aggregation), {_LANES_MODEL}",
     ]
     return lines, fields
 
