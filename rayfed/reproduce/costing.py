@@ -11,7 +11,9 @@ epochs vary by round (KT-pFL's ramp, :attr:`~rayfed.algorithms.Reporting.epochs_
 Wall time spreads the cells over the slots that run at once: ``--parallel``, bounded by this machine's CPUs (each
 run takes one) and, with ``--gpus-per-run G``, by ``GPUs / G``; longest cells first, each to the slot free
 soonest. The papers' horizon is the same table at :attr:`~rayfed.reproduce.spec.Table.paper_rounds` rounds and
-:attr:`~rayfed.reproduce.spec.Table.paper_seeds` seeds, every cell from scratch.
+:attr:`~rayfed.reproduce.spec.Table.paper_seeds` seeds, every cell from scratch; which cells pack into one stack
+and what the horizon costs packed is :mod:`rayfed.reproduce.packed_cost`, from the clients' local steps of the
+round timed (:attr:`ShapeCost.steps`).
 """
 
 from __future__ import annotations

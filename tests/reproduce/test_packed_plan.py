@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from rayfed.reproduce.costing import ShapeCost, plan_report
+from rayfed.reproduce.costing import ShapeCost, plan_report, shape_costs
 from rayfed.reproduce.packed_cost import GPU_RECORD, pack_ratio, round_steps, step_factor
 from rayfed.reproduce.runner import plan
 from tests.reproduce.test_plan import TABLE
@@ -71,3 +73,14 @@ def test_shapes_of_other_models_or_without_steps_are_not_estimated(tmp_path) -> 
     estimate = next(line for line in lines if line.startswith("GPU estimate from "))
     assert "for 0 of the 2 costed shapes (not estimated, another model or its steps unknown: fedavg x a, " in estimate
     assert GPU_RECORD.model == "cnn4"
+
+
+def test_a_shape_timed_by_its_runs_takes_the_steps_of_their_last_round(tmp_path) -> None:
+    cells = plan(TABLE, tmp_path, rounds=10, seeds=[0])
+    done = cells[0].run_dir
+    (done / "clients").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([{"round": t, "round_s": 3.0} for t in range(3)]), done / "rounds.parquet")
+    for t, steps in ((1, [9, 9, 0]), (2, [4, 0, 7])):  # a client not trained in a round has no steps
+        pq.write_table(pa.table({"steps": steps}), done / "clients" / f"round_{t:06d}.parquet")
+    costs = shape_costs(cells[:1], calibrate=lambda cell: ShapeCost(1.0, 0.0, "never"))
+    assert costs[("fedavg", "a")].steps == (4, 7)
