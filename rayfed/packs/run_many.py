@@ -63,7 +63,13 @@ def _why_alone(config: RunConfig) -> str:
 def _pack_key(config: RunConfig) -> Hashable:
     """What runs sharing a stack have in common: their model, dataset and local training but for the rate."""
     train = dataclasses.replace(config.train, lr=1.0, lr_decay=1.0, rounds=1)
-    return (repr(config.model), config.data.dataset, repr(train), config.algorithm.name, config.engine.num_gpus_per_worker > 0)
+    return (
+        repr(config.model),
+        config.data.dataset,
+        repr(train),
+        config.algorithm.name,
+        config.engine.num_gpus_per_worker > 0,
+    )
 
 
 def pack_plan(configs: Sequence[RunConfig]) -> PackPlan:

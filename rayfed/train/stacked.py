@@ -38,9 +38,9 @@ from rayfed.train.dropout import client_dropout
 from rayfed.train.flat import FlatModel
 from rayfed.train.graphs import StepGraphs
 from rayfed.train.job import ClientJob
+from rayfed.train.layout import ParamLayout
 from rayfed.train.phase import Adam, Phase
 from rayfed.train.rule import PhaseRule
-from rayfed.train.layout import ParamLayout
 from rayfed.train.stack_layout import parameter_major, sub_layout
 from rayfed.train.stack_plan import StackPlan
 from rayfed.train.stack_space import LaneStart, StackOutcome, StackSpace
