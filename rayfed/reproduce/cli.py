@@ -194,8 +194,9 @@ def reproduce(ns: argparse.Namespace, command: str = "") -> int:
     returns 1 if a cell could not run (its data missing, or it failed) or, with ``--plan`` or ``--report-only``,
     if a run it reads is damaged (each named on stderr; the plain command moves such a run aside), else 0."""
     from rayfed.reproduce import TABLES
+    from rayfed.reproduce.packed_runs import execute_packed
     from rayfed.reproduce.report import draw_figures, write_report
-    from rayfed.reproduce.runner import Outcome, execute, plan
+    from rayfed.reproduce.runner import Outcome, plan
     from rayfed.util.registry import closest
 
     if ns.list or ns.list_presets:
@@ -246,7 +247,7 @@ def reproduce(ns: argparse.Namespace, command: str = "") -> int:
             )
             write_report(table, cells, ns.out, rounds=ns.rounds, at_rounds=ns.at_rounds, command=command)
 
-        outcomes = execute(cells, parallel=ns.parallel, on_done=done)
+        outcomes = execute_packed(cells, parallel=ns.parallel, on_done=done)
     path = write_report(
         table, cells, ns.out, rounds=ns.rounds, at_rounds=ns.at_rounds, outcomes=outcomes, command=command
     )
