@@ -70,7 +70,13 @@ def add_reproduce_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--data-root", help="folder with the datasets (torchvision layout); default $RAYFED_DATA")
     p.add_argument("--methods", type=_names, help="row keys, comma-separated (default: all)")
     p.add_argument("--columns", type=_names, help="column keys, comma-separated (default: all)")
-    p.add_argument("--parallel", type=int, default=1, help="runs at once, as Ray tasks (default 1: in this process)")
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="runs at once: as Ray tasks, or packed into one stack in this process where cells share a model and the "
+        "stacked path is on (a GPU share, or engine.vectorize=on); default 1: one after another in this process",
+    )
     p.add_argument(
         "--gpus-per-run",
         type=_share,
