@@ -187,12 +187,7 @@ def exact_rows(steps: Sequence[int]) -> None:
 
 def runs_figures(args: argparse.Namespace, tmp: Path) -> tuple[float, bool, float]:
     """(ops_k8_vs_k1, packed runs equal, cpu_k4_packed_vs_side_by_side), printed with their parts."""
-    seeds = [
-        RunConfig().override(
-            {**packed_runs.tiny_overrides(tmp / f"ops-{k}", k, 0.01, 0.1, 1), "engine.pack_lanes": True}
-        )
-        for k in range(args.runs)
-    ]
+    seeds = [RunConfig().override(packed_runs.ops_overrides(tmp / f"ops-{k}", k)) for k in range(args.runs)]
     alone, merged = packed_runs.ops_k_vs_one(seeds)
     print(
         f"ATen ops per client-step: one run's call {alone:.1f}, {args.runs} runs' calls merged {merged:.1f} "
@@ -201,7 +196,7 @@ def runs_figures(args: argparse.Namespace, tmp: Path) -> tuple[float, bool, floa
     pack = [RunConfig().override(o) for o in packed_runs.tiny_pack(tmp / "equal", 3, args.rounds)]
     equal, _ = packed_runs.agree_figures(pack)
     print(
-        f"packed runs: 3 runs (seeds, lr 0.01/0.03, WDR lambda 0.01/0.1/0.5) packed against each alone, {args.rounds} "
+        f"packed runs: 3 runs (seeds, lr 0.01/0.02, WDR lambda 0.01/0.1/0.5) packed against each alone, {args.rounds} "
         f"rounds: {'equal' if equal else 'NOT equal'} within {packed_runs.RUNS_TOLERANCE:g}"
     )
     side = packed_runs.tiny_pack(tmp / "cpu", 4, args.rounds)

@@ -216,8 +216,7 @@ class StackMerger:
         at = 0
         for request in group:
             rows = slice(at, at + len(request.jobs))
-            losses = trained.losses[rows] if isinstance(trained.losses, torch.Tensor) else trained.losses[rows]
-            request.trained = Trained(trained.states[rows], losses, trained.steps[rows])
+            request.trained = Trained(trained.states[rows], trained.losses[rows], trained.steps[rows])
             at = rows.stop
         self.merged += len(group)
         return True

@@ -314,8 +314,9 @@ class StackedTraining:
         width = values.width
         static = replays and self.graphs.fixed
         # A packed stack counts its lanes' steps apart (``StepState.step`` is one per lane).
-        shapes = (plan.batch, tuple(x.shape[1:]), x.dtype, y.dtype, plan.weight is not None, plan.lanes.packed)
-        shapes = (*shapes, values.state.lr.dim())  # a rate per lane (runs packed together) or one
+        # A rate per lane (runs packed together, :func:`lane_rates`) or one: ``values.state.lr.dim()``.
+        lanes = (plan.weight is not None, plan.lanes.packed, values.state.lr.dim())
+        shapes = (plan.batch, tuple(x.shape[1:]), x.dtype, y.dtype, *lanes)
         key = (width, stack_key(phase), *shapes)
         if static and key in self._kept:
             space = self._kept[key]
