@@ -14,10 +14,17 @@ idles while the others train, unless it takes its next client (``engine.pack_lan
   against the same run with one lane a client: 1 when every round's losses and accuracies agree within
   :data:`TOLERANCE`.
 
-Runs that share a stack (K runs as lanes of one stack) are not built: ``ops_k8_vs_k1`` and
-``cpu_k4_packed_vs_side_by_side`` print ``na``, and the output says so.
+* **Runs sharing one stack** (``rayfed.run_many``, :mod:`packed_runs`): ``ops_k8_vs_k1``, the ATen operations per
+  useful client-step of one call of each of 8 runs (seeds) merged into one stack over one run's call alone;
+  ``packed_equal`` also asks that 3 runs of different seeds, learning rates and WDR lambdas (cwFedAvg), packed,
+  give the rounds each gives alone (within :data:`packed_runs.RUNS_TOLERANCE`); ``cpu_k4_packed_vs_side_by_side``,
+  the CPU wall time of 4 such runs packed in one process over the same 4 runs as processes side by side (the CPU's
+  default, ``engine.vectorize=auto``).
+* **The best layout, exactly**: each partition's busiest layout found by branch and bound within the default slack
+  and others, the least slack that reaches 0.95, and the occupancy of K runs' clients packed jointly (the same 20
+  step counts K times: a table's seeds draw about the same sizes).
 
-    python benchmarks/packing.py [--data-root DIR] [--rounds 3] [--clients 8] [--gpu]
+    python benchmarks/packing.py [--data-root DIR] [--rounds 3] [--clients 8] [--gpu] [--runs 8]
 
 The last line: ``packing: occupancy_dirichlet=<x> occupancy_pathological=<x> ops_k8_vs_k1=<x> packed_equal=<0|1>
 cpu_k4_packed_vs_side_by_side=<x>``.
@@ -32,6 +39,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import packed_runs
+
 from rayfed.config.run_config import RunConfig
 from rayfed.engine.simulation import run
 from rayfed.train.lanes import LANE_SLACK, equal_length_groups, occupancy, one_lane_each, packed_lanes
@@ -45,7 +54,6 @@ its training samples // 10, as ``make_partition`` splits real MNIST (``data.seed
 TOLERANCE = 1e-5
 """Relative agreement of a packed run's per-round numbers with its run unpacked: a lane's client trains on the same
 samples with the same arithmetic, but a stack of another width may sum its grouped products in another order."""
-NOT_BUILT = "runs sharing one stack are not built (issue 64, deliverables 2-3)"
 
 
 def mnist_steps(data_root: str) -> dict[str, list[int]]:
@@ -162,12 +170,50 @@ def agree(one: list[dict[str, Any]], other: list[dict[str, Any]]) -> bool:
     )
 
 
+def exact_rows(steps: Sequence[int]) -> None:
+    """Print the busiest exact layouts of ``steps`` (:func:`packed_runs.best_occupancy`), the least slack reaching
+    0.95, and the occupancy of K runs' clients packed jointly with the default slack."""
+    for slack in (LANE_SLACK, 0.1, 0.2, 0.3):
+        best, lanes, stacked = packed_runs.best_occupancy(steps, slack)
+        print(f"  exact, slack {slack:.2f}: {lanes} lanes {stacked} stacked steps  {best:.3f}")
+    print(f"  least slack for 0.95, exact: {packed_runs.slack_for(steps, 0.95):.3f}")
+    for runs in (2, 4, 8):
+        joint = packed_lanes(list(steps) * runs)
+        print(
+            f"  {runs} runs packed jointly: {len(joint.clients)} lanes {joint.stacked_steps} stacked steps  "
+            f"{occupancy(joint):.3f}"
+        )
+
+
+def runs_figures(args: argparse.Namespace, tmp: Path) -> tuple[float, bool, float]:
+    """(ops_k8_vs_k1, packed runs equal, cpu_k4_packed_vs_side_by_side), printed with their parts."""
+    seeds = [RunConfig().override(packed_runs.ops_overrides(tmp / f"ops-{k}", k)) for k in range(args.runs)]
+    alone, merged = packed_runs.ops_k_vs_one(seeds)
+    print(
+        f"ATen ops per client-step: one run's call {alone:.1f}, {args.runs} runs' calls merged {merged:.1f} "
+        f"({merged / alone:.3f}x)"
+    )
+    pack = [RunConfig().override(o) for o in packed_runs.tiny_pack(tmp / "equal", 3, args.rounds)]
+    equal, _ = packed_runs.agree_figures(pack)
+    print(
+        f"packed runs: 3 runs (seeds, lr 0.01/0.02, WDR lambda 0.01/0.1/0.5) packed against each alone, {args.rounds} "
+        f"rounds: {'equal' if equal else 'NOT equal'} within {packed_runs.RUNS_TOLERANCE:g}"
+    )
+    side = packed_runs.tiny_pack(tmp / "cpu", 4, args.rounds)
+    for o in side:
+        o["engine.vectorize"] = "auto"
+    packed_s, side_s = packed_runs.cpu_packed_vs_side_by_side(side, tmp)
+    print(f"CPU: 4 runs packed in one process {packed_s:.1f} s, as 4 processes side by side {side_s:.1f} s")
+    return merged / alone, equal, packed_s / side_s
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", help="recompute the MNIST protocol's step counts from real MNIST here")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the packed_equal runs")
     parser.add_argument("--clients", type=int, default=8, help="clients of the packed_equal runs")
     parser.add_argument("--gpu", action="store_true", help="train the packed_equal runs on the GPU (CUDA graphs)")
+    parser.add_argument("--runs", type=int, default=8, help="runs merged into one stack for ops_k8_vs_k1")
     args = parser.parse_args(argv)
     steps = mnist_steps(args.data_root) if args.data_root else MNIST_STEPS
     occupancies = {}
@@ -176,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, row in layouts(counts).items():
             print(f"  {name:44s} {row['lanes']:3.0f} lanes {row['stacked']:5.0f} stacked steps  {row['occupancy']:.3f}")
         occupancies[partition] = occupancy(packed_lanes(counts))
+        exact_rows(counts)
     with tempfile.TemporaryDirectory() as tmp:
         alone = run(tiny_config(Path(tmp) / "one-lane-each", args.rounds, args.clients, False, args.gpu)).history
         config = tiny_config(Path(tmp) / "packed", args.rounds, args.clients, True, args.gpu)
@@ -184,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             packed: ops_per_client_step(tiny_config(Path(tmp) / "ops", 1, args.clients, packed, args.gpu))
             for packed in (False, True)
         }
-    equal = agree(alone, packed)
+        ops_ratio, runs_equal, cpu_ratio = runs_figures(args, Path(tmp))
+    equal = agree(alone, packed) and runs_equal
     lanes, clients = tiny_lanes(config)
     print(
         f"ATen ops per client-step of that stacked call: one lane a client {ops[False]:.1f}, packed {ops[True]:.1f} "
@@ -194,11 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         f"packed_equal: a run with its {clients} clients packed into {lanes} lanes (every client sampled each round) "
         f"against one lane a client, {len(alone)} rounds"
     )
-    print(f"ops_k8_vs_k1, cpu_k4_packed_vs_side_by_side: na, {NOT_BUILT}")
     print(
         f"packing: occupancy_dirichlet={occupancies['dirichlet']:.3f} "
-        f"occupancy_pathological={occupancies['pathological']:.3f} ops_k8_vs_k1=na packed_equal={int(equal)} "
-        "cpu_k4_packed_vs_side_by_side=na"
+        f"occupancy_pathological={occupancies['pathological']:.3f} ops_k8_vs_k1={ops_ratio:.3f} "
+        f"packed_equal={int(equal)} cpu_k4_packed_vs_side_by_side={cpu_ratio:.2f}"
     )
     return 0
 

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch._C._profiler import _ExperimentalConfig
 from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, profile
 
@@ -119,10 +120,12 @@ class Count:
     """Gradients autograd added into a parameter's ``.grad`` (``AccumulateGrad`` nodes run)."""
 
 
-def count(work: Callable[[], int]) -> Count:
-    """Profile ``work`` (which returns its client-steps) after one warm-up call."""
+def count(work: Callable[[], int], *, all_threads: bool = False) -> Count:
+    """Profile ``work`` (which returns its client-steps) after one warm-up call; ``all_threads`` counts the
+    operations of every thread (runs packed by ``rayfed.run_many`` train in threads), else this thread's."""
     work()
-    with HostCopies() as copies, profile(activities=[ProfilerActivity.CPU]) as prof:
+    threads = _ExperimentalConfig(profile_all_threads=True) if all_threads else None
+    with HostCopies() as copies, profile(activities=[ProfilerActivity.CPU], experimental_config=threads) as prof:
         steps = work()
     names = collections.Counter(event.name for event in prof.events() if event.name.startswith("aten::"))
     syncs = sum(n for name, n in names.items() if name in SYNC_OPS) + copies.count

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ i
     from rayfed.engine.method_check import check  # noqa: F401
     from rayfed.engine.result import RunResult  # noqa: F401
     from rayfed.engine.simulation import Simulation  # noqa: F401
+    from rayfed.packs import run_many  # noqa: F401
     from rayfed.results.run_data import load_run  # noqa: F401
     from rayfed.tracking.runs import run  # noqa: F401
     from rayfed.util.errors import (  # noqa: F401
@@ -60,6 +61,7 @@ __all__, __getattr__, __dir__ = lazy_exports(
         "rayfed.util.plugin_check": ("accept_plugins",),
         "rayfed.engine.result": ("RunResult",),
         "rayfed.engine.simulation": ("Simulation",),
+        "rayfed.packs": ("run_many",),
         "rayfed.results.run_data": ("load_run",),
         "rayfed.tracking.runs": ("run",),
         "rayfed.util.errors": (

@@ -23,7 +23,7 @@ LAYERS = (
     ("execution",),
     ("actors",),
     ("engine", "results"),
-    ("tracking",),
+    ("tracking", "packs"),
     ("reproduce", "tuning"),
     ("",),  # the root: __init__, __main__, cli
 )

@@ -15,6 +15,7 @@ Nothing here imports Ray: tests drive it directly, and the actor is a thin shell
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any
@@ -33,6 +34,7 @@ from rayfed.execution.privacy import ClientPrivacy
 from rayfed.execution.reports import EvalReport, TrainResult
 from rayfed.execution.round_facts import RoundFacts
 from rayfed.execution.settlement import Measures, Settlement, Uploads, sum_in_order
+from rayfed.execution.stack_merger import current_merger
 from rayfed.models.layers import normalize_inputs_of
 from rayfed.train.evaluate import correct_predictions, mean_cross_entropy
 from rayfed.train.flat import FlatModel
@@ -77,6 +79,8 @@ class ClientRunner(ClientData):
         parts = getattr(algorithm.algorithm.server_half, "upload_parts", ())
         self.privacy = ClientPrivacy(config, self.method, self.client_half, parts) if config.privacy.enabled else None
         """Clips (and with local DP noises) the clients' uploads (:mod:`rayfed.execution.privacy`); None: off."""
+        self.merger = current_merger()
+        """Where the stacks go when runs share them (:func:`rayfed.run_many`); None: this run's own."""
 
     def model_for(self, architecture: str) -> FlatModel:
         """This worker's model of ``architecture``; its output layer reads normalised features where the client
@@ -228,7 +232,8 @@ class ClientRunner(ClientData):
         weighted state (FedAvg's) are made for the whole stack in one product."""
         started = time.perf_counter()
         pack = self.config.engine.pack_lanes
-        trained = self.loop.train_stack(jobs, starts, phases, replays=self.capabilities.replays, pack=pack)
+        train = self.loop.train_stack if self.merger is None else functools.partial(self.merger.train_stack, self.loop)
+        trained = train(jobs, starts, phases, replays=self.capabilities.replays, pack=pack)
         flat = jobs[0].worker_model
         norms = torch.linalg.vector_norm(trained.states[:, : flat.size] - starts[:, : flat.size], dim=1)
         for row, job in enumerate(jobs):

@@ -70,7 +70,13 @@ def add_reproduce_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--data-root", help="folder with the datasets (torchvision layout); default $RAYFED_DATA")
     p.add_argument("--methods", type=_names, help="row keys, comma-separated (default: all)")
     p.add_argument("--columns", type=_names, help="column keys, comma-separated (default: all)")
-    p.add_argument("--parallel", type=int, default=1, help="runs at once, as Ray tasks (default 1: in this process)")
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="runs at once: as Ray tasks, or packed into one stack in this process where cells share a model and the "
+        "stacked path is on (a GPU share, or engine.vectorize=on); default 1: one after another in this process",
+    )
     p.add_argument(
         "--gpus-per-run",
         type=_share,
@@ -193,8 +199,9 @@ def reproduce(ns: argparse.Namespace, command: str = "") -> int:
     returns 1 if a cell could not run (its data missing, or it failed) or, with ``--plan`` or ``--report-only``,
     if a run it reads is damaged (each named on stderr; the plain command moves such a run aside), else 0."""
     from rayfed.reproduce import TABLES
+    from rayfed.reproduce.packed_runs import execute_packed
     from rayfed.reproduce.report import draw_figures, write_report
-    from rayfed.reproduce.runner import Outcome, execute, plan
+    from rayfed.reproduce.runner import Outcome, plan
     from rayfed.util.registry import closest
 
     if ns.list or ns.list_presets:
@@ -245,7 +252,7 @@ def reproduce(ns: argparse.Namespace, command: str = "") -> int:
             )
             write_report(table, cells, ns.out, rounds=ns.rounds, at_rounds=ns.at_rounds, command=command)
 
-        outcomes = execute(cells, parallel=ns.parallel, on_done=done)
+        outcomes = execute_packed(cells, parallel=ns.parallel, on_done=done)
     path = write_report(
         table, cells, ns.out, rounds=ns.rounds, at_rounds=ns.at_rounds, outcomes=outcomes, command=command
     )

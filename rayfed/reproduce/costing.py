@@ -11,7 +11,9 @@ epochs vary by round (KT-pFL's ramp, :attr:`~rayfed.algorithms.Reporting.epochs_
 Wall time spreads the cells over the slots that run at once: ``--parallel``, bounded by this machine's CPUs (each
 run takes one) and, with ``--gpus-per-run G``, by ``GPUs / G``; longest cells first, each to the slot free
 soonest. The papers' horizon is the same table at :attr:`~rayfed.reproduce.spec.Table.paper_rounds` rounds and
-:attr:`~rayfed.reproduce.spec.Table.paper_seeds` seeds, every cell from scratch.
+:attr:`~rayfed.reproduce.spec.Table.paper_seeds` seeds, every cell from scratch; which cells pack into one stack
+and what the horizon costs packed is :mod:`rayfed.reproduce.packed_cost`, from the clients' local steps of the
+round timed (:attr:`ShapeCost.steps`).
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from rayfed.algorithms.settings import resolve
 from rayfed.engine.callbacks import Callback, RunView
 from rayfed.engine.metrics import RoundRecord
+from rayfed.reproduce.packed_cost import packing_lines
 from rayfed.reproduce.report import rounds_recorded
 from rayfed.reproduce.run_files import read_rounds
 from rayfed.reproduce.runner import Cell, fetch_command
@@ -54,6 +58,9 @@ class ShapeCost:
     note: str
     epoch_s: float = 0.0
     """Seconds each local epoch adds to a round, where the method's epochs vary by round (0: a round is a round)."""
+    steps: tuple[int, ...] = ()
+    """The local steps of each client trained in its last round timed (() where unknown): what packing lays into
+    lanes (:mod:`rayfed.reproduce.packed_cost`)."""
 
     def seconds(self, epochs: Sequence[int]) -> float:
         """Seconds of rounds of ``epochs`` local epochs each (no start)."""
@@ -87,6 +94,21 @@ def round_walls(run_dir: Path) -> list[tuple[int, float]]:
     files = [stamps[t] - stamps[t - 1] - s for t, s in recorded if t in stamps and t - 1 in stamps]
     overhead = max(min(files, default=0.0), 0.0)
     return [(t, s + overhead) for t, s in recorded[1:] or recorded]
+
+
+def recorded_steps(run_dir: Path) -> tuple[int, ...]:
+    """Each trained client's local steps in the last round whose client table ``run_dir`` holds (() if none)."""
+    tables = sorted((run_dir / "clients").glob("round_*.parquet"))
+    if not tables:
+        return ()
+    try:
+        return _trained_steps(pq.read_table(tables[-1], columns=["steps"]))
+    except (OSError, KeyError, pa.ArrowInvalid):
+        return ()
+
+
+def _trained_steps(clients: pa.Table) -> tuple[int, ...]:
+    return tuple(int(n) for n in clients.column("steps").to_pylist() if n)
 
 
 def epoch_schedule(cell: Cell, rounds: Iterable[int]) -> list[int]:
@@ -128,10 +150,11 @@ def shape_costs(
         if cell.config is not None:
             by_shape.setdefault(_shape(cell), []).append(cell)
     for shape, members in by_shape.items():
-        directories = (c.run_dir for c in members if c.run_dir is not None)
-        recorded = next((times for times in map(round_walls, directories) if times), None)
-        if recorded:
-            costs[shape] = fitted(members[0], recorded, f"its runs ({len(recorded)} rounds)")
+        directories = [c.run_dir for c in members if c.run_dir is not None]
+        timed = next(((d, times) for d in directories if (times := round_walls(d))), None)
+        if timed:
+            recorded = fitted(members[0], timed[1], f"its runs ({len(timed[1])} rounds)")
+            costs[shape] = replace(recorded, steps=recorded_steps(timed[0]))
     untimed = [members[0] for shape, members in by_shape.items() if shape not in costs]
     if untimed:
         print(
@@ -178,7 +201,7 @@ def calibrate_cell(cell: Cell) -> ShapeCost:
     timed = list(enumerate(gaps))[1:] or [(0, gaps[0])]
     cost = fitted(cell, timed, f"calibrated here ({len(gaps)} rounds)")
     first = cost.seconds(epoch_schedule(cell, (0,)))
-    return replace(cost, start_s=max(gaps[0] - first, 0.0))
+    return replace(cost, start_s=max(gaps[0] - first, 0.0), steps=stamps.steps)
 
 
 class _RoundEnds(Callback):
@@ -187,9 +210,12 @@ class _RoundEnds(Callback):
     def __init__(self) -> None:
         self.started = 0.0
         self.ends: list[float] = []
+        self.steps: tuple[int, ...] = ()
+        """The local steps of each client trained in the last round."""
 
     def after_round(self, run: RunView, record: RoundRecord, clients: pa.Table) -> bool:
         self.ends.append(time.perf_counter())
+        self.steps = _trained_steps(clients) if "steps" in clients.column_names else ()
         return False
 
 
@@ -284,11 +310,11 @@ def plan_report(
     )
     first_of = {_shape(cell): cell for cell in reversed(cells) if cell.config is not None}
     measured = {shape: cost for shape, cost in costs.items() if isinstance(cost, ShapeCost)}
-    paper = [
-        cost.start_s + cost.seconds(epoch_schedule(first_of[shape], range(table.paper_rounds)))
+    one_run = {
+        shape: cost.start_s + cost.seconds(epoch_schedule(first_of[shape], range(table.paper_rounds)))
         for shape, cost in measured.items()
-        for _ in range(table.paper_seeds)
-    ]
+    }
+    paper = [seconds for seconds in one_run.values() for _ in range(table.paper_seeds)]
     paper_work, paper_wall = sum(paper), wall_seconds(paper, slots)
     if table.paper_rounds:
         lines.append(
@@ -296,8 +322,17 @@ def plan_report(
             f"{len(measured)} costed shapes, from scratch): {paper_work / 3600:,.1f} hours of runs (each on one "
             f"CPU, or its GPU share), {paper_wall / 3600:,.1f} h wall with {slots} at once"
         )
+    packing, fields = packing_lines(
+        cells,
+        {shape: cost.steps for shape, cost in measured.items()},
+        {shape: seconds / 3600 for shape, seconds in one_run.items()},
+        paper_rounds=table.paper_rounds,
+        paper_seeds=table.paper_seeds,
+    )
+    lines += packing
     lines.append(
         f"plan: cells={len(per_cell)} to_run={to_run} work_s={work:.0f} wall_s={wall:.0f} "
-        f"paper_run_hours={paper_work / 3600:.1f} paper_wall_hours={paper_wall / 3600:.1f}"
+        f"paper_run_hours={paper_work / 3600:.1f} paper_wall_hours={paper_wall / 3600:.1f} "
+        + " ".join(f"{key}={value:.1f}" for key, value in fields.items())
     )
     return "\n".join(lines)

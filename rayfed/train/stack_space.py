@@ -81,7 +81,7 @@ class StackSpace:
             *(major(t, sub) for t in (s.optimizer.momentum, s.optimizer.exp_avg, s.optimizer.exp_avg_sq))
         )
         state = StepState(
-            lr=s.lr,
+            lr=s.lr if s.lr.dim() == 0 else first_models(s.lr, sub, prior, width),  # one rate, or one a lane
             step=s.step if s.step is None or s.step.dim() == 0 else rows(s.step),
             seeds=None if s.seeds is None else rows(s.seeds),
             constants={k: rows(v) for k, v in s.constants.items()},
@@ -146,7 +146,8 @@ class StackSpace:
 
     def take_lane(self, lane: int, client: LaneStart, layout: ParamLayout, sub: ParamLayout) -> None:
         """Start ``client`` in ``lane``, whose previous client was written out: its model, running statistics,
-        seed, constants and trainables, a new optimiser's buffers (or its kept momentum), no loss, step 0."""
+        seed, constants and trainables, a new optimiser's buffers (or its kept momentum), no loss, step 0, and its
+        learning rate where each lane has its own."""
         width, state = self.width, self.state
         with torch.no_grad():
             for target, value in zip(layout.stacked_views(self.stack, width), layout.views(client.model)):
@@ -175,6 +176,9 @@ class StackSpace:
                 state.loss_sums[lane].zero_()
             if state.step is not None:
                 state.step[lane].zero_()
+            if state.lr.dim():  # a rate per lane: runs packed together (rayfed.train.stacked.lane_rates)
+                for target in sub.stacked_views(state.lr, width):
+                    target[lane].fill_(client.lr)
 
 
 @dataclass(frozen=True)
@@ -189,3 +193,5 @@ class LaneStart:
     extra: dict[str, torch.Tensor]
     momentum: torch.Tensor | None
     """Its kept momentum over the trained range, None for a new optimiser's."""
+    lr: float
+    """Its learning rate (read where the stack's lanes have one each)."""

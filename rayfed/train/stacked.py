@@ -38,6 +38,7 @@ from rayfed.train.dropout import client_dropout
 from rayfed.train.flat import FlatModel
 from rayfed.train.graphs import StepGraphs
 from rayfed.train.job import ClientJob
+from rayfed.train.layout import ParamLayout
 from rayfed.train.phase import Adam, Phase
 from rayfed.train.rule import PhaseRule
 from rayfed.train.stack_layout import parameter_major, sub_layout
@@ -60,7 +61,7 @@ from rayfed.train.step import (
 from rayfed.train.update import adam_scalars
 from rayfed.train.workspace import StepState
 
-__all__ = ["StackedTraining", "StackModel", "WORKSPACE_FRACTION"]
+__all__ = ["StackedTraining", "StackModel", "WORKSPACE_FRACTION", "lane_rates"]
 
 WORKSPACE_FRACTION = 0.1
 """Workspaces stay allocated between calls (so their captured steps can be replayed) while they take at
@@ -198,7 +199,8 @@ class StackedTraining:
                 if space is None or width < space.width:
                     if space is None:
                         firsts = starting[plan.first_index] if plan.lanes.packed else _first_rows(slotted, width)
-                        values = self._first(phases, firsts, momentum, rule, trained, plan, jobs[0].lr, extra)
+                        lrs = [job.lr for job in jobs]
+                        values = self._first(phases, firsts, momentum, rule, trained, plan, lrs, extra)
                     else:
                         space.write_out(slice(width, space.width), width, out, flat, sub, rule, self.buffers)
                         values = space.narrowed(width, flat.layout, sub)
@@ -207,7 +209,7 @@ class StackedTraining:
                     record = LossRecord(space.state)
                     step = make_step(model, rule, space.state, space.batch, record, self.pixel_scale)
                 for switch in plan.switches.get(s, ()):  # a lane whose client finished takes its next one
-                    start = self._lane_start(switch.client, phases, starting, momentum, plan, extra)
+                    start = self._lane_start(switch.client, jobs, phases, starting, momentum, plan, extra)
                     space.write_out(
                         slice(switch.lane, switch.lane + 1), switch.slot, out, flat, sub, rule, self.buffers
                     )
@@ -228,6 +230,7 @@ class StackedTraining:
     def _lane_start(
         self,
         client: int,
+        jobs: Sequence[ClientJob],
         phases: Sequence[Phase],
         starting: torch.Tensor,
         momentum: torch.Tensor | None,
@@ -243,6 +246,7 @@ class StackedTraining:
             dict(phases[client].constants),
             {k: v[client] for k, v in extra.items()},
             None if momentum is None else momentum[client],
+            jobs[client].lr,
         )
 
     @staticmethod
@@ -269,11 +273,12 @@ class StackedTraining:
         rule: PhaseRule,
         trained: tuple[int, int],
         plan: StackPlan,
-        lr: float,
+        lrs: Sequence[float],
         extra: dict[str, torch.Tensor],
     ) -> StackSpace:
         """Everything a step of the whole stack starts from: each lane's first client's, whose starting states are
-        ``ordered``."""
+        ``ordered``; ``lrs`` are the jobs' learning rates (one 0-d rate where they agree, else one per lane:
+        :func:`lane_rates`)."""
         layout, device, first, index = self.flat.layout, ordered.device, plan.first, plan.first_index
         stack = parameter_major(ordered[:, : layout.size], layout)
         block = stack[len(first) * trained[0] : len(first) * trained[1]]
@@ -284,7 +289,7 @@ class StackedTraining:
             block,
             rule.momentum,
             counts_steps=counts_steps,
-            lr=torch.full((), lr, device=device),
+            lr=lane_rates([lrs[c] for c in first], sub_layout(layout, *trained), device),
             seeds=plan.extra[0][index],
             constants={k: torch.stack([phases[c].constants[k] for c in first]) for k in lead.constants},
             extra={k: v[index] for k, v in extra.items()},
@@ -309,7 +314,9 @@ class StackedTraining:
         width = values.width
         static = replays and self.graphs.fixed
         # A packed stack counts its lanes' steps apart (``StepState.step`` is one per lane).
-        shapes = (plan.batch, tuple(x.shape[1:]), x.dtype, y.dtype, plan.weight is not None, plan.lanes.packed)
+        # A rate per lane (runs packed together, :func:`lane_rates`) or one: ``values.state.lr.dim()``.
+        lanes = (plan.weight is not None, plan.lanes.packed, values.state.lr.dim())
+        shapes = (plan.batch, tuple(x.shape[1:]), x.dtype, y.dtype, *lanes)
         key = (width, stack_key(phase), *shapes)
         if static and key in self._kept:
             space = self._kept[key]
@@ -352,6 +359,16 @@ def _loaded(starts: torch.Tensor, phases: Sequence[Phase]) -> torch.Tensor:
     loaded = starts.clone()
     loaded[:, a:b] = torch.stack([p.load[1] for p in phases])  # type: ignore[index]
     return loaded
+
+
+def lane_rates(lrs: Sequence[float], sub: ParamLayout, device: torch.device) -> torch.Tensor:
+    """The learning rate of a stack's lanes: one 0-d rate when every lane's is the same (a run's stack, as
+    always), else one per lane laid out as the trained block, parameter-major (runs packed into one stack that differ
+    in ``train.lr``: :mod:`rayfed.execution.stack_merger`), so that one update multiplies each lane by its own."""
+    if all(lr == lrs[0] for lr in lrs):
+        return torch.full((), lrs[0], device=device)
+    rows = torch.tensor(lrs, dtype=torch.float32, device=device)[:, None].expand(len(lrs), sub.size)
+    return parameter_major(rows, sub)
 
 
 def _first_rows(rows: torch.Tensor, count: int) -> torch.Tensor:

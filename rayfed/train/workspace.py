@@ -63,7 +63,8 @@ class StepState:
     """What a phase's steps read and change besides the model and the batch."""
 
     lr: torch.Tensor
-    """The round's learning rate, 0-d."""
+    """The round's learning rate, 0-d; in a stack of runs packed together that differ in it, one per lane, laid out as
+    the trained parameters (:func:`~rayfed.train.stacked.lane_rates`)."""
     step: torch.Tensor | None
     """The step's index in the phase, 0-d int64 (one per lane, (width,), in a packed stack), where something reads
     it (:func:`~rayfed.train.step.reads_steps`: ``Batch.step``, dropout masks); else None."""

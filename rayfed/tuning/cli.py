@@ -2,7 +2,8 @@
 
     rayfed tune SPACE_FILE [CONFIG_FILE] [field.path=value ...] --trials N --parallel K
                 [--study-name NAME] [--study-dir DIR] [--storage URL]
-                [--pruner median|successive_halving|hyperband|none] [--objective best|final]
+                [--pruner median|successive_halving|hyperband|none] [--pruner-warmup ROUNDS]
+                [--objective best|final]
                 [--sampler tpe|random] [--seed N] [--accept-plugin DIGEST]
 
 Example::
@@ -40,6 +41,12 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
         "--pruner", default="median", metavar="NAME", help="median (default), successive_halving, hyperband or none"
     )
     tune.add_argument(
+        "--pruner-warmup",
+        type=int,
+        metavar="ROUNDS",
+        help="rounds each trial trains before the pruner may stop it (default: a quarter of train.rounds)",
+    )
+    tune.add_argument(
         "--objective",
         choices=("best", "final"),
         default="best",
@@ -67,11 +74,14 @@ def _tune(ns: argparse.Namespace) -> int:
 
     from rayfed.config.args import config_from_args, named_plugins
     from rayfed.tuning.progress import TrialLines, round_lines
+    from rayfed.tuning.pruning import check_warmup
     from rayfed.tuning.report import best_trials_table, write_plots
     from rayfed.tuning.storage import default_storage_url
     from rayfed.tuning.study import tune
     from rayfed.tuning.study_code import check_named_code
 
+    if ns.pruner_warmup is not None:
+        check_warmup(ns.pruner_warmup, "--pruner-warmup")
     logging.getLogger("rayfed").setLevel(logging.INFO)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # its line per trial: TrialLines says more
     name = ns.study_name or Path(ns.space).stem
@@ -89,6 +99,7 @@ def _tune(ns: argparse.Namespace) -> int:
             study_dir=study_dir,
             storage=ns.storage,
             pruner=ns.pruner,
+            pruner_warmup=ns.pruner_warmup,
             objective=ns.objective,
             sampler=ns.sampler,
             seed=ns.seed,

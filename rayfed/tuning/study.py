@@ -41,12 +41,13 @@ from rayfed.engine.interrupts import StudyInterrupted, was_terminated
 from rayfed.tracking import check_services
 from rayfed.tuning.parallel import (
     OneClaimAtATime,
+    TrialStop,
     check_cluster_fits,
     stopping_parallel_trials,
     stops_recorded,
     trial_workers,
 )
-from rayfed.tuning.pruning import make_pruner
+from rayfed.tuning.pruning import check_warmup, make_pruner, warmup_rounds
 from rayfed.tuning.resume import finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
 from rayfed.tuning.storage import open_storage, storage_errors
@@ -59,11 +60,14 @@ __all__ = ["tune", "OBJECTIVES", "SAMPLERS", "session_seed"]
 
 logger = logging.getLogger(__name__)
 
-SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
-    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed),
-    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
+SAMPLERS: dict[str, Callable[[int, int], optuna.samplers.BaseSampler]] = {
+    "tpe": lambda seed, parallel: optuna.samplers.TPESampler(seed=seed, constant_liar=parallel > 1),
+    "random": lambda seed, parallel: optuna.samplers.RandomSampler(seed=seed),
 }
-"""Samplers by name, each made from its seed for one session of a study (:func:`session_seed`)."""
+"""Samplers by name, each made from its seed for one session of a study (:func:`session_seed`) and the trials it
+runs at once: with more than one, TPE asks for its batch with Optuna's constant liar (each running trial counts as
+a bad result while the next is sampled, so a batch spreads over the space rather than asking K times for one
+point)."""
 
 OBJECTIVES: dict[str, Callable[[RunResult], float]] = {
     "best": lambda result: result.best_accuracy,
@@ -83,6 +87,7 @@ def tune(
     direction: Literal["maximize", "minimize"] = "maximize",
     objective: str | Callable[[RunResult], float] = "best",
     pruner: str | optuna.pruners.BasePruner = "median",
+    pruner_warmup: int | None = None,
     sampler: str | optuna.samplers.BaseSampler = "tpe",
     seed: int | None = None,
     parallel_trials: int = 1,
@@ -107,16 +112,16 @@ def tune(
         The study's name in the storage; the folder of its trials' run directories (default
         ``runs/tune/<study_name>``); ``None`` (``sqlite:///<study_dir>/study.db``), an Optuna storage URL,
         ``journal:///path/study.log``, or an ``optuna.storages.BaseStorage``.
-    direction, objective, pruner
+    direction, objective, pruner, pruner_warmup
         ``objective`` is ``"best"`` (best round accuracy, as the papers report), ``"final"`` (last evaluated
         round), or a function of the :class:`RunResult`. Accuracies are maximised; ``direction="minimize"``
         needs a callable objective and ``pruner="none"``. ``pruner``: ``"median"``, ``"successive_halving"``,
-        ``"hyperband"``, ``"none"``, or an Optuna pruner.
+        ``"hyperband"``, ``"none"``, or an Optuna pruner; ``pruner_warmup``: rounds before it may judge a trial.
     sampler, seed
         A name in :data:`SAMPLERS`, seeded with :func:`session_seed` of ``seed`` (default ``base_config.seed``)
-        and the trials the study holds, so that a resumed study samples new points; or an Optuna sampler, used
-        as it is. With ``parallel_trials > 1`` Optuna reseeds it per thread: which parameters are tried is then
-        not reproducible (each trial's result still is).
+        and the trials the study holds, so that a resumed study samples new points (:data:`SAMPLERS`); or an
+        Optuna sampler, used as it is. With ``parallel_trials > 1`` Optuna reseeds it per thread: which parameters
+        are tried is then not reproducible (each trial's result still is).
     parallel_trials, timeout_s, catch, callbacks
         Passed to ``study.optimize`` (``callbacks``: Optuna's, after each trial). On Ray each parallel trial
         needs ``engine.num_workers`` workers, or with 0 takes an even share (:mod:`rayfed.tuning.parallel`).
@@ -132,19 +137,17 @@ def tune(
         On Ctrl-C or SIGTERM: each running trial stops (with parallel trials, after its current round),
         checkpoints its run and is retried when the study resumes (:mod:`rayfed.tuning.trials`).
     """
-    _check_arguments(n_trials, parallel_trials, study_name, direction, objective, sampler)
+    _check_arguments(n_trials, parallel_trials, study_name, direction, objective, sampler, pruner_warmup)
     with stops_recorded() as stop:  # from before anything starts, a Ctrl-C is not lost (rayfed.tuning.parallel)
         study_dir = Path(study_dir if study_dir is not None else Path("runs") / "tune" / study_name)
         space, resolved_pruner = _checked_setup(base_config, space, pruner, direction, study_dir)
         study = _opened_study(base_config, space, study_name, study_dir, storage, direction, resolved_pruner)
-        study.sampler = _sampler(study, sampler, base_config.seed if seed is None else seed)
+        study.sampler = _sampler(study, sampler, base_config.seed if seed is None else seed, parallel_trials)
         remaining = n_trials - len(finished_trials(study))
         if remaining <= 0:
             logger.info("study %r already holds %d finished trials; nothing to run", study_name, n_trials - remaining)
             return study
-        score = OBJECTIVES[objective] if isinstance(objective, str) else objective
-        parent = _mlflow_parent(base_config, space, study_name, study_dir)
-        runner = TrialRunner(base_config, space, study_name, study_dir, score, trial_callbacks, parent, stop=stop)
+        runner = _runner(base_config, space, study_name, study_dir, objective, trial_callbacks, stop, pruner_warmup)
         options = {"n_trials": remaining, "timeout": timeout_s, "catch": catch, "callbacks": list(callbacks)}
         try:
             _run_trials(study, runner, parallel_trials, options)
@@ -217,12 +220,35 @@ def _opened_study(
     return study
 
 
-def _sampler(study: optuna.Study, sampler: str | optuna.samplers.BaseSampler, seed: int) -> optuna.samplers.BaseSampler:
-    """An Optuna sampler as given; a sampler's name, made with this session's seed (:func:`session_seed`)."""
+def _sampler(
+    study: optuna.Study, sampler: str | optuna.samplers.BaseSampler, seed: int, parallel: int
+) -> optuna.samplers.BaseSampler:
+    """An Optuna sampler as given; a sampler's name, made with this session's seed (:func:`session_seed`) for
+    ``parallel`` trials at once (:data:`SAMPLERS`)."""
     if not isinstance(sampler, str):
         return sampler
     told = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
-    return SAMPLERS[sampler](session_seed(seed, told))
+    return SAMPLERS[sampler](session_seed(seed, told), parallel)
+
+
+def _runner(
+    base: RunConfig,
+    space: SearchSpace,
+    study_name: str,
+    study_dir: Path,
+    objective: str | Callable[[RunResult], float],
+    trial_callbacks: Callable[[optuna.Trial], Sequence[Callback]] | None,
+    stop: TrialStop,
+    pruner_warmup: int | None,
+) -> TrialRunner:
+    """The study's objective: each trial a run scored by ``objective``, its pruner judging it after its warm-up
+    (``pruner_warmup``, else a quarter of the rounds: :func:`~rayfed.tuning.pruning.warmup_rounds`)."""
+    score = OBJECTIVES[objective] if isinstance(objective, str) else objective
+    parent = _mlflow_parent(base, space, study_name, study_dir)
+    warmup = warmup_rounds(pruner_warmup, base.train.rounds)
+    return TrialRunner(
+        base, space, study_name, study_dir, score, trial_callbacks, parent, stop=stop, warmup_rounds=warmup
+    )
 
 
 def _mlflow_parent(base: RunConfig, space: SearchSpace, study_name: str, study_dir: Path) -> str | None:
@@ -274,7 +300,10 @@ def _check_arguments(
     direction: str,
     objective: str | Callable[..., float],
     sampler: str | optuna.samplers.BaseSampler,
+    pruner_warmup: int | None,
 ) -> None:
+    if pruner_warmup is not None:
+        check_warmup(pruner_warmup, "pruner_warmup")
     if isinstance(sampler, str) and sampler not in SAMPLERS:
         raise ConfigError(
             f"sampler must be one of {', '.join(map(repr, SAMPLERS))} or an Optuna sampler, but got sampler={sampler!r}"

@@ -54,6 +54,8 @@ class TrialRunner:
     after its current round."""
     interrupted: set[int] = field(default_factory=set)
     """Numbers of the trials stopped by Ctrl-C or SIGTERM (retried when the study resumes)."""
+    warmup_rounds: int = 0
+    """Rounds each trial trains before its pruner may stop it (:class:`~rayfed.tuning.pruning.PruningCallback`)."""
 
     def __call__(self, trial: optuna.Trial) -> float:
         try:
@@ -69,7 +71,7 @@ class TrialRunner:
         params = self.space.suggest(trial)
         run_dir = (self.study_dir / f"trial_{trial.number:04d}").resolve()
         trial.set_user_attr(attrs.RUN_DIR, str(run_dir))
-        pruning = PruningCallback(trial)
+        pruning = PruningCallback(trial, self.warmup_rounds)
         callbacks = [pruning, *(self.trial_callbacks(trial) if self.trial_callbacks else [])]
         if self.base.engine.loggers:
             link = StudyLink(self.study_name, self.study_dir, trial.number, self.mlflow_parent_run_id)

@@ -53,7 +53,9 @@ def test_a_plan_costs_each_cell_from_its_runs_or_a_calibration_and_the_papers_ho
     assert "fedavg" in lines[2] and "0/10" in lines[2] and " 30 " in lines[2]  # 10 rounds of 3 s, no start known
     assert " 25 " in lines[3] and "stub" in lines[3]  # FedProx: 10 x 2 s + 5 s
     # 18 + 30 + 25 + 25 s over min(--parallel 4, 2 CPUs) = 2 runners: 30 + 18 | 25 + 25
-    assert lines[-1] == "plan: cells=4 to_run=4 work_s=98 wall_s=50 paper_run_hours=4.2 paper_wall_hours=2.2"
+    assert lines[-1].startswith(
+        "plan: cells=4 to_run=4 work_s=98 wall_s=50 paper_run_hours=4.2 paper_wall_hours=2.2 paper_packed_hours=4.2 "
+    )
     # the papers: 3 x 3,000 s + 3 x 2,005 s = 15,015 s; on 2 runners 3,000 + 3,000 + 2,005 | 3,000 + 2,005 + 2,005
     assert "the papers' horizon (1000 rounds, 3 seeds, 6 runs of the 2 costed shapes" in report
 
@@ -109,7 +111,7 @@ def test_rounds_whose_epochs_grow_cost_a_fixed_part_and_a_part_per_epoch(tmp_pat
     assert " 104 " in lines[1] and "4.0 s per local epoch" in lines[1], lines[1]
     assert " 172 " in lines[2], lines[2]
     # the papers: 3 seeds x (10 rounds x 10 s + 4 x (1+1+2+3+4 x 6)) = 3 x 224 s
-    assert lines[-1].endswith("paper_run_hours=0.2 paper_wall_hours=0.2") and "work_s=276" in lines[-1]
+    assert " paper_run_hours=0.2 paper_wall_hours=0.2 " in lines[-1] and "work_s=276" in lines[-1]
 
 
 def test_a_ramp_timed_at_one_epoch_count_is_called_a_lower_bound(tmp_path) -> None:

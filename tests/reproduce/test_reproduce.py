@@ -303,7 +303,7 @@ def test_a_gpu_share_per_run_is_the_runs_engine_setting_and_keeps_its_run_direct
         planned["cells"] = list(cells)
         return {}
 
-    monkeypatch.setattr("rayfed.reproduce.runner.execute", record)
+    monkeypatch.setattr("rayfed.reproduce.packed_runs.execute_packed", record)
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # the runs are planned, not trained
     plain = plan(TINY, tmp_path / "out", rounds=2, seeds=[0, 1])
     # Execute
