@@ -17,11 +17,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from rayfed.engine.plugin_seal import accept_plugins, accepted_digests
 from rayfed.execution.run_packs import pack_runs
 from rayfed.reproduce.packed_cost import cells_line
 from rayfed.reproduce.run_files import damage, rounds_done
 from rayfed.reproduce.runner import Cell, Outcome, execute, run_cell
+from rayfed.util.plugin_check import accept_plugins, accepted_digests
 
 logger = logging.getLogger(__name__)
 
