@@ -14,7 +14,8 @@ Two measures, each a ratio taken within the same runs:
 * ``wall_ratio``: the median round's wall time with the system model over without (median over the repeats'
   ratios of each pair of runs, each run's median after its warm-up round);
 * ``system_share``: the seconds the round loop spends in the system model's calls
-  (:meth:`~rayfed.engine.rounds.Rounds.context` and :meth:`~rayfed.engine.rounds.Rounds.settle`) over the round's
+  (:meth:`~rayfed.scheduling.sync_rounds.Rounds.context` and
+  :meth:`~rayfed.scheduling.sync_rounds.Rounds.settle`) over the round's
   wall time, here also with a deadline and over-commitment (``--deadline``), whose rounds train other clients.
 
 The last line: ``wall_ratio=<x> system_share=<y> system_share_deadline=<z>``. Run (alone: it times)::
@@ -39,7 +40,7 @@ from common import RoundTimer, median_after_warmup, private_ray  # noqa: E402
 from throughput import SCENARIOS, scenario_config  # noqa: E402
 
 from rayfed import run  # noqa: E402
-from rayfed.engine.rounds import Rounds, VirtualRounds  # noqa: E402
+from rayfed.scheduling.sync_rounds import Rounds, VirtualRounds  # noqa: E402
 
 SYSTEM = {"system.devices": "lognormal", "system.step_s": 0.05}
 

@@ -18,6 +18,7 @@ from rayfed.util.lazy import lazy_exports
 from rayfed.util.version import VERSION
 
 if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ imports them
+    from rayfed.checking.method_check import check  # noqa: F401
     from rayfed.config import (  # noqa: F401
         AlgorithmConfig,
         DataConfig,
@@ -27,7 +28,6 @@ if TYPE_CHECKING:  # the same names for type checkers; at run time __getattr__ i
         TrainConfig,
         load_config,
     )
-    from rayfed.engine.method_check import check  # noqa: F401
     from rayfed.engine.result import RunResult  # noqa: F401
     from rayfed.engine.simulation import Simulation  # noqa: F401
     from rayfed.packs import run_many  # noqa: F401
@@ -57,7 +57,7 @@ __all__, __getattr__, __dir__ = lazy_exports(
             "TrainConfig",
             "load_config",
         ),
-        "rayfed.engine.method_check": ("check",),
+        "rayfed.checking.method_check": ("check",),
         "rayfed.util.plugin_check": ("accept_plugins",),
         "rayfed.engine.result": ("RunResult",),
         "rayfed.engine.simulation": ("Simulation",),

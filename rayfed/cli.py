@@ -151,8 +151,8 @@ def _plot(ns: argparse.Namespace) -> int:
 
 
 def _check(ns: argparse.Namespace) -> int:
+    from rayfed.checking.method_check import check, methods_in
     from rayfed.config import parse_override
-    from rayfed.engine.method_check import check, methods_in
 
     overrides = dict(parse_override(arg) for arg in ns.overrides)
     methods = [ns.method]
@@ -218,7 +218,7 @@ def _run(ns: argparse.Namespace) -> int:
         elif ns.preset is not None:
             raise ConfigError(f"--preset {ns.preset!r} cannot be combined with --resume {ns.resume!r}: give one base")
         else:
-            from rayfed.engine.resume_config import resumed_config
+            from rayfed.provenance.resume_config import resumed_config
 
             config = resumed_config(ns.resume, ns.args)  # the run's seal checked before its code is imported
         from rayfed.tracking import run
@@ -253,7 +253,7 @@ def _run(ns: argparse.Namespace) -> int:
 def _virtual_time(result: RunResult) -> str:
     """With a system model, the run's virtual time and, with ``system.target_accuracy``, its time to the target
     (``summary.json``'s, docs/system.md); "" without one."""
-    from rayfed.engine.system_records import system_summary
+    from rayfed.scheduling.system_records import system_summary
 
     summary = system_summary(result.history, result.config.system)
     if not summary:

@@ -27,7 +27,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # `rayfed list` caches its catalogue under $XDG_CACHE_HOME; the tests' registrations (e.g. the
 # two-group dataset) must never reach the user's cache.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="rayfed-test-cache-")
-# Checkpoints are sealed with a key kept outside run directories (rayfed.engine.checkpoint_key): the tests' own,
+# Checkpoints are sealed with a key kept outside run directories (rayfed.provenance.checkpoint_key): the tests' own,
 # made on first use, so that they never make or read the user's.
 os.environ["RAYFED_CHECKPOINT_KEY_FILE"] = str(Path(tempfile.mkdtemp(prefix="rayfed-test-key-")) / "checkpoint.key")
 # Ctrl-C as a terminal's foreground process receives it. A shell starts a background job (`.ci/run &`, `nohup`)

@@ -109,7 +109,7 @@ class VaryingWork:
     bytes of its download (FedFomo's, APPLE's and KT-pFL's, whose first message carries no other client's model, and
     FedProto's, which carries no prototype). A system model then finds each round's work from that round's message
     and each sampled client's state, building their starts and phases without training them
-    (:mod:`rayfed.engine.workload`); the work of a half that does not declare this is found once, from the first
+    (:mod:`rayfed.scheduling.workload`); the work of a half that does not declare this is found once, from the first
     round."""
 
     def work_start(self, message: Any, job: ClientJob) -> Start:

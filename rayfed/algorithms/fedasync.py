@@ -10,7 +10,7 @@ arrives makes a new version at once, mixed in with a weight that shrinks with it
     θ_t = (1 − α_t) θ_{t−1} + α_t y                 (Algorithm 1, the server's update)
 
 Floating-point buffers (BatchNorm statistics) are mixed alike. The schedule is simulated in virtual time by the
-engine (:mod:`rayfed.engine.asynchronous`), and the server keeps each update until its step
+engine (:mod:`rayfed.scheduling.async_rounds`), and the server keeps each update until its step
 (:mod:`rayfed.algorithms.common.asynchronous`).
 """
 

@@ -13,7 +13,7 @@ that arrives to its buffer, and once it holds K (the buffer size) it takes one s
 K is the number of updates in the step (the buffer size, fewer only when an update was rejected as not finite or
 beyond ``engine.max_update_norm``). Floating-point buffers (BatchNorm statistics) take the same step. With K = C,
 no staleness and η_g = 1, a step is the unweighted mean of the clients' models. The schedule (who trains when,
-each update's staleness) is simulated in virtual time by the engine (:mod:`rayfed.engine.asynchronous`) and the
+each update's staleness) is simulated in virtual time by the engine (:mod:`rayfed.scheduling.async_rounds`) and the
 server keeps each update until its step (:mod:`rayfed.algorithms.common.asynchronous`).
 """
 

@@ -22,7 +22,7 @@ def config_from_args(args: Sequence[str], preset: str | None = None) -> RunConfi
     With ``preset`` (:mod:`rayfed.config.presets`) the base is that paper protocol instead of a
     config file; the overrides still apply on top of it. Any other argument without ``=`` is a mistake (a
     forgotten ``=``, a misspelt file name) and raises ConfigError saying so. (``rayfed run --resume`` starts from
-    a run directory's config instead: :func:`resume_overrides`, :mod:`rayfed.engine.resume_config`.)
+    a run directory's config instead: :func:`resume_overrides`, :mod:`rayfed.provenance.resume_config`.)
 
     >>> config_from_args(["train.rounds=7", "train.lr=0.02"]).train.rounds
     7

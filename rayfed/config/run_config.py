@@ -265,7 +265,7 @@ class RunConfig:
     @classmethod
     def from_saved(cls, data: Mapping[str, Any]) -> RunConfig:
         """A config rayfed saved (``config.json``, a study's base config), read as data: its ``plugins`` are not
-        imported (a run directory or a study runs no code when read: :mod:`rayfed.engine.run_seal` says when a
+        imported (a run directory or a study runs no code when read: :mod:`rayfed.provenance.run_seal` says when a
         resume may import them), so a name only a plugin registers is refused here unless this process holds it.
         Keys since retired (:mod:`rayfed.config.retired`) are left out; none of them changed a run's numbers."""
         data = without_retired(data)

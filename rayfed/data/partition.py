@@ -106,7 +106,7 @@ class ClientPartition(abc.ABC):
     @abc.abstractmethod
     def digest(self) -> str:
         """A hex digest of what defines this partition: equal partitions (``==``) have equal digests
-        (a run's identity includes it: :mod:`rayfed.engine.run_identity`)."""
+        (a run's identity includes it: :mod:`rayfed.provenance.run_identity`)."""
 
 
 PartitionReader = Callable[[pa.Table, Path, np.ndarray, int], ClientPartition]

@@ -30,7 +30,7 @@ import pyarrow as pa
 from rayfed.engine.checkpoint import checkpoint_round, newest_checkpoint, save_checkpoint
 from rayfed.engine.metrics import RoundRecord
 from rayfed.engine.privacy_records import privacy_summary
-from rayfed.engine.system_records import PARTICIPATION_FILE, device_tables, participation, system_summary
+from rayfed.scheduling.system_records import PARTICIPATION_FILE, device_tables, participation, system_summary
 from rayfed.system.profiles import DeviceProfiles
 from rayfed.train.job import ClientState
 from rayfed.train.problem import ProblemSpec
@@ -51,13 +51,13 @@ class RunView:
     config: RunConfig
     spec: ProblemSpec
     identity: str
-    """The run's identity (:mod:`rayfed.engine.run_identity`), which its checkpoints record."""
+    """The run's identity (:mod:`rayfed.provenance.run_identity`), which its checkpoints record."""
     start_round: int
     """The first round this process runs (after the checkpoint it resumed from, else 0)."""
     rows: Callable[[], Sequence[Mapping[str, Any]]]
     state: Callable[[], tuple[dict[str, np.ndarray], Iterator[tuple[int, ClientState]]]]
     system_state: Callable[[], dict[str, np.ndarray]] = dict
-    """What the run's system model saves of its rounds (:meth:`rayfed.engine.rounds.Rounds.state`)."""
+    """What the run's system model saves of its rounds (:meth:`rayfed.scheduling.sync_rounds.Rounds.state`)."""
     devices: DeviceProfiles | None = None
     """The clients' devices the run's system model drew (None without one)."""
 
@@ -108,7 +108,7 @@ class Callback:
 class MetricsWriter(Callback):
     """Writes ``rounds.parquet`` (rewritten atomically each round), ``clients/round_XXXXXX.parquet``,
     ``clients/initial.parquet`` and, when the run finishes, ``summary.json`` (and with a system model the drawn
-    devices when it starts and ``participation.parquet`` when it finishes: :mod:`rayfed.engine.system_records`)."""
+    devices when it starts and ``participation.parquet`` when it finishes: :mod:`rayfed.scheduling.system_records`)."""
 
     def on_run_start(self, run: RunView) -> None:
         if run.devices is not None:  # the devices the run drew (docs/system.md, "What a run records")

@@ -2,10 +2,10 @@
 
 A checkpoint ``<run_dir>/checkpoints/round_XXXXXX.npz`` holds the arrays
 ``server/<name>``, ``client/<id>/<name>``, with a system model ``system/<name>`` (the rounds' virtual time, or
-an asynchronous schedule's state: :meth:`rayfed.engine.rounds.Rounds.state`), and ``meta``: JSON bytes with the
+an asynchronous schedule's state: :meth:`rayfed.scheduling.sync_rounds.Rounds.state`), and ``meta``: JSON bytes with the
 round it was written after, :data:`CHECKPOINT_FORMAT`, the identity of the run that wrote it
-(:mod:`rayfed.engine.run_identity`), the id of the key that sealed it and its seal: an HMAC-SHA256,
-under this machine's checkpoint key (:mod:`rayfed.engine.checkpoint_key`), of its other arrays and of
+(:mod:`rayfed.provenance.run_identity`), the id of the key that sealed it and its seal: an HMAC-SHA256,
+under this machine's checkpoint key (:mod:`rayfed.provenance.checkpoint_key`), of its other arrays and of
 those four fields. The engine writes one every ``engine.checkpoint_every`` rounds and resumes from the
 newest; ``rayfed plot`` reads the newest one's server state. Only the two newest are kept.
 
@@ -18,7 +18,7 @@ changed, or one whose round was, is refused: it protects against anyone who can 
 (a shared or synced folder, a copy received) but cannot read the key file outside it. It does not
 protect against anyone who can read the key (the user, root), hides nothing (checkpoints are not
 encrypted), and vouches for the checkpoints alone, not for the run's other files, which a resume checks
-for damage (:func:`rayfed.engine.resume_point.read_resume_point`). A checkpoint sealed with another
+for damage (:func:`rayfed.provenance.resume_point.read_resume_point`). A checkpoint sealed with another
 machine's key is refused naming both keys' ids and the fix (that machine's key file); one written
 before checkpoints were keyed carries a plain SHA-256 that anyone can recompute, and is refused unless
 the user vouches for it (:data:`TRUST_UNKEYED_VARIABLE`).
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from rayfed.engine.checkpoint_key import KEY_FILE_VARIABLE, checkpoint_key, key_id, key_path
+from rayfed.provenance.checkpoint_key import KEY_FILE_VARIABLE, checkpoint_key, key_id, key_path
 from rayfed.train.job import ClientState
 from rayfed.util.bounded import npz_members, npz_parts, parse_json
 from rayfed.util.errors import CheckpointError, CheckpointFormatError, CheckpointKeyError

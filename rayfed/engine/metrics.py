@@ -77,7 +77,7 @@ class RoundRecord:
     """The server half's metrics (columns ``server_*``)."""
     system: dict[str, float] = field(default_factory=dict)
     """With a system model: the round's virtual time and what became of its clients (columns as named,
-    :mod:`rayfed.engine.system_records`); empty without one."""
+    :mod:`rayfed.scheduling.system_records`); empty without one."""
     privacy: dict[str, float] = field(default_factory=dict)
     """With privacy on: ``epsilon`` after the round (:mod:`rayfed.engine.privacy_records`); empty without."""
 

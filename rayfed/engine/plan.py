@@ -4,18 +4,18 @@ A run that cannot be carried out is refused here, with every file of its directo
 (README.md, "Faults and bad input"):
 
 * its run directory: can it be made, is it rayfed's to write in and free, may this run start or
-  continue in it (:mod:`rayfed.engine.run_dir`), does a continued run's directory hold what its run sealed (the
-  marker's seal, ``config.json``, the files of its code and its trace files: :mod:`rayfed.engine.run_seal`,
-  :mod:`rayfed.engine.plugin_seal`, :mod:`rayfed.engine.trace_seal`), and where does it resume
-  (:mod:`rayfed.engine.resume_point`, which reads every file a resume needs and proves its checkpoint is this
-  run's: :mod:`rayfed.engine.run_identity`);
+  continue in it (:mod:`rayfed.provenance.run_dir`), does a continued run's directory hold what its run sealed (the
+  marker's seal, ``config.json``, the files of its code and its trace files: :mod:`rayfed.provenance.run_seal`,
+  :mod:`rayfed.provenance.plugin_seal`, :mod:`rayfed.provenance.trace_seal`), and where does it resume
+  (:mod:`rayfed.provenance.resume_point`, which reads every file a resume needs and proves its checkpoint is this
+  run's: :mod:`rayfed.provenance.run_identity`);
 * its resources: workers, memory and client states (:func:`rayfed.engine.sizing.check_fits`);
 * its inputs: the dataset, the problem (the algorithm checks its params against it), the held-out
   server data and the partition (:class:`~rayfed.engine.inputs.RunInputs`);
 * whether any client can take a local step (:func:`rayfed.engine.trainability.check_trainable`);
 * the packages of the experiment trackers ``engine.loggers`` names (:func:`rayfed.config.check_installed`);
-* its system model: the clients' devices, and the rounds the loop asks for (:mod:`rayfed.engine.system_setup`),
-  with ``system.step_s`` measured where the run calibrates it (:mod:`rayfed.engine.calibration`).
+* its system model: the clients' devices, and the rounds the loop asks for (:mod:`rayfed.scheduling.system_setup`),
+  with ``system.step_s`` measured where the run calibrates it (:mod:`rayfed.scheduling.calibration`).
 
 It also says, once, what of the fast path the run cannot take (:mod:`rayfed.engine.fast_path`).
 
@@ -30,20 +30,20 @@ from pathlib import Path
 
 from rayfed.algorithms import ResolvedAlgorithm, resolve
 from rayfed.config import RunConfig, check_installed
-from rayfed.engine.calibration import with_measured_step_s, with_recorded_step_s
 from rayfed.engine.fast_path import log_slow_paths
 from rayfed.engine.inputs import RunInputs
-from rayfed.engine.plugin_seal import marker_note, marker_sources
 from rayfed.engine.privacy_records import check_privacy
-from rayfed.engine.resume_point import ResumePoint, read_resume_point
-from rayfed.engine.rounds import Rounds
-from rayfed.engine.run_dir import check_creatable, check_run_dir
-from rayfed.engine.run_identity import RunMarker, run_identity
-from rayfed.engine.run_seal import check_config_file
 from rayfed.engine.sizing import MemoryEstimate, check_fits
-from rayfed.engine.system_setup import plan_rounds
-from rayfed.engine.trace_seal import check_traces, trace_records
 from rayfed.engine.trainability import check_trainable
+from rayfed.provenance.plugin_seal import marker_note, marker_sources
+from rayfed.provenance.resume_point import ResumePoint, read_resume_point
+from rayfed.provenance.run_dir import check_creatable, check_run_dir
+from rayfed.provenance.run_identity import RunMarker, run_identity
+from rayfed.provenance.run_seal import check_config_file
+from rayfed.provenance.trace_seal import check_traces, trace_records
+from rayfed.scheduling.calibration import with_measured_step_s, with_recorded_step_s
+from rayfed.scheduling.sync_rounds import Rounds
+from rayfed.scheduling.system_setup import plan_rounds
 from rayfed.util.plugin_check import check_sources
 from rayfed.util.plugins import plugin_sources, run_sources
 from rayfed.util.progress import progress_shown
@@ -61,13 +61,13 @@ class RunPlan:
     continues: bool
     """Whether the run directory holds this run already (resumed, or started again: no round saved)."""
     identity: str
-    """The run's identity (:func:`~rayfed.engine.run_identity.run_identity`), which its checkpoints record."""
+    """The run's identity (:func:`~rayfed.provenance.run_identity.run_identity`), which its checkpoints record."""
     resume: ResumePoint
     """The run marker to write, and the checkpoint and rounds it continues from (none for a new run)."""
     memory: MemoryEstimate
     inputs: RunInputs
     rounds: Rounds
-    """Whom each round trains and what its system model records (:mod:`rayfed.engine.rounds`)."""
+    """Whom each round trains and what its system model records (:mod:`rayfed.scheduling.sync_rounds`)."""
 
 
 def default_run_dir(config: RunConfig) -> Path:

@@ -21,11 +21,11 @@ from typing import Any
 from rayfed.algorithms import ResolvedAlgorithm
 from rayfed.algorithms.private_uploads import PartwiseUpload, privacy_refusal
 from rayfed.config import RunConfig
-from rayfed.engine.system_setup import is_asynchronous
 from rayfed.execution.privacy import UNCLIPPED
 from rayfed.execution.round_facts import RoundFacts
 from rayfed.privacy.accountant import Accounting, accounting_of
 from rayfed.privacy.adaptive import default_count_noise, next_clip_norm, update_noise_multiplier
+from rayfed.scheduling.system_setup import is_asynchronous
 from rayfed.system.rounds import round_sizes
 from rayfed.util.errors import ConfigError
 from rayfed.util.seeding import participants

@@ -43,13 +43,13 @@ from rayfed.engine.metrics import RoundRecord, client_table, summarise_round
 from rayfed.engine.plan import plan_run
 from rayfed.engine.privacy_records import PrivacyLedger
 from rayfed.engine.result import RunResult
-from rayfed.engine.resume_point import drop_client_tables_from, previous_checkpoint_fix
-from rayfed.engine.run_dir import open_run_dir, resume_command
 from rayfed.engine.state_store import ClientStateStore
 from rayfed.execution.executor import Executor, LocalExecutor, RoundCalls, make_chunks, num_calls
 from rayfed.execution.reports import ClientReport
 from rayfed.execution.round_facts import RoundFacts
 from rayfed.execution.settlement import NON_FINITE
+from rayfed.provenance.resume_point import drop_client_tables_from, previous_checkpoint_fix
+from rayfed.provenance.run_dir import open_run_dir, resume_command
 from rayfed.train.job import ClientState
 from rayfed.util import plugins
 from rayfed.util.allocator import FreedMemory
@@ -89,7 +89,7 @@ class Simulation:
         self.rounds = plan.rounds
         self.privacy = PrivacyLedger(config, self.history)
         """The run's accountant and adaptive clip norm (:mod:`rayfed.engine.privacy_records`)."""
-        """Whom each round trains, and what the system model records of it (:mod:`rayfed.engine.rounds`)."""
+        """Whom each round trains, and what the system model records of it (:mod:`rayfed.scheduling.sync_rounds`)."""
         builtin: list[Callback] = [MetricsWriter(), Checkpointer()]
         if config.engine.progress:
             builtin.append(ProgressBar())
@@ -188,7 +188,8 @@ class Simulation:
         return RoundCalls(broadcast, ctx, chunks, states)
 
     def _context(self, round_index: int, broadcast: Any) -> RoundFacts:
-        """The round's facts, decided once (:meth:`rayfed.engine.rounds.Rounds.context`), from its ``broadcast``."""
+        """The round's facts, decided once (:meth:`rayfed.scheduling.sync_rounds.Rounds.context`), from its
+        ``broadcast``."""
         executor = self.executor
         assert executor is not None
 
@@ -198,7 +199,7 @@ class Simulation:
         return self.privacy.context(self.rounds.context(round_index, message, self.states.get_many))
 
     def run(self) -> RunResult:
-        """Take the run directory's lock, record the run there (:func:`~rayfed.engine.run_dir.open_run_dir`) and
+        """Take the run directory's lock, record the run there (:func:`~rayfed.provenance.run_dir.open_run_dir`) and
         run the remaining rounds; the executor and the lock are released however the loop ends. SIGTERM stops
         it as Ctrl-C does (:mod:`rayfed.engine.interrupts`)."""
         with terminate_as_interrupt():

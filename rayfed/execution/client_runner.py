@@ -145,7 +145,7 @@ class ClientRunner(ClientData):
     ) -> tuple[np.ndarray, np.ndarray]:
         """The steps that client ``client_id``'s phases of round ``ctx`` draw, found without training them, for a
         client of its architecture with each of ``num_train`` training samples: over all its phases, and over
-        those a deadline's step budget covers (a system model's workload, :mod:`rayfed.engine.workload`)."""
+        those a deadline's step budget covers (a system model's workload, :mod:`rayfed.scheduling.workload`)."""
         _, phases = self._untrained(message, ctx, client_id, None)
         return _phases_steps(phases, num_train, self.config)
 
@@ -154,7 +154,7 @@ class ClientRunner(ClientData):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each client of round ``ctx`` (``ctx.sampled``), started from its state in ``states`` and its phases built
         without training them: its steps over all its phases and over those a step budget covers, and the bytes it
-        downloads (the round's workload of a method whose work changes by round, :mod:`rayfed.engine.workload`)."""
+        downloads (the round's workload of a method whose work changes by round, :mod:`rayfed.scheduling.workload`)."""
         work = np.zeros((3, len(ctx.sampled)), dtype=np.int64)
         for row, cid in enumerate(ctx.sampled.tolist()):
             job, phases = self._untrained(message, ctx, cid, states.get(cid))

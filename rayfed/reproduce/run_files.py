@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from rayfed.engine.metrics import read_rounds_file
-from rayfed.engine.plugin_seal import marker_sources
-from rayfed.engine.run_identity import MARKER_FILE, RunMarker
+from rayfed.provenance.plugin_seal import marker_sources
+from rayfed.provenance.run_identity import MARKER_FILE, RunMarker
 from rayfed.util.bounded import read_json
 from rayfed.util.errors import CheckpointError
 from rayfed.util.plugin_check import check_named

@@ -48,7 +48,7 @@ from rayfed.algorithms import ALGORITHMS
 from rayfed.algorithms.figures import DistributionPairs, Figure, Heatmap
 from rayfed.config import RunConfig
 from rayfed.data import LABEL_COUNTS_FILE
-from rayfed.engine.run_dir import resume_command
+from rayfed.provenance.run_dir import resume_command
 from rayfed.results.run_data import (
     CurveGroup,
     RunData,

@@ -29,7 +29,7 @@ from rayfed.data import LABEL_COUNTS_FILE, read_label_counts
 from rayfed.engine.checkpoint import load_checkpoint, newest_checkpoint
 from rayfed.engine.metrics import counted_round, read_rounds_file
 from rayfed.engine.privacy_records import EPSILON
-from rayfed.engine.system_records import AVAILABILITY_FILE, DEVICES_FILE, VIRTUAL_TIME
+from rayfed.scheduling.system_records import AVAILABILITY_FILE, DEVICES_FILE, VIRTUAL_TIME
 from rayfed.util.bounded import NUMBER, read_parquet
 from rayfed.util.config_tree import get_path, tree_differences
 from rayfed.util.errors import CheckpointError, ConfigError

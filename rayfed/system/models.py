@@ -15,7 +15,7 @@ before anything is written, so that a run with one stays seeded like every other
 FLGo's users write the same rules in code (its simulator's availability, responsiveness and connectivity
 updates); FedScale reads them from its device and behaviour traces. A model registered in the script that runs, or
 in a module the config's ``plugins`` lists, reaches a run's other processes as a method's code does, and its file
-is sealed in the run's marker like a plugin's (:mod:`rayfed.util.plugins`, :mod:`rayfed.engine.run_seal`).
+is sealed in the run's marker like a plugin's (:mod:`rayfed.util.plugins`, :mod:`rayfed.provenance.run_seal`).
 """
 
 from __future__ import annotations

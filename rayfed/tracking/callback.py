@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from rayfed.engine.callbacks import Callback, RunView
 from rayfed.engine.metrics import RoundRecord, counted_round
-from rayfed.engine.run_dir import resume_command
+from rayfed.provenance.run_dir import resume_command
 from rayfed.tracking.state import STATE_FILE, Logged, read_state, write_state
 from rayfed.tracking.study_link import StudyLink
 from rayfed.tracking.tools import FIGURES, check_folders, check_services, tracker_class

@@ -70,7 +70,7 @@ def accepted_digests() -> tuple[str, ...]:
 
 def is_accepted(sha256: str) -> bool:
     """Whether a file of this digest is accepted here (:func:`accept_plugins`): a plugin's, or a trace's
-    (:mod:`rayfed.engine.trace_seal`)."""
+    (:mod:`rayfed.provenance.trace_seal`)."""
     return any(sha256.startswith(digest) for digest in _ACCEPTED.get())
 
 

@@ -22,7 +22,7 @@ reproduce``'s tasks) receive the run's :class:`~rayfed.config.RunConfig`, which 
 * **As an installed package** (:mod:`rayfed.util.entry_points`): imported by every process that has it.
 
 A run records its sources' entries in its saved config (:func:`plugin_sources`) and their digests in its sealed
-marker (:mod:`rayfed.engine.run_seal`), so ``rayfed run --resume`` imports the code it ran, and no other.
+marker (:mod:`rayfed.provenance.run_seal`), so ``rayfed run --resume`` imports the code it ran, and no other.
 """
 
 from __future__ import annotations

@@ -354,7 +354,7 @@ def test_a_run_saved_with_a_retired_key_resumes_without_it(tmp_path) -> None:
     saved["engine"]["fold_sums"] = False
     (run_dir / "config.json").write_text(json.dumps(saved))
     # Execute: the command line's resume, one more round.
-    from rayfed.engine.resume_config import resumed_config
+    from rayfed.provenance.resume_config import resumed_config
 
     resumed = run(resumed_config(str(run_dir), ["train.rounds=2"]), resume=True)
     # Check

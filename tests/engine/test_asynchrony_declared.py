@@ -9,7 +9,7 @@ from rayfed.algorithms import ResolvedAlgorithm, resolve
 from rayfed.algorithms.common.asynchronous import AsynchronousParams
 from rayfed.algorithms.fedavg import FedAvgServer
 from rayfed.config import RunConfig
-from rayfed.engine.system_setup import is_asynchronous
+from rayfed.scheduling.system_setup import is_asynchronous
 
 
 def _resolved(name: str, **params: object) -> ResolvedAlgorithm:

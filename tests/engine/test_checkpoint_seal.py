@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from rayfed import CheckpointError, RunConfig, run
-from rayfed.engine.checkpoint_key import key_path
-from rayfed.engine.run_identity import RunMarker
+from rayfed.provenance.checkpoint_key import key_path
+from rayfed.provenance.run_identity import RunMarker
 from rayfed.results.run_data import load_run
 from rayfed.util.errors import CheckpointKeyError
 from rayfed.util.files import digest_of, load_arrays, save_arrays

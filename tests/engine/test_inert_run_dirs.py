@@ -17,7 +17,7 @@ import pytest
 
 import rayfed
 from rayfed.cli import main
-from rayfed.engine.run_identity import MARKER_FILE
+from rayfed.provenance.run_identity import MARKER_FILE
 from rayfed.reproduce import TABLES
 from rayfed.reproduce.runner import plan
 from rayfed.results.run_data import load_run

@@ -1,5 +1,5 @@
-"""``rayfed check`` (``rayfed.engine.method_check``): what it says of a method's mistakes, each named by the hook and
-its line with the fix, and how two trainings of a call are compared (``rayfed.engine.path_comparison``)."""
+"""``rayfed check`` (``rayfed.checking.method_check``): what it says of a method's mistakes, each named by the hook and
+its line with the fix, and how two trainings of a call are compared (``rayfed.checking.path_comparison``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 
 import rayfed
 from rayfed.algorithms import WeightedSum
-from rayfed.engine.path_comparison import array_difference, path_differences
+from rayfed.checking.path_comparison import array_difference, path_differences
 from rayfed.execution.reports import ClientReport, TrainResult
 
 PROBES = """

@@ -15,8 +15,8 @@ from rayfed import RunConfig
 from rayfed.algorithms.sizing import model_state_bytes
 from rayfed.engine import Simulation
 from rayfed.engine.metrics import summarise_round
-from rayfed.engine.rounds import VirtualRounds
 from rayfed.execution.reports import ClientReport
+from rayfed.scheduling.sync_rounds import VirtualRounds
 from rayfed.system import client_times
 from tests.conftest import tiny_overrides
 
@@ -173,10 +173,10 @@ def test_a_method_whose_work_changes_by_round_is_charged_each_rounds_own(tmp_pat
 @pytest.mark.slow
 def test_a_method_whose_work_changes_undeclared_is_warned_of_once(tmp_path, monkeypatch, caplog) -> None:
     # Prepare: FedProto as if it did not declare that its download changes by round (none in its first round)
-    monkeypatch.setattr("rayfed.engine.workload.varies_work", lambda client: False)
+    monkeypatch.setattr("rayfed.scheduling.workload.varies_work", lambda client: False)
     overrides = tiny_overrides(tmp_path, **EQUAL, **{"algorithm.name": "fedproto", "train.rounds": 3})
     # Execute
-    with caplog.at_level(logging.WARNING, logger="rayfed.engine.rounds"):
+    with caplog.at_level(logging.WARNING, logger="rayfed.scheduling.sync_rounds"):
         Simulation(RunConfig().override(overrides)).run()
     # Assert: the first round is charged right, the second not, and the run says so once, naming the fix
     warned = [r.getMessage() for r in caplog.records if "virtual clock charged" in r.getMessage()]

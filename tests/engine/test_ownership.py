@@ -23,8 +23,8 @@ from rayfed import CheckpointError, ConfigError, RunConfig, run
 from rayfed.engine import Simulation
 from rayfed.engine.callbacks import Callback
 from rayfed.engine.checkpoint import load_checkpoint, save_checkpoint
-from rayfed.engine.run_identity import MARKER_FILE, RunMarker
-from rayfed.engine.run_lock import LOCK_FILE
+from rayfed.provenance.run_identity import MARKER_FILE, RunMarker
+from rayfed.provenance.run_lock import LOCK_FILE
 from rayfed.util.errors import CheckpointFormatError
 from rayfed.util.files import load_arrays, save_arrays
 from tests.conftest import tiny_overrides

@@ -1,5 +1,5 @@
 """A continued run runs the code it was sealed with, byte for byte, or a change the user accepted by digest
-(rayfed.engine.plugin_seal, rayfed.util.plugin_check), found from wherever the resume starts.
+(rayfed.provenance.plugin_seal, rayfed.util.plugin_check), found from wherever the resume starts.
 
 The command line is run as a user runs it (the ``rayfed`` script, whose path holds neither the working directory
 nor the method's folder).
@@ -21,7 +21,7 @@ import rayfed
 from rayfed import RunConfig
 from rayfed.algorithms import ALGORITHMS
 from rayfed.cli import main
-from rayfed.engine.run_identity import MARKER_FILE
+from rayfed.provenance.run_identity import MARKER_FILE
 from rayfed.util.errors import PluginError
 from rayfed.util.plugin_check import check_sources
 from rayfed.util.plugin_sources import locate

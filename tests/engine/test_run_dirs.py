@@ -23,8 +23,8 @@ from rayfed import CheckpointError, ConfigError, DatasetError, ResourceError, Ru
 from rayfed.cli import main
 from rayfed.engine.callbacks import Callback, MetricsWriter
 from rayfed.engine.interrupts import RunInterrupted, StudyInterrupted
-from rayfed.engine.run_identity import MARKER_FILE
 from rayfed.execution.executor import LocalExecutor
+from rayfed.provenance.run_identity import MARKER_FILE
 from rayfed.tuning import FloatParam, tune
 from tests.conftest import tiny_overrides
 

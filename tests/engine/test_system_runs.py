@@ -14,7 +14,7 @@ import pytest
 
 from rayfed import RunConfig, run
 from rayfed.engine import Simulation
-from rayfed.engine.rounds import VirtualRounds
+from rayfed.scheduling.sync_rounds import VirtualRounds
 from rayfed.util.errors import ConfigError
 from rayfed.util.files import load_arrays
 from tests.conftest import tiny_overrides

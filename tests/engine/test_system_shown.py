@@ -11,9 +11,9 @@ import rayfed
 from rayfed import RunConfig, run
 from rayfed.cli import _virtual_time
 from rayfed.engine import Simulation
-from rayfed.engine.rounds import VirtualRounds
 from rayfed.results.plots import write_figures
 from rayfed.results.run_data import client_timeline
+from rayfed.scheduling.sync_rounds import VirtualRounds
 from tests.conftest import tiny_overrides
 
 DIURNAL = {

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rayfed import accept_plugins, run
-from rayfed.engine.run_identity import MARKER_FILE
+from rayfed.provenance.run_identity import MARKER_FILE
 from rayfed.util.errors import PluginError
 from tests.conftest import tiny_overrides
 

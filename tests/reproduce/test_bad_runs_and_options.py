@@ -184,7 +184,7 @@ def test_a_cells_changed_plugin_named_by_set_is_refused_before_it_is_imported(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Prepare: a cell's run sealed with note.py; then note.py edited to write a file when imported.
-    from rayfed.engine.run_identity import RunMarker
+    from rayfed.provenance.run_identity import RunMarker
     from rayfed.util.plugin_sources import locate
 
     monkeypatch.chdir(tmp_path)

@@ -2,10 +2,10 @@
 
 The contract of the one loop (:mod:`rayfed.train.loop`): a method declares its local training as phases, and
 with ``engine.vectorize=on`` the worker trains its clients as one stack. For each registered algorithm, what
-``rayfed check`` runs (:mod:`rayfed.engine.method_check`): two rounds of eight clients of unequal sizes, each trained
+``rayfed check`` runs (:mod:`rayfed.checking.method_check`): two rounds of eight clients of unequal sizes, each trained
 from the same message and states once with ``vectorize=off`` and once with ``on``: every call's clients train in
 one stack; every client's loss, steps and update norm, the call's summed contribution and the clients' new states
-agree within float tolerance (:mod:`rayfed.engine.path_comparison`); and the stacked training of the second round
+agree within float tolerance (:mod:`rayfed.checking.path_comparison`); and the stacked training of the second round
 (the loop's work: what stacking changes) issues well under half the ATen operations per client-step of the
 sequential one (the first warms up). A new method joins this test by registering.
 """
@@ -21,8 +21,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from rayfed.algorithms import ALGORITHMS
-from rayfed.engine.method_check import TwoPaths, check_config
-from rayfed.engine.path_comparison import path_differences
+from rayfed.checking.method_check import TwoPaths, check_config
+from rayfed.checking.path_comparison import path_differences
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.reports import TrainResult
 from rayfed.train import stack_plan
@@ -58,7 +58,7 @@ PADDED = ("fedavg", "feduv", "fedproto", "fedclassavg", "ktpfl")
 
 
 def _paths(name: str, tmp_path: Path, **extra: Any) -> TwoPaths:
-    """``rayfed check``'s two paths (:class:`~rayfed.engine.method_check.TwoPaths`) of ``name`` on its tiny data,
+    """``rayfed check``'s two paths (:class:`~rayfed.checking.method_check.TwoPaths`) of ``name`` on its tiny data,
     with what the method needs here."""
     device = {"engine.num_gpus_per_worker": 1.0 if ON_GPU else 0.0}
     return TwoPaths(check_config(name, {**device, **OVERRIDES.get(name, {}), **extra}, clients=_CLIENTS), tmp_path)

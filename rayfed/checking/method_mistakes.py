@@ -1,5 +1,5 @@
 """A method's mistake, found by running it, as one line that names what did it, where, and the fix
-(``rayfed check``, :mod:`rayfed.engine.method_check`).
+(``rayfed check``, :mod:`rayfed.checking.method_check`).
 
 rayfed's own checks already say so in one line (a :class:`~rayfed.util.errors.RayfedError`: the phase checker's,
 a config the method refuses). What a stack's ``torch.func.vmap`` refuses in a hook is torch's message about

@@ -8,8 +8,8 @@ on resume (:mod:`rayfed.engine.checkpoint`).
 
 The **run marker** ``<run_dir>/rayfed-run.json`` is the first file a run writes into its
 directory. It proves that the directory is a rayfed run (rayfed writes only into an empty
-folder or one with a marker: :func:`rayfed.engine.run_dir.check_run_dir`), is sealed with the
-checkpoint key (:mod:`rayfed.engine.run_seal`) and records::
+folder or one with a marker: :func:`rayfed.provenance.run_dir.check_run_dir`), is sealed with the
+checkpoint key (:mod:`rayfed.provenance.run_seal`) and records::
 
     {"format": 2, "identity": "<sha256>", "created": "2026-11-26T10:00:00",
      "train_rounds": [{"rounds": 3, "from_round": 0, "at": "..."},
@@ -25,7 +25,7 @@ checkpoint key (:mod:`rayfed.engine.run_seal`) and records::
 changed it (extended, or shortened to no fewer rounds than it holds); ``rayfed`` the version that last
 wrote the marker; ``plugins`` the files of the run's code outside rayfed (:mod:`rayfed.util.plugin_sources`)
 and ``accepted`` each change of them a continuation was told to accept (``--accept-plugin``); ``traces`` the
-trace files its system model reads (:mod:`rayfed.engine.trace_seal`; absent from a marker written before traces
+trace files its system model reads (:mod:`rayfed.provenance.trace_seal`; absent from a marker written before traces
 were sealed). A marker of format 1 (before markers were sealed) holds the first three fields and no seal.
 """
 
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rayfed.engine.run_seal import check_seal, sealed
+from rayfed.provenance.run_seal import check_seal, sealed
 from rayfed.util.bounded import read_json
 from rayfed.util.errors import CheckpointError
 from rayfed.util.files import write_json
@@ -136,7 +136,7 @@ class RunMarker:
         )
 
     def write(self, run_dir: Path) -> None:
-        """Write the marker, sealed (:func:`rayfed.engine.run_seal.sealed`)."""
+        """Write the marker, sealed (:func:`rayfed.provenance.run_seal.sealed`)."""
         fields = {
             "format": _MARKER_FORMAT,
             "identity": self.identity,
@@ -152,7 +152,7 @@ class RunMarker:
 
     @classmethod
     def read(cls, run_dir: Path) -> RunMarker:
-        """The marker of ``run_dir``, its seal checked (:func:`rayfed.engine.run_seal.check_seal`: CheckpointError
+        """The marker of ``run_dir``, its seal checked (:func:`rayfed.provenance.run_seal.check_seal`: CheckpointError
         for another key or a changed marker); CheckpointError naming the file if it is not one rayfed wrote."""
         path = run_dir / MARKER_FILE
         try:

@@ -1,9 +1,9 @@
 """The seal on a run marker: only the holder of the checkpoint key writes a marker a continuation accepts.
 
-A run marker (:mod:`rayfed.engine.run_identity`) records what the run is: its identity, the config that defines it
+A run marker (:mod:`rayfed.provenance.run_identity`) records what the run is: its identity, the config that defines it
 (``config.json`` as the run wrote it), rayfed's version and the digest of every file of its code outside rayfed
-(:mod:`rayfed.engine.plugin_seal`). It is sealed as checkpoints are (:mod:`rayfed.engine.checkpoint`): an
-HMAC-SHA256 of its fields under the key of :mod:`rayfed.engine.checkpoint_key`, which lives outside every run
+(:mod:`rayfed.provenance.plugin_seal`). It is sealed as checkpoints are (:mod:`rayfed.engine.checkpoint`): an
+HMAC-SHA256 of its fields under the key of :mod:`rayfed.provenance.checkpoint_key`, which lives outside every run
 directory. So someone who can write a run directory but cannot read the key can change what the directory says
 (an edited ``config.json``, a ``plugins`` entry, a forged marker), and a continuation refuses it, before anything
 runs; reading a run (figures, reports) never runs its code at all, and needs no key.
@@ -23,7 +23,7 @@ from typing import Any
 
 from rayfed.config import read_saved_config
 from rayfed.config.retired import without_retired
-from rayfed.engine.checkpoint_key import KEY_FILE_VARIABLE, checkpoint_key, key_id, key_path
+from rayfed.provenance.checkpoint_key import KEY_FILE_VARIABLE, checkpoint_key, key_id, key_path
 from rayfed.util.config_tree import tree_differences
 from rayfed.util.errors import CheckpointError, CheckpointKeyError
 from rayfed.util.files import digest_of

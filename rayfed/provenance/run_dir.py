@@ -8,13 +8,13 @@ file as it was (README.md, "Faults and bad input"):
   read-only folder, a special filesystem such as ``/proc`` or a name longer than the
   filesystem allows is named with the reason);
 * is it rayfed's to write in? (:func:`check_run_dir`: an empty or new folder, or a run directory
-  rayfed made, proven by its run marker (:mod:`rayfed.engine.run_identity`) and not in use by
-  another run (:mod:`rayfed.engine.run_lock`); anything else is refused, naming what it holds);
+  rayfed made, proven by its run marker (:mod:`rayfed.provenance.run_identity`) and not in use by
+  another run (:mod:`rayfed.provenance.run_lock`); anything else is refused, naming what it holds);
 * may this run start or continue in it? (:func:`check_run_dir`: a run directory holding a
   checkpoint is never overwritten; one whose run saved no round yet may be started again
   with its own config, with or without ``--resume``; both paths refuse another config with
   the same message);
-* where does a resumed run continue? (:func:`rayfed.engine.resume_point.read_resume_point`).
+* where does a resumed run continue? (:func:`rayfed.provenance.resume_point.read_resume_point`).
 
 :func:`open_run_dir` then takes the directory's lock and writes the run marker, ``config.json``
 and the inputs.
@@ -34,8 +34,8 @@ from rayfed.engine.checkpoint import (
     newest_checkpoint,
 )
 from rayfed.engine.inputs import RunInputs
-from rayfed.engine.run_identity import CONTINUABLE, MARKER_FILE, RunMarker
-from rayfed.engine.run_lock import LOCK_FILE, RunLock, check_unlocked
+from rayfed.provenance.run_identity import CONTINUABLE, MARKER_FILE, RunMarker
+from rayfed.provenance.run_lock import LOCK_FILE, RunLock, check_unlocked
 from rayfed.util.errors import CheckpointError, ConfigError
 from rayfed.util.files import write_json
 
@@ -193,7 +193,7 @@ def _filesystem_type(path: Path) -> str | None:
 def check_run_dir(run_dir: Path, config: RunConfig, *, resume: bool) -> bool:
     """Whether ``run_dir`` already holds this run (to be continued); refuses what would overwrite results.
 
-    * not in use by another run (:func:`~rayfed.engine.run_lock.check_unlocked`: ConfigError naming it);
+    * not in use by another run (:func:`~rayfed.provenance.run_lock.check_unlocked`: ConfigError naming it);
     * new or empty (but for a stale lock): a new run (``False``), or CheckpointError when resuming;
     * not empty and without a run marker (anything rayfed did not make, or made before it wrote markers):
       ConfigError naming what the folder holds and what a run would overwrite;
@@ -201,7 +201,7 @@ def check_run_dir(run_dir: Path, config: RunConfig, *, resume: bool) -> bool:
       config was deleted (ConfigError naming its files);
     * a checkpoint: a plain rerun is refused (ConfigError: resume it instead);
     * otherwise (no checkpoint, ``--resume`` or not) the saved config must be ``config`` up to
-      :data:`~rayfed.engine.run_identity.CONTINUABLE` (ConfigError listing the differences), and the
+      :data:`~rayfed.provenance.run_identity.CONTINUABLE` (ConfigError listing the differences), and the
       run starts again from round 0.
     """
     check_unlocked(run_dir)

@@ -1,9 +1,9 @@
 """The config ``rayfed run --resume RUN_DIR [field=value ...]`` runs: the run directory's, opened as its seal allows.
 
 A run directory's ``config.json`` is data until its seal is checked: the marker's seal under this machine's key
-(:func:`rayfed.engine.run_seal.check_seal`), ``config.json`` against the sealed config
-(:func:`rayfed.engine.run_seal.check_config_file`) and the files of its code against their sealed digests
-(:func:`rayfed.engine.plugin_seal.resume_sources`); only then are those files imported and the config built, and
+(:func:`rayfed.provenance.run_seal.check_seal`), ``config.json`` against the sealed config
+(:func:`rayfed.provenance.run_seal.check_config_file`) and the files of its code against their sealed digests
+(:func:`rayfed.provenance.plugin_seal.resume_sources`); only then are those files imported and the config built, and
 the overrides applied. Anything else is refused in one line, before anything runs.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 from rayfed.algorithms import ALGORITHMS
 from rayfed.config import RunConfig, read_run_config, read_saved_config
 from rayfed.config.args import resume_overrides
-from rayfed.engine.plugin_seal import marker_sources, resume_sources
-from rayfed.engine.run_identity import MARKER_FILE, RunMarker
-from rayfed.engine.run_seal import check_config_file
+from rayfed.provenance.plugin_seal import marker_sources, resume_sources
+from rayfed.provenance.run_identity import MARKER_FILE, RunMarker
+from rayfed.provenance.run_seal import check_config_file
 from rayfed.util.config_tree import coerce, get_path
 from rayfed.util.errors import CheckpointError
 from rayfed.util.plugin_sources import PluginSource, load_source

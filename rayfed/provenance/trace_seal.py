@@ -2,7 +2,7 @@
 
 A run whose system model reads trace files (``system.device_trace``, ``system.availability_trace``:
 docs/system.md) records each one's SHA-256 in its run marker, which the run's seal covers
-(:mod:`rayfed.engine.run_seal`). A continuation compares the files its config names with those digests before
+(:mod:`rayfed.provenance.run_seal`). A continuation compares the files its config names with those digests before
 anything runs, and refuses, in one line naming the field, the file and both digests, a trace whose bytes changed
 (an edited device table would mix two clocks in one run, where docs/system.md promises the uninterrupted run's
 numbers). A change is accepted as a plugin's is, by its new digest (``--accept-plugin DIGEST``; in Python,

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rayfed.engine.run_identity import RunMarker
+from rayfed.provenance.run_identity import RunMarker
 from rayfed.util.errors import PluginError
 from rayfed.util.plugin_check import check_sources, recorded_sources
 from rayfed.util.plugin_sources import PluginSource, file_digest, locate

@@ -5,7 +5,7 @@ On a CPU, ``engine.vectorize=auto`` trains one client at a time, so a loss that 
 (``.item()``) or that differs per client passes on a laptop and fails, or splits into stacks of one, on a GPU. The
 check trains every round twice from the same message and states, with ``engine.vectorize=off`` and ``on``
 (:class:`TwoPaths`), and reports whether the clients stacked, whether both paths give the same losses, uploads and
-states (:mod:`rayfed.engine.path_comparison`), the bytes a client uploads and downloads, and every mistake with its
+states (:mod:`rayfed.checking.path_comparison`), the bytes a client uploads and downloads, and every mistake with its
 fix: the phase checker's (:mod:`rayfed.train.phase_checks`), a config the method refuses, or what a stack's
 ``torch.func.vmap`` refuses in a hook (``.item()``, a shape that depends on the data, a Python branch on a tensor,
 random numbers), named by the hook and the line that did it. It writes nothing.
@@ -26,10 +26,10 @@ import torch
 
 from rayfed.algorithms import resolve
 from rayfed.algorithms.hooks import message_bytes
+from rayfed.checking.method_mistakes import explain
+from rayfed.checking.path_comparison import largest_loss_difference, path_differences
 from rayfed.config import RunConfig
 from rayfed.engine.inputs import RunInputs
-from rayfed.engine.method_mistakes import explain
-from rayfed.engine.path_comparison import largest_loss_difference, path_differences
 from rayfed.execution.client_runner import ClientRunner
 from rayfed.execution.reports import TrainResult
 from rayfed.execution.round_facts import RoundFacts

@@ -10,7 +10,7 @@ the round is summarised, adds what the system model knows of it to its records (
 * :class:`VirtualRounds`: synchronous rounds in virtual time (:class:`~rayfed.system.rounds.SyncRounds`): the
   clients whose work counts train (partial ones up to their steps by the deadline), and each round records its
   virtual time and each sampled client's fate;
-* :class:`rayfed.engine.asynchronous.AsyncRounds`: asynchronous aggregation, a round per server step.
+* :class:`rayfed.scheduling.async_rounds.AsyncRounds`: asynchronous aggregation, a round per server step.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import pyarrow.compute as pc
 
 from rayfed.config import RunConfig
 from rayfed.engine.metrics import RoundRecord
-from rayfed.engine.system_records import ONLINE, VIRTUAL_TIME, status_counts, with_status
 from rayfed.execution.round_facts import RoundFacts
+from rayfed.scheduling.system_records import ONLINE, VIRTUAL_TIME, status_counts, with_status
 from rayfed.system.clock import Workload
 from rayfed.system.profiles import DeviceProfiles
 from rayfed.system.rounds import RoundOutcome, SyncRounds
@@ -34,7 +34,7 @@ from rayfed.system.status import ClientStatus
 from rayfed.util.seeding import poisson_sample, sample_clients
 
 if TYPE_CHECKING:
-    from rayfed.engine.workload import ClientStates, RoundWork
+    from rayfed.scheduling.workload import ClientStates, RoundWork
 
 logger = logging.getLogger(__name__)
 

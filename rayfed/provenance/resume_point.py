@@ -18,8 +18,8 @@ from typing import Any
 from rayfed.config import RunConfig
 from rayfed.engine.checkpoint import Checkpoint, checkpoint_identity, checkpoints_of, verified_checkpoint
 from rayfed.engine.metrics import read_rounds_file
-from rayfed.engine.run_dir import listed, resume_command
-from rayfed.engine.run_identity import MARKER_FILE, RunMarker
+from rayfed.provenance.run_dir import listed, resume_command
+from rayfed.provenance.run_identity import MARKER_FILE, RunMarker
 from rayfed.util.bounded import read_parquet
 from rayfed.util.errors import CheckpointError, CheckpointFormatError, ConfigError
 

@@ -29,15 +29,15 @@ import pyarrow as pa
 
 from rayfed.config import RunConfig
 from rayfed.engine.metrics import RoundRecord
-from rayfed.engine.rounds import Rounds
-from rayfed.engine.system_records import VIRTUAL_TIME, status_counts, with_status
 from rayfed.execution.round_facts import RoundFacts
+from rayfed.scheduling.sync_rounds import Rounds
+from rayfed.scheduling.system_records import VIRTUAL_TIME, status_counts, with_status
 from rayfed.system.profiles import DeviceProfiles
 from rayfed.system.schedule import AsyncSchedule, AsyncState, VersionPlan
 from rayfed.system.status import ClientStatus
 
 if TYPE_CHECKING:
-    from rayfed.engine.workload import ClientStates
+    from rayfed.scheduling.workload import ClientStates
 
 __all__ = ["AsyncRounds", "UNBOUNDED"]
 
@@ -70,7 +70,7 @@ class AsyncRounds(Rounds):
     ) -> RoundFacts:
         """The clients launched from version ``round_index`` whose updates arrive, sorted, with their arrival
         versions; the initial model's evaluation (round -1) has round 0's. An asynchronous method's work is alike
-        in every round (:func:`~rayfed.engine.system_setup.plan_rounds`): ``message`` and ``states`` are unread."""
+        in every round (:func:`~rayfed.scheduling.system_setup.plan_rounds`): ``message`` and ``states`` are unread."""
         config, version = self.config, max(round_index, 0)
         plan = self._plan_of(version)
         arrives = plan.arrives_at >= 0

@@ -2,10 +2,10 @@
 
 From the ``system`` section (docs/system.md) it loads every client's device (:func:`~rayfed.system.load_profiles`:
 presets or trace files, a bad one refused in one line), works out each client's round from its method's own work
-(:func:`~rayfed.engine.workload.method_workload`, each upload charged secure aggregation's bytes where
+(:func:`~rayfed.scheduling.workload.method_workload`, each upload charged secure aggregation's bytes where
 ``privacy.secure_aggregation`` asks) and builds what the round loop asks each round
-(:mod:`rayfed.engine.rounds`): synchronous rounds in virtual time, whose deadline must be one some device meets, or,
-for an asynchronous method (its server half declares
+(:mod:`rayfed.scheduling.sync_rounds`): synchronous rounds in virtual time, whose deadline must be one some device
+meets, or, for an asynchronous method (its server half declares
 :class:`~rayfed.algorithms.declarations.AsynchronousAggregation`), its schedule, whose buffer must fit its
 concurrency and whose concurrency the clients online.
 """
@@ -15,10 +15,10 @@ from __future__ import annotations
 from rayfed.algorithms import ResolvedAlgorithm
 from rayfed.algorithms.declarations import AsynchronousAggregation
 from rayfed.config import RunConfig
-from rayfed.engine.asynchronous import UNBOUNDED, AsyncRounds
 from rayfed.engine.inputs import RunInputs
-from rayfed.engine.rounds import Rounds, VirtualRounds
-from rayfed.engine.workload import method_workload
+from rayfed.scheduling.async_rounds import UNBOUNDED, AsyncRounds
+from rayfed.scheduling.sync_rounds import Rounds, VirtualRounds
+from rayfed.scheduling.workload import method_workload
 from rayfed.system import AsyncSchedule, AsyncState, DeviceProfiles, SyncRounds, Workload, load_profiles
 from rayfed.system.limits import check_clock
 from rayfed.util.errors import ConfigError
