@@ -14,9 +14,9 @@ Two measures, each a ratio taken within the same runs:
 * ``wall_ratio``: the median round's wall time with the system model over without (median over the repeats'
   ratios of each pair of runs, each run's median after its warm-up round);
 * ``system_share``: the seconds the round loop spends in the system model's calls
-  (:meth:`~rayfed.scheduling.sync_rounds.Rounds.context` and
-  :meth:`~rayfed.scheduling.sync_rounds.Rounds.settle`) over the round's
-  wall time, here also with a deadline and over-commitment (``--deadline``), whose rounds train other clients.
+  (:meth:`~rayfed.scheduling.sync_rounds.Rounds.context` and :meth:`~rayfed.scheduling.sync_rounds.Rounds.settle`)
+  over the round's wall time, here also with a deadline and over-commitment (``--deadline``), whose rounds train
+  other clients.
 
 The last line: ``wall_ratio=<x> system_share=<y> system_share_deadline=<z>``. Run (alone: it times)::
 

@@ -22,8 +22,8 @@ LAYERS = (
     ("config",),
     ("execution",),
     ("actors",),
-    ("engine", "results"),
-    ("tracking", "packs"),
+    ("engine", "provenance", "scheduling", "results"),
+    ("tracking", "checking", "packs"),
     ("reproduce", "tuning"),
     ("",),  # the root: __init__, __main__, cli
 )

@@ -1,6 +1,6 @@
 """A run from start to end: the plan checked before anything is written, the round loop
-(:mod:`~rayfed.engine.simulation`), its run directory, checkpoints, client state store, metrics
-files and callbacks.
+(:mod:`~rayfed.engine.simulation`), its checkpoints, client state store, metrics files and callbacks. Its run
+directory's provenance is :mod:`rayfed.provenance`'s, the system model's wiring :mod:`rayfed.scheduling`'s.
 
 ``run``, ``Simulation`` and ``RunResult`` are imported on first use, so that reading one of the
 light modules here (checkpoints, run directories) does not import torch.
