@@ -10,9 +10,11 @@ classes.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rayfed"
+PAGE = PACKAGE.parent / "docs" / "architecture.md"
 
 LAYERS = (
     ("util",),
@@ -146,3 +148,14 @@ def test_no_algorithm_imports_another_for_a_helper() -> None:
                 continue
             helpers.append(f"{module}:{line} imports {target}")
     assert not helpers, "move what they share into rayfed.algorithms.common:\n" + "\n".join(helpers)
+
+
+def test_the_pages_picture_of_the_layers_is_this_one() -> None:
+    """docs/architecture.md's picture: its floors from the top, each the packages named there (``name/``; the root
+    as ``cli.py``), are :data:`LAYERS` from the top."""
+    picture = PAGE.read_text(encoding="utf-8").split("```")[1]
+    floors = [
+        {"" if name == "cli.py" else name.rstrip("/") for name in re.findall(r"\b(\w+/|cli\.py)(?=\s)", floor)}
+        for floor in re.split(r"\n\s*─+\n", picture)
+    ]
+    assert floors == [set(names) for names in reversed(LAYERS)]
