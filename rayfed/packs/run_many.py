@@ -1,7 +1,8 @@
 """``rayfed.run_many``: several runs at once, whose concurrent stacks share one stack where they can.
 
-Runs that may share a stack (:func:`pack_plan`: the local backend, stacking on, a method that stacks, the same model,
-dataset and local training but for the learning rate) run together, each in a thread of its own with its whole
+Runs that may share a stack (:func:`~rayfed.execution.run_packs.pack_runs`: the local backend, stacking on, a method
+that stacks, the same model, sample shapes, batches, epochs and method structure, while seeds, partitions, learning
+rates and a method's floats differ) run together, each in a thread of its own with its whole
 driver, handing their stacks to one :class:`~rayfed.execution.stack_merger.StackMerger` (docs/architecture.md,
 "How clients are packed into lanes"). Every other run runs as ``rayfed.run`` runs it, one after another, and the
 log says in one line which ran alone and why. Packing never changes a number (each run's rounds are those of the
@@ -10,83 +11,20 @@ run alone, within the stacked path's float tolerance) and is never an error.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
-from rayfed.algorithms import resolve
 from rayfed.config import RunConfig
 from rayfed.engine.callbacks import Callback
 from rayfed.engine.result import RunResult
-from rayfed.execution.client_runner import resolve_vectorize
-from rayfed.execution.devices import pick_device
+from rayfed.execution.run_packs import pack_runs
 from rayfed.execution.stack_merger import StackMerger
 from rayfed.tracking.runs import run
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_many", "pack_plan", "PackPlan"]
-
-
-@dataclasses.dataclass(frozen=True)
-class PackPlan:
-    """Which of a list of runs share a stack (``packs``: groups of two or more positions) and which run alone
-    (``alone``: position -> why)."""
-
-    packs: list[list[int]]
-    alone: dict[int, str]
-
-    def line(self) -> str:
-        """The one line the log gives of the runs that run alone, "" when every run packs."""
-        if not self.alone:
-            return ""
-        reasons: dict[str, list[int]] = {}
-        for index, reason in self.alone.items():
-            reasons.setdefault(reason, []).append(index)
-        parts = [f"run{'s' * (len(i) > 1)} {', '.join(map(str, i))}: {reason}" for reason, i in reasons.items()]
-        return f"rayfed.run_many: {len(self.alone)} of the runs ran alone ({'; '.join(parts)})"
-
-
-def _why_alone(config: RunConfig) -> str:
-    """Why ``config`` cannot share a stack with another run ("" where it can)."""
-    engine = config.engine
-    if engine.backend != "local":
-        return f"engine.backend={engine.backend!r} (runs share a stack on the local backend only)"
-    if not resolve_vectorize(engine.vectorize, pick_device(engine.num_gpus_per_worker)):
-        return f"engine.vectorize={engine.vectorize!r} trains one client at a time on this device"
-    if not resolve(config.algorithm).capabilities.stacks:
-        return f"algorithm {config.algorithm.name!r} does not stack its clients"
-    return ""
-
-
-def _pack_key(config: RunConfig) -> Hashable:
-    """What runs sharing a stack have in common: their model, dataset and local training but for the rate."""
-    train = dataclasses.replace(config.train, lr=1.0, lr_decay=1.0, rounds=1)
-    return (
-        repr(config.model),
-        config.data.dataset,
-        repr(train),
-        config.algorithm.name,
-        config.engine.num_gpus_per_worker > 0,
-    )
-
-
-def pack_plan(configs: Sequence[RunConfig]) -> PackPlan:
-    """Group ``configs`` into runs that share a stack and runs that run alone, with the reason."""
-    alone: dict[int, str] = {}
-    groups: dict[Hashable, list[int]] = {}
-    for index, config in enumerate(configs):
-        reason = _why_alone(config)
-        if reason:
-            alone[index] = reason
-        else:
-            groups.setdefault(_pack_key(config), []).append(index)
-    packs = [group for group in groups.values() if len(group) > 1]
-    for group in groups.values():
-        if len(group) == 1:
-            alone[group[0]] = "no other run has its model, dataset, method and local training"
-    return PackPlan(packs, dict(sorted(alone.items())))
+__all__ = ["run_many"]
 
 
 def run_many(
@@ -103,14 +41,14 @@ def run_many(
         raise ValueError(
             f"callbacks holds {len(own)} lists for {len(configs)} configs; give one list of callbacks per config"
         )
-    plan = pack_plan(configs)
+    plan = pack_runs(configs)
     if plan.alone and len(configs) > 1:
-        logger.info(plan.line())
+        logger.info("rayfed.run_many: %s", plan.line([f"run {index}" for index in range(len(configs))]))
     results: list[RunResult | None] = [None] * len(configs)
     errors: list[BaseException | None] = [None] * len(configs)
     for pack in plan.packs:
         logger.info("rayfed.run_many: runs %s share one stack", ", ".join(map(str, pack)))
-        _run_pack(pack, configs, own, resume, results, errors)
+        _run_pack(list(pack), configs, own, resume, results, errors)
     for index in plan.alone:
         try:
             results[index] = run(configs[index], callbacks=own[index], resume=resume)

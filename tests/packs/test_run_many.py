@@ -24,7 +24,7 @@ from rayfed.algorithms.fedprox import FedProxClient
 from rayfed.config import RunConfig
 from rayfed.engine.callbacks import Callback
 from rayfed.execution import stack_merger
-from rayfed.packs.run_many import pack_plan
+from rayfed.execution.run_packs import pack_runs
 from tests.conftest import tiny_overrides
 from tests.waiting import wait_for_file
 
@@ -128,13 +128,13 @@ def test_runs_that_cannot_pack_run_alone_and_the_log_says_why_in_one_line(tmp_pa
         _config(tmp_path / "c", "fedavg", 2, 0.01),
         _config(tmp_path / "d", "fedavg", 3, 0.02, **{"train.rounds": 1}),
     ]
-    plan = pack_plan(configs)
-    assert plan.packs == [[2, 3]] and sorted(plan.alone) == [0, 1]
+    plan = pack_runs(configs)
+    assert plan.packs == ((2, 3),) and sorted(plan.alone) == [0, 1]
     assert "engine.vectorize='off'" in plan.alone[0] and "model" in plan.alone[1]
     with caplog.at_level(logging.INFO, logger="rayfed.packs.run_many"):
         rayfed.run_many(configs[:2])
-    lines = [r.getMessage() for r in caplog.records if "ran alone" in r.getMessage()]
-    assert len(lines) == 1 and "runs 0, 1:" not in lines[0] and "run 0:" in lines[0] and "run 1:" in lines[0], lines
+    lines = [r.getMessage() for r in caplog.records if " alone (" in r.getMessage()]
+    assert len(lines) == 1 and "run 0 alone (" in lines[0] and "run 1 alone (" in lines[0], lines
     assert all((tmp_path / name / "summary.json").exists() for name in "ab")
 
 
