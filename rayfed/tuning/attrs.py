@@ -2,7 +2,7 @@
 
 Trial attributes:
 
-* ``rayfed.provenance.run_dir``: the trial's run directory (config, metrics, checkpoints).
+* ``rayfed.engine.run_dir``: the trial's run directory (config, metrics, checkpoints).
 * ``rayfed.driver``: ``host:pid:start`` of the process that ran the trial (see :mod:`rayfed.tuning.resume`).
 * ``rayfed.best_accuracy``, ``rayfed.final_accuracy``, ``rayfed.rounds_run``: the run's summary.
 * ``rayfed.pruned_round``: the round after which the pruner stopped the trial.
@@ -30,7 +30,7 @@ __all__ = [
     "PLUGINS_ACCEPTED",
 ]
 
-RUN_DIR = "rayfed.provenance.run_dir"
+RUN_DIR = "rayfed.engine.run_dir"  # a study's attribute name, kept as studies have recorded it
 DRIVER = "rayfed.driver"
 ROUNDS_RUN = "rayfed.rounds_run"
 PRUNED_ROUND = "rayfed.pruned_round"

@@ -52,7 +52,7 @@ from rayfed.tuning.resume import finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
 from rayfed.tuning.storage import open_storage, storage_errors
 from rayfed.tuning.study_code import check_same_code, record_code
-from rayfed.tuning.trials import TrialRunner, quiet_interrupted_trials
+from rayfed.tuning.trials import TrialRunner, packed, quiet_interrupted_trials
 from rayfed.util import plugins
 from rayfed.util.errors import ConfigError
 
@@ -265,7 +265,7 @@ def _run_trials(study: optuna.Study, runner: TrialRunner, parallel_trials: int, 
     which each trial's run gets its share of the workers (:mod:`rayfed.tuning.parallel`)."""
     base = runner.base
     if base.engine.backend == "local":
-        _optimize(study, runner, parallel_trials, options)
+        _optimize(study, packed(runner, parallel_trials), parallel_trials, options)
         return
     from rayfed.actors import ray_session
 

@@ -14,7 +14,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import optuna
@@ -25,13 +25,17 @@ from rayfed.config import RunConfig
 from rayfed.engine import RunResult, run
 from rayfed.engine.callbacks import Callback, RunView
 from rayfed.engine.metrics import RoundRecord
+from rayfed.execution.run_packs import alone_reason
+from rayfed.execution.stack_merger import StackMerger
 from rayfed.tracking import StudyLink, Tracking
 from rayfed.tuning.parallel import TrialStop
 from rayfed.tuning.pruning import PruningCallback
 from rayfed.tuning.resume import driver_id
 from rayfed.tuning.space import SearchSpace
 
-__all__ = ["TrialRunner", "quiet_interrupted_trials"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["TrialRunner", "packed", "quiet_interrupted_trials"]
 
 
 @dataclass
@@ -56,6 +60,8 @@ class TrialRunner:
     """Numbers of the trials stopped by Ctrl-C or SIGTERM (retried when the study resumes)."""
     warmup_rounds: int = 0
     """Rounds each trial trains before its pruner may stop it (:class:`~rayfed.tuning.pruning.PruningCallback`)."""
+    merger: StackMerger | None = None
+    """With trials in threads that may share a stack (:func:`packed`): the merger their runs' stacks train in."""
 
     def __call__(self, trial: optuna.Trial) -> float:
         try:
@@ -78,7 +84,8 @@ class TrialRunner:
             callbacks.append(Tracking(self.base.engine.loggers, link))
         callbacks.append(_StopWhenAsked(self.stop))  # last: every other callback has taken the round
         try:
-            result = run(self.base.override({**params, "run_dir": str(run_dir)}), callbacks=callbacks)
+            with self._packed():
+                result = run(self.base.override({**params, "run_dir": str(run_dir)}), callbacks=callbacks)
         except Exception as e:
             if self.stop.is_set():  # torn down while the study stopped: interrupted, and retried on resume
                 raise self.stop.interruption() from e
@@ -95,6 +102,31 @@ class TrialRunner:
         if math.isnan(value):
             trial.set_user_attr(attrs.ERROR, "the objective is NaN (no round was evaluated?)")
         return value
+
+    @contextmanager
+    def _packed(self) -> Iterator[None]:
+        """The trial's run, its stacks merged with the running trials' (:attr:`merger`) where they share one."""
+        if self.merger is None:
+            yield
+            return
+        self.merger.expect(1)
+        with self.merger.turn():
+            yield
+
+
+def packed(runner: TrialRunner, parallel_trials: int) -> TrialRunner:
+    """``runner`` whose ``parallel_trials`` trials at once share one stack where their runs may
+    (:func:`~rayfed.execution.run_packs.alone_reason` of the base config: the local backend with the stacked path
+    on; trials differ in numbers a lane carries as its own, and a call's stacks that do not merge train apart, as
+    in :func:`rayfed.run_many`); the log says in one line which, and why not."""
+    if parallel_trials < 2:
+        return runner
+    reason = alone_reason(runner.base)
+    if reason:
+        logger.info("tune: the %d trials at once train alone: %s", parallel_trials, reason)
+        return runner
+    logger.info("tune: the %d trials at once train packed, their clients' stacks merged into one", parallel_trials)
+    return replace(runner, merger=StackMerger())
 
 
 class _StopWhenAsked(Callback):
