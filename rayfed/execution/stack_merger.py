@@ -139,12 +139,16 @@ class StackMerger:
     merged: int = 0
     """Stacks trained with another run's (each request merged counts once): what a test reads to see runs packed."""
     _baton: threading.Condition = field(default_factory=threading.Condition)
+    _count: threading.Lock = field(default_factory=threading.Lock)
+    """Guards :attr:`live` apart from the baton, so that a run can be expected while another holds the baton (a
+    tuner's next trial, expected while the running one trains)."""
     _pending: list[_Request] = field(default_factory=list)
     _canon: _Canon = field(default_factory=_Canon)
 
     def expect(self, runs: int) -> None:
-        """Count ``runs`` more runs before any of them starts, so that none merges before all are waited for."""
-        with self._baton:
+        """Count ``runs`` more runs before any of them starts, so that none merges before all are waited for; the
+        baton is not needed (a running run sees them at its next stack)."""
+        with self._count:
             self.live += runs
 
     @contextmanager
@@ -156,7 +160,8 @@ class StackMerger:
             try:
                 yield
             finally:
-                self.live -= 1
+                with self._count:
+                    self.live -= 1
                 _merger.reset(token)
                 self._settle()
 
