@@ -1,5 +1,5 @@
 """Inputs that used to end in a raw traceback or a silent wrong answer: each now says what is wrong, in one
-line, with the fix (the cases of run directories and checkpoints are in tests/engine/test_ownership.py)."""
+line, with the fix (the cases of run directories and checkpoints are in tests/provenance/test_ownership.py)."""
 
 from __future__ import annotations
 
@@ -144,10 +144,10 @@ def test_a_run_stopped_by_failing_workers_says_how_it_goes_on_from_what_was_save
     # Prepare: from round 1 on, every call of clients fails on every worker it is given.
     train = LocalExecutor.train
 
-    def failing(self, broadcast, ctx, *args, **kwargs):
-        if ctx.round >= 1:
-            raise WorkerError(f"ClientWorker 0 failed (hung) in round {ctx.round}.")
-        return train(self, broadcast, ctx, *args, **kwargs)
+    def failing(self, calls, *args, **kwargs):
+        if calls.facts.round >= 1:
+            raise WorkerError(f"ClientWorker 0 failed (hung) in round {calls.facts.round}.")
+        return train(self, calls, *args, **kwargs)
 
     monkeypatch.setattr(LocalExecutor, "train", failing)
     run_dir = tmp_path / "run"

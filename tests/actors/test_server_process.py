@@ -19,19 +19,20 @@ import pytest
 from rayfed import RunConfig
 from rayfed.algorithms import resolve
 from rayfed.engine.inputs import RunInputs
+from rayfed.util.plugins import WithCode
 from tests.conftest import tiny_overrides
 
 _SERVER_PROCESS = """
 import json, pickle, sys
 import numpy as np
 import rayfed.actors.server_actor
-from rayfed.algorithms import RoundContext
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.execution.server import Server
 
-config, spec, initial = pickle.loads(open(sys.argv[1], "rb").read())
-server = Server(config, spec, initial)
+shipped, spec, initial = pickle.loads(open(sys.argv[1], "rb").read())
+server = Server(shipped.config, spec, initial)
 broadcast = server.broadcast()
-ctx = RoundContext(round=0, seed=0, lr=0.1, sampled=np.arange(2))
+ctx = RoundFacts(round=0, seed=0, lr=0.1, sampled=np.arange(2))
 server.aggregate(ctx, None)
 print(json.dumps({"torch": "torch" in sys.modules, "broadcast": type(broadcast).__name__}))
 """
@@ -45,7 +46,7 @@ def test_the_server_process_imports_torch_only_for_a_server_half_that_needs_it(
     config = RunConfig().override(tiny_overrides(tmp_path / "run", **{"algorithm.name": algorithm}))
     inputs = RunInputs.prepare(config, resolve(config.algorithm), tmp_path / "run", continues=False)
     arguments = tmp_path / "server_arguments.pkl"
-    arguments.write_bytes(pickle.dumps((config, inputs.spec, inputs.initial)))
+    arguments.write_bytes(pickle.dumps((WithCode(config), inputs.spec, inputs.initial)))
     # Execute
     done = subprocess.run(
         [sys.executable, "-c", _SERVER_PROCESS, str(arguments)], capture_output=True, text=True, check=True
@@ -89,7 +90,7 @@ def test_a_plugin_servers_process_runs_its_modules_top_level_and_imports_torch_o
         config = RunConfig().override(tiny_overrides(tmp_path / "run", **{"algorithm.name": name}))
         inputs = RunInputs.prepare(config, resolve(config.algorithm), tmp_path / "run", continues=False)
         arguments = tmp_path / "server_arguments.pkl"
-        arguments.write_bytes(pickle.dumps((config, inputs.spec, inputs.initial)))
+        arguments.write_bytes(pickle.dumps((WithCode(config), inputs.spec, inputs.initial)))
     finally:
         ALGORITHMS._items.pop(name, None)
     done = subprocess.run(
