@@ -48,7 +48,7 @@ round (about 1e-8 relative after a round at lr 0.01; 1.5e-5 in round 1 of one ru
 and losses off as well, where one test sample of the global model's changed its class)."""
 
 
-def _call(config: RunConfig) -> tuple[ClientRunner, Callable[[], int]]:
+def one_call(config: RunConfig) -> tuple[ClientRunner, Callable[[], int]]:
     """A runner of ``config`` and one training call over every client of its first round (which returns its
     client-steps)."""
     data = config.data
@@ -65,7 +65,7 @@ def _call(config: RunConfig) -> tuple[ClientRunner, Callable[[], int]]:
 def _merged_calls(configs: Sequence[RunConfig]) -> Callable[[], int]:
     """One training call of each of ``configs``' runs at once, each in a thread as ``run_many`` runs them, their
     stacks merged; returns their client-steps."""
-    calls = [_call(config) for config in configs]
+    calls = [one_call(config) for config in configs]
 
     def work() -> int:
         merger = StackMerger()
@@ -91,7 +91,7 @@ def _merged_calls(configs: Sequence[RunConfig]) -> Callable[[], int]:
 
 def ops_k_vs_one(configs: Sequence[RunConfig]) -> tuple[float, float]:
     """(ATen ops per client-step of ``configs[0]``'s call alone, of the K calls merged)."""
-    alone = count(_call(configs[0])[1], all_threads=True)
+    alone = count(one_call(configs[0])[1], all_threads=True)
     merged = count(_merged_calls(configs), all_threads=True)
     return alone.ops / alone.client_steps, merged.ops / merged.client_steps
 

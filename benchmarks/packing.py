@@ -137,24 +137,9 @@ def tiny_lanes(config: RunConfig) -> tuple[int, int]:
 def ops_per_client_step(config: RunConfig) -> float:
     """ATen operations per client-step of one stacked training call over every client of ``config``'s first
     round, counted as ``benchmarks/step_overhead.py`` counts (the GPU path's launch proxy)."""
-    import numpy as np
     from step_overhead import count
 
-    from rayfed.algorithms import RoundContext
-    from rayfed.data import load_dataset, make_partition
-    from rayfed.engine.problem_build import build_problem
-    from rayfed.execution.client_runner import ClientRunner
-    from rayfed.execution.server import Server
-
-    data = config.data
-    dataset = load_dataset(data.dataset, data.root, seed=data.seed, options=data.options)
-    partition = make_partition(dataset.labels, dataset.num_classes, data)
-    spec, initial = build_problem(config, dataset)
-    broadcast = Server(config, spec, initial).broadcast()
-    runner = ClientRunner(config.override({"engine.stack_size": data.num_clients}), spec, dataset, partition)
-    ids = list(range(data.num_clients))
-    ctx = RoundContext(round=0, seed=config.seed, lr=config.train.lr, sampled=np.arange(data.num_clients))
-    counted = count(lambda: sum(report.steps for report in runner.train(broadcast, ctx, ids).reports))
+    counted = count(packed_runs.one_call(config)[1])
     return counted.ops / counted.client_steps
 
 
