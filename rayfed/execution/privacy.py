@@ -226,7 +226,7 @@ class ServerPrivacy:
         reported."""
         if self.poisson_rate is not None:
             return self.poisson_rate * self.all_weight
-        planned = ctx.sampled if ctx.planned is None else ctx.planned
+        planned = ctx.planned_clients()
         weight = float(len(planned)) if self.sizes is None else float(np.sum(self.sizes[planned]))
         return weight * (self.wanted / len(planned)) if len(planned) > self.wanted else weight
 
@@ -234,7 +234,7 @@ class ServerPrivacy:
         """m, the clients the round planned, as :meth:`planned_weight` counts them with unit weights."""
         if self.poisson_rate is not None:
             return self.poisson_rate * self.num_clients
-        planned = ctx.sampled if ctx.planned is None else ctx.planned
+        planned = ctx.planned_clients()
         return float(min(len(planned), self.wanted))
 
     def empty(self, half: Any) -> WeightedSum:

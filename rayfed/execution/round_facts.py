@@ -40,6 +40,10 @@ class RoundFacts(RoundContext):
     """With adaptive clipping (``privacy.adaptive_quantile``, :mod:`rayfed.privacy.adaptive`): the round's clip norm
     C_t; None: ``privacy.clip_norm``."""
 
+    def planned_clients(self) -> np.ndarray:
+        """Every client the round planned: :attr:`planned`, else (no system model) :attr:`sampled`."""
+        return self.sampled if self.planned is None else self.planned
+
     def budget_of(self, client_id: int) -> int | None:
         """The local steps client ``client_id`` may take this round, or None for all (:attr:`step_budget`)."""
         if self.step_budget is None:
