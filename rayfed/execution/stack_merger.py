@@ -31,12 +31,13 @@ from typing import Any
 
 import torch
 
+from rayfed.config import EngineConfig
 from rayfed.train.job import ClientJob
 from rayfed.train.loop import LocalLoop, Trained
 from rayfed.train.phase import Adam, Batch, Constants, Outputs, Params, Phase
 from rayfed.train.stacking import stack_key
 
-__all__ = ["StackMerger", "current_merger", "merge_key", "HALF"]
+__all__ = ["StackMerger", "current_merger", "training_backend", "merge_key", "HALF"]
 
 HALF = "#half"
 """The constant of a merged stack's lanes that selects their run's loss: a one-hot row over the distinct losses."""
@@ -47,6 +48,16 @@ _merger: contextvars.ContextVar[StackMerger | None] = contextvars.ContextVar("ra
 def current_merger() -> StackMerger | None:
     """The merger the runs of this thread's :func:`rayfed.run_many` share, None for a run of its own."""
     return _merger.get()
+
+
+def training_backend(engine: EngineConfig) -> str:
+    """Where a run of ``engine`` trains its clients from this thread: ``engine.backend``, but ``"local"`` (in this
+    process) for a run packed with others (its thread has a merger), whose stacks meet the pack's here. On Ray that
+    process is the pack's host (:mod:`rayfed.actors.pack_host`), which Ray placed with one worker's resources: a run
+    of ``engine.backend="ray"`` trains there in-process, its config (and all it records) unchanged, since the local
+    backend and Ray give a run the same numbers (:mod:`rayfed.execution.executor`). The one place where a run
+    trains elsewhere than its backend says (docs/architecture.md, "Runs that share one stack")."""
+    return "local" if current_merger() is not None else engine.backend
 
 
 def _half_key(hook: Any, *, with_params: bool) -> Hashable:
