@@ -20,10 +20,11 @@ import pytest
 
 import rayfed
 from rayfed.config import RunConfig
-from rayfed.engine.callbacks import Callback
 from rayfed.provenance.run_lock import LOCK_FILE, LockOwner
+from rayfed.util.plugin_sources import import_plugins
 from rayfed.util.processes import is_running
-from tests.packs.pack_configs import alone_config, assert_same_numbers, pack_configs, pack_overrides, rounds_of
+from tests.packs.pack_configs import alone_config, assert_same_numbers, pack_configs, pack_overrides, run_config
+from tests.util.test_plugins import USER_METHOD, _user_file
 from tests.waiting import wait_for_file, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,23 +56,30 @@ def test_a_pack_on_ray_gives_each_run_the_rounds_it_gives_alone_on_ray(
         assert_same_numbers(config.run_dir, alone_config(config).run_dir)
 
 
-class _Fails(Callback):
-    """Fails its run after round 0 (a tracker or pruner that raises), in the pack's host."""
-
-    def after_round(self, run: Any, record: Any, clients: Any) -> bool:
-        raise RuntimeError("this run's callback failed")
+RAISING_METHOD = USER_METHOD.replace(
+    "    def term(self, out, batch, params, constants):\n",
+    "    def term(self, out, batch, params, constants):\n"
+    "        if self.params.mu == 0.5:\n"
+    '            raise ValueError("a bad plugin\'s loss")\n',
+)
+"""A user's method, in a user's module that no Ray worker has on its path, whose loss raises for one run."""
 
 
 @pytest.mark.slow
 def test_a_run_that_fails_in_a_pack_on_ray_leaves_the_others_their_numbers(
     tmp_path: Path, ray_cluster: Any, caplog: Any
 ) -> None:
-    configs = pack_configs(tmp_path, "cwfedavg", **{**ON_RAY, "train.rounds": 3})
+    import_plugins([str(_user_file(tmp_path / "code", "raising_prox", RAISING_METHOD))])
+    assert "raise ValueError" in RAISING_METHOD
+    configs = [
+        run_config(tmp_path / f"run-{i}", "raising_prox", seed, 0.01, **{**ON_RAY, "algorithm.params.mu": mu})
+        for i, (seed, mu) in enumerate([(0, 0.01), (1, 0.5), (2, 0.1)])
+    ]
     with caplog.at_level(logging.INFO, logger="rayfed.packs.run_many"):
-        with pytest.raises(RuntimeError, match="this run's callback failed"):
-            rayfed.run_many(configs, callbacks=[[], [_Fails()], []])
+        with pytest.raises(ValueError, match="a bad plugin's loss"):
+            rayfed.run_many(configs)
     assert _merged(caplog)["0, 1, 2"] >= 2  # the runs that did not fail kept sharing their stacks
-    assert len(rounds_of(configs[1].run_dir)) <= 2  # its initial evaluation and round 0, then its callback failed
+    assert not (Path(configs[1].run_dir) / "summary.json").exists()
     for config in (configs[0], configs[2]):
         rayfed.run(alone_config(config))
         assert_same_numbers(config.run_dir, alone_config(config).run_dir)
