@@ -6,9 +6,10 @@ dies. :func:`estimate_memory` computes, from the config alone (nothing is genera
 loaded or allocated; the model is built on PyTorch's ``meta`` device), the bytes of what
 dominates a run on the driver's machine:
 
-* **dataset**: N images of C x H x W uint8 plus int64 labels, with ``engine.backend=ray``
-  twice, as the object store holds a copy; and what the synthetic generator needs while
-  it runs (:func:`rayfed.data.synthetic.check_synthetic`);
+* **dataset**: N images of C x H x W uint8 plus int64 labels, twice for a run that trains its
+  clients on Ray (:func:`~rayfed.execution.stack_merger.training_backend`), as the object store
+  holds a copy; and what the synthetic generator needs while it runs
+  (:func:`rayfed.data.synthetic.check_synthetic`);
 * **partition**: the int64 index arrays (every sample once) and the temporary arrays
   building, splitting and saving them need (:data:`PARTITION_BYTES_PER_SAMPLE` per
   sample, :data:`PARTITION_BYTES_PER_CLIENT` per client and

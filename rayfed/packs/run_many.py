@@ -39,7 +39,9 @@ def run_many(
     (``callbacks[i]`` for ``configs[i]``: a tuner's pruning callback stops its own run alone) and trackers, as
     :func:`rayfed.run` runs one; runs that may share a stack train packed into one (module docstring). Returns
     their results in the order of ``configs``. A run that fails does not stop the others: once every run has ended,
-    the first failure is raised (the others' results are in their run directories)."""
+    the first failure is raised (the others' results are in their run directories). A pack of Ray runs receives
+    its runs' callbacks pickled, as Ray sends a task's arguments: each one's class importable on the pack's host, or
+    defined in ``__main__`` (runs whose callbacks do not pickle train alone)."""
     configs = [RunConfig.of(config) for config in configs]
     own = [list(c) for c in callbacks] if callbacks is not None else [[] for _ in configs]
     if len(own) != len(configs):
