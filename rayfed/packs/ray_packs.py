@@ -8,6 +8,8 @@ import logging
 import os
 from collections.abc import Sequence
 
+import cloudpickle
+
 from rayfed.config import EngineConfig, RunConfig
 from rayfed.engine.callbacks import Callback
 from rayfed.packs.pack_threads import PackOutcome, hosted_pack
@@ -36,7 +38,10 @@ def run_packs_on_ray(
     outcomes: dict[Pack, PackOutcome | BaseException] = {}
     alone: list[int] = []
     sessions: dict[tuple[object, ...], list[Pack]] = {}
-    for pack in packs:
+    for whole in packs:
+        pack = _sendable(whole, callbacks, alone)
+        if not pack:
+            continue
         try:
             for index in pack:  # said before Ray starts, as rayfed.run says it
                 plugins.check_shippable(configs[index])
@@ -47,6 +52,28 @@ def run_packs_on_ray(
     for group in sessions.values():
         _run_group(group, configs, callbacks, resume, outcomes, alone)
     return outcomes, alone
+
+
+def _sendable(pack: Pack, callbacks: Sequence[Sequence[Callback]], alone: list[int]) -> Pack:
+    """The runs of ``pack`` whose callbacks pickle, which its host receives (none where fewer than two do); the
+    others are put in ``alone``, as the log says."""
+    sendable: list[int] = []
+    for index in pack:
+        try:
+            cloudpickle.dumps(list(callbacks[index]))
+            sendable.append(index)
+        except Exception as error:  # noqa: BLE001 - pickling fails in many ways; each is named
+            logger.info(
+                "rayfed.run_many: run %d trains alone: its callbacks cannot be sent to its pack's host (%s: %s)",
+                index,
+                type(error).__name__,
+                error,
+            )
+            alone.append(index)
+    if len(sendable) < 2:
+        alone.extend(sendable)
+        return ()
+    return tuple(sendable)
 
 
 def _run_group(
@@ -74,12 +101,7 @@ def _run_group(
                 outcomes[pack] = error
                 continue
             shipped = [(plugins.WithCode(configs[index]), list(callbacks[index])) for index in pack]
-            try:
-                refs.append(host(pack_engine, hosted_pack, shipped, resume, os.getcwd()))
-            except Exception as error:  # noqa: BLE001 - Ray pickles the arguments here, the callbacks with them
-                logger.info("rayfed.run_many: runs %s train alone: their callbacks cannot be sent (%s)", pack, error)
-                alone.extend(pack)
-                continue
+            refs.append(host(pack_engine, hosted_pack, shipped, resume, os.getcwd()))
             started.append(pack)
         for pack, outcome in zip(started, gather(refs)):
             outcomes[pack] = outcome

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ import pytest
 
 import rayfed
 from rayfed.config import RunConfig
+from rayfed.engine.callbacks import Callback
 from rayfed.provenance.run_lock import LOCK_FILE, LockOwner
 from rayfed.util.plugin_sources import import_plugins
 from rayfed.util.processes import is_running
@@ -85,10 +88,23 @@ def test_a_run_that_fails_in_a_pack_on_ray_leaves_the_others_their_numbers(
         assert_same_numbers(config.run_dir, alone_config(config).run_dir)
 
 
+class _Holds(Callback):
+    """A callback holding a lock, which no pickle can send to a pack's host."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+
 @pytest.mark.slow
-def test_a_packed_ray_run_continues_alone(tmp_path: Path, ray_cluster: Any) -> None:
+def test_a_packed_ray_run_continues_alone_and_one_whose_callbacks_cannot_be_sent_runs_alone(
+    tmp_path: Path, ray_cluster: Any, caplog: Any
+) -> None:
     configs = pack_configs(tmp_path, "cwfedavg", **{**ON_RAY, "train.rounds": 1})
-    rayfed.run_many(configs)
+    with caplog.at_level(logging.INFO, logger="rayfed.packs"):
+        rayfed.run_many(configs, callbacks=[[], [], [_Holds()]])
+    assert list(_merged(caplog)) == ["0, 1"]
+    assert any("run 2 trains alone: its callbacks cannot be sent" in r.getMessage() for r in caplog.records)
+    assert (Path(configs[2].run_dir) / "summary.json").exists()  # alone, on Ray's workers
     longer = configs[1].override({"train.rounds": 2})
     rayfed.run(longer, resume=True)  # alone, on Ray's workers, from the pack's checkpoint
     rayfed.run(alone_config(longer))
@@ -110,8 +126,9 @@ def _host_gone(run_dir: Path) -> bool:
 
 
 @pytest.mark.slow
-def test_a_pack_on_ray_whose_driver_is_killed_resumes_to_the_numbers_uninterrupted(
-    tmp_path: Path, ray_cluster: Any
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
+def test_a_pack_on_ray_whose_driver_is_stopped_resumes_to_the_numbers_uninterrupted(
+    tmp_path: Path, ray_cluster: Any, stop: signal.Signals
 ) -> None:
     overrides = pack_overrides(tmp_path, "cwfedavg", **{**ON_RAY, "train.rounds": 3, "engine.checkpoint_every": 1})
     configs = [RunConfig().override(o) for o in overrides]
@@ -124,7 +141,7 @@ def test_a_pack_on_ray_whose_driver_is_killed_resumes_to_the_numbers_uninterrupt
     wait_for_file(
         Path(configs[0].run_dir) / "checkpoints" / "round_000000.npz", driver, "the pack's checkpoint of round 0"
     )
-    driver.kill()  # SIGKILL: nothing is tidied
+    driver.send_signal(stop)  # SIGKILL: nothing is tidied; Ctrl-C: the hosts are cancelled as a kill would
     driver.wait()
     for config in configs:
         wait_until(lambda run_dir=Path(config.run_dir): _host_gone(run_dir), "the pack's host to end")
