@@ -173,8 +173,9 @@ class ClientPrivacy:
             clipped = clipped + to_device([noise * scale], clipped.device)[0]
         weights = self.weights([job.num_train for job in jobs])
         total = to_device([np.asarray(weights, dtype=np.float32)], clipped.device)[0] @ clipped
-        bits = torch.stack([within(stack, bound).sum() for stack, bound in zip(stacks, bounds)])
-        unclipped = bits if self.privacy.adaptive else 0.0  # each part's count, adaptive clipping's bits
+        unclipped: Any = 0.0
+        if self.privacy.adaptive:  # each part's count of clients within its bound, adaptive clipping's bits
+            unclipped = torch.stack([within(stack, bound).sum() for stack, bound in zip(stacks, bounds)])
         return PrivateParts(total, float(sum(weights)), len(jobs), sizes, unclipped=unclipped)
 
     def one(self, uploads: Sequence[Any], job: Any, start: Any, ctx: RoundFacts, message: Any = None) -> WeightedSum:
