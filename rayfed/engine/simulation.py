@@ -88,7 +88,7 @@ class Simulation:
         )
         self.num_train = self.partition.num_train()
         self.rounds = plan.rounds
-        self.privacy = PrivacyLedger(config, self.history)
+        self.privacy = PrivacyLedger(config, self.history, self.algorithm)
         """The run's accountant and adaptive clip norm (:mod:`rayfed.engine.privacy_records`)."""
         """Whom each round trains, and what the system model records of it (:mod:`rayfed.scheduling.sync_rounds`)."""
         builtin: list[Callback] = [MetricsWriter(), Checkpointer()]

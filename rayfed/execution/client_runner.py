@@ -26,6 +26,7 @@ import torch
 from rayfed.algorithms import ClientHalf, Contribution, RoundContext, resolve
 from rayfed.algorithms.contributions import WeightedState
 from rayfed.algorithms.declarations import normalizes_features, work_start
+from rayfed.algorithms.private_uploads import declared_parts
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
 from rayfed.execution.client_data import ClientData
@@ -76,7 +77,7 @@ class ClientRunner(ClientData):
         self.capabilities = algorithm.capabilities
         self.graphs = StepGraphs(self.device, enabled=config.engine.cuda_graphs and self.capabilities.replays)
         self.loop = LocalLoop(self.graphs, dataset.mean, dataset.std, self.spec.output_layer, self.method)
-        parts = getattr(algorithm.algorithm.server_half, "upload_parts", ())
+        parts = declared_parts(algorithm.algorithm.server_half)
         self.privacy = ClientPrivacy(config, self.method, self.client_half, parts) if config.privacy.enabled else None
         """Clips (and with local DP noises) the clients' uploads (:mod:`rayfed.execution.privacy`); None: off."""
         self.merger = current_merger()
