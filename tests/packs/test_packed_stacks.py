@@ -50,15 +50,15 @@ of a pack, the two runs that differ in their seed only."""
 RUNS = ((0, 1.0, 1.0), (1, 0.5, 0.5), (2, 1.0, 1.0))
 """Each run of a pack: its seed, the factor of its learning rate, and that of each float hyper-parameter (the first
 and last runs share their learning rate: a method whose stack has one rate merges those two)."""
-CLIENTS = 4
-SMALL = {"data.options": {"num_samples": 20 * CLIENTS}, "train.batch_size": 4}
+CLIENTS = 3
+SMALL = {"data.options": {"num_samples": 64}, "train.batch_size": 4}
 """A few steps of a few samples a client: the merging is what is tested, not the method's training."""
 
 
 def _config(name: str, seed: int, rate: float, factor: float) -> Any:
     """``rayfed check``'s tiny run of ``name`` (with what it needs here), its seed, learning rate scaled by ``rate``
     and every float of its params by ``factor`` (ordered bounds such as CFL's eps1 < eps2 keep their order)."""
-    base = check_config(name, {**SMALL, **OVERRIDES.get(name, {})}, clients=CLIENTS)
+    base = check_config(name, {**OVERRIDES.get(name, {}), **SMALL}, clients=CLIENTS)
     params = base.algorithm.params
     values = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
     floats = {f"algorithm.params.{key}": value * factor for key, value in values.items() if isinstance(value, float)}
