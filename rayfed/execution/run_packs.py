@@ -17,7 +17,8 @@ run shares its key, and then the first field in which it differs from the larges
 This is the decision from configs, made before anything runs. Inside a call, the worker still stacks only clients
 whose phases are equal in everything but their values (:func:`rayfed.train.stacking.stack_key`, which also
 compares the hooks a method makes): runs packed here whose phases do not stack train in separate stacks of the
-same call, with the numbers they have alone, and the worker logs why once.
+same call, with the numbers they have alone, and the merger logs once what differs
+(:class:`~rayfed.execution.stack_merger.StackMerger`).
 """
 
 from __future__ import annotations

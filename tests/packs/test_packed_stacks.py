@@ -17,6 +17,7 @@ for a few methods, are in tests/packs/test_run_many.py; ``rayfed tune`` trials p
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -116,9 +117,10 @@ def selected(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in STACKING])
 def test_a_pack_of_runs_trains_in_one_stack_with_the_numbers_of_each_run_alone(
-    name: str, tmp_path: Path, selected: list[int]
+    name: str, tmp_path: Path, selected: list[int], caplog: pytest.LogCaptureFixture
 ) -> None:
     torch.set_num_threads(1)
+    caplog.set_level(logging.INFO, logger=stack_merger.__name__)
     # Prepare: three runs of the method, of other seeds, learning rates and hyper-parameters (each its stacked
     # runner and its server).
     runs = [TwoPaths(_config(name, *run), tmp_path / f"run-{run[0]}") for run in RUNS]
@@ -137,6 +139,8 @@ def test_a_pack_of_runs_trains_in_one_stack_with_the_numbers_of_each_run_alone(
             paths.states.update(one.states)
             paths.server.aggregate(call[1], one.contribution)
     assert merger.live == 0
+    apart = [r.getMessage() for r in caplog.records if "train apart" in r.getMessage()]
+    assert len(apart) == (1 if name in SAME_RATE_ONLY else 0), apart  # why, said once for the two rounds
     if name in FAST:  # the merged stack's lanes each kept their own run's loss, of its own hyper-parameter
         assert selected, name
 

@@ -23,6 +23,8 @@ from rayfed import RunConfig, run
 from rayfed.cli import main
 from rayfed.execution.stack_merger import StackMerger
 from rayfed.tuning import finished_trials, tune
+from rayfed.tuning.space import SearchSpace
+from rayfed.tuning.trials import TrialRunner, packed
 from tests.conftest import tiny_overrides
 from tests.tuning.test_tuning import _interrupted_trials_stopped_after_a_round
 from tests.waiting import wait_until
@@ -176,3 +178,16 @@ def test_trials_that_cannot_pack_train_alone_and_the_log_says_why(tmp_path: Path
         tune(base, SPACE, n_trials=2, study_name="alone", study_dir=tmp_path / "s", pruner="none", parallel_trials=2)
     lines = [r.getMessage() for r in caplog.records if "train alone" in r.getMessage()]
     assert len(lines) == 1 and "engine.vectorize='off'" in lines[0]
+
+
+@pytest.mark.parametrize("backend, packs", [("local", True), ("ray", False)])
+def test_trials_at_once_pack_on_the_local_backend_and_on_ray_the_log_says_why_not(
+    tmp_path: Path, caplog: Any, backend: str, packs: bool
+) -> None:
+    base = _base(tmp_path, **{"engine.backend": backend})
+    runner = TrialRunner(base, SearchSpace(SPACE), "s", tmp_path / "s", lambda r: r.best_accuracy, None, None)
+    with caplog.at_level(logging.INFO, logger="rayfed.tuning.trials"):
+        chosen = packed(runner, 2)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert (chosen.merger is not None) == packs
+    assert ("train packed" in line) == packs and ("on Ray" in line) == (not packs), line
