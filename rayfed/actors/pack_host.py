@@ -26,7 +26,7 @@ import ray
 
 from rayfed.config import EngineConfig
 
-__all__ = ["one_worker", "host", "gather", "where"]
+__all__ = ["one_worker", "host", "gather", "where", "HostActor"]
 
 
 def one_worker(engine: EngineConfig) -> EngineConfig:
@@ -46,6 +46,29 @@ def host(engine: EngineConfig, work: Callable[..., Any], *args: Any) -> Any:
         num_cpus=engine.num_cpus_per_worker, num_gpus=engine.num_gpus_per_worker, max_retries=0
     )
     return task.remote(work, *args)
+
+
+class HostActor:
+    """A long-lived host, as the driver calls it: an actor of ``cls(*args)`` with one worker's resources of
+    ``engine``, never restarted, answering up to ``concurrency`` calls at once (each in a thread of its process). A
+    study's trials at once train in one (:mod:`rayfed.packs.lane_host`); it ends with :meth:`close` or its driver."""
+
+    def __init__(self, engine: EngineConfig, cls: type, *args: Any, concurrency: int) -> None:
+        options = {"num_cpus": engine.num_cpus_per_worker, "num_gpus": engine.num_gpus_per_worker}
+        self._actor = ray.remote(cls).options(**options, max_restarts=0, max_concurrency=concurrency).remote(*args)
+
+    def call(self, method: str, *args: Any) -> Any:
+        """``method(*args)`` on the host; waits for its value."""
+        return ray.get(getattr(self._actor, method).remote(*args))
+
+    def start(self, method: str, *args: Any) -> Callable[[], Any]:
+        """``method(*args)`` on the host, begun now; returns the wait for its value."""
+        ref = getattr(self._actor, method).remote(*args)
+        return lambda: ray.get(ref)
+
+    def close(self) -> None:
+        """End the host's process (whatever still runs there ends as a killed run does)."""
+        ray.kill(self._actor)
 
 
 def gather(refs: Sequence[Any]) -> list[Any]:

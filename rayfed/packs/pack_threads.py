@@ -20,7 +20,7 @@ from rayfed.tracking.runs import run
 from rayfed.util.errors import ConfigError
 from rayfed.util.plugins import WithCode
 
-__all__ = ["PackOutcome", "run_pack", "hosted_pack"]
+__all__ = ["PackOutcome", "run_pack", "hosted_pack", "missing_folder", "portable"]
 
 
 @dataclass
@@ -65,12 +65,8 @@ def hosted_pack(runs: Sequence[tuple[WithCode, Sequence[Callback]]], resume: boo
     from rayfed.actors.pack_host import where
 
     configs = [shipped.config for shipped, _ in runs]
-    if not Path(cwd).is_dir():
-        missing = ConfigError(
-            f"the pack's host on {where()} has no folder {cwd!r}, the driver's working directory: on a Ray cluster "
-            "of several nodes, keep the runs' directories on storage every node mounts at the same path, and start "
-            "the driver there"
-        )
+    missing = missing_folder(cwd)
+    if missing is not None:
         return PackOutcome([None] * len(configs), [missing] * len(configs), where=where())
     before = os.getcwd()
     os.chdir(cwd)  # the host's process, whose threads are all this pack's runs
@@ -78,12 +74,26 @@ def hosted_pack(runs: Sequence[tuple[WithCode, Sequence[Callback]]], resume: boo
         outcome = run_pack(configs, [list(own) for _, own in runs], resume)
     finally:
         os.chdir(before)
-    outcome.errors = [_portable(error) for error in outcome.errors]
+    outcome.errors = [portable(error) for error in outcome.errors]
     outcome.where = where()
     return outcome
 
 
-def _portable(error: BaseException | None) -> BaseException | None:
+def missing_folder(cwd: str) -> ConfigError | None:
+    """The error of a host (:mod:`rayfed.actors.pack_host`) whose node lacks ``cwd``, the driver's working
+    directory; None where it has it."""
+    from rayfed.actors.pack_host import where
+
+    if Path(cwd).is_dir():
+        return None
+    return ConfigError(
+        f"the pack's host on {where()} has no folder {cwd!r}, the driver's working directory: on a Ray cluster "
+        "of several nodes, keep the runs' directories on storage every node mounts at the same path, and start "
+        "the driver there"
+    )
+
+
+def portable(error: BaseException | None) -> BaseException | None:
     """``error``, or where it does not survive pickling (an exception whose ``__init__`` takes other arguments than
     its ``args``), a RuntimeError that says it in the same words."""
     if error is None:

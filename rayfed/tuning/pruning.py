@@ -93,6 +93,11 @@ class PruningCallback(Callback):
         self.pruned_round: int | None = None
 
     def after_round(self, run: RunView, record: RoundRecord, clients: pa.Table) -> bool:
+        return self.judge(record)
+
+    def judge(self, record: RoundRecord) -> bool:
+        """Report ``record`` to the trial; whether its pruner stops it there (where the run trains elsewhere,
+        :mod:`rayfed.packs.lane_host`, the driver judges its rounds with this)."""
         if math.isnan(record.accuracy):
             return False
         self.trial.report(record.accuracy, step=record.round)

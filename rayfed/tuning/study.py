@@ -38,6 +38,7 @@ from rayfed.config import RunConfig, check_installed, saved_differences
 from rayfed.engine import RunResult
 from rayfed.engine.callbacks import Callback
 from rayfed.engine.interrupts import StudyInterrupted, was_terminated
+from rayfed.packs.lane_host import lane_host
 from rayfed.tracking import check_services
 from rayfed.tuning.parallel import (
     OneClaimAtATime,
@@ -52,7 +53,7 @@ from rayfed.tuning.resume import finished_trials, recover_interrupted
 from rayfed.tuning.space import SearchSpace, load_space
 from rayfed.tuning.storage import open_storage, storage_errors
 from rayfed.tuning.study_code import check_same_code, record_code
-from rayfed.tuning.trials import TrialRunner, packed, quiet_interrupted_trials
+from rayfed.tuning.trials import TrialRunner, packed, packs, quiet_interrupted_trials
 from rayfed.util import plugins
 from rayfed.util.errors import ConfigError
 
@@ -262,7 +263,8 @@ def _mlflow_parent(base: RunConfig, space: SearchSpace, study_name: str, study_d
 
 def _run_trials(study: optuna.Study, runner: TrialRunner, parallel_trials: int, options: dict[str, Any]) -> None:
     """Run the study's trials: in this process, or on one Ray for the whole study (joined or started here), on
-    which each trial's run gets its share of the workers (:mod:`rayfed.tuning.parallel`)."""
+    which trials at once train packed in one host (:mod:`rayfed.packs.lane_host`) where their runs may share a
+    stack, else each trial's run gets its share of the workers (:mod:`rayfed.tuning.parallel`)."""
     base = runner.base
     if base.engine.backend == "local":
         _optimize(study, packed(runner, parallel_trials), parallel_trials, options)
@@ -270,9 +272,13 @@ def _run_trials(study: optuna.Study, runner: TrialRunner, parallel_trials: int, 
     from rayfed.actors import ray_session
 
     with ray_session(base.engine, plugins.run_sources(base)):
+        if packs(runner, parallel_trials):  # the trials' runs as lanes of one stack in one host
+            with lane_host(base.engine, parallel_trials) as host:
+                _optimize(study, replace(runner, host=host), parallel_trials, options)
+            return
         trial_base = base.override(trial_workers(base.engine, parallel_trials))
         check_cluster_fits(trial_base.engine, parallel_trials)
-        _optimize(study, packed(replace(runner, base=trial_base), parallel_trials), parallel_trials, options)
+        _optimize(study, replace(runner, base=trial_base), parallel_trials, options)
 
 
 def _optimize(study: optuna.Study, runner: TrialRunner, parallel_trials: int, options: dict[str, Any]) -> None:

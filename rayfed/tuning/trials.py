@@ -15,7 +15,9 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import optuna
 import pyarrow as pa
@@ -27,15 +29,19 @@ from rayfed.engine.callbacks import Callback, RunView
 from rayfed.engine.metrics import RoundRecord
 from rayfed.execution.run_packs import alone_reason
 from rayfed.execution.stack_merger import StackMerger
+from rayfed.packs.lane_host import GO, PRUNE, STOP, run_as_lane
 from rayfed.tracking import StudyLink, Tracking
 from rayfed.tuning.parallel import TrialStop
 from rayfed.tuning.pruning import PruningCallback
 from rayfed.tuning.resume import driver_id
 from rayfed.tuning.space import SearchSpace
 
+if TYPE_CHECKING:  # pragma: no cover
+    from rayfed.actors.pack_host import HostActor
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["TrialRunner", "packed", "quiet_interrupted_trials"]
+__all__ = ["TrialRunner", "packs", "packed", "quiet_interrupted_trials"]
 
 
 @dataclass
@@ -43,7 +49,7 @@ class TrialRunner:
     """The objective: one run per trial, reporting rounds, stopping when pruned or asked to stop."""
 
     base: RunConfig
-    """The config each trial overrides with its parameters (on Ray, with its share of the workers)."""
+    """The config each trial overrides with its parameters (on Ray unpacked, with its share of the workers)."""
     space: SearchSpace
     study_name: str
     study_dir: Path
@@ -62,6 +68,9 @@ class TrialRunner:
     """Rounds each trial trains before its pruner may stop it (:class:`~rayfed.tuning.pruning.PruningCallback`)."""
     merger: StackMerger | None = None
     """With trials in threads that may share a stack (:func:`packed`): the merger their runs' stacks train in."""
+    host: HostActor | None = None
+    """On Ray, with trials in threads that may share a stack (:func:`packs`): the host their runs train in, as
+    lanes of one stack (:mod:`rayfed.packs.lane_host`)."""
 
     def __call__(self, trial: optuna.Trial) -> float:
         try:
@@ -78,14 +87,17 @@ class TrialRunner:
         run_dir = (self.study_dir / f"trial_{trial.number:04d}").resolve()
         trial.set_user_attr(attrs.RUN_DIR, str(run_dir))
         pruning = PruningCallback(trial, self.warmup_rounds)
-        callbacks = [pruning, *(self.trial_callbacks(trial) if self.trial_callbacks else [])]
+        callbacks = list(self.trial_callbacks(trial) if self.trial_callbacks else [])
         if self.base.engine.loggers:
             link = StudyLink(self.study_name, self.study_dir, trial.number, self.mlflow_parent_run_id)
             callbacks.append(Tracking(self.base.engine.loggers, link))
-        callbacks.append(_StopWhenAsked(self.stop))  # last: every other callback has taken the round
+        config = self.base.override({**params, "run_dir": str(run_dir)})
         try:
-            with self._packed():
-                result = run(self.base.override({**params, "run_dir": str(run_dir)}), callbacks=callbacks)
+            if self.host is not None:  # a lane of the host's stack, its rounds judged here
+                result = run_as_lane(self.host, str(trial.number), config, callbacks, partial(self._verdict, pruning))
+            else:  # the stop last: every other callback has taken the round
+                with self._packed():
+                    result = run(config, callbacks=[pruning, *callbacks, _StopWhenAsked(self.stop)])
         except Exception as e:
             if self.stop.is_set():  # torn down while the study stopped: interrupted, and retried on resume
                 raise self.stop.interruption() from e
@@ -103,6 +115,12 @@ class TrialRunner:
             trial.set_user_attr(attrs.ERROR, "the objective is NaN (no round was evaluated?)")
         return value
 
+    def _verdict(self, pruning: PruningCallback, record: RoundRecord) -> str:
+        """What a hosted run does after ``record``'s round: what :class:`PruningCallback` then
+        :class:`_StopWhenAsked` would have it do, in that order."""
+        pruned = pruning.judge(record)
+        return STOP if self.stop.is_set() else PRUNE if pruned else GO
+
     @contextmanager
     def _packed(self) -> Iterator[None]:
         """The trial's run, its stacks merged with the running trials' (:attr:`merger`) where they share one."""
@@ -114,26 +132,36 @@ class TrialRunner:
             yield
 
 
-_ON_RAY = (
-    "on Ray each trial's run trains on its own share of the workers (rayfed.run_many packs Ray runs, one Ray task a "
-    "pack; a study's trials are not packed on Ray)"
+_TRIAL_CALLBACKS = (
+    "its trial_callbacks take the trial in the driver, but a packed trial's run trains in its pack's host on Ray "
+    "(rayfed.packs.lane_host)"
 )
-"""Why trials at once on Ray train unpacked though their runs may share a stack (``rayfed.run_many`` packs them)."""
+"""Why trials at once on Ray train unpacked though their runs may share a stack."""
+
+
+def packs(runner: TrialRunner, parallel_trials: int) -> bool:
+    """Whether ``runner``'s ``parallel_trials`` trials at once share one stack: where their runs may
+    (:func:`~rayfed.execution.run_packs.alone_reason` of the base config: the stacked path on; trials differ in
+    numbers a lane carries as its own, and a call's stacks that do not merge train apart, as in
+    :func:`rayfed.run_many`), and on Ray without ``trial_callbacks``; the log says in one line which, and why not."""
+    if parallel_trials < 2:
+        return False
+    on_ray = runner.base.engine.backend == "ray"
+    reason = alone_reason(runner.base) or (_TRIAL_CALLBACKS if on_ray and runner.trial_callbacks else "")
+    if reason:
+        logger.info("tune: the %d trials at once train alone: %s", parallel_trials, reason)
+        return False
+    where = " in one host with one worker's resources" if on_ray else ""
+    logger.info(
+        "tune: the %d trials at once train packed, their clients' stacks merged into one%s", parallel_trials, where
+    )
+    return True
 
 
 def packed(runner: TrialRunner, parallel_trials: int) -> TrialRunner:
-    """``runner`` whose ``parallel_trials`` trials at once share one stack where their runs may
-    (:func:`~rayfed.execution.run_packs.alone_reason` of the base config: the local backend with the stacked path
-    on; trials differ in numbers a lane carries as its own, and a call's stacks that do not merge train apart, as
-    in :func:`rayfed.run_many`); the log says in one line which, and why not."""
-    if parallel_trials < 2:
-        return runner
-    reason = alone_reason(runner.base) or (_ON_RAY if runner.base.engine.backend == "ray" else "")
-    if reason:
-        logger.info("tune: the %d trials at once train alone: %s", parallel_trials, reason)
-        return runner
-    logger.info("tune: the %d trials at once train packed, their clients' stacks merged into one", parallel_trials)
-    return replace(runner, merger=StackMerger())
+    """``runner`` whose ``parallel_trials`` trials at once, in this process, share one stack where they may
+    (:func:`packs`)."""
+    return replace(runner, merger=StackMerger()) if packs(runner, parallel_trials) else runner
 
 
 class _StopWhenAsked(Callback):

@@ -24,7 +24,7 @@ from rayfed.cli import main
 from rayfed.execution.stack_merger import StackMerger
 from rayfed.tuning import finished_trials, tune
 from rayfed.tuning.space import SearchSpace
-from rayfed.tuning.trials import TrialRunner, packed
+from rayfed.tuning.trials import TrialRunner, packs
 from tests.conftest import tiny_overrides
 from tests.tuning.test_tuning import _interrupted_trials_stopped_after_a_round
 from tests.waiting import wait_until
@@ -180,14 +180,69 @@ def test_trials_that_cannot_pack_train_alone_and_the_log_says_why(tmp_path: Path
     assert len(lines) == 1 and "engine.vectorize='off'" in lines[0]
 
 
-@pytest.mark.parametrize("backend, packs", [("local", True), ("ray", False)])
-def test_trials_at_once_pack_on_the_local_backend_and_on_ray_the_log_says_why_not(
-    tmp_path: Path, caplog: Any, backend: str, packs: bool
+@pytest.mark.parametrize(
+    "backend, trial_callbacks, expected",
+    [("local", None, True), ("ray", None, True), ("local", lambda trial: [], True), ("ray", lambda trial: [], False)],
+)
+def test_trials_at_once_pack_but_not_on_ray_with_trial_callbacks_and_the_log_says_why_not(
+    tmp_path: Path, caplog: Any, backend: str, trial_callbacks: Any, expected: bool
 ) -> None:
     base = _base(tmp_path, **{"engine.backend": backend})
-    runner = TrialRunner(base, SearchSpace(SPACE), "s", tmp_path / "s", lambda r: r.best_accuracy, None, None)
+    runner = TrialRunner(
+        base, SearchSpace(SPACE), "s", tmp_path / "s", lambda r: r.best_accuracy, trial_callbacks, None
+    )
     with caplog.at_level(logging.INFO, logger="rayfed.tuning.trials"):
-        chosen = packed(runner, 2)
+        chosen = packs(runner, 2)
     (line,) = [r.getMessage() for r in caplog.records]
-    assert (chosen.merger is not None) == packs
-    assert ("train packed" in line) == packs and ("on Ray" in line) == (not packs), line
+    assert chosen == expected
+    assert ("train packed" in line) == expected and ("trial_callbacks" in line) == (not expected), line
+    assert ("in one host" in line) == (expected and backend == "ray"), line
+
+
+class _PrunesTrialOne(optuna.pruners.BasePruner):
+    """Prunes trial 1 once it reported round 1, and no other: a pruned trial among packed ones, whatever they
+    score."""
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        return trial.number == 1 and 1 in trial.intermediate_values
+
+
+def test_parallel_trials_on_ray_train_packed_in_one_host_prune_alone_and_equal_their_runs_alone(
+    tmp_path: Path, caplog: Any, ray_cluster: Any
+) -> None:
+    # Prepare: the tiny stacked cwFedAvg config on Ray, whose one-CPU host fits the cluster's two CPUs.
+    base = _base(tmp_path, **{"engine.backend": "ray", "engine.num_workers": 1})
+
+    # Execute
+    with caplog.at_level(logging.INFO, logger="rayfed"):
+        study = tune(
+            base,
+            SPACE,
+            n_trials=4,
+            study_name="ray-packed",
+            study_dir=tmp_path / "study",
+            pruner=_PrunesTrialOne(),
+            parallel_trials=2,
+        )
+
+    # Assert: one line says the trials train packed in one host, and their stacks did merge there.
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if m.startswith("tune: the 2 trials at once train packed")] != [], messages
+    (merged,) = [int(m.split()[5]) for m in messages if "stacks merged with another's" in m]
+    assert merged > 0
+    # each trial judged on its own: trial 1 pruned after round 1, the others complete, as unpacked trials record
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [
+        TrialState.COMPLETE,
+        TrialState.PRUNED,
+        TrialState.COMPLETE,
+        TrialState.COMPLETE,
+    ]
+    assert trials[1].user_attrs[attrs.PRUNED_ROUND] == 1 and trials[1].user_attrs[attrs.ROUNDS_RUN] == 2
+    assert sorted(trials[1].intermediate_values) == [0, 1]
+    for trial in (trials[0], trials[2], trials[3]):
+        assert trial.user_attrs[attrs.ROUNDS_RUN] == base.train.rounds and attrs.PRUNED_ROUND not in trial.user_attrs
+        assert trial.value == trial.user_attrs["rayfed.best_accuracy"]
+        assert Path(trial.user_attrs[attrs.RUN_DIR]) == (tmp_path / "study" / f"trial_{trial.number:04d}").resolve()
+    # the best trial, run alone, gives its numbers
+    _assert_equals_its_run_alone(study.best_trial, base, tmp_path / "alone")
