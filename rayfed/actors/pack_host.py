@@ -55,7 +55,7 @@ class HostActor:
 
     def __init__(self, engine: EngineConfig, cls: type, *args: Any, concurrency: int) -> None:
         options = {"num_cpus": engine.num_cpus_per_worker, "num_gpus": engine.num_gpus_per_worker}
-        self._actor = ray.remote(cls).options(**options, max_restarts=0, max_concurrency=concurrency).remote(*args)
+        self._actor: Any = ray.remote(cls).options(**options, max_restarts=0, max_concurrency=concurrency).remote(*args)
 
     def call(self, method: str, *args: Any) -> Any:
         """``method(*args)`` on the host; waits for its value."""

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+import cloudpickle
 import pyarrow as pa
 
 from rayfed.config import EngineConfig, RunConfig
@@ -83,16 +84,18 @@ class LaneHost:
         with self._lock:
             return self._mailboxes.setdefault(key, _Mailbox())
 
-    def run(self, key: str, shipped: WithCode, callbacks: Sequence[Callback]) -> RunResult | BaseException:
-        """Run ``shipped.config`` with ``callbacks`` as a lane of the host's stack; its result, or its error as
-        one the driver can unpickle."""
+    def run(self, key: str, shipped: bytes) -> RunResult | BaseException:
+        """Run the config and callbacks ``shipped`` (:func:`run_as_lane`) as a lane of the host's stack; its result,
+        or its error (unpickling them included: the driver waits for the run's end) as one the driver can
+        unpickle."""
         mailbox = self._mailbox(key)
         try:
             if self._missing is not None:
                 return self._missing
+            config, callbacks = cloudpickle.loads(shipped)
             self._merger.expect(1)
             with self._merger.turn():
-                return run(shipped.config, callbacks=[*callbacks, _Relay(mailbox)])
+                return run(config.config, callbacks=[*callbacks, _Relay(mailbox)])
         except BaseException as error:  # noqa: BLE001 - the driver raises it, in the trial's thread
             return portable(error) or error
         finally:
@@ -130,8 +133,9 @@ def lane_host(engine: EngineConfig, lanes: int) -> Iterator[HostActor]:
     finally:
         try:
             logger.info("tune: the trials' runs trained %d stacks merged with another's", host.call("merged"))
-        finally:
-            host.close()
+        except Exception:  # noqa: BLE001 - a host that died says no more; its trials' errors say why
+            pass
+        host.close()
 
 
 def run_as_lane(
@@ -144,7 +148,7 @@ def run_as_lane(
     """``run(config, callbacks=callbacks)`` in ``host`` under ``key``, each of its rounds judged here by
     ``verdict`` (:data:`GO`, :data:`PRUNE`, :data:`STOP`); returns its result or raises its error (a verdict's own
     error stops the run first)."""
-    result = host.start("run", key, WithCode(config), list(callbacks))
+    result = host.start("run", key, cloudpickle.dumps((WithCode(config), list(callbacks))))
     failed: Exception | None = None
     while (record := host.call("next_round", key)) is not None:
         try:

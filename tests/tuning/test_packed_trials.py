@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from optuna.trial import TrialState
 import rayfed.tuning.attrs as attrs
 from rayfed import RunConfig, run
 from rayfed.cli import main
+from rayfed.engine.interrupts import StudyInterrupted
 from rayfed.execution.stack_merger import StackMerger
 from rayfed.tuning import finished_trials, tune
 from rayfed.tuning.space import SearchSpace
@@ -246,3 +248,44 @@ def test_parallel_trials_on_ray_train_packed_in_one_host_prune_alone_and_equal_t
         assert Path(trial.user_attrs[attrs.RUN_DIR]) == (tmp_path / "study" / f"trial_{trial.number:04d}").resolve()
     # the best trial, run alone, gives its numbers
     _assert_equals_its_run_alone(study.best_trial, base, tmp_path / "alone")
+
+
+class _CtrlCOnceBothReported(optuna.pruners.NopPruner):
+    """Prunes nothing; once both packed trials have reported round 0 (to the driver, which judges their rounds),
+    Ctrl-C reaches the process (its main thread, where Optuna waits for the trials). Packed runs train in
+    lockstep, so neither waits here for the other: each trial's verdict is what lets the next round train."""
+
+    def __init__(self) -> None:
+        self.sent = False
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        first = [t for t in study.get_trials(deepcopy=False) if t.number < 2]
+        if not self.sent and len(first) == 2 and all(0 in t.intermediate_values for t in first):
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+        return False
+
+
+def test_ctrl_c_stops_packed_trials_on_ray_after_their_round_and_the_resume_retries_each(
+    tmp_path: Path, ray_cluster: Any
+) -> None:
+    # Prepare
+    rounds = 6
+    base = _base(tmp_path, **{"engine.backend": "ray", "engine.num_workers": 1, "train.rounds": rounds})
+    kwargs: dict[str, Any] = {"study_name": "ray-ctrl-c", "study_dir": tmp_path / "study", "parallel_trials": 2}
+
+    # Execute
+    with pytest.raises(StudyInterrupted, match="0 of 3 trials finished"):
+        tune(base, SPACE, n_trials=3, pruner=_CtrlCOnceBothReported(), pruner_warmup=0, **kwargs)
+
+    # Assert: both trials stopped after a whole round, as interrupted; the resume retries both, packed again, and
+    # completes the study.
+    storage = f"sqlite:///{tmp_path / 'study' / 'study.db'}"
+    stopped = optuna.load_study(study_name="ray-ctrl-c", storage=storage).get_trials()
+    assert [t.number for t in stopped] == [0, 1]
+    _interrupted_trials_stopped_after_a_round(tmp_path / "study", stopped, rounds)
+    resumed = tune(base, SPACE, n_trials=3, pruner="none", **kwargs)
+    retries = {t.user_attrs[attrs.RETRY_OF]: t for t in resumed.get_trials() if attrs.RETRY_OF in t.user_attrs}
+    assert sorted(retries) == [0, 1] and [t.state for t in retries.values()] == [TrialState.COMPLETE] * 2
+    assert [retries[n].params for n in (0, 1)] == [t.params for t in stopped]
+    assert [t.user_attrs[attrs.ROUNDS_RUN] for t in finished_trials(resumed)] == [rounds] * 3
