@@ -92,10 +92,10 @@ class LaneHost:
         try:
             if self._missing is not None:
                 return self._missing
-            config, callbacks = cloudpickle.loads(shipped)
+            with_code, callbacks = cloudpickle.loads(shipped)
             self._merger.expect(1)
             with self._merger.turn():
-                return run(config.config, callbacks=[*callbacks, _Relay(mailbox)])
+                return run(with_code.config, callbacks=[*callbacks, _Relay(mailbox)])
         except BaseException as error:  # noqa: BLE001 - the driver raises it, in the trial's thread
             return portable(error) or error
         finally:

@@ -10,8 +10,9 @@ Parallel trials run in driver threads (``study.optimize(n_jobs=parallel_trials)`
 Ray is joined or started once for the whole study; each trial's run creates its own
 ``ClientWorker`` actors (``engine.num_workers`` x ``engine.num_cpus_per_worker``, or with
 ``engine.num_workers=0`` an even share of the cluster's workers: :mod:`rayfed.tuning.parallel`)
-on the shared cluster and releases them when it ends or is pruned. Only the driver
-talks to the Optuna storage.
+on the shared cluster and releases them when it ends or is pruned; or, where their runs may
+share a stack, the trials at once train packed in one host (:mod:`rayfed.packs.lane_host`).
+Only the driver talks to the Optuna storage.
 
 >>> study = tune(config, {"train.lr": FloatParam(1e-3, 1e-1, log=True)}, n_trials=20,
 ...              study_name="lr", parallel_trials=2)  # doctest: +SKIP
@@ -124,8 +125,10 @@ def tune(
         Optuna sampler, used as it is. With ``parallel_trials > 1`` Optuna reseeds it per thread: which parameters
         are tried is then not reproducible (each trial's result still is).
     parallel_trials, timeout_s, catch, callbacks
-        Passed to ``study.optimize`` (``callbacks``: Optuna's, after each trial). On Ray each parallel trial
-        needs ``engine.num_workers`` workers, or with 0 takes an even share (:mod:`rayfed.tuning.parallel`).
+        Passed to ``study.optimize`` (``callbacks``: Optuna's, after each trial). Trials at once whose runs may
+        share a stack train packed (:func:`~rayfed.tuning.trials.packs`; on Ray in one host with one worker's
+        resources: :mod:`rayfed.packs.lane_host`); else on Ray each parallel trial needs ``engine.num_workers``
+        workers, or with 0 takes an even share (:mod:`rayfed.tuning.parallel`).
     trial_callbacks
         ``trial -> [rayfed Callback, ...]``: extra callbacks for each trial's run.
 
