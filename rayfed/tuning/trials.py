@@ -19,6 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import cloudpickle
 import optuna
 import pyarrow as pa
 
@@ -132,22 +133,31 @@ class TrialRunner:
             yield
 
 
-_TRIAL_CALLBACKS = (
-    "its trial_callbacks take the trial in the driver, but a packed trial's run trains in its pack's host on Ray "
-    "(rayfed.packs.lane_host)"
-)
-"""Why trials at once on Ray train unpacked though their runs may share a stack."""
+def _unsendable(trial_callbacks: Callable[[optuna.Trial], Sequence[Callback]] | None) -> str:
+    """Why ``trial_callbacks`` cannot make callbacks that a packed trial's host on Ray receives ("" when it can:
+    none, or a function that pickles, as :func:`rayfed.run_many` sends a pack's callbacks)."""
+    if trial_callbacks is None:
+        return ""
+    try:
+        cloudpickle.dumps(trial_callbacks)
+    except Exception as error:  # noqa: BLE001 - pickling fails in many ways; each is named
+        return (
+            "its trial_callbacks cannot be sent to the host where packed trials train on Ray "
+            f"({type(error).__name__}: {error})"
+        )
+    return ""
 
 
 def packs(runner: TrialRunner, parallel_trials: int) -> bool:
     """Whether ``runner``'s ``parallel_trials`` trials at once share one stack: where their runs may
     (:func:`~rayfed.execution.run_packs.alone_reason` of the base config: the stacked path on; trials differ in
     numbers a lane carries as its own, and a call's stacks that do not merge train apart, as in
-    :func:`rayfed.run_many`), and on Ray without ``trial_callbacks``; the log says in one line which, and why not."""
+    :func:`rayfed.run_many`), and on Ray where the host can receive their ``trial_callbacks``; the log says in one
+    line which, and why not."""
     if parallel_trials < 2:
         return False
     on_ray = runner.base.engine.backend == "ray"
-    reason = alone_reason(runner.base) or (_TRIAL_CALLBACKS if on_ray and runner.trial_callbacks else "")
+    reason = alone_reason(runner.base) or (_unsendable(runner.trial_callbacks) if on_ray else "")
     if reason:
         logger.info("tune: the %d trials at once train alone: %s", parallel_trials, reason)
         return False

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -184,9 +185,15 @@ def test_trials_that_cannot_pack_train_alone_and_the_log_says_why(tmp_path: Path
 
 @pytest.mark.parametrize(
     "backend, trial_callbacks, expected",
-    [("local", None, True), ("ray", None, True), ("local", lambda trial: [], True), ("ray", lambda trial: [], False)],
+    [
+        ("local", None, True),
+        ("ray", None, True),
+        ("ray", lambda trial: [], True),
+        ("local", lambda trial, lock=threading.Lock(): [], True),
+        ("ray", lambda trial, lock=threading.Lock(): [], False),  # holds what cannot be sent to the host
+    ],
 )
-def test_trials_at_once_pack_but_not_on_ray_with_trial_callbacks_and_the_log_says_why_not(
+def test_trials_at_once_pack_but_not_on_ray_with_unsendable_trial_callbacks_and_the_log_says_why_not(
     tmp_path: Path, caplog: Any, backend: str, trial_callbacks: Any, expected: bool
 ) -> None:
     base = _base(tmp_path, **{"engine.backend": backend})
@@ -197,7 +204,7 @@ def test_trials_at_once_pack_but_not_on_ray_with_trial_callbacks_and_the_log_say
         chosen = packs(runner, 2)
     (line,) = [r.getMessage() for r in caplog.records]
     assert chosen == expected
-    assert ("train packed" in line) == expected and ("trial_callbacks" in line) == (not expected), line
+    assert ("train packed" in line) == expected and ("trial_callbacks cannot be sent" in line) == (not expected), line
     assert ("in one host" in line) == (expected and backend == "ray"), line
 
 
