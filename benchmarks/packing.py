@@ -140,20 +140,22 @@ def equal_stacks(steps: Sequence[int], tolerance: float) -> tuple[int, dict[str,
 
 
 def seeds_rows(runs: Sequence[Sequence[int]]) -> float:
-    """Print one call of K runs packed into one stack (K in :data:`PACK_RUNS`), run k's clients from its own
-    partition ``runs[k]``: packed, one lane a client, and in stacks of equal length within 5 %; return the last
-    K's packed occupancy."""
+    """Print one call of K runs packed into one stack (K in :data:`PACK_RUNS`), each run's clients from its own
+    partition (``runs``: each run's clients' step counts): packed, one lane a client, and in stacks of equal length
+    within 5 %; return the last K's packed occupancy."""
+    packed = 1.0
     for k in PACK_RUNS:
         steps = [s for run in runs[:k] for s in run]
         lanes = packed_lanes(steps)
+        packed = occupancy(lanes)
         count, equal = equal_stacks(steps, 0.05)
         print(
             f"  {k} run{'s' if k > 1 else ''} (data.seed 1-{k}) packed: {len(lanes.clients)} lanes "
-            f"{lanes.stacked_steps} stacked steps  "
-            f"{occupancy(lanes):.3f}; one lane a client {occupancy(one_lane_each(steps)):.3f}; {count} stacks of "
-            f"equal length (within 5%) {equal['stacked']:.0f} stacked steps {equal['occupancy']:.3f}"
+            f"{lanes.stacked_steps} stacked steps  {packed:.3f}; one lane a client "
+            f"{occupancy(one_lane_each(steps)):.3f}; {count} stacks of equal length (within 5%) "
+            f"{equal['stacked']:.0f} stacked steps {equal['occupancy']:.3f}"
         )
-    return occupancy(packed_lanes([s for run in runs[: PACK_RUNS[-1]] for s in run]))
+    return packed
 
 
 def tiny_config(run_dir: Path, rounds: int, clients: int, packed: bool, gpu: bool = False) -> RunConfig:
