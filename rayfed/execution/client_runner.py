@@ -30,6 +30,7 @@ from rayfed.algorithms.private_uploads import declared_parts
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
 from rayfed.execution.client_data import ClientData
+from rayfed.execution.devices import stacks_on
 from rayfed.execution.evaluation import evaluate_clients
 from rayfed.execution.privacy import ClientPrivacy
 from rayfed.execution.reports import EvalReport, TrainResult
@@ -50,19 +51,7 @@ from rayfed.train.stacked_layers import model_unstackable
 from rayfed.train.stacking import stack_groups
 from rayfed.train.step import phase_steps
 
-__all__ = ["ClientRunner", "resolve_vectorize"]
-
-
-def resolve_vectorize(setting: str, device: torch.device) -> bool:
-    """``engine.vectorize``: ``on``/``off``, or ``auto`` = stack on CUDA, sequential on CPU.
-
-    On a GPU one client's step is latency-bound (a few kernels on a small batch), so a step of C
-    clients costs little more than one; on a CPU the arithmetic is the bound and stacking gains
-    nothing (benchmarks/README.md, "Stacked against sequential training").
-    """
-    if setting == "auto":
-        return device.type == "cuda"
-    return setting == "on"
+__all__ = ["ClientRunner"]
 
 
 class ClientRunner(ClientData):
@@ -303,7 +292,7 @@ class ClientRunner(ClientData):
         singletons. A call's clients are fixed by the round's chunks, never by the pool, so which clients share
         a stack never depends on the number of workers."""
         engine = self.config.engine
-        if not resolve_vectorize(engine.vectorize, self.device) or not self.capabilities.stacks:
+        if not stacks_on(engine.vectorize, self.device.type) or not self.capabilities.stacks:
             return [[job] for job in jobs]
         groups: dict[str, list[ClientJob]] = {}
         for job in jobs:
