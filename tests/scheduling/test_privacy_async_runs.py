@@ -129,7 +129,7 @@ def test_a_resumed_private_fedbuff_run_gives_the_same_bits(tmp_path) -> None:
     ],
 )
 def test_what_an_asynchronous_step_cannot_protect_is_refused_in_one_line(method: str, extra: dict, names: str) -> None:
-    config = _config(Path("unused"), method, **CENTRAL, **extra)
+    config = _config(Path("unused"), method, **{**CENTRAL, **extra})
     with pytest.raises(ConfigError) as refused:
         check_privacy(config, resolve(config.algorithm))
     line = str(refused.value)
