@@ -179,8 +179,8 @@ class WeightedSum(Contribution):
 class WeightedState:
     """An upload declared as data: the client's trained state (the slices ``parts`` of it, concatenated in order; all
     of it without parts) weighted by its training samples n_i (or 1: :attr:`unit_weights`), FedAvg's upload. A
-    client half returns it from ``upload``; the worker makes the :class:`WeightedSum` for one client, or for a stack of clients in one matrix
-    product of their sizes and states, and reads no client's model for it."""
+    client half returns it from ``upload``; the worker makes the :class:`WeightedSum` for one client, or for a
+    stack of clients in one matrix product of their sizes and states, and reads no client's model for it."""
 
     parts: tuple[slice, ...] = ()
     unit_weights: bool = False

@@ -63,8 +63,8 @@ def run_accounting(config: RunConfig) -> Accounting | None:
 
 def check_privacy(config: RunConfig, algorithm: ResolvedAlgorithm) -> None:
     """Refuse, in one line naming the field and the fix, a run whose privacy cannot hold: a method whose upload the
-    mechanism cannot protect (or not with these settings: its ``privacy_conflict``), secure aggregation without a clock to charge, an
-    accountant without an analysis of the run's sampling, or ε over ``train.rounds`` above
+    mechanism cannot protect (or not with these settings: its ``privacy_conflict``), secure aggregation without a
+    clock to charge, an accountant without an analysis of the run's sampling, or ε over ``train.rounds`` above
     ``privacy.target_epsilon``."""
     privacy = config.privacy
     if not privacy.enabled:

@@ -216,7 +216,9 @@ class ClientPrivacy:
         if self.rows:
             rows = self._rows(uploads, jobs, states, starts, ctx)
             block, ids, sizes = rows.blocks[0], rows.client_ids, rows.sizes
-            return rows, lambda: [ClientVectors((block[r : r + 1],), ids[r : r + 1], sizes[r : r + 1]) for r in range(len(ids))]
+            return rows, lambda: [
+                ClientVectors((block[r : r + 1],), ids[r : r + 1], sizes[r : r + 1]) for r in range(len(ids))
+            ]
         states, starts = self.declared(uploads, states, starts)
         models = self.clipped(states, starts, [job.client_id for job in jobs], ctx)
         weights = self.weights([job.num_train for job in jobs])

@@ -203,7 +203,9 @@ def test_feddyn_runs_private_its_updates_clipped_and_its_epsilon_dp_accountings(
     again = run(RunConfig().override(tiny_overrides(tmp_path / "again", **common)))
     # Assert: every upload within C (to float32 rounding), ε the sampled Gaussian's, the same bits twice
     assert len(norms) == 2 * 2 * 5 and max(norms) <= 0.5 * (1 + 1e-5)
-    assert [r["epsilon"] for r in private.history] == [_sampled_epsilon(r["round"] + 1, 10, 5, 0.8) for r in private.history]
+    assert [r["epsilon"] for r in private.history] == [
+        _sampled_epsilon(r["round"] + 1, 10, 5, 0.8) for r in private.history
+    ]
     for key in (*COMPARED, "server_feddyn_h_norm"):
         assert [r[key] for r in again.history] == [r[key] for r in private.history], key
 
@@ -226,7 +228,12 @@ def test_feddyn_without_noise_or_clipping_is_feddyn_bit_for_bit(tmp_path, fideli
 
 def test_feddyns_unweighted_paper_step_with_weighting_by_samples_is_refused() -> None:
     config = RunConfig().override(
-        {**CENTRAL, "algorithm.name": "feddyn", "algorithm.params": {"fidelity": "paper"}, "privacy.weighting": "samples"}
+        {
+            **CENTRAL,
+            "algorithm.name": "feddyn",
+            "algorithm.params": {"fidelity": "paper"},
+            "privacy.weighting": "samples",
+        }
     )
     with pytest.raises(ConfigError) as refused:
         check_privacy(config, resolve(config.algorithm))
