@@ -210,10 +210,16 @@ def test_feddyn_runs_private_its_updates_clipped_and_its_epsilon_dp_accountings(
         assert [r[key] for r in again.history] == [r[key] for r in private.history], key
 
 
-@pytest.mark.parametrize("fidelity", ["code", "paper"])
-def test_feddyn_without_noise_or_clipping_is_feddyn_bit_for_bit(tmp_path, fidelity: str) -> None:
-    # ``code`` weighs its clients by their samples, ``paper`` weighs them 1: privacy.weighting says the same
-    common = {"algorithm.name": "feddyn", "algorithm.params": {"fidelity": fidelity}, "engine.join_ratio": 0.6}
+@pytest.mark.parametrize(("fidelity", "vectorize"), [("code", "off"), ("paper", "off"), ("paper", "on")])
+def test_feddyn_without_noise_or_clipping_is_feddyn_bit_for_bit(tmp_path, fidelity: str, vectorize: str) -> None:
+    # ``code`` weighs its clients by their samples, ``paper`` weighs them 1: privacy.weighting says the same; "on":
+    # the clients of a call trained as one stack and clipped in one call
+    common = {
+        "algorithm.name": "feddyn",
+        "algorithm.params": {"fidelity": fidelity},
+        "engine.join_ratio": 0.6,
+        "engine.vectorize": vectorize,
+    }
     plain = run(RunConfig().override(tiny_overrides(tmp_path / "plain", **common)))
     private = {
         "privacy.mechanism": "central",

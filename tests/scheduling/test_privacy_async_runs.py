@@ -70,11 +70,13 @@ def test_a_private_asynchronous_run_clips_every_update_and_composes_its_steps(
     assert [r["virtual_time_s"] for r in plain.history] == [r["virtual_time_s"] for r in first.history]
 
 
-@pytest.mark.parametrize("method", ["fedbuff", "fedasync"])
-def test_no_noise_and_no_clipping_is_the_asynchronous_method_bit_for_bit(tmp_path, method: str) -> None:
-    plain = run(_config(tmp_path / "plain", method))
+@pytest.mark.parametrize(("method", "vectorize"), [("fedbuff", "off"), ("fedasync", "off"), ("fedbuff", "on")])
+def test_no_noise_and_no_clipping_is_the_asynchronous_method_bit_for_bit(tmp_path, method: str, vectorize: str) -> None:
+    # "on": the clients of a call trained as one stack, their rows clipped in one call
+    stacked = {"engine.vectorize": vectorize}
+    plain = run(_config(tmp_path / "plain", method, **stacked))
     private = {"privacy.mechanism": "central", "privacy.clip_norm": math.inf, "privacy.noise_multiplier": 0.0}
-    same = run(_config(tmp_path / "dp", method, **private))
+    same = run(_config(tmp_path / "dp", method, **private, **stacked))
     for key in (*COMPARED, "server_clients_aggregated"):
         assert [r[key] for r in same.history] == [r[key] for r in plain.history], key
 
