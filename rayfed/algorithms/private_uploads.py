@@ -51,6 +51,7 @@ __all__ = [
     "UploadBeyondModel",
     "privacy_refusal",
     "part_multiplier",
+    "declared_parts",
     "mass_weighted_step",
     "PROTECTED",
 ]
@@ -114,8 +115,14 @@ class UploadPart:
     statistic bounded by what it is (a probability row: ‖p‖₂ ≤ ‖p‖₁ = 1), clipped to it all the same."""
 
     def norm(self, clip_norm: float) -> float:
-        """The part's bound in a run clipping updates to ``clip_norm``."""
+        """The part's bound in a run clipping updates to ``clip_norm`` (with adaptive clipping: its first round's)."""
         return clip_norm if self.bound is None else self.bound
+
+    @property
+    def ceiling(self) -> float:
+        """The most its adaptive bound may grow to: a statistic's own bound (beyond it a clip bounds nothing more),
+        none for an update."""
+        return math.inf if self.bound is None else self.bound
 
 
 class PartwiseUpload(abc.ABC):
@@ -148,11 +155,15 @@ class PrivateParts(WeightedSum):
 
     sizes: tuple[int, ...] = ()
     unit: float = 1.0
+    unclipped: Any = 0.0
+    """With adaptive clipping: per part, how many of the clients had it within its round's bound, Σ_i 1[‖x_ik‖ ≤
+    B_k,t] ((P,): a numpy array, or a tensor while on a worker's device); 0.0 otherwise."""
 
     def __add__(self, other: WeightedSum) -> PrivateParts:
         assert isinstance(other, PrivateParts) and other.sizes == self.sizes
         total = WeightedSum.__add__(self, other)
-        return PrivateParts(total.total, total.weight, total.count, self.sizes, self.unit)
+        unclipped = self.unclipped + other.unclipped
+        return PrivateParts(total.total, total.weight, total.count, self.sizes, self.unit, unclipped)
 
     __iadd__ = __add__
 
@@ -173,8 +184,14 @@ def mass_weighted_step(previous: np.ndarray, update: np.ndarray, masses: np.ndar
 
 def part_multiplier(noise_multiplier: float, parts: Sequence[UploadPart]) -> float:
     """z_k = z·√P: each of P parts' noise multiplier, so that the P Gaussian mechanisms on the same clients
-    compose to one of multiplier (Σ_k z_k⁻²)^(−1/2) = z (docs/privacy.md)."""
+    compose to one of multiplier (Σ_k z_k⁻²)^(−1/2) = z (docs/privacy.md; with adaptive clipping z is the updates'
+    share z_Δ, :func:`rayfed.privacy.adaptive.update_noise_multiplier`)."""
     return noise_multiplier * math.sqrt(len(parts))
+
+
+def declared_parts(server_half: type) -> tuple[UploadPart, ...]:
+    """The parts a method's server half declares its clients upload (:class:`PartwiseUpload`); () for the others."""
+    return server_half.upload_parts if issubclass(server_half, PartwiseUpload) else ()
 
 
 class UploadBeyondModel:

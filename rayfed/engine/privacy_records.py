@@ -8,7 +8,10 @@ a run that would exceed it never starts (nothing needs to stop it mid-way).
 With adaptive clipping the engine carries the clip norm from round to round (:class:`PrivacyLedger`): round t's
 C_t travels in its context, the server reports the noised unclipped fraction b̃_t, and C_{t+1} follows from both
 (:func:`rayfed.privacy.adaptive.next_clip_norm`). Both are columns of ``rounds.parquet`` (``clip_norm``,
-``server_unclipped_fraction``), so a resumed run takes C up from its history.
+``server_unclipped_fraction``), so a resumed run takes C up from its history. A method that uploads P parts adapts
+each part's bound B_k alike (round t's bounds in its context's ``part_bounds``), and records them as ``clip_norm_k``
+beside ``server_unclipped_fraction_k``, k = 1..P. rounds.parquet is read up to the checkpoint's round on a resume
+(:mod:`rayfed.provenance.resume_point`), so the bounds a resumed round uses are the first attempt's, to the bit.
 """
 
 from __future__ import annotations
@@ -19,12 +22,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rayfed.algorithms import ResolvedAlgorithm, resolve
-from rayfed.algorithms.private_uploads import ModelRowsUpload, ModelUpload, PartwiseUpload, privacy_refusal
+from rayfed.algorithms.private_uploads import (
+    ModelRowsUpload,
+    ModelUpload,
+    UploadPart,
+    declared_parts,
+    privacy_refusal,
+)
 from rayfed.config import RunConfig
-from rayfed.execution.privacy import UNCLIPPED
+from rayfed.execution.privacy import UNCLIPPED, part_fraction
 from rayfed.execution.round_facts import RoundFacts
 from rayfed.privacy.accountant import Accounting, accounting_of
 from rayfed.privacy.adaptive import default_count_noise, next_clip_norm, update_noise_multiplier
+from rayfed.privacy.settings import PrivacyConfig
 from rayfed.scheduling.system_setup import is_asynchronous
 from rayfed.system.rounds import round_sizes
 from rayfed.util.errors import ConfigError
@@ -76,12 +86,6 @@ def check_privacy(config: RunConfig, algorithm: ResolvedAlgorithm) -> None:
         refusal = f"algorithm.name={algorithm.name!r} with privacy: {conflict}" if conflict else ""
     if refusal:
         raise ConfigError(refusal)
-    if privacy.adaptive and issubclass(algorithm.algorithm.server_half, PartwiseUpload):
-        raise ConfigError(
-            f"privacy.adaptive_quantile={privacy.adaptive_quantile:g} adapts the clip norm of a model update, but "
-            f"algorithm.name={algorithm.name!r} uploads parts with bounds of their own: leave "
-            "privacy.adaptive_quantile out"
-        )
     if privacy.secure_aggregation != "off" and not config.system.enabled:
         raise ConfigError(
             f"privacy.secure_aggregation={privacy.secure_aggregation!r} charges its messages on the virtual clock, "
@@ -91,13 +95,7 @@ def check_privacy(config: RunConfig, algorithm: ResolvedAlgorithm) -> None:
     accounting = run_accounting(config)
     assert accounting is not None
     if privacy.adaptive:
-        count = default_count_noise(accounting.per_round) if privacy.count_noise is None else privacy.count_noise
-        if math.isinf(update_noise_multiplier(privacy.noise_multiplier, count)):
-            raise ConfigError(
-                f"privacy.count_noise={count:g} leaves no noise for the updates: adaptive clipping needs it above "
-                f"privacy.noise_multiplier/2={privacy.noise_multiplier / 2:g} (Andrew et al. 2021, Section 3.2); "
-                "raise privacy.count_noise"
-            )
+        _check_count_noise(privacy, accounting, len(declared_parts(algorithm.algorithm.server_half)) or 1)
     if privacy.target_epsilon is not None:
         rounds = config.train.rounds
         epsilon = accounting.epsilon(rounds)
@@ -111,27 +109,59 @@ def check_privacy(config: RunConfig, algorithm: ResolvedAlgorithm) -> None:
             )
 
 
+def _check_count_noise(privacy: PrivacyConfig, accounting: Accounting, counts: int) -> None:
+    """Refuse adaptive clipping whose ``counts`` noised counts (one per uploaded part) would take all of the noise
+    budget: z_Δ = (z⁻² − P·(2σ_b)⁻²)^(−1/2) needs 2σ_b > z·√P (:mod:`rayfed.privacy.adaptive`)."""
+    count = default_count_noise(accounting.per_round) if privacy.count_noise is None else privacy.count_noise
+    if math.isinf(update_noise_multiplier(privacy.noise_multiplier, count, counts)):
+        least = privacy.noise_multiplier * math.sqrt(counts) / 2
+        parts = f"·√{counts} (one count for each of the {counts} parts it uploads)" if counts > 1 else ""
+        raise ConfigError(
+            f"privacy.count_noise={count:g} leaves no noise for the updates: adaptive clipping needs it above "
+            f"privacy.noise_multiplier{parts}/2={least:g} (Andrew et al. 2021, Section 3.2); raise "
+            "privacy.count_noise"
+        )
+
+
 class PrivacyLedger:
     """What the engine keeps of a run's privacy between rounds: the accountant's analysis, and with adaptive
     clipping the next round's clip norm (module docstring). Without privacy it adds nothing."""
 
-    def __init__(self, config: RunConfig, history: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(self, config: RunConfig, history: Sequence[Mapping[str, Any]], algorithm: ResolvedAlgorithm) -> None:
         self.privacy = config.privacy
         self.accounting = run_accounting(config)
-        self.clip_norm = self.privacy.clip_norm
-        """C of the next round (adaptive clipping), taken up from the history of a resumed run."""
+        self.parts: tuple[UploadPart, ...] = declared_parts(algorithm.algorithm.server_half)
+        """The parts the method uploads, each with a bound of its own; (): a model."""
+        self.bounds = tuple(part.norm(self.privacy.clip_norm) for part in self.parts) or (self.privacy.clip_norm,)
+        """The next round's clip norm C, or each part's bound B_k (adaptive clipping), taken up from the history of
+        a resumed run."""
         done = [row for row in history if row["round"] >= 0]
         if self.privacy.adaptive and done:
-            self._advance(done[-1][CLIP_NORM], done[-1][f"server_{UNCLIPPED}"])
+            names = self._names()
+            self._advance([done[-1][bound] for bound, _ in names], [done[-1][f"server_{key}"] for _, key in names])
 
-    def _advance(self, clip_norm: float, unclipped_fraction: float) -> None:
+    def _names(self) -> list[tuple[str, str]]:
+        """(the bound's column, the server metric of its noised fraction) of the model, or of each part."""
+        if not self.parts:
+            return [(CLIP_NORM, UNCLIPPED)]
+        return [(f"{CLIP_NORM}_{k + 1}", part_fraction(k)) for k in range(len(self.parts))]
+
+    def _advance(self, bounds: Sequence[float], fractions: Sequence[float]) -> None:
         quantile = self.privacy.adaptive_quantile
         assert quantile is not None
-        self.clip_norm = next_clip_norm(clip_norm, unclipped_fraction, quantile, self.privacy.adaptive_lr)
+        ceilings = [part.ceiling for part in self.parts] or [math.inf]
+        self.bounds = tuple(
+            next_clip_norm(bound, fraction, quantile, self.privacy.adaptive_lr, ceiling)
+            for bound, fraction, ceiling in zip(bounds, fractions, ceilings)
+        )
 
     def context(self, ctx: RoundFacts) -> RoundFacts:
-        """``ctx`` with the round's clip norm where it adapts."""
-        return dataclasses.replace(ctx, clip_norm=self.clip_norm) if self.privacy.adaptive else ctx
+        """``ctx`` with the round's clip norm, or its parts' bounds, where they adapt."""
+        if not self.privacy.adaptive:
+            return ctx
+        if self.parts:
+            return dataclasses.replace(ctx, part_bounds=self.bounds)
+        return dataclasses.replace(ctx, clip_norm=self.bounds[0])
 
     def columns(self, ctx: RoundFacts, extra: Mapping[str, float]) -> dict[str, float]:
         """The privacy columns of the row of round ``ctx.round`` (-1: the initial model, ε = 0), whose server
@@ -139,10 +169,12 @@ class PrivacyLedger:
         if self.accounting is None:
             return {}
         columns = {EPSILON: self.accounting.epsilon(ctx.round + 1)}
-        if self.privacy.adaptive and ctx.clip_norm is not None:
-            columns[CLIP_NORM] = ctx.clip_norm
+        bounds = ctx.part_bounds if self.parts else (None if ctx.clip_norm is None else (ctx.clip_norm,))
+        if self.privacy.adaptive and bounds is not None:
+            names = self._names()
+            columns.update({column: float(bound) for (column, _), bound in zip(names, bounds)})
             if ctx.round >= 0:
-                self._advance(ctx.clip_norm, extra.get(UNCLIPPED, math.nan))
+                self._advance(bounds, [extra.get(key, math.nan) for _, key in names])
         return columns
 
 

@@ -48,6 +48,7 @@ from rayfed.execution.executor import Executor, LocalExecutor, RoundCalls, make_
 from rayfed.execution.reports import ClientReport
 from rayfed.execution.round_facts import RoundFacts
 from rayfed.execution.settlement import NON_FINITE
+from rayfed.execution.stack_merger import training_backend
 from rayfed.provenance.resume_point import drop_client_tables_from, previous_checkpoint_fix
 from rayfed.provenance.run_dir import open_run_dir, resume_command
 from rayfed.train.job import ClientState
@@ -87,7 +88,7 @@ class Simulation:
         )
         self.num_train = self.partition.num_train()
         self.rounds = plan.rounds
-        self.privacy = PrivacyLedger(config, self.history)
+        self.privacy = PrivacyLedger(config, self.history, self.algorithm)
         """The run's accountant and adaptive clip norm (:mod:`rayfed.engine.privacy_records`)."""
         """Whom each round trains, and what the system model records of it (:mod:`rayfed.scheduling.sync_rounds`)."""
         builtin: list[Callback] = [MetricsWriter(), Checkpointer()]
@@ -162,7 +163,7 @@ class Simulation:
     # --- the loop ----------------------------------------------------------------------------
     def _make_executor(self) -> Executor:
         args = (self.config, self.spec, self.dataset, self.partition, self.initial)
-        if self.config.engine.backend == "local":
+        if training_backend(self.config.engine) == "local":
             return LocalExecutor(*args)
         from rayfed.actors import RayExecutor
 
@@ -385,7 +386,7 @@ def run(
     """
     refuse_run_while_importing()
     config = RunConfig.of(config)
-    if config.engine.backend == "local":
+    if training_backend(config.engine) == "local":  # a run of a pack on Ray too, in its pack's host
         return Simulation(config, callbacks=callbacks, resume=resume).run()
     from rayfed.actors import check_resources, ray_session
 

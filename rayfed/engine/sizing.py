@@ -6,9 +6,10 @@ dies. :func:`estimate_memory` computes, from the config alone (nothing is genera
 loaded or allocated; the model is built on PyTorch's ``meta`` device), the bytes of what
 dominates a run on the driver's machine:
 
-* **dataset**: N images of C x H x W uint8 plus int64 labels, with ``engine.backend=ray``
-  twice, as the object store holds a copy; and what the synthetic generator needs while
-  it runs (:func:`rayfed.data.synthetic.check_synthetic`);
+* **dataset**: N images of C x H x W uint8 plus int64 labels, twice for a run that trains its
+  clients on Ray (:func:`~rayfed.execution.stack_merger.training_backend`), as the object store
+  holds a copy; and what the synthetic generator needs while it runs
+  (:func:`rayfed.data.synthetic.check_synthetic`);
 * **partition**: the int64 index arrays (every sample once) and the temporary arrays
   building, splitting and saving them need (:data:`PARTITION_BYTES_PER_SAMPLE` per
   sample, :data:`PARTITION_BYTES_PER_CLIENT` per client and
@@ -50,6 +51,7 @@ from rayfed.data.registry import check_dataset_options, dataset_options
 from rayfed.data.synthetic import check_synthetic
 from rayfed.engine.problem_build import ShapeOnly, build_problem
 from rayfed.execution.devices import check_local_gpu
+from rayfed.execution.stack_merger import training_backend
 from rayfed.models import InputShape
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.errors import ResourceError
@@ -174,7 +176,7 @@ def client_states_bytes(config: RunConfig, spec: ProblemSpec | None = None) -> t
 def _local_workers(config: RunConfig) -> int:
     """Worker processes on this machine: 0 in-process, else the workers of a Ray started here."""
     engine = config.engine
-    if engine.backend == "local" or engine.ray_address or os.environ.get("RAY_ADDRESS"):
+    if training_backend(engine) == "local" or engine.ray_address or os.environ.get("RAY_ADDRESS"):
         return 0
     return engine.num_workers or engine.workers_for(max(1, int((os.cpu_count() or 1) // engine.num_cpus_per_worker)))
 
@@ -182,7 +184,7 @@ def _local_workers(config: RunConfig) -> int:
 def estimate_memory(config: RunConfig) -> MemoryEstimate:
     """Estimate the memory ``config`` needs on this machine, without allocating it (see the module docstring)."""
     data, engine = config.data, config.engine
-    copies = 1 if engine.backend == "local" else 2  # driver + object store
+    copies = 1 if training_backend(engine) == "local" else 2  # driver + object store
     num_samples, shape, classes, working = _dataset_shape(config)
     m = data.num_clients
     dataset_field = "data.options.num_samples" if data.dataset == "synthetic" else "data.dataset"
@@ -263,7 +265,7 @@ def check_fits(config: RunConfig, run_dir: str | Path) -> MemoryEstimate:
     clients' states (:func:`check_client_states`: APPLE's grow as clients squared).
     """
     engine = config.engine
-    if engine.backend == "ray":
+    if training_backend(engine) == "ray":
         from rayfed.actors.cluster import check_resources  # imports Ray, which a local run does not need
 
         check_resources(engine)

@@ -26,7 +26,7 @@ import torch
 from rayfed.algorithms import ClientHalf, Contribution, RoundContext, resolve
 from rayfed.algorithms.contributions import WeightedState
 from rayfed.algorithms.declarations import normalizes_features, work_start
-from rayfed.algorithms.private_uploads import ModelRowsUpload
+from rayfed.algorithms.private_uploads import ModelRowsUpload, declared_parts
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
 from rayfed.execution.client_data import ClientData
@@ -77,7 +77,7 @@ class ClientRunner(ClientData):
         self.capabilities = algorithm.capabilities
         self.graphs = StepGraphs(self.device, enabled=config.engine.cuda_graphs and self.capabilities.replays)
         self.loop = LocalLoop(self.graphs, dataset.mean, dataset.std, self.spec.output_layer, self.method)
-        parts = getattr(algorithm.algorithm.server_half, "upload_parts", ())
+        parts = declared_parts(algorithm.algorithm.server_half)
         rows = issubclass(algorithm.algorithm.server_half, ModelRowsUpload)
         private = config.privacy.enabled
         self.privacy = ClientPrivacy(config, self.method, self.client_half, parts, rows) if private else None

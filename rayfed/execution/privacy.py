@@ -32,7 +32,10 @@ A method that uploads several parts (:class:`~rayfed.algorithms.private_uploads.
 each client's parts x_ik clipped to their own bounds B_k (``privacy.clip_norm`` for an update), lane by lane, and
 summed weighted (:class:`PrivateParts`); the server adds N(0, (z_k B_k w_max)² I) to each part's sum, z_k = z·√P
 for P parts (with local DP each client adds N(0, (z_k B_k)² I) to its own), and hands the noised sums over W_P to
-the server half, which folds them its own way.
+the server half, which folds them its own way. With adaptive clipping each part's bound B_k,t comes with the
+round's context, each client counts the parts it had within them (:attr:`PrivateParts.unclipped`), the server
+reports each part's noised fraction (``unclipped_fraction_k``, k = 1..P), and the parts' noise uses z_k = z_Δ·√P,
+z_Δ being the updates' share beside the P counts' noise (:func:`rayfed.privacy.adaptive.update_noise_multiplier`).
 
 An asynchronous method (:class:`~rayfed.algorithms.private_uploads.ModelRowsUpload`, FedAsync, FedBuff) has each
 client's row clipped as a model (:class:`ClientPrivacy`, as above, kept one row per client), and the server noises
@@ -60,15 +63,27 @@ from rayfed.algorithms.private_uploads import (
 )
 from rayfed.config import RunConfig
 from rayfed.execution.round_facts import RoundFacts
-from rayfed.privacy.adaptive import default_count_noise, update_noise_multiplier
+from rayfed.privacy.adaptive import default_count_noise, noised_fraction, update_noise_multiplier
 from rayfed.privacy.noise import COUNT_STREAM, SERVER_STREAM, gaussian_noise
 from rayfed.util.errors import ConfigError
 from rayfed.util.seeding import participants
 
-__all__ = ["ClippedSum", "ClientPrivacy", "ServerPrivacy", "UNCLIPPED", "part_scales"]
+__all__ = ["ClippedSum", "ClientPrivacy", "ServerPrivacy", "UNCLIPPED", "part_fraction", "part_scales", "round_bounds"]
 
 UNCLIPPED = "unclipped_fraction"
 """The server metric of adaptive clipping: b̃_t, the noised fraction of the round's updates left unclipped."""
+
+
+def part_fraction(part: int) -> str:
+    """The server metric of adaptive clipping of a method's part ``part`` (0-based): its noised unclipped fraction,
+    named by the part's number k = 1..P."""
+    return f"{UNCLIPPED}_{part + 1}"
+
+
+def round_bounds(parts: Sequence[UploadPart], ctx: RoundFacts, clip_norm: float) -> tuple[float, ...]:
+    """B_k,t, each part's bound in round ``ctx``: the round's adaptive bounds, else each part's own for
+    ``clip_norm``."""
+    return ctx.part_bounds if ctx.part_bounds is not None else tuple(part.norm(clip_norm) for part in parts)
 
 
 @dataclass
@@ -154,22 +169,26 @@ class ClientPrivacy:
         of their parts (one call, no read-back), with local DP noised per client, then summed in one product."""
         import torch
 
-        from rayfed.privacy.clipping import clipped_delta
+        from rayfed.privacy.clipping import clipped_delta, within
         from rayfed.train.host import to_device
 
         assert self.partwise is not None
-        clip = self.clip_norm(ctx)
+        bounds = round_bounds(self.parts, ctx, self.privacy.clip_norm)
         made = [self.partwise.private_parts(message, job, upload) for job, upload in zip(jobs, uploads)]
-        pieces = [clipped_delta(torch.stack([row[k] for row in made]), p.norm(clip)) for k, p in enumerate(self.parts)]
+        stacks = [torch.stack([row[k] for row in made]) for k in range(len(self.parts))]
+        pieces = [clipped_delta(stack, bound) for stack, bound in zip(stacks, bounds)]
         sizes = tuple(int(piece.shape[-1]) for piece in pieces)
         clipped = torch.cat(pieces, dim=-1)
         if self.privacy.mechanism == "local" and self.privacy.noise_multiplier > 0:
-            scale = part_scales(self.parts, sizes, self.privacy.noise_multiplier, clip)
+            scale = part_scales(bounds, sizes, part_multiplier(self.privacy.noise_multiplier, self.parts))
             noise = np.stack([gaussian_noise(self.seed, ctx.round, 1 + job.client_id, sum(sizes), 1.0) for job in jobs])
             clipped = clipped + to_device([noise * scale], clipped.device)[0]
         weights = self.weights([job.num_train for job in jobs])
         total = to_device([np.asarray(weights, dtype=np.float32)], clipped.device)[0] @ clipped
-        return PrivateParts(total, float(sum(weights)), len(jobs), sizes)
+        unclipped: Any = 0.0
+        if self.privacy.adaptive:  # each part's count of clients within its bound, adaptive clipping's bits
+            unclipped = torch.stack([within(stack, bound).sum() for stack, bound in zip(stacks, bounds)])
+        return PrivateParts(total, float(sum(weights)), len(jobs), sizes, unclipped=unclipped)
 
     def _rows(self, uploads: Sequence[Any], jobs: Sequence[Any], states: Any, starts: Any, ctx: RoundFacts) -> Any:
         """The clipped (and locally noised) models of ``jobs`` as their rows (a ModelRowsUpload method), once each
@@ -276,7 +295,8 @@ class ServerPrivacy:
         completes with zero updates and noises, so every round releases the mechanism the accountant counts."""
         if isinstance(half, PartwiseUpload):  # zero sums of its parts, each noised as a round's would be
             sizes = half.part_sizes()
-            return PrivateParts(np.zeros(sum(sizes), np.float32), 0.0, 0, sizes)
+            bits = np.zeros(len(sizes), np.float32) if self.privacy.adaptive else 0.0
+            return PrivateParts(np.zeros(sum(sizes), np.float32), 0.0, 0, sizes, unclipped=bits)
         assert isinstance(half, ModelUpload)
         zeros = np.zeros_like(half.privacy_reference())
         return ClippedSum(zeros, 0.0, 0) if self.privacy.adaptive else WeightedSum(zeros, 0.0, 0)
@@ -287,7 +307,7 @@ class ServerPrivacy:
         planned = self.planned_weight(ctx)
         if isinstance(half, PartwiseUpload):
             assert isinstance(total, PrivateParts)
-            return self._noised_parts(ctx, total, half.upload_parts, planned), {}
+            return self._noised_parts(ctx, total, half.upload_parts, planned), self._part_fractions(ctx, total)
         assert isinstance(total, WeightedSum) and isinstance(half, ModelUpload)  # the plan refused the rest
         summed = total.total
         if planned != total.weight:  # a planned client sent nothing: a zero update, θ_g
@@ -301,10 +321,13 @@ class ServerPrivacy:
     def _noised_parts(
         self, ctx: RoundFacts, total: PrivateParts, parts: Sequence[UploadPart], planned: float
     ) -> PrivateParts:
-        """The parts' sums, each noised with N(0, (z_k B_k w_max)²) for central DP, over the planned weight."""
+        """The parts' sums, each noised with N(0, (z_k B_k,t w_max)²) for central DP, over the planned weight."""
         summed = total.total
         if self.privacy.mechanism == "central" and self.privacy.noise_multiplier > 0:
-            scale = part_scales(parts, total.sizes, self.privacy.noise_multiplier, self.privacy.clip_norm)
+            z = self.privacy.noise_multiplier
+            z = update_noise_multiplier(z, self.count_noise, len(parts)) if self.privacy.adaptive else z
+            bounds = round_bounds(parts, ctx, self.privacy.clip_norm)
+            scale = part_scales(bounds, total.sizes, part_multiplier(z, parts))
             noise = gaussian_noise(self.seed, ctx.round, SERVER_STREAM, summed.shape[0], 1.0) * scale
             summed = summed + noise * np.float32(self.max_weight)
         return PrivateParts(summed, planned, total.count, total.sizes, self.max_weight)
@@ -319,16 +342,30 @@ class ServerPrivacy:
         return gaussian_noise(self.seed, round_index, SERVER_STREAM, size, z * self.privacy.clip_norm * bound)
 
     def unclipped_fraction(self, ctx: RoundFacts, total: Contribution) -> dict[str, float]:
-        """``{UNCLIPPED: b̃_t}`` with adaptive clipping (the noised count over the planned m), else nothing."""
+        """``{UNCLIPPED: b̃_t}`` with adaptive clipping (the noised centred count over the planned m), else
+        nothing."""
         if not self.privacy.adaptive:
             return {}
         assert isinstance(total, ClippedSum)  # every adaptive upload, and the empty sum, carries its bits
-        noise = gaussian_noise(self.seed, ctx.round, COUNT_STREAM, 1, self.count_noise)[0] if self.count_noise else 0
-        return {UNCLIPPED: (float(total.unclipped) + float(noise)) / self.planned_count(ctx)}
+        return {UNCLIPPED: self._fractions(ctx, [float(total.unclipped)], total.count)[0]}
+
+    def _part_fractions(self, ctx: RoundFacts, total: PrivateParts) -> dict[str, float]:
+        """``{unclipped_fraction_k: b̃_k,t}`` for every part k with adaptive clipping, else nothing."""
+        if not self.privacy.adaptive:
+            return {}
+        fractions = self._fractions(ctx, [float(bits) for bits in total.unclipped], total.count)
+        return {part_fraction(k): fraction for k, fraction in enumerate(fractions)}
+
+    def _fractions(self, ctx: RoundFacts, unclipped: Sequence[float], reported: int) -> list[float]:
+        """b̃_k,t of each count in ``unclipped`` among ``reported`` clients, each noised with N(0, σ_b²) from the
+        round's count stream (:func:`rayfed.privacy.adaptive.noised_fraction`)."""
+        noise = gaussian_noise(self.seed, ctx.round, COUNT_STREAM, len(unclipped), self.count_noise)
+        planned = self.planned_count(ctx)
+        return [noised_fraction(bits, reported, float(draw), planned) for bits, draw in zip(unclipped, noise)]
 
 
-def part_scales(parts: Sequence[UploadPart], sizes: Sequence[int], noise_multiplier: float, clip: float) -> np.ndarray:
+def part_scales(bounds: Sequence[float], sizes: Sequence[int], part_noise: float) -> np.ndarray:
     """z_k·B_k for every coordinate of the concatenated parts: each part's noise standard deviation for a client of
-    weight 1 (z_k = z·√P, :func:`~rayfed.algorithms.private_uploads.part_multiplier`)."""
-    z = part_multiplier(noise_multiplier, parts)
-    return np.concatenate([np.full(n, z * p.norm(clip), np.float32) for p, n in zip(parts, sizes)])
+    weight 1, from the parts' bounds B_k and their multiplier z_k (z·√P,
+    :func:`~rayfed.algorithms.private_uploads.part_multiplier`)."""
+    return np.concatenate([np.full(n, part_noise * bound, np.float32) for bound, n in zip(bounds, sizes)])

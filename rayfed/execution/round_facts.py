@@ -6,7 +6,7 @@ A method's halves read the round's number, seed, learning rate and sampled clien
 client's step budget (a deadline's partial work, docs/system.md), each update's arrival version (asynchronous
 aggregation, handed to the server half that declares
 :class:`~rayfed.algorithms.declarations.AsynchronousAggregation`), the clients a round planned (DP-FedAvg's fixed
-denominator) and adaptive clipping's clip norm (docs/privacy.md).
+denominator) and adaptive clipping's clip norm, or a method's parts' bounds (docs/privacy.md).
 A ``RoundFacts`` is a ``RoundContext``, so the engine hands the one value to its workers, its server and the halves.
 """
 
@@ -39,6 +39,10 @@ class RoundFacts(RoundContext):
     clip_norm: float | None = None
     """With adaptive clipping (``privacy.adaptive_quantile``, :mod:`rayfed.privacy.adaptive`): the round's clip norm
     C_t; None: ``privacy.clip_norm``."""
+    part_bounds: tuple[float, ...] | None = None
+    """With adaptive clipping of a method that uploads parts (:class:`~rayfed.algorithms.private_uploads.
+    PartwiseUpload`): each part's bound B_k,t this round, in declared order; None: each part's
+    :meth:`~rayfed.algorithms.private_uploads.UploadPart.norm` of ``privacy.clip_norm``."""
 
     def planned_clients(self) -> np.ndarray:
         """Every client the round planned: :attr:`planned`, else (no system model) :attr:`sampled`."""

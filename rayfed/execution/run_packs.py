@@ -8,8 +8,8 @@ the learning rate and its decay, the rounds (a run may end before the others), a
 hyper-parameters (WDR's lambda, FedProx's mu, a server learning rate). Everything else is the *pack key*
 (:func:`pack_key`); configs of one key form a pack.
 
-A run trains alone on a backend other than ``local`` (the runs of a pack are threads of one process, whose
-stacks one worker merges) or where the stacked path does not apply to it: ``engine.vectorize=off``, ``auto`` on the CPU
+A run trains alone where the stacked path does not apply to it (on either backend: a pack of ``engine.backend="ray"``
+runs is one Ray task, :mod:`rayfed.actors.pack_host`): ``engine.vectorize=off``, ``auto`` on the CPU
 (stacking does not pay there, so the CPU keeps today's speed), or a method whose client half declares it cannot
 stack (:class:`~rayfed.algorithms.registry.Capabilities`, the decision ``engine/fast_path`` logs); or where no other
 run shares its key, and then the first field in which it differs from the largest pack is named.
@@ -17,7 +17,8 @@ run shares its key, and then the first field in which it differs from the larges
 This is the decision from configs, made before anything runs. Inside a call, the worker still stacks only clients
 whose phases are equal in everything but their values (:func:`rayfed.train.stacking.stack_key`, which also
 compares the hooks a method makes): runs packed here whose phases do not stack train in separate stacks of the
-same call, with the numbers they have alone, and the worker logs why once.
+same call, with the numbers they have alone, and the merger logs once what differs
+(:class:`~rayfed.execution.stack_merger.StackMerger`).
 """
 
 from __future__ import annotations
@@ -87,8 +88,6 @@ def pack_key(config: RunConfig) -> tuple[tuple[str, str], ...]:
 def alone_reason(config: RunConfig) -> str:
     """Why ``config``'s clients train in no shared stack whatever the other runs are ("" when they may)."""
     engine = config.engine
-    if engine.backend != "local":
-        return f"engine.backend={engine.backend!r}: runs share a stack on the local backend only"
     if engine.vectorize == "off":
         return "engine.vectorize='off' trains its clients one at a time"
     if engine.vectorize == "auto" and engine.num_gpus_per_worker == 0:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import logging
 import threading
 import types
 from collections.abc import Hashable, Iterator, Sequence
@@ -31,22 +32,47 @@ from typing import Any
 
 import torch
 
+from rayfed.config import EngineConfig
 from rayfed.train.job import ClientJob
 from rayfed.train.loop import LocalLoop, Trained
 from rayfed.train.phase import Adam, Batch, Constants, Outputs, Params, Phase
 from rayfed.train.stacking import stack_key
 
-__all__ = ["StackMerger", "current_merger", "merge_key", "HALF"]
+__all__ = ["StackMerger", "current_merger", "training_backend", "merge_key", "HALF"]
+
+logger = logging.getLogger(__name__)
 
 HALF = "#half"
 """The constant of a merged stack's lanes that selects their run's loss: a one-hot row over the distinct losses."""
 _HOOKS = ("loss", "forward", "on_train_batch_start", "on_after_backward", "on_train_end")
+_KEY_PARTS = (
+    "architecture",
+    "model class",
+    "parameter layout",
+    "state size",
+    "device",
+    "local-training configuration",
+    "learning rate (a stack of Adam or of a method's own trainables has one)",
+    "output layers",
+    "phases (their steps, optimizer or hooks)",
+)
+"""What each element of :func:`merge_key` is, in words: the reason a log gives for two runs' stacks apart."""
 _merger: contextvars.ContextVar[StackMerger | None] = contextvars.ContextVar("rayfed_stack_merger", default=None)
 
 
 def current_merger() -> StackMerger | None:
     """The merger the runs of this thread's :func:`rayfed.run_many` share, None for a run of its own."""
     return _merger.get()
+
+
+def training_backend(engine: EngineConfig) -> str:
+    """Where a run of ``engine`` trains its clients from this thread: ``engine.backend``, but ``"local"`` (in this
+    process) for a run packed with others (its thread has a merger), whose stacks meet the pack's here. On Ray that
+    process is the pack's host (:mod:`rayfed.actors.pack_host`), which Ray placed with one worker's resources: a run
+    of ``engine.backend="ray"`` trains there in-process, its config (and all it records) unchanged, since the local
+    backend and Ray give a run the same numbers (:mod:`rayfed.execution.executor`). The one place where a run
+    trains elsewhere than its backend says (docs/architecture.md, "Runs that share one stack")."""
+    return "local" if current_merger() is not None else engine.backend
 
 
 def _half_key(hook: Any, *, with_params: bool) -> Hashable:
@@ -79,8 +105,10 @@ class _Canon:
         return dataclasses.replace(phase, **hooks)
 
 
-def merge_key(loop: LocalLoop, jobs: Sequence[ClientJob], phases: Sequence[Sequence[Phase]], canon: _Canon) -> Hashable:
-    """What must agree for two runs' stacks to train as one (module docstring)."""
+def merge_key(
+    loop: LocalLoop, jobs: Sequence[ClientJob], phases: Sequence[Sequence[Phase]], canon: _Canon
+) -> tuple[Hashable, ...]:
+    """What must agree for two runs' stacks to train as one (module docstring), one element per :data:`_KEY_PARTS`."""
     job, flat = jobs[0], jobs[0].flat
     train = dataclasses.replace(job.train, lr=1.0, lr_decay=1.0, rounds=1)
     own = phases[0]
@@ -124,7 +152,7 @@ class _Request:
     phases: list[list[Phase]]
     replays: bool
     pack: bool
-    key: Hashable = None
+    key: tuple[Hashable, ...] = ()
     trained: Trained | None = None
     alone: bool = False
     done: bool = False
@@ -144,6 +172,8 @@ class StackMerger:
     tuner's next trial, expected while the running one trains)."""
     _pending: list[_Request] = field(default_factory=list)
     _canon: _Canon = field(default_factory=_Canon)
+    _said: set[str] = field(default_factory=set)
+    """The reasons already logged for stacks that waited together but trained apart (each is said once)."""
 
     def expect(self, runs: int) -> None:
         """Count ``runs`` more runs before any of them starts, so that none merges before all are waited for; the
@@ -197,6 +227,8 @@ class StackMerger:
         groups: dict[Hashable, list[_Request]] = {}
         for request in pending:
             groups.setdefault((request.key, request.replays, request.pack), []).append(request)
+        if len(groups) > 1:
+            self._say_apart([group[0].key for group in groups.values()])
         for group in groups.values():
             if len(group) == 1 or not self._merge(group):
                 for request in group:
@@ -204,6 +236,18 @@ class StackMerger:
         for request in pending:
             request.done = True
         self._baton.notify_all()
+
+    def _say_apart(self, keys: list[tuple[Hashable, ...]]) -> None:
+        """Log once, for each new reason, why stacks that waited together train in separate stacks of the call
+        (their numbers are those they have alone either way)."""
+        first = keys[0]
+        for other in keys[1:]:
+            if first == other:
+                continue  # the same key: apart by their replay or lane-packing options
+            part = next(name for name, a, b in zip(_KEY_PARTS, first, other) if a != b)
+            if part not in self._said:
+                self._said.add(part)
+                logger.info("packed runs' stacks train apart where their %s differs", part)
 
     def _merge(self, group: list[_Request]) -> bool:
         """Train ``group``'s stacks as one and hand each its rows; False (every generator as it was) if it raised."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["clipped_delta", "clipped_model", "unclipped"]
+__all__ = ["clipped_delta", "clipped_model", "unclipped", "within"]
 
 
 def clipped_delta(delta: Any, clip_norm: float) -> Any:
@@ -37,6 +37,11 @@ def clipped_model(trained: Any, start: Any, clip_norm: float) -> Any:
 
 def unclipped(trained: Any, start: Any, clip_norm: float) -> Any:
     """1[‖θ − θ_g‖ ≤ C] per row, as float32 (adaptive clipping's bits, :mod:`rayfed.privacy.adaptive`)."""
+    return within(trained - start, clip_norm)
+
+
+def within(delta: Any, bound: float) -> Any:
+    """1[‖x‖ ≤ B] over the last axis of ``delta``, as float32: the bits a clip to ``bound`` leaves unchanged."""
     import torch
 
-    return (torch.linalg.vector_norm(trained - start, dim=-1) <= clip_norm).float()
+    return (torch.linalg.vector_norm(delta, dim=-1) <= bound).float()

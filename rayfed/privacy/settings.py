@@ -76,7 +76,8 @@ class PrivacyConfig:
     count_noise: float | None = documented(
         None,
         "σ_b, the Gaussian noise on the count of unclipped updates (adaptive clipping); None: m/20 for m clients "
-        "a round, the paper's choice. It must exceed noise_multiplier/2.",
+        "a round, the paper's choice. It must exceed noise_multiplier/2 (noise_multiplier·√P/2 for a method that "
+        "uploads P parts, one count each).",
     )
 
     secure_aggregation: str = documented(

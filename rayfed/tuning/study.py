@@ -272,7 +272,7 @@ def _run_trials(study: optuna.Study, runner: TrialRunner, parallel_trials: int, 
     with ray_session(base.engine, plugins.run_sources(base)):
         trial_base = base.override(trial_workers(base.engine, parallel_trials))
         check_cluster_fits(trial_base.engine, parallel_trials)
-        _optimize(study, replace(runner, base=trial_base), parallel_trials, options)
+        _optimize(study, packed(replace(runner, base=trial_base), parallel_trials), parallel_trials, options)
 
 
 def _optimize(study: optuna.Study, runner: TrialRunner, parallel_trials: int, options: dict[str, Any]) -> None:

@@ -114,6 +114,13 @@ class TrialRunner:
             yield
 
 
+_ON_RAY = (
+    "on Ray each trial's run trains on its own share of the workers (rayfed.run_many packs Ray runs, one Ray task a "
+    "pack; a study's trials are not packed on Ray)"
+)
+"""Why trials at once on Ray train unpacked though their runs may share a stack (``rayfed.run_many`` packs them)."""
+
+
 def packed(runner: TrialRunner, parallel_trials: int) -> TrialRunner:
     """``runner`` whose ``parallel_trials`` trials at once share one stack where their runs may
     (:func:`~rayfed.execution.run_packs.alone_reason` of the base config: the local backend with the stacked path
@@ -121,7 +128,7 @@ def packed(runner: TrialRunner, parallel_trials: int) -> TrialRunner:
     in :func:`rayfed.run_many`); the log says in one line which, and why not."""
     if parallel_trials < 2:
         return runner
-    reason = alone_reason(runner.base)
+    reason = alone_reason(runner.base) or (_ON_RAY if runner.base.engine.backend == "ray" else "")
     if reason:
         logger.info("tune: the %d trials at once train alone: %s", parallel_trials, reason)
         return runner

@@ -23,6 +23,9 @@ from tests.killed_driver import killed_and_resumed
 
 CENTRAL = {"privacy.mechanism": "central", "privacy.clip_norm": 0.5, "privacy.noise_multiplier": 0.8}
 COMPARED = ("accuracy", "acc_mean", "test_loss", "train_loss")
+ADAPTIVE_PARTS = {"privacy.adaptive_quantile": 0.5, "privacy.count_noise": 1.0}
+"""Adaptive clipping of two parts: their two counts need 2σ_b above z·√2 = 1.13 (docs/privacy.md)."""
+CWFEDAVG = {**CENTRAL, "algorithm.name": "cwfedavg", "engine.join_ratio": 0.5}
 
 
 def clipped_norms(monkeypatch: pytest.MonkeyPatch) -> list[float]:
@@ -129,9 +132,15 @@ def test_secure_aggregation_without_a_clock_is_refused() -> None:
         check_privacy(config, resolve(config.algorithm))
 
 
-def test_a_private_run_sigkilled_and_resumed_gives_the_same_bits(tmp_path) -> None:
-    # Prepare: the uninterrupted run, central DP with adaptive clipping (its noise and its carried clip norm)
-    overrides = {**CENTRAL, "privacy.adaptive_quantile": 0.5, "train.rounds": 4, "engine.checkpoint_every": 1}
+@pytest.mark.parametrize(
+    "private",
+    [{**CENTRAL, "privacy.adaptive_quantile": 0.5}, CWFEDAVG, {**CWFEDAVG, **ADAPTIVE_PARTS}],
+    ids=["fedavg-adaptive", "cwfedavg-parts", "cwfedavg-parts-adaptive"],
+)
+def test_a_private_run_sigkilled_and_resumed_gives_the_same_bits(tmp_path, private: dict) -> None:
+    # Prepare: the uninterrupted run, central DP (its noise, and with adaptive clipping its carried clip norm or
+    # its parts' bounds)
+    overrides = {**private, "train.rounds": 4, "engine.checkpoint_every": 1}
     reference = run(tiny_overrides(tmp_path / "ref", **overrides))
     run_dir = tmp_path / "killed"
     # Execute: the same run in a driver SIGKILLed once round 1 is checkpointed, then `rayfed run --resume`
@@ -139,7 +148,7 @@ def test_a_private_run_sigkilled_and_resumed_gives_the_same_bits(tmp_path) -> No
     # Assert
     assert resumed.returncode == 0, resumed.stderr
     rows = pq.read_table(run_dir / "rounds.parquet").to_pylist()
-    for key in (*COMPARED, "epsilon", "clip_norm", "server_unclipped_fraction"):
+    for key in (*COMPARED, "epsilon", *_adaptive_columns(reference.history, "adaptive_quantile" in str(private))):
         assert _plain([r[key] for r in rows]) == _plain([r[key] for r in reference.history]), key
     killed, ref = (load_arrays(sorted((d / "checkpoints").glob("*.npz"))[-1]) for d in (run_dir, tmp_path / "ref"))
     server = [name for name in ref if name.startswith("server/")]
@@ -149,6 +158,14 @@ def test_a_private_run_sigkilled_and_resumed_gives_the_same_bits(tmp_path) -> No
 def _plain(values: list) -> list:
     """``values`` with NaN as None, so that equal records compare equal."""
     return [None if isinstance(v, float) and math.isnan(v) else v for v in values]
+
+
+def _adaptive_columns(history: list[dict], adaptive: bool) -> list[str]:
+    """The columns adaptive clipping records in ``history`` (a model's clip norm and noised fraction, or each part's),
+    which must be there where the run adapts."""
+    columns = [key for key in history[0] if key.startswith(("clip_norm", "server_unclipped_fraction"))]
+    assert bool(columns) == adaptive, columns
+    return columns
 
 
 def test_a_shared_part_without_noise_or_clipping_is_the_method_bit_for_bit(tmp_path) -> None:
@@ -166,23 +183,61 @@ def test_a_shared_part_without_noise_or_clipping_is_the_method_bit_for_bit(tmp_p
         assert [r[key] for r in same.history] == [r[key] for r in plain.history], key
 
 
-@pytest.mark.parametrize("method", ["cwfedavg", "fedproto"])
+@pytest.mark.parametrize(
+    ("method", "adaptive"),
+    [("cwfedavg", {}), ("fedproto", {}), ("cwfedavg", ADAPTIVE_PARTS)],
+    ids=["cwfedavg", "fedproto", "cwfedavg-adaptive"],
+)
 def test_a_method_with_parts_runs_private_part_by_part_with_the_runs_epsilon(
-    tmp_path, ray_cluster, method: str
+    tmp_path, ray_cluster, method: str, adaptive: dict
 ) -> None:
-    # The parts share the run's noise multiplier: the method's ε is FedAvg's at the same z (docs/privacy.md); the
-    # same bits on Ray with two workers (cwFedAvg's rows kept in its clients' states there).
-    common = {**CENTRAL, "engine.join_ratio": 0.5, "algorithm.name": method}
+    # The parts (and with adaptive clipping their counts) share the run's noise multiplier: the method's ε is
+    # FedAvg's at the same z (docs/privacy.md); the same bits on Ray with two workers (cwFedAvg's rows kept in its
+    # clients' states there), the parts' adaptive bounds too.
+    common = {**CENTRAL, "engine.join_ratio": 0.5, "algorithm.name": method, **adaptive}
     parts = run(RunConfig().override(tiny_overrides(tmp_path / "parts", **common)))
     ray_engine = {"engine.backend": "ray", "engine.num_workers": 2}
     again = run(RunConfig().override(tiny_overrides(tmp_path / "ray", **common, **ray_engine)))
     fedavg = run(RunConfig().override(tiny_overrides(tmp_path / "fedavg", **CENTRAL, **{"engine.join_ratio": 0.5})))
     assert [r["epsilon"] for r in parts.history] == [r["epsilon"] for r in fedavg.history]
-    for key in COMPARED:
-        assert [r[key] for r in again.history] == [r[key] for r in parts.history], key
-    adaptive = RunConfig().override({"algorithm.name": method, **CENTRAL, "privacy.adaptive_quantile": 0.5})
-    with pytest.raises(ConfigError, match="uploads parts with bounds of their own"):
-        check_privacy(adaptive, resolve(adaptive.algorithm))
+    for key in (*COMPARED, *_adaptive_columns(parts.history, bool(adaptive))):
+        assert _plain([r[key] for r in again.history]) == _plain([r[key] for r in parts.history]), key
+
+
+@pytest.mark.parametrize("method", ["cwfedavg", "fedproto"])
+def test_each_parts_adaptive_bound_follows_its_quantile_with_dp_accountings_epsilon(tmp_path, method: str) -> None:
+    # Prepare: updates far beyond their first bound (C = 0.001), statistics within theirs (‖p̃_i‖₂ ≤ 1), γ = 0.5;
+    # little noise, so that the direction of each step is the counts' (σ_b = 0.1 on m = 5: 2σ_b > z·√2).
+    z, count_noise = 0.1, 0.1
+    overrides = {
+        **CENTRAL,
+        "algorithm.name": method,
+        "engine.join_ratio": 0.5,
+        "train.rounds": 4,
+        "privacy.clip_norm": 0.001,
+        "privacy.noise_multiplier": z,
+        "privacy.adaptive_quantile": 0.5,
+        "privacy.count_noise": count_noise,
+    }
+    # Execute
+    first = run(RunConfig().override(tiny_overrides(tmp_path / "first", **overrides)))
+    second = run(RunConfig().override(tiny_overrides(tmp_path / "second", **overrides)))
+    # Assert: the update's bound grows, the statistic's shrinks, below its own bound 1
+    updates, statistics = ([r[f"clip_norm_{k}"] for r in first.history] for k in (1, 2))
+    assert updates[0] == 0.001 and all(b > a for a, b in zip(updates, updates[1:])), updates
+    assert statistics[0] == 1.0 and all(b < a for a, b in zip(statistics, statistics[1:])), statistics
+    # ε: dp-accounting composing the round's 2P releases itself (replace-one: an update moves its part's sum by
+    # 2B_k, noised z_k·B_k; a centred count moves by 1, noised σ_b), z_k = √P·(z⁻² − P(2σ_b)⁻²)^(−1/2)
+    z_part = math.sqrt(2) * (z**-2 - 2 * (2 * count_noise) ** -2) ** -0.5
+    releases = [dp_accounting.GaussianDpEvent(z_part / 2)] * 2 + [dp_accounting.GaussianDpEvent(count_noise)] * 2
+    event = dp_accounting.SampledWithoutReplacementDpEvent(10, 5, dp_accounting.ComposedDpEvent(releases))
+    for row in first.history:
+        accountant = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+        accountant.compose(event, row["round"] + 1)
+        assert row["epsilon"] == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-9)
+    # the same bits twice
+    for key in (*COMPARED, "epsilon", *_adaptive_columns(first.history, True)):
+        assert _plain([r[key] for r in second.history]) == _plain([r[key] for r in first.history]), key
 
 
 def _sampled_epsilon(rounds: int, num_clients: int, per_round: int, z: float) -> float:

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 
 import rayfed
@@ -25,72 +23,17 @@ from rayfed.config import RunConfig
 from rayfed.engine.callbacks import Callback
 from rayfed.execution import stack_merger
 from rayfed.execution.run_packs import pack_runs
-from tests.conftest import tiny_overrides
+from tests.packs.pack_configs import (
+    alone_config,
+    assert_same_numbers,
+    pack_configs,
+    pack_overrides,
+    rounds_of,
+    run_config,
+)
 from tests.waiting import wait_for_file
 
 REPO = Path(__file__).resolve().parents[2]
-LOSS_RTOL, ACCURACY_ATOL = 1e-3, 0.02
-"""The stacked path's run-level agreement (tests/train/test_stacked.py): a stack that holds other runs' clients is a
-stack of another width, which sums its grouped products in another order, and training carries the last bits'
-difference on from round to round (benchmarks/packed_runs.py, RUNS_TOLERANCE)."""
-HYPER = {"fedprox": "algorithm.params.mu", "cwfedavg": "algorithm.params.wdr_lambda", "ditto": "algorithm.params.lam"}
-"""What each method's loss reads that the runs of a pack differ in."""
-
-
-def _overrides(run_dir: Path, method: str, seed: int, lr: float, value: float | None, **extra: Any) -> dict[str, Any]:
-    overrides = tiny_overrides(
-        run_dir,
-        seed=seed,
-        **{
-            "algorithm.name": method,
-            "train.lr": lr,
-            "engine.vectorize": "on",
-            "data.num_clients": 8,
-            "data.partition": "dirichlet",
-            "data.alpha": 0.3,
-            "engine.clients_per_call": 4,
-        },
-    )
-    if value is not None:
-        overrides[HYPER[method]] = value
-    overrides.update(extra)
-    return overrides
-
-
-def _config(run_dir: Path, method: str, seed: int, lr: float, value: float | None = None, **extra: Any) -> RunConfig:
-    return RunConfig().override(_overrides(run_dir, method, seed, lr, value, **extra))
-
-
-def _pack_overrides(tmp_path: Path, method: str, **extra: Any) -> list[dict[str, Any]]:
-    values = (0.01, 0.1, 0.5) if method in HYPER else (None, None, None)
-    return [
-        _overrides(tmp_path / f"{method}-{i}", method, seed, lr, value, **extra)
-        for i, (seed, lr, value) in enumerate(zip((0, 1, 2), (0.01, 0.03, 0.01), values))
-    ]
-
-
-def _pack(tmp_path: Path, method: str, **extra: Any) -> list[RunConfig]:
-    return [RunConfig().override(o) for o in _pack_overrides(tmp_path, method, **extra)]
-
-
-def _alone(config: RunConfig) -> RunConfig:
-    return config.override({"run_dir": f"{config.run_dir}-alone"})
-
-
-def _rounds(run_dir: Path) -> list[dict[str, Any]]:
-    return pq.read_table(Path(run_dir) / "rounds.parquet").to_pylist()
-
-
-def _assert_same_numbers(packed: Path, alone: Path) -> None:
-    one, other = _rounds(packed), _rounds(alone)
-    assert len(one) == len(other)
-    keys = [k for k in one[0] if ("loss" in k or "acc" in k) and isinstance(one[0][k], float)]
-    assert "train_loss" in keys and "accuracy" in keys
-    for a, b in zip(one, other):
-        for key in keys:
-            both_nan = math.isnan(a[key]) and math.isnan(b[key])
-            tolerance = {"abs_tol": ACCURACY_ATOL} if "acc" in key else {"rel_tol": LOSS_RTOL}
-            assert both_nan or math.isclose(a[key], b[key], **tolerance), (a["round"], key, a[key], b[key])
 
 
 @pytest.fixture
@@ -112,21 +55,21 @@ def merged(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["fedavg", "fedprox", "cwfedavg", "ditto", "fedper", "fedrep"])
 def test_a_packed_run_gives_the_rounds_it_gives_alone(tmp_path: Path, method: str, merged: list[int]) -> None:
-    configs = _pack(tmp_path, method)
+    configs = pack_configs(tmp_path, method)
     results = rayfed.run_many(configs)
     assert merged and max(merged) == 3  # the three runs trained their stacks as one
     for config, result in zip(configs, results):
         assert Path(result.run_dir) == Path(config.run_dir)
-        rayfed.run(_alone(config))
-        _assert_same_numbers(config.run_dir, _alone(config).run_dir)
+        rayfed.run(alone_config(config))
+        assert_same_numbers(config.run_dir, alone_config(config).run_dir)
 
 
 def test_runs_that_cannot_pack_run_alone_and_the_log_says_why_in_one_line(tmp_path: Path, caplog: Any) -> None:
     configs = [
-        _config(tmp_path / "a", "fedavg", 0, 0.01, **{"engine.vectorize": "off"}),
-        _config(tmp_path / "b", "fedavg", 1, 0.01, **{"model.name": "cnn5"}),
-        _config(tmp_path / "c", "fedavg", 2, 0.01),
-        _config(tmp_path / "d", "fedavg", 3, 0.02, **{"train.rounds": 1}),
+        run_config(tmp_path / "a", "fedavg", 0, 0.01, **{"engine.vectorize": "off"}),
+        run_config(tmp_path / "b", "fedavg", 1, 0.01, **{"model.name": "cnn5"}),
+        run_config(tmp_path / "c", "fedavg", 2, 0.01),
+        run_config(tmp_path / "d", "fedavg", 3, 0.02, **{"train.rounds": 1}),
     ]
     plan = pack_runs(configs)
     assert plan.packs == ((2, 3),) and sorted(plan.alone) == [0, 1]
@@ -157,16 +100,19 @@ def test_a_run_that_fails_leaves_the_others_to_finish_with_their_numbers(
         return proximal(self, *args)
 
     monkeypatch.setattr(FedProxClient, "proximal", raising)
-    configs = [*_pack(tmp_path, "fedprox", **{"train.rounds": 3}), _config(tmp_path / "cb", "fedprox", 3, 0.02, 0.2)]
+    configs = [
+        *pack_configs(tmp_path, "fedprox", **{"train.rounds": 3}),
+        run_config(tmp_path / "cb", "fedprox", 3, 0.02, 0.2),
+    ]
     with pytest.raises(ValueError, match="a bad plugin's loss"):
         rayfed.run_many(configs, callbacks=[[], [], [], [_Fails()]])
     monkeypatch.setattr(FedProxClient, "proximal", proximal)
     assert merged  # the runs that did not fail kept sharing their stacks
     for config in configs[:2]:
-        rayfed.run(_alone(config))
-        _assert_same_numbers(config.run_dir, _alone(config).run_dir)
+        rayfed.run(alone_config(config))
+        assert_same_numbers(config.run_dir, alone_config(config).run_dir)
     assert not (Path(configs[2].run_dir) / "summary.json").exists()
-    assert len(_rounds(configs[3].run_dir)) <= 2  # its initial evaluation and round 0, then its callback failed
+    assert len(rounds_of(configs[3].run_dir)) <= 2  # its initial evaluation and round 0, then its callback failed
 
 
 _DRIVER = """
@@ -179,7 +125,7 @@ rayfed.run_many(configs)
 
 @pytest.mark.slow
 def test_a_killed_pack_resumes_to_the_numbers_of_its_runs_uninterrupted(tmp_path: Path) -> None:
-    overrides = _pack_overrides(tmp_path, "cwfedavg", **{"train.rounds": 3, "engine.checkpoint_every": 1})
+    overrides = pack_overrides(tmp_path, "cwfedavg", **{"train.rounds": 3, "engine.checkpoint_every": 1})
     configs = [RunConfig().override(o) for o in overrides]
     driver = subprocess.Popen(
         [sys.executable, "-c", _DRIVER, json.dumps(overrides, default=str)],
@@ -195,5 +141,5 @@ def test_a_killed_pack_resumes_to_the_numbers_of_its_runs_uninterrupted(tmp_path
     assert not all((Path(c.run_dir) / "summary.json").exists() for c in configs)
     rayfed.run_many(configs, resume=True)
     for config in configs:
-        rayfed.run(_alone(config))
-        _assert_same_numbers(config.run_dir, _alone(config).run_dir)
+        rayfed.run(alone_config(config))
+        assert_same_numbers(config.run_dir, alone_config(config).run_dir)

@@ -103,6 +103,49 @@ def test_the_server_noises_each_parts_sum_with_its_own_spread() -> None:
         assert abs(values.std() / expected - 1) < error
 
 
+def test_with_adaptive_clipping_each_part_is_clipped_to_its_rounds_bound_and_counted() -> None:
+    # The round's bounds B_k,t (not the config's): every part within its own, and each part's bit 1[‖x_ik‖ ≤ B_k,t]
+    # counted, stacked and one by one alike.
+    config = _config(mechanism="central", clip_norm=0.7, noise_multiplier=0.0, adaptive_quantile=0.5)
+    privacy = ClientPrivacy(config, "m", _Client(), PARTS)
+    jobs = _jobs(5)
+    bounds = (15.0, 1.9)  # the updates' norms are 4.8 to 32, the rows' 1.5 to 2.3
+    ctx = RoundFacts(round=1, seed=0, lr=0.1, sampled=np.arange(5), part_bounds=bounds)
+    summed, made = privacy.stack([None] * 5, jobs, None, None, ctx)
+    for job, part in zip(jobs, made()):
+        alone = privacy.one([None], job, None, ctx)
+        torch.testing.assert_close(alone.total, part.total)
+        assert torch.equal(alone.unclipped, part.unclipped)
+        for piece, bound in zip((alone.total[:40], alone.total[40:]), bounds):
+            assert float(torch.linalg.vector_norm(piece)) <= bound * (1 + 1e-6)
+    norms = [[float(torch.linalg.vector_norm(x)) for x in (job.trained, 3 * job.row)] for job in jobs]
+    expected = [sum(row[k] <= bound for row in norms) for k, bound in enumerate(bounds)]
+    assert summed.unclipped.tolist() == expected == [2, 3]
+
+
+def test_with_adaptive_clipping_the_server_noises_each_part_with_its_share_and_counts_each_part() -> None:
+    # z_k = z_Δ·√P with z_Δ = (z⁻² − P(2σ_b)⁻²)^(−1/2), times the round's B_k,t; each part's noised fraction
+    # (Σ (b_ik − ½) + N(0, σ_b²)) / m + ½ reported as unclipped_fraction_k.
+    clip, z, count_noise, rounds = 0.4, 1.5, 2.0, 50
+    config = _config(
+        mechanism="central", clip_norm=clip, noise_multiplier=z, adaptive_quantile=0.5, count_noise=count_noise
+    )
+    server = ServerPrivacy(config, None)
+    bounds = (0.3, 0.8)
+    zero = PrivateParts(np.zeros(300, np.float32), 6.0, 6, (200, 100), unclipped=np.array([2.0, 6.0], np.float32))
+    contexts = [RoundFacts(round=t, seed=0, lr=0.1, sampled=np.arange(8), part_bounds=bounds) for t in range(rounds)]
+    results = [server.privatized(ctx, zero, _Server()) for ctx in contexts]
+    z_part = (z**-2 - 2 * (2 * count_noise) ** -2) ** -0.5 * math.sqrt(2)
+    for k, bound in enumerate(bounds):
+        values = np.stack([noised.split()[k] for noised, _ in results])
+        assert abs(values.std() / (z_part * bound) - 1) < 3 * math.sqrt(2 / values.size)
+    fractions = np.array([[metrics[f"unclipped_fraction_{k}"] for k in (1, 2)] for _, metrics in results])
+    centred = np.array([(2 - 3) / 8 + 0.5, (6 - 3) / 8 + 0.5])
+    spread = (fractions - centred) * 8 / count_noise  # N(0, 1) draws, one per part and round
+    assert abs(spread.mean()) < 4 / math.sqrt(spread.size) and abs(spread.std() - 1) < 4 / math.sqrt(spread.size)
+    assert isinstance(server.empty(_Server()).unclipped, np.ndarray)  # a round without uploads counts zeros
+
+
 def test_cwfedavgs_step_from_unclipped_parts_is_eq6() -> None:
     # Eq. 6 with n_i = 1: G_j ← Σ_i p̃_ij θ_i / Σ_i p̃_ij, from the parts' sums written around G_j.
     rng = np.random.default_rng(0)

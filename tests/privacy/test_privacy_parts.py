@@ -122,6 +122,30 @@ def test_the_clip_norm_moves_geometrically_toward_the_quantile() -> None:
     assert math.isinf(update_noise_multiplier(1.0, 0.5))
 
 
+def test_the_parts_counts_and_updates_compose_to_the_runs_multiplier_in_dp_accounting() -> None:
+    # P parts, P centred count bits per client (sensitivity ½ each under adding one client): dp-accounting composing
+    # the P updates' Gaussians (z_k = z_Δ·√P) with the P counts' (2σ_b) gives the ε of one Gaussian of z.
+    import dp_accounting
+
+    from rayfed.privacy.adaptive import next_clip_norm, noised_fraction, update_noise_multiplier
+
+    z, count_noise, parts, delta = 0.8, 1.5, 2, 1e-5
+    z_update = update_noise_multiplier(z, count_noise, parts)
+    assert z_update == pytest.approx((z**-2 - parts * (2 * count_noise) ** -2) ** -0.5)
+    releases = [dp_accounting.GaussianDpEvent(z_update * math.sqrt(parts))] * parts
+    releases += [dp_accounting.GaussianDpEvent(2 * count_noise)] * parts
+    epsilons = []
+    for event in (dp_accounting.ComposedDpEvent(releases), dp_accounting.GaussianDpEvent(z)):
+        accountant = dp_accounting.rdp.RdpAccountant()
+        accountant.compose(event, 10)
+        epsilons.append(accountant.get_epsilon(delta))
+    assert epsilons[0] == pytest.approx(epsilons[1], rel=1e-9)
+    assert math.isinf(update_noise_multiplier(z, 0.99 * z * math.sqrt(parts) / 2, parts))  # 2σ_b must exceed z·√P
+    assert noised_fraction(3.0, 4, 0.0, 4.0) == 0.75  # (Σ (b_i − ½) + 0) / m + ½
+    assert next_clip_norm(0.9, 1.0, 0.5, 0.2, ceiling=1.0) < 0.9  # a statistic's bound shrinks to its quantile
+    assert next_clip_norm(0.99, 0.0, 0.5, 0.2, ceiling=1.0) == 1.0  # but never above its own bound
+
+
 def test_adaptive_clipping_is_refused_where_it_cannot_adapt() -> None:
     with pytest.raises(ConfigError, match="privacy.adaptive_quantile=0.5 adapts a finite clip norm"):
         PrivacyConfig(mechanism="local", adaptive_quantile=0.5)
