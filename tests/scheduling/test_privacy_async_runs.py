@@ -128,6 +128,7 @@ def test_a_resumed_private_fedbuff_run_gives_the_same_bits(tmp_path) -> None:
         ("fedbuff", {"privacy.mechanism": "local"}, "algorithm.params.buffer_size=2 lets one client bring several"),
         ("fedbuff", {"privacy.weighting": "samples"}, "leave privacy.weighting='uniform'"),
         ("fedasync", {"privacy.adaptive_quantile": 0.5}, "leave privacy.adaptive_quantile out"),
+        ("fedbuff", {"privacy.secure_aggregation": "secagg"}, "set privacy.secure_aggregation='off'"),
     ],
 )
 def test_what_an_asynchronous_step_cannot_protect_is_refused_in_one_line(method: str, extra: dict, names: str) -> None:

@@ -128,7 +128,8 @@ class KeptUpdatesServer(GlobalModelServer[P, ClientVectors], AsynchronousAggrega
     @classmethod
     def privacy_conflict(cls, params: Any, privacy: Any) -> str:
         """Local DP counts one release per client per step, which a buffer of K > 1 updates cannot promise; the
-        staleness weights replace ``privacy.weighting``'s; adaptive clipping's count is a synchronous round's."""
+        staleness weights replace ``privacy.weighting``'s; adaptive clipping's count and secure aggregation's charged
+        instance are a synchronous round's."""
         name = "algorithm.params.buffer_size"
         if privacy.mechanism == "local" and params.buffer > 1:
             return (
@@ -146,6 +147,11 @@ class KeptUpdatesServer(GlobalModelServer[P, ClientVectors], AsynchronousAggrega
                 f"privacy.adaptive_quantile={privacy.adaptive_quantile:g} adapts the clip norm from a synchronous "
                 "round's count of unclipped updates, which an asynchronous step does not have: leave "
                 "privacy.adaptive_quantile out"
+            )
+        if privacy.secure_aggregation != "off":
+            return (
+                f"privacy.secure_aggregation={privacy.secure_aggregation!r} charges an instance of a synchronous "
+                "round's clients, not an asynchronous step's K updates: set privacy.secure_aggregation='off'"
             )
         return ""
 
