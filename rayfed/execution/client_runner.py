@@ -26,7 +26,7 @@ import torch
 from rayfed.algorithms import ClientHalf, Contribution, RoundContext, resolve
 from rayfed.algorithms.contributions import WeightedState
 from rayfed.algorithms.declarations import normalizes_features, work_start
-from rayfed.algorithms.private_uploads import declared_parts
+from rayfed.algorithms.private_uploads import ModelRowsUpload, declared_parts
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
 from rayfed.execution.client_data import ClientData
@@ -67,7 +67,9 @@ class ClientRunner(ClientData):
         self.graphs = StepGraphs(self.device, enabled=config.engine.cuda_graphs and self.capabilities.replays)
         self.loop = LocalLoop(self.graphs, dataset.mean, dataset.std, self.spec.output_layer, self.method)
         parts = declared_parts(algorithm.algorithm.server_half)
-        self.privacy = ClientPrivacy(config, self.method, self.client_half, parts) if config.privacy.enabled else None
+        rows = issubclass(algorithm.algorithm.server_half, ModelRowsUpload)
+        private = config.privacy.enabled
+        self.privacy = ClientPrivacy(config, self.method, self.client_half, parts, rows) if private else None
         """Clips (and with local DP noises) the clients' uploads (:mod:`rayfed.execution.privacy`); None: off."""
         self.merger = current_merger()
         """Where the stacks go when runs share them (:func:`rayfed.run_many`); None: this run's own."""
@@ -236,7 +238,8 @@ class ClientRunner(ClientData):
         contribution: Contribution
         if self.privacy is not None:
             contribution, parts = self.privacy.stack(made, jobs, trained.states, starts, settlement.ctx, message)
-            bytes_up = [contribution.nbytes] * len(jobs)
+            rows = not contribution.sum_is_one_part  # a row each (asynchronous aggregation): a client's share
+            bytes_up = [contribution.nbytes // len(jobs) if rows else contribution.nbytes] * len(jobs)
         elif isinstance(declared, WeightedState):
             contribution = declared.of_stack(trained.states, sizes)
             bytes_up = [contribution.nbytes] * len(jobs)  # each client's upload is as large as their sum
