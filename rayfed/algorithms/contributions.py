@@ -178,20 +178,23 @@ class WeightedSum(Contribution):
 @dataclass(frozen=True)
 class WeightedState:
     """An upload declared as data: the client's trained state (the slices ``parts`` of it, concatenated in order; all
-    of it without parts) weighted by its training samples n_i, FedAvg's upload. A client half returns it from
-    ``upload``; the worker makes the :class:`WeightedSum` for one client, or for a stack of clients in one matrix
-    product of their sizes and states, and reads no client's model for it."""
+    of it without parts) weighted by its training samples n_i (or 1: :attr:`unit_weights`), FedAvg's upload. A
+    client half returns it from ``upload``; the worker makes the :class:`WeightedSum` for one client, or for a
+    stack of clients in one matrix product of their sizes and states, and reads no client's model for it."""
 
     parts: tuple[slice, ...] = ()
+    unit_weights: bool = False
+    """Every client weighted 1 instead of n_i (an unweighted mean: FedDyn's ``paper`` fidelity)."""
 
     def of_one(self, state: Any, size: int) -> WeightedSum:
         """One client's upload from its trained ``state``."""
-        return WeightedSum.of(self.selected(state), size)
+        return WeightedSum.of(self.selected(state), 1 if self.unit_weights else size)
 
     def of_stack(self, states: Any, sizes: Sequence[int]) -> WeightedSum:
         """The sum of a stack's uploads from its clients' trained ``states`` (C, S): Σ_i n_i θ_i as one product."""
         from rayfed.train.host import to_device  # a worker's: the server never builds uploads
 
+        sizes = [1] * len(sizes) if self.unit_weights else sizes
         weights = to_device([np.asarray(sizes, dtype=np.float32)], states.device)[0]
         return WeightedSum(weights @ self.selected(states), float(sum(sizes)), len(sizes))
 

@@ -28,23 +28,29 @@ The gradient state (P floats, starting at 0) is kept in the client state store u
 are one phase's loss (:meth:`FedDynClient.dynamic`), and under ``code`` the momentum buffer persists
 in the client state (key ``"momentum"``, ``SGD.keep_momentum``); both fidelities train stacked. h and the
 correction act on the parameters; floating-point buffers (BatchNorm statistics) take the clients' average.
-Clients upload θ_k as a :class:`WeightedSum` of weight n_k (``code``) or 1 (``paper``); the server's |P_t| is
-the sum's count.
+Clients upload θ_k as a declared :class:`WeightedState` of weight n_k (``code``) or 1 (``paper``); the server's
+|P_t| is the sum's weight (the count of clients weighted 1).
+
+With privacy (docs/privacy.md) the server half declares :class:`ModelUpload`: the worker clips θ_k − θ^{t−1} (and
+with local DP noises it), the server completes the sum to the planned weight and noises it, and both of the server's
+lines read only that protected sum: the mean model, and |P_t| as the planned weight W_P (the plan's count under
+``privacy.weighting='uniform'``), never who reported. The gradient state ∇L_k is the client's own, never uploaded.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 
 from rayfed.algorithms.common.global_model import GlobalModel, GlobalModelServer
 from rayfed.algorithms.common.proximal import flatten_logically, proximal_term
-from rayfed.algorithms.contributions import WeightedSum
-from rayfed.algorithms.hooks import Contribution, RoundContext
+from rayfed.algorithms.contributions import WeightedState, WeightedSum
+from rayfed.algorithms.hooks import RoundContext
+from rayfed.algorithms.private_uploads import ModelUpload
 from rayfed.algorithms.registry import Reporting, register_algorithm
 from rayfed.algorithms.sgdm import MOMENTUM_KEY, PersistentMomentumClient
 from rayfed.algorithms.sizing import StateSizes, momentum_bytes, parameter_bytes
@@ -90,14 +96,15 @@ def feddyn_server_step(
     theta: np.ndarray,
     h: np.ndarray,
     mean_model: np.ndarray,
-    count: int,
+    count: float,
     num_clients: int,
     alpha: float,
     fidelity: str = "paper",
 ) -> tuple[np.ndarray, np.ndarray]:
     """(θ^t, h^t) from θ^{t−1}, h^{t−1}, the mean of the round's models and |P_t| (Algorithm 1, server
     step: unweighted mean, h scaled by |P_t|/m); ``code``: the size-weighted mean, h moved by α times
-    its change (the baseline code); every array holds parameters only."""
+    its change (the baseline code); every array holds parameters only. With privacy ``mean_model`` is the noised
+    mean and ``count`` the planned count."""
     change = mean_model.astype(np.float64) - theta
     summed_change = change if fidelity == "code" else count * change / num_clients
     h = h - alpha * summed_change
@@ -148,18 +155,31 @@ class FedDynClient(PersistentMomentumClient):
             return 0.5 * self.params.alpha * drift - linear
         return proximal_term(list(params), constants["start"], self.params.alpha) - linear
 
-    def upload(self, message: GlobalModel, job: ClientJob) -> Contribution:
-        """∇L_k(θ_k^t) = ∇L_k(θ_k^{t−1}) − α(θ_k^t − θ^{t−1}) into the client's state; θ_k^t weighted."""
+    def upload(self, message: GlobalModel, job: ClientJob) -> WeightedState:
+        """∇L_k(θ_k^t) = ∇L_k(θ_k^{t−1}) − α(θ_k^t − θ^{t−1}) into the client's state; θ_k^t weighted, declared."""
         assert isinstance(message, FedDynModel)
         p, trained = job.worker_model.size, job.trained
         start, grad = to_device([message.vector[:p], _grad_state(job)], job.device)
         change = trained[:p] - start
         job.state = {**(job.state or {}), GRAD_KEY: grad - np.float32(message.alpha) * change}
-        return WeightedSum.of(trained, float(job.num_train) if message.size_weighted else 1.0)
+        return WeightedState(unit_weights=not message.size_weighted)
 
 
-class FedDynServer(StateSizes, GlobalModelServer[FedDynParams, WeightedSum]):
-    """Keeps θ and the server state h (parameters)."""
+class FedDynServer(ModelUpload, StateSizes, GlobalModelServer[FedDynParams, WeightedSum]):
+    """Keeps θ and the server state h (parameters). Its clients upload their trained model whole
+    (:class:`ModelUpload`), so privacy protects it as FedAvg's."""
+
+    @classmethod
+    def privacy_conflict(cls, params: FedDynParams, privacy: Any) -> str:
+        """``paper``'s unweighted mean and its |P_t| count clients weighted 1, which ``privacy.weighting='samples'``
+        would weigh by their samples."""
+        if params.fidelity == "paper" and privacy.weighting == "samples":
+            return (
+                "algorithm.params.fidelity='paper' averages FedDyn's clients unweighted and counts them in h, but "
+                "privacy.weighting='samples' weighs them by their samples: set privacy.weighting='uniform' or "
+                "algorithm.params.fidelity='code'"
+            )
+        return ""
 
     @classmethod
     def client_state_bytes(cls, params: FedDynParams, spec: ProblemSpec, train: TrainConfig) -> int:
@@ -174,14 +194,20 @@ class FedDynServer(StateSizes, GlobalModelServer[FedDynParams, WeightedSum]):
     def broadcast(self) -> FedDynModel:
         return FedDynModel(self.global_vector, self.params.alpha, self.params.fidelity == "code")
 
+    def privacy_reference(self) -> np.ndarray:
+        """θ^{t−1}, the model every client of the round started from (:class:`ModelUpload`)."""
+        return self.global_vector
+
     def aggregate(self, ctx: RoundContext, contribution: WeightedSum) -> dict[str, float]:
+        """The server step from the mean of the uploads and |P_t|, the sum's weight (``paper``: each client 1; with
+        privacy the planned weight): both from the sum alone."""
         mean = contribution.average()
         p = self.num_params
         theta, self.h = feddyn_server_step(
             self.global_vector[:p],
             self.h,
             mean[:p],
-            contribution.count,
+            contribution.weight,
             self.spec.num_clients,
             self.params.alpha,
             self.params.fidelity,

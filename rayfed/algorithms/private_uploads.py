@@ -12,6 +12,11 @@ its server half, never guessed from its code.
   hands the noised sums to the server half. Together the parts' P Gaussian mechanisms on the same clients are one
   Gaussian mechanism whose multiplier is (Σ_k z_k⁻²)^(−1/2); each part gets z_k = z·√P, so the run's ε is the
   configured z's, as for a model (docs/privacy.md, "Methods that upload more than a model").
+* :class:`ModelRowsUpload`: its clients upload their trained model whole, one row each
+  (:class:`~rayfed.algorithms.contributions.ClientVectors`), from the θ_g the server broadcast, and it keeps each
+  row for the server step the row arrives at (asynchronous aggregation: FedAsync, FedBuff). The worker clips each
+  row as a model update (and with local DP noises it); the server counts a launch whose update was rejected as a
+  zero update and noises each step's staleness-weighted sum (docs/privacy.md, "Asynchronous aggregation").
 * :class:`UploadBeyondModel`: its clients upload more than a model or a model delta, and it names what
   (FedAWA's client vectors, FedProto's prototypes, KT-pFL's soft labels): a run with privacy is refused in one
   line that says so.
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -37,6 +42,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ModelUpload",
+    "ModelRowsUpload",
+    "StepNoise",
     "UploadPart",
     "PartwiseUpload",
     "PartwiseClient",
@@ -49,7 +56,10 @@ __all__ = [
     "PROTECTED",
 ]
 
-PROTECTED = "fedavg, fedprox, fedadam, feduv, sgdm, ditto, fedper, fedrep, lgfedavg, fedbabu, cwfedavg, fedproto"
+PROTECTED = (
+    "fedavg, fedprox, fedadam, feduv, sgdm, ditto, feddyn, fedper, fedrep, lgfedavg, fedbabu, cwfedavg, fedproto, "
+    "fedasync, fedbuff"
+)
 """The methods a refusal names as protected (docs/privacy.md, "Which methods it protects")."""
 
 
@@ -62,6 +72,36 @@ class ModelUpload(abc.ABC):
     def privacy_reference(self) -> np.ndarray:
         """θ_g, the model this round's clients started from (its broadcast's): the origin their updates are
         clipped around, and the upload of a client the round planned that sent none (a zero update)."""
+
+    @classmethod
+    def privacy_conflict(cls, params: Any, privacy: Any) -> str:
+        """Why ``privacy`` (a :class:`~rayfed.privacy.settings.PrivacyConfig`) cannot protect the method run with
+        ``params``, in one line naming the fix; "" where it can (every method but one whose rule fixes what the
+        privacy settings also fix: FedDyn's unweighted ``paper`` mean against ``privacy.weighting='samples'``)."""
+        return ""
+
+
+StepNoise = Callable[[int, int, float], np.ndarray | None]
+"""``(round, size, bound) -> noise``: the Gaussian noise of the server step of round ``round`` on a sum of ``size``
+numbers to which one client adds at most ``bound`` clipped updates' worth (its staleness weights summed); None
+where the mechanism adds none (local DP, or no noise)."""
+
+
+class ModelRowsUpload(abc.ABC):
+    """A server half whose clients each upload their trained model whole as one row of a
+    :class:`~rayfed.algorithms.contributions.ClientVectors`, from the θ_g it broadcast, and which keeps each row for
+    the server step it arrives at (module docstring). With privacy on, the server hands it :meth:`protect`."""
+
+    @abc.abstractmethod
+    def protect(self, noise: StepNoise) -> None:
+        """From now on count every launch the round planned whose update did not arrive (rejected) as a zero update,
+        and add ``noise`` to each step's kept sum before the step (docs/privacy.md)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def privacy_conflict(cls, params: Any, privacy: Any) -> str:
+        """Why ``privacy`` (a :class:`~rayfed.privacy.settings.PrivacyConfig`) cannot protect the method run with
+        ``params``, in one line naming the fix; "" where it can."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +204,7 @@ class UploadBeyondModel:
 def privacy_refusal(method: str, server_half: type, mechanism: str) -> str:
     """Why ``privacy.mechanism=mechanism`` cannot protect ``method``'s uploads (its server half ``server_half``);
     "" where it declares :class:`ModelUpload` or :class:`PartwiseUpload`."""
-    if issubclass(server_half, ModelUpload | PartwiseUpload):
+    if issubclass(server_half, ModelUpload | PartwiseUpload | ModelRowsUpload):
         return ""
     what: Any = server_half.beyond_model if issubclass(server_half, UploadBeyondModel) else ""
     why = (

@@ -21,8 +21,14 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rayfed.algorithms import ResolvedAlgorithm
-from rayfed.algorithms.private_uploads import UploadPart, declared_parts, privacy_refusal
+from rayfed.algorithms import ResolvedAlgorithm, resolve
+from rayfed.algorithms.private_uploads import (
+    ModelRowsUpload,
+    ModelUpload,
+    UploadPart,
+    declared_parts,
+    privacy_refusal,
+)
 from rayfed.config import RunConfig
 from rayfed.execution.privacy import UNCLIPPED, part_fraction
 from rayfed.execution.round_facts import RoundFacts
@@ -46,10 +52,14 @@ def run_accounting(config: RunConfig) -> Accounting | None:
     """The accountant's analysis of ``config``'s run (:func:`rayfed.privacy.accountant.accounting_of`); None
     without privacy. The sampling is the one the round planned, not who reported (docs/privacy.md, "With a
     system model"): Poisson with probability join_ratio; else ⌊join_ratio·N⌋ drawn, or with a system model the
-    ⌊n · over_commit⌋ a round samples, uniform among all N only while every client is always online."""
+    ⌊n · over_commit⌋ a round samples, uniform among all N only while every client is always online. An
+    asynchronous method's round is a server step, whose clients start as slots free up: no amplification, each step
+    the Gaussian mechanism under replacing one client's data (docs/privacy.md, "Asynchronous aggregation")."""
     if not config.privacy.enabled:
         return None
     clients, ratio, system = config.data.num_clients, config.engine.join_ratio, config.system
+    if is_asynchronous(resolve(config.algorithm)):  # a round per server step; clients start as slots free up
+        return accounting_of(config.privacy, clients, clients, uniform=False)
     if config.engine.participation == "poisson":
         return accounting_of(config.privacy, clients, participants(clients, ratio), ratio)
     if not system.enabled:
@@ -62,22 +72,18 @@ def run_accounting(config: RunConfig) -> Accounting | None:
 
 
 def check_privacy(config: RunConfig, algorithm: ResolvedAlgorithm) -> None:
-    """Refuse, in one line naming the field and the fix, a run whose privacy cannot hold: asynchronous aggregation,
-    a method whose upload the mechanism cannot protect, secure aggregation without a clock to charge, an
-    accountant without an analysis of the run's sampling, or ε over ``train.rounds`` above
+    """Refuse, in one line naming the field and the fix, a run whose privacy cannot hold: a method whose upload the
+    mechanism cannot protect (or not with these settings: its ``privacy_conflict``), secure aggregation without a
+    clock to charge, an accountant without an analysis of the run's sampling, or ε over ``train.rounds`` above
     ``privacy.target_epsilon``."""
     privacy = config.privacy
     if not privacy.enabled:
         return
-    if is_asynchronous(algorithm):
-        raise ConfigError(
-            f"privacy.mechanism={privacy.mechanism!r} does not cover asynchronous aggregation "
-            f"(algorithm.name={algorithm.name!r}): a server step applies K staleness-weighted updates trained from "
-            "older models, one client may bring several to one step, and clients start as slots free up, not by "
-            "a uniform draw, so neither a step's sensitivity nor its sampling is DP-FedAvg's round; use a "
-            "synchronous method (fedavg, fedprox, fedadam) or privacy.mechanism='off'"
-        )
-    refusal = privacy_refusal(algorithm.name, algorithm.algorithm.server_half, privacy.mechanism)
+    server_half = algorithm.algorithm.server_half
+    refusal = privacy_refusal(algorithm.name, server_half, privacy.mechanism)
+    if not refusal and issubclass(server_half, ModelUpload | ModelRowsUpload):
+        conflict = server_half.privacy_conflict(algorithm.server_params, privacy)
+        refusal = f"algorithm.name={algorithm.name!r} with privacy: {conflict}" if conflict else ""
     if refusal:
         raise ConfigError(refusal)
     if privacy.secure_aggregation != "off" and not config.system.enabled:

@@ -26,10 +26,11 @@ import torch
 from rayfed.algorithms import ClientHalf, Contribution, RoundContext, resolve
 from rayfed.algorithms.contributions import WeightedState
 from rayfed.algorithms.declarations import normalizes_features, work_start
-from rayfed.algorithms.private_uploads import declared_parts
+from rayfed.algorithms.private_uploads import ModelRowsUpload, declared_parts
 from rayfed.config import RunConfig
 from rayfed.data import ArrayDataset, ClientPartition
 from rayfed.execution.client_data import ClientData
+from rayfed.execution.devices import stacks_on
 from rayfed.execution.evaluation import evaluate_clients
 from rayfed.execution.privacy import ClientPrivacy
 from rayfed.execution.reports import EvalReport, TrainResult
@@ -50,19 +51,7 @@ from rayfed.train.stacked_layers import model_unstackable
 from rayfed.train.stacking import stack_groups
 from rayfed.train.step import phase_steps
 
-__all__ = ["ClientRunner", "resolve_vectorize"]
-
-
-def resolve_vectorize(setting: str, device: torch.device) -> bool:
-    """``engine.vectorize``: ``on``/``off``, or ``auto`` = stack on CUDA, sequential on CPU.
-
-    On a GPU one client's step is latency-bound (a few kernels on a small batch), so a step of C
-    clients costs little more than one; on a CPU the arithmetic is the bound and stacking gains
-    nothing (benchmarks/README.md, "Stacked against sequential training").
-    """
-    if setting == "auto":
-        return device.type == "cuda"
-    return setting == "on"
+__all__ = ["ClientRunner"]
 
 
 class ClientRunner(ClientData):
@@ -78,7 +67,9 @@ class ClientRunner(ClientData):
         self.graphs = StepGraphs(self.device, enabled=config.engine.cuda_graphs and self.capabilities.replays)
         self.loop = LocalLoop(self.graphs, dataset.mean, dataset.std, self.spec.output_layer, self.method)
         parts = declared_parts(algorithm.algorithm.server_half)
-        self.privacy = ClientPrivacy(config, self.method, self.client_half, parts) if config.privacy.enabled else None
+        rows = issubclass(algorithm.algorithm.server_half, ModelRowsUpload)
+        private = config.privacy.enabled
+        self.privacy = ClientPrivacy(config, self.method, self.client_half, parts, rows) if private else None
         """Clips (and with local DP noises) the clients' uploads (:mod:`rayfed.execution.privacy`); None: off."""
         self.merger = current_merger()
         """Where the stacks go when runs share them (:func:`rayfed.run_many`); None: this run's own."""
@@ -247,7 +238,8 @@ class ClientRunner(ClientData):
         contribution: Contribution
         if self.privacy is not None:
             contribution, parts = self.privacy.stack(made, jobs, trained.states, starts, settlement.ctx, message)
-            bytes_up = [contribution.nbytes] * len(jobs)
+            rows = not contribution.sum_is_one_part  # a row each (asynchronous aggregation): a client's share
+            bytes_up = [contribution.nbytes // len(jobs) if rows else contribution.nbytes] * len(jobs)
         elif isinstance(declared, WeightedState):
             contribution = declared.of_stack(trained.states, sizes)
             bytes_up = [contribution.nbytes] * len(jobs)  # each client's upload is as large as their sum
@@ -303,7 +295,7 @@ class ClientRunner(ClientData):
         singletons. A call's clients are fixed by the round's chunks, never by the pool, so which clients share
         a stack never depends on the number of workers."""
         engine = self.config.engine
-        if not resolve_vectorize(engine.vectorize, self.device) or not self.capabilities.stacks:
+        if not stacks_on(engine.vectorize, self.device.type) or not self.capabilities.stacks:
             return [[job] for job in jobs]
         groups: dict[str, list[ClientJob]] = {}
         for job in jobs:

@@ -36,6 +36,11 @@ the server half, which folds them its own way. With adaptive clipping each part'
 round's context, each client counts the parts it had within them (:attr:`PrivateParts.unclipped`), the server
 reports each part's noised fraction (``unclipped_fraction_k``, k = 1..P), and the parts' noise uses z_k = z_Δ·√P,
 z_Δ being the updates' share beside the P counts' noise (:func:`rayfed.privacy.adaptive.update_noise_multiplier`).
+
+An asynchronous method (:class:`~rayfed.algorithms.private_uploads.ModelRowsUpload`, FedAsync, FedBuff) has each
+client's row clipped as a model (:class:`ClientPrivacy`, as above, kept one row per client), and the server noises
+each server step's staleness-weighted sum, N(0, (z C b_t)² I) with b_t the most one client adds to it
+(:meth:`ServerPrivacy.step_noise`), inside the half, where the step is made.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from rayfed.algorithms import Contribution
-from rayfed.algorithms.contributions import WeightedState, WeightedSum
+from rayfed.algorithms.contributions import ClientVectors, WeightedState, WeightedSum
 from rayfed.algorithms.private_uploads import (
     ModelUpload,
     PartwiseClient,
@@ -100,12 +105,19 @@ class ClientPrivacy:
     """A worker's clipping (and local noise) of its clients' model uploads."""
 
     def __init__(
-        self, config: RunConfig, method: str, client_half: Any = None, parts: tuple[UploadPart, ...] = ()
+        self,
+        config: RunConfig,
+        method: str,
+        client_half: Any = None,
+        parts: tuple[UploadPart, ...] = (),
+        rows: bool = False,
     ) -> None:
         self.privacy, self.seed, self.method = config.privacy, config.seed, method
         self.partwise = client_half if isinstance(client_half, PartwiseClient) and parts else None
         """The client half whose clients' parts are clipped one by one (a PartwiseUpload method); None: a model."""
         self.parts = parts
+        self.rows = rows
+        """Whether each client's clipped model goes up as a row of its own (a ModelRowsUpload method)."""
 
     def weights(self, sizes: Sequence[int]) -> list[int]:
         """w_i of clients of ``sizes`` training samples: n_i (``weighting="samples"``) or 1."""
@@ -178,11 +190,27 @@ class ClientPrivacy:
             unclipped = torch.stack([within(stack, bound).sum() for stack, bound in zip(stacks, bounds)])
         return PrivateParts(total, float(sum(weights)), len(jobs), sizes, unclipped=unclipped)
 
-    def one(self, uploads: Sequence[Any], job: Any, start: Any, ctx: RoundFacts, message: Any = None) -> WeightedSum:
-        """One client's upload (``uploads``: what its client half declared): its clipped model weighted by w_i, or
-        its clipped parts (``message``: the round's broadcast, which they are measured from)."""
+    def _rows(self, uploads: Sequence[Any], jobs: Sequence[Any], states: Any, starts: Any, ctx: RoundFacts) -> Any:
+        """The clipped (and locally noised) models of ``jobs`` as their rows (a ModelRowsUpload method), once each
+        upload is found to be its client's row."""
+        for upload, job in zip(uploads, jobs):
+            if not isinstance(upload, ClientVectors) or upload.client_ids.tolist() != [job.client_id]:
+                raise ConfigError(
+                    f"privacy.mechanism={self.privacy.mechanism!r}: algorithm {self.method!r} declares its upload "
+                    f"its clients' models as rows (ModelRowsUpload) but client {job.client_id} uploaded "
+                    f"{type(upload).__name__}: set privacy.mechanism='off'"
+                )
+        models = self.clipped(states, starts, [job.client_id for job in jobs], ctx)
+        ids = np.array([job.client_id for job in jobs], np.int64)
+        return ClientVectors((models,), ids, np.array([job.num_train for job in jobs], np.float64))
+
+    def one(self, uploads: Sequence[Any], job: Any, start: Any, ctx: RoundFacts, message: Any = None) -> Contribution:
+        """One client's upload (``uploads``: what its client half declared): its clipped model weighted by w_i, its
+        clipped parts (``message``: the round's broadcast, which they are measured from), or its clipped row."""
         if self.partwise is not None:
             return self._private_parts(message, [job], uploads, ctx)
+        if self.rows:
+            return self._rows(uploads, [job], job.trained[None, :], start[None, :], ctx)
         trained, starts = self.declared(uploads, job.trained[None, :], start[None, :])
         models = self.clipped(trained, starts, [job.client_id], ctx)
         if self.privacy.adaptive:
@@ -197,12 +225,18 @@ class ClientPrivacy:
         starts: Any,
         ctx: RoundFacts,
         message: Any = None,
-    ) -> tuple[WeightedSum, Callable[[], list[Contribution]]]:
+    ) -> tuple[Contribution, Callable[[], list[Contribution]]]:
         """A stack's summed upload (one product), and each client's, made only when asked (a call with a rejected
         update), from the stack's trained states and starts (or its clients' parts, measured from ``message``)."""
         if self.partwise is not None:
             return self._private_parts(message, jobs, uploads, ctx), lambda: [
                 self._private_parts(message, [job], [upload], ctx) for job, upload in zip(jobs, uploads)
+            ]
+        if self.rows:
+            rows = self._rows(uploads, jobs, states, starts, ctx)
+            block, ids, sizes = rows.blocks[0], rows.client_ids, rows.sizes
+            return rows, lambda: [
+                ClientVectors((block[r : r + 1],), ids[r : r + 1], sizes[r : r + 1]) for r in range(len(ids))
             ]
         states, starts = self.declared(uploads, states, starts)
         models = self.clipped(states, starts, [job.client_id for job in jobs], ctx)
@@ -297,6 +331,15 @@ class ServerPrivacy:
             noise = gaussian_noise(self.seed, ctx.round, SERVER_STREAM, summed.shape[0], 1.0) * scale
             summed = summed + noise * np.float32(self.max_weight)
         return PrivateParts(summed, planned, total.count, total.sizes, self.max_weight)
+
+    def step_noise(self, round_index: int, size: int, bound: float) -> np.ndarray | None:
+        """N(0, (z C b)² I) of size ``size`` for the server step of round ``round_index``, whose sum one client moves
+        by at most ``bound`` (b) clipped updates (central DP; None with local DP or without noise): each step a
+        Gaussian mechanism of multiplier z relative to its own sensitivity (docs/privacy.md)."""
+        z = self.privacy.noise_multiplier
+        if self.privacy.mechanism != "central" or z == 0 or bound == 0:
+            return None
+        return gaussian_noise(self.seed, round_index, SERVER_STREAM, size, z * self.privacy.clip_norm * bound)
 
     def unclipped_fraction(self, ctx: RoundFacts, total: Contribution) -> dict[str, float]:
         """``{UNCLIPPED: b̃_t}`` with adaptive clipping (the noised centred count over the planned m), else

@@ -9,8 +9,9 @@ hyper-parameters (WDR's lambda, FedProx's mu, a server learning rate). Everythin
 (:func:`pack_key`); configs of one key form a pack.
 
 A run trains alone where the stacked path does not apply to it (on either backend: a pack of ``engine.backend="ray"``
-runs is one Ray task, :mod:`rayfed.actors.pack_host`): ``engine.vectorize=off``, ``auto`` on the CPU
-(stacking does not pay there, so the CPU keeps today's speed), or a method whose client half declares it cannot
+runs is one Ray task, :mod:`rayfed.actors.pack_host`): ``engine.vectorize=off``, ``auto`` on the CPU (stacking does
+not pay there, so the CPU keeps today's speed; :func:`~rayfed.execution.devices.stacks_on`, which the worker asks of
+its own device, asked of the device the config names), or a method whose client half declares it cannot
 stack (:class:`~rayfed.algorithms.registry.Capabilities`, the decision ``engine/fast_path`` logs); or where no other
 run shares its key, and then the first field in which it differs from the largest pack is named.
 
@@ -30,6 +31,7 @@ from typing import Any
 
 from rayfed.algorithms.settings import resolve
 from rayfed.config import RunConfig
+from rayfed.execution.devices import local_device, stacks_on
 
 __all__ = ["RunPacks", "pack_key", "alone_reason", "pack_runs"]
 
@@ -88,10 +90,10 @@ def pack_key(config: RunConfig) -> tuple[tuple[str, str], ...]:
 def alone_reason(config: RunConfig) -> str:
     """Why ``config``'s clients train in no shared stack whatever the other runs are ("" when they may)."""
     engine = config.engine
-    if engine.vectorize == "off":
-        return "engine.vectorize='off' trains its clients one at a time"
-    if engine.vectorize == "auto" and engine.num_gpus_per_worker == 0:
-        return "engine.vectorize='auto' trains its clients one at a time on the CPU, where stacking does not pay"
+    device = local_device(engine)
+    if not stacks_on(engine.vectorize, device):
+        where = f" on the {device.upper()}, where stacking does not pay" if engine.vectorize == "auto" else ""
+        return f"engine.vectorize={engine.vectorize!r} trains its clients one at a time{where}"
     capabilities = resolve(config.algorithm).capabilities
     if not capabilities.stacks:
         return f"algorithm {config.algorithm.name!r} does not stack: {capabilities.reason}"

@@ -15,6 +15,7 @@ import numpy as np
 
 from rayfed.algorithms import Contribution, RoundContext, ServerHalf, resolve
 from rayfed.algorithms.declarations import AsynchronousAggregation
+from rayfed.algorithms.private_uploads import ModelRowsUpload
 from rayfed.config import RunConfig
 from rayfed.execution.privacy import ServerPrivacy
 from rayfed.execution.round_facts import RoundFacts
@@ -34,8 +35,12 @@ class Server:
 
     def __init__(self, config: RunConfig, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         self.half: ServerHalf[object, Contribution] = resolve(config.algorithm).make_server(spec, initial)
+        self.rows = isinstance(self.half, ModelRowsUpload)
+        """Whether the half keeps each clipped row for its step (asynchronous aggregation), noising the steps."""
         if config.privacy.enabled:
             self.privacy = ServerPrivacy(config, spec.train_sizes)
+            if isinstance(self.half, ModelRowsUpload):
+                self.half.protect(self.privacy.step_noise)
 
     def broadcast(self) -> Any:
         return self.half.broadcast()
@@ -60,7 +65,7 @@ class Server:
             logger.warning("round %d: aggregate is not finite; the global state is kept", ctx.round)
             total = None
         private: dict[str, float] = {}
-        if self.privacy is not None:  # the fixed denominator and the noise, with or without uploads
+        if self.privacy is not None and not self.rows:  # the fixed denominator and the noise, uploads or not
             empty = self.privacy.empty(self.half) if total is None else total
             total, private = self.privacy.privatized(ctx, empty, self.half)
         metrics = self._without_uploads(ctx) if total is None else self._aggregated(ctx, total)
@@ -79,6 +84,8 @@ class Server:
         """A round without an acceptable update leaves the state as it is: answered here, for every method, but
         one that kept earlier uploads for this round's step (:class:`AsynchronousAggregation`)."""
         if isinstance(self.half, AsynchronousAggregation):
+            if self.privacy is not None and self.rows:  # the round's launches still arrive, as zero updates
+                return dict(self.half.aggregate_arriving(ctx, None, ctx.arrives_at))
             return dict(self.half.step_without_uploads(ctx))
         return {"clients_aggregated": 0.0}
 

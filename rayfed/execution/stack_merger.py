@@ -107,7 +107,7 @@ class _Canon:
 
 def merge_key(
     loop: LocalLoop, jobs: Sequence[ClientJob], phases: Sequence[Sequence[Phase]], canon: _Canon
-) -> tuple[Hashable, ...]:
+) -> tuple[Any, ...]:
     """What must agree for two runs' stacks to train as one (module docstring), one element per :data:`_KEY_PARTS`."""
     job, flat = jobs[0], jobs[0].flat
     train = dataclasses.replace(job.train, lr=1.0, lr_decay=1.0, rounds=1)
@@ -152,7 +152,7 @@ class _Request:
     phases: list[list[Phase]]
     replays: bool
     pack: bool
-    key: tuple[Hashable, ...] = ()
+    key: tuple[Any, ...] = ()
     trained: Trained | None = None
     alone: bool = False
     done: bool = False
@@ -237,7 +237,7 @@ class StackMerger:
             request.done = True
         self._baton.notify_all()
 
-    def _say_apart(self, keys: list[tuple[Hashable, ...]]) -> None:
+    def _say_apart(self, keys: list[tuple[Any, ...]]) -> None:
         """Log once, for each new reason, why stacks that waited together train in separate stacks of the call
         (their numbers are those they have alone either way)."""
         first = keys[0]

@@ -101,3 +101,37 @@ def test_kept_updates_are_saved_and_restored_with_the_state() -> None:
     )  # staleness 2
     assert all(np.array_equal(restored.kept[v][0], server.kept[v][0]) for v in (2, 3))
     assert len(server.state_dict()) == len(_fedbuff().state_dict()) + 3  # a fresh server keeps nothing
+
+
+def test_with_privacy_a_rejected_launch_is_a_zero_update_and_each_step_is_noised_for_its_heaviest_client() -> None:
+    # Prepare: a protected FedBuff whose noise records each step's bound and adds 1 to every coordinate; round 0
+    # launches clients 1 and 2 (arriving at version 1) and client 3 (version 2), client 2's update rejected
+    server, bounds = _fedbuff(staleness="polynomial"), []
+
+    def noise(round_index: int, size: int, bound: float) -> np.ndarray:
+        bounds.append((round_index, bound))
+        return np.ones(size, np.float32)
+
+    server.protect(noise)
+    # Execute: round 0 keeps Δ_1, client 2's zero update and Δ_3; round 1's launch of client 3 arrives at version 2
+    _arrive(server, 0, {1: 1, 2: 1, 3: 2}, _uploads({1: [-2.0, 0.0], 3: [0.0, -4.0]}))
+    first = server.global_vector.copy()
+    _arrive(server, 1, {3: 2}, _uploads({3: [0.0, 2.0]}))
+    restored = _fedbuff()
+    restored.load_state_dict(server.state_dict())
+    # Assert: version 1 is θ_0 − (Δ_1 + 0 + noise) / 2 with Δ_1 = θ_0 − y_1 = (2, 0): the planned K = 2 (the
+    # rejected launch counted as a zero update), not the one that arrived
+    np.testing.assert_allclose(first, [-1.5, -0.5], rtol=1e-6)
+    # each step's bound: one update of weight 1 at step 0; client 3's two updates at step 1 (staleness 1 and 0)
+    assert bounds[0] == (0, 1.0) and bounds[1] == pytest.approx((1, 2**-0.5 + 1.0))
+    assert server.state_dict().keys() == restored.state_dict().keys()
+
+
+def test_with_privacy_the_weights_of_a_kept_step_are_saved_and_restored() -> None:
+    server = _fedbuff()
+    server.protect(lambda round_index, size, bound: None)
+    _arrive(server, 0, {1: 1, 2: 1, 3: 2}, _uploads({1: [1.0, 0.0], 2: [0.0, 1.0], 3: [1.0, 1.0]}))
+    restored = _fedbuff()
+    restored.protect(lambda round_index, size, bound: None)
+    restored.load_state_dict(server.state_dict())
+    assert restored.weights_of == server.weights_of == {2: {3: 2**-0.5}}

@@ -123,7 +123,7 @@ def test_the_gradient_state_pulls_local_training_along_it_and_is_updated() -> No
         np.testing.assert_allclose(job.state[GRAD_KEY], expected, rtol=1e-5, atol=1e-7)
         assert upload.weight == 1.0 and upload.count == 1
     # Under ``code`` the upload is weighted by n_k.
-    assert half.upload(FedDynModel(start, 0.01, size_weighted=True), job).weight == 40.0
+    assert settled(half.upload(FedDynModel(start, 0.01, size_weighted=True), job), job).weight == 40.0
     # The linear term −⟨g, θ⟩ adds −g to every step's gradient, so the model moves along +g: the
     # difference of the two runs points along g (4 SGD steps of lr 0.05: about 0.2·g).
     shift = trained[1] - trained[0]

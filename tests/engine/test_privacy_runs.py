@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import dp_accounting
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 from rayfed import ConfigError, RunConfig, run
 from rayfed.algorithms import resolve
 from rayfed.engine.privacy_records import check_privacy
+from rayfed.execution.privacy import ClientPrivacy
 from rayfed.util.files import load_arrays
 from tests.conftest import tiny_overrides
 from tests.killed_driver import killed_and_resumed
@@ -24,6 +26,21 @@ COMPARED = ("accuracy", "acc_mean", "test_loss", "train_loss")
 ADAPTIVE_PARTS = {"privacy.adaptive_quantile": 0.5, "privacy.count_noise": 1.0}
 """Adaptive clipping of two parts: their two counts need 2σ_b above z·√2 = 1.13 (docs/privacy.md)."""
 CWFEDAVG = {**CENTRAL, "algorithm.name": "cwfedavg", "engine.join_ratio": 0.5}
+
+
+def clipped_norms(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The norm of every clipped update the run's workers upload (before any local noise), as it runs."""
+    norms: list[float] = []
+    clipped = ClientPrivacy.clipped
+
+    def recorded(self: ClientPrivacy, trained: Any, starts: Any, ids: Any, ctx: Any) -> Any:
+        from rayfed.privacy.clipping import clipped_model
+
+        norms.extend((clipped_model(trained, starts, self.clip_norm(ctx)) - starts).norm(dim=-1).tolist())
+        return clipped(self, trained, starts, ids, ctx)
+
+    monkeypatch.setattr(ClientPrivacy, "clipped", recorded)
+    return norms
 
 
 def test_the_epsilon_column_is_dp_accountings_own(tmp_path) -> None:
@@ -90,7 +107,7 @@ def test_a_resumed_private_run_draws_the_same_noise(tmp_path, privacy: dict, col
     [
         ("fedawa", "client vectors"),
         ("ktpfl", "soft labels"),
-        ("feddyn", "is not declared a model"),
+        ("fedfomo", "is not declared a model"),
     ],
 )
 def test_a_method_whose_upload_cannot_be_protected_is_refused(method: str, names: str) -> None:
@@ -107,15 +124,6 @@ def test_a_target_epsilon_the_run_cannot_meet_is_refused() -> None:
         check_privacy(config, resolve(config.algorithm))
     met = config.override({"privacy.target_epsilon": 1e6})
     check_privacy(met, resolve(met.algorithm))
-
-
-@pytest.mark.parametrize("method", ["fedbuff", "fedasync"])
-def test_asynchronous_aggregation_is_refused_with_its_reason(method: str) -> None:
-    config = RunConfig().override({**CENTRAL, "system.devices": "equal", "algorithm.name": method})
-    with pytest.raises(ConfigError) as refused:
-        check_privacy(config, resolve(config.algorithm))
-    line = str(refused.value)
-    assert f"does not cover asynchronous aggregation (algorithm.name={method!r})" in line and "\n" not in line
 
 
 def test_secure_aggregation_without_a_clock_is_refused() -> None:
@@ -230,3 +238,65 @@ def test_each_parts_adaptive_bound_follows_its_quantile_with_dp_accountings_epsi
     # the same bits twice
     for key in (*COMPARED, "epsilon", *_adaptive_columns(first.history, True)):
         assert _plain([r[key] for r in second.history]) == _plain([r[key] for r in first.history]), key
+
+
+def _sampled_epsilon(rounds: int, num_clients: int, per_round: int, z: float) -> float:
+    """dp-accounting's own ε at δ = 1e-5 after ``rounds`` rounds sampling ``per_round`` of ``num_clients`` without
+    replacement (replace-one: the sum's sensitivity is 2C, the Gaussian's multiplier z/2)."""
+    accountant = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    event = dp_accounting.SampledWithoutReplacementDpEvent(num_clients, per_round, dp_accounting.GaussianDpEvent(z / 2))
+    accountant.compose(event, rounds)
+    return accountant.get_epsilon(1e-5)
+
+
+def test_feddyn_runs_private_its_updates_clipped_and_its_epsilon_dp_accountings(tmp_path, monkeypatch) -> None:
+    # Prepare: FedDyn (the baseline code's fidelity) with central DP, 5 of 10 clients a round
+    norms = clipped_norms(monkeypatch)
+    common = {**CENTRAL, "algorithm.name": "feddyn", "engine.join_ratio": 0.5}
+    # Execute
+    private = run(RunConfig().override(tiny_overrides(tmp_path / "dp", **common)))
+    again = run(RunConfig().override(tiny_overrides(tmp_path / "again", **common)))
+    # Assert: every upload within C (to float32 rounding), ε the sampled Gaussian's, the same bits twice
+    assert len(norms) == 2 * 2 * 5 and max(norms) <= 0.5 * (1 + 1e-5)
+    assert [r["epsilon"] for r in private.history] == [
+        _sampled_epsilon(r["round"] + 1, 10, 5, 0.8) for r in private.history
+    ]
+    for key in (*COMPARED, "server_feddyn_h_norm"):
+        assert [r[key] for r in again.history] == [r[key] for r in private.history], key
+
+
+@pytest.mark.parametrize(("fidelity", "vectorize"), [("code", "off"), ("paper", "off"), ("paper", "on")])
+def test_feddyn_without_noise_or_clipping_is_feddyn_bit_for_bit(tmp_path, fidelity: str, vectorize: str) -> None:
+    # ``code`` weighs its clients by their samples, ``paper`` weighs them 1: privacy.weighting says the same; "on":
+    # the clients of a call trained as one stack and clipped in one call
+    common = {
+        "algorithm.name": "feddyn",
+        "algorithm.params": {"fidelity": fidelity},
+        "engine.join_ratio": 0.6,
+        "engine.vectorize": vectorize,
+    }
+    plain = run(RunConfig().override(tiny_overrides(tmp_path / "plain", **common)))
+    private = {
+        "privacy.mechanism": "central",
+        "privacy.clip_norm": math.inf,
+        "privacy.noise_multiplier": 0.0,
+        "privacy.weighting": "samples" if fidelity == "code" else "uniform",
+    }
+    same = run(RunConfig().override(tiny_overrides(tmp_path / "dp", **common, **private)))
+    for key in (*COMPARED, "server_feddyn_h_norm"):
+        assert [r[key] for r in same.history] == [r[key] for r in plain.history], key
+
+
+def test_feddyns_unweighted_paper_step_with_weighting_by_samples_is_refused() -> None:
+    config = RunConfig().override(
+        {
+            **CENTRAL,
+            "algorithm.name": "feddyn",
+            "algorithm.params": {"fidelity": "paper"},
+            "privacy.weighting": "samples",
+        }
+    )
+    with pytest.raises(ConfigError) as refused:
+        check_privacy(config, resolve(config.algorithm))
+    line = str(refused.value)
+    assert "algorithm.name='feddyn'" in line and "set privacy.weighting='uniform'" in line and "\n" not in line

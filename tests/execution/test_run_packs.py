@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
+import torch
 
 from rayfed import RunConfig
+from rayfed.algorithms import RoundContext
 from rayfed.algorithms.registry import Capabilities
 from rayfed.execution import run_packs
+from rayfed.execution.devices import check_local_gpu, pick_device, stacks_on
+from rayfed.execution.round_facts import RoundFacts
 from rayfed.execution.run_packs import alone_reason, pack_key, pack_runs
+from rayfed.util.errors import ResourceError
+from tests.conftest import runner_and_server
 
 STACKED = {"engine.backend": "local", "engine.vectorize": "on", "algorithm.name": "cwfedavg"}
 
@@ -61,6 +68,39 @@ def test_runs_that_do_not_stack_here_train_alone_whatever_the_others() -> None:
     assert alone_reason(gpu) == ""
     packs = pack_runs([cpu, cpu, off, gpu, gpu, on_ray, on_ray.override({"seed": 1})])
     assert packs.packs == ((3, 4), (5, 6)) and sorted(packs.alone) == [0, 1, 2]  # the backends apart
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_the_config_and_the_worker_decide_alike_whether_a_run_stacks(monkeypatch, cuda: bool) -> None:
+    """``alone_reason`` decides from the config before anything runs, the worker from the device it picked; both ask
+    ``devices.stacks_on``. A local run that asks for a GPU share where there is no CUDA trains nowhere: it is refused
+    before anything runs, so wherever a local run trains, its device is the one its config names."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", torch.backends.cudnn.allow_tf32)  # pick_device sets both
+    monkeypatch.setattr(torch.backends.cuda, "matmul", SimpleNamespace(allow_tf32=False))
+    for vectorize in ("on", "off", "auto"):
+        for gpus in (0.0, 0.5):
+            run = config(**{"engine.vectorize": vectorize, "engine.num_gpus_per_worker": gpus})
+            if gpus and not cuda:
+                with pytest.raises(ResourceError, match="engine.num_gpus_per_worker=0.5"):
+                    check_local_gpu(run.engine)
+                continue
+            check_local_gpu(run.engine)
+            assert (alone_reason(run) == "") == stacks_on(vectorize, pick_device(gpus).type), (vectorize, gpus)
+
+
+@pytest.mark.parametrize("vectorize", ["on", "off", "auto"])
+def test_a_worker_stacks_exactly_where_the_config_says_the_run_may_pack(tmp_path, vectorize: str) -> None:
+    overrides = {"data.dataset": "synthetic", "data.options": {"num_samples": 120}, "data.num_clients": 4}
+    run = config(**overrides, **{"engine.vectorize": vectorize, "model.name": "cnn4", "run_dir": str(tmp_path)})
+    runner, _ = runner_and_server(run, tmp_path)
+    ctx = RoundFacts.of(RoundContext(round=0, seed=0, lr=0.01, sampled=np.arange(4)))
+    ids = [0, 1, 2, 3]
+    jobs = [runner.job(cid, ctx, None, train=data) for cid, data in zip(ids, runner.train_samples(ids))]
+    stacked = any(len(group) > 1 for group in runner._stacks(jobs))
+    assert stacked == (alone_reason(run) == ""), vectorize
+    assert stacked == (vectorize == "on")  # the CPU: auto trains one client at a time
 
 
 def test_a_method_that_declares_it_cannot_stack_trains_alone(monkeypatch) -> None:

@@ -105,7 +105,10 @@ def test_poisson_sampling_with_privacy_gives_the_same_bits_on_ray_with_two_worke
     ("overrides", "says"),
     [
         ({"privacy.target_epsilon": 0.5, "train.rounds": 20}, "privacy.target_epsilon=0.5 cannot be met"),
-        ({"algorithm.name": "fedbuff", "system.devices": "equal"}, "does not cover asynchronous aggregation"),
+        (
+            {"algorithm.name": "fedbuff", "system.devices": "equal", "privacy.mechanism": "local"},
+            "privacy.mechanism='local' counts one release per client per server step",
+        ),
         ({"privacy.secure_aggregation": "secagg"}, "privacy.secure_aggregation='secagg' charges its messages"),
         ({"algorithm.name": "ktpfl"}, "cannot protect algorithm.name='ktpfl'"),
     ],
@@ -113,7 +116,7 @@ def test_poisson_sampling_with_privacy_gives_the_same_bits_on_ray_with_two_worke
 def test_a_private_run_that_cannot_hold_is_refused_before_anything_is_written(
     tmp_path, overrides: dict, says: str
 ) -> None:
-    config = RunConfig().override(tiny_overrides(tmp_path / "run", **CENTRAL, **overrides))
+    config = RunConfig().override(tiny_overrides(tmp_path / "run", **{**CENTRAL, **overrides}))
     with pytest.raises(ConfigError) as refused:
         run(config)
     assert says in str(refused.value) and "\n" not in str(refused.value)

@@ -9,7 +9,7 @@ import torch
 
 from rayfed import RunConfig, run
 from rayfed.config import TrainConfig
-from rayfed.execution.client_runner import resolve_vectorize
+from rayfed.execution.devices import stacks_on
 from rayfed.models import build_model
 from rayfed.train.dropout import dropout_mask
 from rayfed.train.flat import FlatModel
@@ -171,8 +171,8 @@ def test_what_cannot_be_stacked_says_why() -> None:
 
 
 def test_auto_stacks_on_cuda_only() -> None:
-    assert resolve_vectorize("auto", torch.device("cuda")) and not resolve_vectorize("auto", torch.device("cpu"))
-    assert resolve_vectorize("on", torch.device("cpu")) and not resolve_vectorize("off", torch.device("cuda"))
+    assert stacks_on("auto", "cuda") and not stacks_on("auto", "cpu")
+    assert stacks_on("on", "cpu") and not stacks_on("off", "cuda")
 
 
 def test_vectorized_run_matches_sequential_run(tmp_path) -> None:

@@ -17,6 +17,12 @@ arXiv:1903.03934, Sec. 5.2) defines s:
 Each round's aggregation then applies the kept sum of the version it makes (:meth:`KeptUpdatesServer.apply`, the
 method's rule). What the server keeps is part of its state (checkpoints): the updates in flight are at most the
 concurrency C, so it holds at most C + 2 models.
+
+With privacy (:class:`~rayfed.algorithms.private_uploads.ModelRowsUpload`, docs/privacy.md) its clients' rows
+arrive clipped, θ_τ + Δ̃_k with ‖Δ̃_k‖ ≤ C; the server keeps, beside each version's sum, every client's summed weight
+in it, counts a launch whose update was rejected as a zero update (θ_τ itself: its arrival stays in the step, and
+FedBuff's K stays the schedule's), and adds to each step's sum the noise of a sum to which one client adds at most
+b_t = max_i Σ_{k from i} s(t − τ_k) clipped updates (:data:`~rayfed.algorithms.private_uploads.StepNoise`).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from rayfed.algorithms.common.global_model import GlobalModelServer
 from rayfed.algorithms.contributions import ClientVectors
 from rayfed.algorithms.declarations import AsynchronousAggregation
 from rayfed.algorithms.hooks import RoundContext
+from rayfed.algorithms.private_uploads import ModelRowsUpload, StepNoise
 from rayfed.algorithms.sizing import model_state_bytes
 from rayfed.train.problem import ProblemSpec
 from rayfed.util.documented import documented
@@ -42,8 +49,9 @@ __all__ = ["STALENESS", "staleness_weight", "AsynchronousParams", "KeptUpdatesSe
 STALENESS = ("constant", "polynomial", "hinge")
 """FedAsync's staleness functions s(t − τ)."""
 _PARAMS = "algorithm.params."
-_KEPT, _KEPT_META = "kept/", "kept_meta"
-"""State names of the kept sums (one per version) and of their (version, weight, count) rows."""
+_KEPT, _KEPT_META, _KEPT_CLIENTS = "kept/", "kept_meta", "kept_clients/"
+"""State names of the kept sums (one per version), of their (version, weight, count) rows, and with privacy of each
+version's (client, summed weight) rows."""
 
 
 def staleness_weight(staleness: np.ndarray, kind: str, a: float, b: int) -> np.ndarray:
@@ -99,14 +107,53 @@ class AsynchronousParams:
 P = TypeVar("P", bound=AsynchronousParams)
 
 
-class KeptUpdatesServer(GlobalModelServer[P, ClientVectors], AsynchronousAggregation):
+class KeptUpdatesServer(GlobalModelServer[P, ClientVectors], AsynchronousAggregation, ModelRowsUpload):
     """θ_g, and per version still to make the sum of the weighted updates that make it (module docstring). Its
-    clients upload their trained models whole (``WholeModelsClient``)."""
+    clients upload their trained models whole (``WholeModelsClient``), rows that privacy clips
+    (:class:`ModelRowsUpload`)."""
 
     def __init__(self, params: P, spec: ProblemSpec, initial: Mapping[str, np.ndarray]) -> None:
         super().__init__(params, spec, initial)
         self.kept: dict[int, tuple[np.ndarray, float, int]] = {}
         """Version -> (Σ weight × update, Σ weight, count) of the updates that arrive to make it."""
+        self.noise: StepNoise | None = None
+        """With privacy (:meth:`protect`): each step's noise; None: off."""
+        self.weights_of: dict[int, dict[int, float]] = {}
+        """With privacy, version -> client -> the summed weights of its updates that arrive to make it."""
+
+    def protect(self, noise: StepNoise) -> None:
+        """Count rejected launches as zero updates and noise every step (module docstring)."""
+        self.noise = noise
+
+    @classmethod
+    def privacy_conflict(cls, params: Any, privacy: Any) -> str:
+        """Local DP counts one release per client per step, which a buffer of K > 1 updates cannot promise; the
+        staleness weights replace ``privacy.weighting``'s; adaptive clipping's count and secure aggregation's charged
+        instance are a synchronous round's."""
+        name = "algorithm.params.buffer_size"
+        if privacy.mechanism == "local" and params.buffer > 1:
+            return (
+                f"privacy.mechanism='local' counts one release per client per server step, but {name}="
+                f"{params.buffer} lets one client bring several updates to a step: use privacy.mechanism='central' "
+                f"or {name}=1"
+            )
+        if privacy.weighting != "uniform":
+            return (
+                f"privacy.weighting={privacy.weighting!r} weighs a round's clients by their samples, but an "
+                "asynchronous step weighs each update by its staleness alone: leave privacy.weighting='uniform'"
+            )
+        if privacy.adaptive:
+            return (
+                f"privacy.adaptive_quantile={privacy.adaptive_quantile:g} adapts the clip norm from a synchronous "
+                "round's count of unclipped updates, which an asynchronous step does not have: leave "
+                "privacy.adaptive_quantile out"
+            )
+        if privacy.secure_aggregation != "off":
+            return (
+                f"privacy.secure_aggregation={privacy.secure_aggregation!r} charges an instance of a synchronous "
+                "round's clients, not an asynchronous step's K updates: set privacy.secure_aggregation='off'"
+            )
+        return ""
 
     @classmethod
     def server_state_bytes(cls, params: Any, spec: ProblemSpec) -> int:
@@ -135,48 +182,81 @@ class KeptUpdatesServer(GlobalModelServer[P, ClientVectors], AsynchronousAggrega
         return self.aggregate_arriving(ctx, contribution, None)
 
     def aggregate_arriving(
-        self, ctx: RoundContext, contribution: ClientVectors, arrives_at: np.ndarray | None
+        self, ctx: RoundContext, contribution: ClientVectors | None, arrives_at: np.ndarray | None
     ) -> dict[str, float]:
         """Keep the uploads of the clients launched from version ``ctx.round``, each for the version it arrives at
         (``arrives_at``, one per sampled client; None: the next one), then make version ``ctx.round + 1`` from the
-        updates kept for it."""
+        updates kept for it. ``contribution`` None (with privacy: no upload arrived): the launches as zero updates."""
         self._keep(ctx, contribution, arrives_at)
         return self.step_without_uploads(ctx)
 
     def step_without_uploads(self, ctx: RoundContext) -> dict[str, float]:
         """Make version ``ctx.round + 1`` from the updates kept for it; the server asks this alone in a round
-        without an acceptable upload (none launched from ``ctx.round`` arrives, or their sum was not finite)."""
+        without an acceptable upload (none launched from ``ctx.round`` arrives, or their sum was not finite). With
+        privacy that round's launches count as zero updates first (the server hands them as ``aggregate_arriving``
+        with no contribution)."""
         made = self.kept.pop(ctx.round + 1, None)
         if made is None:
             return {"clients_aggregated": 0.0}
         total, weight, count = made
+        shares = self.weights_of.pop(ctx.round + 1, {})
+        noise = None if self.noise is None else self.noise(ctx.round, total.shape[0], max(shares.values(), default=0))
+        if noise is not None:  # the step's release: its sum, noised for the most one client adds to it
+            total = (total + noise).astype(np.float32)
         return {"clients_aggregated": float(count), **self.apply(total, weight, count)}
 
-    def _keep(self, ctx: RoundContext, contribution: ClientVectors, arrives_at: np.ndarray | None) -> None:
+    def _keep(self, ctx: RoundContext, contribution: ClientVectors | None, arrives_at: np.ndarray | None) -> None:
+        """Keep each upload for the version it arrives at; with privacy also each launch the round planned that sent
+        nothing (rejected), as the zero update θ_τ (module docstring)."""
+        ids = np.zeros(0, np.int64) if contribution is None else contribution.client_ids
         if arrives_at is None:  # no schedule (a round driven by hand): every update makes the next version
-            arrives = np.full(contribution.count, ctx.round + 1, dtype=np.int64)
+            rows, launches = np.arange(len(ids)), len(ids)
+            arrives_at = np.full(launches, ctx.round + 1, dtype=np.int64)
         else:
-            arrives = arrives_at[_launch_rows(ctx.sampled, contribution.client_ids)]
+            rows, launches = _launch_rows(ctx.sampled, ids), len(arrives_at)
+        updates = None if contribution is None else self.update_of(contribution.matrix())
+        if self.noise is not None:  # every planned launch arrives: the uploads, then the rest as zero updates
+            missing = np.setdiff1d(np.arange(launches), rows)
+            zero = self.update_of(self.global_vector[None, :])
+            rows = np.concatenate([rows, missing])
+            updates = np.concatenate([zero[:0] if updates is None else updates, np.repeat(zero, len(missing), 0)])
+            ids = np.concatenate([ids, np.asarray(ctx.sampled, np.int64)[missing]])
+        if updates is None or not len(rows):
+            return
+        arrives = arrives_at[rows]
         weights = self.weights(arrives - 1 - ctx.round)
-        updates = self.update_of(contribution.matrix())
         for version in np.unique(arrives).tolist():
-            rows = arrives == version
-            added = weights[rows].astype(np.float32) @ updates[rows]
+            chosen = arrives == version
+            added = weights[chosen].astype(np.float32) @ updates[chosen]
             total, weight, count = self.kept.get(version, (np.zeros_like(added), 0.0, 0))
-            self.kept[version] = (total + added, weight + float(weights[rows].sum()), count + int(rows.sum()))
+            self.kept[version] = (total + added, weight + float(weights[chosen].sum()), count + int(chosen.sum()))
+            if self.noise is not None:
+                shares = self.weights_of.setdefault(version, {})
+                for client, share in zip(ids[chosen].tolist(), weights[chosen].tolist()):
+                    shares[client] = shares.get(client, 0.0) + share
 
     def extra_state(self) -> dict[str, np.ndarray]:
-        """The kept sums (none when none is kept, so a fresh server's state is θ_g alone)."""
+        """The kept sums (none when none is kept, so a fresh server's state is θ_g alone), and with privacy each
+        version's clients' summed weights."""
         if not self.kept:
             return {}
         versions = sorted(self.kept)
         meta = np.array([[v, self.kept[v][1], self.kept[v][2]] for v in versions], dtype=np.float64)
-        return {_KEPT_META: meta, **{f"{_KEPT}{v}": self.kept[v][0] for v in versions}}
+        shares = {
+            f"{_KEPT_CLIENTS}{v}": np.array(sorted(self.weights_of[v].items()), dtype=np.float64).reshape(-1, 2)
+            for v in sorted(self.weights_of)
+        }
+        return {_KEPT_META: meta, **{f"{_KEPT}{v}": self.kept[v][0] for v in versions}, **shares}
 
     def load_extra_state(self, state: Mapping[str, np.ndarray]) -> None:
         meta = np.asarray(state.get(_KEPT_META, np.zeros((0, 3))))
         self.kept = {
             int(v): (np.array(state[f"{_KEPT}{int(v)}"], dtype=np.float32), float(w), int(n)) for v, w, n in meta
+        }
+        self.weights_of = {
+            int(name[len(_KEPT_CLIENTS) :]): {int(c): float(w) for c, w in np.asarray(rows)}
+            for name, rows in state.items()
+            if name.startswith(_KEPT_CLIENTS)
         }
 
 
