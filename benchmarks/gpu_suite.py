@@ -1,7 +1,7 @@
 """The GPU half of rayfed in one command: its CUDA tests, ``benchmarks/gpu.py`` and the throughput limit, one line.
 
 CI has no GPU, so the checks that need one run here whenever a device is lent (``../shared/notes/gpu.md`` says how
-to carry Ray there). Three steps, each with its own time limit and its whole output in ``--out``:
+to carry Ray there). Five steps, each with its own time limit and its whole output in ``--out``:
 
 * ``tests``: the CUDA tests under pytest (parallel with pytest-xdist where it is installed): a training call
   reads the device back once under ``torch.cuda.set_sync_debug_mode("error")`` for every registered method,
@@ -15,12 +15,17 @@ to carry Ray there). Three steps, each with its own time limit and its whole out
   ratio against two plain processes).
 * ``packing``: ``benchmarks/packing.py --gpu``: the lanes' occupancy, and a run packed into lanes against the same
   run unpacked, stacked on the device with CUDA graphs.
+* ``packed_round``: ``benchmarks/packed_round.py``: a run-round of the papers' MNIST protocol alone and with 8
+  seeds packed into one stack (``rayfed.run_many``), and P-ICCV Table 1's MNIST column at the papers' horizon in
+  hours from each; shortened by ``--quick``.
 
-    python benchmarks/gpu_suite.py --out DIR [--data-root DIR] [--steps tests,gpu,throughput,packing] [--quick]
+    python benchmarks/gpu_suite.py --out DIR [--data-root DIR] [--steps tests,gpu,throughput,packing,packed_round]
+        [--quick] [--limits 180,200,150,120,150]
 
-The last line: ``gpu_suite: device=<name> tests=<passed>/<failed>/<errors> <gpu.py's figures>
-<throughput.py's figures> <packing.py's figures>``; the exit status is 1 when a test failed or a step did not
-finish. Without CUDA it says so and exits 0.
+The default limits add up to 800 s, within a lent device's 15 minutes. The last line: ``gpu_suite: device=<name>
+torch=<version> tests=<passed>/<failed>/<errors> <gpu.py's figures> <throughput.py's figures> <packing.py's
+figures> <packed_round.py's figures>``; the exit status is 1 when a test failed or a step did not finish. Without
+CUDA it says so and exits 0.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ CUDA_TESTS = (
     "tests/train/test_stacked.py",
     "tests/execution/test_global_eval.py",
 )
-STEPS = ("tests", "gpu", "throughput", "packing")
+STEPS = ("tests", "gpu", "throughput", "packing", "packed_round")
 
 
 def _run(name: str, command: list[str], out: Path, limit_s: float, env: dict[str, str]) -> tuple[str, bool, float]:
@@ -94,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
     parser.add_argument("--quick", action="store_true", help="shorter gpu.py and throughput runs (fewer rounds)")
     parser.add_argument(
-        "--limits", default="240,200,150,120", help="seconds allowed to tests, gpu, throughput, packing"
+        "--limits", default="180,200,150,120,150", help=f"seconds allowed to {', '.join(STEPS)}, in that order"
     )
     args = parser.parse_args(argv)
     import torch
@@ -106,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(steps) - set(STEPS))
     if unknown:
         parser.error(f"--steps names {unknown}; choose from {', '.join(STEPS)}")
-    limits = dict(zip(STEPS, (float(s) for s in args.limits.split(","))))
+    given = args.limits.split(",")
+    if len(given) != len(STEPS):
+        parser.error(f"--limits={args.limits} gives {len(given)} limits; give {len(STEPS)}, for {', '.join(STEPS)}")
+    limits = dict(zip(STEPS, (float(s) for s in given)))
     args.out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "RAYFED_TEST_DEVICE": "cuda", "PYTHONUNBUFFERED": "1"}
     summary = [f"device={torch.cuda.get_device_name(0).replace(' ', '_')}", f"torch={torch.__version__}"]
@@ -142,6 +150,14 @@ def main(argv: list[str] | None = None) -> int:
         data = ["--data-root", args.data_root] if args.data_root else []
         command = [sys.executable, "benchmarks/packing.py", "--gpu", *data]
         text, ok, _ = _run("packing", command, args.out, limits["packing"], env)
+        summary.append(_last_figures(text))
+        all_ok &= ok
+    if "packed_round" in steps:
+        quick = ["--quick"] if args.quick else []
+        data = ["--data-root", args.data_root] if args.data_root else []
+        out = ["--out", str(args.out / "packed_round.json")]
+        command = [sys.executable, "benchmarks/packed_round.py", *quick, *data, *out]
+        text, ok, _ = _run("packed_round", command, args.out, limits["packed_round"], env)
         summary.append(_last_figures(text))
         all_ok &= ok
     print("gpu_suite: " + " ".join(summary), flush=True)
