@@ -4,7 +4,8 @@ makes of P-ICCV Table 1's MNIST column at the papers' horizon.
 The run is the FedAvg cell of ``rayfed reproduce cwfedavg-iccv-t1``'s ``prac_mnist`` column (the ``cwfedavg-mnist``
 preset: cnn4, 20 clients, Dirichlet 0.1, batch 10, lr 0.005, one epoch, every client trained and evaluated every
 round, the training loss evaluated too), on one GPU in this process (``engine.backend=local``, stacked:
-``engine.vectorize=on``, CUDA graphs as the default), on real MNIST from ``--data-root``, else on ``gpu.py``'s
+``engine.vectorize=on``, CUDA graphs as the default; a round's clients in the cell's 8 calls, each a stack, which
+packed runs merge with the other runs' concurrent calls), on real MNIST from ``--data-root``, else on ``gpu.py``'s
 synthetic stand-in with MNIST's 70,000 samples. One run (seed 1) trains ``--warmup`` rounds (the first capture the
 CUDA graphs) and then ``--rounds`` timed rounds; then K runs (``--runs``, seeds 1 to K, the same partition: a
 table's seeds keep the preset's ``data.seed``) train the same rounds packed by ``rayfed.run_many``. A run-round's
