@@ -4,7 +4,8 @@ the attributes these set), the fields of ``Phase`` and the keywords of ``registe
 most. The whole surface adds every type an author may meet beside them (the opt-in declarations, ``Reporting``,
 ``Samples``, ``Contribution`` and the companion types), each counted as its name and its own public members; it
 holds 123 names at most (102 before issue 66, which took 2 out, 16 opt-in names that issues 65 and 67 added, and 7
-that privacy's FedDyn, asynchronous and part-by-part adaptive cases added, as docs/methods.md says). The page's tables are the code's."""
+that privacy's FedDyn, asynchronous and part-by-part adaptive cases added, as docs/methods.md says). The page's
+tables are the code's."""
 
 from __future__ import annotations
 
