@@ -173,7 +173,10 @@ def _privacy(ns: argparse.Namespace) -> int:
     accounting = run_accounting(config)
     assert accounting is not None
     p, rounds = config.privacy, config.train.rounds
-    print(f"{p.mechanism} DP, {accounting.described}, {rounds} rounds, accountant {p.accountant}, delta {p.delta:g}")
+    print(
+        f"{p.mechanism} DP, {accounting.described}, {rounds} {accounting.per}s, accountant {p.accountant}, "
+        f"delta {p.delta:g}"
+    )
     if ns.target_epsilon is None:
         print(f"epsilon {accounting.epsilon(rounds):.6g} with privacy.noise_multiplier={p.noise_multiplier:g}")
     else:

@@ -59,7 +59,7 @@ def run_accounting(config: RunConfig) -> Accounting | None:
         return None
     clients, ratio, system = config.data.num_clients, config.engine.join_ratio, config.system
     if is_asynchronous(resolve(config.algorithm)):  # a round per server step; clients start as slots free up
-        return accounting_of(config.privacy, clients, clients, uniform=False)
+        return accounting_of(config.privacy, clients, clients, uniform=False, per="server step")
     if config.engine.participation == "poisson":
         return accounting_of(config.privacy, clients, participants(clients, ratio), ratio)
     if not system.enabled:

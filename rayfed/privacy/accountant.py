@@ -16,7 +16,9 @@ Which analysis applies is decided by how rayfed samples, once (docs/privacy.md, 
   reported);
 * a sample that is not uniform over the N clients (a system model's availability: the rounds sample among the
   clients online): no amplification is claimed; each round is the Gaussian mechanism on the clipped sum under
-  replacing one client (sensitivity 2C, multiplier z/2), an upper bound for every client, online or not.
+  replacing one client (sensitivity 2C, multiplier z/2), an upper bound for every client, online or not;
+* asynchronous aggregation (FedAsync, FedBuff): the same, composed over the server steps (``per="server step"``),
+  each step's noise scaled to the most one client adds to it (docs/privacy.md, "Asynchronous aggregation").
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class Accounting:
     poisson_rate: float | None = None
     """q of Poisson sampling, where each client joins a round independently with that probability; None: a fixed
     number, :attr:`per_round`, drawn without replacement."""
+    per: str = "round"
+    """What one composed event is, in words: a round, or an asynchronous run's server step."""
 
     @property
     def sampled(self) -> bool:
@@ -62,10 +66,10 @@ class Accounting:
     def described(self) -> str:
         """The sampling the analysis counts, in words (``rayfed privacy`` prints it)."""
         if self.poisson_rate is not None:
-            return f"each of {self.num_clients} clients with probability {self.poisson_rate:g} a round (Poisson)"
+            return f"each of {self.num_clients} clients with probability {self.poisson_rate:g} a {self.per} (Poisson)"
         if self.sampled:
-            return f"{self.per_round} of {self.num_clients} clients a round (sampled without replacement)"
-        return f"{self.num_clients} clients, every one counted every round (no amplification by sampling)"
+            return f"{self.per_round} of {self.num_clients} clients a {self.per} (sampled without replacement)"
+        return f"{self.num_clients} clients, every one counted every {self.per} (no amplification by sampling)"
 
     def event(self, noise_multiplier: float | None = None) -> Any:
         """One round's ``dp_event``: the (subsampled) Gaussian mechanism."""
@@ -142,10 +146,12 @@ def accounting_of(
     poisson_rate: float | None = None,
     *,
     uniform: bool = True,
+    per: str = "round",
 ) -> Accounting:
     """The analysis that applies to a run of ``num_clients`` clients sampling ``per_round`` each round, or each
     client with probability ``poisson_rate``; ``uniform``: whether that sample is drawn among all the clients
-    (module docstring); ConfigError naming the fix where the chosen accountant has none, or dp-accounting is
+    (module docstring); ``per``: what one composed event is (``"server step"`` for asynchronous aggregation);
+    ConfigError naming the fix where the chosen accountant has none, or dp-accounting is
     missing."""
     try:
         import dp_accounting  # noqa: F401  (checked before anything is written)
@@ -174,4 +180,5 @@ def accounting_of(
         replace_one,
         privacy.delta,
         poisson_rate if poisson else None,
+        per,
     )

@@ -14,6 +14,7 @@ import pytest
 
 from rayfed import ConfigError, RunConfig, run
 from rayfed.algorithms import resolve
+from rayfed.cli import main
 from rayfed.engine.privacy_records import check_privacy
 from rayfed.execution.privacy import ServerPrivacy
 from tests.conftest import tiny_overrides
@@ -147,3 +148,11 @@ def test_fedasync_with_local_dp_runs_each_update_its_own_release(tmp_path) -> No
     steps = [r for r in first.history if r["round"] >= 0]
     assert [r["epsilon"] for r in steps] == [_steps_epsilon(r["round"] + 1, 0.05, "rdp") for r in steps]
     assert [r["test_loss"] for r in again.history] == [r["test_loss"] for r in first.history]
+
+
+def test_rayfed_privacy_counts_an_asynchronous_runs_server_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["algorithm.name=fedbuff", "system.devices=equal", "data.num_clients=100", "train.rounds=10"]
+    assert main(["privacy", *args]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "100 clients, every one counted every server step" in lines[0] and "10 server steps" in lines[0]
+    assert lines[1] == f"epsilon {_steps_epsilon(10, 1.0, 'rdp'):.6g} with privacy.noise_multiplier=1"
