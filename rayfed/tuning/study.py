@@ -125,10 +125,9 @@ def tune(
         Optuna sampler, used as it is. With ``parallel_trials > 1`` Optuna reseeds it per thread: which parameters
         are tried is then not reproducible (each trial's result still is).
     parallel_trials, timeout_s, catch, callbacks
-        Passed to ``study.optimize`` (``callbacks``: Optuna's, after each trial). Trials at once whose runs may
-        share a stack train packed (:func:`~rayfed.tuning.trials.packs`; on Ray in one host with one worker's
-        resources: :mod:`rayfed.packs.lane_host`); else on Ray each parallel trial needs ``engine.num_workers``
-        workers, or with 0 takes an even share (:mod:`rayfed.tuning.parallel`).
+        Passed to ``study.optimize`` (``callbacks``: Optuna's, after each trial). Trials at once that may share a
+        stack train packed (:func:`~rayfed.tuning.trials.packs`; on Ray in one host: :mod:`rayfed.packs.lane_host`);
+        else on Ray each needs ``engine.num_workers`` workers, or with 0 an even share (:mod:`rayfed.tuning.parallel`).
     trial_callbacks
         ``trial -> [rayfed Callback, ...]``: extra callbacks for each trial's run.
 
