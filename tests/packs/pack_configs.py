@@ -3,7 +3,10 @@ rounds it gives alone: shared by the local backend's tests and Ray's."""
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ import pyarrow.parquet as pq
 
 from rayfed.config import RunConfig
 from tests.conftest import tiny_overrides
+from tests.waiting import wait_for_file
 
 LOSS_RTOL, ACCURACY_ATOL = 1e-3, 0.02
 """The stacked path's run-level agreement (tests/train/test_stacked.py): a stack that holds other runs' clients is a
@@ -76,3 +80,26 @@ def assert_same_numbers(packed: Path, alone: Path) -> None:
             both_nan = math.isnan(a[key]) and math.isnan(b[key])
             tolerance = {"abs_tol": ACCURACY_ATOL} if "acc" in key else {"rel_tol": LOSS_RTOL}
             assert both_nan or math.isclose(a[key], b[key], **tolerance), (a["round"], key, a[key], b[key])
+
+
+_DRIVER = """
+import json, sys
+import rayfed
+configs = [rayfed.RunConfig().override(c) for c in json.loads(sys.argv[1])]
+rayfed.run_many(configs)
+"""
+REPO = Path(__file__).resolve().parents[2]
+
+
+def driver_past_round_0(overrides: list[dict[str, Any]]) -> subprocess.Popen[bytes]:
+    """A driver process running ``rayfed.run_many`` of ``overrides``' configs (on Ray, a private Ray that ends with
+    it), returned once the first run has checkpointed round 0: what a test then stops."""
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _DRIVER, json.dumps(overrides, default=str)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    first = RunConfig().override(overrides[0])
+    wait_for_file(Path(first.run_dir) / "checkpoints" / "round_000000.npz", driver, "the pack's checkpoint of round 0")
+    return driver

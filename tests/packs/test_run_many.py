@@ -11,10 +11,7 @@ numbers; a pack whose driver is SIGKILLed resumes to the numbers of its runs uni
 
 from __future__ import annotations
 
-import json
 import logging
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +26,12 @@ from rayfed.execution.run_packs import pack_runs
 from tests.packs.pack_configs import (
     alone_config,
     assert_same_numbers,
+    driver_past_round_0,
     pack_configs,
     pack_overrides,
     rounds_of,
     run_config,
 )
-from tests.waiting import wait_for_file
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -118,27 +113,11 @@ def test_a_run_that_fails_leaves_the_others_to_finish_with_their_numbers(
     assert len(rounds_of(configs[3].run_dir)) <= 2  # its initial evaluation and round 0, then its callback failed
 
 
-_DRIVER = """
-import json, sys
-import rayfed
-configs = [rayfed.RunConfig().override(c) for c in json.loads(sys.argv[1])]
-rayfed.run_many(configs)
-"""
-
-
 @pytest.mark.slow
 def test_a_killed_pack_resumes_to_the_numbers_of_its_runs_uninterrupted(tmp_path: Path) -> None:
     overrides = pack_overrides(tmp_path, "cwfedavg", **{"train.rounds": 3, "engine.checkpoint_every": 1})
     configs = [RunConfig().override(o) for o in overrides]
-    driver = subprocess.Popen(
-        [sys.executable, "-c", _DRIVER, json.dumps(overrides, default=str)],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    wait_for_file(
-        Path(configs[0].run_dir) / "checkpoints" / "round_000000.npz", driver, "the pack's checkpoint of round 0"
-    )
+    driver = driver_past_round_0(overrides)
     driver.kill()  # SIGKILL: nothing is tidied
     driver.wait()
     assert not all((Path(c.run_dir) / "summary.json").exists() for c in configs)

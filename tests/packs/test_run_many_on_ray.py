@@ -12,8 +12,6 @@ import json
 import logging
 import re
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -26,11 +24,17 @@ from rayfed.engine.callbacks import Callback
 from rayfed.provenance.run_lock import LOCK_FILE, LockOwner
 from rayfed.util.plugin_sources import import_plugins
 from rayfed.util.processes import is_running
-from tests.packs.pack_configs import alone_config, assert_same_numbers, pack_configs, pack_overrides, run_config
+from tests.packs.pack_configs import (
+    alone_config,
+    assert_same_numbers,
+    driver_past_round_0,
+    pack_configs,
+    pack_overrides,
+    run_config,
+)
 from tests.util.test_plugins import USER_METHOD, _user_file
-from tests.waiting import wait_for_file, wait_until
+from tests.waiting import wait_until
 
-REPO = Path(__file__).resolve().parents[2]
 ON_RAY = {"engine.backend": "ray", "engine.num_workers": 1}
 """Each run alone on one worker of the session's Ray (two CPUs: a pack's host, or a run's worker, takes one)."""
 MERGED = re.compile(r"runs ([\d, ]+) shared one stack in host .* \(Ray node \w+\), pid \d+: (\d+) of their stacks")
@@ -111,14 +115,6 @@ def test_a_packed_ray_run_continues_alone_and_one_whose_callbacks_cannot_be_sent
     assert_same_numbers(longer.run_dir, alone_config(longer).run_dir)
 
 
-_DRIVER = """
-import json, sys
-import rayfed
-configs = [rayfed.RunConfig().override(c) for c in json.loads(sys.argv[1])]
-rayfed.run_many(configs)
-"""
-
-
 def _host_gone(run_dir: Path) -> bool:
     """Whether the process that held ``run_dir``'s lock (the pack's host) has ended."""
     owner = LockOwner.read(run_dir / LOCK_FILE)
@@ -132,15 +128,7 @@ def test_a_pack_on_ray_whose_driver_is_stopped_resumes_to_the_numbers_uninterrup
 ) -> None:
     overrides = pack_overrides(tmp_path, "cwfedavg", **{**ON_RAY, "train.rounds": 3, "engine.checkpoint_every": 1})
     configs = [RunConfig().override(o) for o in overrides]
-    driver = subprocess.Popen(  # its own private Ray, which ends with it
-        [sys.executable, "-c", _DRIVER, json.dumps(overrides, default=str)],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    wait_for_file(
-        Path(configs[0].run_dir) / "checkpoints" / "round_000000.npz", driver, "the pack's checkpoint of round 0"
-    )
+    driver = driver_past_round_0(overrides)
     driver.send_signal(stop)  # Ctrl-C: the hosts are cancelled as a kill would (SIGKILL: tests/packs/test_run_many.py)
     driver.wait()
     for config in configs:
